@@ -1,0 +1,1 @@
+// placeholder: being written (see format/nvfp4.h)

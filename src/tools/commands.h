@@ -1,0 +1,15 @@
+// The fp4moe subcommands. Each lives in its own cmd_<name>.cpp and registers itself on the app;
+// main.cpp calls every register function. A command reports bad input by throwing fp4moe::Error.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace fp4moe::tools {
+
+void register_version_command(CLI::App& app);
+void register_inspect_command(CLI::App& app);
+void register_plan_command(CLI::App& app);
+
+}  // namespace fp4moe::tools

@@ -1,0 +1,28 @@
+// fp4moe: the command-line tool. `fp4moe --help` lists the subcommands; docs/cli.md describes them.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp4moe: NVFP4 Mixture-of-Experts inference (CPU reference + Hopper kernels)"};
+  app.require_subcommand(1);
+  fp4moe::tools::register_version_command(app);
+  fp4moe::tools::register_inspect_command(app);
+  fp4moe::tools::register_plan_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const fp4moe::Error& e) {
+    std::fprintf(stderr, "fp4moe: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp4moe: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,18 @@
+// Test helpers shared by every test binary: where the reference data lives, fresh random seeds.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace fp4moe::testing {
+
+// ${FP4MOE_SHARED:-<repo>/../shared}. Fails the calling test (ASSERT) when the folder or the given
+// file under it is missing: reference data that is absent must never make a test pass.
+std::filesystem::path shared_path(const std::string& relative = "");
+
+// A seed for fresh random inputs: FP4MOE_TEST_SEED when set, else from the clock. Printed once per
+// test binary so that a failure can be replayed.
+uint64_t test_seed();
+
+}  // namespace fp4moe::testing
