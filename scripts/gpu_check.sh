@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (an H200) in one call: builds fp4moe from source with CUDA (sm_90a), runs the
+# whole test suite (GPU tests included), the GPU tests under compute-sanitizer (memcheck, racecheck),
+# and the benchmarks. Logs go to $OUT (or ./out) for BENCHMARKS.md.
+# Prepare first, here:  scripts/device_prepare.sh   (dependencies + golden data into .carry/)
+# Device call: carry [".carry", "third_party"], command `bash scripts/gpu_check.sh`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/out}"
+mkdir -p "$out"
+sysroot="$PWD/.carry/sysroot/usr"
+export FP4MOE_SHARED="$PWD/.carry/shared"
+export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+jobs=$(nproc)
+status=0
+step() { echo "=== $* ($(date +%T))"; }
+
+step "GPU"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+nvcc --version | tail -2
+
+step "configure + build"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
+  -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
+  -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 \
+  || { cat "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j "$jobs" > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+grep -iE "spill|local memory" "$out/build.log" | head -5
+
+step "tests (all labels)"
+ctest --test-dir build-gpu -j 8 --output-on-failure > "$out/ctest.log" 2>&1 || status=1
+tail -15 "$out/ctest.log"
+grep -E "SKIPPED|Skipped" "$out/ctest.log" | head -5
+
+step "compute-sanitizer on GPU tests"
+for t in $(find build-gpu/tests -name 'test_cuda_*' -type f -perm -u+x); do
+  for tool in memcheck racecheck; do
+    if compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" > "$out/sanitizer.log" 2>&1; then
+      echo "$tool $(basename "$t"): clean"
+    else
+      echo "$tool $(basename "$t"): FAILED"; tail -30 "$out/sanitizer.log"; status=1
+    fi
+  done
+done
+
+step "benchmarks"
+for b in $(find build-gpu/bench -maxdepth 1 -name 'bench_*' -type f -perm -u+x 2>/dev/null); do
+  echo "--- $b"; "$b" 2>&1 | tee -a "$out/bench.log" | tail -40
+done
+
+step "done (status $status)"
+exit $status

@@ -1,0 +1,120 @@
+// ModelConfig: everything the GLM-4.5 (Glm4MoeForCausalLM) and GLM-5 (GlmMoeDsaForCausalLM) forwards
+// read from a Hugging Face config.json (spec ../shared/spec/nvfp4-and-glm.md §4.1, §4.7), with the
+// defaults transformers 5.17 applies when a field is absent, plus the quantization description
+// (config.json "quantization_config" or hf_quant_config.json, spec §2.2-2.3).
+//
+// An unknown architecture, a missing required field, or a field of the wrong JSON type fails with
+// the file and the field named. Tested by tests/model/test_config.cpp.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fp4moe::model {
+
+inline constexpr const char* kArchGlm4Moe = "Glm4MoeForCausalLM";
+inline constexpr const char* kArchGlmMoeDsa = "GlmMoeDsaForCausalLM";
+
+// How a checkpoint says it is quantized. Loaders decide per Linear from the tensors present
+// (U8 .weight + F8_E4M3 .weight_scale = NVFP4, spec §2.2 "robust loader rule"); this is the cross-check.
+struct QuantizationConfig {
+  bool present = false;
+  std::string quant_method;                 // "modelopt"
+  std::string quant_algo;                   // "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION", ...
+  std::string kv_cache_quant_algo;          // "" or "FP8"
+  int group_size = 16;
+  std::vector<std::string> ignore;          // exclude_modules / ignore patterns (fnmatch-style wildcards)
+
+  // True when `module` (e.g. "model.layers.0.mlp.gate") matches one of `ignore` (fnmatch, or the
+  // pattern as a plain substring, as vLLM's is_layer_excluded does).
+  bool is_excluded(const std::string& module) const;
+};
+
+struct ModelConfig {
+  std::string source;        // the file it came from, for messages
+  std::string architecture;  // architectures[0], e.g. "Glm4MoeForCausalLM"
+  std::string model_type;    // "glm4_moe", "glm_moe_dsa"
+
+  // Shared by both families.
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;                  // GLM-4.x attention head dim; GLM-5: rope dim only (ignore)
+  int64_t intermediate_size = 0;         // dense MLP
+  int64_t max_position_embeddings = 0;
+  float rms_norm_eps = 1e-5f;
+  std::string hidden_act = "silu";
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;           // GLM-4.x: bias on q/k/v (never on o_proj)
+  bool mlp_bias = false;
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> pad_token_id;
+  std::vector<int64_t> eos_token_ids;    // eos_token_id as int or list
+
+  // RoPE ("rope_parameters" in transformers 5, or the legacy top-level rope_theta / rope_scaling).
+  float rope_theta = 10000.0f;
+  std::string rope_type = "default";     // only "default" is implemented; others fail at model build
+  float partial_rotary_factor = 1.0f;    // GLM-4.x: 0.5 -> RoPE on the first half of head_dim
+  bool rope_interleave = false;          // GLM-5 MLA: true (GPT-J pairs); GLM-4.x: false (NeoX)
+  bool indexer_rope_interleave = false;  // GLM-5 DSA indexer
+
+  // GLM-4.x attention extras.
+  bool use_qk_norm = false;              // per-head RMSNorm on q and k before RoPE
+
+  // MoE (spec §4.5).
+  int64_t moe_intermediate_size = 0;
+  int64_t n_routed_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t n_shared_experts = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+  std::string scoring_func = "sigmoid";  // "sigmoid" (+ e_score_correction_bias) or "softmax"
+  std::string topk_method = "noaux_tc";
+  int64_t first_k_dense_replace = 0;
+  std::vector<std::string> mlp_layer_types;  // per layer "dense" or "sparse" (derived when absent)
+  int64_t num_nextn_predict_layers = 0;      // MTP layers after num_hidden_layers (not run)
+
+  // GLM-5 MLA (spec §4.3).
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t qk_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  // GLM-5 DSA indexer (spec §4.4).
+  int64_t index_topk = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_n_heads = 0;
+  std::vector<std::string> indexer_types;    // per layer "full" or "shared" (derived when absent)
+  std::vector<std::string> layer_types;      // per layer attention type, as given
+
+  QuantizationConfig quantization;
+  nlohmann::json raw;                        // the whole config.json, for anything not above
+
+  bool is_moe_layer(int64_t layer) const;    // mlp_layer_types[layer] == "sparse"
+  int64_t rotary_dim() const;                // GLM-4.x: head_dim * partial_rotary_factor (even)
+  std::string summary() const;               // one line: arch, layers, hidden, heads, experts
+};
+
+// Parses a config.json object. `source` names it in errors. Fails on an unknown architecture
+// (naming it and the known ones), on missing required fields and on inconsistent values
+// (e.g. heads not divisible by kv heads, mlp_layer_types of the wrong length).
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+
+// Reads dir/config.json, and dir/hf_quant_config.json when config.json has no quantization_config.
+ModelConfig load_model_config(const std::filesystem::path& dir);
+
+// The architectures parse_model_config accepts.
+const std::vector<std::string>& known_architectures();
+
+}  // namespace fp4moe::model
