@@ -11,6 +11,12 @@ if(NOT FP4MOE_CUDA STREQUAL "OFF")
   if(CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_ARCHITECTURES OFF)
     enable_language(CUDA)
+    # CMake 3.25 (Debian 12) knows no C++20 flag for nvcc (its NVIDIA-CUDA module stops at CUDA17), so
+    # CMAKE_CUDA_STANDARD 20 would fail to generate; nvcc 12+ accepts -std=c++20.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

@@ -23,6 +23,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+python3 -c 'import safetensors, numpy' 2>/dev/null || python3 -m pip install -q safetensors numpy || echo "setup: pip could not install safetensors numpy; test_safetensors skips its Python check"
 
 # CUTLASS headers: header-only, not in Debian. The PyPI wheel nvidia-cutlass carries them.
 dest=third_party/cutlass

@@ -64,6 +64,8 @@ struct QuantConfig {
   // vLLM ModelOpt semantics: fnmatch wildcards ('*' crosses dots), exact names, and a plain name
   // also excludes everything below it ("a.b" excludes "a.b.c") or containing it at a dot boundary.
   bool is_excluded(std::string_view module) const;
+  // The pattern that excludes `module`, if any.
+  std::optional<std::string> excluded_by(std::string_view module) const;
 };
 
 // fnmatch-style match ('*' any run, '?' one char, '[...]' sets) over the whole string.

@@ -19,6 +19,10 @@
 
 #include "core/error.h"
 
+// Like FP4MOE_CHECK, without the "check failed: <condition>" prefix: these messages describe a
+// malformed input to its user, and start with the file name.
+#define FP4MOE_REQUIRE(cond) (cond) ? (void)0 : FP4MOE_FAIL()
+
 namespace fp4moe::format {
 namespace {
 
@@ -62,51 +66,50 @@ size_t first_invalid_utf8(std::string_view s) {
 }
 
 // Parses JSON text with nlohmann, rejecting what it would silently accept: duplicate keys in any
-// object (it keeps one of them) and nesting deeper than `max_depth` arrays/objects. `what` names the
-// text in errors ("<file>: header"). parse_error/other json exceptions become fp4moe::Error with the
-// byte position (relative to the start of `text`, plus `byte_base` for the file position).
-json parse_json_strict(std::string_view text, const std::string& what, size_t max_depth,
-                       uint64_t byte_base) {
-  std::vector<std::set<std::string>> keys_seen;  // one set per open object; arrays push an empty one
-  std::vector<std::string> key_path;             // the key each open container was found under
-  std::string last_key;
-  auto path_text = [&]() {
-    std::string p;
-    for (size_t i = 1; i < key_path.size(); ++i) p += (i > 1 ? "." : "") + key_path[i];
-    return p.empty() ? std::string("top level") : "'" + p + "'";
-  };
+// object (it keeps one of them) and nesting deeper than `max_depth` arrays/objects. Errors read
+// "<source>: <kind> '<top-level key>': <rule>"; `what` names the text in JSON syntax errors
+// ("<file>: header"), which carry the byte position (relative to `text`, plus `byte_base` for the
+// position in the file).
+json parse_json_strict(std::string_view text, const std::string& source, const std::string& what,
+                       const char* kind, size_t max_depth, uint64_t byte_base) {
+  std::vector<std::set<std::string>> keys_seen;  // one set per open container (arrays: empty)
+  std::string top_key;                           // the top-level key being parsed
   json::parser_callback_t callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
         if (keys_seen.size() >= max_depth) {
-          FP4MOE_FAIL() << what << ": JSON nests deeper than " << max_depth << " levels (under "
-                        << path_text() << ")";
+          FP4MOE_FAIL() << source << ": " << kind << " '" << top_key << "': JSON nests deeper than "
+                        << max_depth << " levels";
         }
         keys_seen.emplace_back();
-        key_path.push_back(last_key);
-        last_key.clear();
         break;
       case json::parse_event_t::object_end:
       case json::parse_event_t::array_end:
         if (!keys_seen.empty()) keys_seen.pop_back();
-        if (!key_path.empty()) key_path.pop_back();
-        last_key.clear();
         break;
       case json::parse_event_t::key: {
-        last_key = parsed.get<std::string>();
-        if (!keys_seen.empty() && !keys_seen.back().insert(last_key).second) {
-          FP4MOE_FAIL() << what << ": duplicate key '" << last_key << "' in " << path_text()
-                        << (keys_seen.size() == 1 ? " (a tensor name may appear only once)" : "");
+        std::string key = parsed.get<std::string>();
+        if (keys_seen.size() == 1) top_key = key;
+        if (!keys_seen.empty() && !keys_seen.back().insert(key).second) {
+          if (keys_seen.size() == 1) {
+            FP4MOE_FAIL() << source << ": " << kind << " '" << key << "': duplicate " << kind
+                          << " name (nlohmann would keep only one)";
+          }
+          FP4MOE_FAIL() << source << ": " << kind << " '" << top_key << "': duplicate key '" << key << "'";
         }
         break;
       }
       case json::parse_event_t::value:
-        last_key.clear();
         break;
     }
     return true;
   };
+  // nlohmann's lexer takes a NUL byte for the end of input and would accept "{}\0garbage"; JSON
+  // allows no raw NUL anywhere (inside strings it must be escaped).
+  const size_t nul = text.find('\0');
+  FP4MOE_REQUIRE(nul == std::string_view::npos) << what << " is not valid JSON (NUL byte at byte " << nul
+                                                << " of it, file byte " << byte_base + nul << ")";
   try {
     return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
   } catch (const json::parse_error& e) {
@@ -156,59 +159,55 @@ bool byte_size(int64_t numel, DType dtype, uint64_t* nbytes) {
 TensorInfo parse_tensor_entry(const std::string& name, const json& entry, uint64_t buffer_bytes,
                               const std::string& source) {
   const std::string where = source + ": tensor '" + name + "': ";
-  FP4MOE_CHECK(entry.is_object()) << where << "entry is not an object (it is a " << entry.type_name()
-                                  << ")";
+  FP4MOE_REQUIRE(entry.is_object()) << where << "entry is not an object (it is a " << entry.type_name()
+                                    << ")";
   for (const auto& [key, _] : entry.items()) {
-    FP4MOE_CHECK(key == "dtype" || key == "shape" || key == "data_offsets")
+    FP4MOE_REQUIRE(key == "dtype" || key == "shape" || key == "data_offsets")
         << where << "unknown key '" << key << "' (allowed: dtype, shape, data_offsets)";
   }
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    FP4MOE_CHECK(entry.contains(key)) << where << "missing key '" << key << "'";
+    FP4MOE_REQUIRE(entry.contains(key)) << where << "missing key '" << key << "'";
   }
   TensorInfo info;
   info.name = name;
 
   const json& dtype = entry["dtype"];
-  FP4MOE_CHECK(dtype.is_string()) << where << "dtype is not a string (it is a " << dtype.type_name()
-                                  << ")";
+  FP4MOE_REQUIRE(dtype.is_string()) << where << "dtype is not a string (it is a " << dtype.type_name() << ")";
   const std::optional<DType> parsed = parse_dtype(dtype.get<std::string>());
-  FP4MOE_CHECK(parsed.has_value()) << where << "unknown dtype '" << dtype.get<std::string>() << "'";
+  FP4MOE_REQUIRE(parsed.has_value()) << where << "unknown dtype '" << dtype.get<std::string>() << "'";
   info.dtype = *parsed;
 
   const json& shape = entry["shape"];
-  FP4MOE_CHECK(shape.is_array()) << where << "shape is not an array (it is a " << shape.type_name()
-                                 << ")";
+  FP4MOE_REQUIRE(shape.is_array()) << where << "shape is not an array (it is a " << shape.type_name() << ")";
   for (size_t i = 0; i < shape.size(); ++i) {
     uint64_t d = 0;
-    FP4MOE_CHECK(as_nonnegative_int(shape[i], &d) &&
-                 d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    FP4MOE_REQUIRE(as_nonnegative_int(shape[i], &d) &&
+                   d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         << where << "shape[" << i << "] is not a non-negative int64 (" << shape[i].dump() << ")";
     info.shape.push_back(static_cast<int64_t>(d));
   }
   int64_t numel = 0;
   size_t overflow_at = 0;
-  FP4MOE_CHECK(checked_numel(info.shape, &numel, &overflow_at))
-      << where << "element count of shape " << shape_to_string(info.shape)
-      << " overflows int64 (at dim " << overflow_at << ")";
+  FP4MOE_REQUIRE(checked_numel(info.shape, &numel, &overflow_at))
+      << where << "element count of shape " << shape_to_string(info.shape) << " overflows int64 (at dim "
+      << overflow_at << ")";
   uint64_t nbytes = 0;
-  FP4MOE_CHECK(byte_size(numel, info.dtype, &nbytes))
-      << where << "size is not a whole number of bytes (" << numel << " elements x "
-      << dtype_bits(info.dtype) << " bits of " << dtype_name(info.dtype) << ")";
+  FP4MOE_REQUIRE(byte_size(numel, info.dtype, &nbytes))
+      << where << "size is not a whole number of bytes (" << numel << " elements x " << dtype_bits(info.dtype)
+      << " bits of " << dtype_name(info.dtype) << ")";
 
   const json& offsets = entry["data_offsets"];
   uint64_t begin = 0;
   uint64_t end = 0;
-  FP4MOE_CHECK(offsets.is_array() && offsets.size() == 2 && as_nonnegative_int(offsets[0], &begin) &&
-               as_nonnegative_int(offsets[1], &end))
+  FP4MOE_REQUIRE(offsets.is_array() && offsets.size() == 2 && as_nonnegative_int(offsets[0], &begin) &&
+                 as_nonnegative_int(offsets[1], &end))
       << where << "data_offsets is not [begin, end] of non-negative integers (" << offsets.dump() << ")";
-  FP4MOE_CHECK(begin <= end) << where << "data_offsets begin > end (" << begin << " > " << end << ")";
-  FP4MOE_CHECK(end - begin == nbytes)
+  FP4MOE_REQUIRE(begin <= end) << where << "data_offsets begin > end (" << begin << " > " << end << ")";
+  FP4MOE_REQUIRE(end - begin == nbytes)
       << where << "wrong byte size: data_offsets [" << begin << ", " << end << "] hold " << end - begin
-      << " bytes but " << dtype_name(info.dtype) << " " << shape_to_string(info.shape) << " needs "
-      << nbytes;
-  FP4MOE_CHECK(end <= buffer_bytes)
-      << where << "data_offsets end past the end of the file (end " << end << " > data buffer of "
-      << buffer_bytes << " bytes)";
+      << " bytes but " << dtype_name(info.dtype) << " " << shape_to_string(info.shape) << " needs " << nbytes;
+  FP4MOE_REQUIRE(end <= buffer_bytes) << where << "data_offsets end past the end of the file (end " << end
+                                      << " > data buffer of " << buffer_bytes << " bytes)";
   info.begin = begin;
   info.end = end;
   return info;
@@ -218,36 +217,36 @@ TensorInfo parse_tensor_entry(const std::string& name, const json& entry, uint64
 
 SafetensorsHeader parse_safetensors(std::span<const uint8_t> file_bytes, const std::string& source) {
   const uint64_t file_size = file_bytes.size();
-  FP4MOE_CHECK(file_size >= 8) << source << ": truncated: file is " << file_size
-                               << " bytes, shorter than the 8-byte header length";
+  FP4MOE_REQUIRE(file_size >= 8) << source << ": truncated: file is " << file_size
+                                 << " bytes, shorter than the 8-byte header length";
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | file_bytes[static_cast<size_t>(i)];
-  FP4MOE_CHECK(n <= kSafetensorsMaxHeaderBytes)
+  FP4MOE_REQUIRE(n <= kSafetensorsMaxHeaderBytes)
       << source << ": header too large (" << n << " bytes > limit " << kSafetensorsMaxHeaderBytes << ")";
-  FP4MOE_CHECK(n <= file_size - 8) << source << ": truncated: header runs past the end of the file (8 + "
-                                   << n << " > " << file_size << " bytes)";
+  FP4MOE_REQUIRE(n <= file_size - 8) << source << ": truncated: header runs past the end of the file (8 + "
+                                     << n << " > " << file_size << " bytes)";
   const std::string_view text(reinterpret_cast<const char*>(file_bytes.data()) + 8, n);
   const size_t bad = first_invalid_utf8(text);
-  FP4MOE_CHECK(bad == std::string_view::npos)
+  FP4MOE_REQUIRE(bad == std::string_view::npos)
       << source << ": header is not valid UTF-8 (ill-formed byte 0x" << std::hex
       << static_cast<int>(static_cast<uint8_t>(text[bad])) << std::dec << " at header byte " << bad
       << ", file byte " << 8 + bad << ")";
 
   // Depth 3 = top-level object > tensor entry > shape/data_offsets array.
-  const json root = parse_json_strict(text, source + ": header", 3, 8);
-  FP4MOE_CHECK(root.is_object()) << source << ": header JSON is not an object (it is a "
-                                 << root.type_name() << ")";
+  const json root = parse_json_strict(text, source, source + ": header", "tensor", 3, 8);
+  FP4MOE_REQUIRE(root.is_object()) << source << ": header JSON is not an object (it is a " << root.type_name()
+                                   << ")";
 
   SafetensorsHeader header;
   header.data_start = 8 + n;
   const uint64_t buffer_bytes = file_size - header.data_start;
   for (const auto& [name, value] : root.items()) {
     if (name == "__metadata__") {
-      FP4MOE_CHECK(value.is_object()) << source << ": __metadata__ is not an object of strings (it is a "
-                                      << value.type_name() << ")";
+      FP4MOE_REQUIRE(value.is_object())
+          << source << ": __metadata__ is not an object of strings (it is a " << value.type_name() << ")";
       for (const auto& [key, v] : value.items()) {
-        FP4MOE_CHECK(v.is_string()) << source << ": __metadata__ is not an object of strings (key '"
-                                    << key << "' holds a " << v.type_name() << ")";
+        FP4MOE_REQUIRE(v.is_string()) << source << ": __metadata__ is not an object of strings (key '" << key
+                                      << "' holds a " << v.type_name() << ")";
         header.metadata[key] = v.get<std::string>();
       }
       continue;
@@ -263,20 +262,21 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file_bytes, const s
   for (size_t i = 0; i < header.tensors.size(); ++i) {
     const TensorInfo& t = header.tensors[i];
     if (i == 0) {
-      FP4MOE_CHECK(t.begin == 0) << source << ": tensor '" << t.name
-                                 << "': gap: the first tensor does not start at 0 (begin " << t.begin << ")";
+      FP4MOE_REQUIRE(t.begin == 0) << source << ": tensor '" << t.name
+                                   << "': gap: the first tensor does not start at 0 (begin " << t.begin
+                                   << ")";
     } else {
       const TensorInfo& prev = header.tensors[i - 1];
-      FP4MOE_CHECK(t.begin >= prev.end) << source << ": tensor '" << t.name << "': overlapping tensor '"
-                                        << prev.name << "' (begin " << t.begin << " < its end "
-                                        << prev.end << ")";
-      FP4MOE_CHECK(t.begin == prev.end) << source << ": tensor '" << t.name << "': gap of "
-                                        << t.begin - prev.end << " bytes after tensor '" << prev.name
-                                        << "' (begin " << t.begin << " > its end " << prev.end << ")";
+      FP4MOE_REQUIRE(t.begin >= prev.end)
+          << source << ": tensor '" << t.name << "': overlapping tensor '" << prev.name << "' (begin "
+          << t.begin << " < its end " << prev.end << ")";
+      FP4MOE_REQUIRE(t.begin == prev.end)
+          << source << ": tensor '" << t.name << "': gap of " << t.begin - prev.end << " bytes after tensor '"
+          << prev.name << "' (begin " << t.begin << " > its end " << prev.end << ")";
     }
     covered = t.end;
   }
-  FP4MOE_CHECK(covered == buffer_bytes)
+  FP4MOE_REQUIRE(covered == buffer_bytes)
       << source << ": data buffer size mismatch: the tensors end at byte " << covered
       << " but the data buffer holds " << buffer_bytes << " bytes (file " << file_size
       << " bytes = 8 + header " << n << " + data)";
@@ -288,7 +288,8 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file_bytes, const s
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FP4MOE_CHECK(fd >= 0) << path.string() << ": cannot open: " << errno_text(errno);
+  const int open_errno = errno;
+  FP4MOE_REQUIRE(fd >= 0) << path.string() << ": cannot open: " << errno_text(open_errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -304,8 +305,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     void* p = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
     ::close(fd);
-    FP4MOE_CHECK(p != MAP_FAILED) << path.string() << ": cannot mmap " << map_bytes_
-                                  << " bytes: " << errno_text(err);
+    FP4MOE_REQUIRE(p != MAP_FAILED) << path.string() << ": cannot mmap " << map_bytes_
+                                    << " bytes: " << errno_text(err);
     map_ = static_cast<const uint8_t*>(p);
   } else {
     ::close(fd);
@@ -330,9 +331,9 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 TensorView SafetensorsFile::view(const TensorInfo& info) const {
-  FP4MOE_CHECK(info.begin <= info.end && header_.data_start + info.end <= map_bytes_)
-      << path_.string() << ": tensor '" << info.name << "': data_offsets [" << info.begin << ", "
-      << info.end << "] are outside this file's data buffer ("
+  FP4MOE_REQUIRE(info.begin <= info.end && header_.data_start + info.end <= map_bytes_)
+      << path_.string() << ": tensor '" << info.name << "': data_offsets [" << info.begin << ", " << info.end
+      << "] are outside this file's data buffer ("
       << map_bytes_ - std::min<uint64_t>(map_bytes_, header_.data_start) << " bytes)";
   TensorView v;
   v.dtype = info.dtype;
@@ -343,8 +344,8 @@ TensorView SafetensorsFile::view(const TensorInfo& info) const {
 
 TensorView SafetensorsFile::view(std::string_view name) const {
   const TensorInfo* info = find(name);
-  FP4MOE_CHECK(info != nullptr) << path_.string() << ": no tensor named '" << name << "' (the file has "
-                                << header_.tensors.size() << " tensors)";
+  FP4MOE_REQUIRE(info != nullptr) << path_.string() << ": no tensor named '" << name << "' (the file has "
+                                  << header_.tensors.size() << " tensors)";
   return view(*info);
 }
 
@@ -354,58 +355,61 @@ TensorView SafetensorsFile::view(std::string_view name) const {
 TensorStore::TensorStore(const std::filesystem::path& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  FP4MOE_CHECK(fs::is_directory(dir, ec)) << dir.string() << ": not a directory"
-                                          << (ec ? " (" + ec.message() + ")" : std::string());
+  FP4MOE_REQUIRE(fs::is_directory(dir, ec))
+      << dir.string() << ": not a directory" << (ec ? " (" + ec.message() + ")" : std::string());
   const fs::path index_path = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // tensor -> shard file name
   std::vector<std::string> shard_names;
   const bool have_index = fs::exists(index_path, ec);
   if (have_index) {
     std::ifstream in(index_path, std::ios::binary);
-    FP4MOE_CHECK(in.good()) << index_path.string() << ": cannot open: " << errno_text(errno);
+    const int open_errno = errno;
+    FP4MOE_REQUIRE(in.good()) << index_path.string() << ": cannot open: " << errno_text(open_errno);
     std::ostringstream text;
     text << in.rdbuf();
     // Depth 64: the index's "metadata" may carry nested values we ignore.
-    const json index = parse_json_strict(text.str(), index_path.string(), 64, 0);
-    FP4MOE_CHECK(index.is_object()) << index_path.string() << ": not a JSON object (it is a "
-                                    << index.type_name() << ")";
-    FP4MOE_CHECK(index.contains("weight_map")) << index_path.string() << ": no \"weight_map\" key";
+    const json index = parse_json_strict(text.str(), index_path.string(), index_path.string(), "key", 64, 0);
+    FP4MOE_REQUIRE(index.is_object())
+        << index_path.string() << ": not a JSON object (it is a " << index.type_name() << ")";
+    FP4MOE_REQUIRE(index.contains("weight_map")) << index_path.string() << ": no \"weight_map\" key";
     const json& wm = index["weight_map"];
-    FP4MOE_CHECK(wm.is_object()) << index_path.string() << ": weight_map is not an object (it is a "
-                                 << wm.type_name() << ")";
+    FP4MOE_REQUIRE(wm.is_object()) << index_path.string() << ": weight_map is not an object (it is a "
+                                   << wm.type_name() << ")";
     std::set<std::string> shards;
     for (const auto& [tensor, shard] : wm.items()) {
-      FP4MOE_CHECK(shard.is_string()) << index_path.string() << ": weight_map: tensor '" << tensor
-                                      << "' maps to a " << shard.type_name() << ", not a shard file name";
+      FP4MOE_REQUIRE(shard.is_string()) << index_path.string() << ": weight_map: tensor '" << tensor
+                                        << "' maps to a " << shard.type_name() << ", not a shard file name";
       const std::string s = shard.get<std::string>();
-      FP4MOE_CHECK(!s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos)
+      FP4MOE_REQUIRE(!s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos)
           << index_path.string() << ": weight_map: tensor '" << tensor << "' maps to shard '" << s
           << "', which is not a file name in " << dir.string();
       weight_map[tensor] = s;
       shards.insert(s);
     }
     for (const std::string& s : shards) {
-      FP4MOE_CHECK(fs::is_regular_file(dir / s, ec))
+      FP4MOE_REQUIRE(fs::is_regular_file(dir / s, ec))
           << dir.string() << ": shard '" << s << "' named by model.safetensors.index.json does not exist"
           << " (first tensor mapped to it: '"
-          << std::find_if(weight_map.begin(), weight_map.end(), [&](const auto& kv) {
-               return kv.second == s;
-             })->first
+          << std::find_if(weight_map.begin(), weight_map.end(),
+                          [&](const auto& kv) { return kv.second == s; })
+                 ->first
           << "')";
     }
     shard_names.assign(shards.begin(), shards.end());
   } else if (fs::exists(dir / "model.safetensors", ec)) {
     shard_names.push_back("model.safetensors");
   } else {
-    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
-      if (e.is_regular_file() && e.path().extension() == ".safetensors") {
-        shard_names.push_back(e.path().filename().string());
+    fs::directory_iterator it(dir, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (it->path().extension() == ".safetensors" && it->is_regular_file(ec)) {
+        shard_names.push_back(it->path().filename().string());
       }
     }
+    FP4MOE_REQUIRE(!ec) << dir.string() << ": cannot list the directory: " << ec.message();
     std::sort(shard_names.begin(), shard_names.end());
-    FP4MOE_CHECK(!shard_names.empty()) << dir.string()
-                                       << ": no model.safetensors.index.json, model.safetensors or "
-                                          "*.safetensors file";
+    FP4MOE_REQUIRE(!shard_names.empty()) << dir.string()
+                                         << ": no model.safetensors.index.json, model.safetensors or "
+                                            "*.safetensors file";
   }
 
   std::map<std::string, size_t> shard_index;
@@ -415,16 +419,17 @@ TensorStore::TensorStore(const std::filesystem::path& dir) : dir_(dir) {
     const size_t i_file = files_.size() - 1;
     for (const TensorInfo& t : files_.back()->tensors()) {
       const auto [it, inserted] = owner_.emplace(t.name, i_file);
-      FP4MOE_CHECK(inserted) << dir.string() << ": tensor '" << t.name << "' is in two files: "
-                             << files_[it->second]->path().filename().string() << " and " << s;
+      FP4MOE_REQUIRE(inserted) << dir.string() << ": tensor '" << t.name
+                               << "' is in two files: " << files_[it->second]->path().filename().string()
+                               << " and " << s;
     }
   }
   for (const auto& [tensor, shard] : weight_map) {
     const auto it = owner_.find(tensor);
-    FP4MOE_CHECK(it != owner_.end() && it->second == shard_index.at(shard))
+    FP4MOE_REQUIRE(it != owner_.end() && it->second == shard_index.at(shard))
         << dir.string() << ": tensor '" << tensor << "' is mapped to shard '" << shard
         << "' by model.safetensors.index.json but is missing from that shard"
-        << (it == owner_.end() ? std::string(" (and from every other shard)")
+        << (it == owner_.end() ? std::string(" (and from every shard the index names)")
                                : " (it is in " + files_[it->second]->path().filename().string() + ")");
   }
 }
@@ -445,8 +450,8 @@ const TensorInfo* TensorStore::find(std::string_view name) const {
 
 const SafetensorsFile& TensorStore::file_of(std::string_view name) const {
   const auto it = owner_.find(name);
-  FP4MOE_CHECK(it != owner_.end()) << dir_.string() << ": no tensor named '" << name << "' ("
-                                   << owner_.size() << " tensors in " << files_.size() << " files)";
+  FP4MOE_REQUIRE(it != owner_.end()) << dir_.string() << ": no tensor named '" << name << "' ("
+                                     << owner_.size() << " tensors in " << files_.size() << " files)";
   return *files_[it->second];
 }
 
@@ -458,26 +463,26 @@ TensorView TensorStore::view(std::string_view name) const { return file_of(name)
 void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& shape,
                             std::span<const uint8_t> bytes) {
   const std::string where = "safetensors writer: tensor '" + name + "': ";
-  FP4MOE_CHECK(name != "__metadata__") << where << "the name is reserved for the metadata map";
+  FP4MOE_REQUIRE(name != "__metadata__") << where << "the name is reserved for the metadata map";
   for (const Entry& e : entries_) {
-    FP4MOE_CHECK(e.name != name) << where << "added twice";
+    FP4MOE_REQUIRE(e.name != name) << where << "added twice";
   }
   for (size_t i = 0; i < shape.size(); ++i) {
-    FP4MOE_CHECK(shape[i] >= 0) << where << "shape " << shape_to_string(shape) << " has a negative dim "
-                                << i;
+    FP4MOE_REQUIRE(shape[i] >= 0) << where << "shape " << shape_to_string(shape) << " has a negative dim "
+                                  << i;
   }
   int64_t numel = 0;
   size_t overflow_at = 0;
-  FP4MOE_CHECK(checked_numel(shape, &numel, &overflow_at))
+  FP4MOE_REQUIRE(checked_numel(shape, &numel, &overflow_at))
       << where << "element count of shape " << shape_to_string(shape) << " overflows int64 (at dim "
       << overflow_at << ")";
   uint64_t nbytes = 0;
-  FP4MOE_CHECK(byte_size(numel, dtype, &nbytes))
+  FP4MOE_REQUIRE(byte_size(numel, dtype, &nbytes))
       << where << "size is not a whole number of bytes (" << numel << " elements x " << dtype_bits(dtype)
       << " bits of " << dtype_name(dtype) << ")";
-  FP4MOE_CHECK(bytes.size() == nbytes) << where << "wrong byte size: " << bytes.size() << " bytes given but "
-                                       << dtype_name(dtype) << " " << shape_to_string(shape) << " needs "
-                                       << nbytes;
+  FP4MOE_REQUIRE(bytes.size() == nbytes)
+      << where << "wrong byte size: " << bytes.size() << " bytes given but " << dtype_name(dtype) << " "
+      << shape_to_string(shape) << " needs " << nbytes;
   entries_.push_back(Entry{name, dtype, shape, std::vector<uint8_t>(bytes.begin(), bytes.end())});
 }
 
@@ -508,14 +513,15 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
                   << "not valid UTF-8): " << e.what();
   }
   text.resize((text.size() + 7) / 8 * 8, ' ');
-  FP4MOE_CHECK(text.size() <= kSafetensorsMaxHeaderBytes)
+  FP4MOE_REQUIRE(text.size() <= kSafetensorsMaxHeaderBytes)
       << path.string() << ": header too large (" << text.size() << " bytes > limit "
       << kSafetensorsMaxHeaderBytes << ")";
 
   // Temp file in the same directory, then rename: readers never see a partial file.
   const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  FP4MOE_CHECK(fd >= 0) << tmp.string() << ": cannot create: " << errno_text(errno);
+  const int open_errno = errno;
+  FP4MOE_REQUIRE(fd >= 0) << tmp.string() << ": cannot create: " << errno_text(open_errno);
   auto write_all = [&](const void* data, size_t n) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
@@ -536,8 +542,11 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   write_all(len_le, 8);
   write_all(text.data(), text.size());
   for (const Entry* e : order) write_all(e->bytes.data(), e->bytes.size());
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
+  const int sync_rc = ::fsync(fd);
+  const int sync_errno = errno;
+  const int close_rc = ::close(fd);
+  if (sync_rc != 0 || close_rc != 0) {
+    const int err = sync_rc != 0 ? sync_errno : errno;
     ::unlink(tmp.c_str());
     FP4MOE_FAIL() << tmp.string() << ": cannot flush: " << errno_text(err);
   }
@@ -549,3 +558,5 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
 }
 
 }  // namespace fp4moe::format
+
+#undef FP4MOE_REQUIRE

@@ -1,0 +1,289 @@
+// BF16 -> ModelOpt NVFP4 checkpoint conversion. See quantize_checkpoint.h; tested by
+// tests/format/test_quantize_checkpoint.cpp.
+#include "format/quantize_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "format/checkpoint.h"
+#include "format/nvfp4.h"
+#include "format/safetensors.h"
+
+namespace fp4moe::format {
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr float kInputScaleDivisor = kE2M1Max * kE4M3Max;  // 2688: amax / (6 * 448)
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && std::string_view(s).substr(s.size() - suffix.size()) == suffix;
+}
+
+ojson read_ordered_json(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  FP4MOE_CHECK(in.good()) << "cannot open " << p.string();
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return ojson::parse(ss.str());
+  } catch (const ojson::exception& e) {
+    FP4MOE_FAIL() << p.string() << ": malformed JSON: " << e.what();
+  }
+  return ojson();
+}
+
+void write_json(const fs::path& p, const ojson& j) {
+  std::ofstream out(p, std::ios::binary);
+  FP4MOE_CHECK(out.good()) << "cannot write " << p.string();
+  out << j.dump(2) << "\n";
+  FP4MOE_CHECK(out.good()) << "write failed: " << p.string();
+}
+
+float weight_global_scale(const TensorView& w, const std::string& module) {
+  switch (w.dtype) {
+    case DType::kBF16: return nvfp4_global_scale_bf16(w.as<uint16_t>());
+    case DType::kF32: return nvfp4_global_scale(w.as<float>());
+    default:
+      FP4MOE_FAIL() << module << ".weight is " << dtype_name(w.dtype) << " "
+                    << shape_to_string(w.shape) << "; quantize reads BF16 or F32 weights";
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+std::vector<std::string> default_quantize_exclusions() {
+  return {"lm_head", "model.layers.*.mlp.gate"};
+}
+
+std::string scale_group_of(const std::string& module) {
+  const size_t dot = module.rfind('.');
+  if (dot == std::string::npos) return module;
+  const std::string parent = module.substr(0, dot);
+  const std::string leaf = module.substr(dot + 1);
+  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") {
+    // GQA attention only; MLA's q_proj (no k/v siblings) stays alone, which the same key gives.
+    return parent + ".qkv";
+  }
+  if (leaf == "gate_proj" || leaf == "up_proj") return parent + ".gate_up";
+  return module;
+}
+
+std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra) {
+  std::vector<std::string> out;
+  for (const auto& list : {default_quantize_exclusions(), extra}) {
+    for (const std::string& p : list) {
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
+                                             const std::vector<std::string>& extra_exclude) {
+  Checkpoint in(in_dir);
+  QuantConfig exclusions;
+  exclusions.present = true;
+  exclusions.exclude_modules = quantize_exclusions(extra_exclude);
+  std::vector<std::string> out;
+  for (const LinearModule& m : in.modules()) {
+    if (m.kind != ModuleKind::kEmbedding && !exclusions.is_excluded(m.name)) out.push_back(m.name);
+  }
+  return out;
+}
+
+QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_dir,
+                                   const QuantizeOptions& options) {
+  FP4MOE_CHECK(!(fs::exists(out_dir) && fs::equivalent(in_dir, out_dir)))
+      << "quantize: output directory " << out_dir.string() << " is the input directory";
+  FP4MOE_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)))
+      << "quantize: output directory " << out_dir.string()
+      << " already exists and is not empty (stale shards would mix with the new ones)";
+  Checkpoint in(in_dir);
+  in.require_valid();
+  FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)
+      << "quantize: " << in_dir.string() << " is already quantized ("
+      << in.n_linear(LinearFormat::kNVFP4) << " NVFP4 modules, quant config from '"
+      << in.quant().source << "')";
+
+  QuantizeReport report;
+  QuantConfig exclusions;
+  exclusions.present = true;
+  exclusions.exclude_modules = quantize_exclusions(options.exclude);
+  report.exclude_modules = exclusions.exclude_modules;
+
+  // Modules to quantize, grouped by shared scale.
+  std::map<std::string, std::vector<const LinearModule*>> groups;
+  std::map<std::string, std::string> group_of;  // module -> group
+  for (const LinearModule& m : in.modules()) {
+    if (m.kind == ModuleKind::kEmbedding) continue;
+    if (exclusions.is_excluded(m.name)) {
+      ++report.n_kept;
+      continue;
+    }
+    FP4MOE_CHECK(m.in_features % kNvfp4BlockSize == 0)
+        << "quantize: " << m.name << " has in_features K=" << m.in_features
+        << ", not a multiple of the NVFP4 block (16); exclude it with --exclude '" << m.name << "'";
+    const std::string g = scale_group_of(m.name);
+    groups[g].push_back(&m);
+    group_of[m.name] = g;
+    ++report.n_quantized;
+  }
+  FP4MOE_CHECK(report.n_quantized > 0)
+      << "quantize: the exclusion patterns leave no Linear to quantize in " << in_dir.string();
+
+  // weight_scale_2 per group: max over members of amax / 2688 (== amax(group) / 2688).
+  std::map<std::string, float> group_scale;
+  for (const auto& [g, members] : groups) {
+    float gs = 0.0f;
+    for (const LinearModule* m : members) {
+      gs = std::max(gs, weight_global_scale(in.tensor(m->name + ".weight"), m->name));
+    }
+    group_scale[g] = gs;
+    if (members.size() > 1) ++report.n_scale_groups;
+  }
+
+  // input_scale per group: all or nothing.
+  std::map<std::string, float> group_input_amax;
+  if (!options.input_amax.empty()) {
+    std::vector<std::string> missing;
+    for (const auto& [name, g] : group_of) {
+      auto it = options.input_amax.find(name);
+      if (it == options.input_amax.end()) {
+        missing.push_back(name);
+        continue;
+      }
+      FP4MOE_CHECK(std::isfinite(it->second) && it->second > 0.0f)
+          << "quantize: calibrated input amax of " << name << " is " << it->second
+          << ", expected a finite positive value";
+      group_input_amax[g] = std::max(group_input_amax[g], it->second);
+    }
+    if (!missing.empty()) {
+      FP4MOE_FAIL() << "quantize: calibration gave input amax for "
+                    << group_of.size() - missing.size() << " of " << group_of.size()
+                    << " quantized modules; missing " << missing.size() << ", first "
+                    << missing.front() << " (refusing to write partial input_scale tensors)";
+    }
+    for (const auto& [name, amax] : options.input_amax) {
+      FP4MOE_CHECK(group_of.count(name) == 1)
+          << "quantize: input amax given for " << name << ", which is not a quantized Linear";
+    }
+    report.has_input_scales = true;
+  }
+  report.quant_algo = report.has_input_scales ? "NVFP4" : "W4A16_NVFP4";
+
+  // Tensors: quantized modules replace .weight by the four NVFP4 tensors; the rest is copied.
+  // One output file per input file (model.safetensors, or shards + index), so memory holds one
+  // shard's output at a time; a module's tensors land in the shard that held its weight.
+  fs::create_directories(out_dir);
+  const auto& files = in.store().files();
+  const bool sharded = files.size() > 1;
+  ojson weight_map = ojson::object();
+  uint64_t total_size = 0;
+  for (size_t i_file = 0; i_file < files.size(); ++i_file) {
+    std::string file_name = "model.safetensors";
+    if (sharded) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i_file + 1, files.size());
+      file_name = buf;
+    }
+    SafetensorsWriter writer;
+    writer.set_metadata("format", "pt");
+    auto add = [&](const std::string& name, DType dtype, const Shape& shape,
+                   std::span<const uint8_t> bytes) {
+      writer.add(name, dtype, shape, bytes);
+      weight_map[name] = file_name;
+      total_size += bytes.size();
+      report.bytes_out += bytes.size();
+    };
+    for (const TensorInfo& info : files[i_file]->tensors()) {
+      const std::string& name = info.name;
+      const TensorView v = files[i_file]->view(info);
+      report.bytes_in += v.bytes.size();
+      const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
+      auto g = group_of.find(module);
+      if (g == group_of.end()) {
+        add(name, v.dtype, v.shape, v.bytes);
+        continue;
+      }
+      const float gs = group_scale.at(g->second);
+      // An all-zero group has gs 0; nvfp4_quantize then picks 1.0 itself (ModelOpt: NaN).
+      const Nvfp4Matrix q = gs > 0.0f ? nvfp4_quantize(v, gs) : nvfp4_quantize(v);
+      add(module + ".weight", DType::kU8, {q.n_rows, q.n_cols / 2}, q.packed);
+      add(module + ".weight_scale", DType::kF8_E4M3, {q.n_rows, q.n_cols / kNvfp4BlockSize},
+          q.scales);
+      auto scalar = [&](const std::string& tensor, float value) {
+        uint8_t b[4];
+        std::memcpy(b, &value, 4);
+        add(tensor, DType::kF32, {}, b);
+      };
+      scalar(module + ".weight_scale_2", q.global_scale);
+      if (report.has_input_scales) {
+        scalar(module + ".input_scale", group_input_amax.at(g->second) / kInputScaleDivisor);
+      }
+    }
+    writer.write(out_dir / file_name);
+  }
+  if (sharded) {
+    ojson index;
+    index["metadata"] = {{"total_size", total_size}};
+    index["weight_map"] = weight_map;
+    write_json(out_dir / "model.safetensors.index.json", index);
+  }
+
+  // config.json: the input's, with quantization_config (placed before torch_dtype, as HF writes).
+  const ojson producer = {{"name", options.producer_name}, {"version", options.producer_version}};
+  ojson config = read_ordered_json(in_dir / "config.json");
+  std::optional<ojson> torch_dtype;
+  if (config.contains("torch_dtype")) {
+    torch_dtype = config["torch_dtype"];
+    config.erase("torch_dtype");
+  }
+  ojson group0;
+  group0["weights"] = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
+  if (report.has_input_scales) {
+    group0["input_activations"] = {
+        {"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
+  }
+  group0["targets"] = {"Linear"};
+  ojson qc;
+  qc["quant_method"] = "modelopt";
+  qc["quant_algo"] = report.quant_algo;
+  qc["ignore"] = report.exclude_modules;
+  qc["config_groups"] = {{"group_0", group0}};
+  qc["producer"] = producer;
+  config["quantization_config"] = qc;
+  if (torch_dtype) config["torch_dtype"] = *torch_dtype;
+  write_json(out_dir / "config.json", config);
+
+  ojson hf;
+  hf["producer"] = producer;
+  hf["quantization"] = {{"quant_algo", report.quant_algo},
+                        {"kv_cache_quant_algo", nullptr},
+                        {"group_size", 16},
+                        {"exclude_modules", report.exclude_modules}};
+  write_json(out_dir / "hf_quant_config.json", hf);
+
+  // Everything else that is not weights (generation_config.json, tokenizer files, ...).
+  std::set<std::string> skip = {"config.json", "hf_quant_config.json",
+                                "model.safetensors.index.json"};
+  for (const auto& e : fs::directory_iterator(in_dir)) {
+    const std::string file = e.path().filename().string();
+    if (!e.is_regular_file() || skip.count(file) || e.path().extension() == ".safetensors") continue;
+    fs::copy_file(e.path(), out_dir / file, fs::copy_options::overwrite_existing);
+  }
+  return report;
+}
+
+}  // namespace fp4moe::format
