@@ -1,7 +1,8 @@
-// ModelConfig: everything the GLM-4.5 (Glm4MoeForCausalLM) and GLM-5 (GlmMoeDsaForCausalLM) forwards
+// model::ModelConfig: everything the GLM-4.5 (Glm4MoeForCausalLM) and GLM-5 (GlmMoeDsaForCausalLM) forwards
 // read from a Hugging Face config.json (spec ../shared/spec/nvfp4-and-glm.md §4.1, §4.7), with the
 // defaults transformers 5.17 applies when a field is absent, plus the quantization description
-// (config.json "quantization_config" or hf_quant_config.json, spec §2.2-2.3).
+// (format::QuantConfig, read by format/checkpoint.h's read_quant_config). format::ModelConfig holds
+// only what checkpoint validation needs; this one holds what the forward needs.
 //
 // An unknown architecture, a missing required field, or a field of the wrong JSON type fails with
 // the file and the field named. Tested by tests/model/test_config.cpp.
@@ -15,25 +16,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/checkpoint.h"
+
 namespace fp4moe::model {
 
 inline constexpr const char* kArchGlm4Moe = "Glm4MoeForCausalLM";
 inline constexpr const char* kArchGlmMoeDsa = "GlmMoeDsaForCausalLM";
-
-// How a checkpoint says it is quantized. Loaders decide per Linear from the tensors present
-// (U8 .weight + F8_E4M3 .weight_scale = NVFP4, spec §2.2 "robust loader rule"); this is the cross-check.
-struct QuantizationConfig {
-  bool present = false;
-  std::string quant_method;                 // "modelopt"
-  std::string quant_algo;                   // "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION", ...
-  std::string kv_cache_quant_algo;          // "" or "FP8"
-  int group_size = 16;
-  std::vector<std::string> ignore;          // exclude_modules / ignore patterns (fnmatch-style wildcards)
-
-  // True when `module` (e.g. "model.layers.0.mlp.gate") matches one of `ignore` (fnmatch, or the
-  // pattern as a plain substring, as vLLM's is_layer_excluded does).
-  bool is_excluded(const std::string& module) const;
-};
 
 struct ModelConfig {
   std::string source;        // the file it came from, for messages
@@ -98,7 +86,10 @@ struct ModelConfig {
   std::vector<std::string> indexer_types;    // per layer "full" or "shared" (derived when absent)
   std::vector<std::string> layer_types;      // per layer attention type, as given
 
-  QuantizationConfig quantization;
+  // How the checkpoint says it is quantized (hf_quant_config.json or config.json
+  // quantization_config). Loaders decide per Linear from the tensors present (spec §2.2); this is
+  // the cross-check. Absent (present == false) for dummy weights and plain BF16 checkpoints.
+  format::QuantConfig quantization;
   nlohmann::json raw;                        // the whole config.json, for anything not above
 
   bool is_moe_layer(int64_t layer) const;    // mlp_layer_types[layer] == "sparse"
@@ -111,7 +102,7 @@ struct ModelConfig {
 // (e.g. heads not divisible by kv heads, mlp_layer_types of the wrong length).
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 
-// Reads dir/config.json, and dir/hf_quant_config.json when config.json has no quantization_config.
+// Reads dir/config.json and the quantization section (format::read_quant_config).
 ModelConfig load_model_config(const std::filesystem::path& dir);
 
 // The architectures parse_model_config accepts.

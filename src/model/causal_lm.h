@@ -1,0 +1,87 @@
+// CausalLM: the interface every model (Glm4MoeForCausalLM, GlmMoeDsaForCausalLM) implements on the
+// CPU reference path, and the per-sequence KV state it owns.
+//
+// A forward step is batched over sequences so that the MoE layers see every token of the step at
+// once (the serving engine relies on this):
+//
+//   auto a = lm->new_state(), b = lm->new_state();
+//   std::vector<float> la(n_a * vocab), lb(vocab);
+//   SeqChunk chunks[] = {{a.get(), prompt_a, la.data(), /*all_logits=*/true},
+//                        {b.get(), prompt_b, lb.data(), /*all_logits=*/false}};
+//   lm->forward(chunks);   // positions continue from each state's length(); states grow
+//
+// Logits are f32, [n_tokens, vocab] when all_logits, else [1, vocab] for the chunk's last token.
+// Tested by tests/model/test_glm4_moe.cpp (golden logits, KV-cache decode, batching).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "moe/mlp.h"
+
+namespace fp4moe::model {
+
+// Per-sequence state (KV cache) created by the model that uses it. Its layout is the model's own
+// business; the interface only exposes its length and size.
+class KvState {
+ public:
+  virtual ~KvState() = default;
+  virtual int64_t length() const = 0;       // tokens cached so far = position of the next token
+  virtual void truncate(int64_t n_tokens) = 0;  // drop cached tokens >= n_tokens (n <= length())
+  virtual size_t bytes() const = 0;         // memory held by the cache
+};
+
+// One sequence's share of a batched forward step.
+struct SeqChunk {
+  KvState* state = nullptr;           // created by this model's new_state()
+  std::span<const int32_t> tokens;    // >= 1 new tokens, appended after state->length()
+  float* logits = nullptr;            // [tokens.size() or 1, vocab]; nullptr = no logits wanted
+  bool all_logits = false;            // logits for every token (true) or only the last (false)
+};
+
+// Per-layer routing statistics of one forward step (for MoE layers only).
+struct MoeLayerTrace {
+  int64_t layer = 0;
+  std::vector<int64_t> tokens_per_expert;  // [n_routed_experts]
+};
+
+struct ForwardTrace {
+  std::vector<MoeLayerTrace> moe_layers;   // appended in layer order, one per MoE layer per step
+};
+
+// Sees the f32 input of every Linear the forward runs (calibration for `fp4moe quantize`):
+// (module name e.g. "model.layers.1.mlp.experts.3.up_proj", x [rows, cols]). Expert Linears see
+// only the rows routed to them (moe/mlp.h); attention Linears see all tokens of the step.
+using LinearInputObserver = moe::LinearInputObserver;
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  int64_t vocab_size() const { return config().vocab_size; }
+
+  virtual std::unique_ptr<KvState> new_state() const = 0;
+
+  // One step over a batch of sequences (each chunk's state must be distinct). On error the
+  // states are left as they were before the call.
+  virtual void forward(std::span<const SeqChunk> batch, ForwardTrace* trace = nullptr) = 0;
+
+  // Installs (or, with an empty function, removes) the Linear input observer.
+  virtual void set_linear_observer(LinearInputObserver observer) = 0;
+
+  // Bytes of weights held in memory, and a multi-line description of how each weight is stored.
+  virtual size_t weight_bytes() const = 0;
+  virtual std::string describe() const = 0;
+
+  // Convenience: one sequence, returns the logits ([n, vocab] when all_logits, else [vocab]).
+  std::vector<float> forward_one(KvState& state, std::span<const int32_t> tokens, bool all_logits);
+};
+
+}  // namespace fp4moe::model

@@ -1,0 +1,197 @@
+// Architecture registry, load_model and the dummy checkpoint writer (see registry.h).
+// Tested by tests/model/test_registry.cpp.
+#include "model/registry.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "core/error.h"
+#include "model/glm4_moe.h"
+#include "model/weights.h"
+#include "model/glm5.h"
+#include "moe/weights.h"
+
+namespace fp4moe::model {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, Architecture> archs;
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;
+    // One line per built-in architecture (config.json architectures[0] -> its description).
+    reg->archs[kArchGlm4Moe] = glm4_moe_architecture();
+    reg->archs[kArchGlmMoeDsa] = glm_moe_dsa_architecture();
+    return reg;
+  }();
+  return *r;
+}
+
+Architecture find_architecture(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.archs.find(name);
+  if (it == r.archs.end()) {
+    std::string list;
+    for (const auto& [n, a] : r.archs) list += (list.empty() ? "" : ", ") + n;
+    FP4MOE_FAIL() << "no model implementation registered for architecture \"" << name << "\" (registered: " << list
+                  << ")";
+  }
+  return it->second;
+}
+
+// splitmix64 of the seed mixed with the FNV-1a hash of the tensor name: values do not depend on
+// the order in which tensors are generated.
+uint64_t tensor_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = seed ^ h;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::vector<uint8_t> bf16_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t b = f32_to_bf16(v[i]);
+    out[2 * i] = static_cast<uint8_t>(b & 0xFF);
+    out[2 * i + 1] = static_cast<uint8_t>(b >> 8);
+  }
+  return out;
+}
+
+template <typename T>
+std::span<const uint8_t> as_bytes_span(const std::vector<T>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(T)};
+}
+
+std::vector<float> uniform(uint64_t seed, int64_t n, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void add_linear(format::SafetensorsWriter& w, const WeightSpec& spec, bool nvfp4, uint64_t seed) {
+  FP4MOE_CHECK(spec.shape.size() == 2) << "dummy Linear " << spec.name << " needs a 2-D shape, got "
+                                       << shape_to_string(spec.shape);
+  const int64_t out = spec.shape[0];
+  const int64_t in = spec.shape[1];
+  const auto lw = moe::random_linear(nvfp4 ? moe::WeightFormat::kNVFP4 : moe::WeightFormat::kBF16, out, in,
+                                     tensor_seed(seed, spec.name));
+  if (nvfp4) {
+    w.add(spec.name + ".weight", DType::kU8, {out, in / 2}, as_bytes_span(lw.packed));
+    w.add(spec.name + ".weight_scale", DType::kF8_E4M3, {out, in / format::kNvfp4BlockSize}, as_bytes_span(lw.scales));
+    const std::vector<float> s2 = {lw.global_scale};
+    w.add(spec.name + ".weight_scale_2", DType::kF32, {}, as_bytes_span(s2));
+  } else {
+    w.add(spec.name + ".weight", DType::kBF16, {out, in}, as_bytes_span(lw.bf16));
+  }
+}
+
+}  // namespace
+
+LoadFormat parse_load_format(const std::string& s) {
+  if (s == "auto") return LoadFormat::kAuto;
+  if (s == "dummy") return LoadFormat::kDummy;
+  FP4MOE_FAIL() << "load format \"" << s << "\" is not one of: auto, dummy";
+  return LoadFormat::kAuto;  // not reached
+}
+
+void register_architecture(const std::string& architecture, Architecture arch) {
+  FP4MOE_CHECK(arch.create && arch.manifest) << "architecture " << architecture << " registered without "
+                                             << (arch.create ? "a manifest" : "a factory");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.archs[architecture] = std::move(arch);
+}
+
+std::vector<std::string> registered_architectures() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [n, a] : r.archs) names.push_back(n);
+  return names;
+}
+
+std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::TensorStore& store,
+                                      const LoadOptions& options) {
+  return find_architecture(config.architecture).create(config, store, options);
+}
+
+void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
+  const Architecture arch = find_architecture(config.architecture);
+  const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
+  format::SafetensorsWriter w;
+  const std::vector<WeightSpec> manifest = arch.manifest(config);
+  uint64_t total = 0;  // progress in BF16-equivalent bytes
+  for (const WeightSpec& spec : manifest) total += static_cast<uint64_t>(shape_numel(spec.shape)) * 2;
+  LoadProgress progress("dummy weights", total, options.progress);
+  for (const WeightSpec& spec : manifest) {
+    const uint64_t s = tensor_seed(options.seed, spec.name);
+    const int64_t n = shape_numel(spec.shape);
+    switch (spec.role) {
+      case WeightRole::kLinear:
+        add_linear(w, spec, nvfp4, options.seed);
+        break;
+      case WeightRole::kLinearBF16:
+        add_linear(w, spec, false, options.seed);
+        break;
+      case WeightRole::kEmbedding:
+        w.add(spec.name, DType::kBF16, spec.shape, bf16_bytes(uniform(s, n, -1.0f, 1.0f)));
+        break;
+      case WeightRole::kNorm:
+        w.add(spec.name, DType::kBF16, spec.shape, bf16_bytes(uniform(s, n, 0.8f, 1.2f)));
+        break;
+      case WeightRole::kBias:
+        w.add(spec.name, DType::kBF16, spec.shape, bf16_bytes(uniform(s, n, -0.05f, 0.05f)));
+        break;
+      case WeightRole::kF32Bias: {
+        const std::vector<float> v = uniform(s, n, -0.05f, 0.05f);
+        w.add(spec.name, DType::kF32, spec.shape, as_bytes_span(v));
+        break;
+      }
+    }
+    progress.advance(static_cast<uint64_t>(n) * 2);
+  }
+  progress.finish();
+  w.set_metadata("format", "pt");
+  w.set_metadata("fp4moe_dummy_seed", std::to_string(options.seed));
+  std::filesystem::create_directories(dir);
+  w.write(dir / "model.safetensors");
+}
+
+std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  ModelConfig config = load_model_config(dir);
+  if (options.format == LoadFormat::kAuto) {
+    format::TensorStore store(dir);
+    return build_model(config, store, options);
+  }
+  // Dummy: write the random checkpoint to a private temporary directory, map it, delete the files
+  // (the mapping stays valid) and build from it through the ordinary loader.
+  static std::atomic<int> counter{0};
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path() /
+                                    ("fp4moe-dummy-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  struct Cleanup {
+    std::filesystem::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  } cleanup{tmp};
+  write_dummy_checkpoint(config, options, tmp);
+  format::TensorStore store(tmp);
+  config.quantization = format::QuantConfig{};  // dummy weights ignore the directory's quantization
+  return build_model(config, store, options);
+}
+
+}  // namespace fp4moe::model

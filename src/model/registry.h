@@ -1,0 +1,88 @@
+// load_model(dir, options): reads config.json, picks the model class registered for its
+// architecture and builds it from the checkpoint's tensors (BF16 or ModelOpt NVFP4, single file or
+// sharded), or from deterministic random weights (LoadFormat::kDummy).
+//
+// Adding an architecture: write `std::unique_ptr<CausalLM> create_<x>(const ModelConfig&,
+// const format::TensorStore&, const LoadOptions&)` in its own files and add one line to the table in
+// registry.cpp (or call register_architecture() at run time, e.g. from a test).
+// Tested by tests/model/test_registry.cpp.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "model/causal_lm.h"
+#include "model/config.h"
+
+namespace fp4moe::model {
+
+enum class LoadFormat : uint8_t {
+  kAuto,   // the checkpoint's tensors (each Linear BF16 or NVFP4 as stored)
+  kDummy,  // random weights for the config alone (config.json is the only file read)
+};
+LoadFormat parse_load_format(const std::string& s);  // "auto" | "dummy"; fails naming the value
+
+enum class DummyWeights : uint8_t {
+  kBF16,   // every weight BF16
+  kNVFP4,  // every Linear except lm_head and routers NVFP4 (as ModelOpt's default scope)
+};
+
+struct LoadOptions {
+  LoadFormat format = LoadFormat::kAuto;
+  DummyWeights dummy_weights = DummyWeights::kBF16;
+  uint64_t seed = 0;               // dummy weights: same seed + same config -> same weights
+  bool progress = true;            // progress bar on stderr (only when it is a tty and slow)
+};
+
+using ModelFactory = std::function<std::unique_ptr<CausalLM>(
+    const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options)>;
+
+// What a weight is, for dummy generation (value distribution, dtype, NVFP4 eligibility).
+enum class WeightRole : uint8_t {
+  kLinear,        // [out, in]; NVFP4 under DummyWeights::kNVFP4 (name given without ".weight")
+  kLinearBF16,    // [out, in]; always BF16 (lm_head, routers mlp.gate, indexer weights_proj)
+  kEmbedding,     // [vocab, hidden] BF16
+  kNorm,          // [dim] BF16, values near 1
+  kBias,          // [dim] BF16, small values
+  kF32Bias,       // [dim] F32, small values (e_score_correction_bias)
+};
+
+struct WeightSpec {
+  std::string name;  // full tensor name; for kLinear/kLinearBF16 the module name (".weight" etc. added)
+  Shape shape;
+  WeightRole role = WeightRole::kLinear;
+};
+
+// Every tensor an architecture reads for a config (the dummy checkpoint is made from it).
+using ManifestFn = std::function<std::vector<WeightSpec>(const ModelConfig& config)>;
+
+struct Architecture {
+  ModelFactory create;
+  ManifestFn manifest;
+};
+
+// Registers (or replaces) an architecture by name (config.json architectures[0]).
+void register_architecture(const std::string& architecture, Architecture arch);
+std::vector<std::string> registered_architectures();  // sorted
+
+// Builds the model a directory describes. Fails naming the architecture when none is registered.
+std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options);
+
+// Same from a parsed config and an opened store (tests, dummy loads).
+std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::TensorStore& store,
+                                      const LoadOptions& options);
+
+// Writes the dummy checkpoint for a config into `dir` (model.safetensors only): every tensor of the
+// architecture's manifest, random from options.seed (each tensor seeded by seed and its name, so
+// the values do not depend on the order), NVFP4 Linears in ModelOpt layout when
+// options.dummy_weights == kNVFP4. load_model with kDummy writes one to a temporary directory,
+// maps it and deletes it.
+void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options,
+                            const std::filesystem::path& dir);
+
+}  // namespace fp4moe::model

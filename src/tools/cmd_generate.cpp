@@ -1,0 +1,251 @@
+// `fp4moe generate`: loads a model on the CPU (checkpoint, or --load-format dummy), prefills the
+// prompt ids (or the --prompt text, tokenized with the directory's tokenizer.json) and decodes
+// token by token through the KV cache, greedy or with temperature / top-p sampling.
+//
+//   fp4moe generate --model DIR --prompt-ids 1,2,3 [--max-new-tokens N]
+//       [--greedy | --temperature T --top-p P --seed S] [--dump-logits FILE.safetensors] [--json]
+//       [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--dummy-seed S] [--ignore-eos]
+//
+// Prints the generated ids (and their text when DIR has tokenizer.json). --dump-logits writes
+// `logits` F32 [positions, vocab] (row i = the logits at position i, i.e. predicting token i + 1,
+// for every prompt position and every decode step) and `token_ids` I64 [prompt + generated].
+// Tested by tests/model/test_generate_cli.cpp (runs the binary on the golden tiny models).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/tokenizer.h"
+#include "format/safetensors.h"
+#include "model/ops.h"
+#include "model/registry.h"
+#include "tools/commands.h"
+
+namespace fp4moe::tools {
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt_ids;
+  std::string prompt_text;
+  int64_t max_new_tokens = 16;
+  bool greedy = false;
+  std::optional<double> temperature;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::string dump_logits;
+  bool json = false;
+  bool ignore_eos = false;
+  std::string load_format = "auto";
+  std::string dummy_weights = "bf16";
+  uint64_t dummy_seed = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t");
+    const auto e = item.find_last_not_of(" \t");
+    FP4MOE_CHECK(b != std::string::npos) << "--prompt-ids \"" << s << "\" has an empty entry";
+    const std::string t = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FP4MOE_CHECK(used == t.size() && v >= 0 && v <= INT32_MAX)
+        << "--prompt-ids entry \"" << t << "\" is not a token id (a non-negative integer)";
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  FP4MOE_CHECK(!ids.empty()) << "--prompt-ids is empty";
+  return ids;
+}
+
+// Temperature + nucleus sampling: softmax(logits / T) in f64, keep the smallest set of most likely
+// tokens whose probability reaches top_p (at least one), renormalize, draw.
+int32_t sample(const float* logits, int64_t vocab, double temperature, double top_p, std::mt19937_64& rng) {
+  std::vector<double> p(static_cast<size_t>(vocab));
+  const float mx = *std::max_element(logits, logits + vocab);
+  for (int64_t i = 0; i < vocab; ++i) p[static_cast<size_t>(i)] = std::exp((logits[i] - mx) / temperature);
+  const double sum = std::accumulate(p.begin(), p.end(), 0.0);
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  double cum = 0.0;
+  size_t keep = 0;
+  while (keep < order.size()) {
+    cum += p[static_cast<size_t>(order[keep])] / sum;
+    ++keep;
+    if (cum >= top_p) break;
+  }
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += p[static_cast<size_t>(order[i])];
+  std::uniform_real_distribution<double> u(0.0, kept);
+  double r = u(rng);
+  for (size_t i = 0; i < keep; ++i) {
+    r -= p[static_cast<size_t>(order[i])];
+    if (r <= 0.0) return order[i];
+  }
+  return order[keep - 1];
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_generate(const GenerateArgs& a) {
+  FP4MOE_CHECK(a.prompt_ids.empty() != a.prompt_text.empty()) << "give exactly one of --prompt-ids and --prompt";
+  FP4MOE_CHECK(a.max_new_tokens >= 1) << "--max-new-tokens " << a.max_new_tokens << " must be >= 1";
+  FP4MOE_CHECK(!(a.greedy && a.temperature)) << "--greedy and --temperature exclude each other";
+  FP4MOE_CHECK(a.top_p > 0.0 && a.top_p <= 1.0) << "--top-p " << a.top_p << " must be in (0, 1]";
+  const bool greedy = !a.temperature || *a.temperature == 0.0;
+  FP4MOE_CHECK(greedy || *a.temperature > 0.0) << "--temperature " << *a.temperature << " must be >= 0";
+  const std::filesystem::path dir = a.model_dir;
+
+  std::optional<engine::Tokenizer> tokenizer;
+  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = engine::Tokenizer::load(dir);
+  std::vector<int32_t> prompt;
+  if (!a.prompt_text.empty()) {
+    FP4MOE_CHECK(tokenizer.has_value()) << "--prompt needs a tokenizer, and " << (dir / "tokenizer.json").string()
+                                        << " does not exist (give --prompt-ids instead)";
+    prompt = tokenizer->encode(a.prompt_text);
+    FP4MOE_CHECK(!prompt.empty()) << "--prompt \"" << a.prompt_text << "\" tokenizes to no tokens";
+  } else {
+    prompt = parse_ids(a.prompt_ids);
+  }
+
+  model::LoadOptions opts;
+  opts.format = model::parse_load_format(a.load_format);
+  FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
+      << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
+  opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
+  opts.seed = a.dummy_seed;
+  const auto t_load = std::chrono::steady_clock::now();
+  std::unique_ptr<model::CausalLM> lm = model::load_model(dir, opts);
+  const double load_s = seconds_since(t_load);
+  const model::ModelConfig& cfg = lm->config();
+  const int64_t V = cfg.vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    FP4MOE_CHECK(prompt[i] < V) << "prompt token " << prompt[i] << " at position " << i
+                                << " is outside the vocabulary [0, " << V << ")";
+  }
+
+  const bool dump = !a.dump_logits.empty();
+  std::vector<float> dumped;  // [positions, V]
+  std::mt19937_64 rng(a.seed);
+  auto choose = [&](const float* logits) {
+    return greedy ? static_cast<int32_t>(model::argmax(logits, V))
+                  : sample(logits, V, *a.temperature, a.top_p, rng);
+  };
+  auto is_eos = [&](int32_t t) {
+    return !a.ignore_eos && std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), t) != cfg.eos_token_ids.end();
+  };
+
+  auto state = lm->new_state();
+  const auto t_prefill = std::chrono::steady_clock::now();
+  std::vector<float> logits = lm->forward_one(*state, prompt, dump);
+  const double prefill_s = seconds_since(t_prefill);
+  if (dump) dumped = logits;
+  const float* last = logits.data() + (dump ? (prompt.size() - 1) * static_cast<size_t>(V) : 0);
+  std::vector<int32_t> generated = {choose(last)};
+  std::string stop_reason = "length";
+  const auto t_decode = std::chrono::steady_clock::now();
+  int64_t n_decode_steps = 0;
+  while (true) {
+    if (is_eos(generated.back())) {
+      stop_reason = "eos";
+      break;
+    }
+    if (static_cast<int64_t>(generated.size()) >= a.max_new_tokens) break;
+    logits = lm->forward_one(*state, std::span<const int32_t>(&generated.back(), 1), false);
+    ++n_decode_steps;
+    if (dump) dumped.insert(dumped.end(), logits.begin(), logits.end());
+    generated.push_back(choose(logits.data()));
+  }
+  const double decode_s = seconds_since(t_decode);
+  const double tok_s = n_decode_steps > 0 && decode_s > 0 ? static_cast<double>(n_decode_steps) / decode_s : 0.0;
+
+  if (dump) {
+    format::SafetensorsWriter w;
+    const int64_t rows = static_cast<int64_t>(dumped.size()) / V;
+    w.add("logits", DType::kF32, {rows, V},
+          {reinterpret_cast<const uint8_t*>(dumped.data()), dumped.size() * sizeof(float)});
+    std::vector<int64_t> all(prompt.begin(), prompt.end());
+    all.insert(all.end(), generated.begin(), generated.end());
+    w.add("token_ids", DType::kI64, {static_cast<int64_t>(all.size())},
+          {reinterpret_cast<const uint8_t*>(all.data()), all.size() * sizeof(int64_t)});
+    w.set_metadata("prompt_len", std::to_string(prompt.size()));
+    w.set_metadata("n_generated", std::to_string(generated.size()));
+    w.write(a.dump_logits);
+  }
+
+  std::optional<std::string> text;
+  if (tokenizer) text = tokenizer->decode(generated);
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = dir.string();
+    j["architecture"] = cfg.architecture;
+    j["prompt_ids"] = prompt;
+    j["generated_ids"] = generated;
+    if (text) j["text"] = *text;
+    j["stop_reason"] = stop_reason;
+    j["sampling"] = greedy ? nlohmann::json{{"greedy", true}}
+                           : nlohmann::json{{"temperature", *a.temperature}, {"top_p", a.top_p}, {"seed", a.seed}};
+    j["timing"] = {{"load_s", load_s}, {"prefill_s", prefill_s}, {"prefill_tokens", prompt.size()},
+                   {"decode_s", decode_s}, {"decode_steps", n_decode_steps}, {"decode_tokens_per_s", tok_s}};
+    if (dump) j["dump_logits"] = a.dump_logits;
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("generated ids: {}\n", join_ids(generated));
+    if (text) fmt::print("text: {}\n", *text);
+    fmt::print(stderr, "{}: load {:.2f} s, prefill {} tokens {:.3f} s, decode {} steps {:.3f} s ({:.1f} tokens/s), stop: {}\n",
+               cfg.architecture, load_s, prompt.size(), prefill_s, n_decode_steps, decode_s, tok_s, stop_reason);
+  }
+}
+
+}  // namespace
+
+void register_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens with the CPU reference forward");
+  cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma separated (e.g. 1,2,3)");
+  cmd->add_option("--prompt", args->prompt_text, "Prompt text (needs tokenizer.json in the model directory)");
+  cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate (default 16)");
+  cmd->add_flag("--greedy", args->greedy, "Greedy decoding (the default)");
+  cmd->add_option("--temperature", args->temperature, "Sampling temperature (0 = greedy)");
+  cmd->add_option("--top-p", args->top_p, "Nucleus sampling threshold in (0, 1] (default 1)");
+  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
+  cmd->add_option("--dump-logits", args->dump_logits,
+                  "Write F32 logits [positions, vocab] of every prompt position and decode step (safetensors)");
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at config.json's eos_token_id");
+  cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
+  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
+  cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");
+  cmd->callback([args] { run_generate(*args); });
+}
+
+}  // namespace fp4moe::tools

@@ -1,0 +1,132 @@
+// model::ModelConfig parsing: the golden configs of both families, derived fields
+// (mlp_layer_types, indexer_types, rotary dim), defaults, and errors that name the field.
+//   ctest --test-dir build -R ModelConfig
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "testing/testing.h"
+
+namespace fp4moe::model {
+namespace {
+
+nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+std::string error_of(const nlohmann::json& j) {
+  try {
+    parse_model_config(j, "test.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelConfig, Glm4MoeTiny) {
+  const ModelConfig c = load_model_config(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny"));
+  EXPECT_EQ(c.architecture, kArchGlm4Moe);
+  EXPECT_EQ(c.hidden_size, 128);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.rotary_dim(), 16);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.use_qk_norm);
+  EXPECT_FALSE(c.rope_interleave);
+  EXPECT_EQ(c.n_routed_experts, 16);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_FLOAT_EQ(c.routed_scaling_factor, 2.5f);
+  EXPECT_EQ(c.mlp_layer_types, (std::vector<std::string>{"dense", "sparse", "sparse"}));
+  EXPECT_FALSE(c.is_moe_layer(0));
+  EXPECT_TRUE(c.is_moe_layer(2));
+  EXPECT_THROW(c.is_moe_layer(3), Error);
+  EXPECT_TRUE(c.eos_token_ids.empty());
+  EXPECT_FALSE(c.quantization.present);
+  EXPECT_NE(c.summary().find("3 layers (1 dense, 2 MoE)"), std::string::npos) << c.summary();
+}
+
+TEST(ModelConfig, Glm4MoeTinyNvfp4HasQuantization) {
+  const ModelConfig c = load_model_config(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny_nvfp4"));
+  EXPECT_TRUE(c.quantization.present);
+  EXPECT_EQ(c.quantization.quant_algo, "NVFP4");
+  EXPECT_TRUE(c.quantization.is_excluded("lm_head"));
+  EXPECT_TRUE(c.quantization.is_excluded("model.layers.1.mlp.gate"));
+  EXPECT_FALSE(c.quantization.is_excluded("model.layers.1.mlp.experts.3.up_proj"));
+}
+
+TEST(ModelConfig, Glm5Tiny) {
+  const ModelConfig c = load_model_config(fp4moe::testing::shared_path("golden/models/glm5_tiny"));
+  EXPECT_EQ(c.architecture, kArchGlmMoeDsa);
+  EXPECT_EQ(c.q_lora_rank, 64);
+  EXPECT_EQ(c.kv_lora_rank, 32);
+  EXPECT_EQ(c.qk_nope_head_dim, 32);
+  EXPECT_EQ(c.qk_rope_head_dim, 16);
+  EXPECT_EQ(c.qk_head_dim, 48);
+  EXPECT_EQ(c.v_head_dim, 32);
+  EXPECT_EQ(c.index_topk, 8);
+  EXPECT_EQ(c.index_n_heads, 8);
+  EXPECT_EQ(c.index_head_dim, 32);
+  EXPECT_TRUE(c.rope_interleave);
+  EXPECT_TRUE(c.indexer_rope_interleave);
+  EXPECT_EQ(c.indexer_types, (std::vector<std::string>{"full", "full", "full"}));
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1}));
+  EXPECT_EQ(c.bos_token_id, 0);
+}
+
+TEST(ModelConfig, DerivedIndexerTypesFollowHf) {
+  nlohmann::json j = read_json(fp4moe::testing::shared_path("golden/models/glm5_tiny/config.json"));
+  j.erase("indexer_types");
+  j["num_hidden_layers"] = 6;
+  j["mlp_layer_types"] = {"dense", "sparse", "sparse", "sparse", "sparse", "sparse"};
+  j["index_topk_freq"] = 2;
+  j["index_skip_topk_offset"] = 2;
+  // full iff max(i - 2 + 1, 0) % 2 == 0: i = 0 (0), 1 (0), 3 (2), 5 (4).
+  EXPECT_EQ(parse_model_config(j, "t").indexer_types,
+            (std::vector<std::string>{"full", "full", "shared", "full", "shared", "full"}));
+  j["index_topk_pattern"] = "FSSFFS";
+  EXPECT_EQ(parse_model_config(j, "t").indexer_types,
+            (std::vector<std::string>{"full", "shared", "shared", "full", "full", "shared"}));
+  j["index_topk_pattern"] = "FSX";
+  EXPECT_NE(error_of(j).find("index_topk_pattern has 3 letters"), std::string::npos) << error_of(j);
+}
+
+TEST(ModelConfig, ErrorsNameTheField) {
+  const nlohmann::json base = read_json(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny/config.json"));
+  nlohmann::json j = base;
+  j["architectures"] = {"LlamaForCausalLM"};
+  EXPECT_NE(error_of(j).find("architecture \"LlamaForCausalLM\" is not supported"), std::string::npos) << error_of(j);
+  EXPECT_NE(error_of(j).find("Glm4MoeForCausalLM"), std::string::npos);
+  j = base;
+  j.erase("hidden_size");
+  EXPECT_NE(error_of(j).find("required field \"hidden_size\" is missing"), std::string::npos) << error_of(j);
+  j = base;
+  j["num_key_value_heads"] = "two";
+  EXPECT_NE(error_of(j).find("\"num_key_value_heads\" must be an integer"), std::string::npos) << error_of(j);
+  j = base;
+  j["num_key_value_heads"] = 3;
+  EXPECT_NE(error_of(j).find("num_attention_heads=4 is not a multiple of num_key_value_heads=3"), std::string::npos)
+      << error_of(j);
+  j = base;
+  j["mlp_layer_types"] = {"dense", "sparse"};
+  EXPECT_NE(error_of(j).find("mlp_layer_types has 2 entries, num_hidden_layers=3"), std::string::npos) << error_of(j);
+  j = base;
+  j["hidden_act"] = "gelu";
+  EXPECT_NE(error_of(j).find("hidden_act=\"gelu\""), std::string::npos) << error_of(j);
+  j = base;
+  j.erase("first_k_dense_replace");  // HF default 0 -> every layer MoE
+  EXPECT_EQ(parse_model_config(j, "t").mlp_layer_types, (std::vector<std::string>{"sparse", "sparse", "sparse"}));
+  j = base;
+  j.erase("rope_parameters");
+  j["rope_theta"] = 5e5;  // legacy top-level form
+  EXPECT_FLOAT_EQ(parse_model_config(j, "t").rope_theta, 5e5f);
+  EXPECT_FLOAT_EQ(parse_model_config(j, "t").partial_rotary_factor, 0.5f);
+}
+
+}  // namespace
+}  // namespace fp4moe::model

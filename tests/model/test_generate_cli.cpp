@@ -1,0 +1,170 @@
+// `fp4moe generate` end to end (runs the built binary): greedy continuation and --dump-logits
+// against the golden tiny GLM-4.5 models, sampling determinism and top-p, dummy loads, and
+// errors for bad arguments.
+//   ctest --test-dir build -R GenerateCli
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/safetensors.h"
+#include "testing/testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(FP4MOE_CLI) + " generate " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr) << cmd;
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+nlohmann::json run_json(const std::string& args) {
+  const Result r = run(args + " --json");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  // The JSON object is the last line (stderr may carry other lines before it).
+  const size_t start = r.out.rfind("\n{");
+  return nlohmann::json::parse(start == std::string::npos ? r.out : r.out.substr(start + 1));
+}
+
+std::string csv(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+class GenerateCli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerateCli, GreedyAndDumpedLogitsMatchGolden) {
+  const fs::path dir = fp4moe::testing::shared_path("golden/models/" + GetParam());
+  fp4moe::format::SafetensorsFile g(dir / "golden.safetensors");
+  const auto ids = g.view("greedy_ids").as<int64_t>();
+  const auto ref = g.view("greedy_logits").as<float>();
+  const int64_t n_seq = g.view("greedy_ids").dim(0), N = g.view("greedy_ids").dim(1);
+  const int64_t S = g.view("input_ids").dim(1), V = g.view("greedy_logits").dim(2);
+  std::string name = "fp4moe_test_generate_";
+  name += std::to_string(getpid());
+  name += ".safetensors";
+  const fs::path dump = fs::temp_directory_path() / name;
+  for (int64_t b = 0; b < n_seq; ++b) {
+    const std::vector<int64_t> seq(ids.begin() + b * N, ids.begin() + (b + 1) * N);
+    const std::vector<int64_t> prompt(seq.begin(), seq.begin() + S);
+    const nlohmann::json j = run_json("--model " + dir.string() + " --prompt-ids " + csv(prompt) + " --max-new-tokens " +
+                                      std::to_string(N - S) + " --greedy --dump-logits " + dump.string());
+    EXPECT_EQ(j["generated_ids"].get<std::vector<int64_t>>(), std::vector<int64_t>(seq.begin() + S, seq.end()))
+        << GetParam() << " sequence " << b;
+    EXPECT_EQ(j["stop_reason"], "length");
+    fp4moe::format::SafetensorsFile d(dump);
+    const auto logits = d.view("logits");
+    ASSERT_EQ(logits.shape, (fp4moe::Shape{N - 1, V}));  // every prompt position and decode step
+    EXPECT_EQ(std::vector<int64_t>(d.view("token_ids").as<int64_t>().begin(), d.view("token_ids").as<int64_t>().end()),
+              seq);
+    float mx = 0, diff = 0;
+    for (int64_t i = 0; i < (N - 1) * V; ++i) {
+      mx = std::max(mx, std::fabs(ref[b * N * V + i]));
+      diff = std::max(diff, std::fabs(ref[b * N * V + i] - logits.as<float>()[i]));
+    }
+    EXPECT_LE(diff, 2e-3f * mx) << GetParam() << " sequence " << b;
+  }
+  fs::remove(dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GenerateCli, ::testing::Values("glm4_moe_tiny", "glm4_moe_tiny_nvfp4"));
+
+TEST(GenerateCliSampling, SeededSamplingIsReproducibleAndTinyTopPIsGreedy) {
+  const std::string model = "--model " + fp4moe::testing::shared_path("golden/models/glm4_moe_tiny").string() +
+                            " --prompt-ids 7,8,9,10 --max-new-tokens 12";
+  const auto greedy = run_json(model)["generated_ids"];
+  const auto s1 = run_json(model + " --temperature 1.5 --top-p 0.95 --seed 11")["generated_ids"];
+  const auto s2 = run_json(model + " --temperature 1.5 --top-p 0.95 --seed 11")["generated_ids"];
+  EXPECT_EQ(s1, s2);
+  // Twelve tokens at temperature 1.5 from a 512-token vocabulary: some differ from greedy.
+  EXPECT_NE(s1, greedy);
+  // top-p so small that only the most likely token survives: sampling becomes greedy.
+  EXPECT_EQ(run_json(model + " --temperature 1.0 --top-p 1e-9 --seed 5")["generated_ids"], greedy);
+  EXPECT_EQ(run_json(model + " --temperature 0")["generated_ids"], greedy);
+}
+
+TEST(GenerateCliSampling, DummyLoadIsDeterministic) {
+  const std::string model = "--model " + fp4moe::testing::shared_path("golden/models/glm4_moe_tiny").string() +
+                            " --prompt-ids 1,2,3 --max-new-tokens 6 --load-format dummy";
+  const auto a = run_json(model + " --dummy-seed 3 --dummy-weights nvfp4")["generated_ids"];
+  EXPECT_EQ(run_json(model + " --dummy-seed 3 --dummy-weights nvfp4")["generated_ids"], a);
+  EXPECT_EQ(a.size(), 6u);
+}
+
+// A model directory with the golden tokenizer (4,096 tokens) and dummy weights for a config with
+// that vocabulary: --prompt text is tokenized and the generated ids are decoded to text.
+TEST(GenerateCliSampling, PromptTextAndDecodedTextWithTokenizer) {
+  const fs::path dir = fs::temp_directory_path() / ("fp4moe_test_generate_tok_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  nlohmann::json cfg;
+  {
+    std::ifstream in(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny/config.json"));
+    cfg = nlohmann::json::parse(in);
+  }
+  cfg["vocab_size"] = 4096;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fp4moe::testing::shared_path(std::string("golden/tokenizer/") + f), dir / f);
+  }
+  const nlohmann::json j = run_json("--model " + dir.string() +
+                                    " --prompt \"def main():\" --max-new-tokens 5 --load-format dummy");
+  EXPECT_EQ(j["prompt_ids"].size() > 0, true);
+  EXPECT_EQ(j["generated_ids"].size(), 5u);
+  ASSERT_TRUE(j.contains("text")) << j.dump();
+  EXPECT_TRUE(j["text"].is_string());
+  // Plain output prints the ids and the text line.
+  const Result r = run("--model " + dir.string() + " --prompt-ids 10,20,30 --max-new-tokens 3 --load-format dummy");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("generated ids: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("text: "), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(GenerateCliSampling, BadArgumentsAreReported) {
+  const std::string model = "--model " + fp4moe::testing::shared_path("golden/models/glm4_moe_tiny").string();
+  Result r = run(model + " --prompt-ids 1,x");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--prompt-ids entry \"x\""), std::string::npos) << r.out;
+  r = run(model + " --prompt-ids 1,512");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("prompt token 512 at position 1 is outside the vocabulary [0, 512)"), std::string::npos) << r.out;
+  r = run(model + " --prompt-ids 1 --greedy --temperature 0.5");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--greedy and --temperature exclude each other"), std::string::npos) << r.out;
+  r = run(model + " --prompt-ids 1 --load-format fast");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("load format \"fast\""), std::string::npos) << r.out;
+  r = run(model + " --prompt hello");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("tokenizer.json"), std::string::npos) << r.out;
+}
+
+}  // namespace

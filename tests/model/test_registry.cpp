@@ -1,0 +1,254 @@
+// Loading through the registry: errors for broken checkpoints name the tensor and both shapes,
+// sharded checkpoints load like single files, unknown architectures are refused by name, dummy
+// weights are deterministic from the seed (BF16 and NVFP4) and work for configs no checkpoint
+// exists for (here GLM-4.x with q/k RMSNorm and tied embeddings).
+//   ctest --test-dir build -R ModelRegistry
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <optional>
+
+#include "core/error.h"
+#include "format/safetensors.h"
+#include "model/registry.h"
+#include "testing/testing.h"
+
+namespace fp4moe::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("fp4moe_test_registry_" + std::to_string(getpid()) + "_" + std::to_string(n++));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct Replacement {
+  DType dtype;
+  Shape shape;
+  std::vector<uint8_t> bytes;
+};
+
+// Copies a golden checkpoint's config.json and tensors into dir; `edit` may drop a tensor
+// (return false) or replace it (fill `out`).
+void copy_checkpoint(const fs::path& src, const fs::path& dir,
+                     const std::function<bool(const std::string&, std::optional<Replacement>&)>& edit) {
+  fs::copy_file(src / "config.json", dir / "config.json");
+  format::SafetensorsFile f(src / "model.safetensors");
+  format::SafetensorsWriter w;
+  for (const auto& info : f.tensors()) {
+    std::optional<Replacement> rep;
+    if (!edit(info.name, rep)) continue;
+    if (rep) {
+      w.add(info.name, rep->dtype, rep->shape, rep->bytes);
+    } else {
+      w.add(info.name, f.view(info));
+    }
+  }
+  w.write(dir / "model.safetensors");
+}
+
+std::string load_error(const fs::path& dir) {
+  LoadOptions o;
+  o.progress = false;
+  try {
+    load_model(dir, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> prompt_logits(CausalLM& lm) {
+  auto st = lm.new_state();
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 42};
+  return lm.forward_one(*st, ids, true);
+}
+
+fs::path golden(const std::string& name) { return fp4moe::testing::shared_path("golden/models/" + name); }
+
+TEST(ModelRegistry, MissingTensorIsNamed) {
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, auto&) {
+    return n != "model.layers.1.self_attn.q_proj.weight";
+  });
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("[128, 128]"), std::string::npos) << e;
+}
+
+TEST(ModelRegistry, MissingNormIsNamed) {
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, auto&) {
+    return n != "model.layers.2.post_attention_layernorm.weight";
+  });
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("tensor model.layers.2.post_attention_layernorm.weight is missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("[128]"), std::string::npos) << e;
+}
+
+TEST(ModelRegistry, WrongShapeNamesTensorAndBothShapes) {
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+    if (n == "model.layers.0.input_layernorm.weight") r = Replacement{DType::kBF16, {64}, std::vector<uint8_t>(128)};
+    return true;
+  });
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("model.layers.0.input_layernorm.weight is BF16 [64], expected BF16|F32 [128]"), std::string::npos)
+      << e;
+}
+
+TEST(ModelRegistry, WrongLinearShapeNamesTensorAndBothShapes) {
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+    if (n == "model.layers.2.mlp.experts.5.down_proj.weight") {
+      r = Replacement{DType::kBF16, {64, 128}, std::vector<uint8_t>(64 * 128 * 2)};
+    }
+    return true;
+  });
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("model.layers.2.mlp.experts.5.down_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("[64, 128]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[128, 64]"), std::string::npos) << e;
+}
+
+TEST(ModelRegistry, WrongDtypeIsNamed) {
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+    if (n == "model.embed_tokens.weight") r = Replacement{DType::kI16, {512, 128}, std::vector<uint8_t>(512 * 128 * 2)};
+    return true;
+  });
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("model.embed_tokens.weight is I16 [512, 128], expected BF16|F32 [512, 128]"), std::string::npos)
+      << e;
+}
+
+TEST(ModelRegistry, ShardedCheckpointLoadsLikeSingleFile) {
+  TempDir t;
+  const fs::path src = golden("glm4_moe_tiny_nvfp4");
+  for (const char* f : {"config.json", "hf_quant_config.json"}) fs::copy_file(src / f, t.path / f);
+  format::SafetensorsFile f(src / "model.safetensors");
+  format::SafetensorsWriter a, b;
+  nlohmann::json index;
+  index["metadata"] = {{"total_size", 0}};
+  for (const auto& info : f.tensors()) {
+    const bool first = info.name < "model.layers.1";
+    (first ? a : b).add(info.name, f.view(info));
+    index["weight_map"][info.name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  a.write(t.path / "model-00001-of-00002.safetensors");
+  b.write(t.path / "model-00002-of-00002.safetensors");
+  std::ofstream(t.path / "model.safetensors.index.json") << index.dump();
+  LoadOptions o;
+  o.progress = false;
+  auto sharded = load_model(t.path, o);
+  auto single = load_model(src, o);
+  EXPECT_EQ(prompt_logits(*sharded), prompt_logits(*single));
+}
+
+TEST(ModelRegistry, UnknownArchitectureIsNamed) {
+  ModelConfig c = load_model_config(golden("glm4_moe_tiny"));
+  c.architecture = "MysteryForCausalLM";
+  format::TensorStore store(golden("glm4_moe_tiny"));
+  try {
+    build_model(c, store, LoadOptions{});
+    FAIL() << "an unregistered architecture was built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"MysteryForCausalLM\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(kArchGlm4Moe), std::string::npos) << e.what();
+  }
+  const auto names = registered_architectures();
+  EXPECT_NE(std::find(names.begin(), names.end(), kArchGlm4Moe), names.end());
+  EXPECT_THROW(parse_load_format("fast"), Error);
+}
+
+TEST(ModelRegistry, DummyWeightsAreDeterministicFromTheSeed) {
+  for (DummyWeights w : {DummyWeights::kBF16, DummyWeights::kNVFP4}) {
+    LoadOptions o;
+    o.format = LoadFormat::kDummy;
+    o.dummy_weights = w;
+    o.progress = false;
+    o.seed = 7;
+    auto m1 = load_model(golden("glm4_moe_tiny"), o);
+    auto m2 = load_model(golden("glm4_moe_tiny"), o);
+    o.seed = 8;
+    auto m3 = load_model(golden("glm4_moe_tiny"), o);
+    const auto l1 = prompt_logits(*m1), l2 = prompt_logits(*m2), l3 = prompt_logits(*m3);
+    EXPECT_EQ(l1, l2);
+    EXPECT_NE(l1, l3);
+    for (float v : l1) ASSERT_TRUE(std::isfinite(v));
+    const std::string d = m1->describe();
+    EXPECT_EQ(d.find("NVFP4") != std::string::npos, w == DummyWeights::kNVFP4) << d;
+    // Dummy weights never come from the directory's checkpoint.
+    auto real = load_model(golden("glm4_moe_tiny"), LoadOptions{LoadFormat::kAuto, DummyWeights::kBF16, 0, false});
+    EXPECT_NE(prompt_logits(*real), l1);
+  }
+}
+
+// A config no golden checkpoint covers: q/k RMSNorm, tied embeddings, GQA 8/2, rotary 0.25,
+// every layer MoE. Checks the KV cache path (prefill then decode == full forward) and that the
+// q/k norm weights are used.
+TEST(ModelRegistry, DummyQkNormTiedConfigDecodesConsistently) {
+  TempDir t;
+  nlohmann::json j;
+  {
+    std::ifstream in(golden("glm4_moe_tiny") / "config.json");
+    j = nlohmann::json::parse(in);
+  }
+  j["use_qk_norm"] = true;
+  j["tie_word_embeddings"] = true;
+  j["num_attention_heads"] = 8;
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 16;
+  j["partial_rotary_factor"] = 0.25;
+  j["rope_parameters"]["partial_rotary_factor"] = 0.25;
+  j["first_k_dense_replace"] = 0;
+  j["num_hidden_layers"] = 2;
+  std::ofstream(t.path / "config.json") << j.dump();
+  LoadOptions o;
+  o.format = LoadFormat::kDummy;
+  o.progress = false;
+  o.seed = fp4moe::testing::test_seed();
+  auto lm = load_model(t.path, o);
+  EXPECT_EQ(lm->config().rotary_dim(), 4);
+  EXPECT_NE(lm->describe().find("q/k RMSNorm"), std::string::npos);
+  EXPECT_NE(lm->describe().find("(tied)"), std::string::npos);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  auto full_state = lm->new_state();
+  const auto full = lm->forward_one(*full_state, ids, true);
+  auto st = lm->new_state();
+  auto got = lm->forward_one(*st, std::span<const int32_t>(ids.data(), 4), true);
+  for (size_t i = 4; i < ids.size(); ++i) {
+    const auto step = lm->forward_one(*st, std::span<const int32_t>(ids.data() + i, 1), false);
+    got.insert(got.end(), step.begin(), step.end());
+  }
+  ASSERT_EQ(got.size(), full.size());
+  float mx = 0, diff = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    mx = std::max(mx, std::fabs(full[i]));
+    diff = std::max(diff, std::fabs(full[i] - got[i]));
+  }
+  EXPECT_LE(diff, 1e-5f * mx);
+
+  // The manifest lists the q/k norms (so the dummy checkpoint and a real one must hold them).
+  TempDir t2;
+  write_dummy_checkpoint(lm->config(), o, t2.path);
+  format::TensorStore store(t2.path);
+  EXPECT_TRUE(store.contains("model.layers.1.self_attn.k_norm.weight"));
+  EXPECT_FALSE(store.contains("lm_head.weight"));
+}
+
+}  // namespace
+}  // namespace fp4moe::model
