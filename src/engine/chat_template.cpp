@@ -1,0 +1,92 @@
+// Chat template loading and rendering (see chat_template.h). Tested by tests/engine/test_chat_template.cpp.
+#include "engine/chat_template.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "engine/jinja_ast.h"
+
+namespace fp4moe::engine {
+
+namespace {
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  FP4MOE_CHECK(in.good()) << "cannot open " << path.string();
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// HF's special_tokens_map: the named special tokens of tokenizer_config.json, as strings.
+nlohmann::ordered_json special_tokens_of(const nlohmann::json& config) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (!config.is_object()) return out;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    if (!config.contains(key)) continue;
+    const auto& v = config.at(key);
+    if (v.is_string()) out[key] = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v.at("content").is_string()) out[key] = v.at("content").get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(const std::string& source, nlohmann::ordered_json special_tokens, const std::string& name)
+    : program_(jinja::parse(source, name)), special_tokens_(std::move(special_tokens)) {}
+
+ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::string& origin) {
+  FP4MOE_CHECK(config.is_object() && config.contains("chat_template"))
+      << origin << " has no chat_template; chat requests need one";
+  const nlohmann::json& t = config.at("chat_template");
+  if (t.is_string()) return ChatTemplate(t.get<std::string>(), special_tokens_of(config), origin + ":chat_template");
+  FP4MOE_CHECK(t.is_array()) << origin << ": chat_template is neither a string nor a list of {name, template}";
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i].value("name", std::string()) == "default") {
+      FP4MOE_CHECK(t[i].contains("template") && t[i]["template"].is_string())
+          << origin << ": chat_template[" << i << "].template is not a string";
+      return ChatTemplate(t[i]["template"].get<std::string>(), special_tokens_of(config),
+                          origin + ":chat_template[" + std::to_string(i) + "]");
+    }
+  }
+  FP4MOE_FAIL() << origin << ": chat_template lists " << t.size() << " templates and none is named 'default'";
+  return ChatTemplate("", {}, "");
+}
+
+ChatTemplate ChatTemplate::load(const std::filesystem::path& dir) {
+  const auto config_path = dir / "tokenizer_config.json";
+  nlohmann::json config;
+  if (std::filesystem::exists(config_path)) {
+    try {
+      config = nlohmann::json::parse(read_file(config_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      FP4MOE_FAIL() << config_path.string() << ": invalid JSON: " << e.what();
+    }
+  }
+  const auto jinja_path = dir / "chat_template.jinja";
+  if (std::filesystem::exists(jinja_path)) {
+    return ChatTemplate(read_file(jinja_path), special_tokens_of(config), jinja_path.string());
+  }
+  FP4MOE_CHECK(!config.is_null()) << "no chat template in " << dir.string()
+                                  << " (neither chat_template.jinja nor tokenizer_config.json)";
+  return from_config(config, config_path.string());
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const RenderOptions& options) const {
+  FP4MOE_CHECK(messages.is_array()) << program_->name << ": messages must be a JSON array, got "
+                                    << messages.type_name();
+  nlohmann::ordered_json context = special_tokens_;
+  if (options.extra.is_object()) {
+    for (const auto& [k, v] : options.extra.items()) context[k] = v;
+  }
+  context["messages"] = messages;
+  context["add_generation_prompt"] = options.add_generation_prompt;
+  context["tools"] = options.tools;
+  return jinja::render(*program_, context);
+}
+
+const std::string& ChatTemplate::source() const { return program_->source; }
+
+}  // namespace fp4moe::engine

@@ -1,0 +1,217 @@
+// `fp4moe tokenize`: the model's tokenizer and chat template from the command line, like llama.cpp's
+// llama-tokenize.
+//
+//   fp4moe tokenize --tokenizer DIR --text "Hello <|user|>"      #      51 -> 'H' ... one token a line
+//   fp4moe tokenize --tokenizer DIR --file prompt.txt --ids-only  # [51, 484, ...]
+//   fp4moe tokenize --tokenizer DIR --text "hi" --json            # {"ids": [...], "tokens": [...], ...}
+//   fp4moe tokenize --tokenizer DIR --decode 7,210,83,84          # <|user|>\nhi
+//   fp4moe tokenize --tokenizer DIR --chat messages.json          # rendered prompt, then its ids
+//
+// DIR holds tokenizer.json and tokenizer_config.json. Tested by tests/engine (the library) and by
+// running it on shared/golden/tokenizer.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+#include "engine/tokenizer_text.h"
+#include "tools/commands.h"
+
+namespace fp4moe::tools {
+
+namespace {
+
+struct TokenizeOptions {
+  std::string tokenizer_dir;
+  std::string text;
+  std::string file;
+  bool from_stdin = false;
+  std::string decode;
+  std::string chat;
+  bool json = false;
+  bool ids_only = false;
+  bool show_count = false;
+  bool no_parse_special = false;
+  bool add_special_tokens = false;
+  bool skip_special_tokens = false;
+  bool no_generation_prompt = false;
+};
+
+std::string read_all(std::istream& in) {
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FP4MOE_CHECK(in.good()) << "cannot open " << path;
+  return read_all(in);
+}
+
+// A token's bytes for display: printable text as is, control bytes and split UTF-8 as \xNN.
+std::string display_piece(const std::string& bytes) {
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    const auto bad = engine::text::find_invalid_utf8(bytes.substr(i, 4));
+    const bool complete_char = b >= 0x80 && (!bad.has_value() || *bad > 0);
+    if (b >= 0x20 && b < 0x7F) {
+      out.push_back(static_cast<char>(b));
+      ++i;
+    } else if (complete_char) {
+      const size_t n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+      out.append(bytes, i, n);
+      i += n;
+    } else if (b == '\n') {
+      out += "\\n";
+      ++i;
+    } else if (b == '\t') {
+      out += "\\t";
+      ++i;
+    } else {
+      out += fmt::format("\\x{:02x}", b);
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::vector<engine::TokenId> parse_ids(const std::string& list) {
+  std::vector<engine::TokenId> ids;
+  std::string item;
+  std::stringstream ss(list);
+  while (std::getline(ss, item, ',')) {
+    const size_t b = item.find_first_not_of(" []\t\n");
+    const size_t e = item.find_last_not_of(" []\t\n");
+    if (b == std::string::npos) continue;
+    const std::string s = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FP4MOE_CHECK(used == s.size() && v >= 0 && v < (1LL << 31)) << "--decode: '" << s << "' is not a token id";
+    ids.push_back(static_cast<engine::TokenId>(v));
+  }
+  return ids;
+}
+
+void print_ids(const engine::Tokenizer& tok, const std::vector<engine::TokenId>& ids, const TokenizeOptions& o) {
+  if (o.ids_only) {
+    std::string line = "[";
+    for (size_t i = 0; i < ids.size(); ++i) line += (i ? ", " : "") + std::to_string(ids[i]);
+    fmt::print("{}]\n", line);
+  } else {
+    for (engine::TokenId id : ids) fmt::print("{:>6} -> '{}'\n", id, display_piece(tok.token_bytes(id)));
+  }
+  if (o.show_count) fmt::print("Total number of tokens: {}\n", ids.size());
+}
+
+nlohmann::ordered_json ids_json(const engine::Tokenizer& tok, const std::vector<engine::TokenId>& ids) {
+  nlohmann::ordered_json tokens = nlohmann::ordered_json::array();
+  for (engine::TokenId id : ids) tokens.push_back(tok.id_to_token(id));
+  return {{"ids", ids}, {"tokens", tokens}, {"n_tokens", ids.size()}};
+}
+
+void run_tokenize(const TokenizeOptions& o) {
+  const int n_modes = !o.text.empty() + !o.file.empty() + o.from_stdin + !o.decode.empty() + !o.chat.empty();
+  FP4MOE_CHECK(n_modes == 1) << "give exactly one of --text, --file, --stdin, --decode, --chat (got " << n_modes << ")";
+  const engine::Tokenizer tok = engine::Tokenizer::load(o.tokenizer_dir);
+  const engine::EncodeOptions encode_options{.add_special_tokens = o.add_special_tokens,
+                                             .parse_special = !o.no_parse_special};
+
+  if (!o.decode.empty()) {
+    const std::vector<engine::TokenId> ids = parse_ids(o.decode);
+    for (engine::TokenId id : ids) {
+      FP4MOE_CHECK(id < tok.vocab_size()) << "--decode: id " << id << " is outside the vocabulary (size "
+                                          << tok.vocab_size() << ")";
+    }
+    const std::string text = tok.decode(ids, {.skip_special_tokens = o.skip_special_tokens});
+    if (o.json) {
+      nlohmann::ordered_json out = ids_json(tok, ids);
+      out["text"] = text;
+      fmt::print("{}\n", out.dump(2));
+    } else {
+      fmt::print("{}\n", text);
+    }
+    return;
+  }
+
+  if (!o.chat.empty()) {
+    nlohmann::ordered_json messages;
+    try {
+      messages = nlohmann::ordered_json::parse(read_file(o.chat));
+    } catch (const nlohmann::json::parse_error& e) {
+      FP4MOE_FAIL() << o.chat << ": invalid JSON: " << e.what();
+    }
+    // Either a bare list of messages or an OpenAI request body {"messages": [...], "tools": [...]}.
+    engine::ChatTemplate::RenderOptions render_options;
+    render_options.add_generation_prompt = !o.no_generation_prompt;
+    if (messages.is_object()) {
+      FP4MOE_CHECK(messages.contains("messages")) << o.chat << ": an object needs a \"messages\" list";
+      if (messages.contains("tools")) render_options.tools = messages["tools"];
+      if (messages.contains("chat_template_kwargs")) render_options.extra = messages["chat_template_kwargs"];
+      messages = nlohmann::ordered_json(messages["messages"]);
+    }
+    const engine::ChatTemplate tmpl = engine::ChatTemplate::load(o.tokenizer_dir);
+    const std::string rendered = tmpl.render(messages, render_options);
+    const std::vector<engine::TokenId> ids = tok.encode(rendered, encode_options);
+    if (o.json) {
+      nlohmann::ordered_json out = {{"rendered", rendered}};
+      const nlohmann::ordered_json tokens = ids_json(tok, ids);  // named: items() must not outlive it
+      for (const auto& [k, v] : tokens.items()) out[k] = v;
+      fmt::print("{}\n", out.dump(2));
+    } else {
+      fmt::print("{}\n", rendered);
+      fmt::print("--- {} tokens\n", ids.size());
+      print_ids(tok, ids, o);
+    }
+    return;
+  }
+
+  const std::string text = !o.text.empty() ? o.text : o.from_stdin ? read_all(std::cin) : read_file(o.file);
+  const std::vector<engine::TokenId> ids = tok.encode(text, encode_options);
+  if (o.json) {
+    nlohmann::ordered_json out = ids_json(tok, ids);
+    out["text"] = text;
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    print_ids(tok, ids, o);
+  }
+}
+
+}  // namespace
+
+void register_tokenize_command(CLI::App& app) {
+  auto options = std::make_shared<TokenizeOptions>();
+  auto* cmd = app.add_subcommand("tokenize", "tokenize text, decode ids or render a chat with a model's tokenizer");
+  cmd->add_option("--tokenizer", options->tokenizer_dir, "folder with tokenizer.json (and tokenizer_config.json)")
+      ->required();
+  cmd->add_option("--text", options->text, "text to tokenize");
+  cmd->add_option("--file", options->file, "file whose contents to tokenize");
+  cmd->add_flag("--stdin", options->from_stdin, "tokenize standard input");
+  cmd->add_option("--decode", options->decode, "comma-separated token ids to decode, e.g. 1,2,3");
+  cmd->add_option("--chat", options->chat,
+                  "JSON file with a list of messages (or {\"messages\": [...], \"tools\": [...]}) to render "
+                  "with the chat template (generation prompt on) and tokenize");
+  cmd->add_flag("--json", options->json, "print JSON (ids, token strings, text)");
+  cmd->add_flag("--ids-only,--ids", options->ids_only, "print only the ids, as [1, 2, 3]");
+  cmd->add_flag("--show-count", options->show_count, "print the number of tokens at the end");
+  cmd->add_flag("--no-parse-special", options->no_parse_special, "treat special-token text as plain text");
+  cmd->add_flag("--add-special-tokens", options->add_special_tokens, "apply the post-processor (BOS etc.)");
+  cmd->add_flag("--skip-special-tokens", options->skip_special_tokens, "--decode: leave special tokens out");
+  cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "--chat: without add_generation_prompt");
+  cmd->callback([options] { run_tokenize(*options); });
+}
+
+}  // namespace fp4moe::tools
