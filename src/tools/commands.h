@@ -10,6 +10,9 @@ namespace fp4moe::tools {
 
 void register_version_command(CLI::App& app);
 void register_inspect_command(CLI::App& app);
+void register_quantize_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
+void register_tokenize_command(CLI::App& app);
+void register_generate_command(CLI::App& app);
 
 }  // namespace fp4moe::tools

@@ -12,7 +12,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   fp4moe::tools::register_version_command(app);
   fp4moe::tools::register_inspect_command(app);
+  fp4moe::tools::register_quantize_command(app);
   fp4moe::tools::register_plan_command(app);
+  fp4moe::tools::register_tokenize_command(app);
+  fp4moe::tools::register_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,23 @@
+// CUDA device discovery: whether a usable GPU is present (and why not), and a one-line
+// description of a device for logs and error messages.
+// Tested by tests/kernels/test_cuda_nvfp4.cpp (which skips, printing the reason, without a GPU).
+#pragma once
+
+#include <string>
+
+namespace fp4moe::cuda {
+
+// True when the CUDA driver works, at least one device is visible, and the current device's
+// compute capability is one the kernels were built for (sm_90a code runs on sm_90 only).
+// Otherwise false, with the reason in *why (when why != nullptr), e.g.
+// "cudaGetDeviceCount failed: cudaErrorNoDevice (no CUDA-capable device is detected);
+// CUDA_VISIBLE_DEVICES=<unset>".
+bool cuda_device_available(std::string* why = nullptr);
+
+// "device 0 (NVIDIA H200, sm_90, 132 SMs, 140 GiB)", or what went wrong asking.
+std::string cuda_device_description(int device);
+
+// The compute capabilities (major*10+minor) the kernels were compiled for, e.g. "90".
+const char* cuda_built_sm_list();
+
+}  // namespace fp4moe::cuda

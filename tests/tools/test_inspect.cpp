@@ -1,0 +1,150 @@
+// Tests for `fp4moe inspect`: the report functions on the four golden models and a broken copy,
+// the demo checkpoint (deterministic, quantizes cleanly), and the CLI binary end to end (exit
+// codes, --json, --demo). Run: ctest -R test_inspect.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "format/checkpoint.h"
+#include "format/checkpoint_edit.h"
+#include "format/quantize_checkpoint.h"
+#include "testing/testing.h"
+#include "tools/inspect.h"
+
+namespace fp4moe::tools {
+namespace {
+
+using fp4moe::testing::TempDir;
+
+std::filesystem::path golden(const std::string& name) {
+  return fp4moe::testing::shared_path("golden/models/" + name);
+}
+
+// Runs a shell command; returns its exit status and fills `out` with stdout.
+int run(const std::string& cmd, std::string* out) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::array<char, 4096> buf;
+  out->clear();
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Linears per model: see tests/format/test_checkpoint.cpp for how these were worked out.
+struct Case {
+  const char* dir;
+  int64_t n_nvfp4;
+  int64_t n_bf16;
+};
+constexpr Case kCases[] = {{"glm4_moe_tiny", 0, 120},
+                           {"glm4_moe_tiny_nvfp4", 117, 3},
+                           {"glm5_tiny", 0, 132},
+                           {"glm5_tiny_nvfp4", 105, 27}};
+
+TEST(Inspect, GoldenModelsJson) {
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(k.dir);
+    format::Checkpoint c(golden(k.dir));
+    auto j = inspect_json(c);
+    EXPECT_EQ(j["layers"]["n_layers"], 3);
+    EXPECT_EQ(j["layers"]["n_dense"], 1);
+    EXPECT_EQ(j["layers"]["n_moe"], 2);
+    EXPECT_EQ(j["layers"]["moe"], (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(j["experts"]["n_routed"], 16);
+    EXPECT_EQ(j["experts"]["on_disk_per_layer"]["1"], 16);
+    EXPECT_EQ(j["experts"]["on_disk_per_layer"]["2"], 16);
+    EXPECT_EQ(j["modules"]["linear_nvfp4"], k.n_nvfp4);
+    EXPECT_EQ(j["modules"]["linear_bf16"], k.n_bf16);
+    EXPECT_EQ(j["modules"]["by_kind"]["routed_experts"][k.n_nvfp4 ? "nvfp4" : "bf16"], 96);
+    EXPECT_EQ(j["modules"]["by_kind"]["router"]["bf16"], 2);
+    EXPECT_TRUE(j["problems"].empty());
+  }
+}
+
+TEST(Inspect, GoldenModelText) {
+  format::Checkpoint c(golden("glm4_moe_tiny_nvfp4"));
+  const std::string t = inspect_text(c);
+  for (const char* want :
+       {"architecture  Glm4MoeForCausalLM (model_type glm4_moe)", "layers        3 (1 dense, 2 MoE)",
+        "16 routed, top-4, 1 shared; on disk per MoE layer: 16", "NVFP4 (group 16) from hf_quant_config.json",
+        "Linears              117       3", "routed_experts        96       0",
+        "parameters    1218208", "problems      none"}) {
+    EXPECT_NE(t.find(want), std::string::npos) << "'" << want << "' not in:\n" << t;
+  }
+}
+
+TEST(Inspect, BrokenCheckpointListsProblems) {
+  TempDir tmp("inspect_broken");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [](auto& t) {
+    t.erase("model.layers.2.mlp.experts.11.gate_proj.weight_scale");
+  });
+  format::Checkpoint c(tmp.path());
+  const std::string t = inspect_text(c);
+  EXPECT_NE(t.find("problems      1\n  - model.layers.2.mlp.experts.11.gate_proj: NVFP4 weight U8 [64, 64] "
+                   "has no .weight_scale (expected F8_E4M3 [64, 8])"),
+            std::string::npos)
+      << t;
+  EXPECT_EQ(inspect_json(c)["problems"].size(), 1u);
+}
+
+TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
+  TempDir a("inspect_demo_a"), b("inspect_demo_b");
+  write_demo_bf16_checkpoint(a.path(), 7);
+  write_demo_bf16_checkpoint(b.path(), 7);
+  std::ifstream fa(a.path() / "model.safetensors", std::ios::binary), fb(b.path() / "model.safetensors", std::ios::binary);
+  std::stringstream sa, sb;
+  sa << fa.rdbuf();
+  sb << fb.rdbuf();
+  EXPECT_EQ(sa.str(), sb.str());
+  write_demo_bf16_checkpoint(b.path(), 8);
+  std::ifstream fc(b.path() / "model.safetensors", std::ios::binary);
+  std::stringstream sc;
+  sc << fc.rdbuf();
+  EXPECT_NE(sa.str(), sc.str());
+
+  format::Checkpoint bf16(a.path());
+  EXPECT_TRUE(bf16.problems().empty()) << inspect_text(bf16);
+  // 2 layers: attention 4+4, dense MLP 3, 8 experts * 3 + shared 3, router 1, lm_head 1 = 40.
+  EXPECT_EQ(bf16.n_linear(format::LinearFormat::kBF16), 40);
+  format::quantize_checkpoint(a.path(), a.path() / "q", {});
+  format::Checkpoint q(a.path() / "q");
+  EXPECT_TRUE(q.problems().empty()) << inspect_text(q);
+  EXPECT_EQ(q.n_linear(format::LinearFormat::kNVFP4), 38);
+  EXPECT_EQ(q.n_experts_on_disk(1), 8);
+  EXPECT_EQ(q.n_parameters(), bf16.n_parameters());
+}
+
+TEST(Inspect, CliEndToEnd) {
+  const std::string cli = FP4MOE_CLI;
+  std::string out;
+  EXPECT_EQ(run(cli + " inspect " + golden("glm5_tiny_nvfp4").string(), &out), 0) << out;
+  EXPECT_NE(out.find("Linears              105      27"), std::string::npos) << out;
+
+  EXPECT_EQ(run(cli + " inspect --json " + golden("glm5_tiny").string(), &out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["architecture"], "GlmMoeDsaForCausalLM");
+  EXPECT_EQ(j["modules"]["linear_bf16"], 132);
+
+  EXPECT_EQ(run(cli + " inspect --demo", &out), 0) << out;
+  EXPECT_NE(out.find("Linears               38       2"), std::string::npos) << out;
+  EXPECT_NE(out.find("problems      none"), std::string::npos) << out;
+
+  TempDir tmp("inspect_cli_broken");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [](auto& t) {
+    t.erase("model.layers.0.self_attn.v_proj.weight_scale_2");
+  });
+  EXPECT_EQ(run(cli + " inspect " + tmp.path().string(), &out), 1) << out;
+  EXPECT_NE(out.find("model.layers.0.self_attn.v_proj: NVFP4 weight has no .weight_scale_2"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(run(cli + " inspect /nonexistent/dir", &out), 0);
+  EXPECT_NE(out.find("/nonexistent/dir"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace fp4moe::tools

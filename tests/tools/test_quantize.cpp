@@ -1,0 +1,193 @@
+// Tests for `fp4moe quantize` (the CLI) and its calibration: weight tensors equal the golden NVFP4
+// models bit for bit, calibration on the golden prompts reproduces the golden input_scale of the
+// modules whose input is unambiguous (attention, dense MLP, shared-expert gate/up), the output
+// passes the checkpoint checks, prompt files are parsed strictly. Run: ctest -R test_quantize.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "format/checkpoint.h"
+#include "format/checkpoint_edit.h"
+#include "format/quantize_checkpoint.h"
+#include "testing/testing.h"
+#include "tools/quantize.h"
+
+namespace fp4moe::tools {
+namespace {
+
+using fp4moe::testing::TempDir;
+
+std::filesystem::path golden(const std::string& name) {
+  return fp4moe::testing::shared_path("golden/models/" + name);
+}
+
+int run(const std::string& cmd, std::string* out) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::array<char, 4096> buf;
+  out->clear();
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The golden prompts (input_ids I64 [2, 16]) as a prompt file.
+std::filesystem::path write_golden_prompts(const std::string& model, const std::filesystem::path& dir) {
+  format::SafetensorsFile f(golden(model) / "golden.safetensors");
+  TensorView ids = f.view("input_ids");
+  auto v = ids.as<int64_t>();
+  const std::filesystem::path path = dir / "prompts.txt";
+  std::ofstream out(path);
+  out << "# golden input_ids\n";
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    for (int64_t c = 0; c < ids.dim(1); ++c) out << (c ? ", " : "") << v[r * ids.dim(1) + c];
+    out << "\n";
+  }
+  return path;
+}
+
+// Weight tensors (everything but input_scale) equal the golden model's byte for byte.
+void expect_weights_equal(const std::filesystem::path& got_dir, const std::filesystem::path& want_dir) {
+  format::TensorStore got(got_dir), want(want_dir);
+  int64_t n = 0;
+  for (const std::string& name : want.names()) {
+    if (name.ends_with(".input_scale")) continue;
+    ASSERT_TRUE(got.contains(name)) << name;
+    TensorView a = got.view(name), b = want.view(name);
+    EXPECT_EQ(a.shape, b.shape) << name;
+    EXPECT_EQ(a.dtype, b.dtype) << name;
+    EXPECT_TRUE(a.bytes.size() == b.bytes.size() &&
+                std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0)
+        << name;
+    ++n;
+  }
+  EXPECT_GT(n, 100);
+}
+
+TEST(QuantizeCli, NoCalibrationIsWeightOnlyAndBitExact) {
+  TempDir tmp("quantize_cli_w4a16");
+  std::string out;
+  ASSERT_EQ(run(std::string(FP4MOE_CLI) + " quantize --no-calibration " + golden("glm4_moe_tiny").string() +
+                    " " + (tmp.path() / "q").string(),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("quantized 117 Linears to W4A16_NVFP4"), std::string::npos) << out;
+  EXPECT_NE(out.find("input_scale not written"), std::string::npos) << out;
+  expect_weights_equal(tmp.path() / "q", golden("glm4_moe_tiny_nvfp4"));
+  format::Checkpoint c(tmp.path() / "q");
+  EXPECT_TRUE(c.problems().empty());
+  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " inspect " + (tmp.path() / "q").string(), &out), 0) << out;
+}
+
+// Calibrated on the golden prompts: weights bit-exact, and input_scale equal (to f32 rounding of
+// two different forward implementations) wherever the golden calibration observed the same
+// tensor: attention and dense-MLP inputs, and the shared experts' gate/up (the MoE layer input).
+void calibrated_case(const std::string& model, const std::string& extra_args, int64_t n_quantized,
+                     const std::vector<std::string>& compare) {
+  TempDir tmp("quantize_cli_calib");
+  const auto prompts = write_golden_prompts(model, tmp.path());
+  std::string out;
+  ASSERT_EQ(run(std::string(FP4MOE_CLI) + " quantize " + extra_args + " --calib-prompts " +
+                    prompts.string() + " " + golden(model).string() + " " + (tmp.path() / "q").string(),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("calibrated " + std::to_string(n_quantized) + " modules on 2 prompts (32 tokens)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("to NVFP4"), std::string::npos) << out;
+  expect_weights_equal(tmp.path() / "q", golden(model + "_nvfp4"));
+  format::Checkpoint c(tmp.path() / "q");
+  EXPECT_TRUE(c.problems().empty());
+  int64_t n_with_scale = 0;
+  for (const auto& m : c.modules()) n_with_scale += m.has_input_scale;
+  EXPECT_EQ(n_with_scale, n_quantized);
+  format::TensorStore want(golden(model + "_nvfp4"));
+  for (const std::string& m : compare) {
+    const float got = c.tensor(m + ".input_scale").as<float>()[0];
+    const float ref = want.view(m + ".input_scale").as<float>()[0];
+    EXPECT_NEAR(got, ref, 1e-4f * ref) << m;
+  }
+}
+
+TEST(QuantizeCli, CalibratedGlm4) {
+  std::vector<std::string> compare;
+  for (int l = 0; l < 3; ++l) {
+    const std::string p = "model.layers." + std::to_string(l);
+    for (const char* a : {"q_proj", "k_proj", "v_proj", "o_proj"}) compare.push_back(p + ".self_attn." + a);
+    if (l == 0) {
+      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) compare.push_back(p + ".mlp." + m);
+    } else {
+      compare.push_back(p + ".mlp.shared_experts.gate_proj");
+      compare.push_back(p + ".mlp.shared_experts.up_proj");
+    }
+  }
+  calibrated_case("glm4_moe_tiny", "", 117, compare);
+}
+
+TEST(QuantizeCli, CalibratedGlm5AttentionExcluded) {
+  calibrated_case("glm5_tiny", "--exclude 'model.layers.*.self_attn*'", 105,
+                  {"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+                   "model.layers.0.mlp.down_proj", "model.layers.1.mlp.shared_experts.gate_proj",
+                   "model.layers.2.mlp.shared_experts.up_proj"});
+}
+
+TEST(QuantizeCli, BadPromptsAreNamed) {
+  TempDir tmp("quantize_cli_bad");
+  {
+    std::ofstream(tmp.path() / "bad.txt") << "1, 2, x3\n";
+    std::ofstream(tmp.path() / "big.txt") << "1 2 999999\n";
+  }
+  std::string out;
+  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "bad.txt").string() +
+                    " " + golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q").string(),
+                &out),
+            1);
+  EXPECT_NE(out.find("bad.txt:1: 'x3' is not a token id"), std::string::npos) << out;
+  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "big.txt").string() +
+                    " " + golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q").string(),
+                &out),
+            1);
+  EXPECT_NE(out.find("token id 999999 is outside the vocabulary [0, 512)"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q" / "model.safetensors"));
+}
+
+TEST(Calibration, PromptFileAndBuiltinSet) {
+  TempDir tmp("quantize_prompts");
+  std::ofstream(tmp.path() / "p.txt") << "# comment\n3,4 5\n\n  7\t8,9\n";
+  PromptIds p = read_prompt_ids(tmp.path() / "p.txt");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0], (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(p[1], (std::vector<int32_t>{7, 8, 9}));
+  PromptIds a = builtin_calibration_prompts(512), b = builtin_calibration_prompts(512);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(a.size(), 8u);
+  std::set<int32_t> distinct;
+  for (const auto& s : a) {
+    for (int32_t id : s) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, 512);
+      distinct.insert(id);
+    }
+  }
+  EXPECT_GT(distinct.size(), 200u);
+}
+
+TEST(Calibration, BuiltinSetCoversEveryModule) {
+  const auto modules = format::modules_to_quantize(golden("glm4_moe_tiny"), {});
+  ASSERT_EQ(modules.size(), 117u);
+  Calibration cal = calibrate_input_amax(golden("glm4_moe_tiny"), builtin_calibration_prompts(512), modules);
+  EXPECT_EQ(cal.input_amax.size(), 117u);
+  EXPECT_EQ(cal.n_tokens, 8 * 64);
+  for (const auto& [m, a] : cal.input_amax) EXPECT_TRUE(std::isfinite(a) && a > 0.0f) << m;
+}
+
+}  // namespace
+}  // namespace fp4moe::tools
