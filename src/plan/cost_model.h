@@ -1,0 +1,55 @@
+// The planner's cost model: a roofline per candidate tile for one grouped GEMM. Deliberately
+// simple and documented (docs/planner.md, "Cost model"); it only has to order candidates sensibly:
+//
+//   tiles      = groups x ceil(m / token_tile) x ceil(n / weight_tile)     (m: tokens per group)
+//   waves      = ceil(tiles / n_sms)                    (one CTA per SM: these tiles fill the SMEM)
+//   tile_time  = max(2 x token_tile x weight_tile x K / (peak / n_sms),     (MMA, padded tile)
+//                    tile operand bytes / (kL2FeedFactor x HBM / n_sms))    (feeding SMEM from L2)
+//   mem_time   = (weights + scales + activations + outputs) / HBM       (re-reads hit L2: feed term)
+//   time       = max(waves x tile_time, mem_time)
+// Ranking: time; ties (both HBM-bound) go to the smaller on-chip time waves x tile_time, then to
+// less padding waste, then to more SMEM margin.
+//
+// Padding waste (rows of the token tile with no token) raises the MMA term; small tiles raise the
+// feed term; so swap-AB / small-N tiles win when an expert has 1-64 tokens and big tiles win when
+// it has hundreds. Tested by tests/plan/test_planner.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/gpu_table.h"
+#include "plan/kernel_families.h"
+
+namespace fp4moe::plan {
+
+// L2 -> SMEM bandwidth available to the SMs, as a multiple of HBM bandwidth (Hopper/Blackwell L2
+// delivers roughly 2-3x HBM; the planner only needs the ratio between candidates).
+inline constexpr double kL2FeedFactor = 2.5;
+
+// One grouped GEMM: n_groups independent [m x K] x [K x n] products (one per active expert).
+struct GemmProblem {
+  std::string name;          // "gemm1 (gate+up)", "gemm2 (down)", "gemm"
+  int64_t n_groups = 1;      // experts that received tokens
+  double m = 1;              // tokens per group (mean; the model uses ceil)
+  int64_t n = 0;             // output features (weight rows)
+  int64_t k = 0;             // reduction dim
+  bool finalize = false;     // GEMM2 of a MoE (CUTLASS FINALIZE epilogue applies)
+  int64_t total_tokens = 0;  // tokens of the batch this GEMM serves (for reports)
+};
+
+struct CostEstimate {
+  int64_t tiles = 0;
+  int64_t waves = 0;
+  double padded_flops = 0, useful_flops = 0;
+  double padding_waste = 0;    // 1 - useful / padded
+  double bytes = 0;            // HBM traffic
+  double mma_time_us = 0, feed_time_us = 0, mem_time_us = 0;
+  double time_us = 0;          // the estimate used for ranking
+  double onchip_time_us = 0;   // max(mma, feed): the tie-break when HBM bounds both
+  std::string bound;           // "mma", "smem-feed" or "hbm"
+};
+
+CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const GpuSpec& gpu);
+
+}  // namespace fp4moe::plan

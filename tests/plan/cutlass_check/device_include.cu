@@ -1,0 +1,39 @@
+// The layouts are device-includable: a kernel carves its shared memory with the same constexpr
+// description the planner sizes it with, and static_asserts it against the arch limit. Compiled
+// (not run) as part of test_plan_cutlass_check; layout_device_offsets() reports what the device
+// side computed so the test can compare it with the host.
+#include <cuda_runtime.h>
+
+#include "plan/layout_cutlass.h"
+#include "plan/layout_sm90_w4a16.h"
+
+namespace fp4moe::plan::cutlass_check {
+namespace {
+
+constexpr Sm90W4A16Layout kDecode = Sm90W4A16Layout::make({128, 16, 128, 0, true});
+static_assert(kDecode.fits(kSm90SmemOptin), "decode tile must fit sm_90");
+static_assert(kDecode.w_packed(1) % 1024 == 0, "TMA tiles are 1024-aligned");
+static_assert(model_cutlass_sm120({128, 128, 128, OperandKind::kNvfp4, EpilogueFusion::kNone, false}, kCutlassB46b16d).layout.total_bytes ==
+              89088);
+
+__global__ void carve(uint32_t* out) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  constexpr Sm90W4A16Layout l = kDecode;
+  out[0] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem + l.x_tile(1)) - reinterpret_cast<uintptr_t>(smem));
+  out[1] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem + l.w_scales(2)) - reinterpret_cast<uintptr_t>(smem));
+  out[2] = l.total_bytes();
+  out[3] = l.layout.offset_of("w_dequant (bf16 wgmma operand)");
+}
+
+}  // namespace
+
+// Host-side view of the same numbers (the kernel is compiled, not launched: CI has no GPU).
+void layout_device_offsets(uint32_t out[4]) {
+  (void)&carve;
+  out[0] = kDecode.x_tile(1);
+  out[1] = kDecode.w_scales(2);
+  out[2] = kDecode.total_bytes();
+  out[3] = kDecode.layout.offset_of("w_dequant (bf16 wgmma operand)");
+}
+
+}  // namespace fp4moe::plan::cutlass_check

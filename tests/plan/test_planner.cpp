@@ -1,0 +1,207 @@
+// The planner: problem parsing, decisions (swap-AB / small-N for 1-64 tokens per expert, big
+// tiles for prefill), rejection values and their exact messages (snapshots), the nothing-fits
+// error (every shortfall, nearest first) and require_chosen's exception.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "plan/planner.h"
+
+namespace fp4moe::plan {
+namespace {
+
+const Problem kGlm5 = parse_problem("moe:E=256,topk=8,H=6144,I=2048");
+
+TEST(Problem, Parses) {
+  EXPECT_EQ(kGlm5.n_experts, 256);
+  EXPECT_EQ(kGlm5.top_k, 8);
+  EXPECT_EQ(kGlm5.hidden, 6144);
+  EXPECT_EQ(kGlm5.intermediate, 2048);
+  EXPECT_EQ(kGlm5.to_string(), "moe:E=256,topk=8,H=6144,I=2048");
+  const Problem g = parse_problem("gemm:M=128,N=4096,K=6144");
+  EXPECT_EQ(g.kind, Problem::Kind::kGemm);
+  EXPECT_EQ(g.to_string(), "gemm:M=128,N=4096,K=6144");
+  EXPECT_EQ(parse_token_list("1,16,4096"), (std::vector<int64_t>{1, 16, 4096}));
+}
+
+TEST(Problem, ErrorsNameTheField) {
+  auto message = [](const char* text) {
+    try {
+      parse_problem(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("moe:E=256,topk=8,H=6144").find("a MoE needs E, topk, H and I (got E=256 topk=8 H=6144 I=0)"), std::string::npos);
+  EXPECT_NE(message("moe:E=256,topk=x,H=1,I=1").find("topk=x is not a positive integer"), std::string::npos);
+  EXPECT_NE(message("moe:E=8,topk=9,H=1,I=1").find("topk=9 > E=8"), std::string::npos);
+  EXPECT_NE(message("moe:E=8,Q=1").find("unknown MoE field 'q'"), std::string::npos);
+  EXPECT_NE(message("conv:E=8").find("kind 'conv' is not moe or gemm"), std::string::npos);
+  EXPECT_THROW(parse_token_list("1,,2"), Error);
+  EXPECT_THROW(parse_token_list("0"), Error);
+}
+
+TEST(Problem, MoeGemms) {
+  // 1 token: 8 experts of 1 token. E x (1 - (1 - 8/256)^1) = 8.
+  EXPECT_NEAR(expected_active_experts(256, 8, 1), 8.0, 1e-9);
+  const std::vector<GemmProblem> g = gemms_of(kGlm5, 1);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].n_groups, 8);
+  EXPECT_DOUBLE_EQ(g[0].m, 1.0);
+  EXPECT_EQ(g[0].n, 4096);
+  EXPECT_EQ(g[0].k, 6144);
+  EXPECT_FALSE(g[0].finalize);
+  EXPECT_EQ(g[1].n, 6144);
+  EXPECT_EQ(g[1].k, 2048);
+  EXPECT_TRUE(g[1].finalize);
+  // 4096 tokens: every expert, 128 tokens each.
+  const std::vector<GemmProblem> big = gemms_of(kGlm5, 4096);
+  EXPECT_EQ(big[0].n_groups, 256);
+  EXPECT_DOUBLE_EQ(big[0].m, 128.0);
+}
+
+TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
+  const GpuSpec h200 = require_gpu("h200");
+  const std::vector<GemmPlan> plans = plan(kGlm5, {1, 512, 4096}, h200, {});
+  ASSERT_EQ(plans.size(), 6u);
+  for (const GemmPlan& p : plans) {
+    ASSERT_TRUE(p.chosen.has_value()) << p.error;
+    EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
+  }
+  // 1 token per expert: swap-AB with the smallest token tile.
+  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "128x8x128 swap_ab=1");
+  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "128x8x128 swap_ab=1");
+  // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
+  EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
+  EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
+  EXPECT_DOUBLE_EQ(plans[2].chosen->cost.padding_waste, 0.0);
+  // 128 tokens per expert: a token tile of at least 64.
+  EXPECT_GE(plans[4].chosen->candidate.token_tile(), 64u);
+  EXPECT_GE(plans[5].chosen->candidate.token_tile(), 64u);
+  // Ranked is sorted and holds only fitting candidates.
+  for (const GemmPlan& p : plans) {
+    for (size_t i = 1; i < p.ranked.size(); ++i) EXPECT_LE(p.ranked[i - 1].cost.time_us, p.ranked[i].cost.time_us);
+    for (const CandidateResult& c : p.ranked) EXPECT_TRUE(c.smem.fits);
+  }
+}
+
+TEST(Planner, OursRejectionSnapshot) {
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("h200"), {});
+  const auto it = std::find_if(p.rejected.begin(), p.rejected.end(),
+                               [](const Rejection& r) { return r.candidate.to_string() == "128x256x128 swap_ab=0"; });
+  ASSERT_NE(it, p.rejected.end());
+  EXPECT_EQ(it->rule, "smem-opt-in");
+  EXPECT_EQ(it->bytes_needed, 233504u);
+  EXPECT_EQ(it->limit, 232448u);
+  EXPECT_EQ(it->shortfall(), 1056);
+  EXPECT_EQ(it->message,
+            "128x256x128 swap_ab=0: 2 stages x 51200 + w_dequant 65536 + epilogue 65536 + barriers 32 = 233504 B > 232448 B "
+            "opt-in (sm_90) by 1056 B");
+  uint32_t sum = 0;
+  for (const BreakdownItem& b : it->breakdown) sum += b.bytes;
+  EXPECT_EQ(sum, it->bytes_needed);
+}
+
+TEST(Planner, CutlassSm120RejectionSnapshots) {
+  PlanOptions o;
+  o.family = KernelFamily::kCutlassSm120;
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 64)[1], require_gpu("rtx-pro-6000"), o);
+  ASSERT_TRUE(p.chosen.has_value());
+  std::vector<std::string> messages;
+  for (const Rejection& r : p.rejected) {
+    if (r.rule == "builder-overflow") messages.push_back(r.message);
+  }
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_EQ(messages[0],
+            "128x256x128 FINALIZE swap_ab=0: 3 stages x 27648 + epilogue 17408 + overhead 2048 = 102400 B > 101376 B opt-in "
+            "(sm_120) by 1024 B");
+  EXPECT_EQ(messages[1],
+            "256x128x128 FINALIZE swap_ab=0: 3 stages x 27648 + epilogue 17408 + overhead 2048 = 102400 B > 101376 B opt-in "
+            "(sm_120) by 1024 B");
+  const Rejection& r = *std::find_if(p.rejected.begin(), p.rejected.end(), [](const Rejection& x) { return x.rule == "builder-overflow"; });
+  EXPECT_EQ(r.note,
+            "builder: (100944 - 17408) / 27776 = 3 stage(s) fit in its budget, but the kernel also needs 1664 B the budget does "
+            "not count (pipelines, scheduler responses, TMA descriptors, padding); 2 stages would need 74752 B");
+  const Rejection& min_stages = *std::find_if(p.rejected.begin(), p.rejected.end(), [](const Rejection& x) { return x.rule == "builder-min-stages"; });
+  EXPECT_EQ(min_stages.message,
+            "128x128x512 NONE swap_ab=0: 2 stages x 73728 + epilogue 13312 + overhead 2048 = 162816 B > 101376 B opt-in (sm_120) "
+            "by 61440 B; the builder computes fewer than 2 stages; the SM120 mainloop static_asserts Stages >= 2 (builder: "
+            "(100944 - 13312) / 73856 = 1 stage(s)); FlashInfer has no SHAPE_CASE for it either");
+  // Decode on SM120: a swap-AB small-N tile.
+  EXPECT_TRUE(p.chosen->candidate.swap_ab());
+  EXPECT_LE(p.chosen->candidate.token_tile(), 64u);
+}
+
+TEST(Planner, DescribeListsEveryRegion) {
+  TileCandidate c;
+  c.family = KernelFamily::kCutlassSm120;
+  c.cutlass = CutlassGroupedConfig{128, 256, 128, OperandKind::kNvfp4, EpilogueFusion::kFinalize, false};
+  const std::string d = describe(candidate_layout(c, require_gpu("rtx-pro-6000"), kCutlassB46b16d));
+  EXPECT_EQ(d.rfind("  0 +24576 (align 1024) mainloop smem_A\n  24576 +49152 (align 1024) mainloop smem_B\n", 0), 0u) << d;
+  EXPECT_NE(d.find("(align 128) epilogue TMA descriptors (C + 2 D)\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("  total 102400 B\n"), std::string::npos) << d;
+}
+
+TEST(Planner, ArchMismatchIsARejectionNotAnException) {
+  PlanOptions o;
+  o.family = KernelFamily::kSm90W4A16;
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 1)[0], require_gpu("rtx-pro-6000"), o);
+  EXPECT_FALSE(p.chosen.has_value());
+  ASSERT_FALSE(p.rejected.empty());
+  EXPECT_EQ(p.rejected[0].rule, "arch");
+  EXPECT_EQ(p.rejected[0].message,
+            "128x8x128 swap_ab=1: sm90_nvfp4_w4a16_grouped_gemm needs wgmma + TMA (sm_90a); rtx-pro-6000 is sm_120");
+  try {
+    require_chosen(p);
+    FAIL() << "require_chosen returned for an infeasible plan";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no sm90_nvfp4_w4a16_grouped_gemm tile fits gemm1 (gate+up) on rtx-pro-6000 (sm_120, opt-in 101376 B)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Planner, NothingFitsListsShortfallsNearestFirst) {
+  // A GPU with 64 KiB of opt-in SMEM: no SM120 tile fits; the error lists each, nearest first.
+  GpuSpec small = require_gpu("rtx-pro-6000");
+  small.name = "tiny";
+  small.smem_optin_per_block = 65536;
+  PlanOptions o;
+  o.family = KernelFamily::kCutlassSm120;
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 1)[0], small, o);
+  ASSERT_FALSE(p.chosen.has_value());
+  EXPECT_EQ(p.rejected.size(), 20u);
+  const std::string& e = p.error;
+  EXPECT_EQ(e.rfind("no cutlass-sm120-moe tile fits gemm1 (gate+up) on tiny (sm_120, opt-in 65536 B); 20 candidates, nearest first:", 0), 0u) << e;
+  // Shortfalls in the message never decrease.
+  int64_t last = -1;
+  size_t pos = 0;
+  int n = 0;
+  while ((pos = e.find("short by ", pos)) != std::string::npos) {
+    pos += 9;
+    const int64_t v = std::stoll(e.substr(pos));
+    EXPECT_GE(v, last) << e;
+    last = v;
+    ++n;
+  }
+  EXPECT_EQ(n, 20);
+  // The nearest miss is the smallest request, 128x64x128 NONE swap_ab=1 (5 stages, 87040 B): the
+  // builder divides CUTLASS's constant 101376, not the device's value.
+  EXPECT_NE(e.find(":\n  short by 21504 B: 128x64x128 NONE swap_ab=1: 5 stages x 14336 + epilogue 14336 + overhead 1024 = 87040 B"), std::string::npos) << e;
+}
+
+TEST(Planner, SameTilesFitOnHopperCapacity) {
+  // The CUTLASS SM120 family sized against an sm_90 opt-in: the builder still uses 101376, so
+  // the requests are unchanged and all dispatchable, buildable tiles fit with room to spare.
+  GpuSpec h = require_gpu("rtx-pro-6000");
+  h.smem_optin_per_block = 232448;
+  PlanOptions o;
+  o.family = KernelFamily::kCutlassSm120;
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 64)[1], h, o);
+  for (const Rejection& r : p.rejected) EXPECT_EQ(r.rule, "builder-min-stages") << r.message;
+}
+
+}  // namespace
+}  // namespace fp4moe::plan

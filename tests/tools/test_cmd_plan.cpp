@@ -1,0 +1,153 @@
+// `fp4moe plan` end to end: runs the built binary (FP4MOE_CLI) and checks the README commands'
+// tables, --json against schema fp4moe.plan.v1, --emit-blocklist, --model DIR, --decode and the
+// error paths (exit status 1 with a message carrying the numbers).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "plan/plan_report.h"
+#include "testing/testing.h"
+
+namespace {
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+};
+
+// Runs `fp4moe plan <args>` (stderr merged), with --no-runtime so a local GPU cannot change the table.
+CliRun run_plan(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(FP4MOE_CLI) + " plan --no-runtime " + args + " 2>&1";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const char* kGlm5 = "--problem moe:E=256,topk=8,H=6144,I=2048";
+
+// The first table row starting with `tile` (after its indentation), runs of spaces collapsed.
+std::string row(const std::string& out, const std::string& tile) {
+  const size_t at = out.find("\n  " + tile + " ");
+  if (at == std::string::npos) return "(no row " + tile + ")";
+  const size_t end = out.find('\n', at + 1);
+  std::string collapsed;
+  for (char c : out.substr(at + 3, end - at - 3)) {
+    if (c != ' ' || collapsed.empty() || collapsed.back() != ' ') collapsed.push_back(c);
+  }
+  return collapsed;
+}
+
+TEST(CmdPlan, Sm120TableExplainsTheTwoFailingTiles) {
+  const CliRun r = run_plan(std::string("--gpu rtx-pro-6000 --kernel cutlass-sm120-moe ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(row(r.out, "128x256x128 FINALIZE swap_ab=0"),
+            "128x256x128 FINALIZE swap_ab=0 3 102400 NO -1024 builder-overflow: needs 102400 B, 1024 B over the opt-in (CUTLASS "
+            "builder picked 3 stages)");
+  EXPECT_EQ(row(r.out, "256x128x128 FINALIZE swap_ab=0").substr(0, 56), "256x128x128 FINALIZE swap_ab=0 3 102400 NO -1024 builder");
+  EXPECT_EQ(row(r.out, "128x256x128 FINALIZE swap_ab=1"), "128x256x128 FINALIZE swap_ab=1 2 74752 yes 26624 ");
+  EXPECT_EQ(row(r.out, "128x64x128 NONE swap_ab=0"), "128x64x128 NONE swap_ab=0 6 101376 yes 0 ");
+  EXPECT_NE(r.out.find("[builder-overflow] 128x256x128 FINALIZE swap_ab=0: 3 stages x 27648 + epilogue 17408 + overhead 2048 = 102400 B > 101376 B opt-in (sm_120) by 1024 B"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(CmdPlan, HopperDefaultPlansOurKernel) {
+  const CliRun r = run_plan(std::string("--gpu h200 ") + kGlm5 + " --tokens 1,16,64,512,4096");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("sm90_nvfp4_w4a16_grouped_gemm on h200 (sm_90, opt-in 232448 B)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 128x8x128 swap_ab=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("    4096 gemm2 (down)"), std::string::npos) << r.out;
+}
+
+TEST(CmdPlan, JsonValidatesAgainstTheSchema) {
+  const CliRun r = run_plan(std::string("--gpu rtx-pro-6000 --kernel cutlass-sm120-moe --json --tokens 1,4096 ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::vector<std::string> problems = fp4moe::plan::validate_report_json(j);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  EXPECT_EQ(j["gpu"]["smem_optin_per_block"], 101376);
+  EXPECT_EQ(j["plans"].size(), 4u);
+}
+
+TEST(CmdPlan, EmitBlocklist) {
+  const CliRun r = run_plan(std::string("--gpu rtx-pro-6000 --kernel cutlass-sm120-moe --emit-blocklist ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("FLASHINFER_TACTICS_BLOCKLIST=4,5,14,15,24,25,31,32,34,35,44,45,54,55\n"), std::string::npos) << r.out;
+}
+
+TEST(CmdPlan, ModelDirReadsConfigJson) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("fp4moe_plan_model_" + std::to_string(fp4moe::testing::test_seed()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 6144,
+                                           "moe_intermediate_size": 2048, "num_hidden_layers": 78})";
+  const CliRun r = run_plan("--gpu b200 --model " + dir.string() + " --json");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["problem"], "moe:E=256,topk=8,H=6144,I=2048");
+  EXPECT_EQ(j["kernel"], "cutlass-sm100-moe");
+}
+
+TEST(CmdPlan, ModelDirErrorsNameTheField) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("fp4moe_plan_bad_" + std::to_string(fp4moe::testing::test_seed()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"n_routed_experts": 256, "num_experts_per_tok": "8", "hidden_size": 6144})";
+  const CliRun r = run_plan("--gpu b200 --model " + dir.string());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("'num_experts_per_tok' is \"8\", expected an integer"), std::string::npos) << r.out;
+}
+
+TEST(CmdPlan, DecodeEconomics) {
+  const CliRun r = run_plan(std::string("--gpu b200 --decode --ep 8 --json ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema"], "fp4moe.decode.v1");
+  ASSERT_EQ(j["rows"].size(), 5u);
+  EXPECT_EQ(j["rows"][0]["concurrency"], 1);
+  EXPECT_NEAR(j["rows"][0]["utilization"].get<double>(), 0.003157, 1e-6);
+  const CliRun text = run_plan(std::string("--gpu h200 --decode ") + kGlm5);
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("50% of BF16 peak needs"), std::string::npos) << text.out;
+}
+
+TEST(CmdPlan, LogPlansOncePerDistinctProblem) {
+  // Tokens 1,1,16: gemm1 and gemm2 at 1 token are logged once each, then both at 16 tokens.
+  const CliRun r = run_plan(std::string("--gpu h200 --tokens 1,1,16 ") + kGlm5, "FP4MOE_LOG_PLANS=1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  size_t n = 0, pos = 0;
+  while ((pos = r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm ", pos)) != std::string::npos) {
+    ++n;
+    ++pos;
+  }
+  EXPECT_EQ(n, 4u) << r.out;
+  EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: 128x8x128 swap_ab=1 8 stages 125056 B"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(run_plan(std::string("--gpu h200 --tokens 1 ") + kGlm5).out.find("fp4moe plan: "), std::string::npos);
+}
+
+TEST(CmdPlan, ErrorsCarryNumbers) {
+  CliRun r = run_plan("--gpu h300 --problem moe:E=8,topk=2,H=64,I=64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("unknown GPU 'h300'"), std::string::npos) << r.out;
+  r = run_plan("--gpu h200 --problem moe:E=8,topk=20,H=64,I=64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("topk=20 > E=8"), std::string::npos) << r.out;
+  r = run_plan("--gpu h200 --kernel cutlass-sm100-moe --emit-blocklist --problem moe:E=8,topk=2,H=64,I=64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--emit-blocklist covers FlashInfer's SM120"), std::string::npos) << r.out;
+}
+
+}  // namespace
