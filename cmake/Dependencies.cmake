@@ -25,3 +25,15 @@ else()
   message(STATUS "fp4moe: CUTLASS headers not found (run scripts/setup.sh, or pass -DCUTLASS_DIR); "
                  "targets that need them are skipped")
 endif()
+
+# PCRE2 (8-bit) and utf8proc for the tokenizer. Found by header + library (no pkg-config needed, so
+# an unpacked Debian sysroot on CMAKE_PREFIX_PATH works too, as on the GPU machine).
+function(fp4moe_find_c_library target header lib)
+  find_path(${target}_INCLUDE_DIR ${header} REQUIRED)
+  find_library(${target}_LIBRARY ${lib} REQUIRED)
+  add_library(fp4moe::${target} UNKNOWN IMPORTED)
+  set_target_properties(fp4moe::${target} PROPERTIES IMPORTED_LOCATION "${${target}_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${${target}_INCLUDE_DIR}")
+endfunction()
+fp4moe_find_c_library(pcre2 pcre2.h pcre2-8)
+fp4moe_find_c_library(utf8proc utf8proc.h utf8proc)

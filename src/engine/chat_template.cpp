@@ -5,19 +5,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "format/json_file.h"
 #include "engine/jinja_ast.h"
 
 namespace fp4moe::engine {
 
 namespace {
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FP4MOE_CHECK(in.good()) << "cannot open " << path.string();
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // HF's special_tokens_map: the named special tokens of tokenizer_config.json, as strings.
 nlohmann::ordered_json special_tokens_of(const nlohmann::json& config) {
@@ -58,13 +52,7 @@ ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::
 ChatTemplate ChatTemplate::load(const std::filesystem::path& dir) {
   const auto config_path = dir / "tokenizer_config.json";
   nlohmann::json config;
-  if (std::filesystem::exists(config_path)) {
-    try {
-      config = nlohmann::json::parse(read_file(config_path));
-    } catch (const nlohmann::json::parse_error& e) {
-      FP4MOE_FAIL() << config_path.string() << ": invalid JSON: " << e.what();
-    }
-  }
+  if (std::filesystem::exists(config_path)) config = format::read_json_file(config_path);
   const auto jinja_path = dir / "chat_template.jinja";
   if (std::filesystem::exists(jinja_path)) {
     return ChatTemplate(read_file(jinja_path), special_tokens_of(config), jinja_path.string());

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "format/json_file.h"
 #include "engine/tokenizer_regex.h"
 #include "engine/tokenizer_text.h"
 
@@ -388,27 +389,12 @@ Tokenizer Tokenizer::from_json_checked(const json& tj, const json& config, const
   return tok;
 }
 
-namespace {
-json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FP4MOE_CHECK(in.good()) << "cannot open " << path.string();
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    FP4MOE_FAIL() << path.string() << ": invalid JSON: " << e.what();
-  }
-  return json();
-}
-}  // namespace
-
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   const auto tj_path = dir / "tokenizer.json";
   FP4MOE_CHECK(std::filesystem::exists(tj_path)) << "no tokenizer.json in " << dir.string();
   const auto config_path = dir / "tokenizer_config.json";
-  json config = std::filesystem::exists(config_path) ? read_json_file(config_path) : json();
-  return from_json(read_json_file(tj_path), config, tj_path.string());
+  json config = std::filesystem::exists(config_path) ? format::read_json_file(config_path) : json();
+  return from_json(format::read_json_file(tj_path), config, tj_path.string());
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "format/json_file.h"
 
 namespace fp4moe::format {
 namespace fs = std::filesystem;
@@ -26,19 +27,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
-}
-
-json read_json_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FP4MOE_CHECK(in.good()) << "cannot open " << path.string();
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    FP4MOE_FAIL() << path.string() << ": malformed JSON: " << e.what();
-  }
-  return json();
 }
 
 int64_t get_int(const json& j, const char* key, int64_t fallback, const std::string& source) {

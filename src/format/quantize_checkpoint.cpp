@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "format/checkpoint.h"
+#include "format/json_file.h"
 #include "format/nvfp4.h"
 #include "format/safetensors.h"
 
@@ -28,19 +29,6 @@ constexpr float kInputScaleDivisor = kE2M1Max * kE4M3Max;  // 2688: amax / (6 * 
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && std::string_view(s).substr(s.size() - suffix.size()) == suffix;
-}
-
-ojson read_ordered_json(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  FP4MOE_CHECK(in.good()) << "cannot open " << p.string();
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return ojson::parse(ss.str());
-  } catch (const ojson::exception& e) {
-    FP4MOE_FAIL() << p.string() << ": malformed JSON: " << e.what();
-  }
-  return ojson();
 }
 
 void write_json(const fs::path& p, const ojson& j) {
@@ -244,7 +232,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_d
 
   // config.json: the input's, with quantization_config (placed before torch_dtype, as HF writes).
   const ojson producer = {{"name", options.producer_name}, {"version", options.producer_version}};
-  ojson config = read_ordered_json(in_dir / "config.json");
+  ojson config = read_json_file<ojson>(in_dir / "config.json");
   std::optional<ojson> torch_dtype;
   if (config.contains("torch_dtype")) {
     torch_dtype = config["torch_dtype"];
