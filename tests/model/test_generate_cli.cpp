@@ -29,16 +29,8 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(FP4MOE_CLI) + " generate " + args + " 2>&1";
   Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr) << cmd;
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " generate " + args, &r.out);
   return r;
 }
 

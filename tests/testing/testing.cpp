@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +35,17 @@ uint64_t test_seed() {
     return s;
   }();
   return seed;
+}
+
+int run_command(const std::string& cmd, std::string* output) {
+  output->clear();
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) output->append(buf.data(), n);
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace fp4moe::testing

@@ -15,4 +15,8 @@ std::filesystem::path shared_path(const std::string& relative = "");
 // test binary so that a failure can be replayed.
 uint64_t test_seed();
 
+// Runs a shell command with stderr merged into stdout; fills `output` and returns the exit status
+// (-1 when the command could not be started or did not exit normally).
+int run_command(const std::string& cmd, std::string* output);
+
 }  // namespace fp4moe::testing

@@ -22,15 +22,8 @@ struct CliRun {
 
 // Runs `fp4moe plan <args>` (stderr merged), with --no-runtime so a local GPU cannot change the table.
 CliRun run_plan(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(FP4MOE_CLI) + " plan --no-runtime " + args + " 2>&1";
   CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.status = fp4moe::testing::run_command(env + " " + std::string(FP4MOE_CLI) + " plan --no-runtime " + args, &r.out);
   return r;
 }
 

@@ -16,18 +16,6 @@
 namespace fp4moe::tools {
 namespace {
 
-// Runs a shell command; returns its exit status and fills `out` with stdout and stderr.
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 std::string tokenize_cmd(const std::string& args) {
   return std::string(FP4MOE_CLI) + " tokenize --tokenizer " + testing::shared_path("golden/tokenizer").string() + " " +
          args;
@@ -35,9 +23,9 @@ std::string tokenize_cmd(const std::string& args) {
 
 TEST(CmdTokenize, IdsOnlyAndListing) {
   std::string out;
-  ASSERT_EQ(run(tokenize_cmd("--text 'Hello, world!' --ids-only --show-count"), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--text 'Hello, world!' --ids-only --show-count"), &out), 0) << out;
   EXPECT_EQ(out, "[51, 484, 345, 23, 329, 280, 1728, 12]\nTotal number of tokens: 8\n");
-  ASSERT_EQ(run(tokenize_cmd("--text 'Hi 机'"), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--text 'Hi 机'"), &out), 0) << out;
   // llama-tokenize's layout: id right-aligned to 6, then the token's bytes (split UTF-8 escaped).
   EXPECT_NE(out.find("   232 -> ' '\n"), std::string::npos) << out;
   EXPECT_NE(out.find("  2784 -> '\\xe6\\x9c'\n"), std::string::npos) << out;
@@ -49,18 +37,18 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
     return nlohmann::json::parse(in);
   }();
   std::string out;
-  ASSERT_EQ(run(tokenize_cmd("--text '<|user|>' --json"), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--text '<|user|>' --json"), &out), 0) << out;
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_EQ(j["ids"], nlohmann::json::array({7}));
   EXPECT_EQ(j["tokens"][0], "<|user|>");
 
-  ASSERT_EQ(run(tokenize_cmd("--decode 7,210,83,84 --skip-special-tokens"), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--decode 7,210,83,84 --skip-special-tokens"), &out), 0) << out;
   EXPECT_EQ(out, "\nhi\n");
 
   const auto path = std::filesystem::temp_directory_path() /
                     ("fp4moe_chat_" + std::to_string(std::random_device{}()) + ".json");
   std::ofstream(path) << cases["chat"]["messages"].dump();
-  ASSERT_EQ(run(tokenize_cmd("--chat " + path.string() + " --json"), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --json"), &out), 0) << out;
   std::filesystem::remove(path);
   const nlohmann::json chat = nlohmann::json::parse(out);
   EXPECT_EQ(chat["rendered"], cases["chat"]["rendered"]);
@@ -69,11 +57,11 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
 
 TEST(CmdTokenize, ErrorsCarryNumbers) {
   std::string out;
-  EXPECT_EQ(run(tokenize_cmd("--text a --decode 1"), &out), 1);
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--text a --decode 1"), &out), 1);
   EXPECT_NE(out.find("give exactly one of --text, --file, --stdin, --decode, --chat (got 2)"), std::string::npos) << out;
-  EXPECT_EQ(run(tokenize_cmd("--decode 1,5000"), &out), 1);
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,5000"), &out), 1);
   EXPECT_NE(out.find("id 5000 is outside the vocabulary (size 4096)"), std::string::npos) << out;
-  EXPECT_EQ(run(tokenize_cmd("--decode 1,x"), &out), 1);
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,x"), &out), 1);
   EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
 }
 

@@ -23,18 +23,6 @@ std::filesystem::path golden(const std::string& name) {
   return fp4moe::testing::shared_path("golden/models/" + name);
 }
 
-// Runs a shell command; returns its exit status and fills `out` with stdout.
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 // Linears per model: see tests/format/test_checkpoint.cpp for how these were worked out.
 struct Case {
   const char* dir;
@@ -122,15 +110,15 @@ TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
 TEST(Inspect, CliEndToEnd) {
   const std::string cli = FP4MOE_CLI;
   std::string out;
-  EXPECT_EQ(run(cli + " inspect " + golden("glm5_tiny_nvfp4").string(), &out), 0) << out;
+  EXPECT_EQ(testing::run_command(cli + " inspect " + golden("glm5_tiny_nvfp4").string(), &out), 0) << out;
   EXPECT_NE(out.find("Linears              105      27"), std::string::npos) << out;
 
-  EXPECT_EQ(run(cli + " inspect --json " + golden("glm5_tiny").string(), &out), 0) << out;
+  EXPECT_EQ(testing::run_command(cli + " inspect --json " + golden("glm5_tiny").string(), &out), 0) << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["architecture"], "GlmMoeDsaForCausalLM");
   EXPECT_EQ(j["modules"]["linear_bf16"], 132);
 
-  EXPECT_EQ(run(cli + " inspect --demo", &out), 0) << out;
+  EXPECT_EQ(testing::run_command(cli + " inspect --demo", &out), 0) << out;
   EXPECT_NE(out.find("Linears               38       2"), std::string::npos) << out;
   EXPECT_NE(out.find("problems      none"), std::string::npos) << out;
 
@@ -138,11 +126,11 @@ TEST(Inspect, CliEndToEnd) {
   fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [](auto& t) {
     t.erase("model.layers.0.self_attn.v_proj.weight_scale_2");
   });
-  EXPECT_EQ(run(cli + " inspect " + tmp.path().string(), &out), 1) << out;
+  EXPECT_EQ(testing::run_command(cli + " inspect " + tmp.path().string(), &out), 1) << out;
   EXPECT_NE(out.find("model.layers.0.self_attn.v_proj: NVFP4 weight has no .weight_scale_2"),
             std::string::npos)
       << out;
-  EXPECT_NE(run(cli + " inspect /nonexistent/dir", &out), 0);
+  EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);
   EXPECT_NE(out.find("/nonexistent/dir"), std::string::npos) << out;
 }
 

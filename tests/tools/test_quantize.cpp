@@ -26,17 +26,6 @@ std::filesystem::path golden(const std::string& name) {
   return fp4moe::testing::shared_path("golden/models/" + name);
 }
 
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 // The golden prompts (input_ids I64 [2, 16]) as a prompt file.
 std::filesystem::path write_golden_prompts(const std::string& model, const std::filesystem::path& dir) {
   format::SafetensorsFile f(golden(model) / "golden.safetensors");
@@ -73,7 +62,7 @@ void expect_weights_equal(const std::filesystem::path& got_dir, const std::files
 TEST(QuantizeCli, NoCalibrationIsWeightOnlyAndBitExact) {
   TempDir tmp("quantize_cli_w4a16");
   std::string out;
-  ASSERT_EQ(run(std::string(FP4MOE_CLI) + " quantize --no-calibration " + golden("glm4_moe_tiny").string() +
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --no-calibration " + golden("glm4_moe_tiny").string() +
                     " " + (tmp.path() / "q").string(),
                 &out),
             0)
@@ -83,7 +72,7 @@ TEST(QuantizeCli, NoCalibrationIsWeightOnlyAndBitExact) {
   expect_weights_equal(tmp.path() / "q", golden("glm4_moe_tiny_nvfp4"));
   format::Checkpoint c(tmp.path() / "q");
   EXPECT_TRUE(c.problems().empty());
-  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " inspect " + (tmp.path() / "q").string(), &out), 0) << out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " inspect " + (tmp.path() / "q").string(), &out), 0) << out;
 }
 
 // Calibrated on the golden prompts: weights bit-exact, and input_scale equal (to f32 rounding of
@@ -94,7 +83,7 @@ void calibrated_case(const std::string& model, const std::string& extra_args, in
   TempDir tmp("quantize_cli_calib");
   const auto prompts = write_golden_prompts(model, tmp.path());
   std::string out;
-  ASSERT_EQ(run(std::string(FP4MOE_CLI) + " quantize " + extra_args + " --calib-prompts " +
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize " + extra_args + " --calib-prompts " +
                     prompts.string() + " " + golden(model).string() + " " + (tmp.path() / "q").string(),
                 &out),
             0)
@@ -146,12 +135,12 @@ TEST(QuantizeCli, BadPromptsAreNamed) {
     std::ofstream(tmp.path() / "big.txt") << "1 2 999999\n";
   }
   std::string out;
-  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "bad.txt").string() +
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "bad.txt").string() +
                     " " + golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q").string(),
                 &out),
             1);
   EXPECT_NE(out.find("bad.txt:1: 'x3' is not a token id"), std::string::npos) << out;
-  EXPECT_EQ(run(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "big.txt").string() +
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --calib-prompts " + (tmp.path() / "big.txt").string() +
                     " " + golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q").string(),
                 &out),
             1);
