@@ -91,8 +91,7 @@ std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
   return out;
 }
 
-QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_dir,
-                                   const QuantizeOptions& options) {
+void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
   FP4MOE_CHECK(!(fs::exists(out_dir) && fs::equivalent(in_dir, out_dir)))
       << "quantize: output directory " << out_dir.string() << " is the input directory";
   FP4MOE_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)))
@@ -104,6 +103,12 @@ QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_d
       << "quantize: " << in_dir.string() << " is already quantized ("
       << in.n_linear(LinearFormat::kNVFP4) << " NVFP4 modules, quant config from '"
       << in.quant().source << "')";
+}
+
+QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_dir,
+                                   const QuantizeOptions& options) {
+  check_quantize_paths(in_dir, out_dir);
+  Checkpoint in(in_dir);
 
   QuantizeReport report;
   QuantConfig exclusions;

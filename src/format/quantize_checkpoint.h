@@ -66,6 +66,10 @@ std::vector<std::string> quantize_exclusions(const std::vector<std::string>& ext
 std::vector<std::string> modules_to_quantize(const std::filesystem::path& in_dir,
                                              const std::vector<std::string>& extra_exclude);
 
+// The refusals quantize_checkpoint makes before any work (output not empty or the input itself,
+// input invalid or already quantized), so a caller can check them before a long calibration pass.
+void check_quantize_paths(const std::filesystem::path& in_dir, const std::filesystem::path& out_dir);
+
 // Quantizes `in_dir` into `out_dir` (created; must not exist or be empty). Throws naming the module and
 // numbers when the input has problems, is already quantized, or the amax map is partial.
 QuantizeReport quantize_checkpoint(const std::filesystem::path& in_dir,

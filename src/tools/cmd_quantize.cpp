@@ -153,6 +153,7 @@ void run_quantize(const QuantizeArgs& a) {
   format::QuantizeOptions opt;
   opt.exclude = a.exclude;
   opt.producer_version = FP4MOE_VERSION;
+  format::check_quantize_paths(a.in_dir, a.out_dir);  // refuse before a long calibration pass
   if (a.no_calibration) {
     fmt::print(stderr,
                "quantize: --no-calibration: writing a weight-only W4A16_NVFP4 checkpoint without "

@@ -128,6 +128,26 @@ TEST(QuantizeCli, CalibratedGlm5AttentionExcluded) {
                    "model.layers.2.mlp.shared_experts.up_proj"});
 }
 
+TEST(QuantizeCli, RefusesBeforeCalibrating) {
+  // An already-quantized input and a non-empty output are refused before the calibration pass runs.
+  TempDir tmp("quantize_cli_refuse");
+  std::string out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize " + golden("glm4_moe_tiny_nvfp4").string() + " " +
+                                     (tmp.path() / "q").string(),
+                                 &out),
+            1);
+  EXPECT_NE(out.find("is already quantized (117 NVFP4 modules"), std::string::npos) << out;
+  EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  std::filesystem::create_directories(tmp.path() / "full");
+  std::ofstream(tmp.path() / "full" / "x") << "x";
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize " + golden("glm4_moe_tiny").string() + " " +
+                                     (tmp.path() / "full").string(),
+                                 &out),
+            1);
+  EXPECT_NE(out.find("already exists and is not empty"), std::string::npos) << out;
+  EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+}
+
 TEST(QuantizeCli, BadPromptsAreNamed) {
   TempDir tmp("quantize_cli_bad");
   {
