@@ -1,0 +1,125 @@
+// Host side of sm90_nvfp4_w4a16_grouped_gemm that needs no GPU: config names and lookup, the
+// shared-memory breakdown and refusal message, and the problem checks. The launch itself is in
+// w4a16_grouped_gemm.cu. Tested by tests/kernels/test_cuda_w4a16.cpp (CPU tests).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+
+namespace fp4moe::cuda::sm90 {
+
+namespace {
+constexpr const char* kKernel = "sm90_nvfp4_w4a16_grouped_gemm";
+}  // namespace
+
+int w4a16_num_configs() { return kNumW4A16Configs; }
+
+const W4A16Config& w4a16_config(int config_id) {
+  FP4MOE_CHECK(config_id >= 0 && config_id < kNumW4A16Configs)
+      << kKernel << ": config id " << config_id << " is out of range (" << kNumW4A16Configs
+      << " configs, ids 0.." << kNumW4A16Configs - 1 << ")";
+  return kW4A16Configs[config_id];
+}
+
+std::string w4a16_config_name(const W4A16Config& c) {
+  return "w4a16_swapab_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "k" +
+         std::to_string(c.block_k) + "_s" + std::to_string(c.stages);
+}
+
+std::vector<std::string> w4a16_config_names() {
+  std::vector<std::string> out;
+  for (const W4A16Config& c : kW4A16Configs) out.push_back(w4a16_config_name(c));
+  return out;
+}
+
+int w4a16_config_id(std::string_view name) {
+  std::string known;
+  for (int i = 0; i < kNumW4A16Configs; ++i) {
+    const std::string n = w4a16_config_name(kW4A16Configs[i]);
+    if (n == name) return i;
+    known += (i == 0 ? "" : ", ") + n;
+  }
+  FP4MOE_FAIL() << kKernel << ": unknown config '" << name << "'; known: " << known;
+  return -1;
+}
+
+std::string w4a16_smem_summary(const W4A16Config& c) {
+  const W4A16Layout l = W4A16Layout::make(c);
+  std::ostringstream s;
+  if (!l.valid()) {
+    s << "invalid config (" << l.invalid_reason << ")";
+    return s.str();
+  }
+  s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_packed " << l.w_packed_bytes
+    << " + w_scales " << l.w_scales_bytes << ") + epilogue " << l.epilogue_bytes;
+  const uint32_t padding = l.layout.bytes_of_kind(plan::RegionKind::kPadding);
+  if (padding != 0) s << " + padding " << padding;
+  s << " = " << l.total_bytes() << " B";
+  return s.str();
+}
+
+void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit) {
+  const W4A16Layout l = W4A16Layout::make(c);
+  FP4MOE_CHECK(l.valid()) << kKernel << ": config " << w4a16_config_name(c) << " cannot be built: "
+                          << l.invalid_reason;
+  FP4MOE_CHECK(l.total_bytes() <= smem_limit)
+      << kKernel << ": config " << w4a16_config_name(c) << " needs " << w4a16_smem_summary(c)
+      << " of shared memory > " << smem_limit << " B (the device's opt-in limit per block) by "
+      << l.total_bytes() - smem_limit << " B";
+}
+
+void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
+  const std::string what = std::string(kKernel) + " (" + w4a16_config_name(c) + ", M_total=" +
+                           std::to_string(a.m_total) + ", N=" + std::to_string(a.n) + ", K=" +
+                           std::to_string(a.k) + ", E=" + std::to_string(a.n_experts) + ")";
+  FP4MOE_CHECK(W4A16Layout::make(c).valid()) << what << ": invalid config";
+  FP4MOE_CHECK(a.k > 0 && a.k % 64 == 0)
+      << what << ": K=" << a.k << " must be a positive multiple of 64 (K % 64 = " << a.k % 64
+      << "): the e4m3 scale rows (K/16 = " << a.k / 16
+      << " B) are copied 4 B = 64 k at a time; K = 16 x odd is not supported";
+  FP4MOE_CHECK(a.n <= std::numeric_limits<int32_t>::max() && a.k <= std::numeric_limits<int32_t>::max())
+      << what << ": N and K must be < 2^31";
+  FP4MOE_CHECK(a.n > 0 && a.n % 8 == 0)
+      << what << ": N=" << a.n << " must be a positive multiple of 8 (16 B output stores; N % 8 = "
+      << a.n % 8 << ")";
+  FP4MOE_CHECK(a.n_experts >= 1 && a.n_experts <= std::numeric_limits<int32_t>::max())
+      << what << ": E=" << a.n_experts << " must be >= 1";
+  FP4MOE_CHECK(a.m_total >= 0 && a.m_total <= std::numeric_limits<int32_t>::max())
+      << what << ": M_total=" << a.m_total << " must be in [0, 2^31) (int32 expert offsets)";
+  if (a.m_total == 0) return;
+  FP4MOE_CHECK(a.x != nullptr && a.expert_offsets != nullptr && a.w_packed != nullptr &&
+               a.w_scales != nullptr && a.w_global_scales != nullptr && a.y != nullptr)
+      << what << ": null pointer (x " << static_cast<const void*>(a.x) << ", expert_offsets "
+      << static_cast<const void*>(a.expert_offsets) << ", w_packed "
+      << static_cast<const void*>(a.w_packed) << ", w_scales " << static_cast<const void*>(a.w_scales)
+      << ", w_global_scales " << static_cast<const void*>(a.w_global_scales) << ", y "
+      << static_cast<const void*>(a.y) << ")";
+  auto misaligned = [](const void* p, uintptr_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
+  FP4MOE_CHECK(!misaligned(a.x, 16) && !misaligned(a.w_packed, 16) && !misaligned(a.y, 16) &&
+               !misaligned(a.w_scales, 4) && !misaligned(a.expert_offsets, 4) &&
+               !misaligned(a.w_global_scales, 4))
+      << what << ": x " << static_cast<const void*>(a.x) << ", w_packed "
+      << static_cast<const void*>(a.w_packed) << " and y " << static_cast<const void*>(a.y)
+      << " must be 16 B aligned, w_scales " << static_cast<const void*>(a.w_scales)
+      << ", expert_offsets and w_global_scales 4 B aligned (cp.async / vector accesses)";
+  const int64_t grid_x = a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
+  const int64_t grid_y = (a.n + c.block_w - 1) / c.block_w;
+  FP4MOE_CHECK(grid_x <= std::numeric_limits<int32_t>::max() && grid_y <= 65535)
+      << what << ": grid " << grid_x << " x " << grid_y << " exceeds CUDA's limits (2^31-1 x 65535)";
+}
+
+int w4a16_default_config(int64_t tokens_per_expert) {
+  // The fastest config per token count on an H200 (bench/bench_w4a16, GLM-5 shard shapes).
+  if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_swapab_m64n8k256_s4");
+  if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_swapab_m128n16k256_s4");
+  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_swapab_m128n32k128_s4");
+  return w4a16_config_id("w4a16_swapab_m128n64k128_s4");
+}
+
+}  // namespace fp4moe::cuda::sm90

@@ -1,0 +1,74 @@
+// sm90_nvfp4_w4a16_grouped_gemm: the MoE expert GEMM with BF16 activations and NVFP4 weights, one
+// launch for all experts, on Hopper (built for sm_90a).
+//
+//   Y[t, n] = bf16( gs[e] * sum_k X[t, k] * (e2m1(W_e[n, k]) * e4m3(S_e[n, k / 16])) )
+//   for every token row t in [offsets[e], offsets[e + 1]) of the permuted activations X.
+//
+// Version 1: mma.sync m16n8k16 BF16 tensor cores with swap-AB (weight rows are the MMA M, tokens
+// the MMA N: 1..64 tokens per expert waste no weight bandwidth), cp.async multi-stage pipeline of
+// the packed codes, scales and activations, dequantization in registers (exact, see
+// w4a16_fragments.h). Work items (expert, token tile) are mapped on the device from the offsets, so
+// token counts may change between launches without a host sync (CUDA-graph friendly): the grid is
+// (floor(M_total / block_t) + min(E, M_total)) x ceil(N / block_w), an upper bound on the number of
+// token tiles; CTAs past the last tile exit at once, and empty experts get no CTA.
+// Tested by tests/kernels/test_cuda_w4a16.cpp; timed by bench/bench_w4a16.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cuda/sm90/w4a16_layout.h"
+
+namespace fp4moe::cuda::sm90 {
+
+// All pointers are device memory, row-major, experts stacked:
+struct W4A16GroupedGemmArgs {
+  const __nv_bfloat16* x = nullptr;       // [m_total, k] permuted activations (16 B aligned)
+  const int32_t* expert_offsets = nullptr;  // [n_experts + 1], nondecreasing, offsets[E] <= m_total
+  const uint8_t* w_packed = nullptr;      // [n_experts, n, k / 2] e2m1, low nibble = even k (16 B aligned)
+  const uint8_t* w_scales = nullptr;      // [n_experts, n, k / 16] e4m3fn, linear layout (4 B aligned)
+  const float* w_global_scales = nullptr; // [n_experts] weight_scale_2
+  __nv_bfloat16* y = nullptr;             // [m_total, n] (16 B aligned); rows outside every expert
+                                          // range are not written
+  int64_t m_total = 0, n = 0, k = 0, n_experts = 0;
+};
+
+// The shipped configurations, in kW4A16Configs order (the config id is the index).
+int w4a16_num_configs();
+const W4A16Config& w4a16_config(int config_id);  // throws naming the id and the count
+// "w4a16_swapab_m128n16k256_s4"
+std::string w4a16_config_name(const W4A16Config& c);
+std::vector<std::string> w4a16_config_names();
+// The id of a shipped config by name; throws listing the names.
+int w4a16_config_id(std::string_view name);
+
+// Byte breakdown: "4 stages x (x_tile 8192 + w_packed 16384 + w_scales 2048) + epilogue 4352 = 110976 B".
+std::string w4a16_smem_summary(const W4A16Config& c);
+
+// Throws fp4moe::Error unless `c` builds and its layout fits `smem_limit` bytes (the device's
+// opt-in maximum per block), e.g.
+//   "sm90_nvfp4_w4a16_grouped_gemm: config w4a16_swapab_m128n64k256_s6 needs 6 stages x (...) = 313216 B
+//    of shared memory > 232448 B (the device's opt-in limit per block) by 80768 B"
+// Needs no GPU.
+void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit);
+
+// Throws fp4moe::Error naming the numbers unless the problem can run with config `c`: k > 0 and
+// k % 64 == 0 (cp.async alignment of the e4m3 scale rows, 4 scales = 64 k per copy), n > 0 and
+// n % 8 == 0 (16 B output stores), n_experts >= 1, m_total >= 0, pointers non-null and aligned,
+// and the grid within CUDA's limits. Needs no GPU.
+void w4a16_check_problem(const W4A16GroupedGemmArgs& args, const W4A16Config& c);
+
+// Checks (as above, against the current device's opt-in limit) and launches on `stream`.
+// m_total == 0 launches nothing. Launch errors throw fp4moe::Error.
+void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStream_t stream);
+
+// The id of a reasonable config for a typical number of tokens per expert, without tuning: the
+// smallest token tile that holds them (8, 16, 32, 64); the fastest measured on an H200.
+int w4a16_default_config(int64_t tokens_per_expert);
+
+}  // namespace fp4moe::cuda::sm90

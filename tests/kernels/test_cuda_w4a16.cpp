@@ -1,0 +1,328 @@
+// GPU test of sm90_nvfp4_w4a16_grouped_gemm (src/kernels/cuda/sm90/w4a16_grouped_gemm.h) against a
+// CPU f64 reference on the dequantized weights (kernels/cpu/linear.h dequantize_row, the exact
+// ModelOpt order w = e2m1 * (f32(scale) * global_scale)), fresh random inputs every run:
+//   * GLM-5 expert shard E=32: gate_up N=4096 K=6144 and down N=6144 K=2048, with 1, 2, 8, 16,
+//     64, 128 tokens per expert (uniform routing), each with the default config for that count;
+//   * every shipped config on a smaller ragged problem (counts 0..70, empty experts);
+//   * edges: one token in total, empty first/last experts, token counts not a multiple of the
+//     tile, skewed routing (one expert with 300 tokens), N not a multiple of the weight tile,
+//     K = 64 x odd (a partial last K stage), rows outside every expert range left untouched,
+//     K = 16 x odd refused with a message, the same launch twice gives the same bits.
+// Error bound per output (bf16 output rounding + f32 accumulation), with S = sum_k |x_k w_k|:
+//   |y - ref| <= 2^-8 |ref| + K * 2^-22 * S
+// (half an ulp of bf16 is 2^-9 relative, doubled to cover the accumulation error being rounded
+// too; K * 2^-22 * S is a worst-case f32 summation bound allowing truncating tensor-core adds),
+// and over all checked outputs NMSE = sum (y - ref)^2 / sum ref^2 <= 1e-5 (bf16 rounding alone
+// gives ~1.3e-6; one wrong or missing 16-element block at K=2048 would give ~1e-2).
+// Large cases check every token against a sample of 320 output columns (first 64, last 64,
+// 192 random), the rest every output. Label gpu; without a usable GPU the tests skip with the reason.
+// Run: test_cuda_w4a16 (FP4MOE_TEST_SEED=<n> replays a seed).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "format/nvfp4.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "testing/testing.h"
+
+namespace fp4moe::cuda::sm90 {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                          \
+    std::string why;                                                            \
+    if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable GPU: " << why; \
+  } while (0)
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+template <typename T>
+using DevicePtr = std::unique_ptr<T, CudaFree>;
+
+template <typename T>
+DevicePtr<T> upload(const std::vector<T>& host) {
+  void* p = nullptr;
+  FP4MOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(host.size(), 1) * sizeof(T)));
+  if (!host.empty()) FP4MOE_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return DevicePtr<T>(static_cast<T*>(p));
+}
+
+// One grouped problem on the host.
+struct Problem {
+  int64_t n_experts = 0, n = 0, k = 0, m_total = 0;
+  std::vector<int32_t> offsets;  // [E + 1]
+  std::vector<uint16_t> x;       // [m_total, k] bf16
+  std::vector<uint8_t> packed;   // [E, n, k/2]
+  std::vector<uint8_t> scales;   // [E, n, k/16]
+  std::vector<float> global_scales;
+
+  std::string describe(int config_id) const {
+    std::string counts;
+    for (int64_t e = 0; e < n_experts && e < 12; ++e) {
+      if (e > 0) counts += ",";
+      counts += std::to_string(offsets[static_cast<size_t>(e + 1)] - offsets[static_cast<size_t>(e)]);
+    }
+    if (n_experts > 12) counts += ",...";
+    return "E=" + std::to_string(n_experts) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+           " M_total=" + std::to_string(m_total) + " tokens/expert [" + counts + "] config " +
+           w4a16_config_name(w4a16_config(config_id));
+  }
+};
+
+// Random weights: uniform e2m1 codes, e4m3 block scales of magnitude 2^[-6, 2] through
+// format::f32_to_e4m3 (the quantizer's rounding), a global scale ~ 1/2688 as ModelOpt makes it.
+Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k,
+                     const std::vector<int32_t>& counts, int64_t extra_rows = 0) {
+  Problem p;
+  p.n_experts = n_experts;
+  p.n = n;
+  p.k = k;
+  p.offsets.assign(static_cast<size_t>(n_experts + 1), 0);
+  for (int64_t e = 0; e < n_experts; ++e) p.offsets[static_cast<size_t>(e + 1)] = p.offsets[static_cast<size_t>(e)] + counts[static_cast<size_t>(e)];
+  p.m_total = p.offsets.back() + extra_rows;
+  p.x.resize(static_cast<size_t>(p.m_total * k));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& v : p.x) v = f32_to_bf16(normal(rng));
+  p.packed.resize(static_cast<size_t>(n_experts * n * k / 2));
+  for (size_t i = 0; i < p.packed.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&p.packed[i], &r, std::min<size_t>(8, p.packed.size() - i));
+  }
+  p.scales.resize(static_cast<size_t>(n_experts * n * k / 16));
+  std::uniform_real_distribution<float> log2_scale(-6.0f, 2.0f);
+  for (uint8_t& s : p.scales) s = format::f32_to_e4m3(std::exp2(log2_scale(rng)));
+  std::uniform_real_distribution<float> gs(0.5f, 2.0f);
+  p.global_scales.resize(static_cast<size_t>(n_experts));
+  for (float& g : p.global_scales) g = gs(rng) / 2688.0f;
+  return p;
+}
+
+// Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
+std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1) {
+  auto d_x = upload(p.x);
+  auto d_off = upload(p.offsets);
+  auto d_packed = upload(p.packed);
+  auto d_scales = upload(p.scales);
+  auto d_gs = upload(p.global_scales);
+  std::vector<uint16_t> y(static_cast<size_t>(p.m_total * p.n), 0xFFFF);
+  auto d_y = upload(y);
+  W4A16GroupedGemmArgs a;
+  a.x = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
+  a.expert_offsets = d_off.get();
+  a.w_packed = d_packed.get();
+  a.w_scales = d_scales.get();
+  a.w_global_scales = d_gs.get();
+  a.y = reinterpret_cast<__nv_bfloat16*>(d_y.get());
+  a.m_total = p.m_total;
+  a.n = p.n;
+  a.k = p.k;
+  a.n_experts = p.n_experts;
+  for (int r = 0; r < repeats; ++r) w4a16_grouped_gemm(a, config_id, nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
+  return y;
+}
+
+// Compares y with the f64 reference; returns the number of failures (prints the first few).
+void check_against_reference(const Problem& p, const std::vector<uint16_t>& y, int config_id, uint64_t col_seed) {
+  const std::string what = p.describe(config_id);
+  // Columns to check: all of them when the reference is cheap, else a sample.
+  std::vector<int64_t> cols;
+  if (p.m_total * p.n * p.k <= (int64_t{1} << 31)) {
+    cols.resize(static_cast<size_t>(p.n));
+    std::iota(cols.begin(), cols.end(), 0);
+  } else {
+    std::set<int64_t> pick;
+    for (int64_t c = 0; c < std::min<int64_t>(64, p.n); ++c) pick.insert(c);
+    for (int64_t c = std::max<int64_t>(0, p.n - 64); c < p.n; ++c) pick.insert(c);
+    std::mt19937_64 rng(col_seed);
+    while (static_cast<int64_t>(pick.size()) < std::min<int64_t>(320, p.n)) pick.insert(static_cast<int64_t>(rng() % static_cast<uint64_t>(p.n)));
+    cols.assign(pick.begin(), pick.end());
+  }
+  std::vector<float> xf(p.x.size());
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(p.x[i]);
+
+  std::mutex mu;
+  double sum_err2 = 0, sum_ref2 = 0;
+  int64_t n_checked = 0, n_bad = 0;
+  std::vector<std::string> first_bad;
+  kernels::cpu::default_thread_pool().parallel_for(p.n_experts, [&](int64_t e) {
+    const int64_t t0 = p.offsets[static_cast<size_t>(e)], t1 = p.offsets[static_cast<size_t>(e + 1)];
+    if (t1 == t0) return;
+    const size_t wb = static_cast<size_t>(e * p.n * p.k / 2), sb = static_cast<size_t>(e * p.n * p.k / 16);
+    const kernels::cpu::LinearWeight lw = kernels::cpu::LinearWeight::from_nvfp4(
+        p.n, p.k, std::vector<uint8_t>(p.packed.begin() + static_cast<ptrdiff_t>(wb), p.packed.begin() + static_cast<ptrdiff_t>(wb + static_cast<size_t>(p.n * p.k / 2))),
+        std::vector<uint8_t>(p.scales.begin() + static_cast<ptrdiff_t>(sb), p.scales.begin() + static_cast<ptrdiff_t>(sb + static_cast<size_t>(p.n * p.k / 16))),
+        p.global_scales[static_cast<size_t>(e)]);
+    std::vector<float> w(static_cast<size_t>(p.k));
+    double l_err2 = 0, l_ref2 = 0;
+    int64_t l_checked = 0, l_bad = 0;
+    std::vector<std::string> l_first;
+    for (int64_t n : cols) {
+      kernels::cpu::dequantize_row(lw, n, w.data());
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* xr = &xf[static_cast<size_t>(t * p.k)];
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < p.k; ++k) {
+          const double prod = static_cast<double>(xr[k]) * w[static_cast<size_t>(k)];
+          ref += prod;
+          mag += std::fabs(prod);
+        }
+        const double got = bf16_to_f32(y[static_cast<size_t>(t * p.n + n)]);
+        const double tol = std::ldexp(std::fabs(ref), -8) + static_cast<double>(p.k) * std::ldexp(mag, -22);
+        const double err = got - ref;
+        ++l_checked;
+        if (!(std::fabs(err) <= tol)) {  // NaN fails too
+          ++l_bad;
+          if (l_first.size() < 5) {
+            l_first.push_back("expert " + std::to_string(e) + " token row " + std::to_string(t) + " col " +
+                              std::to_string(n) + ": got " + std::to_string(got) + " ref " + std::to_string(ref) +
+                              " tol " + std::to_string(tol));
+          }
+        } else {
+          l_err2 += err * err;
+          l_ref2 += ref * ref;
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    sum_err2 += l_err2;
+    sum_ref2 += l_ref2;
+    n_checked += l_checked;
+    n_bad += l_bad;
+    for (auto& s : l_first) {
+      if (first_bad.size() < 8) first_bad.push_back(std::move(s));
+    }
+  });
+  for (const std::string& s : first_bad) ADD_FAILURE() << what << ": " << s;
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << n_checked << " outputs outside the bound";
+  const double nmse = sum_ref2 > 0 ? sum_err2 / sum_ref2 : 0;
+  EXPECT_LE(nmse, 1e-5) << what << ": NMSE " << nmse;
+  // Rows outside every expert range are never written.
+  int64_t touched = 0;
+  for (int64_t t = p.offsets.back(); t < p.m_total; ++t) {
+    for (int64_t n = 0; n < p.n; ++n) touched += y[static_cast<size_t>(t * p.n + n)] != 0xFFFF;
+  }
+  for (int64_t t = 0; t < p.offsets.front(); ++t) {
+    for (int64_t n = 0; n < p.n; ++n) touched += y[static_cast<size_t>(t * p.n + n)] != 0xFFFF;
+  }
+  EXPECT_EQ(touched, 0) << what << ": " << touched << " outputs written outside the expert ranges";
+  std::printf("[w4a16] %s: %lld outputs checked (%zu cols), NMSE %.3g\n", what.c_str(),
+              static_cast<long long>(n_checked), cols.size(), nmse);
+}
+
+void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
+                   int config_id, int64_t extra_rows = 0) {
+  const Problem p = make_problem(rng, n_experts, n, k, counts, extra_rows);
+  const std::vector<uint16_t> y = run_gpu(p, config_id);
+  check_against_reference(p, y, config_id, rng());
+}
+
+class GlmShard : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlmShard, GateUpAndDownMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const int tokens = GetParam();
+  std::mt19937_64 rng(testing::test_seed() ^ (0x6A7Eull * static_cast<uint64_t>(tokens)));
+  const int cfg = w4a16_default_config(tokens);
+  const std::vector<int32_t> counts(32, tokens);
+  run_and_check(rng, 32, 4096, 6144, counts, cfg);  // gate_up
+  run_and_check(rng, 32, 6144, 2048, counts, cfg);  // down
+}
+INSTANTIATE_TEST_SUITE_P(TokensPerExpert, GlmShard, ::testing::Values(1, 2, 8, 16, 64, 128));
+
+TEST(W4A16Gpu, EveryConfigOnARaggedProblem) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0xA11ull);
+  // 12 experts, counts 0..70 with empty ones (first and last included), N=328 (not a multiple of
+  // 64 or 128), K=1216 = 64 x 19 (not a multiple of 128 or 256: a partial last stage).
+  const std::vector<int32_t> counts = {0, 1, 70, 9, 0, 16, 33, 64, 7, 0, 65, 0};
+  for (int cfg = 0; cfg < w4a16_num_configs(); ++cfg) run_and_check(rng, 12, 328, 1216, counts, cfg);
+}
+
+TEST(W4A16Gpu, OneTokenInTotal) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0x1ull);
+  std::vector<int32_t> counts(32, 0);
+  counts[5] = 1;
+  run_and_check(rng, 32, 4096, 6144, counts, w4a16_default_config(1));
+  counts.assign(32, 0);
+  counts[31] = 1;
+  run_and_check(rng, 32, 512, 2048, counts, 0);
+}
+
+TEST(W4A16Gpu, SkewedRoutingAndUnusedTrailingRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0x5CEull);
+  std::vector<int32_t> counts(16);
+  for (int32_t& c : counts) c = static_cast<int32_t>(rng() % 6);
+  counts[3] = 300;
+  counts[0] = 0;
+  // 5 extra rows past offsets[E] stay unwritten.
+  for (int cfg : {w4a16_default_config(4), w4a16_default_config(64)}) {
+    run_and_check(rng, 16, 1024, 2048, counts, cfg, /*extra_rows=*/5);
+  }
+}
+
+TEST(W4A16Gpu, SmallKAndSingleExpert) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0x64ull);
+  run_and_check(rng, 1, 64, 64, {3}, 0);         // one 64-wide K chunk, a dense Linear (E = 1)
+  run_and_check(rng, 1, 136, 320, {77}, 4);      // K = 64 x 5, N = 8 x 17
+  run_and_check(rng, 3, 256, 192, {8, 0, 17}, 2);
+}
+
+TEST(W4A16Gpu, DeterministicAcrossLaunches) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0xDE7ull);
+  const Problem p = make_problem(rng, 8, 512, 2048, {3, 0, 40, 1, 8, 64, 2, 9});
+  const std::vector<uint16_t> y1 = run_gpu(p, 3);
+  const std::vector<uint16_t> y2 = run_gpu(p, 3, /*repeats=*/3);
+  EXPECT_TRUE(y1 == y2) << p.describe(3) << ": outputs differ between launches";
+}
+
+TEST(W4A16Gpu, KSixteenTimesOddIsRefused) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0x0DDull);
+  const Problem p = make_problem(rng, 2, 64, 1040, {2, 3});
+  try {
+    run_gpu(p, 0);
+    ADD_FAILURE() << "K=1040 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("K=1040 must be a positive multiple of 64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(W4A16Gpu, EmptyBatchLaunchesNothing) {
+  SKIP_WITHOUT_GPU();
+  W4A16GroupedGemmArgs a;
+  a.m_total = 0;
+  a.n = 64;
+  a.k = 64;
+  a.n_experts = 4;
+  w4a16_grouped_gemm(a, 0, nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace fp4moe::cuda::sm90
