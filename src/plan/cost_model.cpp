@@ -26,7 +26,7 @@ CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const G
   e.useful_flops = 2.0 * p.n_groups * p.m * n * k;
   e.padding_waste = e.padded_flops > 0 ? 1.0 - e.useful_flops / e.padded_flops : 0;
 
-  // Ours multiplies BF16 (activations stay BF16, weights are dequantized in SMEM); the CUTLASS
+  // Ours multiplies BF16 (activations stay BF16, weights are dequantized in registers); the CUTLASS
   // families multiply NVFP4 x NVFP4 on the block-scaled FP4 tensor cores.
   const bool fp4_mma = c.family != KernelFamily::kSm90W4A16;
   const double peak_tflops = fp4_mma && gpu.fp4_dense_tflops > 0 ? gpu.fp4_dense_tflops : gpu.bf16_dense_tflops;

@@ -128,34 +128,30 @@ SmemCheck check_cutlass(const TileCandidate& c, const GpuSpec& gpu, const Cutlas
   return out;
 }
 
+// The shipped kernel's configs have a fixed stage count (a template argument): no builder picks
+// one. Fit and refusal come from plan::w4a16_smem_refusal, the function the launcher's
+// w4a16_check_config throws with, so the planner rejects exactly what the launcher would refuse.
 SmemCheck check_ours(const TileCandidate& c, const GpuSpec& gpu) {
-  constexpr uint32_t kMinStages = 2;  // double buffering: TMA of k+1 overlaps the MMA of k
   SmemCheck out;
   out.limit = gpu.smem_optin_per_block;
-  Sm90W4A16Layout l = Sm90W4A16Layout::make(c.ours, out.limit);
-  if (l.invalid_reason != nullptr) {
+  const W4A16Layout l = W4A16Layout::make(c.ours);
+  const std::string refusal = w4a16_smem_refusal(c.ours, out.limit);
+  out.summary = w4a16_smem_summary(c.ours);
+  if (!l.valid()) {
     out.rule = "tile";
-    out.reason = l.invalid_reason;
+    out.reason = refusal;
     return out;
   }
-  if (l.config.stages < kMinStages) l = Sm90W4A16Layout::at_stages(c.ours, kMinStages);
-  out.stages = static_cast<int>(l.config.stages);
+  out.stages = static_cast<int>(c.ours.stages);
   out.bytes = l.total_bytes();
   out.stage_bytes = l.stage_stride;
-  const uint32_t w_dequant = c.ours.weight_rows() * c.ours.block_k * 2;
-  out.epilogue_bytes = c.ours.block_m * c.ours.block_n * 2;
-  out.overhead_bytes = out.bytes - static_cast<uint32_t>(out.stages) * out.stage_bytes - w_dequant - out.epilogue_bytes;
+  out.epilogue_bytes = l.epilogue_bytes;
+  out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // tail padding
   out.breakdown = group_regions(l.layout);
-  std::ostringstream sum;
-  sum << out.stages << " stages x " << out.stage_bytes << " + w_dequant " << w_dequant << " + epilogue " << out.epilogue_bytes
-      << " + barriers " << out.overhead_bytes << " = " << out.bytes << " B";
-  out.summary = sum.str();
-  out.fits = out.bytes <= out.limit;
+  out.fits = refusal.empty();
   if (!out.fits) {
     out.rule = "smem-opt-in";
-    std::ostringstream r;
-    r << "even " << kMinStages << " stages need " << out.bytes << " B";
-    out.reason = r.str();
+    out.reason = refusal;
   }
   return out;
 }
@@ -172,11 +168,8 @@ std::string describe(const SmemLayout& l) {
   return os.str();
 }
 
-SmemLayout candidate_layout(const TileCandidate& c, const GpuSpec& gpu, const CutlassRules& rules) {
-  if (c.family == KernelFamily::kSm90W4A16) {
-    const Sm90W4A16Layout l = Sm90W4A16Layout::make(c.ours, gpu.smem_optin_per_block);
-    return l.config.stages >= 2 ? l.layout : Sm90W4A16Layout::at_stages(c.ours, 2).layout;
-  }
+SmemLayout candidate_layout(const TileCandidate& c, const GpuSpec& /*gpu: no family sizes by the device*/, const CutlassRules& rules) {
+  if (c.family == KernelFamily::kSm90W4A16) return W4A16Layout::make(c.ours).layout;
   const bool sm100 = c.family == KernelFamily::kCutlassSm100;
   const CutlassGroupedModel m = sm100 ? model_cutlass_sm100(c.cutlass, rules) : model_cutlass_sm120(c.cutlass, rules);
   const int stages = m.invalid_reason == nullptr ? m.stages : m.min_stages;
@@ -208,12 +201,11 @@ KernelFamily default_family(const GpuSpec& gpu) {
 }
 
 std::string TileCandidate::to_string() const {
+  if (family == KernelFamily::kSm90W4A16) return w4a16_config_name(ours);
   std::ostringstream os;
   os << tile_m() << "x" << tile_n() << "x" << tile_k();
-  if (family != KernelFamily::kSm90W4A16) {
-    if (cutlass.operands != OperandKind::kNvfp4) os << " " << operand_name(cutlass.operands);
-    os << " " << fusion_name(cutlass.epilogue);
-  }
+  if (cutlass.operands != OperandKind::kNvfp4) os << " " << operand_name(cutlass.operands);
+  os << " " << fusion_name(cutlass.epilogue);
   os << " swap_ab=" << (swap_ab() ? 1 : 0);
   return os.str();
 }
@@ -221,20 +213,15 @@ std::string TileCandidate::to_string() const {
 std::vector<TileCandidate> family_candidates(KernelFamily family, bool finalize) {
   std::vector<TileCandidate> out;
   if (family == KernelFamily::kSm90W4A16) {
-    auto add = [&](uint32_t m, uint32_t n, uint32_t k, bool swap) {
+    // Exactly the configs the kernel is compiled for; GEMM1 and GEMM2 use the same list (the
+    // kernel has no fused finalize epilogue).
+    for (int i = 0; i < kNumW4A16Configs; ++i) {
       TileCandidate c;
       c.family = family;
-      c.ours = Sm90W4A16Config{m, n, k, 0, swap};
+      c.ours = kW4A16Configs[i];
+      c.base_tile_index = i;
       out.push_back(c);
-    };
-    // Decode: weights fill MMA M = 128, tokens are N = 8..128.
-    for (uint32_t n : {8u, 16u, 32u, 64u, 128u}) add(128, n, 128, true);
-    add(64, 16, 128, true);
-    // Prefill: tokens are MMA M (two warpgroups), big weight tiles.
-    add(128, 128, 128, false);
-    add(128, 256, 64, false);
-    add(128, 256, 128, false);
-    add(64, 256, 128, false);
+    }
     return out;
   }
   const std::vector<EpilogueFusion> fusions =
@@ -269,7 +256,9 @@ std::string arch_mismatch(KernelFamily family, const GpuSpec& gpu) {
   std::ostringstream os;
   switch (family) {
     case KernelFamily::kSm90W4A16:
-      if (!gpu.has(kWgmma)) os << "needs wgmma + TMA (sm_90a); " << gpu.name << " is " << gpu.sm_name();
+      // mma.sync m16n8k16 BF16 and cp.async: sm_80 features (the build's FP4MOE_CUDA_GENCODE decides
+      // which archs the binary carries; the planner answers what would fit).
+      if (gpu.sm < 80 || !gpu.has(kMmaSync)) os << "needs mma.sync BF16 + cp.async (sm_80+); " << gpu.name << " is " << gpu.sm_name();
       break;
     case KernelFamily::kCutlassSm120:
       if (gpu.sm != 120 && gpu.sm != 121) os << "is built for sm_120/sm_121 (mma.sync block-scaled FP4); " << gpu.name << " is " << gpu.sm_name();

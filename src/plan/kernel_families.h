@@ -14,6 +14,7 @@
 #include "plan/gpu_table.h"
 #include "plan/layout_cutlass.h"
 #include "plan/layout_sm90_w4a16.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::plan {
 
@@ -30,24 +31,26 @@ KernelFamily default_family(const GpuSpec& gpu);
 
 struct TileCandidate {
   KernelFamily family = KernelFamily::kSm90W4A16;
-  Sm90W4A16Config ours{};
+  W4A16Config ours{};        // ours: one of kW4A16Configs (the shipped kernel's configs)
   CutlassGroupedConfig cutlass{};
-  int base_tile_index = -1;  // CUTLASS: index in the FlashInfer tile list (for tactic numbers)
+  int base_tile_index = -1;  // CUTLASS: index in the FlashInfer tile list (for tactic numbers); ours: config id
   bool has_dispatch = true;  // CUTLASS: FlashInfer has a SHAPE_CASE for the tile
 
-  uint32_t tile_m() const { return family == KernelFamily::kSm90W4A16 ? ours.block_m : cutlass.m; }
-  uint32_t tile_n() const { return family == KernelFamily::kSm90W4A16 ? ours.block_n : cutlass.n; }
+  uint32_t tile_m() const { return family == KernelFamily::kSm90W4A16 ? ours.block_w : cutlass.m; }
+  uint32_t tile_n() const { return family == KernelFamily::kSm90W4A16 ? ours.block_t : cutlass.n; }
   uint32_t tile_k() const { return family == KernelFamily::kSm90W4A16 ? ours.block_k : cutlass.k; }
-  bool swap_ab() const { return family == KernelFamily::kSm90W4A16 ? ours.swap_ab : cutlass.swap_ab; }
+  // Ours is always swap-AB: weights are the MMA M (tile_m = block_w), tokens the MMA N (tile_n = block_t).
+  bool swap_ab() const { return family == KernelFamily::kSm90W4A16 || cutlass.swap_ab; }
   uint32_t token_tile() const { return swap_ab() ? tile_n() : tile_m(); }
   uint32_t weight_tile() const { return swap_ab() ? tile_m() : tile_n(); }
   bool finalize() const { return family != KernelFamily::kSm90W4A16 && cutlass.epilogue == EpilogueFusion::kFinalize; }
-  // "128x256x128 FINALIZE swap_ab=0" (CUTLASS) or "128x32x128 swap_ab=1" (ours).
+  // "128x256x128 FINALIZE swap_ab=0" (CUTLASS) or the config name "w4a16_swapab_m128n32k128_s4" (ours).
   std::string to_string() const;
 };
 
 // The candidates of a family for one GEMM (finalize: the GEMM2 of a MoE, which also gets the
-// FINALIZE epilogue on the CUTLASS families). In FlashInfer's tactic order for CUTLASS SM120.
+// FINALIZE epilogue on the CUTLASS families). In FlashInfer's tactic order for CUTLASS SM120; ours:
+// kW4A16Configs in order, the shipped kernel's configs (base_tile_index = the config id).
 std::vector<TileCandidate> family_candidates(KernelFamily family, bool finalize);
 
 // A named slice of the shared memory, for breakdowns.
@@ -58,7 +61,7 @@ struct BreakdownItem {
 
 // A candidate sized for one GPU.
 struct SmemCheck {
-  int stages = 0;               // the builder's choice (ours: the deepest that fits, at least 1 checked)
+  int stages = 0;               // the builder's choice (ours: the config's own, fixed at compile time)
   uint32_t bytes = 0;           // what the kernel requests (cudaFuncAttributeMaxDynamicSharedMemorySize)
   uint32_t limit = 0;           // the GPU's opt-in per block
   bool fits = false;

@@ -1,32 +1,29 @@
-// Shared-memory layout of the project's own Hopper kernel family `sm90_nvfp4_w4a16_grouped_gemm`:
-// BF16 activations x NVFP4 weights, grouped over experts, wgmma on BF16 operands after an in-SMEM
-// dequantization of the weight tile. The kernel carves its dynamic shared memory with this very
-// struct (issue "Hopper NVFP4 MoE kernels"):
+// Tile configurations and the shared-memory layout of sm90_nvfp4_w4a16_grouped_gemm, the Hopper
+// MoE kernel that ships (src/kernels/cuda/sm90/w4a16_grouped_gemm.cu): mma.sync m16n8k16 BF16
+// tensor cores, swap-AB, cp.async multi-stage pipeline, NVFP4 dequantized in registers. One
+// constexpr description used by three parties: the kernel carves its dynamic shared memory with
+// these offsets and the launcher requests `total_bytes()`; the planner (kernel_families.cpp)
+// enumerates kW4A16Configs and sizes them with the same layout; the tests pin the offsets. The
+// host-side wording (config names, byte summary, the refusal message) is in plan/w4a16_smem.h.
 //
-//   constexpr auto kLayout = fp4moe::plan::Sm90W4A16Layout::make({128, 32, 128, 0, true});
-//   static_assert(kLayout.fits(fp4moe::plan::kSm90SmemOptin));
-//   extern __shared__ __align__(1024) uint8_t smem[];
-//   auto* x_tile = reinterpret_cast<__nv_bfloat16*>(smem + kLayout.x_tile(stage));  // TMA destination
-//   uint8_t* w_fp4 = smem + kLayout.w_packed(stage);
-//   ...  launch with kLayout.total_bytes() of dynamic shared memory
+// Config (swap-AB: weights are the MMA M, tokens the MMA N):
+//   block_w  weight rows (output features) per CTA: 64 or 128 = one m16 tile per warp (4 or 8 warps)
+//   block_t  tokens per CTA tile: 8, 16, 32 or 64 (n8 MMA tiles per warp: block_t / 8)
+//   block_k  K per pipeline stage: 128 or 256 (a multiple of 64: one thread reads one whole
+//            16-element NVFP4 block per 64-wide K chunk)
+//   stages   cp.async pipeline depth: 2..6
+// Name: "w4a16_swapab_m<block_w>n<block_t>k<block_k>_s<stages>" (MMA M x N x K as the issue names them).
 //
-// Per stage (TMA destinations, each 1024 B aligned for the 128B swizzle):
-//   x_tile      token_rows x BLOCK_K bf16                   (activations)
-//   w_packed    weight_rows x BLOCK_K / 2 bytes             (NVFP4 e2m1, two per byte)
-//   w_scales    weight_rows x BLOCK_K / 16 bytes            (e4m3, one per 16 weights; 128 B aligned)
+// Per stage (each region 128 B aligned, all sizes are multiples of 128 so no padding appears):
+//   x_tile    block_t x block_k bf16                16 B chunks XOR-swizzled by token parity
+//   w_packed  block_w x block_k / 2 bytes (e2m1)    16 B chunks XOR-swizzled per 128 B line
+//   w_scales  block_w x block_k / 16 bytes (e4m3)   linear
 // Once:
-//   w_dequant   weight_rows x BLOCK_K bf16                  (the wgmma operand, 1024 aligned)
-//   epilogue    BLOCK_M x BLOCK_N bf16                      (output staging for the TMA store)
-//   barriers    full + empty mbarrier per stage, 8 B each
-//
-// Roles: without swap-AB, tokens are the MMA M (BLOCK_M = 64 or 128 = one or two warpgroups of
-// wgmma M=64) and weights the MMA N (BLOCK_N up to 256). With swap-AB the weight dimension fills
-// the MMA M (64 or 128) and tokens are N = 8..256 (wgmma N is a multiple of 8): decode-sized
-// experts (1..64 tokens) waste at most 7 rows instead of up to 127.
-//
-// stages == 0 in the config asks for the most stages (<= kMaxStages) that fit a capacity (the
-// "builder" of this family: exact, because this is the kernel's own layout). Header-only constexpr.
-// Tested by tests/plan/test_layouts.cpp.
+//   epilogue  block_t rows x (block_w x 2 + 16) B   bf16 output tile, token-major, rows padded by
+//                                                   16 B so the transposed writes spread over banks
+// Header-only constexpr, host + device; depends only on plan/smem_layout.h. Tested by
+// tests/plan/test_layouts.cpp (offsets pinned per shipped config) and
+// tests/kernels/test_cuda_w4a16_host.cpp (the kernel's carve against the planner's sizing).
 #pragma once
 
 #include <cstdint>
@@ -35,105 +32,120 @@
 
 namespace fp4moe::plan {
 
-inline constexpr uint32_t kSm90SmemOptin = 232448;  // sm_90 opt-in per block (227 KiB)
+inline constexpr uint32_t kSm90SmemOptinBytes = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
-struct Sm90W4A16Config {
-  uint32_t block_m = 128;  // output tile rows (MMA M): tokens, or weights with swap_ab
-  uint32_t block_n = 128;  // output tile cols (MMA N): weights, or tokens with swap_ab
-  uint32_t block_k = 128;  // K per stage; a multiple of 64 (128 B of bf16 = one swizzle row)
-  uint32_t stages = 0;     // 0: as many as fit (see Sm90W4A16Layout::max_stages)
-  bool swap_ab = false;
+struct W4A16Config {
+  uint32_t block_w = 128;  // weight rows per CTA (MMA M)
+  uint32_t block_t = 16;   // tokens per CTA (MMA N)
+  uint32_t block_k = 256;  // K per stage
+  uint32_t stages = 4;
 
-  FP4MOE_HD constexpr uint32_t weight_rows() const { return swap_ab ? block_m : block_n; }
-  FP4MOE_HD constexpr uint32_t token_rows() const { return swap_ab ? block_n : block_m; }
+  FP4MOE_HD constexpr uint32_t n_warps() const { return block_w / 16; }
+  FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-struct Sm90W4A16Layout {
-  static constexpr uint32_t kMaxStages = 8;
-  static constexpr uint32_t kNvfp4Block = 16;
+// CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at
+// 65536 / (ctas x threads)): as many as the shared memory allows (228 KB per SM, 1 KB reserved per
+// CTA), but never fewer than 64 registers per thread. Decode tiles are latency-bound: more resident
+// warps hide the load -> dequant -> MMA chains.
+FP4MOE_HD constexpr uint32_t w4a16_ctas_per_sm(const W4A16Config& c, uint32_t smem_bytes) {
+  constexpr uint32_t kSmemPerSm = 233472, kReservedPerCta = 1024;
+  const uint32_t by_smem = kSmemPerSm / (smem_bytes + kReservedPerCta);
+  const uint32_t by_regs = 65536 / (c.n_threads() * 64);
+  const uint32_t n = by_smem < by_regs ? by_smem : by_regs;
+  return n < 1 ? 1 : n;
+}
 
-  Sm90W4A16Config config{};
+struct W4A16Layout {
+  static constexpr uint32_t kMinStages = 2;
+  static constexpr uint32_t kMaxStages = 6;
+  static constexpr uint32_t kEpilogueRowPad = 16;
+
+  W4A16Config config{};
   SmemLayout layout{};
-  // Offsets of stage 0 and the stride between stages, for the kernel's carve.
-  uint32_t x_tile_offset = 0, w_packed_offset = 0, w_scales_offset = 0, stage_stride = 0;
-  uint32_t w_dequant_offset = 0, epilogue_offset = 0, full_barrier_offset = 0, empty_barrier_offset = 0;
-  uint32_t stage_bytes = 0;  // bytes one stage adds, including its alignment padding and barriers
-  const char* invalid_reason = nullptr;
+  uint32_t x_tile_offset = 0, w_packed_offset = 0, w_scales_offset = 0;  // stage 0
+  uint32_t stage_stride = 0;                                              // bytes between stages
+  uint32_t x_tile_bytes = 0, w_packed_bytes = 0, w_scales_bytes = 0;      // one stage
+  uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
+  const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
-  FP4MOE_HD constexpr bool fits(uint32_t capacity) const { return invalid_reason == nullptr && total_bytes() <= capacity; }
+  FP4MOE_HD constexpr bool valid() const { return invalid_reason == nullptr; }
+  FP4MOE_HD constexpr bool fits(uint32_t capacity) const { return valid() && total_bytes() <= capacity; }
 
-  // Where tile i of stage s lives, relative to the dynamic smem base (which the kernel declares
-  // `extern __shared__ __align__(1024) uint8_t smem[]`).
   FP4MOE_HD constexpr uint32_t x_tile(uint32_t stage) const { return x_tile_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_packed(uint32_t stage) const { return w_packed_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_scales(uint32_t stage) const { return w_scales_offset + stage * stage_stride; }
-  FP4MOE_HD constexpr uint32_t full_barrier(uint32_t stage) const { return full_barrier_offset + stage * kMbarrierBytes; }
-  FP4MOE_HD constexpr uint32_t empty_barrier(uint32_t stage) const { return empty_barrier_offset + stage * kMbarrierBytes; }
 
-  FP4MOE_HD static constexpr const char* check(const Sm90W4A16Config& c) {
-    if (c.block_k == 0 || c.block_k % 64 != 0) return "BLOCK_K must be a positive multiple of 64 (one 128 B swizzle row of bf16)";
-    if (c.swap_ab) {
-      if (c.block_m != 64 && c.block_m != 128) return "swap-AB: the weight tile (MMA M) must be 64 or 128";
-      if (c.block_n < 8 || c.block_n > 256 || c.block_n % 8 != 0) return "swap-AB: the token tile (MMA N) must be 8..256, a multiple of 8";
-    } else {
-      if (c.block_m != 64 && c.block_m != 128) return "BLOCK_M (tokens, MMA M) must be 64 or 128 (one or two warpgroups)";
-      if (c.block_n < 16 || c.block_n > 256 || c.block_n % 16 != 0) return "BLOCK_N (weights, MMA N) must be 16..256, a multiple of 16";
+  // nullptr when the kernel can be instantiated with `c`, else the rule it breaks.
+  FP4MOE_HD static constexpr const char* check(const W4A16Config& c) {
+    if (c.block_w != 64 && c.block_w != 128) return "block_w (weight rows, MMA M) must be 64 or 128";
+    if (c.block_t != 8 && c.block_t != 16 && c.block_t != 32 && c.block_t != 64) {
+      return "block_t (tokens, MMA N) must be 8, 16, 32 or 64";
     }
-    if (c.stages > kMaxStages) return "at most 8 pipeline stages";
+    if (c.block_k != 128 && c.block_k != 256) return "block_k must be 128 or 256";
+    if (c.stages < kMinStages || c.stages > kMaxStages) return "stages must be 2..6";
     return nullptr;
   }
 
-  // The layout at an explicit stage count (>= 1).
-  FP4MOE_HD static constexpr Sm90W4A16Layout at_stages(const Sm90W4A16Config& c, uint32_t stages) {
-    Sm90W4A16Layout out{};
+  FP4MOE_HD static constexpr W4A16Layout make(const W4A16Config& c) {
+    W4A16Layout out{};
     out.config = c;
-    out.config.stages = stages;
-    out.invalid_reason = check(out.config);
-    if (out.invalid_reason != nullptr || stages == 0) {
-      if (out.invalid_reason == nullptr) out.invalid_reason = "stages must be >= 1";
-      return out;
-    }
-    const uint32_t x_bytes = c.token_rows() * c.block_k * 2;
-    const uint32_t w_bytes = c.weight_rows() * c.block_k / 2;
-    const uint32_t s_bytes = c.weight_rows() * c.block_k / kNvfp4Block;
-    // Within a stage: x_tile at 0, w_packed at the next 1024 B, w_scales at the next 128 B. Each
-    // stage starts 1024-aligned, so the stride is the stage's end rounded up to 1024.
-    const uint32_t w_off = round_up(x_bytes, kSwizzle128Align);
-    const uint32_t s_off = round_up(w_off + w_bytes, 128);
-    const uint32_t stage_block = round_up(s_off + s_bytes, kSwizzle128Align);
+    out.invalid_reason = check(c);
+    if (out.invalid_reason != nullptr) return out;
+    out.x_tile_bytes = c.block_t * c.block_k * 2;
+    out.w_packed_bytes = c.block_w * c.block_k / 2;
+    out.w_scales_bytes = c.block_w * c.block_k / 16;
     SmemLayout& l = out.layout;
-    for (uint32_t s = 0; s < stages; ++s) {
-      const uint32_t base = l.add("stage x_tile (bf16 activations)", x_bytes, kSwizzle128Align, RegionKind::kStageOperand);
-      l.add("stage w_packed (nvfp4 e2m1)", w_bytes, kSwizzle128Align, RegionKind::kStageOperand);
-      l.add("stage w_scales (e4m3 per 16)", s_bytes, 128, RegionKind::kStageOperand);
+    for (uint32_t s = 0; s < c.stages; ++s) {
+      const uint32_t x = l.add("stage x_tile (bf16 activations)", out.x_tile_bytes, 128, RegionKind::kStageOperand);
+      const uint32_t w = l.add("stage w_packed (nvfp4 e2m1)", out.w_packed_bytes, 128, RegionKind::kStageOperand);
+      const uint32_t sc = l.add("stage w_scales (e4m3 per 16)", out.w_scales_bytes, 128, RegionKind::kStageOperand);
       if (s == 0) {
-        out.x_tile_offset = base;
-        out.w_packed_offset = base + w_off;
-        out.w_scales_offset = base + s_off;
+        out.x_tile_offset = x;
+        out.w_packed_offset = w;
+        out.w_scales_offset = sc;
+      } else if (s == 1) {
+        out.stage_stride = x - out.x_tile_offset;
       }
     }
-    out.stage_stride = stage_block;
-    out.w_dequant_offset = l.add("w_dequant (bf16 wgmma operand)", c.weight_rows() * c.block_k * 2, kSwizzle128Align, RegionKind::kStageOperand);
-    out.epilogue_offset = l.add("epilogue tile (bf16 BLOCK_M x BLOCK_N)", c.block_m * c.block_n * 2, kSwizzle128Align, RegionKind::kEpilogue);
-    out.full_barrier_offset = l.add("full barriers (1 per stage)", stages * kMbarrierBytes, kMbarrierBytes, RegionKind::kBarrier);
-    out.empty_barrier_offset = l.add("empty barriers (1 per stage)", stages * kMbarrierBytes, kMbarrierBytes, RegionKind::kBarrier);
-    out.stage_bytes = stage_block + 2 * kMbarrierBytes;
+    if (c.stages == 1) out.stage_stride = l.total_bytes;
+    out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
+    out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;
+    out.epilogue_offset = l.add("epilogue tile (bf16 block_t x block_w, rows +16 B)", out.epilogue_bytes, 128,
+                                RegionKind::kEpilogue);
+    // Round the whole request to 128 B (the launcher asks for exactly this).
+    const uint32_t end = round_up(l.total_bytes, 128);
+    if (end != l.total_bytes) l.add("tail padding", end - l.total_bytes, 1, RegionKind::kPadding);
     return out;
   }
-
-  // The deepest pipeline (1..kMaxStages) that fits `capacity`; stages = 0 in the result's config
-  // when not even one stage fits (the layout is then the 1-stage one, for the rejection message).
-  FP4MOE_HD static constexpr Sm90W4A16Layout make(const Sm90W4A16Config& c, uint32_t capacity = kSm90SmemOptin) {
-    if (c.stages != 0) return at_stages(c, c.stages);
-    Sm90W4A16Layout best = at_stages(c, 1);
-    for (uint32_t s = 2; s <= kMaxStages; ++s) {
-      const Sm90W4A16Layout l = at_stages(c, s);
-      if (!l.fits(capacity)) break;
-      best = l;
-    }
-    return best;
-  }
 };
+
+// The configurations the kernel is compiled for (the planner and autotuner pick among these by
+// index). Decode (1..16 tokens per expert) wants small block_t; prefill the 64-token tiles. On an
+// H200 (GLM-5 shard) m64n8k256_s4 was fastest for 1..8 tokens, m128n16k256_s4 for 16,
+// m128n32k128_s4 for 32 and m128n64k128_s4 beyond; the k128 decode tiles (8 CTAs per SM) lost.
+inline constexpr W4A16Config kW4A16Configs[] = {
+    {64, 8, 128, 4},    // w4a16_swapab_m64n8k128_s4
+    {64, 16, 128, 4},   // w4a16_swapab_m64n16k128_s4
+    {64, 8, 256, 3},    // w4a16_swapab_m64n8k256_s3
+    {64, 8, 256, 4},    // w4a16_swapab_m64n8k256_s4
+    {128, 8, 256, 4},   // w4a16_swapab_m128n8k256_s4
+    {128, 16, 256, 4},  // w4a16_swapab_m128n16k256_s4
+    {128, 32, 128, 4},  // w4a16_swapab_m128n32k128_s4
+    {128, 64, 128, 4},  // w4a16_swapab_m128n64k128_s4
+    {64, 64, 128, 4},   // w4a16_swapab_m64n64k128_s4
+};
+inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
+
+namespace detail {
+constexpr bool all_configs_fit() {
+  for (const W4A16Config& c : kW4A16Configs) {
+    if (!W4A16Layout::make(c).fits(kSm90SmemOptinBytes)) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::all_configs_fit(), "a shipped W4A16 config exceeds the sm_90 opt-in shared memory (232448 B)");
 
 }  // namespace fp4moe::plan

@@ -3,7 +3,7 @@
 //
 //   auto plans = fp4moe::plan::plan(fp4moe::plan::parse_problem("moe:E=256,topk=8,H=6144,I=2048"),
 //                                   {1, 16, 4096}, fp4moe::plan::require_gpu("h200"), {});
-//   plans[0].chosen->candidate.to_string();   // "128x8x128 swap_ab=1"
+//   plans[0].chosen->candidate.to_string();   // "w4a16_swapab_m128n8k256_s4"
 //
 // A rejection is a value: rule, bytes needed, limit, per-region breakdown and a complete message
 //   "128x256x128 FINALIZE swap_ab=0: 3 stages x 27648 + epilogue 17408 + overhead 2048 = 102400 B

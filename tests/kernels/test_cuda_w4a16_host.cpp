@@ -6,8 +6,12 @@
 //     read a host image of the swizzled stage, an emulated mma.sync m16n8k16 (PTX fragment
 //     layouts, written here independently) multiplies, and the result must equal the f64 dot
 //     products of the dequantized weights: this pins the K permutation, swizzles and decode;
-//   * the constexpr layout (offsets, alignment, totals), config names, and the refusal messages
-//     (a config over the shared-memory limit, K = 16 x odd, bad N, bad config id) to the byte.
+//   * the constexpr layout (offsets, alignment, totals; plan/layout_sm90_w4a16.h), config names,
+//     and the refusal messages (a config over the shared-memory limit, K = 16 x odd, bad N, bad
+//     config id) to the byte;
+//   * the kernel's carve (the offsets its template takes from the layout of each config id) equals
+//     what `fp4moe plan` sizes the same config with, and the launcher refuses exactly the configs
+//     the planner rejects, with the same message.
 // Run: test_cuda_w4a16_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
 
@@ -25,7 +29,9 @@
 #include "format/nvfp4.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
-#include "kernels/cuda/sm90/w4a16_layout.h"
+#include "plan/gpu_table.h"
+#include "plan/kernel_families.h"
+#include "plan/layout_sm90_w4a16.h"
 #include "testing/testing.h"
 
 namespace fp4moe::cuda::sm90 {
@@ -248,6 +254,62 @@ TEST(W4A16Layout, RegionsAreAlignedAndSumToTheTotal) {
     EXPECT_EQ(l.epilogue_bytes, c.block_t * (c.block_w * 2 + 16)) << name;
     EXPECT_EQ(l.total_bytes() % 128, 0u) << name;
   }
+}
+
+// The kernel instantiates config id i as sm90_nvfp4_w4a16_grouped_gemm_kernel<block_w, block_t,
+// block_k, stages> and carves with W4A16Layout::make of that config (x_tile/w_packed/w_scales at
+// stage 0 plus s x stage_stride, the epilogue after the last stage) and requests total_bytes().
+// The planner must size the same config id with the same regions.
+TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
+  const std::vector<plan::TileCandidate> cands = plan::family_candidates(plan::KernelFamily::kSm90W4A16, false);
+  ASSERT_EQ(static_cast<int>(cands.size()), w4a16_num_configs());
+  const plan::GpuSpec h200 = plan::require_gpu("h200");
+  for (int id = 0; id < w4a16_num_configs(); ++id) {
+    const W4A16Config& c = w4a16_config(id);
+    const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
+    const std::string name = w4a16_config_name(c);
+    const plan::TileCandidate& cand = cands[static_cast<size_t>(id)];
+    ASSERT_EQ(cand.to_string(), name) << "config id " << id;
+    const plan::SmemLayout planned = plan::candidate_layout(cand, h200, plan::kCutlass420);
+    ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
+    for (uint32_t s = 0; s < c.stages; ++s) {
+      EXPECT_EQ(planned.regions[3 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
+      EXPECT_EQ(planned.regions[3 * s + 1].offset, kernel.w_packed_offset + s * kernel.stage_stride) << name << " stage " << s;
+      EXPECT_EQ(planned.regions[3 * s + 2].offset, kernel.w_scales_offset + s * kernel.stage_stride) << name << " stage " << s;
+      EXPECT_EQ(planned.regions[3 * s].bytes, kernel.x_tile_bytes) << name;
+      EXPECT_EQ(planned.regions[3 * s + 1].bytes, kernel.w_packed_bytes) << name;
+      EXPECT_EQ(planned.regions[3 * s + 2].bytes, kernel.w_scales_bytes) << name;
+    }
+    EXPECT_EQ(planned.regions[3 * c.stages].offset, kernel.epilogue_offset) << name;
+    EXPECT_EQ(planned.regions[3 * c.stages].bytes, c.block_t * kernel.epilogue_row_bytes) << name;
+    EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
+    const plan::SmemCheck check = plan::check_smem(cand, h200, plan::kCutlass420);
+    EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
+    EXPECT_EQ(check.stages, static_cast<int>(c.stages)) << name;
+  }
+}
+
+// One computation behind both refusals: on an RTX 4090 (101376 B opt-in) the planner rejects the
+// configs the launcher would refuse, and its reason is the launcher's message without the kernel
+// name.
+TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
+  const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
+  ASSERT_EQ(ada.smem_optin_per_block, 101376u);
+  int refused = 0;
+  for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
+    const plan::SmemCheck check = plan::check_smem(cand, ada, plan::kCutlass420);
+    const std::string name = cand.to_string();
+    if (check.fits) {
+      EXPECT_NO_THROW(w4a16_check_config(cand.ours, ada.smem_optin_per_block)) << name;
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(check.rule, "smem-opt-in") << name;
+    const std::string msg = expect_throw([&] { w4a16_check_config(cand.ours, ada.smem_optin_per_block); });
+    EXPECT_NE(msg.find(std::string("sm90_nvfp4_w4a16_grouped_gemm: ") + check.reason), std::string::npos)
+        << name << "\nlauncher: " << msg << "\nplanner: " << check.reason;
+  }
+  EXPECT_EQ(refused, 2);  // m128n16k256_s4 (110848 B) and m128n64k128_s4 (119808 B)
 }
 
 TEST(W4A16Configs, NamesRoundTrip) {

@@ -70,9 +70,10 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
     ASSERT_TRUE(p.chosen.has_value()) << p.error;
     EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   }
-  // 1 token per expert: swap-AB with the smallest token tile.
-  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "128x8x128 swap_ab=1");
-  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "128x8x128 swap_ab=1");
+  // 1 token per expert: the smallest token tile (8 = one n8 MMA tile); at equal HBM time the
+  // 128-row weight tile re-reads the activations half as often as the 64-row one.
+  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_swapab_m128n8k256_s4");
+  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_swapab_m128n8k256_s4");
   // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
   EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
@@ -87,21 +88,55 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
   }
 }
 
+TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
+  const std::vector<TileCandidate> cands = family_candidates(KernelFamily::kSm90W4A16, true);
+  ASSERT_EQ(static_cast<int>(cands.size()), kNumW4A16Configs);
+  const GpuSpec h200 = require_gpu("h200");
+  for (int i = 0; i < kNumW4A16Configs; ++i) {
+    const TileCandidate& c = cands[static_cast<size_t>(i)];
+    const W4A16Config& k = kW4A16Configs[i];
+    const std::string name = w4a16_config_name(k);
+    EXPECT_EQ(c.to_string(), name);
+    EXPECT_EQ(c.base_tile_index, i) << name;
+    EXPECT_TRUE(c.swap_ab()) << name;
+    EXPECT_EQ(c.token_tile(), k.block_t) << name;  // tokens are the MMA N
+    EXPECT_EQ(c.weight_tile(), k.block_w) << name;
+    EXPECT_EQ(c.tile_k(), k.block_k) << name;
+    const SmemCheck check = check_smem(c, h200, kCutlass420);
+    const W4A16Layout l = W4A16Layout::make(k);
+    EXPECT_TRUE(check.fits) << name << ": " << check.reason;
+    EXPECT_EQ(check.stages, static_cast<int>(k.stages)) << name;
+    EXPECT_EQ(check.bytes, l.total_bytes()) << name;
+    EXPECT_EQ(check.stage_bytes, l.stage_stride) << name;
+    EXPECT_EQ(check.epilogue_bytes, l.epilogue_bytes) << name;
+    EXPECT_EQ(check.summary, w4a16_smem_summary(k)) << name;
+    EXPECT_EQ(describe(candidate_layout(c, h200, kCutlass420)), describe(l.layout)) << name;
+  }
+}
+
+// On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped configs over it
+// are rejected with the byte breakdown, by the computation the launcher refuses them with.
 TEST(Planner, OursRejectionSnapshot) {
-  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("h200"), {});
-  const auto it = std::find_if(p.rejected.begin(), p.rejected.end(),
-                               [](const Rejection& r) { return r.candidate.to_string() == "128x256x128 swap_ab=0"; });
-  ASSERT_NE(it, p.rejected.end());
-  EXPECT_EQ(it->rule, "smem-opt-in");
-  EXPECT_EQ(it->bytes_needed, 233504u);
-  EXPECT_EQ(it->limit, 232448u);
-  EXPECT_EQ(it->shortfall(), 1056);
-  EXPECT_EQ(it->message,
-            "128x256x128 swap_ab=0: 2 stages x 51200 + w_dequant 65536 + epilogue 65536 + barriers 32 = 233504 B > 232448 B "
-            "opt-in (sm_90) by 1056 B");
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("rtx-4090"), {});
+  EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
+  ASSERT_TRUE(p.chosen.has_value()) << p.error;
+  ASSERT_EQ(p.rejected.size(), 2u);
+  EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
+  const Rejection& r = p.rejected[1];
+  EXPECT_EQ(r.rule, "smem-opt-in");
+  EXPECT_EQ(r.bytes_needed, 119808u);
+  EXPECT_EQ(r.limit, 101376u);
+  EXPECT_EQ(r.shortfall(), 18432);
+  EXPECT_EQ(r.message,
+            "w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_packed 8192 + w_scales 1024) + epilogue 17408 = "
+            "119808 B > 101376 B opt-in (sm_89) by 18432 B");
+  const SmemCheck check = check_smem(r.candidate, require_gpu("rtx-4090"), kCutlass420);
+  EXPECT_EQ(check.reason, w4a16_smem_refusal(r.candidate.ours, 101376));
   uint32_t sum = 0;
-  for (const BreakdownItem& b : it->breakdown) sum += b.bytes;
-  EXPECT_EQ(sum, it->bytes_needed);
+  for (const BreakdownItem& b : r.breakdown) sum += b.bytes;
+  EXPECT_EQ(sum, r.bytes_needed);
+  // Every shipped config fits the sm_90 opt-in (the kernel static_asserts it too).
+  EXPECT_TRUE(plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("h200"), {}).rejected.empty());
 }
 
 TEST(Planner, CutlassSm120RejectionSnapshots) {
@@ -145,19 +180,24 @@ TEST(Planner, DescribeListsEveryRegion) {
 }
 
 TEST(Planner, ArchMismatchIsARejectionNotAnException) {
+  // The kernel needs mma.sync BF16 and cp.async (sm_80+); a pre-Ampere GPU is an arch rejection.
+  GpuSpec turing = require_gpu("rtx-3090");
+  turing.name = "turing";
+  turing.sm = 75;
+  turing.features &= ~static_cast<uint32_t>(kMmaSync);
   PlanOptions o;
   o.family = KernelFamily::kSm90W4A16;
-  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 1)[0], require_gpu("rtx-pro-6000"), o);
+  const GemmPlan p = plan_gemm(gemms_of(kGlm5, 1)[0], turing, o);
   EXPECT_FALSE(p.chosen.has_value());
-  ASSERT_FALSE(p.rejected.empty());
+  ASSERT_EQ(static_cast<int>(p.rejected.size()), kNumW4A16Configs);
   EXPECT_EQ(p.rejected[0].rule, "arch");
   EXPECT_EQ(p.rejected[0].message,
-            "128x8x128 swap_ab=1: sm90_nvfp4_w4a16_grouped_gemm needs wgmma + TMA (sm_90a); rtx-pro-6000 is sm_120");
+            "w4a16_swapab_m64n8k128_s4: sm90_nvfp4_w4a16_grouped_gemm needs mma.sync BF16 + cp.async (sm_80+); turing is sm_75");
   try {
     require_chosen(p);
     FAIL() << "require_chosen returned for an infeasible plan";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no sm90_nvfp4_w4a16_grouped_gemm tile fits gemm1 (gate+up) on rtx-pro-6000 (sm_120, opt-in 101376 B)"),
+    EXPECT_NE(std::string(e.what()).find("no sm90_nvfp4_w4a16_grouped_gemm tile fits gemm1 (gate+up) on turing (sm_75, opt-in 101376 B)"),
               std::string::npos)
         << e.what();
   }

@@ -10,19 +10,21 @@
 namespace fp4moe::plan::cutlass_check {
 namespace {
 
-constexpr Sm90W4A16Layout kDecode = Sm90W4A16Layout::make({128, 16, 128, 0, true});
-static_assert(kDecode.fits(kSm90SmemOptin), "decode tile must fit sm_90");
-static_assert(kDecode.w_packed(1) % 1024 == 0, "TMA tiles are 1024-aligned");
+// The shipped decode config w4a16_swapab_m128n16k256_s4, as the kernel instantiates it.
+constexpr W4A16Layout kDecode = W4A16Layout::make(kW4A16Configs[5]);
+static_assert(kDecode.fits(kSm90SmemOptinBytes), "decode config must fit sm_90");
+static_assert(kDecode.w_packed(1) % 128 == 0, "cp.async destinations are 128-aligned");
+static_assert(w4a16_ctas_per_sm(kDecode.config, kDecode.total_bytes()) == 2, "__launch_bounds__ min blocks");
 static_assert(model_cutlass_sm120({128, 128, 128, OperandKind::kNvfp4, EpilogueFusion::kNone, false}, kCutlassB46b16d).layout.total_bytes ==
               89088);
 
 __global__ void carve(uint32_t* out) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  constexpr Sm90W4A16Layout l = kDecode;
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr W4A16Layout l = kDecode;
   out[0] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem + l.x_tile(1)) - reinterpret_cast<uintptr_t>(smem));
   out[1] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem + l.w_scales(2)) - reinterpret_cast<uintptr_t>(smem));
   out[2] = l.total_bytes();
-  out[3] = l.layout.offset_of("w_dequant (bf16 wgmma operand)");
+  out[3] = l.epilogue_offset;
 }
 
 }  // namespace
@@ -33,7 +35,7 @@ void layout_device_offsets(uint32_t out[4]) {
   out[0] = kDecode.x_tile(1);
   out[1] = kDecode.w_scales(2);
   out[2] = kDecode.total_bytes();
-  out[3] = kDecode.layout.offset_of("w_dequant (bf16 wgmma operand)");
+  out[3] = kDecode.layout.offset_of("epilogue tile (bf16 block_t x block_w, rows +16 B)");
 }
 
 }  // namespace fp4moe::plan::cutlass_check

@@ -19,7 +19,7 @@ struct Measured {
 
 std::vector<Measured> measure_sm120();
 std::vector<Measured> measure_sm100();
-// Offsets a device kernel computes from Sm90W4A16Layout {128, 16, 128, swap-AB} (device_include.cu).
+// Offsets a device kernel computes from W4A16Layout of w4a16_swapab_m128n16k256_s4 (device_include.cu).
 void layout_device_offsets(uint32_t out[4]);
 
 }  // namespace fp4moe::plan::cutlass_check

@@ -28,14 +28,15 @@ TEST(CutlassCheck, Sm120MatchesCutlassTypes) { check(measure_sm120(), false); }
 TEST(CutlassCheck, Sm100MatchesCutlassTypes) { check(measure_sm100(), true); }
 
 TEST(CutlassCheck, LayoutHeadersCompileForTheDevice) {
-  // swap-AB 128 weights x 16 tokens x K 128, 8 stages: x 4096 at 0, w 8192 at 4096, scales 1024
-  // at 12288 -> stride 13312; 8 stages = 106496, then w_dequant.
+  // w4a16_swapab_m128n16k256_s4: x 8192 at 0, w 16384 at 8192, scales 2048 at 24576 -> stride
+  // 26624; 4 stages = 106496, then the epilogue 16 x 272 = 4352 -> 110848 B.
   uint32_t got[4];
   layout_device_offsets(got);
-  EXPECT_EQ(got[0], 13312u);
-  EXPECT_EQ(got[1], 2 * 13312u + 12288u);
-  EXPECT_EQ(got[3], 8 * 13312u);
-  EXPECT_EQ(got[2], Sm90W4A16Layout::make({128, 16, 128, 0, true}).total_bytes());
+  EXPECT_EQ(got[0], 26624u);
+  EXPECT_EQ(got[1], 2 * 26624u + 24576u);
+  EXPECT_EQ(got[3], 4 * 26624u);
+  EXPECT_EQ(got[2], W4A16Layout::make(kW4A16Configs[5]).total_bytes());
+  EXPECT_EQ(got[2], 110848u);
 }
 
 }  // namespace

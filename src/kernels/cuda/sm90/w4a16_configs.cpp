@@ -1,10 +1,9 @@
 // Host side of sm90_nvfp4_w4a16_grouped_gemm that needs no GPU: config names and lookup, the
-// shared-memory breakdown and refusal message, and the problem checks. The launch itself is in
-// w4a16_grouped_gemm.cu. Tested by tests/kernels/test_cuda_w4a16.cpp (CPU tests).
+// shared-memory refusal (worded by plan/w4a16_smem.h, shared with the planner), and the problem
+// checks. The launch itself is in w4a16_grouped_gemm.cu. Tested by tests/kernels/test_cuda_w4a16.cpp (CPU tests).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,7 +14,7 @@
 namespace fp4moe::cuda::sm90 {
 
 namespace {
-constexpr const char* kKernel = "sm90_nvfp4_w4a16_grouped_gemm";
+constexpr const char* kKernel = plan::kW4A16KernelName;
 }  // namespace
 
 int w4a16_num_configs() { return kNumW4A16Configs; }
@@ -25,11 +24,6 @@ const W4A16Config& w4a16_config(int config_id) {
       << kKernel << ": config id " << config_id << " is out of range (" << kNumW4A16Configs
       << " configs, ids 0.." << kNumW4A16Configs - 1 << ")";
   return kW4A16Configs[config_id];
-}
-
-std::string w4a16_config_name(const W4A16Config& c) {
-  return "w4a16_swapab_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "k" +
-         std::to_string(c.block_k) + "_s" + std::to_string(c.stages);
 }
 
 std::vector<std::string> w4a16_config_names() {
@@ -49,29 +43,9 @@ int w4a16_config_id(std::string_view name) {
   return -1;
 }
 
-std::string w4a16_smem_summary(const W4A16Config& c) {
-  const W4A16Layout l = W4A16Layout::make(c);
-  std::ostringstream s;
-  if (!l.valid()) {
-    s << "invalid config (" << l.invalid_reason << ")";
-    return s.str();
-  }
-  s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_packed " << l.w_packed_bytes
-    << " + w_scales " << l.w_scales_bytes << ") + epilogue " << l.epilogue_bytes;
-  const uint32_t padding = l.layout.bytes_of_kind(plan::RegionKind::kPadding);
-  if (padding != 0) s << " + padding " << padding;
-  s << " = " << l.total_bytes() << " B";
-  return s.str();
-}
-
 void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit) {
-  const W4A16Layout l = W4A16Layout::make(c);
-  FP4MOE_CHECK(l.valid()) << kKernel << ": config " << w4a16_config_name(c) << " cannot be built: "
-                          << l.invalid_reason;
-  FP4MOE_CHECK(l.total_bytes() <= smem_limit)
-      << kKernel << ": config " << w4a16_config_name(c) << " needs " << w4a16_smem_summary(c)
-      << " of shared memory > " << smem_limit << " B (the device's opt-in limit per block) by "
-      << l.total_bytes() - smem_limit << " B";
+  const std::string refusal = plan::w4a16_smem_refusal(c, smem_limit);
+  FP4MOE_CHECK(refusal.empty()) << kKernel << ": " << refusal;
 }
 
 void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {

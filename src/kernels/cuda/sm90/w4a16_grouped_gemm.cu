@@ -1,6 +1,6 @@
 // sm90_nvfp4_w4a16_grouped_gemm, version 1: the kernel and its launcher (API and design in
 // w4a16_grouped_gemm.h, register-level pieces in w4a16_fragments.h, shared memory in
-// w4a16_layout.h).
+// plan/layout_sm90_w4a16.h, the layout the planner sizes the configs with).
 //
 // One CTA computes a block_w (weight rows) x block_t (tokens) output tile of one expert over the
 // whole K. blockIdx.y picks the weight tile, blockIdx.x the work item: the (expert, token tile)
@@ -27,7 +27,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
-#include "kernels/cuda/sm90/w4a16_layout.h"
+#include "plan/layout_sm90_w4a16.h"
 
 namespace fp4moe::cuda::sm90 {
 

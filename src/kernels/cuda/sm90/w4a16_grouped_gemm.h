@@ -22,9 +22,21 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/cuda/sm90/w4a16_layout.h"
+#include "plan/layout_sm90_w4a16.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::cuda::sm90 {
+
+// The configs and the shared-memory layout are the planner's (plan/layout_sm90_w4a16.h): one
+// definition for the kernel's carve, the launcher's request and `fp4moe plan`.
+using plan::kNumW4A16Configs;
+using plan::kSm90SmemOptinBytes;
+using plan::kW4A16Configs;
+using plan::w4a16_config_name;
+using plan::w4a16_ctas_per_sm;
+using plan::w4a16_smem_summary;
+using plan::W4A16Config;
+using plan::W4A16Layout;
 
 // All pointers are device memory, row-major, experts stacked:
 struct W4A16GroupedGemmArgs {
@@ -41,20 +53,19 @@ struct W4A16GroupedGemmArgs {
 // The shipped configurations, in kW4A16Configs order (the config id is the index).
 int w4a16_num_configs();
 const W4A16Config& w4a16_config(int config_id);  // throws naming the id and the count
-// "w4a16_swapab_m128n16k256_s4"
-std::string w4a16_config_name(const W4A16Config& c);
+// w4a16_config_name(c): "w4a16_swapab_m128n16k256_s4" (plan/w4a16_smem.h)
 std::vector<std::string> w4a16_config_names();
 // The id of a shipped config by name; throws listing the names.
 int w4a16_config_id(std::string_view name);
 
-// Byte breakdown: "4 stages x (x_tile 8192 + w_packed 16384 + w_scales 2048) + epilogue 4352 = 110976 B".
-std::string w4a16_smem_summary(const W4A16Config& c);
+// w4a16_smem_summary(c): "4 stages x (x_tile 8192 + w_packed 16384 + w_scales 2048) + epilogue 4352 = 110848 B"
 
 // Throws fp4moe::Error unless `c` builds and its layout fits `smem_limit` bytes (the device's
 // opt-in maximum per block), e.g.
-//   "sm90_nvfp4_w4a16_grouped_gemm: config w4a16_swapab_m128n64k256_s6 needs 6 stages x (...) = 313216 B
-//    of shared memory > 232448 B (the device's opt-in limit per block) by 80768 B"
-// Needs no GPU.
+//   "sm90_nvfp4_w4a16_grouped_gemm: config w4a16_swapab_m128n64k256_s6 needs 6 stages x (...) = 324608 B
+//    of shared memory > 232448 B (the device's opt-in limit per block) by 92160 B"
+// The message is plan::w4a16_smem_refusal's (the planner rejects a config with the same
+// computation). Needs no GPU.
 void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit);
 
 // Throws fp4moe::Error naming the numbers unless the problem can run with config `c`: k > 0 and

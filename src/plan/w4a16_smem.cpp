@@ -1,0 +1,41 @@
+// Config names, byte summaries and the refusal message of sm90_nvfp4_w4a16_grouped_gemm (see
+// w4a16_smem.h). Tested by tests/plan/test_layouts.cpp and tests/kernels/test_cuda_w4a16_host.cpp.
+#include "plan/w4a16_smem.h"
+
+#include <sstream>
+
+namespace fp4moe::plan {
+
+std::string w4a16_config_name(const W4A16Config& c) {
+  return "w4a16_swapab_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "k" +
+         std::to_string(c.block_k) + "_s" + std::to_string(c.stages);
+}
+
+std::string w4a16_smem_summary(const W4A16Config& c) {
+  const W4A16Layout l = W4A16Layout::make(c);
+  std::ostringstream s;
+  if (!l.valid()) {
+    s << "invalid config (" << l.invalid_reason << ")";
+    return s.str();
+  }
+  s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_packed " << l.w_packed_bytes
+    << " + w_scales " << l.w_scales_bytes << ") + epilogue " << l.epilogue_bytes;
+  const uint32_t padding = l.layout.bytes_of_kind(RegionKind::kPadding);
+  if (padding != 0) s << " + padding " << padding;
+  s << " = " << l.total_bytes() << " B";
+  return s.str();
+}
+
+std::string w4a16_smem_refusal(const W4A16Config& c, uint32_t smem_limit) {
+  const W4A16Layout l = W4A16Layout::make(c);
+  std::ostringstream s;
+  if (!l.valid()) {
+    s << "config " << w4a16_config_name(c) << " cannot be built: " << l.invalid_reason;
+  } else if (l.total_bytes() > smem_limit) {
+    s << "config " << w4a16_config_name(c) << " needs " << w4a16_smem_summary(c) << " of shared memory > "
+      << smem_limit << " B (the device's opt-in limit per block) by " << l.total_bytes() - smem_limit << " B";
+  }
+  return s.str();
+}
+
+}  // namespace fp4moe::plan
