@@ -24,7 +24,11 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
   -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
   -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 \
   || { cat "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$jobs" > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+# -k 0: build everything that can be built, so one broken target does not hide the other results.
+if ! cmake --build build-gpu -j "$jobs" -- -k 0 > "$out/build.log" 2>&1; then
+  status=1
+  echo "BUILD FAILURES:"; grep -E "^FAILED|error" "$out/build.log" | head -20
+fi
 grep -iE "spill|local memory" "$out/build.log" | head -5
 
 step "tests (all labels)"
