@@ -1,9 +1,10 @@
 // `fp4moe generate`: loads a model on the CPU (checkpoint, or --load-format dummy), prefills the
 // prompt ids (or the --prompt text, tokenized with the directory's tokenizer.json) and decodes
-// token by token through the KV cache, greedy or with temperature / top-p sampling.
+// token by token through the KV cache, greedy or sampled with engine::Sampler (temperature, top-k,
+// top-p, min-p; the serving engine's sampler).
 //
 //   fp4moe generate --model DIR --prompt-ids 1,2,3 [--max-new-tokens N]
-//       [--greedy | --temperature T --top-p P --seed S] [--dump-logits FILE.safetensors] [--json]
+//       [--greedy | --temperature T --top-k K --top-p P --min-p M --seed S] [--dump-logits FILE.safetensors] [--json]
 //       [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--dummy-seed S] [--ignore-eos]
 //
 // Prints the generated ids (and their text when DIR has tokenizer.json). --dump-logits writes
@@ -15,11 +16,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <filesystem>
-#include <numeric>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "format/safetensors.h"
 #include "model/ops.h"
@@ -43,7 +42,9 @@ struct GenerateArgs {
   int64_t max_new_tokens = 16;
   bool greedy = false;
   std::optional<double> temperature;
+  int64_t top_k = -1;
   double top_p = 1.0;
+  double min_p = 0.0;
   uint64_t seed = 0;
   std::string dump_logits;
   bool json = false;
@@ -75,34 +76,6 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   }
   FP4MOE_CHECK(!ids.empty()) << "--prompt-ids is empty";
   return ids;
-}
-
-// Temperature + nucleus sampling: softmax(logits / T) in f64, keep the smallest set of most likely
-// tokens whose probability reaches top_p (at least one), renormalize, draw.
-int32_t sample(const float* logits, int64_t vocab, double temperature, double top_p, std::mt19937_64& rng) {
-  std::vector<double> p(static_cast<size_t>(vocab));
-  const float mx = *std::max_element(logits, logits + vocab);
-  for (int64_t i = 0; i < vocab; ++i) p[static_cast<size_t>(i)] = std::exp((logits[i] - mx) / temperature);
-  const double sum = std::accumulate(p.begin(), p.end(), 0.0);
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-  double cum = 0.0;
-  size_t keep = 0;
-  while (keep < order.size()) {
-    cum += p[static_cast<size_t>(order[keep])] / sum;
-    ++keep;
-    if (cum >= top_p) break;
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += p[static_cast<size_t>(order[i])];
-  std::uniform_real_distribution<double> u(0.0, kept);
-  double r = u(rng);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= p[static_cast<size_t>(order[i])];
-    if (r <= 0.0) return order[i];
-  }
-  return order[keep - 1];
 }
 
 std::string join_ids(const std::vector<int32_t>& ids) {
@@ -154,10 +127,19 @@ void run_generate(const GenerateArgs& a) {
 
   const bool dump = !a.dump_logits.empty();
   std::vector<float> dumped;  // [positions, V]
-  std::mt19937_64 rng(a.seed);
+  engine::SamplingParams sp;
+  sp.temperature = greedy ? 0.0 : *a.temperature;
+  sp.top_k = a.top_k;
+  sp.top_p = a.top_p;
+  sp.min_p = a.min_p;
+  sp.max_new_tokens = a.max_new_tokens;
+  sp.validate(V);
+  engine::Sampler sampler(sp, V, a.seed);
   auto choose = [&](const float* logits) {
-    return greedy ? static_cast<int32_t>(model::argmax(logits, V))
-                  : sample(logits, V, *a.temperature, a.top_p, rng);
+    if (greedy) return static_cast<int32_t>(model::argmax(logits, V));
+    const int32_t id = sampler.sample(logits).id;
+    sampler.accept(id);
+    return id;
   };
   auto is_eos = [&](int32_t t) {
     return !a.ignore_eos && std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), t) != cfg.eos_token_ids.end();
@@ -212,7 +194,8 @@ void run_generate(const GenerateArgs& a) {
     if (text) j["text"] = *text;
     j["stop_reason"] = stop_reason;
     j["sampling"] = greedy ? nlohmann::json{{"greedy", true}}
-                           : nlohmann::json{{"temperature", *a.temperature}, {"top_p", a.top_p}, {"seed", a.seed}};
+                           : nlohmann::json{{"temperature", *a.temperature}, {"top_k", a.top_k}, {"top_p", a.top_p},
+                                            {"min_p", a.min_p}, {"seed", a.seed}};
     j["timing"] = {{"load_s", load_s}, {"prefill_s", prefill_s}, {"prefill_tokens", prompt.size()},
                    {"decode_s", decode_s}, {"decode_steps", n_decode_steps}, {"decode_tokens_per_s", tok_s}};
     if (dump) j["dump_logits"] = a.dump_logits;
@@ -236,7 +219,9 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate (default 16)");
   cmd->add_flag("--greedy", args->greedy, "Greedy decoding (the default)");
   cmd->add_option("--temperature", args->temperature, "Sampling temperature (0 = greedy)");
+  cmd->add_option("--top-k", args->top_k, "Keep the K most likely tokens (default -1: off)");
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling threshold in (0, 1] (default 1)");
+  cmd->add_option("--min-p", args->min_p, "Drop tokens below min_p * p_max, in [0, 1] (default 0)");
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write F32 logits [positions, vocab] of every prompt position and decode step (safetensors)");

@@ -1,0 +1,621 @@
+// engine::Engine: continuous batching over CausalLM::forward (see engine.h for the step and the
+// KV policy). Output streaming (stop strings, incremental text) lives in request_state.cpp.
+// Tested by tests/engine/test_scheduler.cpp and tests/engine/test_engine_models.cpp.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "engine/kv_blocks.h"
+#include "engine/request_state.h"
+
+namespace fp4moe::engine {
+
+using Clock = std::chrono::steady_clock;
+
+SchedulePolicy parse_schedule_policy(const std::string& s) {
+  if (s == "fcfs") return SchedulePolicy::kFcfs;
+  FP4MOE_FAIL() << "schedule policy \"" << s << "\" is not one of: fcfs";
+  return SchedulePolicy::kFcfs;
+}
+
+const char* to_string(SchedulePolicy p) {
+  switch (p) {
+    case SchedulePolicy::kFcfs: return "fcfs";
+  }
+  return "?";
+}
+
+const char* to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+const char* to_string(RejectKind k) {
+  switch (k) {
+    case RejectKind::kQueueFull: return "queue_full";
+    case RejectKind::kTooLong: return "too_long";
+    case RejectKind::kBadParam: return "bad_param";
+    case RejectKind::kShuttingDown: return "shutting_down";
+  }
+  return "?";
+}
+
+void EngineOptions::validate() const {
+  FP4MOE_CHECK(max_running_requests >= 1) << "max_running_requests " << max_running_requests << " must be >= 1";
+  FP4MOE_CHECK(page_size >= 1) << "page_size " << page_size << " must be >= 1";
+  FP4MOE_CHECK(max_total_tokens >= page_size) << "max_total_tokens " << max_total_tokens
+                                              << " must hold at least one page of " << page_size << " tokens";
+  FP4MOE_CHECK(max_prefill_tokens >= 1) << "max_prefill_tokens " << max_prefill_tokens << " must be >= 1";
+  FP4MOE_CHECK(num_continuous_decode_steps >= 1)
+      << "num_continuous_decode_steps " << num_continuous_decode_steps << " must be >= 1";
+  FP4MOE_CHECK(max_queued_requests >= 1) << "max_queued_requests " << max_queued_requests << " must be >= 1";
+  FP4MOE_CHECK(context_length >= 0) << "context_length " << context_length << " must be >= 0 (0 = the model's)";
+}
+
+Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+namespace {
+
+EngineStats empty_stats() {
+  EngineStats s;
+  const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0};
+  s.ttft_s = Histogram(latency);
+  s.e2e_s = Histogram(latency);
+  s.inter_token_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0});
+  s.decode_batch_size = Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512});
+  return s;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Engine* self;
+  std::unique_ptr<model::CausalLM> model;
+  int64_t vocab = 0;
+  int64_t context_length = 0;
+  std::vector<TokenId> eos_ids;
+
+  // Guarded by mu: what other threads touch.
+  mutable std::mutex mu;
+  std::condition_variable work_cv;      // wakes the inference thread
+  std::condition_variable progress_cv;  // a step completed (health probe)
+  std::deque<std::unique_ptr<RequestState>> pending;  // submitted, not yet seen by the scheduler
+  std::unordered_set<RequestId> live;                 // submitted and not finished
+  std::unordered_set<RequestId> abort_ids;
+  RequestId next_id = 1;
+  bool accepting = true;
+  bool stop = false;
+  bool drain = true;
+  bool started = false;
+  std::atomic<bool> ready{false};
+  int64_t n_waiting_owned = 0;  // waiting.size(), published for submit's queue bound
+  int64_t n_running_owned = 0;
+  EngineStats stats;
+
+  // Owned by the inference thread (or the manual-mode caller).
+  std::deque<std::unique_ptr<RequestState>> waiting;
+  std::vector<std::unique_ptr<RequestState>> running;  // admission order: oldest first
+  KvBlockAllocator blocks;
+  int64_t step_index = 0;
+  std::map<int64_t, std::vector<int64_t>> expert_tokens;  // moe layer -> per-expert tokens
+  std::thread thread;
+
+  Impl(Engine* e, std::unique_ptr<model::CausalLM> m, const EngineOptions& o)
+      : self(e), model(std::move(m)), blocks(o.max_total_tokens, o.page_size) {
+    FP4MOE_CHECK(model != nullptr) << "Engine needs a model (got nullptr)";
+    const model::ModelConfig& cfg = model->config();
+    vocab = cfg.vocab_size;
+    context_length = o.context_length > 0 ? o.context_length : cfg.max_position_embeddings;
+    FP4MOE_CHECK(context_length >= 2) << "context length " << context_length << " must be >= 2";
+    for (int64_t t : cfg.eos_token_ids) eos_ids.push_back(static_cast<TokenId>(t));
+    stats = empty_stats();
+    stats.kv_total_tokens = blocks.capacity_tokens();
+    stats.page_size = blocks.page_size();
+  }
+
+  const EngineOptions& opt() const { return self->options_; }
+
+  // ---- scheduling (inference thread) ----
+
+  void finish(std::unique_ptr<RequestState>& r, FinishReason reason, const std::string& error = {},
+              RequestOutput base = {}) {
+    blocks.release(r->blocks);
+    r->kv.reset();
+    RequestOutput out = r->finish(reason, error, Clock::now(), std::move(base));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      live.erase(r->id);
+      abort_ids.erase(r->id);
+      ++stats.requests_finished_total;
+      if (reason == FinishReason::kAbort) ++stats.requests_aborted_total;
+      stats.e2e_s.observe(out.finished->timings.e2e_s);
+    }
+    r->emit(out);
+    r.reset();
+  }
+
+  // Moves submitted requests into `waiting` and finishes aborted ones.
+  void take_pending_and_aborts() {
+    std::unordered_set<RequestId> aborts;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      while (!pending.empty()) {
+        waiting.push_back(std::move(pending.front()));
+        pending.pop_front();
+      }
+      aborts = abort_ids;
+    }
+    if (aborts.empty()) return;
+    for (auto& r : waiting) {
+      if (aborts.count(r->id)) finish(r, FinishReason::kAbort);
+    }
+    for (auto& r : running) {
+      if (aborts.count(r->id)) finish(r, FinishReason::kAbort);
+    }
+    compact();
+  }
+
+  void compact() {
+    waiting.erase(std::remove(waiting.begin(), waiting.end(), nullptr), waiting.end());
+    running.erase(std::remove(running.begin(), running.end(), nullptr), running.end());
+  }
+
+  bool pending_work() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !pending.empty() || !abort_ids.empty();
+  }
+
+  // Preempts the newest running request by recompute: frees its blocks and KV, requeues it first.
+  void preempt_newest() {
+    std::unique_ptr<RequestState> r = std::move(running.back());
+    running.pop_back();
+    blocks.release(r->blocks);
+    r->kv.reset();
+    r->preempt();
+    waiting.push_front(std::move(r));
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.preemptions_total;
+  }
+
+  struct Planned {
+    RequestState* req;
+    int64_t n_tokens;
+  };
+
+  // One step: schedule (admit unless `continuous`), forward, sample, stream. Returns false when
+  // nothing ran.
+  bool run_step(bool continuous, int64_t* n_decode_out) {
+    take_pending_and_aborts();
+    int64_t n_preempted = 0;
+    std::vector<Planned> plan;
+    int64_t prefill_budget = opt().max_prefill_tokens;
+    const int64_t chunk_cap = opt().chunked_prefill_size > 0 ? opt().chunked_prefill_size : INT64_MAX;
+
+    // Running requests, oldest first: a decode token each, or their next prefill chunk (whose
+    // blocks were reserved at admission). The newest gives way when blocks run out.
+    for (size_t i = 0; i < running.size(); ++i) {
+      RequestState* r = running[i].get();
+      if (r->in_prefill()) {
+        if (continuous) continue;
+        const int64_t n = std::min({r->remaining_prefill(), chunk_cap, prefill_budget});
+        if (n <= 0) continue;
+        prefill_budget -= n;
+        plan.push_back({r, n});
+        continue;
+      }
+      while (!blocks.reserve(r->blocks, r->kv_length() + 1)) {
+        FP4MOE_CHECK(running.size() > 0) << "no running request to preempt";
+        const bool self_victim = running.back().get() == r;
+        // Drop the victim's planned work before freeing it.
+        RequestState* victim = running.back().get();
+        plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == victim; }),
+                   plan.end());
+        preempt_newest();
+        ++n_preempted;
+        if (self_victim) break;
+      }
+      if (i >= running.size() || running[i].get() != r) break;  // r itself was preempted
+      plan.push_back({r, 1});
+    }
+
+    // Admit waiting requests FCFS while slots, prefill budget and blocks allow. The whole prefill
+    // (prompt + generated, + 1 for the first sampled token) must fit in free blocks.
+    if (!continuous) {
+      while (!waiting.empty() && static_cast<int64_t>(running.size()) < opt().max_running_requests &&
+             prefill_budget > 0) {
+        RequestState* r = waiting.front().get();
+        if (!blocks.reserve(r->blocks, r->n_all_tokens() + 1)) break;
+        r->kv = model->new_state();
+        r->admitted(Clock::now());
+        const int64_t n = std::min({r->remaining_prefill(), chunk_cap, prefill_budget});
+        prefill_budget -= n;
+        plan.push_back({r, n});
+        if (!r->counted_prompt) {
+          r->counted_prompt = true;
+          std::lock_guard<std::mutex> lock(mu);
+          stats.prompt_tokens_total += static_cast<uint64_t>(r->prompt.size());
+        }
+        running.push_back(std::move(waiting.front()));
+        waiting.pop_front();
+      }
+    }
+    publish_counts();
+    if (plan.empty()) return false;
+
+    // One forward over every chunk.
+    std::vector<model::SeqChunk> chunks;
+    std::vector<std::vector<float>> logits(plan.size());
+    chunks.reserve(plan.size());
+    StepInfo info;
+    info.step = step_index++;
+    info.continuous = continuous;
+    info.n_preempted = n_preempted;
+    int64_t n_tokens = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      RequestState* r = plan[i].req;
+      const bool decode = !r->in_prefill();
+      if (decode) {
+        ++info.n_decode_requests;
+      } else {
+        ++info.n_prefill_requests;
+        info.n_prefill_tokens += plan[i].n_tokens;
+      }
+      const bool last = r->kv_length() + plan[i].n_tokens == r->n_all_tokens();
+      if (last) logits[i].resize(static_cast<size_t>(vocab));
+      chunks.push_back({r->kv.get(), r->tokens_from(r->kv_length(), plan[i].n_tokens),
+                        last ? logits[i].data() : nullptr, false});
+      n_tokens += plan[i].n_tokens;
+    }
+    model::ForwardTrace trace;
+    const auto t0 = Clock::now();
+    try {
+      model->forward(chunks, &trace);
+    } catch (const std::exception& e) {
+      // The states are unchanged; the requests of this step cannot continue.
+      const std::string msg = std::string("forward of step ") + std::to_string(info.step) + " (" +
+                              std::to_string(plan.size()) + " sequences, " + std::to_string(n_tokens) +
+                              " tokens) failed: " + e.what();
+      for (const Planned& p : plan) {
+        for (auto& r : running) {
+          if (r.get() == p.req) finish(r, FinishReason::kError, msg);
+        }
+      }
+      compact();
+      publish_counts();
+      return true;
+    }
+    const auto t1 = Clock::now();
+    info.forward_s = std::chrono::duration<double>(t1 - t0).count();
+
+    // Sample, stream, finish.
+    for (size_t i = 0; i < plan.size(); ++i) {
+      RequestState* r = plan[i].req;
+      if (logits[i].empty()) continue;
+      const int64_t before = static_cast<int64_t>(r->generated.size());
+      RequestOutput out = r->on_logits(logits[i].data(), t1, eos_ids, context_length);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);
+        if (before == 0) stats.ttft_s.observe(r->ttft_s());
+        if (before > 0) stats.inter_token_s.observe(r->last_inter_token_s());
+      }
+      if (r->finish_reason()) {
+        for (auto& q : running) {
+          if (q.get() == r) finish(q, *r->finish_reason(), {}, std::move(out));  // one event: token + finished
+        }
+      } else {
+        r->emit(out);
+      }
+    }
+    compact();
+
+    info.n_running = static_cast<int64_t>(running.size());
+    info.n_waiting = static_cast<int64_t>(waiting.size());
+    info.kv_used_tokens = blocks.n_used() * blocks.page_size();
+    for (const model::MoeLayerTrace& t : trace.moe_layers) {
+      std::vector<int64_t>& acc = expert_tokens[t.layer];
+      if (acc.size() < t.tokens_per_expert.size()) acc.resize(t.tokens_per_expert.size(), 0);
+      for (size_t e = 0; e < t.tokens_per_expert.size(); ++e) acc[e] += t.tokens_per_expert[e];
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.steps_total;
+      if (continuous) ++stats.continuous_steps_total;
+      stats.forward_tokens_total += static_cast<uint64_t>(n_tokens);
+      stats.forward_seconds_total += info.forward_s;
+      if (info.n_decode_requests > 0) stats.decode_batch_size.observe(static_cast<double>(info.n_decode_requests));
+      stats.moe_layers.clear();
+      stats.expert_tokens.clear();
+      for (const auto& [layer, counts] : expert_tokens) {
+        stats.moe_layers.push_back(layer);
+        stats.expert_tokens.push_back(counts);
+      }
+    }
+    publish_counts();
+    progress_cv.notify_all();
+    if (opt().step_observer) opt().step_observer(info);
+    if (n_decode_out) *n_decode_out = info.n_prefill_requests == 0 ? info.n_decode_requests : 0;
+    return true;
+  }
+
+  void publish_counts() {
+    std::lock_guard<std::mutex> lock(mu);
+    n_waiting_owned = static_cast<int64_t>(waiting.size());
+    n_running_owned = static_cast<int64_t>(running.size());
+    stats.n_running = n_running_owned;
+    stats.n_waiting = n_waiting_owned + static_cast<int64_t>(pending.size());
+    stats.kv_used_tokens = blocks.n_used() * blocks.page_size();
+  }
+
+  // A scheduled step, then up to N - 1 decode-only steps while nothing waits and every running
+  // request is decoding (a new request's first token is delayed by at most one step).
+  bool scheduled_step() {
+    int64_t n_decode = 0;
+    if (!run_step(false, &n_decode)) return false;
+    for (int64_t k = 1; k < opt().num_continuous_decode_steps && n_decode > 0; ++k) {
+      if (!waiting.empty() || pending_work() || running.empty()) break;
+      bool all_decoding = true;
+      for (const auto& r : running) all_decoding = all_decoding && !r->in_prefill();
+      if (!all_decoding) break;
+      n_decode = 0;
+      if (!run_step(true, &n_decode)) break;
+    }
+    return true;
+  }
+
+  void abort_everything() {
+    take_pending_and_aborts();
+    for (auto& r : running) finish(r, FinishReason::kAbort);
+    for (auto& r : waiting) finish(r, FinishReason::kAbort);
+    running.clear();
+    waiting.clear();
+    publish_counts();
+  }
+
+  void warm_up() {
+    auto state = model->new_state();
+    const TokenId t = 0;
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    model::SeqChunk c{state.get(), std::span<const TokenId>(&t, 1), logits.data(), false};
+    model->forward(std::span<const model::SeqChunk>(&c, 1));
+  }
+
+  void loop() {
+    try {
+      warm_up();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fp4moe engine: warm-up forward failed: %s\n", e.what());
+    }
+    ready = true;
+    while (true) {
+      const bool busy = !waiting.empty() || !running.empty();
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (!busy) work_cv.wait(lock, [&] { return stop || !pending.empty() || !abort_ids.empty(); });
+        if (stop && !drain) break;
+        if (stop && drain && !busy && pending.empty()) break;
+      }
+      try {
+        // Nothing schedulable while busy cannot happen (submit() rejects what can never fit and
+        // an empty batch frees every block); should it, do not spin.
+        if (!scheduled_step() && busy) {
+          std::unique_lock<std::mutex> lock(mu);
+          work_cv.wait_for(lock, std::chrono::milliseconds(1));
+        }
+      } catch (const std::exception& e) {
+        // A scheduling bug: fail every request rather than hang their clients.
+        std::fprintf(stderr, "fp4moe engine: step failed: %s\n", e.what());
+        for (auto& r : running) finish(r, FinishReason::kError, e.what());
+        for (auto& r : waiting) finish(r, FinishReason::kError, e.what());
+        running.clear();
+        waiting.clear();
+        publish_counts();
+      }
+    }
+    abort_everything();
+    ready = false;
+  }
+};
+
+Engine::Engine(EngineOptions options, std::unique_ptr<model::CausalLM> model, std::shared_ptr<const Tokenizer> tokenizer)
+    : options_(std::move(options)), tokenizer_(std::move(tokenizer)) {
+  options_.validate();
+  impl_ = std::make_unique<Impl>(this, std::move(model), options_);
+}
+
+Engine::~Engine() {
+  try {
+    shutdown(false);
+  } catch (...) {
+  }
+}
+
+void Engine::start() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  FP4MOE_CHECK(!impl_->started) << "Engine::start() called twice";
+  FP4MOE_CHECK(!impl_->stop) << "Engine::start() after shutdown()";
+  impl_->started = true;
+  impl_->thread = std::thread([this] { impl_->loop(); });
+}
+
+void Engine::shutdown(bool drain) {
+  bool started = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->accepting = false;
+    if (!impl_->stop) {
+      impl_->stop = true;
+      impl_->drain = drain;
+    } else if (!drain) {
+      impl_->drain = false;
+    }
+    started = impl_->started;
+  }
+  impl_->work_cv.notify_all();
+  if (started) {
+    if (impl_->thread.joinable()) impl_->thread.join();
+  } else {
+    if (drain) run_until_idle();
+    impl_->abort_everything();
+  }
+}
+
+SubmitResult Engine::submit(Request request, OutputCallback callback) {
+  SubmitResult res;
+  auto reject = [&](RejectKind kind, std::string msg) {
+    res.rejection = Rejection{kind, std::move(msg)};
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->stats.requests_rejected_total;
+    return res;
+  };
+  const int64_t n_prompt = static_cast<int64_t>(request.prompt_ids.size());
+  if (n_prompt == 0) return reject(RejectKind::kBadParam, "prompt is empty (0 tokens); give at least 1 token");
+  for (int64_t i = 0; i < n_prompt; ++i) {
+    const TokenId t = request.prompt_ids[static_cast<size_t>(i)];
+    if (t < 0 || t >= impl_->vocab) {
+      return reject(RejectKind::kBadParam, "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
+                                               " is outside the vocabulary [0, " + std::to_string(impl_->vocab) + ")");
+    }
+  }
+  try {
+    request.sampling.validate(impl_->vocab);
+  } catch (const Error& e) {
+    return reject(RejectKind::kBadParam, e.what());
+  }
+  const int64_t total = n_prompt + request.sampling.max_new_tokens;
+  if (total > impl_->context_length) {
+    return reject(RejectKind::kTooLong, "prompt " + std::to_string(n_prompt) + " tokens + max_new_tokens " +
+                                            std::to_string(request.sampling.max_new_tokens) + " = " +
+                                            std::to_string(total) + " tokens > context length " +
+                                            std::to_string(impl_->context_length));
+  }
+  const int64_t kv_cap = impl_->blocks.capacity_tokens();
+  if (total > kv_cap) {
+    return reject(RejectKind::kTooLong, "prompt " + std::to_string(n_prompt) + " tokens + max_new_tokens " +
+                                            std::to_string(request.sampling.max_new_tokens) + " = " +
+                                            std::to_string(total) + " tokens > KV capacity " + std::to_string(kv_cap) +
+                                            " tokens (max_total_tokens " + std::to_string(options_.max_total_tokens) +
+                                            ", page_size " + std::to_string(options_.page_size) + ")");
+  }
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (!impl_->accepting) {
+      lock.unlock();
+      return reject(RejectKind::kShuttingDown, "the engine is shutting down and accepts no new requests");
+    }
+    const int64_t queued = impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size());
+    if (queued >= options_.max_queued_requests) {
+      lock.unlock();
+      return reject(RejectKind::kQueueFull, "waiting queue is full: " + std::to_string(queued) +
+                                                " requests waiting (max_queued_requests " +
+                                                std::to_string(options_.max_queued_requests) + ")");
+    }
+    res.id = impl_->next_id++;
+    const uint64_t seed = request.sampling.seed ? *request.sampling.seed : splitmix64(res.id);
+    impl_->pending.push_back(std::make_unique<RequestState>(res.id, std::move(request), std::move(callback),
+                                                            tokenizer_.get(), impl_->vocab, seed, Clock::now()));
+    impl_->live.insert(res.id);
+    ++impl_->stats.requests_submitted_total;
+    impl_->stats.n_waiting = impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size());
+  }
+  impl_->work_cv.notify_one();
+  return res;
+}
+
+bool Engine::abort(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->live.count(id)) return false;
+    impl_->abort_ids.insert(id);
+  }
+  impl_->work_cv.notify_one();
+  return true;
+}
+
+bool Engine::is_ready() const { return impl_->ready.load(); }
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  EngineStats s = impl_->stats;
+  s.ready = impl_->ready.load();
+  return s;
+}
+
+bool Engine::run_health_probe(std::chrono::milliseconds timeout) {
+  if (!is_ready()) return false;
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    const bool busy = impl_->n_running_owned + impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size()) > 0;
+    if (busy) {
+      const uint64_t steps = impl_->stats.steps_total;
+      return impl_->progress_cv.wait_for(lock, timeout, [&] { return impl_->stats.steps_total != steps; });
+    }
+  }
+  auto done = std::make_shared<std::promise<bool>>();
+  Request probe;
+  probe.prompt_ids = {0};
+  probe.sampling.max_new_tokens = 1;
+  probe.sampling.temperature = 0.0;
+  probe.sampling.ignore_eos = true;
+  SubmitResult r = submit(std::move(probe), [done](const RequestOutput& out) {
+    if (out.finished) done->set_value(out.finished->reason == FinishReason::kLength ||
+                                      out.finished->reason == FinishReason::kStop);
+  });
+  if (!r.ok()) return r.rejection->kind == RejectKind::kQueueFull;  // overloaded, but alive
+  std::future<bool> f = done->get_future();
+  if (f.wait_for(timeout) != std::future_status::ready) {
+    abort(r.id);
+    return false;
+  }
+  return f.get();
+}
+
+bool Engine::step() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    FP4MOE_CHECK(!impl_->started) << "Engine::step() is for manual mode; start() was called";
+  }
+  impl_->ready = true;
+  return impl_->scheduled_step();
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+const model::ModelConfig& Engine::model_config() const { return impl_->model->config(); }
+int64_t Engine::context_length() const { return impl_->context_length; }
+int64_t Engine::kv_capacity_tokens() const { return impl_->blocks.capacity_tokens(); }
+
+}  // namespace fp4moe::engine

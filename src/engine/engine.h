@@ -1,0 +1,243 @@
+// engine::Engine: the serving engine. One inference thread owns the model, the per-sequence KV states,
+// the KV block accounting and the running batch; other threads talk to it only through submit(),
+// abort(), stats() and run_health_probe(), which touch mutex-guarded queues and snapshots.
+//
+//   auto engine = std::make_unique<Engine>(EngineOptions{}, make_default_model(), make_default_tokenizer());
+//   engine->start();
+//   SubmitResult r = engine->submit({prompt_ids, sampling}, [](const RequestOutput& out) { ... });
+//   if (!r.ok()) reply_error(r.rejection->kind, r.rejection->message);
+//   ...
+//   engine->shutdown(/*drain=*/true);
+//
+// Each step (continuous batching, SGLang's levers, ../shared/spec/serving-anchors.md):
+//   1. drop aborted requests (their KV blocks are freed);
+//   2. admit waiting requests FCFS while max_running_requests and the KV blocks allow; a prompt is
+//      prefilled in chunks of at most chunked_prefill_size tokens, and a step carries at most
+//      max_prefill_tokens prefill tokens over all requests;
+//   3. every running request that has finished its prefill gets one decode token;
+//   4. all of it goes through ONE CausalLM::forward, then each request samples, streams its
+//      RequestOutput (token, logprobs, incremental text) and maybe finishes.
+// After a decode-only step, up to num_continuous_decode_steps - 1 further decode-only steps run back
+// to back without admitting anything, but only while nothing waits, no abort is pending and no
+// running request is mid-prefill (checked before each extra step), so a request that arrives during
+// such a run is admitted at the next step: its first token is delayed by at most one decode step
+// (StepInfo::continuous shows which steps ran unscheduled).
+//
+// KV memory: the CPU model keeps each sequence's KV contiguous (model/kv_cache.h); the engine's
+// KvBlockAllocator (kv_blocks.h) is the accounting that bounds it: max_total_tokens tokens in
+// blocks of page_size tokens. A request holds ceil(tokens_in_kv / page_size) blocks and reserves the
+// next block before a step writes into it. When blocks run out, waiting requests stay waiting; when
+// a running request cannot grow, the newest running request is preempted by recompute (its blocks
+// and KV state are freed, it goes back to the front of the waiting queue with prompt + generated
+// tokens as its new prompt; streamed output is unchanged, greedy outputs identical).
+// A request whose prompt + max_new_tokens exceeds the KV capacity or the context length is rejected
+// at submit() with both numbers.
+//
+// Tested by tests/engine/test_scheduler.cpp (on a scripted model: batching, chunking, KV waits,
+// preemption, aborts, rejections, continuous decode gating, stop strings, the threaded engine),
+// test_engine_models.cpp (golden glm5_tiny / glm4_moe_tiny greedy ids through the engine, the default
+// model), test_kv_blocks.cpp and test_sampler.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "model/causal_lm.h"
+
+namespace fp4moe::engine {
+
+enum class SchedulePolicy : uint8_t { kFcfs };
+SchedulePolicy parse_schedule_policy(const std::string& s);  // "fcfs"; fails naming the value
+const char* to_string(SchedulePolicy p);
+
+// Per step, for tests and tracing (EngineOptions::step_observer, called on the inference thread).
+struct StepInfo {
+  int64_t step = 0;                 // 0, 1, 2, ... over the engine's life
+  bool continuous = false;          // an extra decode step run without re-scheduling
+  int64_t n_prefill_requests = 0;   // requests with a prefill chunk in this step
+  int64_t n_prefill_tokens = 0;     // prompt tokens forwarded
+  int64_t n_decode_requests = 0;    // requests advanced by one decode token
+  int64_t n_waiting = 0;            // waiting requests after scheduling this step
+  int64_t n_running = 0;            // running requests in this step
+  int64_t kv_used_tokens = 0;       // blocks in use * page_size, after the step
+  int64_t n_preempted = 0;          // requests preempted while scheduling this step
+  double forward_s = 0.0;           // wall time of the model forward
+};
+
+struct EngineOptions {
+  int64_t max_running_requests = 16;        // requests in the running batch at once
+  int64_t max_total_tokens = 32768;         // KV capacity in tokens (all requests together)
+  int64_t page_size = 16;                   // tokens per KV block
+  int64_t chunked_prefill_size = 512;       // max prompt tokens of one request per step (<= 0: no limit)
+  int64_t max_prefill_tokens = 4096;        // max prompt tokens over all requests per step
+  int64_t num_continuous_decode_steps = 1;  // decode steps back to back without re-scheduling
+  int64_t max_queued_requests = 1024;       // waiting-queue bound (submit rejects with kQueueFull)
+  int64_t context_length = 0;               // max prompt + generated tokens; 0 = model's max_position_embeddings
+  SchedulePolicy schedule_policy = SchedulePolicy::kFcfs;
+  std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
+
+  void validate() const;  // fails naming the field and its value
+};
+
+using RequestId = uint64_t;
+
+struct Request {
+  std::vector<TokenId> prompt_ids;  // >= 1 token
+  SamplingParams sampling;
+};
+
+// One sampled token as streamed.
+struct GeneratedToken {
+  TokenId id = 0;
+  float logprob = 0.0f;                       // of the chosen token (when sampling.logprobs)
+  std::vector<TokenLogprob> top_logprobs;     // sampling.top_logprobs entries, most likely first
+  double time_s = 0.0;                        // seconds since submit when it was sampled
+};
+
+enum class FinishReason : uint8_t {
+  kStop,    // eos / stop token / stop string
+  kLength,  // max_new_tokens or the context length
+  kAbort,   // abort() or shutdown without drain
+  kError,   // the forward failed (message in Finish::error)
+};
+const char* to_string(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+struct Timings {
+  double queue_s = 0.0;                 // submit -> first scheduled
+  double ttft_s = 0.0;                  // submit -> first token (0 when none)
+  double e2e_s = 0.0;                   // submit -> finished
+  std::vector<double> token_times_s;    // per generated token, seconds since submit
+};
+
+struct Finish {
+  FinishReason reason = FinishReason::kStop;
+  std::optional<TokenId> matched_stop_token;    // eos or a stop_token_ids entry
+  std::optional<std::string> matched_stop_str;  // the stop string that ended it
+  std::string error;                            // kError only
+  Usage usage;
+  Timings timings;
+  int64_t n_preemptions = 0;
+};
+
+// What a callback receives: zero or more new tokens with the text they complete (never text past
+// a stop string; a stop string itself is not emitted), and, in the last event, `finished`.
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<GeneratedToken> tokens;
+  std::string text;
+  std::optional<Finish> finished;
+};
+// Called on the inference thread; keep it short (queue the output); it may call abort().
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+enum class RejectKind : uint8_t { kQueueFull, kTooLong, kBadParam, kShuttingDown };
+const char* to_string(RejectKind k);  // "queue_full", "too_long", "bad_param", "shutting_down"
+
+struct Rejection {
+  RejectKind kind = RejectKind::kBadParam;
+  std::string message;  // names the field / numbers, e.g. "prompt 900 + max_new_tokens 200 = 1100 tokens > ..."
+};
+
+struct SubmitResult {
+  RequestId id = 0;
+  std::optional<Rejection> rejection;
+  bool ok() const { return !rejection.has_value(); }
+};
+
+// Cumulative-free histogram (Prometheus renders it cumulatively): counts[i] = observations <=
+// bounds[i] and > bounds[i-1]; counts.back() = above the last bound.
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;  // bounds.size() + 1
+  double sum = 0.0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> b = {});
+  void observe(double v);
+};
+
+struct EngineStats {
+  bool ready = false;
+  int64_t n_running = 0;
+  int64_t n_waiting = 0;
+  int64_t kv_used_tokens = 0;   // blocks in use * page_size
+  int64_t kv_total_tokens = 0;  // max_total_tokens rounded down to whole blocks
+  int64_t page_size = 0;
+  uint64_t prompt_tokens_total = 0;      // prompt tokens of admitted requests (first admission)
+  uint64_t generation_tokens_total = 0;  // tokens sampled
+  uint64_t requests_submitted_total = 0;
+  uint64_t requests_finished_total = 0;  // any reason
+  uint64_t requests_aborted_total = 0;
+  uint64_t requests_rejected_total = 0;
+  uint64_t preemptions_total = 0;
+  uint64_t steps_total = 0;
+  uint64_t continuous_steps_total = 0;
+  uint64_t forward_tokens_total = 0;
+  double forward_seconds_total = 0.0;
+  Histogram ttft_s;           // seconds
+  Histogram inter_token_s;    // seconds between consecutive tokens of a request
+  Histogram e2e_s;            // seconds
+  Histogram decode_batch_size;
+  // MoE routing: per MoE layer (model layer index), tokens routed to each expert so far.
+  std::vector<int64_t> moe_layers;
+  std::vector<std::vector<int64_t>> expert_tokens;  // [moe_layers.size()][n_routed_experts]
+};
+
+class Engine {
+ public:
+  Engine(EngineOptions options, std::unique_ptr<model::CausalLM> model, std::shared_ptr<const Tokenizer> tokenizer);
+  ~Engine();  // shutdown(false): what is left finishes with kAbort (callbacks run, so they must still be valid)
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts the inference thread (runs one warm-up forward first; is_ready() turns true after it).
+  void start();
+  // Stops accepting requests; drain = finish running and waiting ones first, else abort them
+  // (their callbacks get FinishReason::kAbort). Joins the thread. Idempotent.
+  void shutdown(bool drain);
+
+  // Thread-safe. Validates (bad_param), checks the lengths (too_long) and the queue (queue_full).
+  SubmitResult submit(Request request, OutputCallback callback);
+  // Thread-safe; the request finishes with kAbort at the next step and its KV is freed. False when
+  // the id is unknown or already finished.
+  bool abort(RequestId id);
+
+  bool is_ready() const;
+  EngineStats stats() const;
+  // /health_generate: true when the engine makes progress within `timeout`: if requests are
+  // running or waiting, waits for the next completed step without adding work; else runs a
+  // 1-token probe request and waits for it.
+  bool run_health_probe(std::chrono::milliseconds timeout);
+
+  // Manual mode (tests, tools): without start(), runs one scheduling step on the caller's thread
+  // (with its continuous decode steps); returns false when there was nothing to do.
+  bool step();
+  // Manual mode: steps until nothing is running or waiting.
+  void run_until_idle();
+
+  const EngineOptions& options() const { return options_; }
+  const model::ModelConfig& model_config() const;
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  std::shared_ptr<const Tokenizer> shared_tokenizer() const { return tokenizer_; }
+  int64_t context_length() const;  // options.context_length or the model's max_position_embeddings
+  int64_t kv_capacity_tokens() const;
+
+ private:
+  struct Impl;
+  EngineOptions options_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp4moe::engine

@@ -1,0 +1,158 @@
+// engine::RequestState (see request_state.h). Tested through tests/engine/test_scheduler.cpp.
+#include "engine/request_state.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace fp4moe::engine {
+
+RequestState::RequestState(RequestId id_, Request request, OutputCallback callback, const Tokenizer* tokenizer,
+                           int64_t vocab, uint64_t seed, Clock::time_point now)
+    : id(id_),
+      prompt(std::move(request.prompt_ids)),
+      sampling(std::move(request.sampling)),
+      tokens_(prompt),
+      callback_(std::move(callback)),
+      tokenizer_(tokenizer),
+      sampler_(sampling, vocab, seed),
+      t_submit_(now) {
+  if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
+  sampler_.observe_prompt(prompt);
+}
+
+std::span<const TokenId> RequestState::tokens_from(int64_t start, int64_t n) const {
+  FP4MOE_CHECK(start >= 0 && n >= 1 && start + n <= n_all_tokens())
+      << "request " << id << ": tokens [" << start << ", " << start + n << ") outside its " << n_all_tokens() << " tokens";
+  return {tokens_.data() + start, static_cast<size_t>(n)};
+}
+
+void RequestState::admitted(Clock::time_point now) {
+  if (!t_first_scheduled_) t_first_scheduled_ = now;
+  prefill_target_ = n_all_tokens();
+}
+
+void RequestState::preempt() {
+  ++n_preemptions_;
+  prefill_target_ = 0;
+}
+
+namespace {
+double secs(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+bool RequestState::stream_text(const std::string& piece, std::string& out) {
+  held_ += piece;
+  size_t best = std::string::npos;
+  const std::string* which = nullptr;
+  for (const std::string& s : sampling.stop) {
+    const size_t p = held_.find(s);
+    if (p != std::string::npos && (best == std::string::npos || p < best)) {
+      best = p;
+      which = &s;
+    }
+  }
+  if (which) {
+    out += held_.substr(0, best);
+    held_.clear();
+    matched_stop_str_ = *which;
+    return true;
+  }
+  // Keep the longest suffix that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const std::string& s : sampling.stop) {
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    }
+  }
+  out += held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return false;
+}
+
+void RequestState::flush_text(std::string& out) {
+  if (detok_ && !matched_stop_str_) {
+    if (stream_text(detok_->flush(), out)) return;
+  }
+  if (!matched_stop_str_) out += held_;
+  held_.clear();
+}
+
+RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                                      int64_t context_length) {
+  RequestOutput out;
+  out.id = id;
+  const SampleResult s = sampler_.sample(logits);
+  sampler_.accept(s.id);
+  generated.push_back(s.id);
+  tokens_.push_back(s.id);
+  token_times_s_.push_back(secs(now - t_submit_));
+  GeneratedToken g;
+  g.id = s.id;
+  g.logprob = s.logprob;
+  g.top_logprobs = s.top;
+  g.time_s = token_times_s_.back();
+  out.tokens.push_back(std::move(g));
+
+  const bool is_eos = !sampling.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), s.id) != eos_ids.end();
+  const bool is_stop_id = std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), s.id) !=
+                          sampling.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    matched_stop_token_ = s.id;
+    finish_reason_ = FinishReason::kStop;
+    return out;  // the stop token adds no text
+  }
+  if (detok_ && stream_text(detok_->push(s.id), out.text)) {
+    finish_reason_ = FinishReason::kStop;
+    return out;
+  }
+  if (static_cast<int64_t>(generated.size()) >= sampling.max_new_tokens || n_all_tokens() >= context_length) {
+    finish_reason_ = FinishReason::kLength;
+  }
+  return out;
+}
+
+RequestOutput RequestState::finish(FinishReason reason, const std::string& error, Clock::time_point now,
+                                   RequestOutput base) {
+  RequestOutput out = std::move(base);
+  out.id = id;
+  flush_text(out.text);
+  Finish f;
+  f.reason = reason;
+  f.matched_stop_token = matched_stop_token_;
+  f.matched_stop_str = matched_stop_str_;
+  f.error = error;
+  f.usage.prompt_tokens = static_cast<int64_t>(prompt.size());
+  f.usage.completion_tokens = static_cast<int64_t>(generated.size());
+  f.timings.queue_s = t_first_scheduled_ ? secs(*t_first_scheduled_ - t_submit_) : secs(now - t_submit_);
+  f.timings.ttft_s = token_times_s_.empty() ? 0.0 : token_times_s_.front();
+  f.timings.e2e_s = secs(now - t_submit_);
+  f.timings.token_times_s = token_times_s_;
+  f.n_preemptions = n_preemptions_;
+  out.finished = std::move(f);
+  return out;
+}
+
+void RequestState::emit(const RequestOutput& out) {
+  if (!callback_) return;
+  try {
+    callback_(out);
+  } catch (const std::exception& e) {
+    // A callback must not take the inference thread down; the request still finishes normally.
+    std::fprintf(stderr, "fp4moe engine: callback of request %llu threw: %s\n", static_cast<unsigned long long>(id),
+                 e.what());
+  }
+}
+
+double RequestState::ttft_s() const { return token_times_s_.empty() ? 0.0 : token_times_s_.front(); }
+
+double RequestState::last_inter_token_s() const {
+  const size_t n = token_times_s_.size();
+  return n >= 2 ? token_times_s_[n - 1] - token_times_s_[n - 2] : 0.0;
+}
+
+}  // namespace fp4moe::engine

@@ -1,0 +1,81 @@
+// engine::RequestState: one request inside the engine (inference thread only): its tokens
+// (prompt + generated), KV state and blocks, sampler, and the streaming of its output: incremental
+// detokenization, stop tokens, stop strings held back until they can no longer match (text past a
+// stop string is never emitted), and its timings. Tested through the engine
+// (tests/engine/test_scheduler.cpp, StopStrings*).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+namespace fp4moe::engine {
+
+class RequestState {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  RequestState(RequestId id, Request request, OutputCallback callback, const Tokenizer* tokenizer, int64_t vocab,
+               uint64_t seed, Clock::time_point now);
+
+  const RequestId id;
+  std::vector<TokenId> prompt;       // as submitted
+  SamplingParams sampling;
+  std::vector<TokenId> generated;    // sampled so far
+  std::unique_ptr<model::KvState> kv;  // while running
+  std::vector<int32_t> blocks;       // KV blocks held
+  bool counted_prompt = false;
+
+  int64_t kv_length() const { return kv ? kv->length() : 0; }
+  int64_t n_all_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  // Running requests: still prefilling what they held when admitted (prompt + earlier output).
+  bool in_prefill() const { return kv_length() < prefill_target_; }
+  int64_t remaining_prefill() const { return prefill_target_ - kv_length(); }
+  std::span<const TokenId> tokens_from(int64_t start, int64_t n) const;
+
+  void admitted(Clock::time_point now);
+  void preempt();  // KV and blocks were freed by the engine; the next admission recomputes
+
+  // Samples from the logits of the last fed position, appends the token and builds the event
+  // (token, logprobs, text). Sets finish_reason() when the request is done.
+  RequestOutput on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                          int64_t context_length);
+  const std::optional<FinishReason>& finish_reason() const { return finish_reason_; }
+
+  // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.
+  RequestOutput finish(FinishReason reason, const std::string& error, Clock::time_point now, RequestOutput base = {});
+  void emit(const RequestOutput& out);
+
+  double ttft_s() const;
+  double last_inter_token_s() const;  // between the last two tokens
+
+ private:
+  // Appends text to the held buffer and moves what can no longer start a stop string to `out`;
+  // returns true when a stop string matched (held text from the match on is dropped).
+  bool stream_text(const std::string& piece, std::string& out);
+  void flush_text(std::string& out);
+
+  std::vector<TokenId> tokens_;  // prompt + generated
+  OutputCallback callback_;
+  const Tokenizer* tokenizer_;
+  std::optional<IncrementalDetokenizer> detok_;
+  std::string held_;
+  Sampler sampler_;
+  int64_t prefill_target_ = 0;
+  int64_t n_preemptions_ = 0;
+  std::optional<FinishReason> finish_reason_;
+  std::optional<TokenId> matched_stop_token_;
+  std::optional<std::string> matched_stop_str_;
+  Clock::time_point t_submit_;
+  std::optional<Clock::time_point> t_first_scheduled_;
+  std::vector<double> token_times_s_;
+};
+
+}  // namespace fp4moe::engine

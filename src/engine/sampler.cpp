@@ -1,0 +1,177 @@
+// engine::Sampler (see sampler.h). Tested by tests/engine/test_sampler.cpp.
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace fp4moe::engine {
+
+void SamplingParams::validate(int64_t vocab_size) const {
+  FP4MOE_CHECK(max_new_tokens >= 1) << "max_new_tokens " << max_new_tokens << " must be >= 1";
+  FP4MOE_CHECK(std::isfinite(temperature) && temperature >= 0.0)
+      << "temperature " << temperature << " must be >= 0 (0 = greedy)";
+  FP4MOE_CHECK(top_k == -1 || top_k >= 0) << "top_k " << top_k << " must be -1 (off), 0 (off) or >= 1";
+  FP4MOE_CHECK(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0) << "top_p " << top_p << " must be in (0, 1]";
+  FP4MOE_CHECK(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0) << "min_p " << min_p << " must be in [0, 1]";
+  FP4MOE_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= 2.0)
+      << "repetition_penalty " << repetition_penalty << " must be in (0, 2]";
+  FP4MOE_CHECK(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0 && frequency_penalty <= 2.0)
+      << "frequency_penalty " << frequency_penalty << " must be in [-2, 2]";
+  FP4MOE_CHECK(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0)
+      << "presence_penalty " << presence_penalty << " must be in [-2, 2]";
+  FP4MOE_CHECK(top_logprobs >= 0 && top_logprobs <= 20) << "top_logprobs " << top_logprobs << " must be in [0, 20]";
+  for (size_t i = 0; i < stop_token_ids.size(); ++i) {
+    FP4MOE_CHECK(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size)
+        << "stop_token_ids[" << i << "] = " << stop_token_ids[i] << " is outside the vocabulary [0, " << vocab_size << ")";
+  }
+  for (size_t i = 0; i < stop.size(); ++i) FP4MOE_CHECK(!stop[i].empty()) << "stop[" << i << "] is an empty string";
+}
+
+TokenId argmax_token(const float* logits, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<TokenId>(best);
+}
+
+Sampler::Sampler(const SamplingParams& params, int64_t vocab_size, uint64_t seed)
+    : params_(params), vocab_(vocab_size), rng_(seed), seen_(static_cast<size_t>(vocab_size), 0) {
+  FP4MOE_CHECK(vocab_size >= 1) << "sampler vocabulary size " << vocab_size << " must be >= 1";
+}
+
+void Sampler::observe_prompt(std::span<const TokenId> prompt) {
+  for (TokenId t : prompt) {
+    if (t >= 0 && t < vocab_) seen_[static_cast<size_t>(t)] = 1;
+  }
+}
+
+void Sampler::accept(TokenId id) {
+  if (id < 0 || id >= vocab_) return;
+  seen_[static_cast<size_t>(id)] = 1;
+  ++out_counts_[id];
+}
+
+void Sampler::penalized(const float* logits, std::vector<float>& out) const {
+  out.assign(logits, logits + vocab_);
+  if (params_.repetition_penalty != 1.0) {
+    const float rp = static_cast<float>(params_.repetition_penalty);
+    for (int64_t i = 0; i < vocab_; ++i) {
+      if (!seen_[static_cast<size_t>(i)]) continue;
+      out[static_cast<size_t>(i)] = out[static_cast<size_t>(i)] > 0 ? out[static_cast<size_t>(i)] / rp
+                                                                     : out[static_cast<size_t>(i)] * rp;
+    }
+  }
+  if (params_.frequency_penalty != 0.0 || params_.presence_penalty != 0.0) {
+    for (const auto& [id, n] : out_counts_) {
+      out[static_cast<size_t>(id)] -= static_cast<float>(params_.frequency_penalty * static_cast<double>(n) +
+                                                         params_.presence_penalty);
+    }
+  }
+}
+
+namespace {
+
+// Probabilities after temperature, top-k, top-p and min-p (zeros outside the kept set, renormalized).
+std::vector<double> truncated_probs(const std::vector<float>& z, const SamplingParams& p) {
+  const size_t V = z.size();
+  std::vector<double> prob(V, 0.0);
+  if (p.greedy()) {
+    prob[static_cast<size_t>(argmax_token(z.data(), static_cast<int64_t>(V)))] = 1.0;
+    return prob;
+  }
+  const float mx = *std::max_element(z.begin(), z.end());
+  double sum = 0.0;
+  for (size_t i = 0; i < V; ++i) {
+    prob[i] = std::exp((static_cast<double>(z[i]) - mx) / p.temperature);
+    sum += prob[i];
+  }
+  for (double& x : prob) x /= sum;
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  // Most likely first; ties by the lower id so the kept set is deterministic.
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+  size_t keep = V;
+  if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  if (p.top_p < 1.0) {
+    double kept_mass = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept_mass += prob[static_cast<size_t>(order[i])];
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += prob[static_cast<size_t>(order[n])] / kept_mass;
+      ++n;
+      if (cum >= p.top_p - 1e-12) break;
+    }
+    keep = n;
+  }
+  if (p.min_p > 0.0) {
+    const double floor = p.min_p * prob[static_cast<size_t>(order[0])];
+    size_t n = 1;
+    while (n < keep && prob[static_cast<size_t>(order[n])] >= floor) ++n;
+    keep = n;
+  }
+  std::vector<double> out(V, 0.0);
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += prob[static_cast<size_t>(order[i])];
+  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = prob[static_cast<size_t>(order[i])] / kept;
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> Sampler::distribution(const float* logits) const {
+  std::vector<float> z;
+  penalized(logits, z);
+  return truncated_probs(z, params_);
+}
+
+SampleResult Sampler::sample(const float* logits) {
+  std::vector<float> z;
+  penalized(logits, z);
+  SampleResult r;
+  if (params_.greedy()) {
+    r.id = argmax_token(z.data(), vocab_);
+  } else {
+    const std::vector<double> prob = truncated_probs(z, params_);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    double x = u(rng_);
+    r.id = -1;
+    TokenId last_kept = 0;
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const double pi = prob[static_cast<size_t>(i)];
+      if (pi <= 0.0) continue;
+      last_kept = static_cast<TokenId>(i);
+      x -= pi;
+      if (x < 0.0) {
+        r.id = static_cast<TokenId>(i);
+        break;
+      }
+    }
+    if (r.id < 0) r.id = last_kept;  // rounding left a sliver of mass at the end
+  }
+  if (params_.logprobs || params_.top_logprobs > 0) {
+    const float mx = *std::max_element(z.begin(), z.end());
+    double sum = 0.0;
+    for (float v : z) sum += std::exp(static_cast<double>(v) - mx);
+    const double lse = mx + std::log(sum);
+    r.logprob = static_cast<float>(z[static_cast<size_t>(r.id)] - lse);
+    if (params_.top_logprobs > 0) {
+      const size_t n = std::min(static_cast<size_t>(params_.top_logprobs), static_cast<size_t>(vocab_));
+      std::vector<int32_t> order(static_cast<size_t>(vocab_));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                        [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+      for (size_t i = 0; i < n; ++i) {
+        r.top.push_back({order[i], static_cast<float>(z[static_cast<size_t>(order[i])] - lse)});
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace fp4moe::engine

@@ -1,0 +1,89 @@
+// engine::Sampler: turns one row of logits into a token, as SGLang / vLLM define the knobs:
+//   penalties (on the logits: repetition divides positive / multiplies negative logits of every token
+//   seen in prompt or output; frequency subtracts freq * count and presence subtracts presence once,
+//   both over output tokens only) -> greedy (temperature 0) or softmax(logits / T) -> top-k -> top-p
+//   (smallest most-likely set reaching top_p) -> min-p (drop tokens below min_p * p_max) -> draw
+//   from the renormalized rest with the request's own generator (seeded: reproducible).
+// Logprobs are log-softmax of the logits after penalties, before temperature and truncation
+// (SGLang's default "raw" logprobs would be before penalties; we report what was sampled from).
+//
+//   Sampler s(params, vocab);             // one per request
+//   s.observe_prompt(prompt_ids);
+//   SampleResult r = s.sample(logits);    // then s.accept(r.id)
+//
+// Tested by tests/engine/test_sampler.cpp (support sets, statistics, seeds, penalties, logprobs).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fp4moe::engine {
+
+using TokenId = int32_t;
+
+struct SamplingParams {
+  int64_t max_new_tokens = 128;
+  double temperature = 1.0;          // 0 = greedy
+  int64_t top_k = -1;                // <= 0 or -1: off
+  double top_p = 1.0;                // (0, 1]
+  double min_p = 0.0;                // [0, 1]
+  double repetition_penalty = 1.0;   // > 0; 1 = off
+  double frequency_penalty = 0.0;    // [-2, 2]
+  double presence_penalty = 0.0;     // [-2, 2]
+  std::optional<uint64_t> seed;      // nullopt: drawn from the engine's generator
+  std::vector<TokenId> stop_token_ids;
+  std::vector<std::string> stop;     // stop strings (not emitted)
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;   // in the streamed text
+  bool logprobs = false;             // logprob of each chosen token
+  int64_t top_logprobs = 0;          // >= 0: this many most likely tokens with their logprobs
+
+  // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
+  void validate(int64_t vocab_size) const;
+  bool greedy() const { return temperature == 0.0 || top_k == 1; }
+};
+
+struct TokenLogprob {
+  TokenId id = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  TokenId id = 0;
+  float logprob = 0.0f;                  // filled when params.logprobs or top_logprobs > 0
+  std::vector<TokenLogprob> top;         // params.top_logprobs entries
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int64_t vocab_size, uint64_t seed);
+
+  void observe_prompt(std::span<const TokenId> prompt);
+  // Samples from logits [vocab] (not modified).
+  SampleResult sample(const float* logits);
+  // Records an emitted output token (penalties count it from now on).
+  void accept(TokenId id);
+
+  // The probabilities the draw uses (after penalties, temperature, top-k/p, min-p; zeros outside
+  // the kept set); for tests. Greedy: one-hot at the argmax.
+  std::vector<double> distribution(const float* logits) const;
+
+ private:
+  void penalized(const float* logits, std::vector<float>& out) const;
+
+  SamplingParams params_;
+  int64_t vocab_;
+  std::mt19937_64 rng_;
+  std::vector<uint8_t> seen_;                        // [vocab] in prompt or output (repetition)
+  std::unordered_map<TokenId, int64_t> out_counts_;  // output token counts (frequency / presence)
+};
+
+// Greedy with the lowest index on ties (the reference forward's argmax).
+TokenId argmax_token(const float* logits, int64_t vocab);
+
+}  // namespace fp4moe::engine

@@ -1,0 +1,195 @@
+// `fp4moe bench-one-batch`: a static batch straight through the model, without the scheduler
+// (SGLang's bench_one_batch): for each batch size, one prefill forward of batch x input_len tokens,
+// then output_len decode steps of one token per sequence (greedy), timed per step. Prints prefill
+// latency and throughput, median decode step latency and decode throughput, as a table or JSON.
+//
+//   fp4moe bench-one-batch [--model DIR [--load-format dummy]] [--batch-size 1,4,16]
+//       [--input-len 64] [--output-len 16] [--warmup 1] [--seed S] [--json]
+//
+// Without --model it runs the embedded default model (engine/default_model.h).
+// Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/default_model.h"
+#include "engine/sampler.h"
+#include "model/registry.h"
+#include "tools/commands.h"
+
+namespace fp4moe::tools {
+namespace {
+
+struct BenchArgs {
+  std::string model_dir;
+  std::string load_format = "auto";
+  std::string dummy_weights = "nvfp4";
+  std::string batch_sizes = "1,4,16";
+  int64_t input_len = 64;
+  int64_t output_len = 16;
+  int64_t warmup = 1;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+std::vector<int64_t> parse_sizes(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FP4MOE_CHECK(used == item.size() && !item.empty() && v >= 1)
+        << "--batch-size entry \"" << item << "\" is not a positive integer";
+    out.push_back(v);
+  }
+  FP4MOE_CHECK(!out.empty()) << "--batch-size is empty";
+  return out;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Row {
+  int64_t batch = 0;
+  double prefill_s = 0, decode_median_s = 0, decode_total_s = 0;
+  int64_t decode_steps = 0;
+};
+
+// One static batch: prefill, then decode steps; returns the timings.
+Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, std::mt19937_64& rng) {
+  const int64_t V = lm.vocab_size();
+  std::vector<std::unique_ptr<model::KvState>> states;
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+  for (auto& p : prompts) {
+    p.resize(static_cast<size_t>(input_len));
+    for (auto& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+    states.push_back(lm.new_state());
+  }
+  std::vector<float> logits(static_cast<size_t>(B * V));
+  std::vector<model::SeqChunk> chunks;
+  for (int64_t b = 0; b < B; ++b) {
+    chunks.push_back({states[static_cast<size_t>(b)].get(), prompts[static_cast<size_t>(b)],
+                      logits.data() + b * V, false});
+  }
+  Row r;
+  r.batch = B;
+  double t0 = now_s();
+  lm.forward(chunks);
+  r.prefill_s = now_s() - t0;
+  std::vector<int32_t> next(static_cast<size_t>(B));
+  std::vector<double> steps;
+  for (int64_t step = 0; step < output_len; ++step) {
+    for (int64_t b = 0; b < B; ++b) {
+      next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
+      chunks[static_cast<size_t>(b)].tokens = std::span<const int32_t>(&next[static_cast<size_t>(b)], 1);
+    }
+    t0 = now_s();
+    lm.forward(chunks);
+    steps.push_back(now_s() - t0);
+  }
+  r.decode_steps = output_len;
+  for (double s : steps) r.decode_total_s += s;
+  if (!steps.empty()) {
+    std::sort(steps.begin(), steps.end());
+    r.decode_median_s = steps[steps.size() / 2];
+  }
+  return r;
+}
+
+void run_bench(const BenchArgs& a) {
+  FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
+  FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
+  FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";
+  const std::vector<int64_t> sizes = parse_sizes(a.batch_sizes);
+  std::unique_ptr<model::CausalLM> lm;
+  std::string model_name;
+  if (a.model_dir.empty()) {
+    lm = engine::make_default_model(a.seed);
+    model_name = engine::kDefaultModelName;
+  } else {
+    model::LoadOptions opts;
+    opts.format = model::parse_load_format(a.load_format);
+    FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
+        << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
+    opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
+    opts.seed = a.seed;
+    lm = model::load_model(a.model_dir, opts);
+    model_name = a.model_dir;
+  }
+  const int64_t max_pos = lm->config().max_position_embeddings;
+  FP4MOE_CHECK(a.input_len + a.output_len <= max_pos)
+      << "--input-len " << a.input_len << " + --output-len " << a.output_len << " = " << a.input_len + a.output_len
+      << " exceeds the model's max_position_embeddings " << max_pos;
+  std::mt19937_64 rng(a.seed);
+  for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, sizes.front(), std::min<int64_t>(a.input_len, 8), 1, rng);
+
+  std::vector<Row> rows;
+  for (int64_t B : sizes) rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, rng));
+
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = model_name;
+    j["architecture"] = lm->config().architecture;
+    j["input_len"] = a.input_len;
+    j["output_len"] = a.output_len;
+    for (const Row& r : rows) {
+      const double prefill_tok = static_cast<double>(r.batch * a.input_len);
+      j["results"].push_back(
+          {{"batch_size", r.batch},
+           {"prefill_latency_s", r.prefill_s},
+           {"prefill_throughput_tok_s", r.prefill_s > 0 ? prefill_tok / r.prefill_s : 0.0},
+           {"median_decode_latency_s", r.decode_median_s},
+           {"median_decode_throughput_tok_s", r.decode_median_s > 0 ? r.batch / r.decode_median_s : 0.0},
+           {"total_latency_s", r.prefill_s + r.decode_total_s}});
+    }
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  fmt::print("model: {} ({}), input_len {}, output_len {}\n", model_name, lm->config().architecture, a.input_len,
+             a.output_len);
+  fmt::print("{:>6} {:>12} {:>14} {:>14} {:>14} {:>12}\n", "batch", "prefill ms", "prefill tok/s",
+             "decode ms/step", "decode tok/s", "total s");
+  for (const Row& r : rows) {
+    const double prefill_tok = static_cast<double>(r.batch * a.input_len);
+    fmt::print("{:>6} {:>12.2f} {:>14.1f} {:>14.2f} {:>14.1f} {:>12.3f}\n", r.batch, r.prefill_s * 1e3,
+               r.prefill_s > 0 ? prefill_tok / r.prefill_s : 0.0, r.decode_median_s * 1e3,
+               r.decode_median_s > 0 ? r.batch / r.decode_median_s : 0.0, r.prefill_s + r.decode_total_s);
+  }
+}
+
+}  // namespace
+
+void register_bench_one_batch_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench-one-batch",
+                                     "Prefill and decode latency of a static batch through the model (no scheduler)");
+  cmd->add_option("--model", args->model_dir, "Model directory (default: the embedded default model)");
+  cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
+  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)");
+  cmd->add_option("--batch-size", args->batch_sizes, "Batch sizes, comma separated (default 1,4,16)");
+  cmd->add_option("--input-len", args->input_len, "Prompt tokens per sequence (default 64)");
+  cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
+  cmd->add_option("--warmup", args->warmup, "Warm-up runs before measuring (default 1)");
+  cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace fp4moe::tools

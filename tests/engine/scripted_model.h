@@ -1,0 +1,95 @@
+// A scripted CausalLM for engine tests: its KV state stores the tokens themselves, and the logits
+// after a position are a function of the whole history (`next` picks the favourite token, the
+// others get small history-dependent values), so any KV mix-up between sequences, a lost chunk or a
+// wrong recompute changes the output. Forward calls are recorded (tokens and sequences per call).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/causal_lm.h"
+
+namespace fp4moe::testing {
+
+class ScriptedState : public model::KvState {
+ public:
+  int64_t length() const override { return static_cast<int64_t>(tokens.size()); }
+  void truncate(int64_t n) override { tokens.resize(static_cast<size_t>(n)); }
+  size_t bytes() const override { return tokens.size() * sizeof(int32_t); }
+  std::vector<int32_t> tokens;
+};
+
+class ScriptedModel : public model::CausalLM {
+ public:
+  using NextFn = std::function<int32_t(std::span<const int32_t> history)>;
+
+  explicit ScriptedModel(int64_t vocab = 272, NextFn next = {}, int64_t max_pos = 4096) : next_(std::move(next)) {
+    config_.architecture = "Scripted";
+    config_.vocab_size = vocab;
+    config_.max_position_embeddings = max_pos;
+    config_.eos_token_ids = {vocab - 1};
+    if (!next_) {
+      // FNV-1a of the history, avoiding the eos token.
+      next_ = [vocab](std::span<const int32_t> h) {
+        uint64_t x = 1469598103934665603ULL;
+        for (int32_t t : h) x = (x ^ static_cast<uint64_t>(t)) * 1099511628211ULL;
+        return static_cast<int32_t>(x % static_cast<uint64_t>(vocab - 1));
+      };
+    }
+  }
+
+  const model::ModelConfig& config() const override { return config_; }
+  std::unique_ptr<model::KvState> new_state() const override { return std::make_unique<ScriptedState>(); }
+
+  void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
+    int64_t n_tokens = 0;
+    for (const model::SeqChunk& c : batch) {
+      auto* s = dynamic_cast<ScriptedState*>(c.state);
+      FP4MOE_CHECK(s != nullptr) << "state from another model";
+      FP4MOE_CHECK(!c.tokens.empty()) << "empty chunk";
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        s->tokens.push_back(c.tokens[i]);
+        const bool want = c.logits && (c.all_logits || i + 1 == c.tokens.size());
+        if (!want) continue;
+        float* out = c.logits + (c.all_logits ? i * static_cast<size_t>(config_.vocab_size) : 0);
+        fill_logits(s->tokens, out);
+      }
+      n_tokens += static_cast<int64_t>(c.tokens.size());
+    }
+    calls.push_back({static_cast<int64_t>(batch.size()), n_tokens});
+    if (trace) trace->moe_layers.push_back({1, std::vector<int64_t>{n_tokens, 0, 2 * n_tokens}});
+  }
+
+  void fill_logits(std::span<const int32_t> history, float* out) const {
+    const int32_t fav = next_(history);
+    uint64_t x = 88172645463325252ULL + history.size();
+    for (int64_t v = 0; v < config_.vocab_size; ++v) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      out[v] = static_cast<float>(x % 1000) / 1000.0f;  // [0, 1)
+    }
+    out[fav] = 8.0f;
+  }
+
+  void set_linear_observer(model::LinearInputObserver) override {}
+  size_t weight_bytes() const override { return 0; }
+  std::string describe() const override { return "scripted test model"; }
+
+  struct Call {
+    int64_t n_seqs = 0;
+    int64_t n_tokens = 0;
+  };
+  std::vector<Call> calls;
+
+ private:
+  model::ModelConfig config_;
+  NextFn next_;
+};
+
+}  // namespace fp4moe::testing

@@ -1,0 +1,203 @@
+// engine::Sampler: greedy, seeded reproducibility, the support sets of top-k / top-p / min-p, draw
+// frequencies against the distribution, penalties and logprobs. Fresh logits from test_seed().
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "testing/testing.h"
+
+namespace fp4moe::engine {
+namespace {
+
+std::vector<float> random_logits(int64_t V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  std::vector<float> z(static_cast<size_t>(V));
+  for (float& v : z) v = n(rng);
+  return z;
+}
+
+std::vector<double> softmax(const std::vector<float>& z, double T) {
+  const float mx = *std::max_element(z.begin(), z.end());
+  std::vector<double> p(z.size());
+  double s = 0;
+  for (size_t i = 0; i < z.size(); ++i) s += p[i] = std::exp((z[i] - mx) / T);
+  for (double& x : p) x /= s;
+  return p;
+}
+
+std::vector<int32_t> by_prob(const std::vector<double>& p) {
+  std::vector<int32_t> o(p.size());
+  std::iota(o.begin(), o.end(), 0);
+  std::stable_sort(o.begin(), o.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  return o;
+}
+
+TEST(Sampler, GreedyIsArgmax) {
+  const auto z = random_logits(100, testing::test_seed());
+  SamplingParams p;
+  p.temperature = 0.0;
+  Sampler s(p, 100, 1);
+  const auto order = by_prob(softmax(z, 1.0));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(z.data()).id, order[0]);
+}
+
+TEST(Sampler, SeededDrawsRepeatAndSeedsDiffer) {
+  const auto z = random_logits(50, testing::test_seed() + 1);
+  SamplingParams p;
+  p.temperature = 1.5;
+  auto draws = [&](uint64_t seed) {
+    Sampler s(p, 50, seed);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 64; ++i) ids.push_back(s.sample(z.data()).id);
+    return ids;
+  };
+  EXPECT_EQ(draws(7), draws(7));
+  EXPECT_NE(draws(7), draws(8));
+}
+
+TEST(Sampler, TopKTopPMinPSupportSets) {
+  const int64_t V = 64;
+  const auto z = random_logits(V, testing::test_seed() + 2);
+  const auto p1 = softmax(z, 1.0);
+  const auto order = by_prob(p1);
+  auto support = [&](const SamplingParams& p) {
+    Sampler s(p, V, 3);
+    const auto d = s.distribution(z.data());
+    std::vector<int32_t> ids;
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      sum += d[static_cast<size_t>(i)];
+      if (d[static_cast<size_t>(i)] > 0) ids.push_back(static_cast<int32_t>(i));
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-9);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  auto top_n = [&](size_t n) {
+    std::vector<int32_t> ids(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  SamplingParams p;
+  p.top_k = 5;
+  EXPECT_EQ(support(p), top_n(5));
+  p = {};
+  p.top_p = 0.6;  // smallest prefix by probability whose mass reaches 0.6
+  size_t n = 0;
+  for (double cum = 0; cum < 0.6 - 1e-12; ++n) cum += p1[static_cast<size_t>(order[n])];
+  EXPECT_EQ(support(p), top_n(n));
+  p = {};
+  p.min_p = 0.2;  // tokens with p >= 0.2 * p_max
+  size_t m = 0;
+  while (m < order.size() && p1[static_cast<size_t>(order[m])] >= 0.2 * p1[static_cast<size_t>(order[0])]) ++m;
+  EXPECT_EQ(support(p), top_n(m));
+  // Samples never leave the support.
+  p = {};
+  p.top_k = 3;
+  Sampler s(p, V, testing::test_seed());
+  const auto allowed = top_n(3);
+  for (int i = 0; i < 500; ++i) {
+    const int32_t id = s.sample(z.data()).id;
+    EXPECT_TRUE(std::binary_search(allowed.begin(), allowed.end(), id)) << "id " << id;
+  }
+}
+
+TEST(Sampler, FrequenciesMatchTheDistribution) {
+  const int64_t V = 8;
+  const auto z = random_logits(V, testing::test_seed() + 3);
+  SamplingParams p;
+  p.temperature = 0.7;
+  p.top_p = 0.9;
+  Sampler s(p, V, testing::test_seed());
+  const auto want = s.distribution(z.data());
+  const int N = 40000;
+  std::vector<int> count(static_cast<size_t>(V), 0);
+  for (int i = 0; i < N; ++i) ++count[static_cast<size_t>(s.sample(z.data()).id)];
+  for (int64_t i = 0; i < V; ++i) {
+    const double w = want[static_cast<size_t>(i)];
+    const double got = count[static_cast<size_t>(i)] / static_cast<double>(N);
+    EXPECT_NEAR(got, w, 5 * std::sqrt(w * (1 - w) / N) + 1e-9) << "token " << i;
+  }
+}
+
+TEST(Sampler, Penalties) {
+  std::vector<float> z = {2.0f, -1.0f, 1.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0.0;
+  p.repetition_penalty = 2.0;
+  {
+    Sampler s(p, 4, 0);
+    s.observe_prompt(std::vector<TokenId>{0});
+    // Token 0: 2 / 2 = 1.0 ties token 2 (1.0): lowest id wins -> still 0; make it lose with output too.
+    EXPECT_EQ(s.sample(z.data()).id, 0);
+    p.repetition_penalty = 2.5;  // 2 / 2.5 = 0.8 < 1.0
+    Sampler s2(p, 4, 0);
+    s2.observe_prompt(std::vector<TokenId>{0});
+    EXPECT_EQ(s2.sample(z.data()).id, 2);
+  }
+  p = {};
+  p.temperature = 0.0;
+  p.frequency_penalty = 0.6;
+  Sampler f(p, 4, 0);
+  f.observe_prompt(std::vector<TokenId>{2});  // the prompt does not count for frequency
+  EXPECT_EQ(f.sample(z.data()).id, 0);
+  f.accept(0);
+  EXPECT_EQ(f.sample(z.data()).id, 0);  // 2 - 0.6 = 1.4 > 1
+  f.accept(0);
+  EXPECT_EQ(f.sample(z.data()).id, 2);  // 2 - 1.2 = 0.8 < 1
+  p = {};
+  p.temperature = 0.0;
+  p.presence_penalty = 1.2;
+  Sampler pr(p, 4, 0);
+  pr.accept(0);
+  EXPECT_EQ(pr.sample(z.data()).id, 2);  // 0.8 < 1
+  pr.accept(0);
+  EXPECT_EQ(pr.sample(z.data()).id, 2);  // presence counts once
+}
+
+TEST(Sampler, Logprobs) {
+  const int64_t V = 30;
+  const auto z = random_logits(V, testing::test_seed() + 4);
+  SamplingParams p;
+  p.temperature = 0.0;
+  p.logprobs = true;
+  p.top_logprobs = 4;
+  Sampler s(p, V, 0);
+  const SampleResult r = s.sample(z.data());
+  const auto lp = softmax(z, 1.0);
+  const auto order = by_prob(lp);
+  EXPECT_EQ(r.id, order[0]);
+  EXPECT_NEAR(r.logprob, std::log(lp[static_cast<size_t>(r.id)]), 1e-5);
+  ASSERT_EQ(r.top.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.top[i].id, order[i]);
+    EXPECT_NEAR(r.top[i].logprob, std::log(lp[static_cast<size_t>(order[i])]), 1e-5);
+  }
+}
+
+TEST(Sampler, ValidateNamesTheField) {
+  SamplingParams p;
+  p.top_p = 1.5;
+  try {
+    p.validate(10);
+    FAIL() << "top_p 1.5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_p 1.5"), std::string::npos) << e.what();
+  }
+  p = {};
+  p.stop_token_ids = {3, 12};
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.max_new_tokens = 0;
+  EXPECT_THROW(p.validate(10), Error);
+}
+
+}  // namespace
+}  // namespace fp4moe::engine

@@ -1,0 +1,340 @@
+// engine::Engine scheduling on a scripted model (tests/engine/scripted_model.h): concurrent requests
+// equal each alone, chunked prefill equals unchunked, KV exhaustion makes requests wait, preemption
+// by recompute keeps outputs identical, aborts free blocks, rejections carry their numbers, the
+// continuous-decode gate, stop strings across token boundaries, the threaded engine and its probe.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "engine/default_model.h"
+#include "engine/engine.h"
+#include "engine/scripted_model.h"
+#include "testing/testing.h"
+
+namespace fp4moe::engine {
+namespace {
+
+using testing::ScriptedModel;
+
+struct Collected {
+  std::vector<TokenId> ids;
+  std::string text;
+  std::optional<Finish> finish;
+  int n_events = 0;
+};
+
+struct Harness {
+  explicit Harness(EngineOptions o, std::unique_ptr<model::CausalLM> m = std::make_unique<ScriptedModel>(),
+                   std::shared_ptr<const Tokenizer> tok = make_default_tokenizer())
+      : engine(std::move(o), std::move(m), std::move(tok)) {}
+
+  RequestId submit(std::vector<TokenId> prompt, SamplingParams sp) {
+    SubmitResult r = engine.submit({std::move(prompt), sp}, [this](const RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mu);
+      Collected& c = results[out.id];
+      ++c.n_events;
+      EXPECT_FALSE(c.finish.has_value()) << "event after finish for request " << out.id;
+      for (const auto& t : out.tokens) c.ids.push_back(t.id);
+      c.text += out.text;
+      if (out.finished) c.finish = out.finished;
+    });
+    EXPECT_TRUE(r.ok()) << (r.rejection ? r.rejection->message : "");
+    return r.id;
+  }
+  // Declared before the engine: ~Engine aborts what is left, and those callbacks write here.
+  std::mutex mu;
+  std::map<RequestId, Collected> results;
+  Engine engine;
+};
+
+SamplingParams greedy(int64_t n) {
+  SamplingParams sp;
+  sp.temperature = 0.0;
+  sp.max_new_tokens = n;
+  sp.ignore_eos = true;
+  return sp;
+}
+
+std::vector<TokenId> random_prompt(std::mt19937_64& rng, int64_t n) {
+  std::vector<TokenId> p(static_cast<size_t>(n));
+  for (auto& t : p) t = static_cast<TokenId>(rng() % 256);
+  return p;
+}
+
+std::vector<TokenId> alone(const std::vector<TokenId>& prompt, const SamplingParams& sp) {
+  Harness h(EngineOptions{});
+  const RequestId id = h.submit(prompt, sp);
+  h.engine.run_until_idle();
+  return h.results.at(id).ids;
+}
+
+struct Case {
+  std::vector<TokenId> prompt;
+  SamplingParams sp;
+};
+
+std::vector<Case> mixed_cases(uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (int i = 0; i < n; ++i) {
+    SamplingParams sp = greedy(1 + static_cast<int64_t>(rng() % 24));
+    if (i % 3 == 1) {  // seeded sampling must also be independent of the batch
+      sp.temperature = 0.8;
+      sp.top_k = 20;
+      sp.seed = rng();
+    }
+    cases.push_back({random_prompt(rng, 1 + static_cast<int64_t>(rng() % 40)), sp});
+  }
+  return cases;
+}
+
+void expect_same_as_alone(EngineOptions o, uint64_t seed, int n, uint64_t* preemptions = nullptr) {
+  const auto cases = mixed_cases(seed, n);
+  Harness h(o);
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) ids.push_back(h.submit(c.prompt, c.sp));
+  h.engine.run_until_idle();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Collected& got = h.results.at(ids[i]);
+    ASSERT_TRUE(got.finish.has_value()) << "request " << i << " never finished";
+    EXPECT_EQ(got.finish->reason, FinishReason::kLength);
+    EXPECT_EQ(got.ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i << " (prompt "
+                                                             << cases[i].prompt.size() << ")";
+  }
+  const EngineStats s = h.engine.stats();
+  EXPECT_EQ(s.kv_used_tokens, 0);
+  EXPECT_EQ(s.n_running + s.n_waiting, 0);
+  if (preemptions) *preemptions = s.preemptions_total;
+}
+
+TEST(Scheduler, ConcurrentEqualsAlone) {
+  EngineOptions o;
+  o.max_running_requests = 4;
+  expect_same_as_alone(o, testing::test_seed(), 12);
+}
+
+TEST(Scheduler, ChunkedPrefillEqualsUnchunked) {
+  EngineOptions o;
+  o.chunked_prefill_size = 5;
+  o.max_prefill_tokens = 7;
+  o.max_running_requests = 8;
+  std::vector<StepInfo> steps;
+  o.step_observer = [&](const StepInfo& s) { steps.push_back(s); };
+  expect_same_as_alone(o, testing::test_seed() + 1, 10);
+  for (const StepInfo& s : steps) EXPECT_LE(s.n_prefill_tokens, 7) << "step " << s.step;
+}
+
+TEST(Scheduler, KvExhaustionWaitsAndPreemptionKeepsOutputs) {
+  EngineOptions o;
+  o.max_total_tokens = 96;  // 12 blocks of 8: a few 40 + 24 token requests at most
+  o.page_size = 8;
+  o.max_running_requests = 8;
+  bool saw_waiting_with_free_slot = false;
+  o.step_observer = [&](const StepInfo& s) {
+    EXPECT_LE(s.kv_used_tokens, 96);
+    if (s.n_waiting > 0 && s.n_running < 8) saw_waiting_with_free_slot = true;
+  };
+  uint64_t preemptions = 0;
+  expect_same_as_alone(o, testing::test_seed() + 2, 12, &preemptions);
+  EXPECT_TRUE(saw_waiting_with_free_slot) << "KV never ran out";
+  EXPECT_GT(preemptions, 0u) << "no request was preempted";
+}
+
+TEST(Scheduler, RejectsTooLongWithBothNumbers) {
+  EngineOptions o;
+  o.max_total_tokens = 64;
+  o.page_size = 16;
+  Harness h(o);
+  SubmitResult r = h.engine.submit({std::vector<TokenId>(50, 1), greedy(20)}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kTooLong);
+  EXPECT_NE(r.rejection->message.find("prompt 50 tokens + max_new_tokens 20 = 70 tokens > KV capacity 64"),
+            std::string::npos) << r.rejection->message;
+  o.max_total_tokens = 4096;
+  o.context_length = 60;
+  Harness h2(o);
+  r = h2.engine.submit({std::vector<TokenId>(50, 1), greedy(20)}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.rejection->message.find("70 tokens > context length 60"), std::string::npos) << r.rejection->message;
+  r = h2.engine.submit({{1, 2, 999}, greedy(2)}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
+  EXPECT_NE(r.rejection->message.find("prompt token 999 at position 2"), std::string::npos) << r.rejection->message;
+  SamplingParams bad = greedy(2);
+  bad.top_p = 0;
+  r = h2.engine.submit({{1}, bad}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
+  EXPECT_EQ(h2.engine.stats().requests_rejected_total, 3u);  // too long, bad token, bad top_p
+}
+
+TEST(Scheduler, QueueFull) {
+  EngineOptions o;
+  o.max_queued_requests = 2;
+  o.max_running_requests = 1;
+  Harness h(o);
+  h.submit({1, 2}, greedy(3));
+  h.submit({1, 2}, greedy(3));
+  SubmitResult r = h.engine.submit({{1, 2}, greedy(3)}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kQueueFull);
+  EXPECT_NE(r.rejection->message.find("2 requests waiting (max_queued_requests 2)"), std::string::npos)
+      << r.rejection->message;
+  h.engine.step();  // admits one (max_running_requests 1): the queue has room again
+  EXPECT_TRUE(h.engine.submit({{1, 2}, greedy(3)}, {}).ok());
+}
+
+TEST(Scheduler, AbortFreesBlocks) {
+  EngineOptions o;
+  o.page_size = 4;
+  Harness h(o);
+  const RequestId a = h.submit({1, 2, 3, 4, 5, 6, 7, 8, 9}, greedy(50));
+  const RequestId b = h.submit({5, 6}, greedy(4));
+  h.engine.step();
+  h.engine.step();
+  EXPECT_GT(h.engine.stats().kv_used_tokens, 0);
+  EXPECT_TRUE(h.engine.abort(a));
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(a).finish->reason, FinishReason::kAbort);
+  EXPECT_EQ(h.results.at(b).finish->reason, FinishReason::kLength);
+  EXPECT_EQ(h.engine.stats().kv_used_tokens, 0);
+  EXPECT_EQ(h.engine.stats().requests_aborted_total, 1u);
+  EXPECT_FALSE(h.engine.abort(a)) << "a finished request cannot be aborted again";
+}
+
+TEST(Scheduler, ContinuousDecodeStepsAreGatedByWaitingRequests) {
+  EngineOptions o;
+  o.num_continuous_decode_steps = 4;
+  std::vector<StepInfo> steps;
+  struct Harness* harness = nullptr;
+  std::optional<RequestId> late;
+  o.step_observer = [&](const StepInfo& s) {
+    steps.push_back(s);
+    // A request arrives during the first continuous run: the run must stop at once.
+    if (s.continuous && !late) late = harness->submit({7, 8, 9}, greedy(3));
+  };
+  Harness h(o);
+  harness = &h;
+  h.submit({1, 2, 3}, greedy(30));
+  ASSERT_TRUE(h.engine.step());  // prefill only: no continuous steps after it
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].n_prefill_requests, 1);
+  ASSERT_TRUE(h.engine.step());  // decode, then one continuous step (the late request arrives in it)
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_FALSE(steps[1].continuous);
+  EXPECT_TRUE(steps[2].continuous);
+  ASSERT_TRUE(late.has_value());
+  ASSERT_TRUE(h.engine.step());  // the late request is admitted in the very next step
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_FALSE(steps[3].continuous);
+  EXPECT_EQ(steps[3].n_prefill_requests, 1);
+  EXPECT_EQ(steps[3].n_decode_requests, 1);
+  ASSERT_TRUE(h.engine.step());  // both decoding, nothing waiting: 1 + 3 continuous steps
+  ASSERT_EQ(steps.size(), 8u);
+  for (size_t i = 5; i < 8; ++i) EXPECT_TRUE(steps[i].continuous) << "step " << i;
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(*late).ids, alone({7, 8, 9}, greedy(3)));
+  EXPECT_GT(h.engine.stats().continuous_steps_total, 0u);
+}
+
+// A model that spells out a fixed text byte by byte (the default tokenizer: one token per byte).
+std::unique_ptr<model::CausalLM> spelling_model(const std::string& text) {
+  return std::make_unique<ScriptedModel>(272, [text](std::span<const int32_t> h) {
+    // The prompt is one token; position p of the output spells text[p].
+    const size_t p = h.size() - 1;
+    return p < text.size() ? static_cast<int32_t>(static_cast<uint8_t>(text[p])) : 256;  // then <|endoftext|>
+  });
+}
+
+TEST(Scheduler, StopStringsAcrossTokens) {
+  Harness h(EngineOptions{}, spelling_model("Hello wor<ld> and more"));
+  SamplingParams sp = greedy(40);
+  sp.stop = {"<ld>", "zzz", "or<x"};
+  const RequestId id = h.submit({65}, sp);
+  h.engine.run_until_idle();
+  const Collected& c = h.results.at(id);
+  EXPECT_EQ(c.text, "Hello wor");
+  EXPECT_EQ(c.finish->reason, FinishReason::kStop);
+  EXPECT_EQ(c.finish->matched_stop_str, "<ld>");
+  EXPECT_EQ(c.ids.size(), 13u);  // the token completing the stop string is counted
+  EXPECT_EQ(c.finish->usage.completion_tokens, 13);
+}
+
+TEST(Scheduler, StopTokenAndUtf8AcrossTokens) {
+  // "é" is two bytes, two tokens: streamed text never splits it; 256 (<|endoftext|>) is eos for
+  // the default model but the scripted model's eos is 271: stop on 256 through stop_token_ids.
+  Harness h(EngineOptions{}, spelling_model("caf\xc3\xa9!"));
+  SamplingParams sp = greedy(40);
+  sp.stop_token_ids = {256};
+  std::vector<std::string> pieces;
+  SubmitResult r = h.engine.submit({{65}, sp}, [&](const RequestOutput& out) { pieces.push_back(out.text); });
+  ASSERT_TRUE(r.ok());
+  h.engine.run_until_idle();
+  std::string all;
+  for (const auto& p : pieces) {
+    all += p;
+    EXPECT_NE(p, "\xc3") << "half a character was streamed";
+  }
+  EXPECT_EQ(all, "caf\xc3\xa9!");
+}
+
+TEST(Scheduler, HeldTextIsReleasedWhenTheStopStringDoesNotMatch) {
+  Harness h(EngineOptions{}, spelling_model("ab<l"));
+  SamplingParams sp = greedy(4);
+  sp.stop = {"<ld>"};
+  const RequestId id = h.submit({65}, sp);
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(id).text, "ab<l");  // held back while it could match, released at the end
+  EXPECT_EQ(h.results.at(id).finish->reason, FinishReason::kLength);
+}
+
+TEST(Scheduler, ThreadedEngineStreamsAndProbes) {
+  EngineOptions o;
+  o.max_running_requests = 3;
+  o.num_continuous_decode_steps = 2;
+  Harness h(o);
+  h.engine.start();
+  for (int i = 0; i < 200 && !h.engine.is_ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(h.engine.is_ready());
+  EXPECT_TRUE(h.engine.run_health_probe(std::chrono::milliseconds(5000)));
+  const auto cases = mixed_cases(testing::test_seed() + 5, 10);
+  std::vector<RequestId> ids(cases.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] { ids[i] = h.submit(cases[i].prompt, cases[i].sp); });
+  }
+  for (auto& t : threads) t.join();
+  h.engine.shutdown(/*drain=*/true);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Collected& c = h.results.at(ids[i]);
+    ASSERT_TRUE(c.finish.has_value());
+    EXPECT_EQ(c.ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
+    EXPECT_EQ(c.finish->timings.token_times_s.size(), c.ids.size());
+    EXPECT_GE(c.finish->timings.e2e_s, c.finish->timings.ttft_s);
+  }
+  const EngineStats s = h.engine.stats();
+  EXPECT_EQ(s.requests_finished_total, cases.size() + 1);  // + the probe
+  EXPECT_EQ(s.ttft_s.count, cases.size() + 1);
+  ASSERT_EQ(s.moe_layers.size(), 1u);
+  EXPECT_EQ(s.expert_tokens[0][0] * 2, s.expert_tokens[0][2]);
+  EXPECT_EQ(static_cast<uint64_t>(s.expert_tokens[0][0]), s.forward_tokens_total);
+  EXPECT_FALSE(h.engine.submit({{1}, greedy(1)}, {}).ok()) << "accepted after shutdown";
+}
+
+TEST(Scheduler, ShutdownWithoutDrainAborts) {
+  Harness h(EngineOptions{});
+  const RequestId a = h.submit({1, 2, 3}, greedy(100));
+  h.engine.step();
+  h.engine.shutdown(/*drain=*/false);
+  EXPECT_EQ(h.results.at(a).finish->reason, FinishReason::kAbort);
+  EXPECT_EQ(h.engine.stats().kv_used_tokens, 0);
+}
+
+}  // namespace
+}  // namespace fp4moe::engine

@@ -1,0 +1,47 @@
+// `fp4moe bench-one-batch` end to end: runs the built binary (FP4MOE_CLI) on the embedded default
+// model and checks the JSON rows (one per batch size, positive latencies) and the bad-input errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "testing/testing.h"
+
+namespace {
+
+int run(const std::string& args, std::string* out) {
+  return fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-one-batch " + args, out);
+}
+
+TEST(BenchOneBatch, DefaultModelJson) {
+  std::string out;
+  ASSERT_EQ(run("--batch-size 1,3 --input-len 8 --output-len 3 --json", &out), 0) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j["architecture"], "GlmMoeDsaForCausalLM");
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["batch_size"], 1);
+  EXPECT_EQ(j["results"][1]["batch_size"], 3);
+  for (const auto& r : j["results"]) {
+    EXPECT_GT(r["prefill_latency_s"].get<double>(), 0.0);
+    EXPECT_GT(r["median_decode_latency_s"].get<double>(), 0.0);
+    EXPECT_GE(r["total_latency_s"].get<double>(), r["prefill_latency_s"].get<double>());
+  }
+}
+
+TEST(BenchOneBatch, TablePrintsEveryBatchSize) {
+  std::string out;
+  ASSERT_EQ(run("--batch-size 2 --input-len 4 --output-len 2", &out), 0) << out;
+  EXPECT_NE(out.find("decode tok/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n     2 "), std::string::npos) << out;
+}
+
+TEST(BenchOneBatch, BadInputNamesTheOption) {
+  std::string out;
+  EXPECT_NE(run("--batch-size 2,x", &out), 0);
+  EXPECT_NE(out.find("--batch-size entry \"x\""), std::string::npos) << out;
+  EXPECT_NE(run("--input-len 9000 --output-len 16", &out), 0);
+  EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
+}
+
+}  // namespace
