@@ -9,4 +9,5 @@ bash scripts/setup.sh
 jobs=${FP4MOE_JOBS:-$(nproc)}
 cmake -S . -B build -G Ninja -DFP4MOE_FUZZ=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
+./build/fp4moe version
 ctest --test-dir build --output-on-failure -j "$jobs" "$@"

@@ -1,8 +1,13 @@
-// `fp4moe version`: the build's version, commit and CUDA support.
+// `fp4moe version`: the build's version, commit and CUDA support, and whether a usable GPU is
+// visible (with the reason when not: scripts/test.sh prints it so that skipped GPU tests say why).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "tools/commands.h"
+
+#ifdef FP4MOE_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 namespace fp4moe::tools {
 
@@ -15,6 +20,16 @@ void register_version_command(CLI::App& app) {
     const char* cuda = "no";
 #endif
     fmt::print("fp4moe {} (commit {}), CUDA kernels: {}\n", FP4MOE_VERSION, FP4MOE_GIT_COMMIT, cuda);
+#ifdef FP4MOE_HAVE_CUDA
+    std::string why;
+    if (cuda::cuda_device_available(&why)) {
+      fmt::print("GPU: {}\n", cuda::cuda_device_description(0));
+    } else {
+      fmt::print("GPU: none usable ({}); tests labelled gpu skip\n", why);
+    }
+#else
+    fmt::print("GPU: not built with CUDA; tests labelled gpu are not built\n");
+#endif
   });
 }
 

@@ -14,5 +14,8 @@ void register_quantize_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
 void register_tokenize_command(CLI::App& app);
 void register_generate_command(CLI::App& app);
+void register_bench_one_batch_command(CLI::App& app);
+void register_serve_command(CLI::App& app);
+void register_bench_serving_command(CLI::App& app);
 
 }  // namespace fp4moe::tools

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   fp4moe::tools::register_plan_command(app);
   fp4moe::tools::register_tokenize_command(app);
   fp4moe::tools::register_generate_command(app);
+  fp4moe::tools::register_bench_one_batch_command(app);
+  fp4moe::tools::register_serve_command(app);
+  fp4moe::tools::register_bench_serving_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

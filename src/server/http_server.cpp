@@ -1,0 +1,539 @@
+// HttpServer: routes, request flow and SSE streaming; see http_server.h.
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <deque>
+#include <sstream>
+
+#include "core/error.h"
+#include "server/protocol.h"
+
+namespace fp4moe::server {
+namespace {
+
+using nlohmann::json;
+constexpr int kListenBacklog = 1024;  // pending connections (httplib's own is 5)
+
+// Engine events of one request, handed from the inference thread to the HTTP thread.
+class Channel {
+ public:
+  void push(const engine::RequestOutput& out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(out);
+    }
+    cv_.notify_one();
+  }
+  // Waits up to `wait` for the next event.
+  std::optional<engine::RequestOutput> pop(std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, wait, [&] { return !events_.empty(); })) return std::nullopt;
+    engine::RequestOutput out = std::move(events_.front());
+    events_.pop_front();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<engine::RequestOutput> events_;
+};
+
+ApiError unavailable(const std::string& message, int retry_after_s) {
+  ApiError e;
+  e.status = 503;
+  e.type = "unavailable_error";
+  e.message = message;
+  e.retry_after_s = retry_after_s;
+  return e;
+}
+
+ApiError from_rejection(const engine::Rejection& r, int retry_after_s, const std::string& max_tokens_field) {
+  ApiError e;
+  switch (r.kind) {
+    case engine::RejectKind::kQueueFull:
+      e = unavailable("the waiting queue is full: " + r.message, retry_after_s);
+      e.type = "overloaded_error";
+      break;
+    case engine::RejectKind::kShuttingDown:
+      e = unavailable("the server is shutting down: " + r.message, retry_after_s);
+      break;
+    case engine::RejectKind::kTooLong:
+      e = bad_request(max_tokens_field, r.message);
+      e.type = "context_length_exceeded";
+      break;
+    case engine::RejectKind::kBadParam:
+      e = bad_request("", r.message);
+      break;
+  }
+  return e;
+}
+
+std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+const char* endpoint_prefix(Endpoint e) {
+  switch (e) {
+    case Endpoint::kGenerate: return "";
+    case Endpoint::kCompletions: return "cmpl-";
+    case Endpoint::kChat: return "chatcmpl-";
+  }
+  return "";
+}
+
+}  // namespace
+
+// Counts an open handler or stream for the drain on shutdown.
+struct ActiveGuard {
+  explicit ActiveGuard(HttpServer* s) : s_(s) {
+    std::lock_guard<std::mutex> lock(s_->active_mu_);
+    ++s_->n_active_;
+  }
+  ~ActiveGuard() {
+    {
+      std::lock_guard<std::mutex> lock(s_->active_mu_);
+      --s_->n_active_;
+    }
+    s_->active_cv_.notify_all();
+  }
+  HttpServer* s_;
+};
+
+// One generation request from parse to the last byte.
+class RequestHandler {
+ public:
+  RequestHandler(HttpServer* server, Endpoint endpoint) : server_(server), endpoint_(endpoint) {}
+
+  void handle(const httplib::Request& http_req, httplib::Response& res) {
+    auto engine = server_->engine_or_503();
+    ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
+    const engine::Tokenizer& tok = engine->tokenizer();
+
+    std::vector<engine::TokenId> prompt;
+    if (req.input_ids) {
+      prompt = *req.input_ids;
+    } else if (req.text) {
+      prompt = tok.encode(*req.text, {.add_special_tokens = true, .parse_special = true});
+    } else {
+      std::shared_ptr<const engine::ChatTemplate> tmpl;
+      {
+        std::lock_guard<std::mutex> lock(server_->mu_);
+        tmpl = server_->chat_template_;
+      }
+      if (!tmpl) throw bad_request("messages", "the served model has no chat template; use /v1/completions");
+      std::string rendered;
+      try {
+        engine::ChatTemplate::RenderOptions ro;
+        ro.add_generation_prompt = req.add_generation_prompt;
+        ro.extra = req.chat_template_kwargs;
+        rendered = tmpl->render(*req.messages, ro);
+      } catch (const fp4moe::Error& e) {
+        throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
+      }
+      prompt = tok.encode(rendered, {.add_special_tokens = false, .parse_special = true});
+    }
+    const std::string prompt_field = req.input_ids ? (endpoint_ == Endpoint::kGenerate ? "input_ids" : "prompt")
+                                                   : (req.text ? (endpoint_ == Endpoint::kGenerate ? "text" : "prompt")
+                                                               : "messages");
+    if (prompt.empty()) throw bad_request(prompt_field, prompt_field + " gives an empty prompt (0 tokens)");
+    const int64_t vocab = engine->model_config().vocab_size;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      if (prompt[i] >= vocab) {
+        throw bad_request(prompt_field, prompt_field + "[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
+                                            " is outside the model's vocabulary of " + std::to_string(vocab));
+      }
+    }
+    const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+    const int64_t context = engine->context_length();
+    const int64_t kv = engine->kv_capacity_tokens();
+    if (n_prompt >= context || n_prompt >= kv) {
+      ApiError e;
+      e.status = 413;
+      e.type = "context_length_exceeded";
+      e.param = prompt_field;
+      const bool ctx_bound = n_prompt >= context;
+      e.message = "the prompt has " + std::to_string(n_prompt) + " tokens; the " +
+                  (ctx_bound ? "context holds " + std::to_string(context)
+                             : "KV cache holds " + std::to_string(kv)) +
+                  " tokens, leaving no room for output";
+      e.extra = {{"prompt_tokens", n_prompt}, {"context_length", context}, {"kv_capacity_tokens", kv}};
+      throw e;
+    }
+    req.sampling.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens
+                                                     : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
+
+    auto channel = std::make_shared<Channel>();
+    engine::SubmitResult sr =
+        engine->submit({prompt, req.sampling}, [channel](const engine::RequestOutput& out) { channel->push(out); });
+    const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
+    if (!sr.ok()) throw from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+
+    ResponseContext ctx;
+    ctx.id = endpoint_prefix(endpoint_) + std::to_string(sr.id);
+    {
+      std::lock_guard<std::mutex> lock(server_->mu_);
+      ctx.model = server_->options_.served_model_name;
+    }
+    ctx.created = unix_now();
+    ctx.prompt_tokens = n_prompt;
+    ctx.tokenizer = &tok;
+
+    if (!req.stream) {
+      Accumulated acc;
+      while (!acc.finish) {
+        if (auto ev = channel->pop(std::chrono::milliseconds(1000))) acc.add(*ev);
+      }
+      if (acc.finish->reason == engine::FinishReason::kError) {
+        FP4MOE_FAIL() << "request " << ctx.id << " failed in the engine: " << acc.finish->error;
+      }
+      json body = endpoint_ == Endpoint::kGenerate   ? generate_response(req, ctx, acc)
+                  : endpoint_ == Endpoint::kChat ? chat_response(req, ctx, acc)
+                                                 : completion_response(req, ctx, acc);
+      res.status = 200;
+      res.set_content(dump_json(body), "application/json");
+      return;
+    }
+    stream(std::move(engine), channel, sr.id, std::move(req), std::move(ctx), res);
+  }
+
+ private:
+  // SSE: `data: {json}\n\n` per engine event, `data: [DONE]\n\n` at the end. The provider is called
+  // by httplib on this connection's thread after the handler returns; it waits for events and checks
+  // the connection between them. Whatever ends the stream early, the releaser aborts the request.
+  void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel, engine::RequestId id,
+              ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
+    struct State {
+      ParsedRequest req;
+      ResponseContext ctx;
+      Accumulated acc;  // /generate streams cumulative text and ids, as SGLang does
+      bool first = true;
+      bool finished = false;
+      std::unique_ptr<ActiveGuard> active;
+    };
+    auto st = std::make_shared<State>();
+    st->req = std::move(req);
+    st->ctx = std::move(ctx);
+    st->active = std::make_unique<ActiveGuard>(server_);
+    const Endpoint endpoint = endpoint_;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [engine, channel, id, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
+          auto ev = channel->pop(std::chrono::milliseconds(200));
+          if (!ev) {
+            // Idle (queued, or between slow tokens). No SSE comment pings here: sglang.bench_serving
+            // and vllm bench parse every non-empty line as JSON. A client gone while its request
+            // waits is noticed at the first token write that fails.
+            return sink.is_writable();
+          }
+          std::string out;
+          switch (endpoint) {
+            case Endpoint::kGenerate:
+              st->acc.add(*ev);
+              if (!ev->tokens.empty() || ev->finished) out += sse(generate_response(st->req, st->ctx, st->acc));
+              break;
+            case Endpoint::kCompletions:
+              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished)
+                out += sse(completion_chunk(st->req, st->ctx, *ev));
+              break;
+            case Endpoint::kChat:
+              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || st->first) {
+                out += sse(chat_chunk(st->req, st->ctx, *ev, st->first));
+                st->first = false;
+              }
+              break;
+          }
+          if (ev->finished) {
+            st->finished = true;
+            if (ev->finished->reason == engine::FinishReason::kError) {
+              ApiError e;
+              e.status = 500;
+              e.type = "internal_server_error";
+              e.message = "request " + st->ctx.id + " failed in the engine: " + ev->finished->error;
+              out += sse(e.to_json());
+            }
+            if (endpoint != Endpoint::kGenerate && st->req.include_usage)
+              out += sse(usage_chunk(st->req, st->ctx, ev->finished->usage));
+            out += "data: [DONE]\n\n";
+          }
+          if (!out.empty()) {
+            if (!sink.write(out.data(), out.size())) return false;
+          }
+          if (st->finished) sink.done();
+          return true;
+        },
+        [engine, id, st](bool) {
+          if (!st->finished) engine->abort(id);  // client gone or write failed: free the slot and KV
+          st->active.reset();
+        });
+  }
+
+  HttpServer* server_;
+  Endpoint endpoint_;
+};
+
+HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  FP4MOE_CHECK(options_.n_http_threads >= 1) << "HTTP threads " << options_.n_http_threads << " must be >= 1";
+  const int n_threads = options_.n_http_threads;
+  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http_->set_payload_max_length(size_t{64} << 20);
+  // Keep the listening socket's descriptor: httplib listens with a backlog of 5, which drops
+  // connections when dozens of clients connect at once; bind() raises it (listen() again).
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = static_cast<int>(sock);
+  });
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  install_routes();
+}
+
+HttpServer::~HttpServer() {
+  if (listener_.joinable()) {
+    http_->stop();
+    listener_.join();
+  }
+}
+
+void HttpServer::bind() {
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+    FP4MOE_CHECK(port_ > 0) << "cannot listen on " << options_.host << " (any port)";
+  } else {
+    FP4MOE_CHECK(http_->bind_to_port(options_.host, options_.port))
+        << "cannot listen on " << options_.host << ":" << options_.port << " (port taken or host not local?)";
+    port_ = options_.port;
+  }
+  if (listen_fd_ >= 0) {
+    FP4MOE_CHECK(::listen(listen_fd_, kListenBacklog) == 0)
+        << "listen(backlog " << kListenBacklog << ") on " << options_.host << ":" << port_ << " failed";
+  }
+}
+
+void HttpServer::start() {
+  FP4MOE_CHECK(port_ > 0) << "HttpServer::start before bind()";
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+}
+
+void HttpServer::set_engine(std::shared_ptr<engine::Engine> engine,
+                            std::shared_ptr<const engine::ChatTemplate> chat_template) {
+  std::lock_guard<std::mutex> lock(mu_);
+  engine_ = std::move(engine);
+  chat_template_ = std::move(chat_template);
+}
+
+void HttpServer::shutdown(bool drain, double timeout_s) {
+  shutting_down_ = true;
+  std::shared_ptr<engine::Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine = engine_;
+  }
+  if (engine) engine->shutdown(drain);  // finishes (or aborts) every request; their streams then end
+  {
+    std::unique_lock<std::mutex> lock(active_mu_);
+    active_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return n_active_ == 0; });
+  }
+  if (listener_.joinable()) {
+    http_->stop();
+    listener_.join();
+  }
+}
+
+std::shared_ptr<engine::Engine> HttpServer::engine_or_503() const {
+  if (shutting_down_) throw unavailable("the server is shutting down", options_.retry_after_s);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!engine_ || !engine_->is_ready()) throw unavailable("the model is loading", options_.retry_after_s);
+  return engine_;
+}
+
+void HttpServer::count_error(int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.errors_by_status[status];
+}
+
+void HttpServer::install_routes() {
+  // Every handler: count it as active, turn ApiError into its JSON reply and anything else into a 500
+  // that says it is a bug (with the exception's text).
+  auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      ActiveGuard active(this);
+      ApiError err;
+      bool failed = false;
+      try {
+        f(req, res);
+      } catch (const ApiError& e) {
+        err = e;
+        failed = true;
+      } catch (const std::exception& e) {
+        err.status = 500;
+        err.type = "internal_server_error";
+        err.message = std::string("bug: ") + req.method + " " + req.path + " failed: " + e.what();
+        failed = true;
+      }
+      if (failed) {
+        count_error(err.status);
+        res.status = err.status;
+        if (err.retry_after_s > 0) res.set_header("Retry-After", std::to_string(err.retry_after_s));
+        res.set_content(dump_json(err.to_json()), "application/json");
+      }
+    };
+  };
+  auto generation = [this, wrap](Endpoint e) {
+    return wrap([this, e](const httplib::Request& req, httplib::Response& res) { RequestHandler(this, e).handle(req, res); });
+  };
+  http_->Post("/generate", generation(Endpoint::kGenerate));
+  http_->Post("/v1/completions", generation(Endpoint::kCompletions));
+  http_->Post("/v1/chat/completions", generation(Endpoint::kChat));
+
+  http_->Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
+    engine_or_503();
+    res.set_content(R"({"status":"ok"})", "application/json");
+  }));
+  http_->Get("/health_generate", wrap([this](const httplib::Request&, httplib::Response& res) {
+    auto engine = engine_or_503();
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.health_probe_timeout_s * 1000));
+    if (!engine->run_health_probe(timeout)) {
+      ApiError e = unavailable("the engine made no progress within " + std::to_string(options_.health_probe_timeout_s) +
+                                   " s",
+                               options_.retry_after_s);
+      throw e;
+    }
+    res.set_content(R"({"status":"ok"})", "application/json");
+  }));
+  http_->Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
+    std::shared_ptr<engine::Engine> engine;
+    HttpCounters counters;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine = engine_;
+      counters = counters_;
+    }
+    engine::EngineStats stats;  // empty until the model is loaded
+    if (engine) stats = engine->stats();
+    res.set_content(render_metrics(stats, counters), "text/plain; version=0.0.4");
+  }));
+  http_->Get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {
+    json info = options_.launch_args;
+    info["served_model_name"] = options_.served_model_name;
+    info["host"] = options_.host;
+    info["port"] = port_;
+    std::shared_ptr<engine::Engine> engine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine = engine_;
+    }
+    info["is_ready"] = engine && engine->is_ready() && !shutting_down_;
+    if (engine) {
+      const auto& o = engine->options();
+      info["max_running_requests"] = o.max_running_requests;
+      info["max_total_num_tokens"] = engine->kv_capacity_tokens();
+      info["page_size"] = o.page_size;
+      info["chunked_prefill_size"] = o.chunked_prefill_size;
+      info["max_prefill_tokens"] = o.max_prefill_tokens;
+      info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
+      info["max_queued_requests"] = o.max_queued_requests;
+      info["schedule_policy"] = engine::to_string(o.schedule_policy);
+      info["context_length"] = engine->context_length();
+      info["vocab_size"] = engine->model_config().vocab_size;
+      info["architecture"] = engine->model_config().architecture;
+      const engine::EngineStats s = engine->stats();
+      info["internal_states"] = json::array({{{"num_running_reqs", s.n_running},
+                                              {"num_queue_reqs", s.n_waiting},
+                                              {"num_used_tokens", s.kv_used_tokens},
+                                              {"max_total_num_tokens", s.kv_total_tokens},
+                                              {"generation_tokens_total", s.generation_tokens_total},
+                                              {"prompt_tokens_total", s.prompt_tokens_total}}});
+    }
+    res.set_content(dump_json(info), "application/json");
+  }));
+  http_->Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
+    std::shared_ptr<engine::Engine> engine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine = engine_;
+    }
+    json m = {{"id", options_.served_model_name},
+              {"object", "model"},
+              {"created", unix_now()},
+              {"owned_by", "fp4moe"},
+              {"root", options_.served_model_name}};
+    if (engine) m["max_model_len"] = engine->context_length();
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+  }));
+  http_->Post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+    auto engine = engine_or_503();
+    const json body = parse_body(req.body);
+    bool add_special = true;
+    if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) throw bad_request("add_special_tokens", "add_special_tokens must be true or false");
+      add_special = it->get<bool>();
+    }
+    auto it = body.find("prompt");
+    if (it == body.end() || !(it->is_string() || it->is_array()))
+      throw bad_request("prompt", "prompt must be a string or a list of strings");
+    const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
+    json out = {{"max_model_len", engine->context_length()}};
+    if (it->is_string()) {
+      const auto ids = engine->tokenizer().encode(it->get<std::string>(), eo);
+      out["tokens"] = ids;
+      out["count"] = ids.size();
+    } else {
+      json tokens = json::array(), counts = json::array();
+      for (size_t i = 0; i < it->size(); ++i) {
+        if (!(*it)[i].is_string()) throw bad_request("prompt", "prompt[" + std::to_string(i) + "] is not a string");
+        const auto ids = engine->tokenizer().encode((*it)[i].get<std::string>(), eo);
+        tokens.push_back(ids);
+        counts.push_back(ids.size());
+      }
+      out["tokens"] = tokens;
+      out["count"] = counts;
+    }
+    res.set_content(dump_json(out), "application/json");
+  }));
+  http_->Post("/v1/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+    auto engine = engine_or_503();
+    const json body = parse_body(req.body);
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array()) throw bad_request("tokens", "tokens must be a list of token ids (or of lists)");
+    const engine::Tokenizer& tok = engine->tokenizer();
+    auto decode = [&](const json& list, const std::string& field) {
+      std::vector<engine::TokenId> ids;
+      for (size_t i = 0; i < list.size(); ++i) {
+        const json& e = list[i];
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size())
+          throw bad_request(field, field + "[" + std::to_string(i) + "] = " + dump_json(e) +
+                                       " is not a token id in [0, " + std::to_string(tok.vocab_size()) + ")");
+        ids.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
+      }
+      return tok.decode(ids);
+    };
+    json out;
+    if (!it->empty() && (*it)[0].is_array()) {
+      json texts = json::array();
+      for (size_t i = 0; i < it->size(); ++i) texts.push_back(decode((*it)[i], "tokens[" + std::to_string(i) + "]"));
+      out["text"] = texts;
+    } else {
+      out["text"] = decode(*it, "tokens");
+    }
+    res.set_content(dump_json(out), "application/json");
+  }));
+  // Unknown paths and methods: the same typed JSON error.
+  http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.status = res.status;
+    e.type = res.status == 404 ? "not_found_error" : "invalid_request_error";
+    e.message = "no route for " + req.method + " " + req.path + " (HTTP " + std::to_string(res.status) + ")";
+    count_error(res.status);
+    res.set_content(dump_json(e.to_json()), "application/json");
+  });
+}
+
+}  // namespace fp4moe::server

@@ -1,0 +1,99 @@
+// The HTTP front end (cpp-httplib): SGLang-native and OpenAI-compatible endpoints over one
+// engine::Engine. HTTP threads only parse, tokenize, render chat templates, submit and stream back;
+// the engine's inference thread does all model work (../shared/HOUSE_STYLE.md).
+//
+//   POST /generate                 SGLang: text | input_ids, sampling_params, stream, return_logprob
+//   POST /v1/completions           OpenAI (SSE with stream, usage with stream_options.include_usage)
+//   POST /v1/chat/completions      OpenAI chat (the model's chat template)
+//   GET  /v1/models                the served model
+//   GET  /health                   503 while loading or shutting down, 200 when ready
+//   GET  /health_generate          200 when the engine makes progress (a 1-token probe when idle)
+//   GET  /metrics                  Prometheus text (metrics.h)
+//   GET  /get_server_info          launch arguments + live state
+//   POST /v1/tokenize, /v1/detokenize   SGLang shapes
+// Errors are {"error": {"message", "type", "code", "param", ...numbers}}: 400 bad JSON / field,
+// 413 prompt longer than the context (both lengths), 503 + Retry-After when the waiting queue is full
+// or the model is still loading, 500 only for bugs. A streaming client that goes away aborts its
+// request (its KV is freed at the engine's next step).
+//
+// Lifecycle: bind() (the socket opens first, so /health answers 503 during load), start(),
+// set_engine() once the model is loaded, shutdown(drain) on SIGTERM.
+// Tested end to end by tests/server/test_server_e2e.cpp and test_server_load.cpp (the real binary).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/chat_template.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace fp4moe::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  int n_http_threads = 128;          // one per open connection (streams hold theirs)
+  std::string served_model_name = "default";
+  nlohmann::json launch_args = nlohmann::json::object();  // reported by /get_server_info
+  double health_probe_timeout_s = 20.0;
+  int retry_after_s = 1;             // Retry-After of 503 replies
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Opens the listening socket; fails naming host:port (e.g. when the port is taken).
+  void bind();
+  int port() const { return port_; }
+  // Serves on a background thread; until set_engine() every model endpoint answers 503.
+  void start();
+  // Hands over the started engine and the model's chat template (null: chat requests get 400).
+  void set_engine(std::shared_ptr<engine::Engine> engine, std::shared_ptr<const engine::ChatTemplate> chat_template);
+  // Stops taking requests (503 from now on), lets the engine finish (drain) or abort its requests,
+  // waits up to timeout_s for open streams to end, then closes the listener and joins its thread.
+  void shutdown(bool drain, double timeout_s);
+  bool is_shutting_down() const { return shutting_down_.load(); }
+
+ private:
+  struct Route;
+  void install_routes();
+  std::shared_ptr<engine::Engine> engine_or_503() const;
+  void count_error(int status);
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  int port_ = -1;
+  int listen_fd_ = -1;
+  std::atomic<bool> shutting_down_{false};
+
+  mutable std::mutex mu_;
+  std::shared_ptr<engine::Engine> engine_;
+  std::shared_ptr<const engine::ChatTemplate> chat_template_;
+  HttpCounters counters_;
+
+  // Open request handlers and streams (drained before the listener closes).
+  std::mutex active_mu_;
+  std::condition_variable active_cv_;
+  int64_t n_active_ = 0;
+  friend struct ActiveGuard;
+  friend class RequestHandler;
+};
+
+}  // namespace fp4moe::server

@@ -1,0 +1,92 @@
+// Prometheus rendering of EngineStats: see metrics.h.
+#include "server/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace fp4moe::server {
+namespace {
+
+constexpr const char* kPrefix = "fp4moe:";
+
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  char buf[64];
+  for (int precision = 15; precision <= 17; ++precision) {  // the shortest text that reads back exactly
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+void header(std::ostringstream& o, const std::string& name, const char* type, const char* help) {
+  o << "# HELP " << kPrefix << name << " " << help << "\n";
+  o << "# TYPE " << kPrefix << name << " " << type << "\n";
+}
+
+void scalar(std::ostringstream& o, const std::string& name, const char* type, const char* help, double v) {
+  header(o, name, type, help);
+  o << kPrefix << name << " " << num(v) << "\n";
+}
+
+void histogram(std::ostringstream& o, const std::string& name, const char* help, const engine::Histogram& h) {
+  header(o, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += i < h.counts.size() ? h.counts[i] : 0;
+    o << kPrefix << name << "_bucket{le=\"" << num(h.bounds[i]) << "\"} " << cumulative << "\n";
+  }
+  o << kPrefix << name << "_bucket{le=\"+Inf\"} " << h.count << "\n";
+  o << kPrefix << name << "_sum " << num(h.sum) << "\n";
+  o << kPrefix << name << "_count " << h.count << "\n";
+}
+
+}  // namespace
+
+std::string render_metrics(const engine::EngineStats& s, const HttpCounters& http) {
+  std::ostringstream o;
+  scalar(o, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", static_cast<double>(s.prompt_tokens_total));
+  scalar(o, "generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(s.generation_tokens_total));
+  scalar(o, "num_requests_total", "counter", "Requests accepted by the engine.", static_cast<double>(s.requests_submitted_total));
+  scalar(o, "num_finished_requests_total", "counter", "Requests finished for any reason.",
+         static_cast<double>(s.requests_finished_total));
+  scalar(o, "num_aborted_requests_total", "counter", "Requests aborted (client gone or shutdown).",
+         static_cast<double>(s.requests_aborted_total));
+  scalar(o, "num_rejected_requests_total", "counter", "Requests rejected at submit (queue full, too long, bad parameter).",
+         static_cast<double>(s.requests_rejected_total));
+  scalar(o, "num_preemptions_total", "counter", "Running requests preempted by recompute (KV exhausted).",
+         static_cast<double>(s.preemptions_total));
+  scalar(o, "forward_steps_total", "counter", "Engine steps (one model forward each).", static_cast<double>(s.steps_total));
+  scalar(o, "continuous_decode_steps_total", "counter", "Extra decode steps run without re-scheduling.",
+         static_cast<double>(s.continuous_steps_total));
+  scalar(o, "forward_tokens_total", "counter", "Tokens through the model forward.", static_cast<double>(s.forward_tokens_total));
+  scalar(o, "forward_seconds_total", "counter", "Wall seconds spent in the model forward.", s.forward_seconds_total);
+  scalar(o, "is_ready", "gauge", "1 when the model is loaded and warmed up.", s.ready ? 1.0 : 0.0);
+  scalar(o, "num_running_reqs", "gauge", "Requests in the running batch.", static_cast<double>(s.n_running));
+  scalar(o, "num_queue_reqs", "gauge", "Requests waiting to be scheduled.", static_cast<double>(s.n_waiting));
+  scalar(o, "num_used_tokens", "gauge", "KV cache tokens in use (whole blocks).", static_cast<double>(s.kv_used_tokens));
+  scalar(o, "max_total_num_tokens", "gauge", "KV cache capacity in tokens.", static_cast<double>(s.kv_total_tokens));
+  scalar(o, "token_usage", "gauge", "Fraction of the KV cache in use.",
+         s.kv_total_tokens > 0 ? static_cast<double>(s.kv_used_tokens) / static_cast<double>(s.kv_total_tokens) : 0.0);
+  histogram(o, "time_to_first_token_seconds", "Time from submit to the first generated token.", s.ttft_s);
+  histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token_s);
+  histogram(o, "e2e_request_latency_seconds", "Time from submit to finish.", s.e2e_s);
+  histogram(o, "decode_batch_size", "Requests advanced by one decode token per step.", s.decode_batch_size);
+  header(o, "http_errors_total", "counter", "Error replies by HTTP status.");
+  for (const auto& [code, n] : http.errors_by_status) {
+    o << kPrefix << "http_errors_total{code=\"" << code << "\"} " << n << "\n";
+  }
+  header(o, "moe_expert_tokens_total", "counter", "Tokens routed to each expert of each MoE layer.");
+  for (size_t l = 0; l < s.moe_layers.size() && l < s.expert_tokens.size(); ++l) {
+    for (size_t e = 0; e < s.expert_tokens[l].size(); ++e) {
+      o << kPrefix << "moe_expert_tokens_total{layer=\"" << s.moe_layers[l] << "\",expert=\"" << e << "\"} "
+        << s.expert_tokens[l][e] << "\n";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace fp4moe::server

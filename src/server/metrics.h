@@ -1,0 +1,29 @@
+// Prometheus text exposition (format 0.0.4) of the engine's statistics for GET /metrics, every name
+// with the `fp4moe:` prefix (SGLang's `sglang:` names where one exists):
+//   counters   fp4moe:prompt_tokens_total, generation_tokens_total, num_requests_total,
+//              num_finished_requests_total, num_aborted_requests_total, num_rejected_requests_total,
+//              num_preemptions_total, forward_steps_total, continuous_decode_steps_total,
+//              http_errors_total{code}, moe_expert_tokens_total{layer, expert}
+//   gauges     fp4moe:num_running_reqs, num_queue_reqs, num_used_tokens, max_total_num_tokens,
+//              token_usage (KV fraction), is_ready
+//   histograms fp4moe:time_to_first_token_seconds, inter_token_latency_seconds,
+//              e2e_request_latency_seconds, decode_batch_size
+// Tested by tests/server/test_server_e2e.cpp, which parses the text with its own parser.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace fp4moe::server {
+
+// HTTP-side counts the engine does not see (error replies by status code).
+struct HttpCounters {
+  std::map<int, uint64_t> errors_by_status;
+};
+
+std::string render_metrics(const engine::EngineStats& stats, const HttpCounters& http);
+
+}  // namespace fp4moe::server

@@ -1,0 +1,464 @@
+// Request parsing and response formatting: see protocol.h.
+#include "server/protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace fp4moe::server {
+namespace {
+
+using nlohmann::json;
+
+std::string show(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Typed access to optional fields of one JSON object; `prefix` names nested objects in errors
+// ("sampling_params.temperature"). A null value counts as absent (OpenAI clients send nulls).
+class Fields {
+ public:
+  Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
+
+  std::string name(const std::string& key) const { return prefix_ + key; }
+  const json* find(const std::string& key) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  std::optional<double> number(const std::string& key, double lo, double hi) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) throw bad_request(name(key), name(key) + " must be a number, got " + show(*v));
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < lo || d > hi) {
+      std::ostringstream m;
+      m << name(key) << " = " << show(*v) << " is outside [" << lo << ", " << hi << "]";
+      throw bad_request(name(key), m.str());
+    }
+    return d;
+  }
+  std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
+      throw bad_request(name(key), name(key) + " must be an integer, got " + show(*v));
+    const double d = v->get<double>();
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      std::ostringstream m;
+      m << name(key) << " = " << show(*v) << " is outside [" << lo << ", " << hi << "]";
+      throw bad_request(name(key), m.str());
+    }
+    return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+  }
+  std::optional<bool> boolean(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) throw bad_request(name(key), name(key) + " must be true or false, got " + show(*v));
+    return v->get<bool>();
+  }
+  std::optional<std::string> string(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) throw bad_request(name(key), name(key) + " must be a string, got " + show(*v));
+    return v->get<std::string>();
+  }
+  std::vector<engine::TokenId> ids(const json& v, const std::string& field) const {
+    if (!v.is_array()) throw bad_request(field, field + " must be an array of token ids, got " + show(v));
+    std::vector<engine::TokenId> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& e = v[i];
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) {
+        throw bad_request(field, field + "[" + std::to_string(i) + "] = " + show(e) +
+                                     " is not a token id (a non-negative integer)");
+      }
+      out.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
+    }
+    return out;
+  }
+  std::vector<std::string> strings_or_string(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return {};
+    if (v->is_string()) return {v->get<std::string>()};
+    if (!v->is_array()) throw bad_request(name(key), name(key) + " must be a string or a list of strings, got " + show(*v));
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string())
+        throw bad_request(name(key), name(key) + "[" + std::to_string(i) + "] = " + show((*v)[i]) + " is not a string");
+      if ((*v)[i].get<std::string>().empty())
+        throw bad_request(name(key), name(key) + "[" + std::to_string(i) + "] is an empty stop string");
+      out.push_back((*v)[i].get<std::string>());
+    }
+    return out;
+  }
+
+ private:
+  const json& obj_;
+  std::string prefix_;
+};
+
+constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
+constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound
+
+// The sampling fields SGLang's sampling_params and OpenAI's bodies share (OpenAI names the token
+// budget max_tokens / max_completion_tokens; SGLang max_new_tokens).
+void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
+  engine::SamplingParams& s = r->sampling;
+  if (openai) {
+    auto mt = f.integer("max_completion_tokens", 0, kMaxTokensLimit);
+    if (!mt) mt = f.integer("max_tokens", 0, kMaxTokensLimit);
+    r->max_new_tokens = mt;
+  } else {
+    r->max_new_tokens = f.integer("max_new_tokens", 0, kMaxTokensLimit);
+  }
+  if (auto v = f.number("temperature", 0.0, 100.0)) s.temperature = *v;
+  if (auto v = f.number("top_p", 0.0, 1.0)) {
+    if (*v <= 0.0) throw bad_request(f.name("top_p"), f.name("top_p") + " = " + show(*v) + " must be in (0, 1]");
+    s.top_p = *v;
+  }
+  if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v;
+  if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = *v;
+  if (auto v = f.number("repetition_penalty", 0.0, 10.0)) {
+    if (*v <= 0.0)
+      throw bad_request(f.name("repetition_penalty"), f.name("repetition_penalty") + " = " + show(*v) + " must be > 0");
+    s.repetition_penalty = *v;
+  }
+  if (auto v = f.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = *v;
+  if (auto v = f.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = *v;
+  std::optional<int64_t> seed = f.integer("seed", 0, INT64_MAX);
+  if (!seed) seed = f.integer("sampling_seed", 0, INT64_MAX);  // SGLang's name
+  if (seed) s.seed = static_cast<uint64_t>(*seed);
+  s.stop = f.strings_or_string("stop");
+  if (const json* v = f.find("stop_token_ids")) s.stop_token_ids = f.ids(*v, f.name("stop_token_ids"));
+  if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
+  if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
+  if (auto n = f.integer("n", 1, kMaxTokensLimit); n && *n != 1)
+    throw bad_request(f.name("n"), f.name("n") + " = " + std::to_string(*n) + ": only n = 1 is supported");
+}
+
+void parse_stream(const Fields& f, ParsedRequest* r) {
+  if (auto v = f.boolean("stream")) r->stream = *v;
+  if (const json* so = f.find("stream_options")) {
+    if (!so->is_object()) throw bad_request("stream_options", "stream_options must be an object, got " + show(*so));
+    if (auto v = Fields(*so, "stream_options.").boolean("include_usage")) r->include_usage = *v;
+  }
+}
+
+}  // namespace
+
+json ApiError::to_json() const {
+  json e = {{"message", message}, {"type", type}, {"code", status}};
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) e[it.key()] = it.value();
+  }
+  return json{{"error", e}};
+}
+
+ApiError bad_request(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.status = 400;
+  e.type = "invalid_request_error";
+  e.param = param;
+  e.message = message;
+  return e;
+}
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw bad_request("body", std::string("malformed JSON body (") + std::to_string(body.size()) +
+                                  " bytes): " + e.what());
+  }
+  if (!j.is_object()) throw bad_request("body", "the body must be a JSON object, got " + show(j));
+  return j;
+}
+
+ParsedRequest parse_request(Endpoint endpoint, const json& body) {
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  Fields top(body, "");
+  if (auto m = top.string("model")) r.model = *m;
+  switch (endpoint) {
+    case Endpoint::kGenerate: {
+      const json* text = top.find("text");
+      const json* ids = top.find("input_ids");
+      if ((text != nullptr) == (ids != nullptr))
+        throw bad_request("text", "give exactly one of \"text\" and \"input_ids\"");
+      if (text) {
+        if (!text->is_string())
+          throw bad_request("text", "text must be a string (batched lists are not supported), got " + show(*text));
+        r.text = text->get<std::string>();
+      } else {
+        if (ids->is_array() && !ids->empty() && (*ids)[0].is_array())
+          throw bad_request("input_ids", "input_ids must be one list of ids (batched lists are not supported)");
+        r.input_ids = top.ids(*ids, "input_ids");
+      }
+      if (const json* sp = top.find("sampling_params")) {
+        if (!sp->is_object()) throw bad_request("sampling_params", "sampling_params must be an object, got " + show(*sp));
+        parse_sampling(Fields(*sp, "sampling_params."), &r, false);
+      }
+      if (auto v = top.boolean("stream")) r.stream = *v;
+      if (auto v = top.boolean("return_logprob")) r.return_logprob = *v;
+      if (auto v = top.integer("top_logprobs_num", 0, kMaxTopLogprobs)) r.top_logprobs = *v;
+      break;
+    }
+    case Endpoint::kCompletions: {
+      const json* p = top.find("prompt");
+      if (!p) throw bad_request("prompt", "prompt is required (a string or a list of token ids)");
+      if (p->is_string()) {
+        r.text = p->get<std::string>();
+      } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+        r.text = (*p)[0].get<std::string>();
+      } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+        r.input_ids = top.ids(*p, "prompt");
+      } else {
+        throw bad_request("prompt", "prompt must be a string, a one-string list or a list of token ids, got " + show(*p));
+      }
+      parse_sampling(top, &r, true);
+      parse_stream(top, &r);
+      if (auto v = top.integer("logprobs", 0, kMaxTopLogprobs)) {
+        r.return_logprob = true;
+        r.top_logprobs = *v;
+      }
+      if (auto v = top.boolean("echo"); v && *v) throw bad_request("echo", "echo = true is not supported");
+      break;
+    }
+    case Endpoint::kChat: {
+      const json* m = top.find("messages");
+      if (!m || !m->is_array() || m->empty())
+        throw bad_request("messages", "messages must be a non-empty list, got " + (m ? show(*m) : std::string("nothing")));
+      for (size_t i = 0; i < m->size(); ++i) {
+        const json& msg = (*m)[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (!msg.is_object()) throw bad_request(at, at + " must be an object, got " + show(msg));
+        auto role = msg.find("role");
+        if (role == msg.end() || !role->is_string()) throw bad_request(at + ".role", at + ".role must be a string");
+        auto content = msg.find("content");
+        if (content != msg.end() && !content->is_string() && !content->is_null() && !content->is_array())
+          throw bad_request(at + ".content", at + ".content must be a string or a list of parts, got " + show(*content));
+      }
+      // Re-parse with key order kept: the template's tojson prints keys as the client sent them.
+      r.messages = nlohmann::ordered_json::parse(m->dump());
+      parse_sampling(top, &r, true);
+      parse_stream(top, &r);
+      if (auto v = top.boolean("logprobs")) r.return_logprob = *v;
+      if (auto v = top.integer("top_logprobs", 0, kMaxTopLogprobs)) {
+        if (!r.return_logprob && *v > 0) throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
+        r.top_logprobs = *v;
+      }
+      if (auto v = top.boolean("add_generation_prompt")) r.add_generation_prompt = *v;
+      if (const json* kw = top.find("chat_template_kwargs")) {
+        if (!kw->is_object())
+          throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object, got " + show(*kw));
+        r.chat_template_kwargs = nlohmann::ordered_json::parse(kw->dump());
+      }
+      break;
+    }
+  }
+  r.sampling.logprobs = r.return_logprob;
+  r.sampling.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
+  return r;
+}
+
+int64_t default_max_new_tokens(Endpoint endpoint, int64_t prompt_tokens, int64_t context_length) {
+  const int64_t left = std::max<int64_t>(context_length - prompt_tokens, 0);
+  switch (endpoint) {
+    case Endpoint::kGenerate: return std::min<int64_t>(128, left);
+    case Endpoint::kCompletions: return std::min<int64_t>(16, left);
+    case Endpoint::kChat: return left;
+  }
+  return left;
+}
+
+void Accumulated::add(const engine::RequestOutput& out) {
+  tokens.insert(tokens.end(), out.tokens.begin(), out.tokens.end());
+  text += out.text;
+  if (out.finished) finish = out.finished;
+}
+
+std::string finish_reason_string(const engine::Finish& f) { return engine::to_string(f.reason); }
+
+json usage_json(const engine::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+std::string token_bytes(const ResponseContext& ctx, engine::TokenId id) {
+  if (!ctx.tokenizer || id < 0 || id >= ctx.tokenizer->vocab_size()) return "";
+  try {
+    return ctx.tokenizer->token_bytes(id);
+  } catch (const std::exception&) {
+    return "";  // an id inside the model's vocabulary that the tokenizer does not name
+  }
+}
+
+// A token's text for logprobs. A token that is not whole UTF-8 (part of a multi-byte character) is
+// written "bytes:\xNN..." as vLLM does, so distinct tokens never collapse into one U+FFFD key.
+std::string token_text(const ResponseContext& ctx, engine::TokenId id) {
+  const std::string b = token_bytes(ctx, id);
+  if (valid_utf8(b)) return b;
+  std::string out = "bytes:";
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned char c : b) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json finish_json(const engine::Finish& f) {
+  json j = {{"type", finish_reason_string(f)}};
+  if (f.matched_stop_str) j["matched"] = *f.matched_stop_str;
+  else if (f.matched_stop_token) j["matched"] = *f.matched_stop_token;
+  if (f.reason == engine::FinishReason::kLength) j["length"] = f.usage.completion_tokens;
+  if (f.reason == engine::FinishReason::kError) j["message"] = f.error;
+  return j;
+}
+
+// OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}.
+json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::GeneratedToken>& tokens,
+                         size_t text_offset) {
+  json tok = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  size_t off = text_offset;
+  for (const auto& t : tokens) {
+    tok.push_back(token_text(ctx, t.id));
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& e : t.top_logprobs) top[token_text(ctx, e.id)] = e.logprob;
+    tops.push_back(top);
+    offs.push_back(off);
+    off += token_bytes(ctx, t.id).size();  // byte offsets into the completion text
+  }
+  return {{"tokens", tok}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+// OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs(const ResponseContext& ctx, const std::vector<engine::GeneratedToken>& tokens) {
+  json content = json::array();
+  for (const auto& t : tokens) {
+    json top = json::array();
+    for (const auto& e : t.top_logprobs) {
+      top.push_back({{"token", token_text(ctx, e.id)}, {"logprob", e.logprob}, {"bytes", bytes_of(token_bytes(ctx, e.id))}});
+    }
+    content.push_back({{"token", token_text(ctx, t.id)},
+                       {"logprob", t.logprob},
+                       {"bytes", bytes_of(token_bytes(ctx, t.id))},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+}  // namespace
+
+json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+  json ids = json::array();
+  for (const auto& t : acc.tokens) ids.push_back(t.id);
+  json meta = {{"id", ctx.id},
+               {"prompt_tokens", ctx.prompt_tokens},
+               {"completion_tokens", static_cast<int64_t>(acc.tokens.size())},
+               {"cached_tokens", 0}};
+  meta["finish_reason"] = acc.finish ? finish_json(*acc.finish) : json(nullptr);
+  if (acc.finish) {
+    meta["e2e_latency"] = acc.finish->timings.e2e_s;
+    meta["ttft"] = acc.finish->timings.ttft_s;
+    meta["queue_time"] = acc.finish->timings.queue_s;
+  }
+  if (req.return_logprob) {
+    // SGLang: [[logprob, token_id, token_text_or_null], ...]; top: one list per position.
+    json lp = json::array(), top = json::array();
+    for (const auto& t : acc.tokens) {
+      lp.push_back(json::array({t.logprob, t.id, nullptr}));
+      json row = json::array();
+      for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, nullptr}));
+      top.push_back(row);
+    }
+    meta["output_token_logprobs"] = lp;
+    if (req.top_logprobs > 0) meta["output_top_logprobs"] = top;
+  }
+  return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
+}
+
+json completion_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+  json choice = {{"index", 0}, {"text", acc.text}};
+  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, acc.tokens, 0) : json(nullptr);
+  choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
+  engine::Usage u = acc.finish ? acc.finish->usage : engine::Usage{ctx.prompt_tokens, static_cast<int64_t>(acc.tokens.size())};
+  return {{"id", ctx.id},       {"object", "text_completion"},     {"created", ctx.created},
+          {"model", ctx.model}, {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+}
+
+json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+  json choice = {{"index", 0}, {"message", {{"role", "assistant"}, {"content", acc.text}}}};
+  choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
+  choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
+  engine::Usage u = acc.finish ? acc.finish->usage : engine::Usage{ctx.prompt_tokens, static_cast<int64_t>(acc.tokens.size())};
+  return {{"id", ctx.id},       {"object", "chat.completion"},     {"created", ctx.created},
+          {"model", ctx.model}, {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+}
+
+json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out) {
+  json choice = {{"index", 0}, {"text", out.text}};
+  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, 0) : json(nullptr);
+  choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
+  return {{"id", ctx.id},
+          {"object", "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", json::array({choice})}};
+}
+
+json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first) {
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  if (!out.text.empty() || first) delta["content"] = out.text;
+  json choice = {{"index", 0}, {"delta", delta}};
+  choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
+  choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
+  return {{"id", ctx.id},
+          {"object", "chat.completion.chunk"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", json::array({choice})}};
+}
+
+json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage) {
+  return {{"id", ctx.id},
+          {"object", req.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", json::array()},
+          {"usage", usage_json(usage)}};
+}
+
+}  // namespace fp4moe::server

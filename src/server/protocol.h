@@ -1,0 +1,105 @@
+// The request/response shapes of the HTTP API, without any HTTP or engine threading: JSON bodies are
+// parsed and validated into ParsedRequest (every bad field becomes an ApiError 400 naming it and its
+// value), and finished or streamed engine outputs are formatted as SGLang-native (/generate) and
+// OpenAI (/v1/completions, /v1/chat/completions) JSON.
+//
+// Shapes follow SGLang's /generate (text | input_ids, sampling_params, stream, return_logprob,
+// top_logprobs_num; meta_info with finish_reason {type, matched|length}) and OpenAI's completions and
+// chat completions (choices, usage, logprobs, stream_options.include_usage, `chat.completion.chunk`).
+// Tested by tests/server/test_protocol.cpp (unit) and tests/server/test_server_e2e.cpp (end to end).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+
+namespace fp4moe::server {
+
+// A typed HTTP error: {"error": {"message", "type", "code", "param", ...extra}}.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;         // the offending field ("" when none)
+  nlohmann::json extra;      // further numbers (e.g. prompt_tokens, context_length), an object or null
+  int retry_after_s = 0;     // > 0: sent as Retry-After (503)
+
+  nlohmann::json to_json() const;
+};
+
+ApiError bad_request(const std::string& param, const std::string& message);
+
+enum class Endpoint : uint8_t { kGenerate, kCompletions, kChat };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kGenerate;
+  // Exactly one of: ids, text (to tokenize), messages (chat; rendered with the chat template).
+  std::optional<std::vector<engine::TokenId>> input_ids;
+  std::optional<std::string> text;
+  std::optional<nlohmann::ordered_json> messages;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;
+  // max_new_tokens as sent; nullopt -> the endpoint's default (applied once the prompt length is known).
+  std::optional<int64_t> max_new_tokens;
+  engine::SamplingParams sampling;
+  bool stream = false;
+  bool include_usage = false;  // OpenAI stream_options.include_usage
+  bool return_logprob = false;
+  int64_t top_logprobs = 0;
+  std::string model;  // as sent (informational)
+};
+
+// Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field.
+ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body);
+
+// Parses the raw body text; malformed JSON or a non-object throws ApiError 400 with nlohmann's position.
+nlohmann::json parse_body(const std::string& body);
+
+// The max_new_tokens default per endpoint when the request names none: /generate 128 (SGLang),
+// completions 16 (OpenAI), chat what the context has left; never more than the context has left.
+int64_t default_max_new_tokens(Endpoint endpoint, int64_t prompt_tokens, int64_t context_length);
+
+// Everything a request produced so far (accumulated from RequestOutput events).
+struct Accumulated {
+  std::vector<engine::GeneratedToken> tokens;
+  std::string text;
+  std::optional<engine::Finish> finish;
+  void add(const engine::RequestOutput& out);
+};
+
+struct ResponseContext {
+  std::string id;            // "cmpl-..." / "chatcmpl-..." / the SGLang rid
+  std::string model;         // served model name
+  int64_t created = 0;       // unix seconds
+  int64_t prompt_tokens = 0;
+  const engine::Tokenizer* tokenizer = nullptr;  // for logprob token strings
+};
+
+// OpenAI finish_reason: "stop" | "length" | "abort" (SGLang reports aborts the same way).
+std::string finish_reason_string(const engine::Finish& f);
+
+// SGLang /generate: {"text", "output_ids", "meta_info": {...}} (cumulative when streaming).
+nlohmann::json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
+
+// OpenAI non-streaming bodies.
+nlohmann::json completion_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
+nlohmann::json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
+
+// OpenAI streaming chunks for one engine event (its new tokens and text; finish_reason on the last).
+nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out);
+nlohmann::json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
+                          bool first);
+// The final usage-only chunk (stream_options.include_usage): "choices": [] and "usage".
+nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage);
+
+nlohmann::json usage_json(const engine::Usage& u);
+
+// JSON text that never throws on invalid UTF-8 (it is replaced by U+FFFD).
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace fp4moe::server

@@ -1,0 +1,402 @@
+// `fp4moe bench-serving`: an online serving benchmark against a running server, reporting what
+// sglang.bench_serving reports (request throughput, input / output tokens/s, E2E latency, TTFT, TPOT
+// and ITL mean / median / p99).
+//
+//   fp4moe bench-serving --url http://127.0.0.1:30000 --num-prompts 256 --max-concurrency 64
+//       --input-len 128 --output-len 32 [--random-range-ratio 0.5] [--seed S]
+//   fp4moe bench-serving --dataset prompts.jsonl ...   # lines {"prompt": "..."} or {"input_ids": [...]},
+//                                                       # optional "output_len"
+//   ... --max-concurrency 1,4,16,64 --output-file runs.jsonl --plot latency.svg
+//
+// Each request is a streaming POST /generate (ignore_eos, greedy) so the output length is fixed; TTFT
+// is the time to the first streamed token, ITL each gap between token-carrying chunks, TPOT
+// (E2E - TTFT) / (output tokens - 1). Several --max-concurrency values run one after another; each
+// run appends one JSON line to --output-file and is one point of the --plot SVG (output tokens/s vs
+// median and p99 E2E latency). Tested by tests/server/test_server_e2e.cpp (BenchServing).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "server/http_client.h"
+#include "tools/commands.h"
+
+namespace fp4moe::tools {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string url = "http://127.0.0.1:30000";
+  int64_t num_prompts = 64;
+  std::string max_concurrency;  // "N" or "N1,N2,..."; empty = num_prompts
+  int64_t input_len = 128;
+  int64_t output_len = 32;
+  double range_ratio = 1.0;
+  std::string dataset;
+  uint64_t seed = 1;
+  std::string output_file;
+  std::string plot;
+  double timeout_s = 600;
+};
+
+struct Prompt {
+  json body_prompt;  // {"input_ids": [...]} or {"text": "..."}
+  int64_t output_len = 0;
+};
+
+struct RequestResult {
+  bool ok = false;
+  std::string error;
+  int64_t prompt_len = 0;
+  int64_t output_len = 0;
+  double ttft_s = 0, latency_s = 0;
+  std::vector<double> itl_s;
+};
+
+struct Summary {
+  int64_t concurrency = 0;
+  int64_t completed = 0, failed = 0;
+  double duration_s = 0;
+  int64_t total_input = 0, total_output = 0;
+  std::vector<double> e2e_ms, ttft_ms, tpot_ms, itl_ms;
+  std::string first_error;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100.0 * static_cast<double>(v.size() - 1);  // numpy's linear interpolation
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (rank - static_cast<double>(lo));
+}
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+std::vector<int64_t> parse_concurrency(const std::string& s, int64_t num_prompts) {
+  if (s.empty()) return {num_prompts};
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FP4MOE_CHECK(used == item.size() && v >= 1) << "--max-concurrency entry \"" << item << "\" is not a positive integer";
+    out.push_back(v);
+  }
+  FP4MOE_CHECK(!out.empty()) << "--max-concurrency \"" << s << "\" is empty";
+  return out;
+}
+
+std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
+  std::vector<Prompt> out;
+  std::mt19937_64 rng(a.seed);
+  auto len_in = [&](int64_t full) {
+    const int64_t lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(full) * a.range_ratio)));
+    return std::uniform_int_distribution<int64_t>(std::min(lo, full), full)(rng);
+  };
+  if (!a.dataset.empty()) {
+    std::istringstream lines(read_file(a.dataset));
+    std::string line;
+    int64_t n_line = 0;
+    while (std::getline(lines, line) && static_cast<int64_t>(out.size()) < a.num_prompts) {
+      ++n_line;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {
+        FP4MOE_FAIL() << a.dataset << ":" << n_line << ": malformed JSON: " << e.what();
+      }
+      Prompt p;
+      if (j.contains("input_ids")) p.body_prompt = {{"input_ids", j["input_ids"]}};
+      else if (j.contains("prompt") && j["prompt"].is_string()) p.body_prompt = {{"text", j["prompt"]}};
+      else FP4MOE_FAIL() << a.dataset << ":" << n_line << ": needs \"prompt\" (a string) or \"input_ids\"";
+      p.output_len = j.value("output_len", a.output_len);
+      FP4MOE_CHECK(p.output_len >= 1) << a.dataset << ":" << n_line << ": output_len " << p.output_len << " must be >= 1";
+      out.push_back(std::move(p));
+    }
+    FP4MOE_CHECK(!out.empty()) << a.dataset << " has no prompts";
+    while (static_cast<int64_t>(out.size()) < a.num_prompts) out.push_back(out[out.size() % static_cast<size_t>(n_line)]);
+    return out;
+  }
+  FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
+      << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
+  FP4MOE_CHECK(vocab >= 1) << "the server reports vocab_size " << vocab;
+  std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
+  for (int64_t i = 0; i < a.num_prompts; ++i) {
+    std::vector<int64_t> ids(static_cast<size_t>(len_in(a.input_len)));
+    for (auto& t : ids) t = tok(rng);
+    out.push_back({json{{"input_ids", ids}}, len_in(a.output_len)});
+  }
+  return out;
+}
+
+RequestResult send_one(const std::string& url, double timeout_s, const Prompt& p) {
+  RequestResult r;
+  json body = p.body_prompt;
+  body["sampling_params"] = {{"max_new_tokens", p.output_len}, {"temperature", 0.0}, {"ignore_eos", true}};
+  body["stream"] = true;
+  server::HttpClient client(url, timeout_s);
+  const auto t0 = Clock::now();
+  auto last = t0;
+  int64_t tokens = 0;
+  std::string bad_chunk;
+  auto res = client.post_sse("/generate", body.dump(), [&](std::string_view data) {
+    if (data == "[DONE]") return true;
+    const auto now = Clock::now();
+    json j = json::parse(data, nullptr, false);
+    if (j.is_discarded() || !j.contains("meta_info")) {
+      bad_chunk = std::string(data.substr(0, 200));
+      return false;
+    }
+    const int64_t n = j["meta_info"].value("completion_tokens", tokens);
+    r.prompt_len = j["meta_info"].value("prompt_tokens", int64_t{0});
+    if (n > tokens) {
+      const double dt = std::chrono::duration<double>(now - last).count();
+      if (tokens == 0) r.ttft_s = std::chrono::duration<double>(now - t0).count();
+      else r.itl_s.push_back(dt);
+      tokens = n;
+      last = now;
+    }
+    return true;
+  });
+  r.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.output_len = tokens;
+  if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
+  else if (res.status != 200) r.error = "HTTP " + std::to_string(res.status) + " " + res.error + " " + res.body.substr(0, 300);
+  else if (tokens == 0) r.error = "no tokens streamed";
+  else r.ok = true;
+  return r;
+}
+
+Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_t concurrency) {
+  std::vector<RequestResult> results(prompts.size());
+  std::atomic<size_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> workers;
+  const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
+  for (int64_t w = 0; w < n_workers; ++w) {
+    workers.emplace_back([&] {
+      for (size_t i = next++; i < prompts.size(); i = next++) results[i] = send_one(a.url, a.timeout_s, prompts[i]);
+    });
+  }
+  for (auto& t : workers) t.join();
+  Summary s;
+  s.concurrency = concurrency;
+  s.duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (const auto& r : results) {
+    if (!r.ok) {
+      ++s.failed;
+      if (s.first_error.empty()) s.first_error = r.error;
+      continue;
+    }
+    ++s.completed;
+    s.total_input += r.prompt_len;
+    s.total_output += r.output_len;
+    s.e2e_ms.push_back(r.latency_s * 1e3);
+    s.ttft_ms.push_back(r.ttft_s * 1e3);
+    if (r.output_len > 1) s.tpot_ms.push_back((r.latency_s - r.ttft_s) / static_cast<double>(r.output_len - 1) * 1e3);
+    for (double d : r.itl_s) s.itl_ms.push_back(d * 1e3);
+  }
+  return s;
+}
+
+json summary_json(const BenchArgs& a, const Summary& s) {
+  const double d = s.duration_s > 0 ? s.duration_s : 1e-9;
+  json j = {{"backend", "fp4moe"},
+            {"url", a.url},
+            {"dataset", a.dataset.empty() ? std::string("random") : a.dataset},
+            {"max_concurrency", s.concurrency},
+            {"num_prompts", s.completed + s.failed},
+            {"completed", s.completed},
+            {"failed", s.failed},
+            {"duration", s.duration_s},
+            {"total_input_tokens", s.total_input},
+            {"total_output_tokens", s.total_output},
+            {"request_throughput", static_cast<double>(s.completed) / d},
+            {"input_throughput", static_cast<double>(s.total_input) / d},
+            {"output_throughput", static_cast<double>(s.total_output) / d},
+            {"total_throughput", static_cast<double>(s.total_input + s.total_output) / d},
+            {"concurrency", std::accumulate(s.e2e_ms.begin(), s.e2e_ms.end(), 0.0) / 1e3 / d}};
+  auto stats = [&](const char* name, const std::vector<double>& v) {
+    j[std::string("mean_") + name + "_ms"] = mean(v);
+    j[std::string("median_") + name + "_ms"] = percentile(v, 50);
+    j[std::string("p95_") + name + "_ms"] = percentile(v, 95);
+    j[std::string("p99_") + name + "_ms"] = percentile(v, 99);
+    j[std::string("max_") + name + "_ms"] = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  stats("e2e_latency", s.e2e_ms);
+  stats("ttft", s.ttft_ms);
+  stats("tpot", s.tpot_ms);
+  stats("itl", s.itl_ms);
+  if (!s.first_error.empty()) j["first_error"] = s.first_error;
+  return j;
+}
+
+void print_summary(const json& j) {
+  auto line = [](const std::string& k, const std::string& v) { fmt::print("{:<40} {}\n", k, v); };
+  auto f2 = [](double v) { return fmt::format("{:.2f}", v); };
+  auto section = [](const std::string& t) {
+    const size_t pad = t.size() < 50 ? (50 - t.size()) / 2 : 0;
+    fmt::print("{}{}{}\n", std::string(pad, '-'), t, std::string(50 - t.size() - pad, '-'));
+  };
+  fmt::print("\n{:=^50}\n", " Serving Benchmark Result ");
+  line("Backend:", "fp4moe");
+  line("Traffic request rate:", "inf");
+  line("Max request concurrency:", std::to_string(j["max_concurrency"].get<int64_t>()));
+  line("Successful requests:", std::to_string(j["completed"].get<int64_t>()));
+  line("Failed requests:", std::to_string(j["failed"].get<int64_t>()));
+  line("Benchmark duration (s):", f2(j["duration"]));
+  line("Total input tokens:", std::to_string(j["total_input_tokens"].get<int64_t>()));
+  line("Total generated tokens:", std::to_string(j["total_output_tokens"].get<int64_t>()));
+  line("Request throughput (req/s):", f2(j["request_throughput"]));
+  line("Input token throughput (tok/s):", f2(j["input_throughput"]));
+  line("Output token throughput (tok/s):", f2(j["output_throughput"]));
+  line("Total token throughput (tok/s):", f2(j["total_throughput"]));
+  line("Concurrency:", f2(j["concurrency"]));
+  auto block = [&](const std::string& title, const std::string& key, const std::string& label, bool p95_max) {
+    section(title);
+    line("Mean " + label + " (ms):", f2(j["mean_" + key + "_ms"]));
+    line("Median " + label + " (ms):", f2(j["median_" + key + "_ms"]));
+    if (p95_max) line("P95 " + label + " (ms):", f2(j["p95_" + key + "_ms"]));
+    line("P99 " + label + " (ms):", f2(j["p99_" + key + "_ms"]));
+    if (p95_max) line("Max " + label + " (ms):", f2(j["max_" + key + "_ms"]));
+  };
+  block("End-to-End Latency", "e2e_latency", "E2E Latency", false);
+  block("Time to First Token", "ttft", "TTFT", false);
+  block("Time per Output Token (excl. 1st token)", "tpot", "TPOT", false);
+  block("Inter-Token Latency", "itl", "ITL", true);
+  fmt::print("{}\n", std::string(50, '='));
+  if (j.contains("first_error")) fmt::print("first error: {}\n", j["first_error"].get<std::string>());
+}
+
+// Latency vs throughput: one point per run (output tokens/s, E2E latency), median and p99 series.
+std::string render_plot(const std::vector<json>& runs) {
+  const double W = 640, H = 420, L = 70, R = 20, T = 40, B = 50;
+  double x_max = 0, y_max = 0;
+  for (const auto& r : runs) {
+    x_max = std::max(x_max, r["output_throughput"].get<double>());
+    y_max = std::max(y_max, r["p99_e2e_latency_ms"].get<double>());
+  }
+  x_max = x_max > 0 ? x_max * 1.1 : 1;
+  y_max = y_max > 0 ? y_max * 1.1 : 1;
+  auto px = [&](double x) { return L + x / x_max * (W - L - R); };
+  auto py = [&](double y) { return H - B - y / y_max * (H - T - B); };
+  std::ostringstream o;
+  o << fmt::format(R"svg(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">)svg", W, H)
+    << "\n";
+  o << fmt::format(R"svg(<rect width="{}" height="{}" fill="white"/>)svg", W, H) << "\n";
+  o << fmt::format(R"svg(<text x="{}" y="20" font-size="14" text-anchor="middle">fp4moe bench-serving: latency vs throughput</text>)svg", W / 2)
+    << "\n";
+  for (int i = 0; i <= 5; ++i) {
+    const double xv = x_max * i / 5, yv = y_max * i / 5;
+    o << fmt::format(R"svg(<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="#ddd"/>)svg", px(xv), T, px(xv), H - B) << "\n";
+    o << fmt::format(R"svg(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#ddd"/>)svg", L, py(yv), W - R, py(yv)) << "\n";
+    o << fmt::format(R"svg(<text x="{:.1f}" y="{}" text-anchor="middle">{:.0f}</text>)svg", px(xv), H - B + 15, xv) << "\n";
+    o << fmt::format(R"svg(<text x="{}" y="{:.1f}" text-anchor="end">{:.0f}</text>)svg", L - 5, py(yv) + 4, yv) << "\n";
+  }
+  o << fmt::format(R"svg(<text x="{}" y="{}" text-anchor="middle">output tokens/s</text>)svg", (L + W - R) / 2, H - 12) << "\n";
+  o << fmt::format(R"svg(<text x="15" y="{}" text-anchor="middle" transform="rotate(-90 15 {})">E2E latency (ms)</text>)svg",
+                   (T + H - B) / 2, (T + H - B) / 2)
+    << "\n";
+  auto series = [&](const char* key, const char* color, const char* name, int i_series) {
+    std::string pts;
+    for (const auto& r : runs) {
+      pts += fmt::format("{:.1f},{:.1f} ", px(r["output_throughput"].get<double>()), py(r[key].get<double>()));
+    }
+    o << fmt::format(R"svg(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>)svg", pts, color) << "\n";
+    for (const auto& r : runs) {
+      const double x = px(r["output_throughput"].get<double>()), y = py(r[key].get<double>());
+      o << fmt::format(R"svg(<circle cx="{:.1f}" cy="{:.1f}" r="4" fill="{}"/>)svg", x, y, color) << "\n";
+      o << fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" fill="{}">c={}</text>)svg", x + 6, y - 6, color,
+                       r["max_concurrency"].get<int64_t>())
+        << "\n";
+    }
+    o << fmt::format(R"svg(<text x="{}" y="{}" fill="{}">{}</text>)svg", L + 10, T + 15 + 15 * i_series, color, name) << "\n";
+  };
+  series("median_e2e_latency_ms", "#1f77b4", "median E2E", 0);
+  series("p99_e2e_latency_ms", "#d62728", "p99 E2E", 1);
+  o << "</svg>\n";
+  return o.str();
+}
+
+void run_bench(const BenchArgs& a) {
+  FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
+  FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
+  const std::vector<int64_t> levels = parse_concurrency(a.max_concurrency, a.num_prompts);
+  server::HttpClient client(a.url, 30);
+  auto info = client.get("/get_server_info");
+  FP4MOE_CHECK(info.status == 200) << a.url << "/get_server_info answered " << info.status << " " << info.error << " "
+                                   << info.body.substr(0, 300);
+  const json server_info = json::parse(info.body, nullptr, false);
+  FP4MOE_CHECK(server_info.is_object()) << a.url << "/get_server_info is not JSON: " << info.body.substr(0, 300);
+  const auto prompts = make_prompts(a, server_info.value("vocab_size", int64_t{0}));
+  std::vector<json> runs;
+  for (int64_t c : levels) {
+    const Summary s = run_level(a, prompts, c);
+    json j = summary_json(a, s);
+    j["server"] = server_info;
+    print_summary(j);
+    runs.push_back(j);
+    if (!a.output_file.empty()) {
+      std::ofstream f(a.output_file, std::ios::app);
+      FP4MOE_CHECK(f.good()) << "cannot open --output-file " << a.output_file;
+      f << j.dump() << "\n";
+    }
+  }
+  if (!a.plot.empty()) {
+    std::ofstream f(a.plot);
+    FP4MOE_CHECK(f.good()) << "cannot write --plot " << a.plot;
+    f << render_plot(runs);
+  }
+  int64_t failed = 0;
+  for (const auto& r : runs) failed += r["failed"].get<int64_t>();
+  FP4MOE_CHECK(failed == 0) << failed << " request(s) failed; first: " << runs.front().value("first_error", std::string());
+}
+
+}  // namespace
+
+void register_bench_serving_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench-serving", "Online serving benchmark against a running fp4moe serve");
+  cmd->add_option("--url,--base-url", a->url, "Server URL (default http://127.0.0.1:30000)");
+  cmd->add_option("--num-prompts", a->num_prompts, "Requests per run (default 64)");
+  cmd->add_option("--max-concurrency", a->max_concurrency,
+                  "Requests in flight at once; a comma list runs one after another (default: all)");
+  cmd->add_option("--input-len,--random-input-len", a->input_len, "Random prompt length in tokens (default 128)");
+  cmd->add_option("--output-len,--random-output-len", a->output_len, "Tokens to generate per request (default 32)");
+  cmd->add_option("--random-range-ratio", a->range_ratio,
+                  "Lengths drawn uniformly from [len * ratio, len] (default 1: fixed)");
+  cmd->add_option("--dataset", a->dataset, "JSON-lines prompts: {\"prompt\": ...} or {\"input_ids\": [...]}");
+  cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)");
+  cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
+  cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
+  cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
+  cmd->callback([a] { run_bench(*a); });
+}
+
+}  // namespace fp4moe::tools

@@ -1,0 +1,220 @@
+// `fp4moe serve`: the HTTP server (server/http_server.h) over the continuous-batching engine.
+//
+//   fp4moe serve                                   # the embedded default model, http://127.0.0.1:30000
+//   fp4moe serve --model DIR [--tokenizer-path DIR] [--host H] [--port P] [--device cpu]
+//       [--max-running-requests N] [--max-total-tokens N] [--chunked-prefill-size N]
+//       [--max-prefill-tokens N] [--num-continuous-decode-steps N] [--max-queued-requests N]
+//       [--schedule-policy fcfs] [--load-format auto|dummy] [--seed S] [--context-length N]
+//
+// Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
+// the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
+// SIGTERM / SIGINT: stop taking requests, let running and queued ones finish, exit 0.
+// Tested by tests/server/test_server_e2e.cpp and test_server_load.cpp (they run this binary).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/chat_template.h"
+#include "engine/default_model.h"
+#include "engine/engine.h"
+#include "model/registry.h"
+#include "server/http_server.h"
+#include "tools/commands.h"
+
+namespace fp4moe::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string tokenizer_path;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string device = "cpu";
+  engine::EngineOptions engine;
+  std::string schedule_policy = "fcfs";
+  std::string load_format = "auto";
+  uint64_t seed = 0;
+  int http_threads = 128;
+  double drain_timeout_s = 600;
+  double debug_load_delay_s = 0;  // tests: hold the load so /health's 503 phase is observable
+};
+
+struct Loaded {
+  std::unique_ptr<model::CausalLM> model;
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  std::shared_ptr<const engine::ChatTemplate> chat_template;
+};
+
+bool has_chat_template(const fs::path& dir, const engine::Tokenizer& tok) {
+  return fs::exists(dir / "chat_template.jinja") ||
+         (tok.config().is_object() && tok.config().contains("chat_template"));
+}
+
+Loaded load(const ServeArgs& a) {
+  Loaded l;
+  if (a.model_dir.empty()) {
+    FP4MOE_CHECK(a.tokenizer_path.empty()) << "--tokenizer-path " << a.tokenizer_path << " needs --model";
+    l.model = engine::make_default_model(a.seed);
+    l.tokenizer = engine::make_default_tokenizer();
+    if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
+      l.chat_template = std::make_shared<engine::ChatTemplate>(
+          engine::ChatTemplate::from_config(l.tokenizer->config(), std::string(engine::kDefaultModelName)));
+    }
+    return l;
+  }
+  model::LoadOptions lo;
+  lo.format = model::parse_load_format(a.load_format);
+  lo.seed = a.seed;
+  l.model = model::load_model(a.model_dir, lo);
+  const fs::path tok_dir = a.tokenizer_path.empty() ? fs::path(a.model_dir) : fs::path(a.tokenizer_path);
+  FP4MOE_CHECK(fs::exists(tok_dir / "tokenizer.json"))
+      << tok_dir.string() << " has no tokenizer.json; pass --tokenizer-path DIR";
+  auto tok = std::make_shared<engine::Tokenizer>(engine::Tokenizer::load(tok_dir));
+  if (has_chat_template(tok_dir, *tok)) {
+    l.chat_template = std::make_shared<engine::ChatTemplate>(engine::ChatTemplate::load(tok_dir));
+  }
+  l.tokenizer = std::move(tok);
+  return l;
+}
+
+nlohmann::json launch_args(const ServeArgs& a) {
+  return {{"model_path", a.model_dir.empty() ? std::string("(embedded default)") : a.model_dir},
+          {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
+          {"device", a.device},
+          {"load_format", a.load_format},
+          {"random_seed", a.seed},
+          {"http_threads", a.http_threads}};
+}
+
+void run_serve(ServeArgs a) {
+  FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": only the cpu backend is built into this server";
+  FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
+  a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
+  a.engine.validate();
+  model::parse_load_format(a.load_format);  // a bad value fails before the socket opens
+
+  // Signals are taken by one thread with sigwait; every other thread (httplib's pool, the engine)
+  // inherits the blocked mask. A client that vanishes must not kill the process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.n_http_threads = a.http_threads;
+  so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
+                         : a.model_dir.empty()        ? std::string(engine::kDefaultModelName)
+                                                      : fs::path(a.model_dir).lexically_normal().filename().string();
+  if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
+  so.launch_args = launch_args(a);
+  server::HttpServer http(so);
+  http.bind();
+  http.start();
+  fmt::print(stderr, "fp4moe serve: listening on http://{}:{}, loading {}\n", a.host, http.port(),
+             a.model_dir.empty() ? std::string("the embedded default model") : a.model_dir);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool loaded = false;
+  int signal_number = 0;
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    bool was_loaded = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+      signal_number = sig;
+      was_loaded = loaded;
+    }
+    cv.notify_all();
+    if (!was_loaded) {
+      // Nothing is running yet: there is nothing to drain.
+      fmt::print(stderr, "fp4moe serve: signal {} during the model load; exiting\n", sig);
+      std::_Exit(0);
+    }
+  });
+  signals.detach();
+
+  if (a.debug_load_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.debug_load_delay_s));
+  Loaded l = load(a);
+  const auto& cfg = l.model->config();
+  auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
+  eng->start();
+  http.set_engine(eng, l.chat_template);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    loaded = true;
+  }
+  fmt::print(stderr,
+             "fp4moe serve: ready: {} ({}, vocab {}, context {}, KV {} tokens), max running {}, chat template {}\n",
+             so.served_model_name, cfg.architecture, cfg.vocab_size, eng->context_length(), eng->kv_capacity_tokens(),
+             a.engine.max_running_requests, l.chat_template ? "yes" : "none");
+
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stop; });
+  }
+  fmt::print(stderr, "fp4moe serve: signal {}: draining running requests\n", signal_number);
+  http.shutdown(/*drain=*/true, a.drain_timeout_s);
+  const engine::EngineStats s = eng->stats();
+  fmt::print(stderr, "fp4moe serve: stopped after {} requests ({} prompt tokens, {} generated)\n",
+             s.requests_finished_total, s.prompt_tokens_total, s.generation_tokens_total);
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "HTTP server: SGLang /generate and the OpenAI API over the engine");
+  cmd->add_option("--model,--model-path", a->model_dir, "Model directory (default: the embedded synthetic GLM-5 model)");
+  cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
+  cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
+  cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
+  cmd->add_option("--device", a->device, "cpu (default)");
+  cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
+  cmd->add_option("--max-total-tokens", a->engine.max_total_tokens, "KV cache capacity in tokens (default 32768)");
+  cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");
+  cmd->add_option("--chunked-prefill-size", a->engine.chunked_prefill_size,
+                  "Max prompt tokens of one request per step (default 512; <= 0: no chunking)");
+  cmd->add_option("--max-prefill-tokens", a->engine.max_prefill_tokens, "Max prompt tokens per step (default 4096)");
+  cmd->add_option("--num-continuous-decode-steps", a->engine.num_continuous_decode_steps,
+                  "Decode steps back to back without re-scheduling while nothing waits (default 1)");
+  cmd->add_option("--max-queued-requests", a->engine.max_queued_requests,
+                  "Waiting-queue bound; beyond it requests get 503 + Retry-After (default 1024)");
+  cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
+  cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs (default)");
+  cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)");
+  cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)");
+  cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads = open connections served at once (default 128)");
+  cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM waits for open streams (default 600)");
+  cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
+      ->group("Debug");
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace fp4moe::tools

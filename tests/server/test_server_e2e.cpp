@@ -1,0 +1,558 @@
+// End-to-end tests of `fp4moe serve`: each test starts the real binary on a free port, polls /health
+// until 200 (with a timeout) and talks HTTP with a timeout on every request. Covers /health 503 ->
+// 200, golden greedy ids on glm5_tiny, the OpenAI endpoints field by field (streaming included),
+// /metrics (parsed), /get_server_info, tokenize / detokenize, 400 / 404 / 413 / 503 replies, a client
+// disconnect freeing its request, SIGTERM draining, and `fp4moe bench-serving` against it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/safetensors.h"
+#include "server/http_client.h"
+#include "server_process.h"
+#include "testing/testing.h"
+
+namespace {
+
+using nlohmann::json;
+using fp4moe::server::HttpClient;
+using fp4moe::testing::ServerProcess;
+namespace fs = std::filesystem;
+
+constexpr double kTimeout = 60;  // seconds, every request
+
+json parse(const std::string& s) {
+  json j = json::parse(s, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << s.substr(0, 300);
+  return j;
+}
+
+std::vector<json> sse_chunks(HttpClient& c, const std::string& path, const json& body, int* status,
+                             bool* saw_done = nullptr) {
+  std::vector<json> out;
+  bool done = false;
+  auto r = c.post_sse(path, body.dump(), [&](std::string_view d) {
+    EXPECT_FALSE(done) << "data after [DONE]";
+    if (d == "[DONE]") done = true;
+    else out.push_back(parse(std::string(d)));
+    return true;
+  });
+  *status = r.status;
+  if (saw_done) *saw_done = done;
+  return out;
+}
+
+void expect_error(const fp4moe::server::HttpResponse& r, int status, const std::string& param) {
+  EXPECT_EQ(r.status, status) << r.body;
+  const json j = parse(r.body);
+  ASSERT_TRUE(j.contains("error")) << r.body;
+  EXPECT_EQ(j["error"]["code"], status) << r.body;
+  EXPECT_TRUE(j["error"]["message"].is_string() && !j["error"]["message"].get<std::string>().empty()) << r.body;
+  EXPECT_TRUE(j["error"]["type"].is_string()) << r.body;
+  if (!param.empty()) {
+    EXPECT_EQ(j["error"]["param"], param) << r.body;
+  }
+}
+
+// Polls /metrics until `series` equals `want` (the engine publishes its stats after each step).
+double wait_metric(const std::string& url, const std::string& series, double want, double timeout_s = 10);
+
+double metric(const std::string& url, const std::string& series) {
+  HttpClient c(url, kTimeout);
+  auto r = c.get("/metrics");
+  EXPECT_EQ(r.status, 200);
+  auto m = fp4moe::testing::parse_prometheus(r.body);
+  EXPECT_TRUE(m.count(series)) << series << " missing from /metrics";
+  return m.count(series) ? m[series] : -1;
+}
+
+double wait_metric(const std::string& url, const std::string& series, double want, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  double v = metric(url, series);
+  while (v != want && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    v = metric(url, series);
+  }
+  return v;
+}
+
+TEST(ServerE2E, HealthGoes503Then200AndMetricsParse) {
+  ServerProcess srv(FP4MOE_CLI, {"--debug-load-delay", "1.0"});
+  std::vector<int> statuses;
+  ASSERT_TRUE(srv.wait_ready(60, &statuses));
+  // Connection refused (-1) may come first, then 503 during the load, then 200.
+  ASSERT_GE(statuses.size(), 2u);
+  EXPECT_EQ(statuses[statuses.size() - 2], 503);
+  EXPECT_EQ(statuses.back(), 200);
+
+  HttpClient c(srv.url(), kTimeout);
+  auto hg = c.get("/health_generate");
+  EXPECT_EQ(hg.status, 200) << hg.body;
+  auto g = c.post("/generate", json{{"text", "hello"}, {"sampling_params", {{"max_new_tokens", 4}, {"temperature", 0}}}}.dump());
+  ASSERT_EQ(g.status, 200) << g.body;
+
+  EXPECT_EQ(wait_metric(srv.url(), "fp4moe:num_running_reqs", 0), 0);
+  auto r = c.get("/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.header("Content-Type").find("text/plain"), std::string::npos);
+  auto m = fp4moe::testing::parse_prometheus(r.body);
+  for (const auto& [series, v] : m) EXPECT_EQ(series.rfind("fp4moe:", 0), 0u) << series;
+  EXPECT_GE(m["fp4moe:prompt_tokens_total"], 1);
+  EXPECT_GE(m["fp4moe:generation_tokens_total"], 4);
+  EXPECT_EQ(m["fp4moe:num_running_reqs"], 0);
+  EXPECT_EQ(m["fp4moe:num_queue_reqs"], 0);
+  EXPECT_GT(m["fp4moe:max_total_num_tokens"], 0);
+  EXPECT_TRUE(m.count("fp4moe:token_usage"));
+  for (const char* h : {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                        "decode_batch_size"}) {
+    EXPECT_TRUE(m.count(std::string("fp4moe:") + h + "_count")) << h;
+  }
+  EXPECT_GE(m["fp4moe:e2e_request_latency_seconds_count"], 1);
+  double expert_tokens = 0;
+  int n_expert_series = 0;
+  for (const auto& [series, v] : m) {
+    if (series.rfind("fp4moe:moe_expert_tokens_total{layer=", 0) == 0) {
+      EXPECT_NE(series.find(",expert=\""), std::string::npos) << series;
+      expert_tokens += v;
+      ++n_expert_series;
+    }
+  }
+  EXPECT_GT(n_expert_series, 0);
+  EXPECT_GT(expert_tokens, 0);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+TEST(ServerE2E, GoldenGlm5TinyGreedyIds) {
+  const fs::path dir = fp4moe::testing::shared_path("golden/models/glm5_tiny");
+  const fs::path tok = fp4moe::testing::shared_path("golden/tokenizer");
+  fp4moe::format::SafetensorsFile g(dir / "golden.safetensors");
+  const auto ids = g.view("greedy_ids").as<int64_t>();
+  const int64_t n_seq = g.view("greedy_ids").dim(0), N = g.view("greedy_ids").dim(1);
+  const int64_t S = g.view("input_ids").dim(1);
+  ServerProcess srv(FP4MOE_CLI, {"--model", dir.string(), "--tokenizer-path", tok.string()});
+  ASSERT_TRUE(srv.wait_ready(120));
+  HttpClient c(srv.url(), kTimeout);
+  for (int64_t b = 0; b < n_seq; ++b) {
+    const std::vector<int64_t> prompt(ids.begin() + b * N, ids.begin() + b * N + S);
+    const std::vector<int64_t> expected(ids.begin() + b * N + S, ids.begin() + (b + 1) * N);
+    json body = {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}};
+    auto r = c.post("/generate", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = parse(r.body);
+    EXPECT_EQ(j["output_ids"].get<std::vector<int64_t>>(), expected) << "sequence " << b;
+    EXPECT_EQ(j["meta_info"]["prompt_tokens"], S);
+    EXPECT_EQ(j["meta_info"]["completion_tokens"], N - S);
+    EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "length");
+    // Streaming gives the same ids (cumulative output_ids in the last chunk).
+    body["stream"] = true;
+    int status = 0;
+    bool done = false;
+    auto chunks = sse_chunks(c, "/generate", body, &status, &done);
+    ASSERT_EQ(status, 200);
+    EXPECT_TRUE(done);
+    ASSERT_FALSE(chunks.empty());
+    EXPECT_EQ(chunks.back()["output_ids"].get<std::vector<int64_t>>(), expected) << "sequence " << b << " streamed";
+  }
+  // Both prompts at once through the batch: the same ids.
+  std::vector<std::thread> threads;
+  std::vector<std::vector<int64_t>> got(static_cast<size_t>(n_seq));
+  for (int64_t b = 0; b < n_seq; ++b) {
+    threads.emplace_back([&, b] {
+      HttpClient cc(srv.url(), kTimeout);
+      const std::vector<int64_t> prompt(ids.begin() + b * N, ids.begin() + b * N + S);
+      auto r = cc.post("/generate", json{{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}}.dump());
+      if (r.status == 200) got[static_cast<size_t>(b)] = parse(r.body)["output_ids"].get<std::vector<int64_t>>();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int64_t b = 0; b < n_seq; ++b) {
+    EXPECT_EQ(got[static_cast<size_t>(b)], std::vector<int64_t>(ids.begin() + b * N + S, ids.begin() + (b + 1) * N))
+        << "sequence " << b << " batched";
+  }
+  // The golden tokenizer renders chat with the model's template.
+  auto chat = c.post("/v1/chat/completions",
+                     json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}, {"temperature", 0}}.dump());
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+class DefaultServer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    srv_ = new ServerProcess(FP4MOE_CLI, {"--served-model-name", "tiny-default", "--context-length", "512"});
+    ASSERT_TRUE(srv_->wait_ready(60));
+  }
+  static void TearDownTestSuite() {
+    delete srv_;
+    srv_ = nullptr;
+  }
+  static ServerProcess* srv_;
+};
+ServerProcess* DefaultServer::srv_ = nullptr;
+
+TEST_F(DefaultServer, CompletionsFieldByField) {
+  HttpClient c(srv_->url(), kTimeout);
+  json body = {{"model", "tiny-default"}, {"prompt", "The quick brown fox"}, {"max_tokens", 6}, {"temperature", 0},
+               {"logprobs", 2}, {"ignore_eos", true}};
+  auto r = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse(r.body);
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_EQ(j["model"], "tiny-default");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const json& ch = j["choices"][0];
+  EXPECT_EQ(ch["index"], 0);
+  EXPECT_TRUE(ch["text"].is_string());
+  EXPECT_EQ(ch["finish_reason"], "length");
+  const json& lp = ch["logprobs"];
+  ASSERT_TRUE(lp.is_object());
+  EXPECT_EQ(lp["tokens"].size(), 6u);
+  EXPECT_EQ(lp["token_logprobs"].size(), 6u);
+  EXPECT_EQ(lp["text_offset"].size(), 6u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  for (const auto& t : lp["top_logprobs"]) EXPECT_EQ(t.size(), 2u);
+  for (const auto& v : lp["token_logprobs"]) EXPECT_LE(v.get<double>(), 0.0);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + 6);
+
+  // Streaming: deltas concatenate to the same text; usage only when asked; [DONE] last.
+  body.erase("logprobs");
+  body["stream"] = true;
+  for (bool include_usage : {false, true}) {
+    body["stream_options"] = {{"include_usage", include_usage}};
+    int status = 0;
+    bool done = false;
+    auto chunks = sse_chunks(c, "/v1/completions", body, &status, &done);
+    ASSERT_EQ(status, 200);
+    EXPECT_TRUE(done);
+    std::string text;
+    int n_usage = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const json& k = chunks[i];
+      EXPECT_EQ(k["object"], "text_completion");
+      EXPECT_EQ(k["model"], "tiny-default");
+      if (k.contains("usage") && k["choices"].empty()) {
+        ++n_usage;
+        EXPECT_EQ(k["usage"]["completion_tokens"], 6);
+        EXPECT_EQ(i, chunks.size() - 1) << "usage must be the last chunk";
+        continue;
+      }
+      ASSERT_EQ(k["choices"].size(), 1u);
+      text += k["choices"][0]["text"].get<std::string>();
+      const bool last_choice = i + 1 == chunks.size() - (include_usage ? 1 : 0);
+      EXPECT_EQ(k["choices"][0]["finish_reason"].is_null(), !last_choice) << k.dump();
+    }
+    EXPECT_EQ(n_usage, include_usage ? 1 : 0);
+    EXPECT_EQ(text, ch["text"].get<std::string>());
+  }
+
+  // A prompt of token ids works too.
+  auto ri = c.post("/v1/completions", json{{"prompt", {10, 20, 30}}, {"max_tokens", 2}}.dump());
+  ASSERT_EQ(ri.status, 200) << ri.body;
+  EXPECT_EQ(parse(ri.body)["usage"]["prompt_tokens"], 3);
+}
+
+TEST_F(DefaultServer, ChatCompletionsFieldByField) {
+  HttpClient c(srv_->url(), kTimeout);
+  json body = {{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hello!"}}}},
+               {"max_tokens", 5},
+               {"temperature", 0},
+               {"logprobs", true},
+               {"top_logprobs", 3}};
+  auto r = c.post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse(r.body);
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_EQ(j["model"], "tiny-default");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const json& ch = j["choices"][0];
+  EXPECT_EQ(ch["index"], 0);
+  EXPECT_EQ(ch["message"]["role"], "assistant");
+  EXPECT_TRUE(ch["message"]["content"].is_string());
+  EXPECT_TRUE(ch["finish_reason"] == "length" || ch["finish_reason"] == "stop") << ch["finish_reason"];
+  ASSERT_TRUE(ch["logprobs"].is_object());
+  const json& content = ch["logprobs"]["content"];
+  EXPECT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>());
+  for (const auto& e : content) {
+    EXPECT_TRUE(e["token"].is_string());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(e["bytes"].is_array());
+    EXPECT_EQ(e["top_logprobs"].size(), 3u);
+  }
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 4);
+
+  body.erase("logprobs");
+  body.erase("top_logprobs");
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  int status = 0;
+  bool done = false;
+  auto chunks = sse_chunks(c, "/v1/chat/completions", body, &status, &done);
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunks[i]["id"], chunks[0]["id"]);
+    if (chunks[i]["choices"][0]["delta"].contains("content"))
+      text += chunks[i]["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_FALSE(chunks[chunks.size() - 2]["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  EXPECT_EQ(chunks.back()["usage"], j["usage"]);
+  EXPECT_EQ(text, ch["message"]["content"].get<std::string>());
+}
+
+TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
+  HttpClient c(srv_->url(), kTimeout);
+  auto m = c.get("/v1/models");
+  ASSERT_EQ(m.status, 200);
+  const json mj = parse(m.body);
+  EXPECT_EQ(mj["object"], "list");
+  ASSERT_EQ(mj["data"].size(), 1u);
+  EXPECT_EQ(mj["data"][0]["id"], "tiny-default");
+  EXPECT_EQ(mj["data"][0]["object"], "model");
+  EXPECT_EQ(mj["data"][0]["max_model_len"], 512);
+
+  auto t = c.post("/v1/tokenize", json{{"prompt", "abc"}, {"add_special_tokens", false}}.dump());
+  ASSERT_EQ(t.status, 200) << t.body;
+  const json tj = parse(t.body);
+  EXPECT_EQ(tj["count"], tj["tokens"].size());
+  EXPECT_EQ(tj["max_model_len"], 512);
+  auto d = c.post("/v1/detokenize", json{{"tokens", tj["tokens"]}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(parse(d.body)["text"], "abc");
+
+  auto info = c.get("/get_server_info");
+  ASSERT_EQ(info.status, 200);
+  const json ij = parse(info.body);
+  for (const char* k : {"max_running_requests", "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens",
+                        "num_continuous_decode_steps", "max_queued_requests", "schedule_policy", "context_length",
+                        "vocab_size", "internal_states", "served_model_name"}) {
+    EXPECT_TRUE(ij.contains(k)) << k;
+  }
+  EXPECT_EQ(ij["context_length"], 512);
+
+  // Greedy /generate with a stop token: it ends at that token with finish_reason stop.
+  json body = {{"input_ids", {72, 101, 108, 108, 111}}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}},
+               {"return_logprob", true}};
+  auto g = c.post("/generate", body.dump());
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json gj = parse(g.body);
+  const auto out = gj["output_ids"].get<std::vector<int64_t>>();
+  ASSERT_EQ(out.size(), 8u);
+  EXPECT_EQ(gj["meta_info"]["output_token_logprobs"].size(), 8u);
+  body["sampling_params"]["stop_token_ids"] = {out[2]};
+  auto gs = c.post("/generate", body.dump());
+  ASSERT_EQ(gs.status, 200) << gs.body;
+  const json gsj = parse(gs.body);
+  const auto out_s = gsj["output_ids"].get<std::vector<int64_t>>();
+  ASSERT_FALSE(out_s.empty());
+  EXPECT_LE(out_s.size(), 3u);
+  EXPECT_EQ(gsj["meta_info"]["finish_reason"]["type"], "stop");
+}
+
+TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
+  HttpClient c(srv_->url(), kTimeout);
+  expect_error(c.post("/generate", "{not json"), 400, "body");
+  expect_error(c.post("/generate", "[1,2]"), 400, "body");
+  expect_error(c.post("/generate", json{{"sampling_params", {{"max_new_tokens", 2}}}}.dump()), 400, "text");
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"temperature", -1}}}}.dump()), 400,
+               "sampling_params.temperature");
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"top_p", 0}}}}.dump()), 400,
+               "sampling_params.top_p");
+  expect_error(c.post("/generate", json{{"input_ids", {1, -2}}}.dump()), 400, "input_ids");
+  expect_error(c.post("/generate", json{{"input_ids", {1, 100000}}}.dump()), 400, "input_ids");
+  expect_error(c.post("/generate", json{{"input_ids", json::array()}}.dump()), 400, "input_ids");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", "many"}}.dump()), 400, "max_tokens");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"n", 2}}.dump()), 400, "n");
+  expect_error(c.post("/v1/completions", json{{"max_tokens", 2}}.dump()), 400, "prompt");
+  expect_error(c.post("/v1/chat/completions", json{{"messages", "hi"}}.dump()), 400, "messages");
+  expect_error(c.post("/v1/chat/completions", json{{"messages", {{{"content", "hi"}}}}}.dump()), 400,
+               "messages[0].role");
+  expect_error(c.post("/v1/detokenize", json{{"tokens", {1, 999999}}}.dump()), 400, "tokens");
+  // Unknown route: a typed 404.
+  expect_error(c.get("/no/such/route"), 404, "");
+
+  // 413: the prompt does not fit the context (512); both lengths are in the reply.
+  std::vector<int> long_prompt(600, 65);
+  auto r = c.post("/generate", json{{"input_ids", long_prompt}}.dump());
+  expect_error(r, 413, "input_ids");
+  const json e = parse(r.body)["error"];
+  EXPECT_EQ(e["prompt_tokens"], 600);
+  EXPECT_EQ(e["context_length"], 512);
+  EXPECT_NE(e["message"].get<std::string>().find("600"), std::string::npos);
+  EXPECT_NE(e["message"].get<std::string>().find("512"), std::string::npos);
+  // Prompt fits but prompt + max_new_tokens does not: 400 naming the budget with the numbers.
+  auto r2 = c.post("/generate", json{{"input_ids", std::vector<int>(500, 65)}, {"sampling_params", {{"max_new_tokens", 100}}}}.dump());
+  expect_error(r2, 400, "sampling_params.max_new_tokens");
+
+  // Still serving.
+  auto ok = c.post("/generate", json{{"text", "ok"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(c.get("/health").status, 200);
+  auto m = fp4moe::testing::parse_prometheus(c.get("/metrics").body);
+  EXPECT_GE(m["fp4moe:http_errors_total{code=\"400\"}"], 14);
+  EXPECT_GE(m["fp4moe:http_errors_total{code=\"413\"}"], 1);
+}
+
+TEST_F(DefaultServer, ClientDisconnectMidStreamFreesItsRequest) {
+  const double aborted_before = metric(srv_->url(), "fp4moe:num_aborted_requests_total");
+  HttpClient c(srv_->url(), kTimeout);
+  json body = {{"text", "go"},
+               {"sampling_params", {{"max_new_tokens", 400}, {"ignore_eos", true}, {"temperature", 0}}},
+               {"stream", true}};
+  int n_chunks = 0;
+  double running_while_streaming = -1;
+  auto r = c.post_sse("/generate", body.dump(), [&](std::string_view d) {
+    if (d == "[DONE]") return true;
+    if (++n_chunks == 3) {
+      running_while_streaming = metric(srv_->url(), "fp4moe:num_running_reqs");
+      return false;  // hang up
+    }
+    return true;
+  });
+  EXPECT_EQ(r.status, -1);  // we closed it
+  EXPECT_EQ(n_chunks, 3);
+  EXPECT_EQ(running_while_streaming, 1);
+  // The server notices at its next write, aborts the request and frees its KV.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double running = 1, used = 1;
+  while (std::chrono::steady_clock::now() < deadline) {
+    running = metric(srv_->url(), "fp4moe:num_running_reqs");
+    used = metric(srv_->url(), "fp4moe:num_used_tokens");
+    if (running == 0 && used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(used, 0);
+  EXPECT_EQ(metric(srv_->url(), "fp4moe:num_aborted_requests_total"), aborted_before + 1);
+  // 400 tokens were asked for; far fewer were generated.
+  HttpClient c2(srv_->url(), kTimeout);
+  EXPECT_EQ(c2.get("/health").status, 200);
+}
+
+TEST(ServerE2E, QueueFullGets503WithRetryAfter) {
+  ServerProcess srv(FP4MOE_CLI, {"--max-running-requests", "1", "--max-queued-requests", "1"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  std::atomic<int> n_ok{0}, n_503{0}, n_other{0}, n_retry_after{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      HttpClient c(srv.url(), kTimeout);
+      auto r = c.post("/generate", json{{"input_ids", {1 + i, 2, 3}},
+                                        {"sampling_params", {{"max_new_tokens", 48}, {"ignore_eos", true}}}}
+                                       .dump());
+      if (r.status == 200) {
+        ++n_ok;
+      } else if (r.status == 503) {
+        ++n_503;
+        const json j = json::parse(r.body, nullptr, false);
+        if (!r.header("Retry-After").empty() && j.contains("error") && j["error"]["code"] == 503) ++n_retry_after;
+      } else {
+        ++n_other;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(n_ok.load(), 1);
+  EXPECT_GE(n_503.load(), 1);
+  EXPECT_EQ(n_retry_after.load(), n_503.load());
+  EXPECT_EQ(n_other.load(), 0);
+  HttpClient c(srv.url(), kTimeout);
+  EXPECT_EQ(c.post("/generate", json{{"text", "x"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump()).status, 200);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
+  ServerProcess srv(FP4MOE_CLI, {});
+  ASSERT_TRUE(srv.wait_ready(60));
+  std::atomic<int> chunks{0};
+  std::vector<int64_t> final_ids;
+  int status = 0;
+  bool done = false;
+  std::thread client([&] {
+    HttpClient c(srv.url(), kTimeout);
+    json body = {{"text", "drain"},
+                 {"sampling_params", {{"max_new_tokens", 60}, {"ignore_eos", true}}},
+                 {"stream", true}};
+    auto r = c.post_sse("/generate", body.dump(), [&](std::string_view d) {
+      if (d == "[DONE]") {
+        done = true;
+        return true;
+      }
+      ++chunks;
+      final_ids = json::parse(d)["output_ids"].get<std::vector<int64_t>>();
+      return true;
+    });
+    status = r.status;
+  });
+  while (chunks.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int rc = srv.stop(SIGTERM, 60);
+  client.join();
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(final_ids.size(), 60u);  // the running request finished
+}
+
+TEST(ServerE2E, BenchServingReportsAndPlots) {
+  ServerProcess srv(FP4MOE_CLI, {});
+  ASSERT_TRUE(srv.wait_ready(60));
+  const fs::path out = fs::temp_directory_path() / ("fp4moe_bench_" + std::to_string(getpid()) + ".jsonl");
+  const fs::path svg = fs::temp_directory_path() / ("fp4moe_bench_" + std::to_string(getpid()) + ".svg");
+  fs::remove(out);
+  std::string text;
+  const int rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                                  " --num-prompts 12 --max-concurrency 2,6 --input-len 24 --output-len 6"
+                                                  " --output-file " + out.string() + " --plot " + svg.string(),
+                                              &text);
+  ASSERT_EQ(rc, 0) << text;
+  for (const char* k : {"Serving Benchmark Result", "Successful requests:", "Request throughput (req/s):",
+                        "Input token throughput (tok/s):", "Output token throughput (tok/s):", "Mean TTFT (ms):",
+                        "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):", "P99 ITL (ms):", "Median ITL (ms):"}) {
+    EXPECT_NE(text.find(k), std::string::npos) << k << "\n" << text;
+  }
+  std::ifstream f(out);
+  std::string line;
+  std::vector<json> runs;
+  while (std::getline(f, line)) runs.push_back(parse(line));
+  ASSERT_EQ(runs.size(), 2u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i]["max_concurrency"], i == 0 ? 2 : 6);
+    EXPECT_EQ(runs[i]["completed"], 12);
+    EXPECT_EQ(runs[i]["failed"], 0);
+    EXPECT_EQ(runs[i]["total_output_tokens"], 72);
+    EXPECT_EQ(runs[i]["total_input_tokens"], 12 * 24);
+    EXPECT_GT(runs[i]["output_throughput"].get<double>(), 0);
+    EXPECT_GT(runs[i]["median_ttft_ms"].get<double>(), 0);
+    EXPECT_GE(runs[i]["p99_itl_ms"].get<double>(), runs[i]["median_itl_ms"].get<double>());
+  }
+  std::ifstream s(svg);
+  std::stringstream ss;
+  ss << s.rdbuf();
+  EXPECT_EQ(ss.str().rfind("<svg", 0), 0u);
+  EXPECT_NE(ss.str().find("c=6"), std::string::npos);
+  EXPECT_NE(ss.str().find("</svg>"), std::string::npos);
+  fs::remove(out);
+  fs::remove(svg);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+}  // namespace

@@ -1,0 +1,170 @@
+// Unit tests of the server's protocol layer (no sockets): request parsing and its named 400s, the
+// max_new_tokens defaults, error bodies, response shapes and the Prometheus rendering.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/metrics.h"
+#include "server/protocol.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace fp4moe::server;
+
+// Expects parse to throw an ApiError 400 naming `param`, with `needle` in its message.
+void expect_bad(Endpoint e, const json& body, const std::string& param, const std::string& needle) {
+  try {
+    parse_request(e, body);
+    ADD_FAILURE() << "accepted " << body.dump();
+  } catch (const ApiError& err) {
+    EXPECT_EQ(err.status, 400) << body.dump();
+    EXPECT_EQ(err.param, param) << body.dump() << ": " << err.message;
+    EXPECT_NE(err.message.find(needle), std::string::npos) << err.message;
+  }
+}
+
+TEST(ServerProtocol, GenerateParsesSamplingParams) {
+  const ParsedRequest r = parse_request(
+      Endpoint::kGenerate,
+      json{{"input_ids", {1, 2, 3}},
+           {"sampling_params",
+            {{"max_new_tokens", 7}, {"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 5}, {"min_p", 0.1},
+             {"repetition_penalty", 1.1}, {"frequency_penalty", 0.2}, {"presence_penalty", -0.3}, {"stop", "END"},
+             {"stop_token_ids", {9}}, {"ignore_eos", true}, {"sampling_seed", 42}}},
+           {"stream", true},
+           {"return_logprob", true},
+           {"top_logprobs_num", 3}});
+  ASSERT_TRUE(r.input_ids);
+  EXPECT_EQ(*r.input_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.max_new_tokens, 7);
+  EXPECT_EQ(r.sampling.temperature, 0.5);
+  EXPECT_EQ(r.sampling.top_p, 0.9);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_EQ(r.sampling.min_p, 0.1);
+  EXPECT_EQ(r.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(r.sampling.frequency_penalty, 0.2);
+  EXPECT_EQ(r.sampling.presence_penalty, -0.3);
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"END"}));
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int32_t>{9}));
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+}
+
+TEST(ServerProtocol, OpenAiFieldsAndNulls) {
+  const ParsedRequest c = parse_request(Endpoint::kCompletions,
+                                        json{{"prompt", "hi"}, {"max_tokens", 4}, {"temperature", nullptr},
+                                             {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"logprobs", 2}});
+  EXPECT_EQ(*c.text, "hi");
+  EXPECT_EQ(c.max_new_tokens, 4);
+  EXPECT_EQ(c.sampling.temperature, 1.0);  // null = absent
+  EXPECT_TRUE(c.include_usage);
+  EXPECT_TRUE(c.sampling.logprobs);
+  EXPECT_EQ(c.sampling.top_logprobs, 2);
+  const ParsedRequest m = parse_request(
+      Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_completion_tokens", 9},
+                            {"logprobs", true}, {"top_logprobs", 1}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  EXPECT_EQ(m.max_new_tokens, 9);
+  ASSERT_TRUE(m.messages);
+  EXPECT_EQ((*m.messages)[0]["role"], "user");
+  EXPECT_EQ(m.chat_template_kwargs["enable_thinking"], false);
+  EXPECT_EQ(m.sampling.top_logprobs, 1);
+}
+
+TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
+  expect_bad(Endpoint::kGenerate, json::object(), "text", "exactly one");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"input_ids", {1}}}, "text", "exactly one");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}}, "text", "batched");
+  expect_bad(Endpoint::kGenerate, json{{"input_ids", {1, "x"}}}, "input_ids", "input_ids[1]");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", 3}}, "sampling_params", "object");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"temperature", 101}}}},
+             "sampling_params.temperature", "101");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", 1.5}}}},
+             "sampling_params.max_new_tokens", "integer");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"stop", {"ok", 3}}}}},
+             "sampling_params.stop", "stop[1]");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"top_logprobs_num", 21}}, "top_logprobs_num", "21");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", 5}}, "prompt", "5");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"echo", true}}, "echo", "echo");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"stream", "yes"}}, "stream", "\"yes\"");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"presence_penalty", 3}}, "presence_penalty", "3");
+  expect_bad(Endpoint::kChat, json{{"messages", json::array()}}, "messages", "non-empty");
+  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", 7}}}}}, "messages[0].content", "7");
+  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}}}}, {"top_logprobs", 2}}, "top_logprobs", "logprobs");
+  try {
+    parse_body("{\"a\": ");
+    ADD_FAILURE() << "accepted truncated JSON";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "body");
+    EXPECT_NE(e.message.find("malformed JSON"), std::string::npos) << e.message;
+  }
+}
+
+TEST(ServerProtocol, DefaultsErrorsAndResponses) {
+  EXPECT_EQ(default_max_new_tokens(Endpoint::kGenerate, 10, 1000), 128);
+  EXPECT_EQ(default_max_new_tokens(Endpoint::kCompletions, 10, 1000), 16);
+  EXPECT_EQ(default_max_new_tokens(Endpoint::kChat, 10, 1000), 990);
+  EXPECT_EQ(default_max_new_tokens(Endpoint::kGenerate, 990, 1000), 10);
+
+  ApiError e = bad_request("top_p", "top_p = 2 is outside [0, 1]");
+  e.extra = {{"limit", 1}};
+  const json j = e.to_json();
+  EXPECT_EQ(j["error"]["code"], 400);
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["limit"], 1);
+
+  ParsedRequest req = parse_request(Endpoint::kCompletions, json{{"prompt", "x"}});
+  ResponseContext ctx{"cmpl-7", "m", 123, 4, nullptr};
+  Accumulated acc;
+  fp4moe::engine::RequestOutput out;
+  out.tokens.push_back({.id = 5});
+  out.text = "ab";
+  acc.add(out);
+  out.tokens[0].id = 6;
+  out.text = "c";
+  out.finished = fp4moe::engine::Finish{};
+  out.finished->reason = fp4moe::engine::FinishReason::kLength;
+  out.finished->usage = {4, 2};
+  acc.add(out);
+  const json r = completion_response(req, ctx, acc);
+  EXPECT_EQ(r["choices"][0]["text"], "abc");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(r["usage"]["total_tokens"], 6);
+  const json g = generate_response(req, ctx, acc);
+  EXPECT_EQ(g["output_ids"], json({5, 6}));
+  EXPECT_EQ(g["meta_info"]["finish_reason"]["type"], "length");
+  EXPECT_EQ(g["meta_info"]["finish_reason"]["length"], 2);
+  // Invalid UTF-8 never throws out of dump_json.
+  EXPECT_NO_THROW(dump_json(json{{"t", std::string("\xff\xfe")}}));
+}
+
+TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
+  fp4moe::engine::EngineStats s;
+  s.ttft_s = fp4moe::engine::Histogram({0.1, 1.0});
+  s.ttft_s.observe(0.05);
+  s.ttft_s.observe(0.5);
+  s.ttft_s.observe(5.0);
+  s.moe_layers = {1, 2};
+  s.expert_tokens = {{3, 0}, {1, 2}};
+  s.kv_used_tokens = 16;
+  s.kv_total_tokens = 64;
+  const std::string text = render_metrics(s, HttpCounters{{{400, 3}}});
+  for (const char* line : {"fp4moe:time_to_first_token_seconds_bucket{le=\"0.1\"} 1\n",
+                           "fp4moe:time_to_first_token_seconds_bucket{le=\"1\"} 2\n",
+                           "fp4moe:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n",
+                           "fp4moe:time_to_first_token_seconds_count 3\n", "fp4moe:token_usage 0.25\n",
+                           "fp4moe:moe_expert_tokens_total{layer=\"2\",expert=\"1\"} 2\n",
+                           "fp4moe:http_errors_total{code=\"400\"} 3\n",
+                           "# TYPE fp4moe:e2e_request_latency_seconds histogram\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+}
+
+}  // namespace
