@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Quick start: set up, build, and run fp4moe's main job on the embedded default.
-#   usage: scripts/run.sh [fp4moe args]   (default: the SMEM plan of a GLM-5 MoE layer on an H200
-#   and an RTX PRO 6000, then `fp4moe inspect` of a tiny NVFP4 checkpoint the tool generates)
+# Quick start: set up, build, and run fp4moe's main job on the embedded default: the server
+# (`fp4moe serve`, http://127.0.0.1:30000, CPU backend, built-in synthetic GLM-5-style model).
+#   usage: scripts/run.sh [fp4moe args]   (with args: runs `fp4moe <args>` instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,6 +10,4 @@ cmake --build build -j "${FP4MOE_JOBS:-$(nproc)}" --target fp4moe
 if [ $# -gt 0 ]; then
   exec ./build/fp4moe "$@"
 fi
-./build/fp4moe plan --gpu h200 --problem moe:E=256,topk=8,H=6144,I=2048 --tokens 1,16,64,512,4096
-./build/fp4moe plan --gpu rtx-pro-6000 --kernel cutlass-sm120-moe --problem moe:E=256,topk=8,H=6144,I=2048
-./build/fp4moe inspect --demo
+exec ./build/fp4moe serve --host 127.0.0.1 --port 30000
