@@ -2,9 +2,7 @@
 // Tested by tests/engine/test_engine_models.cpp (DefaultModel.*).
 #include "engine/default_model.h"
 
-#include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -126,20 +124,7 @@ std::unique_ptr<model::CausalLM> make_default_model(uint64_t seed) {
   opts.dummy_weights = model::DummyWeights::kNVFP4;
   opts.seed = seed;
   opts.progress = false;
-  // Same route as load_model's dummy path: write, map, delete the files (the mapping stays valid).
-  static std::atomic<int> counter{0};
-  const std::filesystem::path tmp = std::filesystem::temp_directory_path() /
-                                    ("fp4moe-default-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  struct Cleanup {
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-    }
-  } cleanup{tmp};
-  model::write_dummy_checkpoint(config, opts, tmp);
-  format::TensorStore store(tmp);
-  return model::build_model(config, store, opts);
+  return model::build_dummy_model(config, opts);
 }
 
 std::shared_ptr<const Tokenizer> make_default_tokenizer() {

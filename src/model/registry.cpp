@@ -176,7 +176,12 @@ std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const Loa
     format::TensorStore store(dir);
     return build_model(config, store, options);
   }
-  // Dummy: write the random checkpoint to a private temporary directory, map it, delete the files
+  config.quantization = format::QuantConfig{};  // dummy weights ignore the directory's quantization
+  return build_dummy_model(config, options);
+}
+
+std::unique_ptr<CausalLM> build_dummy_model(const ModelConfig& config, const LoadOptions& options) {
+  // Write the random checkpoint to a private temporary directory, map it, delete the files
   // (the mapping stays valid) and build from it through the ordinary loader.
   static std::atomic<int> counter{0};
   const std::filesystem::path tmp = std::filesystem::temp_directory_path() /
@@ -190,7 +195,6 @@ std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const Loa
   } cleanup{tmp};
   write_dummy_checkpoint(config, options, tmp);
   format::TensorStore store(tmp);
-  config.quantization = format::QuantConfig{};  // dummy weights ignore the directory's quantization
   return build_model(config, store, options);
 }
 

@@ -82,6 +82,10 @@ std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::T
 // the values do not depend on the order), NVFP4 Linears in ModelOpt layout when
 // options.dummy_weights == kNVFP4. load_model with kDummy writes one to a temporary directory,
 // maps it and deletes it.
+// A model with random weights for `config` (deterministic from options.seed, format from
+// options.dummy_weights), built through the ordinary loader from a temporary checkpoint.
+std::unique_ptr<CausalLM> build_dummy_model(const ModelConfig& config, const LoadOptions& options);
+
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options,
                             const std::filesystem::path& dir);
 
