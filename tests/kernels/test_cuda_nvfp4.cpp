@@ -21,27 +21,13 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nvfp4_dequant.h"
+#include "kernels/cuda_test_util.h"
 #include "testing/testing.h"
 
 namespace fp4moe::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                              \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable GPU: " << why; \
-  } while (0)
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-
-template <typename T>
-std::unique_ptr<T, CudaFree> device_alloc(size_t count) {
-  void* p = nullptr;
-  FP4MOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
-  return std::unique_ptr<T, CudaFree>(static_cast<T*>(p));
-}
+using gpu_test::device_alloc;
 
 struct Case {
   int64_t n_rows;

@@ -42,30 +42,14 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "kernels/cuda_test_util.h"
 #include "testing/testing.h"
 
 namespace fp4moe::cuda::sm90 {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                      \
-  do {                                                                          \
-    std::string why;                                                            \
-    if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable GPU: " << why; \
-  } while (0)
-
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-template <typename T>
-using DevicePtr = std::unique_ptr<T, CudaFree>;
-
-template <typename T>
-DevicePtr<T> upload(const std::vector<T>& host) {
-  void* p = nullptr;
-  FP4MOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(host.size(), 1) * sizeof(T)));
-  if (!host.empty()) FP4MOE_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return DevicePtr<T>(static_cast<T*>(p));
-}
+using gpu_test::DevicePtr;
+using gpu_test::upload;
 
 // One grouped problem on the host.
 struct Problem {
