@@ -171,6 +171,12 @@ FP4MOE_HD constexpr uint32_t builder_stage_bytes(const CutlassGroupedConfig& c, 
   return stage_bytes(c, r, sm100).operands() + round_up(2 * kMbarrierBytes, r.stage_barrier_round);
 }
 
+// StageCountAutoCarveout as both block-scaled builders compute it: (capacity - carveout) / stage_bytes,
+// 0 when the carve-out alone exceeds the capacity.
+FP4MOE_HD constexpr int builder_stage_count(uint32_t capacity, uint32_t carveout, uint32_t stage_bytes) {
+  return capacity > carveout ? static_cast<int>((capacity - carveout) / stage_bytes) : 0;
+}
+
 // Mainloop TensorStorage regions. SM120: smem_A/smem_B alignas(1024); SM100: aligned_struct<128>.
 FP4MOE_HD constexpr void add_mainloop_tensors(SmemLayout& l, const StageBytes& s, int stages, uint32_t ab_align) {
   l.open_struct("mainloop TensorStorage padding", 128);
@@ -260,9 +266,7 @@ FP4MOE_HD constexpr CutlassGroupedModel model_cutlass_sm120(const CutlassGrouped
     return out;
   }
   out.tile_ok = true;
-  out.stages = out.builder_capacity > out.epilogue_storage
-                   ? static_cast<int>((out.builder_capacity - out.epilogue_storage) / out.builder_stage_bytes)
-                   : 0;
+  out.stages = builder_stage_count(out.builder_capacity, out.epilogue_storage, out.builder_stage_bytes);
   if (out.stages < out.min_stages) {
     out.invalid_reason = "the builder computes fewer than 2 stages; the SM120 mainloop static_asserts Stages >= 2";
     return out;
@@ -360,9 +364,7 @@ FP4MOE_HD constexpr CutlassGroupedModel model_cutlass_sm100(const CutlassGrouped
     return out;
   }
   out.tile_ok = true;
-  out.stages = out.builder_capacity > out.epilogue_storage
-                   ? static_cast<int>((out.builder_capacity - out.epilogue_storage) / out.builder_stage_bytes)
-                   : 0;
+  out.stages = builder_stage_count(out.builder_capacity, out.epilogue_storage, out.builder_stage_bytes);
   if (out.stages < out.min_stages) {
     out.invalid_reason = "the builder computes 0 stages (static_assert PipelineStages > 0)";
     return out;
