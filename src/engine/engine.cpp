@@ -215,6 +215,7 @@ struct Engine::Impl {
   // One step: schedule (admit unless `continuous`), forward, sample, stream. Returns false when
   // nothing ran.
   bool run_step(bool continuous, int64_t* n_decode_out) {
+    const auto t_step = Clock::now();
     take_pending_and_aborts();
     int64_t n_preempted = 0;
     std::vector<Planned> plan;
@@ -333,6 +334,8 @@ struct Engine::Impl {
         for (auto& q : running) {
           if (q.get() == r) finish(q, *r->finish_reason(), {}, std::move(out));  // one event: token + finished
         }
+      } else if (opt().num_continuous_decode_steps > 1 && before > 0) {
+        r->hold(std::move(out));  // delivered once per run by scheduled_step (first tokens never wait)
       } else {
         r->emit(out);
       }
@@ -353,6 +356,7 @@ struct Engine::Impl {
       if (continuous) ++stats.continuous_steps_total;
       stats.forward_tokens_total += static_cast<uint64_t>(n_tokens);
       stats.forward_seconds_total += info.forward_s;
+      stats.step_seconds_total += std::chrono::duration<double>(Clock::now() - t_step).count();
       if (info.n_decode_requests > 0) stats.decode_batch_size.observe(static_cast<double>(info.n_decode_requests));
       stats.moe_layers.clear();
       stats.expert_tokens.clear();
@@ -390,6 +394,8 @@ struct Engine::Impl {
       n_decode = 0;
       if (!run_step(true, &n_decode)) break;
     }
+    for (auto& r : running) r->flush_held();
+    for (auto& r : waiting) r->flush_held();  // preempted during the run
     return true;
   }
 

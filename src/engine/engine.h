@@ -21,7 +21,10 @@
 // to back without admitting anything, but only while nothing waits, no abort is pending and no
 // running request is mid-prefill (checked before each extra step), so a request that arrives during
 // such a run is admitted at the next step: its first token is delayed by at most one decode step
-// (StepInfo::continuous shows which steps ran unscheduled).
+// (StepInfo::continuous shows which steps ran unscheduled). With N > 1 a request's tokens after its
+// first are delivered to its callback once per run (at its end, or with its finishing event) instead
+// of once per step, like SGLang's / TRT-LLM's stream interval: fewer wake-ups of the HTTP threads,
+// the same tokens and text; first tokens are always delivered at once.
 //
 // KV memory: the CPU model keeps each sequence's KV contiguous (model/kv_cache.h); the engine's
 // KvBlockAllocator (kv_blocks.h) is the accounting that bounds it: max_total_tokens tokens in
@@ -185,6 +188,7 @@ struct EngineStats {
   uint64_t continuous_steps_total = 0;
   uint64_t forward_tokens_total = 0;
   double forward_seconds_total = 0.0;
+  double step_seconds_total = 0.0;  // wall time of whole steps (scheduling + forward + sampling + delivery)
   Histogram ttft_s;           // seconds
   Histogram inter_token_s;    // seconds between consecutive tokens of a request
   Histogram e2e_s;            // seconds

@@ -118,6 +118,11 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
 
 RequestOutput RequestState::finish(FinishReason reason, const std::string& error, Clock::time_point now,
                                    RequestOutput base) {
+  if (held_out_) {
+    hold(std::move(base));
+    base = std::move(*held_out_);
+    held_out_.reset();
+  }
   RequestOutput out = std::move(base);
   out.id = id;
   flush_text(out.text);
@@ -146,6 +151,23 @@ void RequestState::emit(const RequestOutput& out) {
     std::fprintf(stderr, "fp4moe engine: callback of request %llu threw: %s\n", static_cast<unsigned long long>(id),
                  e.what());
   }
+}
+
+void RequestState::hold(RequestOutput out) {
+  if (!held_out_) {
+    held_out_ = std::move(out);
+    held_out_->id = id;
+    return;
+  }
+  for (GeneratedToken& t : out.tokens) held_out_->tokens.push_back(std::move(t));
+  held_out_->text += out.text;
+}
+
+void RequestState::flush_held() {
+  if (!held_out_) return;
+  RequestOutput out = std::move(*held_out_);
+  held_out_.reset();
+  emit(out);
 }
 
 double RequestState::ttft_s() const { return token_times_s_.empty() ? 0.0 : token_times_s_.front(); }

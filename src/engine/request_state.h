@@ -52,6 +52,11 @@ class RequestState {
   // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.
   RequestOutput finish(FinishReason reason, const std::string& error, Clock::time_point now, RequestOutput base = {});
   void emit(const RequestOutput& out);
+  // Continuous decode runs deliver once per run: hold() merges an event into the held one (tokens
+  // appended, text concatenated); flush_held() emits it; finish() puts it in front of its `base`.
+  void hold(RequestOutput out);
+  void flush_held();
+  bool has_held() const { return held_out_.has_value(); }
 
   double ttft_s() const;
   double last_inter_token_s() const;  // between the last two tokens
@@ -67,6 +72,7 @@ class RequestState {
   const Tokenizer* tokenizer_;
   std::optional<IncrementalDetokenizer> detok_;
   std::string held_;
+  std::optional<RequestOutput> held_out_;  // events held back by hold(), not yet emitted
   Sampler sampler_;
   int64_t prefill_target_ = 0;
   int64_t n_preemptions_ = 0;

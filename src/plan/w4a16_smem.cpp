@@ -7,6 +7,10 @@
 namespace fp4moe::plan {
 
 std::string w4a16_config_name(const W4A16Config& c) {
+  if (c.kind == W4A16Kind::kStream) {
+    return "w4a16_stream_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "_d" +
+           std::to_string(c.stages);
+  }
   return "w4a16_swapab_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "k" +
          std::to_string(c.block_k) + "_s" + std::to_string(c.stages);
 }
@@ -18,8 +22,12 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     s << "invalid config (" << l.invalid_reason << ")";
     return s.str();
   }
-  s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_packed " << l.w_packed_bytes
-    << " + w_scales " << l.w_scales_bytes << ") + epilogue " << l.epilogue_bytes;
+  if (c.kind == W4A16Kind::kStream) {
+    s << "no shared memory (registers only: " << c.stages << " chunks of 512 B codes in flight per warp) = 0 B";
+    return s.str();
+  }
+  s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_tiles " << l.w_tiles_bytes << " + w_scales "
+    << l.w_scales_bytes << ") + epilogue " << l.epilogue_bytes;
   const uint32_t padding = l.layout.bytes_of_kind(RegionKind::kPadding);
   if (padding != 0) s << " + padding " << padding;
   s << " = " << l.total_bytes() << " B";

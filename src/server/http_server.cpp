@@ -15,6 +15,10 @@ namespace {
 
 using nlohmann::json;
 constexpr int kListenBacklog = 1024;  // pending connections (httplib's own is 5)
+// Non-streaming replies: how often the waiting provider probes its connection with a space.
+constexpr std::chrono::milliseconds kLivenessInterval(150);
+// Not httplib's exact "application/json", which it would gzip for clients that accept it.
+constexpr const char* kJsonContentType = "application/json; charset=utf-8";
 
 // Engine events of one request, handed from the inference thread to the HTTP thread.
 class Channel {
@@ -184,24 +188,86 @@ class RequestHandler {
     ctx.tokenizer = &tok;
 
     if (!req.stream) {
-      Accumulated acc;
-      while (!acc.finish) {
-        if (auto ev = channel->pop(std::chrono::milliseconds(1000))) acc.add(*ev);
-      }
-      if (acc.finish->reason == engine::FinishReason::kError) {
-        FP4MOE_FAIL() << "request " << ctx.id << " failed in the engine: " << acc.finish->error;
-      }
-      json body = endpoint_ == Endpoint::kGenerate   ? generate_response(req, ctx, acc)
-                  : endpoint_ == Endpoint::kChat ? chat_response(req, ctx, acc)
-                                                 : completion_response(req, ctx, acc);
-      res.status = 200;
-      res.set_content(dump_json(body), "application/json");
+      respond_when_done(std::move(engine), channel, sr.id, std::move(req), std::move(ctx), res);
       return;
     }
     stream(std::move(engine), channel, sr.id, std::move(req), std::move(ctx), res);
   }
 
  private:
+  // Non-streaming reply of an admitted request. httplib 0.11 gives a plain handler no view of its
+  // connection, so the reply is a chunked content provider (run on this connection's thread after
+  // the handler returns, status 200 and headers already sent) that waits for the request's end.
+  // While it waits it writes one space every kLivenessInterval (JSON allows leading whitespace):
+  // once the peer has closed, the second such write fails, the provider stops and the releaser
+  // aborts the request, which frees its KV at the engine's next step. The body is the same JSON
+  // object as before; a request that fails in the engine after admission (a bug) gets the typed
+  // error object as its body, since the 200 is already on the wire. The content type carries a
+  // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
+  void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
+                         engine::RequestId id, ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
+    struct State {
+      ParsedRequest req;
+      ResponseContext ctx;
+      Accumulated acc;
+      bool finished = false;
+      std::chrono::steady_clock::time_point last_probe;  // the first probe waits one interval
+      std::unique_ptr<ActiveGuard> active;
+    };
+    auto st = std::make_shared<State>();
+    st->req = std::move(req);
+    st->ctx = std::move(ctx);
+    st->last_probe = std::chrono::steady_clock::now();
+    st->active = std::make_unique<ActiveGuard>(server_);
+    const Endpoint endpoint = endpoint_;
+    res.status = 200;
+    res.set_chunked_content_provider(
+        kJsonContentType,
+        [server = server_, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
+          // Probe at least every kLivenessInterval, whether tokens are flowing or not.
+          const auto now = std::chrono::steady_clock::now();
+          if (now - st->last_probe >= kLivenessInterval) {
+            st->last_probe = now;
+            if (!sink.write(" ", 1)) return false;  // fails once the peer has gone
+          }
+          auto ev = channel->pop(std::chrono::duration_cast<std::chrono::milliseconds>(
+              st->last_probe + kLivenessInterval - std::chrono::steady_clock::now()));
+          if (!ev) return true;
+          st->acc.add(*ev);
+          if (!st->acc.finish) return true;
+          st->finished = true;
+          std::string body;
+          try {
+            if (st->acc.finish->reason == engine::FinishReason::kError) {
+              ApiError e;
+              e.status = 500;
+              e.type = "internal_server_error";
+              e.message = "request " + st->ctx.id + " failed in the engine: " + st->acc.finish->error;
+              body = dump_json(e.to_json());
+              server->count_error(e.status);
+            } else {
+              body = dump_json(endpoint == Endpoint::kGenerate ? generate_response(st->req, st->ctx, st->acc)
+                               : endpoint == Endpoint::kChat   ? chat_response(st->req, st->ctx, st->acc)
+                                                               : completion_response(st->req, st->ctx, st->acc));
+            }
+          } catch (const std::exception& ex) {
+            ApiError e;
+            e.status = 500;
+            e.type = "internal_server_error";
+            e.message = std::string("bug: the reply to request ") + st->ctx.id + " failed: " + ex.what();
+            body = dump_json(e.to_json());
+            server->count_error(e.status);
+          }
+          if (!sink.write(body.data(), body.size())) return false;
+          sink.done();
+          return true;
+        },
+        [engine, id, st](bool) {
+          if (!st->finished) engine->abort(id);  // client gone or write failed: free the slot and KV
+          st->active.reset();
+        });
+  }
+
   // SSE: `data: {json}\n\n` per engine event, `data: [DONE]\n\n` at the end. The provider is called
   // by httplib on this connection's thread after the handler returns; it waits for events and checks
   // the connection between them. Whatever ends the stream early, the releaser aborts the request.

@@ -13,8 +13,10 @@
 //   POST /v1/tokenize, /v1/detokenize   SGLang shapes
 // Errors are {"error": {"message", "type", "code", "param", ...numbers}}: 400 bad JSON / field,
 // 413 prompt longer than the context (both lengths), 503 + Retry-After when the waiting queue is full
-// or the model is still loading, 500 only for bugs. A streaming client that goes away aborts its
-// request (its KV is freed at the engine's next step).
+// or the model is still loading, 500 only for bugs. A client that goes away aborts its request (its
+// KV is freed at the engine's next step): streaming ones at the next failed event write, non-streaming
+// ones within ~0.3 s (their reply waits in a chunked provider that probes the connection with
+// leading spaces every 150 ms; see docs/server.md).
 //
 // Lifecycle: bind() (the socket opens first, so /health answers 503 during load), start(),
 // set_engine() once the model is loaded, shutdown(drain) on SIGTERM.

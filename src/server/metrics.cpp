@@ -64,6 +64,9 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
          static_cast<double>(s.continuous_steps_total));
   scalar(o, "forward_tokens_total", "counter", "Tokens through the model forward.", static_cast<double>(s.forward_tokens_total));
   scalar(o, "forward_seconds_total", "counter", "Wall seconds spent in the model forward.", s.forward_seconds_total);
+  scalar(o, "step_seconds_total", "counter",
+         "Wall seconds of whole engine steps (scheduling, forward, sampling, delivery to HTTP threads).",
+         s.step_seconds_total);
   scalar(o, "is_ready", "gauge", "1 when the model is loaded and warmed up.", s.ready ? 1.0 : 0.0);
   scalar(o, "num_running_reqs", "gauge", "Requests in the running batch.", static_cast<double>(s.n_running));
   scalar(o, "num_queue_reqs", "gauge", "Requests waiting to be scheduled.", static_cast<double>(s.n_waiting));

@@ -25,10 +25,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "dist/serve_parallel.h"
 #include "engine/chat_template.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
@@ -214,7 +216,13 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM waits for open streams (default 600)");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
       ->group("Debug");
-  cmd->callback([a] { run_serve(*a); });
+  auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
+  cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");
+  cmd->add_option("--ep-size", tp_ep->second, "Ranks the routed experts are spread over; divides --tp-size (default 1)");
+  cmd->callback([a, tp_ep] {
+    dist::check_serve_parallel(tp_ep->first, tp_ep->second);  // validated; > 1 refused until multi-GPU serving exists
+    run_serve(*a);
+  });
 }
 
 }  // namespace fp4moe::tools

@@ -17,5 +17,7 @@ void register_generate_command(CLI::App& app);
 void register_bench_one_batch_command(CLI::App& app);
 void register_serve_command(CLI::App& app);
 void register_bench_serving_command(CLI::App& app);
+void register_tune_command(CLI::App& app);
+void register_bench_command(CLI::App& app);
 
 }  // namespace fp4moe::tools

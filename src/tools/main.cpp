@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   fp4moe::tools::register_bench_one_batch_command(app);
   fp4moe::tools::register_serve_command(app);
   fp4moe::tools::register_bench_serving_command(app);
+  fp4moe::tools::register_tune_command(app);
+  fp4moe::tools::register_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

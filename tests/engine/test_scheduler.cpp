@@ -1,7 +1,7 @@
 // engine::Engine scheduling on a scripted model (tests/engine/scripted_model.h): concurrent requests
 // equal each alone, chunked prefill equals unchunked, KV exhaustion makes requests wait, preemption
 // by recompute keeps outputs identical, aborts free blocks, rejections carry their numbers, the
-// continuous-decode gate, stop strings across token boundaries, the threaded engine and its probe.
+// continuous-decode gate and its once-per-run delivery, stop strings across token boundaries, the threaded engine and its probe.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -263,6 +263,94 @@ TEST(Scheduler, ContinuousDecodeStepsAreGatedByWaitingRequests) {
   for (size_t i = 5; i < 8; ++i) EXPECT_TRUE(steps[i].continuous) << "step " << i;
   h.engine.run_until_idle();
   EXPECT_EQ(h.results.at(*late).ids, alone({7, 8, 9}, greedy(3)));
+  EXPECT_GT(h.engine.stats().continuous_steps_total, 0u);
+}
+
+// With N > 1 a request's tokens after its first reach its callback once per continuous run (or with
+// its finishing event); a first token is delivered in the step that sampled it. Outputs are unchanged.
+TEST(Scheduler, ContinuousRunDeliversOncePerRunFirstTokensAtOnce) {
+  struct Event {
+    RequestId id;
+    int64_t step;  // steps completed before the delivery
+    size_t n_tokens;
+    bool finished;
+  };
+  std::vector<Event> events;  // declared before the engine: ~Engine may still call back
+  int64_t n_steps = 0;
+  EngineOptions o;
+  o.num_continuous_decode_steps = 4;
+  o.step_observer = [&](const StepInfo&) { ++n_steps; };
+  Engine engine(o, std::make_unique<ScriptedModel>(), make_default_tokenizer());
+  auto submit = [&](std::vector<TokenId> prompt, int64_t n) {
+    SubmitResult r = engine.submit({std::move(prompt), greedy(n)}, [&](const RequestOutput& out) {
+      events.push_back({out.id, n_steps, out.tokens.size(), out.finished.has_value()});
+    });
+    EXPECT_TRUE(r.ok());
+    return r.id;
+  };
+  const RequestId a = submit({1, 2, 3}, 30);
+  ASSERT_TRUE(engine.step());  // prefill: a's first token at once
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].step, 0);
+  EXPECT_EQ(events[0].n_tokens, 1u);
+  ASSERT_TRUE(engine.step());  // 1 + 3 continuous decode steps, delivered together at the end
+  EXPECT_EQ(n_steps, 5);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].id, a);
+  EXPECT_EQ(events[1].step, 5);
+  EXPECT_EQ(events[1].n_tokens, 4u);
+
+  const RequestId b = submit({7, 8, 9}, 3);
+  ASSERT_TRUE(engine.step());  // b's prefill with a's decode (step 5): no continuous steps after it
+  EXPECT_EQ(n_steps, 6);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[2].id, b);  // b's first token: in step 5 itself
+  EXPECT_EQ(events[2].step, 5);
+  EXPECT_EQ(events[2].n_tokens, 1u);
+  EXPECT_EQ(events[3].id, a);
+  EXPECT_EQ(events[3].step, 6);
+  EXPECT_EQ(events[3].n_tokens, 1u);
+  ASSERT_TRUE(engine.step());  // both decoding: step 6, then continuous steps 7, 8, 9
+  EXPECT_EQ(n_steps, 10);
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_EQ(events[4].id, b);  // b's tokens of steps 6 and 7 come with its finish in step 7
+  EXPECT_EQ(events[4].step, 7);
+  EXPECT_EQ(events[4].n_tokens, 2u);
+  EXPECT_TRUE(events[4].finished);
+  EXPECT_EQ(events[5].id, a);  // a's tokens of steps 6..9 at the end of the run
+  EXPECT_EQ(events[5].step, 10);
+  EXPECT_EQ(events[5].n_tokens, 4u);
+  EXPECT_FALSE(events[5].finished);
+  engine.run_until_idle();
+  size_t n_a = 0;
+  for (const Event& e : events) n_a += e.id == a ? e.n_tokens : 0;
+  EXPECT_EQ(n_a, 30u);
+  EXPECT_TRUE(events.back().finished);
+
+  // Mixed lengths and seeded sampling: the same outputs as alone.
+  EngineOptions mixed;
+  mixed.num_continuous_decode_steps = 4;
+  expect_same_as_alone(mixed, testing::test_seed(), 24);
+
+  // Preemption during runs (the fixed case of GrowthPastCapacityPreemptsAndKeepsOutputs): tokens
+  // held for a preempted request are delivered once, in order.
+  EngineOptions tight;
+  tight.num_continuous_decode_steps = 4;
+  tight.max_total_tokens = 32;
+  tight.page_size = 8;
+  tight.max_running_requests = 3;
+  Harness h(tight);
+  const std::vector<std::vector<TokenId>> prompts = {
+      {1, 2, 3, 4, 5, 6, 7, 8}, {9, 8, 7, 6, 5, 4, 3, 2}, {3, 1, 4, 1, 5, 9, 2, 6}};
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(h.submit(p, greedy(16)));
+  h.engine.run_until_idle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Collected& got = h.results.at(ids[i]);
+    ASSERT_TRUE(got.finish.has_value()) << "request " << i << " never finished";
+    EXPECT_EQ(got.ids, alone(prompts[i], greedy(16))) << "request " << i;
+  }
+  EXPECT_GT(h.engine.stats().preemptions_total, 0u) << "no request was preempted";
   EXPECT_GT(h.engine.stats().continuous_steps_total, 0u);
 }
 

@@ -1,17 +1,24 @@
 // CPU checks of sm90_nvfp4_w4a16_grouped_gemm (src/kernels/cuda/sm90/), no GPU needed:
-//   * the register-level e2m1 -> bf16 decode and e4m3 -> bf16 scale against format/nvfp4.h, for
-//     every code; exactness of e2m1 x e4m3 in bf16;
-//   * the shared-memory swizzles are bijections that keep 16 B chunks inside their tile;
-//   * an emulation of one CTA's MMA loop: the kernel's own fragment loaders (w4a16_fragments.h)
-//     read a host image of the swizzled stage, an emulated mma.sync m16n8k16 (PTX fragment
-//     layouts, written here independently) multiplies, and the result must equal the f64 dot
-//     products of the dequantized weights: this pins the K permutation, swizzles and decode;
-//   * the constexpr layout (offsets, alignment, totals; plan/layout_sm90_w4a16.h), config names,
-//     and the refusal messages (a config over the shared-memory limit, K = 16 x odd, bad N, bad
-//     config id) to the byte;
-//   * the kernel's carve (the offsets its template takes from the layout of each config id) equals
-//     what `fp4moe plan` sizes the same config with, and the launcher refuses exactly the configs
-//     the planner rejects, with the same message.
+//   * the kernel weight layout's bit permutation (w4a16_weight_layout.h): every 4-bit code in
+//     every (register, half) slot decodes to exactly bf16(e2m1 x 2^-126) there and to zero in the
+//     other 7 halves, whatever the other slots hold; the decode is a pure permutation of the word;
+//   * the scale word (e4m3 x 2^118) for every non-NaN code, and e2m1 x e4m3 x 2^-8 exact for
+//     every code x scale (the host emulation of __hmul2 truncates: the f64 product shows it drops
+//     nothing);
+//   * w4a16_repack / w4a16_unpack: round trip on random data (K = 16 x odd, N = 24, E = 3, ...),
+//     every code and scale found where the file comment's formulas say, padding zero, sizes, and
+//     the refusals (K % 16, N % 8, a NaN scale naming expert, row and block) to the text;
+//   * an emulation of both kernels' inner loops on a random problem (2 experts x 32 rows,
+//     K = 208 = 16 x 13, 16 tokens): the A fragments from the kernel-layout bytes as each kernel
+//     indexes them (kStream: straight from the global layout; kPipeline: a host image of one stage
+//     as load_stage's cp.async copies fill it, block_k 128 and 256), the B fragments from the
+//     activations (kStream: 32 B at x[tok][64 kc + 16 t]; kPipeline: x_tile_offset swizzle and
+//     load_b_fragments), an emulated mma.sync m16n8k16 written here from the PTX fragment layouts,
+//     and 2^8 x D against the f64 dot products of the dequantized weights (format/nvfp4.h);
+//   * the pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales;
+//   * the constexpr layout (plan/layout_sm90_w4a16.h) of both kinds, config names, the kernel's
+//     carve against what `fp4moe plan` sizes, the launcher refusing exactly what the planner
+//     rejects, the check() rules, the problem checks, and the default config per token count.
 // Run: test_cuda_w4a16_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
 
@@ -21,6 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +37,7 @@
 #include "format/nvfp4.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/gpu_table.h"
 #include "plan/kernel_families.h"
 #include "plan/layout_sm90_w4a16.h"
@@ -37,8 +46,10 @@
 namespace fp4moe::cuda::sm90 {
 namespace {
 
-float lo_f32(uint32_t pair) { return bf16_to_f32(static_cast<uint16_t>(pair & 0xFFFFu)); }
-float hi_f32(uint32_t pair) { return bf16_to_f32(static_cast<uint16_t>(pair >> 16)); }
+uint16_t half_bits(uint32_t pair, uint32_t half) { return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu); }
+float half_f32(uint32_t pair, uint32_t half) { return bf16_to_f32(half_bits(pair, half)); }
+float lo_f32(uint32_t pair) { return half_f32(pair, 0); }
+float hi_f32(uint32_t pair) { return half_f32(pair, 1); }
 
 std::string expect_throw(const std::function<void()>& fn) {
   try {
@@ -50,93 +61,335 @@ std::string expect_throw(const std::function<void()>& fn) {
   return "";
 }
 
-TEST(W4A16Decode, E2m1x8MatchesFormatForEveryCodeInEveryPosition) {
+// bf16 bits of e2m1(code) x 2^-126: the magnitude from format/nvfp4.h through f32 (0.5 x 2^-126 =
+// 2^-127 is an f32/bf16 subnormal, exactly representable; ldexp is exact here), the sign from code
+// bit 3 (format::e2m1_to_f32 decodes code 8 to +0 as ModelOpt does; the kernel's bit permutation
+// gives -0, the same value).
+uint16_t e2m1_slot_bits(uint32_t code) {
+  const float v = std::ldexp(std::fabs(format::e2m1_to_f32(static_cast<uint8_t>(code))), -126);
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  EXPECT_EQ(u & 0xFFFFu, 0u) << "e2m1 code " << code << " x 2^-126 is not a bf16";
+  return static_cast<uint16_t>((u >> 16) | ((code & 0x8u) << 12));
+}
+
+uint8_t random_scale(std::mt19937_64& rng) {  // any e4m3fn code but the NaNs 0x7F / 0xFF
+  for (;;) {
+    const auto s = static_cast<uint8_t>(rng());
+    if ((s & 0x7Fu) != 0x7Fu) return s;
+  }
+}
+
+// ---- the bit permutation --------------------------------------------------------------------
+
+TEST(W4A16Decode, EveryCodeInEverySlotDecodesAloneAndExactly) {
   std::mt19937_64 rng(testing::test_seed() ^ 0xE2A1ull);
-  for (int pos = 0; pos < 8; ++pos) {
-    for (uint32_t code = 0; code < 16; ++code) {
-      for (int rep = 0; rep < 16; ++rep) {
-        uint32_t word = static_cast<uint32_t>(rng());
-        word = (word & ~(0xFu << (4 * pos))) | (code << (4 * pos));
-        uint32_t out[4];
-        e2m1x8_to_bf16x8(word, out);
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t c = (word >> (4 * i)) & 0xFu;
-          const float got = (i & 1) ? hi_f32(out[i / 2]) : lo_f32(out[i / 2]);
-          ASSERT_EQ(got, format::e2m1_to_f32(static_cast<uint8_t>(c)))
-              << "word 0x" << std::hex << word << " element " << std::dec << i << " code " << c;
+  for (uint32_t j = 0; j < 4; ++j) {
+    for (uint32_t half = 0; half < 2; ++half) {
+      for (uint32_t code = 0; code < 16; ++code) {
+        // Alone in a zero word: only its own half is non-zero (code 0 and 8 are +-0: bits 0 / 0x8000).
+        uint32_t a[4];
+        w4a16_word_to_pairs(w4a16_place_code(0, j, half, code), a);
+        for (uint32_t jj = 0; jj < 4; ++jj) {
+          for (uint32_t hh = 0; hh < 2; ++hh) {
+            const uint16_t want = (jj == j && hh == half) ? e2m1_slot_bits(code) : 0;
+            ASSERT_EQ(half_bits(a[jj], hh), want) << "code " << code << " placed at (j " << j << ", half " << half
+                                                  << "), read at (j " << jj << ", half " << hh << ")";
+          }
+        }
+        EXPECT_EQ(static_cast<double>(half_f32(a[j], half)),
+                  std::ldexp(static_cast<double>(format::e2m1_to_f32(static_cast<uint8_t>(code))), -126))
+            << "code " << code;
+        // Among random codes in the other 7 slots (placed over a random word: the 8 footprints cover
+        // all 32 bits, so nothing of the garbage may survive), every slot still decodes to its code.
+        for (int rep = 0; rep < 32; ++rep) {
+          uint32_t placed[4][2];
+          uint32_t word = static_cast<uint32_t>(rng());
+          for (uint32_t jj = 0; jj < 4; ++jj) {
+            for (uint32_t hh = 0; hh < 2; ++hh) {
+              placed[jj][hh] = static_cast<uint32_t>(rng() & 0xFu);
+              word = w4a16_place_code(word, jj, hh, placed[jj][hh]);
+            }
+          }
+          word = w4a16_place_code(word, j, half, code);
+          placed[j][half] = code;
+          w4a16_word_to_pairs(word, a);
+          for (uint32_t jj = 0; jj < 4; ++jj) {
+            for (uint32_t hh = 0; hh < 2; ++hh) {
+              ASSERT_EQ(half_bits(a[jj], hh), e2m1_slot_bits(placed[jj][hh]))
+                  << "word 0x" << std::hex << word << std::dec << " slot (j " << jj << ", half " << hh << ") after placing code "
+                  << code << " at (j " << j << ", half " << half << ")";
+            }
+          }
         }
       }
     }
   }
 }
 
-TEST(W4A16Decode, E4m3ToBf16IsExactForEveryCode) {
-  for (int code = 0; code < 256; ++code) {
-    const float want = format::e4m3_to_f32(static_cast<uint8_t>(code));
-    const float got = bf16_to_f32(e4m3_to_bf16_bits(static_cast<uint8_t>(code)));
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << "code 0x" << std::hex << code;
-    } else {
-      EXPECT_EQ(got, want) << "code 0x" << std::hex << code;
-      EXPECT_EQ(std::signbit(got), std::signbit(want)) << "code 0x" << std::hex << code;
+// Decoding loses no bit: reading the 8 codes back from the pairs and placing them into a zero
+// word rebuilds any word.
+TEST(W4A16Decode, DecodeIsAPermutationOfTheWord) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0x9E47ull);
+  uint16_t bits_of[16];
+  for (uint32_t c = 0; c < 16; ++c) bits_of[c] = e2m1_slot_bits(c);
+  for (int rep = 0; rep < 4096; ++rep) {
+    const uint32_t word = rep == 0 ? 0xFFFFFFFFu : static_cast<uint32_t>(rng());
+    uint32_t a[4];
+    w4a16_word_to_pairs(word, a);
+    uint32_t rebuilt = 0;
+    for (uint32_t j = 0; j < 4; ++j) {
+      for (uint32_t half = 0; half < 2; ++half) {
+        const uint16_t b = half_bits(a[j], half);
+        const uint16_t* hit = std::find(bits_of, bits_of + 16, b);
+        ASSERT_NE(hit, bits_of + 16) << "word 0x" << std::hex << word << ": slot bits 0x" << b << " are no e2m1 code";
+        rebuilt = w4a16_place_code(rebuilt, j, half, static_cast<uint32_t>(hit - bits_of));
+      }
+    }
+    ASSERT_EQ(rebuilt, word);
+  }
+}
+
+// w4a16_code_slot against the PTX m16n8k16 A fragment: lane 4 g + t holds rows g and g + 8; the
+// thread of quad position t owns NVFP4 block t (k 16 t .. 16 t + 15) of the chunk; and the 1024
+// codes of a 16 x 64 tile take 1024 distinct (lane, word, register, half) slots.
+TEST(W4A16Decode, CodeSlotsOfATileAreDistinctAndFollowTheFragment) {
+  std::set<uint32_t> seen;
+  for (uint32_t r = 0; r < 16; ++r) {
+    for (uint32_t k = 0; k < 64; ++k) {
+      const W4A16CodeSlot s = w4a16_code_slot(r, k);
+      ASSERT_LT(s.lane, 32u);
+      ASSERT_LT(s.word, 4u);
+      ASSERT_LT(s.j, 4u);
+      ASSERT_LT(s.half, 2u);
+      EXPECT_EQ(s.lane / 4, r % 8) << "row " << r << " k " << k;   // groupID g
+      EXPECT_EQ(s.lane % 4, k / 16) << "row " << r << " k " << k;  // NVFP4 block of the chunk
+      EXPECT_EQ(s.j & 1u, r / 8) << "row " << r << " k " << k;     // a1, a3: row g + 8
+      // a[s][j] holds k = 16 t + 4 s + 2 (j >> 1) + half
+      EXPECT_EQ(16 * (s.lane % 4) + 4 * s.word + 2 * (s.j >> 1) + s.half, k) << "row " << r;
+      seen.insert(((s.lane * 4 + s.word) * 4 + s.j) * 2 + s.half);
+    }
+  }
+  EXPECT_EQ(seen.size(), 1024u);
+}
+
+// ---- scales and the exact products ------------------------------------------------------------
+
+TEST(W4A16Scale, ScaleWordIsE4m3Times2To118ForEveryCode) {
+  int checked = 0;
+  for (uint32_t code = 0; code < 256; ++code) {
+    if ((code & 0x7Fu) == 0x7Fu) continue;  // NaN: refused by w4a16_repack
+    const uint32_t w = w4a16_scale_word(code);
+    const double want = std::ldexp(static_cast<double>(format::e4m3_to_f32(static_cast<uint8_t>(code))), 118);
+    EXPECT_EQ(w & 0xFFFFu, w >> 16) << "code 0x" << std::hex << code;
+    EXPECT_EQ(static_cast<double>(lo_f32(w)), want) << "code 0x" << std::hex << code;
+    EXPECT_EQ(static_cast<double>(hi_f32(w)), want) << "code 0x" << std::hex << code;
+    EXPECT_EQ(std::signbit(lo_f32(w)), (code & 0x80u) != 0) << "code 0x" << std::hex << code;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 254);
+}
+
+// The kernel relies on e2m1 x 2^-126 (a register half) times e4m3 x 2^118 (the scale word) being
+// exact in bf16. The host's w4a16_mul_pairs multiplies in f32 and truncates to bf16: equality with
+// the f64 product proves the truncation dropped nothing (so __hmul2's rounding has nothing to round).
+TEST(W4A16Scale, DequantizedProductIsExactForEveryCodeAndScale) {
+  int checked = 0;
+  for (uint32_t code = 0; code < 16; ++code) {
+    uint32_t word = 0;  // `code` in all 8 slots
+    for (uint32_t j = 0; j < 4; ++j) {
+      for (uint32_t half = 0; half < 2; ++half) word = w4a16_place_code(word, j, half, code);
+    }
+    uint32_t raw[4];
+    w4a16_word_to_pairs(word, raw);
+    const double e2m1 = format::e2m1_to_f32(static_cast<uint8_t>(code));
+    for (uint32_t s = 0; s < 256; ++s) {
+      if ((s & 0x7Fu) == 0x7Fu) continue;
+      const uint32_t sw = w4a16_scale_word(s);
+      const double want = std::ldexp(e2m1 * format::e4m3_to_f32(static_cast<uint8_t>(s)), -kW4A16AccShift);
+      for (uint32_t j = 0; j < 4; ++j) {
+        const uint32_t prod = w4a16_mul_pairs(raw[j], sw);
+        for (uint32_t half = 0; half < 2; ++half) {
+          const double exact = static_cast<double>(half_f32(raw[j], half)) * static_cast<double>(half_f32(sw, half));
+          ASSERT_EQ(static_cast<double>(half_f32(prod, half)), exact)
+              << "code " << code << " scale 0x" << std::hex << s << ": the bf16 product lost bits";
+          ASSERT_EQ(exact, want) << "code " << code << " scale 0x" << std::hex << s;
+          if (want != 0) {  // a normal bf16 in [2^-18, 10.5]: nothing near the subnormals
+            EXPECT_GE(std::fabs(want), std::ldexp(1.0, -18)) << "code " << code << " scale 0x" << std::hex << s;
+            EXPECT_LE(std::fabs(want), 10.5) << "code " << code << " scale 0x" << std::hex << s;
+            EXPECT_NE(half_bits(prod, half) & 0x7F80u, 0u) << "subnormal product, code " << code << " scale 0x" << std::hex << s;
+          }
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 16 * 254);
+}
+
+// Byte 2 j of a lane's 16 B scale group is row g's scale of chunk j, byte 2 j + 1 row g + 8's.
+TEST(W4A16Scale, ChunkScalesPickTheBytesOfChunkJ) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0x5CA1Eull);
+  for (int rep = 0; rep < 64; ++rep) {
+    uint8_t bytes[16];
+    for (uint8_t& b : bytes) b = random_scale(rng);
+    uint4 group;
+    std::memcpy(&group, bytes, 16);
+    for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
+      uint32_t lo = 0, hi = 0;
+      w4a16_chunk_scales(group, j, lo, hi);
+      EXPECT_EQ(lo, w4a16_scale_word(bytes[2 * j])) << "chunk " << j;
+      EXPECT_EQ(hi, w4a16_scale_word(bytes[2 * j + 1])) << "chunk " << j;
     }
   }
 }
 
-// The kernel multiplies e2m1 x e4m3 in bf16 and relies on the product being exact.
-TEST(W4A16Decode, E2m1TimesE4m3IsExactInBf16) {
-  for (int code = 0; code < 16; ++code) {
-    for (int s = 0; s < 256; ++s) {
-      if (s == 0x7F || s == 0xFF) continue;
-      const uint32_t pair = code | (code << 4);
-      uint32_t dq[4];
-      e2m1x8_to_bf16x8(pair, dq);  // element 0 and 1 are `code`
-      const uint32_t prod = host_bf16x2_mul_exact(dq[0], e4m3_to_bf16_bits(static_cast<uint8_t>(s)));
-      const double want = static_cast<double>(format::e2m1_to_f32(static_cast<uint8_t>(code))) *
-                          format::e4m3_to_f32(static_cast<uint8_t>(s));
-      EXPECT_EQ(static_cast<double>(lo_f32(prod)), want) << "code " << code << " scale 0x" << std::hex << s;
-      EXPECT_EQ(static_cast<double>(hi_f32(prod)), want) << "code " << code << " scale 0x" << std::hex << s;
+// ---- repack ---------------------------------------------------------------------------------
+
+struct Weights {
+  int64_t n_experts = 0, n = 0, k = 0;
+  std::vector<uint8_t> codes;   // checkpoint layout [E, N, K/2], low nibble = even k
+  std::vector<uint8_t> scales;  // [E, N, K/16] e4m3fn
+  uint32_t code(int64_t e, int64_t row, int64_t kk) const {
+    const uint8_t b = codes[static_cast<size_t>((e * n + row) * (k / 2) + kk / 2)];
+    return kk % 2 == 0 ? (b & 0xFu) : (b >> 4);
+  }
+  uint8_t scale(int64_t e, int64_t row, int64_t kk) const {
+    return scales[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)];
+  }
+};
+
+Weights random_weights(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k) {
+  Weights w;
+  w.n_experts = n_experts;
+  w.n = n;
+  w.k = k;
+  w.codes.resize(static_cast<size_t>(n_experts * n * k / 2));
+  w.scales.resize(static_cast<size_t>(n_experts * n * k / 16));
+  for (uint8_t& c : w.codes) c = static_cast<uint8_t>(rng());
+  for (uint8_t& s : w.scales) s = random_scale(rng);
+  return w;
+}
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+struct RepackShape {
+  int64_t n_experts, n, k, codes_bytes, scales_bytes;
+};
+
+// Sizes by hand: row_tiles = ceil(N / 16), k_chunks = ceil(K / 64), k_groups = ceil(k_chunks / 8),
+// codes E x row_tiles x k_chunks x 512 B, scales E x row_tiles x k_groups x 512 B.
+constexpr RepackShape kRepackShapes[] = {
+    {3, 24, 48, 3 * 2 * 1 * 512, 3 * 2 * 1 * 512},      // K = 16 x 3, N = 24 (half a row tile of padding)
+    {1, 16, 1040, 1 * 1 * 17 * 512, 1 * 1 * 3 * 512},   // K = 16 x 65: 17 chunks, 3 scale groups
+    {2, 40, 576, 2 * 3 * 9 * 512, 2 * 3 * 2 * 512},     // 9 chunks: a second group with one chunk
+    {1, 8, 16, 512, 512},                               // the smallest problem
+    {2, 32, 512, 2 * 2 * 8 * 512, 2 * 2 * 1 * 512},     // exactly one full scale group
+};
+
+TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0x4E9Aull);
+  for (const RepackShape& sh : kRepackShapes) {
+    const std::string what = "E=" + std::to_string(sh.n_experts) + " N=" + std::to_string(sh.n) + " K=" + std::to_string(sh.k);
+    const Weights w = random_weights(rng, sh.n_experts, sh.n, sh.k);
+    std::vector<uint8_t> kcodes, kscales;
+    w4a16_repack(w.codes.data(), w.scales.data(), sh.n_experts, sh.n, sh.k, kcodes, kscales, "test weight");
+    ASSERT_EQ(w4a16_codes_bytes(sh.n_experts, sh.n, sh.k), sh.codes_bytes) << what;
+    ASSERT_EQ(w4a16_scales_bytes(sh.n_experts, sh.n, sh.k), sh.scales_bytes) << what;
+    ASSERT_EQ(static_cast<int64_t>(kcodes.size()), sh.codes_bytes) << what;
+    ASSERT_EQ(static_cast<int64_t>(kscales.size()), sh.scales_bytes) << what;
+
+    // Every code and scale where the file comment's formulas put it (written out here, not taken
+    // from the repack): codes ((e * row_tiles + rt) * k_chunks + kc) * 512 + 16 L + 4 s, register
+    // j = (r >= 8) + 2 ((k % 4) >= 2), half k % 2; scales ((e * row_tiles + rt) * k_groups + kg) *
+    // 512 + 16 L + 2 (kc % 8) + (r >= 8). Every bit not so covered must be zero.
+    const int64_t row_tiles = (sh.n + 15) / 16, k_chunks = (sh.k + 63) / 64, k_groups = (k_chunks + 7) / 8;
+    std::vector<uint8_t> code_cover(kcodes.size(), 0), scale_cover(kscales.size(), 0);
+    for (int64_t e = 0; e < sh.n_experts; ++e) {
+      for (int64_t row = 0; row < sh.n; ++row) {
+        const int64_t rt = row / 16, r = row % 16, g = r % 8;
+        for (int64_t kk = 0; kk < sh.k; ++kk) {
+          const int64_t kc = kk / 64, kl = kk % 64, t = kl / 16, within = kl % 16;
+          const int64_t lane = 4 * g + t, s = within / 4;
+          const uint32_t j = static_cast<uint32_t>(r / 8 + 2 * ((within / 2) % 2)), half = static_cast<uint32_t>(within % 2);
+          const int64_t off = ((e * row_tiles + rt) * k_chunks + kc) * 512 + 16 * lane + 4 * s;
+          uint32_t a[4];
+          w4a16_word_to_pairs(load_u32(kcodes.data() + off), a);
+          ASSERT_EQ(half_bits(a[j], half), e2m1_slot_bits(w.code(e, row, kk)))
+              << what << ": expert " << e << " row " << row << " k " << kk;
+          const uint32_t mask = w4a16_place_code(0, j, half, 0xFu);
+          for (int b = 0; b < 4; ++b) code_cover[static_cast<size_t>(off + b)] |= static_cast<uint8_t>(mask >> (8 * b));
+          if (kk % 16 == 0) {
+            const int64_t soff = ((e * row_tiles + rt) * k_groups + kc / 8) * 512 + 16 * lane + 2 * (kc % 8) + r / 8;
+            ASSERT_EQ(kscales[static_cast<size_t>(soff)], w.scale(e, row, kk))
+                << what << ": expert " << e << " row " << row << " block " << kk / 16;
+            ++scale_cover[static_cast<size_t>(soff)];
+          }
+        }
+      }
     }
+    int64_t covered_bits = 0;
+    for (size_t i = 0; i < kcodes.size(); ++i) {
+      ASSERT_EQ(kcodes[i] & ~code_cover[i], 0) << what << ": padding code byte " << i << " is not zero";
+      covered_bits += __builtin_popcount(code_cover[i]);
+    }
+    EXPECT_EQ(covered_bits, sh.n_experts * sh.n * sh.k * 4) << what << ": two codes share bits";
+    for (size_t i = 0; i < kscales.size(); ++i) {
+      ASSERT_LE(scale_cover[i], 1) << what << ": two scales share byte " << i;
+      if (scale_cover[i] == 0) {
+        ASSERT_EQ(kscales[i], 0) << what << ": padding scale byte " << i << " is not zero";
+      }
+    }
+
+    std::vector<uint8_t> codes_back, scales_back;
+    w4a16_unpack(kcodes.data(), kscales.data(), sh.n_experts, sh.n, sh.k, codes_back, scales_back);
+    EXPECT_EQ(codes_back, w.codes) << what;
+    EXPECT_EQ(scales_back, w.scales) << what;
   }
 }
 
-template <uint32_t BK>
-void check_swizzles(uint32_t rows_w, uint32_t rows_t) {
-  std::vector<int> seen_x(rows_t * BK * 2 / 16, 0);
-  for (uint32_t r = 0; r < rows_t; ++r) {
-    for (uint32_t c = 0; c < BK / 8; ++c) {
-      const uint32_t off = x_tile_offset<BK>(r, c);
-      ASSERT_EQ(off % 16, 0u);
-      ASSERT_EQ(off / (BK * 2), r) << "x chunk left its row";
-      ++seen_x[off / 16];
-    }
-  }
-  for (int v : seen_x) ASSERT_EQ(v, 1) << "x_tile swizzle is not a bijection, BK=" << BK;
-  std::vector<int> seen_w(rows_w * BK / 2, 0);
-  for (uint32_t r = 0; r < rows_w; ++r) {
-    for (uint32_t b = 0; b < BK / 2; ++b) {
-      const uint32_t off = w_packed_offset<BK>(r, b);
-      ASSERT_LT(off, rows_w * BK / 2);
-      // The 16 B chunk moves as a whole (cp.async writes whole chunks).
-      ASSERT_EQ(off % 16, b % 16);
-      ASSERT_EQ(w_packed_offset<BK>(r, b - b % 16) + b % 16, off);
-      ++seen_w[off];
-    }
-  }
-  for (int v : seen_w) ASSERT_EQ(v, 1) << "w_packed swizzle is not a bijection, BK=" << BK;
+TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
+  std::vector<uint8_t> codes(1 << 14, 0x21), scales(1 << 12, 0x38), co, so;  // 0x38 = 1.0
+  std::string msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 1, 16, 40, co, so, "layers.3.w13"); });
+  EXPECT_NE(msg.find("w4a16 repack of layers.3.w13: K=40 must be a multiple of 16 (one NVFP4 block; K % 16 = 8)"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 1, 20, 64, co, so, "layers.3.w2"); });
+  EXPECT_NE(msg.find("w4a16 repack of layers.3.w2: N=20 must be a multiple of 8 (16 B output stores; N % 8 = 4)"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 0, 16, 64, co, so, "w"); });
+  EXPECT_NE(msg.find("E=0, N=16, K=64 must be positive"), std::string::npos) << msg;
+  msg = expect_throw([&] { w4a16_unpack(codes.data(), scales.data(), 1, 16, 40, co, so); });
+  EXPECT_NE(msg.find("w4a16 repack of weight: K=40 must be a multiple of 16"), std::string::npos) << msg;
+
+  // E = 2, N = 16, K = 64: 4 scales per row. The largest finite scales (+-448) are fine ...
+  scales[0] = 0x7E;
+  scales[1] = 0xFE;
+  w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2");
+  // ... a NaN is named by expert, row and block (0x7F and 0xFF).
+  scales[(1 * 16 + 5) * 4 + 2] = 0x7F;
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  EXPECT_NE(msg.find("w4a16 repack of w2: expert 1, row 5, block 2 (k 32..47) has a NaN e4m3 scale (0x7f)"),
+            std::string::npos)
+      << msg;
+  scales[(1 * 16 + 5) * 4 + 2] = 0x38;
+  scales[(0 * 16 + 15) * 4 + 3] = 0xFF;
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  EXPECT_NE(msg.find("expert 0, row 15, block 3 (k 48..63) has a NaN e4m3 scale (0xff)"), std::string::npos) << msg;
 }
 
-TEST(W4A16Swizzle, BijectionsForShippedTileShapes) {
-  for (const W4A16Config& c : kW4A16Configs) {
-    if (c.block_k == 128) check_swizzles<128>(c.block_w, c.block_t);
-    if (c.block_k == 256) check_swizzles<256>(c.block_w, c.block_t);
-  }
-}
+// ---- emulation of both kernels' inner loops ------------------------------------------------------
 
 // Emulated mma.sync.m16n8k16.row.col bf16: D[16x8] += A[16x16] B[16x8] from the 32 lanes'
 // registers, per the PTX ISA fragment layouts (groupID g = lane / 4, t = lane % 4):
 //   A: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
 //   B: b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g)      low half = lower index
+// Unassigned elements stay NaN and would poison D. f64 products of bf16 values are exact.
 void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], double d[16][8]) {
   double A[16][16], B[16][8];
   for (auto& row : A) for (double& v : row) v = std::nan("");
@@ -160,76 +413,243 @@ void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], double d[16][
   }
 }
 
-template <uint32_t BK>
-void emulate_stage(uint64_t seed) {
-  constexpr uint32_t kRowsW = 32, kRowsT = 16;  // 2 warps x 2 n8 tiles
+// The 4 MMA steps of one chunk from per-lane fragments a[lane][s][.], b[lane][s][.].
+void emulate_chunk(const uint32_t a[32][4][4], const uint32_t b[32][4][2], double d[16][8]) {
+  for (int s = 0; s < 4; ++s) {
+    uint32_t as[32][4], bs[32][2];
+    for (int lane = 0; lane < 32; ++lane) {
+      std::memcpy(as[lane], a[lane][s], sizeof(as[lane]));
+      std::memcpy(bs[lane], b[lane][s], sizeof(bs[lane]));
+    }
+    emulate_mma(as, bs, d);
+  }
+}
+
+// A random MoE slice in both layouts plus the activations.
+struct EmuProblem {
+  static constexpr int64_t kExperts = 2, kN = 32, kK = 208, kTokens = 16;  // K = 16 x 13: 4 chunks, the last 1/4 full
+  Weights w;
+  std::vector<uint8_t> kcodes, kscales;  // kernel layout
+  std::vector<uint16_t> x;               // [kTokens, kK] bf16, the tokens of every expert
+  int64_t row_tiles = 0, k_chunks = 0, k_groups = 0;
+};
+
+EmuProblem make_emu_problem(uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::vector<uint8_t> codes(kRowsW * BK), scales(kRowsW * BK / 16);
-  std::vector<uint16_t> x(kRowsT * BK);
+  EmuProblem p;
+  p.w = random_weights(rng, EmuProblem::kExperts, EmuProblem::kN, EmuProblem::kK);
+  w4a16_repack(p.w.codes.data(), p.w.scales.data(), EmuProblem::kExperts, EmuProblem::kN, EmuProblem::kK, p.kcodes,
+               p.kscales, "emulated weight");
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() & 0xF);
-  for (uint8_t& s : scales) s = format::f32_to_e4m3(std::exp2(static_cast<float>(rng() % 17) - 8.0f) * 1.3f);
-  for (uint16_t& v : x) v = f32_to_bf16(normal(rng));
+  p.x.resize(static_cast<size_t>(EmuProblem::kTokens * EmuProblem::kK));
+  for (uint16_t& v : p.x) v = f32_to_bf16(normal(rng));
+  p.row_tiles = w4a16_row_tiles(EmuProblem::kN);
+  p.k_chunks = w4a16_k_chunks(EmuProblem::kK);
+  p.k_groups = w4a16_k_groups(EmuProblem::kK);
+  EXPECT_EQ(p.row_tiles, 2);
+  EXPECT_EQ(p.k_chunks, 4);  // 208 = 3 x 64 + 16
+  EXPECT_EQ(p.k_groups, 1);
+  return p;
+}
 
-  // Host images of one stage, laid out exactly as the kernel's cp.async writes them.
-  std::vector<uint4> w_store(kRowsW * BK / 2 / 16), x_store(kRowsT * BK * 2 / 16);
-  std::vector<uint8_t> s_tile(kRowsW * BK / 16);
-  auto* w_tile = reinterpret_cast<uint8_t*>(w_store.data());
-  auto* x_tile = reinterpret_cast<uint8_t*>(x_store.data());
-  for (uint32_t r = 0; r < kRowsW; ++r) {
-    for (uint32_t j = 0; j < BK / 2; ++j) {
-      w_tile[w_packed_offset<BK>(r, j)] = format::e2m1_pack(codes[r * BK + 2 * j], codes[r * BK + 2 * j + 1]);
-    }
-    for (uint32_t b = 0; b < BK / 16; ++b) s_tile[w_scales_offset<BK>(r, b)] = scales[r * BK / 16 + b];
-  }
-  for (uint32_t tok = 0; tok < kRowsT; ++tok) {
-    for (uint32_t k = 0; k < BK; ++k) {
-      std::memcpy(x_tile + x_tile_offset<BK>(tok, k / 8) + (k % 8) * 2, &x[tok * BK + k], 2);
-    }
-  }
-
-  for (uint32_t warp = 0; warp < kRowsW / 16; ++warp) {
-    for (uint32_t j = 0; j < kRowsT / 8; ++j) {
-      double d[16][8] = {};
-      for (uint32_t kc = 0; kc < BK / 64; ++kc) {
-        uint32_t a[32][4][4], b[32][4][2];
-        for (uint32_t lane = 0; lane < 32; ++lane) {
-          load_a_fragments<BK>(w_tile, s_tile.data(), warp * 16, kc, lane, a[lane]);
-          load_b_fragments<BK>(x_tile, j * 8, kc, lane, b[lane]);
-        }
-        for (int s = 0; s < 4; ++s) {
-          uint32_t as[32][4], bs[32][2];
-          for (int lane = 0; lane < 32; ++lane) {
-            std::memcpy(as[lane], a[lane][s], sizeof(as[lane]));
-            std::memcpy(bs[lane], b[lane][s], sizeof(bs[lane]));
-          }
-          emulate_mma(as, bs, d);
-        }
+// 2^8 x D of the row tile `rt` x token tile `nt` of expert `e` against the f64 dot products of the
+// dequantized weights; products are exact, so only the f64 summation order differs (1e-9 of the
+// sum of |terms|).
+void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, const double d[16][8], const char* kernel) {
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      const int64_t row = rt * 16 + m, tok = nt * 8 + n;
+      double want = 0, sum_abs = 0;
+      for (int64_t kk = 0; kk < EmuProblem::kK; ++kk) {
+        const double term = static_cast<double>(format::e2m1_to_f32(static_cast<uint8_t>(p.w.code(e, row, kk)))) *
+                            format::e4m3_to_f32(p.w.scale(e, row, kk)) *
+                            bf16_to_f32(p.x[static_cast<size_t>(tok * EmuProblem::kK + kk)]);
+        want += term;
+        sum_abs += std::fabs(term);
       }
-      for (int m = 0; m < 16; ++m) {
-        for (int n = 0; n < 8; ++n) {
-          const uint32_t row = warp * 16 + m, tok = j * 8 + n;
-          double want = 0;
-          for (uint32_t k = 0; k < BK; ++k) {
-            want += static_cast<double>(format::e2m1_to_f32(codes[row * BK + k])) *
-                    format::e4m3_to_f32(scales[row * BK / 16 + k / 16]) * bf16_to_f32(x[tok * BK + k]);
+      const double got = std::ldexp(d[m][n], kW4A16AccShift);
+      ASSERT_FALSE(std::isnan(got)) << kernel << ": a fragment element was never written";
+      ASSERT_NEAR(got, want, 1e-9 * sum_abs + 1e-30)
+          << kernel << ": expert " << e << " weight row " << row << " token " << tok;
+    }
+  }
+}
+
+// kStream: each lane loads its 16 B of codes of chunk kc and its 16 B scale group straight from
+// the global kernel layout, and 32 B of activations at x[tok][64 kc + 16 t] (zero past K).
+void emulate_stream_tile(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, double d[16][8]) {
+  const int64_t tile = e * p.row_tiles + rt;
+  for (int64_t kc = 0; kc < p.k_chunks; ++kc) {
+    uint32_t a[32][4][4], b[32][4][2];
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      const uint32_t g = lane / 4, t = lane % 4;
+      uint4 wq, sg;
+      std::memcpy(&wq, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
+      std::memcpy(&sg, p.kscales.data() + (tile * p.k_groups + kc / kW4A16ScaleGroup) * kW4A16TileBytes + lane * 16, 16);
+      uint32_t sc_lo = 0, sc_hi = 0;
+      w4a16_chunk_scales(sg, static_cast<uint32_t>(kc % kW4A16ScaleGroup), sc_lo, sc_hi);
+      w4a16_chunk_fragments(wq, sc_lo, sc_hi, a[lane]);
+      uint32_t words[8] = {};  // b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
+      const int64_t tok = nt * 8 + g, k0 = 64 * kc + 16 * t;
+      if (k0 < EmuProblem::kK) std::memcpy(words, p.x.data() + tok * EmuProblem::kK + k0, 32);
+      for (int s = 0; s < 4; ++s) {
+        b[lane][s][0] = words[2 * s];
+        b[lane][s][1] = words[2 * s + 1];
+      }
+    }
+    emulate_chunk(a, b, d);
+  }
+}
+
+// kPipeline with block_w 32 (2 warps), block_t 16 and BLOCK_K: each K slice is copied into a host
+// image of one stage exactly as load_stage's cp.async copies fill it (zero when the source is out
+// of range), then the warps read it as the kernel's main loop does.
+template <uint32_t BLOCK_K>
+void emulate_pipeline_cta(const EmuProblem& p, int64_t e, double d[2][2][16][8]) {
+  constexpr uint32_t kRowTiles = 2, kT = 16, kChunks = BLOCK_K / 64;
+  const int64_t rt0 = 0, tile0 = e * p.row_tiles + rt0;
+  const int64_t n_ktiles = (p.k_chunks + kChunks - 1) / kChunks;
+  for (int64_t kt = 0; kt < n_ktiles; ++kt) {
+    std::vector<uint4> x_store(kT * BLOCK_K * 2 / 16), w_store(kRowTiles * kChunks * 32);
+    std::vector<uint4> s_store((kRowTiles * 32 * 2 * kChunks + 15) / 16);
+    std::memset(x_store.data(), 0x00, x_store.size() * 16);
+    std::memset(w_store.data(), 0x00, w_store.size() * 16);
+    std::memset(s_store.data(), 0x00, s_store.size() * 16);
+    auto* x_tile = reinterpret_cast<uint8_t*>(x_store.data());
+    auto* w_tile = reinterpret_cast<uint8_t*>(w_store.data());
+    auto* s_tile = reinterpret_cast<uint8_t*>(s_store.data());
+    const int64_t k0 = kt * BLOCK_K;
+    for (uint32_t i = 0; i < kT * BLOCK_K / 8; ++i) {
+      const uint32_t r = i / (BLOCK_K / 8), c = i % (BLOCK_K / 8);
+      const int64_t k = k0 + c * 8;
+      if (k < EmuProblem::kK) std::memcpy(x_tile + x_tile_offset<BLOCK_K>(r, c), p.x.data() + r * EmuProblem::kK + k, 16);
+    }
+    for (uint32_t i = 0; i < kRowTiles * kChunks * 32; ++i) {
+      const uint32_t rtl = i / (kChunks * 32), rem = i % (kChunks * 32);
+      const int64_t kc = kt * kChunks + rem / 32;
+      if (rt0 + rtl < p.row_tiles && kc < p.k_chunks) {
+        std::memcpy(w_tile + i * 16, p.kcodes.data() + ((tile0 + rtl) * p.k_chunks + kc) * kW4A16TileBytes + (rem % 32) * 16, 16);
+      }
+    }
+    const int64_t kc0 = kt * kChunks, kg = kc0 / kW4A16ScaleGroup, j0 = kc0 % kW4A16ScaleGroup;
+    for (uint32_t i = 0; i < kRowTiles * 32; ++i) {
+      const uint32_t rtl = i / 32, ln = i % 32;
+      if (rt0 + rtl < p.row_tiles && kc0 < p.k_chunks) {
+        std::memcpy(s_tile + i * 2 * kChunks,
+                    p.kscales.data() + ((tile0 + rtl) * p.k_groups + kg) * kW4A16TileBytes + ln * 16 + 2 * j0, 2 * kChunks);
+      }
+    }
+    for (uint32_t warp = 0; warp < kRowTiles; ++warp) {
+      for (uint32_t nt = 0; nt < kT / 8; ++nt) {
+        for (uint32_t kcl = 0; kcl < kChunks; ++kcl) {
+          if (kt * kChunks + kcl >= p.k_chunks) continue;
+          uint32_t a[32][4][4], b[32][4][2];
+          for (uint32_t lane = 0; lane < 32; ++lane) {
+            uint16_t pair;
+            std::memcpy(&pair, s_tile + (warp * 32 + lane) * 2 * kChunks + 2 * kcl, 2);
+            uint32_t sc_lo = 0, sc_hi = 0;
+            w4a16_pair_scales(pair, sc_lo, sc_hi);
+            const auto* codes = reinterpret_cast<const uint4*>(w_tile + warp * kChunks * kW4A16TileBytes + lane * 16 +
+                                                               kcl * kW4A16TileBytes);
+            w4a16_chunk_fragments(*codes, sc_lo, sc_hi, a[lane]);
+            load_b_fragments<BLOCK_K>(x_tile, nt * 8, kcl, lane, b[lane]);
           }
-          ASSERT_NEAR(d[m][n], want, 1e-9 * (1 + std::fabs(want)))
-              << "BK=" << BK << " weight row " << row << " token " << tok;
+          emulate_chunk(a, b, d[warp][nt]);
         }
       }
     }
   }
 }
 
-TEST(W4A16Emulation, FragmentsOfOneStageGiveTheExactProducts) {
-  const uint64_t seed = testing::test_seed();
-  emulate_stage<128>(seed ^ 0x128ull);
-  emulate_stage<256>(seed ^ 0x256ull);
+TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
+  const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x57Eull);
+  for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
+    for (int64_t rt = 0; rt < p.row_tiles; ++rt) {
+      for (int64_t nt = 0; nt < EmuProblem::kTokens / 8; ++nt) {
+        double d[16][8] = {};
+        emulate_stream_tile(p, e, rt, nt, d);
+        expect_tile_exact(p, e, rt, nt, d, "stream");
+      }
+    }
+  }
 }
 
-TEST(W4A16Layout, RegionsAreAlignedAndSumToTheTotal) {
+TEST(W4A16Emulation, PipelineKernelGivesTheExactProducts) {
+  const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x919Eull);
+  for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
+    double d128[2][2][16][8] = {}, d256[2][2][16][8] = {};
+    emulate_pipeline_cta<128>(p, e, d128);  // 2 slices: chunks 0-1, 2-3
+    emulate_pipeline_cta<256>(p, e, d256);  // 1 slice: chunks 0-3
+    for (int64_t rt = 0; rt < 2; ++rt) {
+      for (int64_t nt = 0; nt < 2; ++nt) {
+        expect_tile_exact(p, e, rt, nt, d128[rt][nt], "pipeline block_k 128");
+        expect_tile_exact(p, e, rt, nt, d256[rt][nt], "pipeline block_k 256");
+      }
+    }
+  }
+}
+
+// The pipeline kernel's per-lane scale slice: for stage kt, lane L copies bytes 2 j0 .. 2 j0 +
+// 2 kChunks - 1 of its 16 B in group kc0 / 8 (kc0 = kt x kChunks, j0 = kc0 % 8) with a cp.async of
+// 2 kChunks bytes; chunk kcl's pair at slice bytes 2 kcl, 2 kcl + 1 must give w4a16_chunk_scales'
+// words for chunk j0 + kcl, and the copy must be aligned to its size and stay inside the 16 B.
+template <uint32_t BLOCK_K>
+void check_scale_slices(uint64_t seed) {
+  constexpr uint32_t kChunks = BLOCK_K / 64;
+  static_assert(kW4A16ScaleGroup % kChunks == 0);
+  std::mt19937_64 rng(seed);
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    uint8_t groups[2][16];  // this lane's 16 B of two consecutive scale groups
+    for (auto& grp : groups) for (uint8_t& b : grp) b = random_scale(rng);
+    for (uint32_t kt = 0; kt < 2 * kW4A16ScaleGroup / kChunks; ++kt) {
+      const uint32_t kc0 = kt * kChunks, kg = kc0 / kW4A16ScaleGroup, j0 = kc0 % kW4A16ScaleGroup;
+      const uint32_t src = lane * 16 + 2 * j0;
+      EXPECT_EQ(src % (2 * kChunks), 0u) << "BLOCK_K " << BLOCK_K << " stage " << kt << ": cp.async source misaligned";
+      EXPECT_LE(2 * j0 + 2 * kChunks, 16u) << "BLOCK_K " << BLOCK_K << " stage " << kt << ": the slice leaves the 16 B";
+      uint8_t slice[8] = {};
+      std::memcpy(slice, groups[kg] + 2 * j0, 2 * kChunks);
+      uint4 group;
+      std::memcpy(&group, groups[kg], 16);
+      for (uint32_t kcl = 0; kcl < kChunks; ++kcl) {
+        uint16_t pair;
+        std::memcpy(&pair, slice + 2 * kcl, 2);
+        uint32_t lo = 0, hi = 0, want_lo = 0, want_hi = 0;
+        w4a16_pair_scales(pair, lo, hi);
+        w4a16_chunk_scales(group, j0 + kcl, want_lo, want_hi);
+        EXPECT_EQ(lo, want_lo) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
+        EXPECT_EQ(hi, want_hi) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
+      }
+    }
+  }
+}
+
+TEST(W4A16Emulation, PipelineScaleSliceGivesTheChunkScales) {
+  check_scale_slices<128>(testing::test_seed() ^ 0x128ull);  // 2 chunks, 4 B per lane per stage
+  check_scale_slices<256>(testing::test_seed() ^ 0x256ull);  // 4 chunks, 8 B per lane per stage
+}
+
+// ---- layout, configs, refusals --------------------------------------------------------------
+
+// The static_asserts the kernel templates make about their config, checked for the whole table.
+TEST(W4A16Configs, ShippedConfigsMeetTheKernelsStaticAsserts) {
   for (const W4A16Config& c : kW4A16Configs) {
+    const std::string name = w4a16_config_name(c);
+    EXPECT_TRUE(W4A16Layout::make(c).valid()) << name;
+    if (c.kind == W4A16Kind::kStream) {
+      EXPECT_EQ(kW4A16ScaleGroup % c.stages, 0u) << name << ": the prefetch ring must divide a scale group";
+      EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = j & (stages - 1)";
+    } else {
+      EXPECT_EQ(c.block_k % 64, 0u) << name;
+      EXPECT_EQ(kW4A16ScaleGroup % (c.block_k / 64), 0u) << name;
+    }
+  }
+}
+
+TEST(W4A16Layout, PipelineRegionsAreAlignedAndSumToTheTotal) {
+  int n_pipeline = 0;
+  for (const W4A16Config& c : kW4A16Configs) {
+    if (c.kind != W4A16Kind::kPipeline) continue;
+    ++n_pipeline;
     const W4A16Layout l = W4A16Layout::make(c);
     const std::string name = w4a16_config_name(c);
     ASSERT_TRUE(l.valid()) << name;
@@ -237,65 +657,107 @@ TEST(W4A16Layout, RegionsAreAlignedAndSumToTheTotal) {
     uint32_t sum = 0;
     for (int i = 0; i < l.layout.n_regions; ++i) {
       EXPECT_EQ(l.layout.regions[i].offset, sum) << name << " region " << l.layout.regions[i].name;
+      EXPECT_EQ(l.layout.regions[i].offset % 128, 0u) << name << " region " << l.layout.regions[i].name;
       sum += l.layout.regions[i].bytes;
     }
     EXPECT_EQ(sum, l.total_bytes()) << name;
     EXPECT_EQ(l.x_tile_bytes, c.block_t * c.block_k * 2) << name;
-    EXPECT_EQ(l.w_packed_bytes, c.block_w * c.block_k / 2) << name;
+    EXPECT_EQ(l.w_tiles_bytes, c.block_w * c.block_k / 2) << name;
+    EXPECT_EQ(l.w_tiles_bytes, c.block_w / 16 * (c.block_k / 64) * kW4A16TileBytes) << name;  // whole 512 B tiles
     EXPECT_EQ(l.w_scales_bytes, c.block_w * c.block_k / 16) << name;
-    EXPECT_EQ(l.stage_stride, l.x_tile_bytes + l.w_packed_bytes + l.w_scales_bytes) << name;
-    for (uint32_t s = 0; s < c.stages; ++s) {
-      EXPECT_EQ(l.x_tile(s) % 128, 0u) << name;
-      EXPECT_EQ(l.w_packed(s) % 128, 0u) << name;
-      EXPECT_EQ(l.w_scales(s) % 16, 0u) << name;
-      EXPECT_EQ(l.w_packed(s), l.x_tile(s) + l.x_tile_bytes) << name;
+    EXPECT_EQ(l.w_scales_bytes, c.block_w / 16 * 32 * 2 * (c.block_k / 64)) << name;  // per lane 2 B per chunk
+    EXPECT_EQ(l.stage_stride, l.x_tile_bytes + l.w_tiles_bytes + l.w_scales_bytes) << name;
+    ASSERT_GE(l.layout.n_regions, static_cast<int>(3 * c.stages + 1)) << name;
+    for (uint32_t s = 0; s < c.stages; ++s) {  // x_tile, w_tiles, w_scales per stage, in that order
+      EXPECT_EQ(l.layout.regions[3 * s].offset, l.x_tile(s)) << name;
+      EXPECT_EQ(l.layout.regions[3 * s + 1].offset, l.w_tiles(s)) << name;
+      EXPECT_EQ(l.layout.regions[3 * s + 2].offset, l.w_scales(s)) << name;
+      EXPECT_EQ(l.w_tiles(s), l.x_tile(s) + l.x_tile_bytes) << name;
+      EXPECT_EQ(l.w_scales(s), l.w_tiles(s) + l.w_tiles_bytes) << name;
     }
+    EXPECT_EQ(l.layout.regions[3 * c.stages].offset, l.epilogue_offset) << name;  // then the epilogue
     EXPECT_EQ(l.epilogue_offset, c.stages * l.stage_stride) << name;
     EXPECT_EQ(l.epilogue_bytes, c.block_t * (c.block_w * 2 + 16)) << name;
     EXPECT_EQ(l.total_bytes() % 128, 0u) << name;
   }
+  EXPECT_EQ(n_pipeline, 5);
 }
 
-// The kernel instantiates config id i as sm90_nvfp4_w4a16_grouped_gemm_kernel<block_w, block_t,
-// block_k, stages> and carves with W4A16Layout::make of that config (x_tile/w_packed/w_scales at
-// stage 0 plus s x stage_stride, the epilogue after the last stage) and requests total_bytes().
-// The planner must size the same config id with the same regions.
+TEST(W4A16Layout, StreamConfigsHaveNoSharedMemory) {
+  int n_stream = 0;
+  for (const W4A16Config& c : kW4A16Configs) {
+    if (c.kind != W4A16Kind::kStream) continue;
+    ++n_stream;
+    const W4A16Layout l = W4A16Layout::make(c);
+    const std::string name = w4a16_config_name(c);
+    EXPECT_TRUE(l.valid()) << name;
+    EXPECT_TRUE(l.fits(0)) << name;
+    EXPECT_EQ(l.total_bytes(), 0u) << name;
+    EXPECT_EQ(l.layout.n_regions, 0) << name;
+    EXPECT_EQ(l.x_tile_bytes + l.w_tiles_bytes + l.w_scales_bytes + l.stage_stride + l.epilogue_bytes, 0u) << name;
+    EXPECT_EQ(w4a16_smem_summary(c), "no shared memory (registers only: " + std::to_string(c.stages) +
+                                         " chunks of 512 B codes in flight per warp) = 0 B")
+        << name;
+    EXPECT_NO_THROW(w4a16_check_config(c, 0)) << name;
+  }
+  EXPECT_EQ(n_stream, 6);
+}
+
+// Config id i is instantiated as sm90_nvfp4_w4a16_stream_kernel<block_w, block_t, stages> (launched
+// with 0 B of dynamic shared memory, __launch_bounds__ from W4A16Config{block_w, block_t, 64,
+// stages, kStream}) or sm90_nvfp4_w4a16_pipeline_kernel<block_w, block_t, block_k, stages>, which
+// carves with W4A16Layout::make(W4A16Config{block_w, block_t, block_k, stages}) and requests its
+// total_bytes(). The planner must size the same config id with the same regions.
 TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
   const std::vector<plan::TileCandidate> cands = plan::family_candidates(plan::KernelFamily::kSm90W4A16, false);
   ASSERT_EQ(static_cast<int>(cands.size()), w4a16_num_configs());
   const plan::GpuSpec h200 = plan::require_gpu("h200");
   for (int id = 0; id < w4a16_num_configs(); ++id) {
     const W4A16Config& c = w4a16_config(id);
-    const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
     const std::string name = w4a16_config_name(c);
     const plan::TileCandidate& cand = cands[static_cast<size_t>(id)];
     ASSERT_EQ(cand.to_string(), name) << "config id " << id;
+    EXPECT_EQ(cand.base_tile_index, id) << name;
     const plan::SmemLayout planned = plan::candidate_layout(cand, h200, plan::kCutlass420);
+    const plan::SmemCheck check = plan::check_smem(cand, h200, plan::kCutlass420);
+    EXPECT_TRUE(check.fits) << name << ": " << check.reason;
+    EXPECT_EQ(check.stages, static_cast<int>(c.stages)) << name;
+    if (c.kind == W4A16Kind::kStream) {
+      const W4A16Config kernel{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kStream};
+      EXPECT_EQ(c.block_k, kernel.block_k) << name;
+      EXPECT_EQ(planned.n_regions, 0) << name;
+      EXPECT_EQ(planned.total_bytes, 0u) << name;
+      EXPECT_EQ(check.bytes, 0u) << name;
+      EXPECT_EQ(check.stage_bytes + check.epilogue_bytes + check.overhead_bytes, 0u) << name;
+      continue;
+    }
+    const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
     ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
     for (uint32_t s = 0; s < c.stages; ++s) {
       EXPECT_EQ(planned.regions[3 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
-      EXPECT_EQ(planned.regions[3 * s + 1].offset, kernel.w_packed_offset + s * kernel.stage_stride) << name << " stage " << s;
+      EXPECT_EQ(planned.regions[3 * s + 1].offset, kernel.w_tiles_offset + s * kernel.stage_stride) << name << " stage " << s;
       EXPECT_EQ(planned.regions[3 * s + 2].offset, kernel.w_scales_offset + s * kernel.stage_stride) << name << " stage " << s;
       EXPECT_EQ(planned.regions[3 * s].bytes, kernel.x_tile_bytes) << name;
-      EXPECT_EQ(planned.regions[3 * s + 1].bytes, kernel.w_packed_bytes) << name;
+      EXPECT_EQ(planned.regions[3 * s + 1].bytes, kernel.w_tiles_bytes) << name;
       EXPECT_EQ(planned.regions[3 * s + 2].bytes, kernel.w_scales_bytes) << name;
     }
     EXPECT_EQ(planned.regions[3 * c.stages].offset, kernel.epilogue_offset) << name;
     EXPECT_EQ(planned.regions[3 * c.stages].bytes, c.block_t * kernel.epilogue_row_bytes) << name;
     EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
-    const plan::SmemCheck check = plan::check_smem(cand, h200, plan::kCutlass420);
     EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
-    EXPECT_EQ(check.stages, static_cast<int>(c.stages)) << name;
   }
 }
 
 // One computation behind both refusals: on an RTX 4090 (101376 B opt-in) the planner rejects the
 // configs the launcher would refuse, and its reason is the launcher's message without the kernel
-// name.
+// name. From the real numbers: the 6 stream configs need 0 B; of the pipeline ones
+// m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4 (93184 B) fit, while
+// m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and m128n64k128_s4
+// (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not: 2 refusals.
 TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
   ASSERT_EQ(ada.smem_optin_per_block, 101376u);
-  int refused = 0;
+  std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
     const plan::SmemCheck check = plan::check_smem(cand, ada, plan::kCutlass420);
     const std::string name = cand.to_string();
@@ -303,52 +765,94 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
       EXPECT_NO_THROW(w4a16_check_config(cand.ours, ada.smem_optin_per_block)) << name;
       continue;
     }
-    ++refused;
+    refused.push_back(name);
     EXPECT_EQ(check.rule, "smem-opt-in") << name;
     const std::string msg = expect_throw([&] { w4a16_check_config(cand.ours, ada.smem_optin_per_block); });
     EXPECT_NE(msg.find(std::string("sm90_nvfp4_w4a16_grouped_gemm: ") + check.reason), std::string::npos)
         << name << "\nlauncher: " << msg << "\nplanner: " << check.reason;
   }
-  EXPECT_EQ(refused, 2);  // m128n16k256_s4 (110848 B) and m128n64k128_s4 (119808 B)
+  EXPECT_EQ(refused, (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4"}));
 }
 
 TEST(W4A16Configs, NamesRoundTrip) {
   const std::vector<std::string> names = w4a16_config_names();
+  const std::vector<std::string> want = {
+      "w4a16_stream_m64n8_d4",       "w4a16_stream_m128n8_d4",      "w4a16_stream_m64n8_d8",
+      "w4a16_stream_m64n16_d4",      "w4a16_stream_m128n16_d4",     "w4a16_stream_m64n16_d2",
+      "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
+      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4"};
+  ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
-  EXPECT_NE(std::find(names.begin(), names.end(), "w4a16_swapab_m128n16k256_s4"), names.end());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
   const std::string msg = expect_throw([] { w4a16_config_id("w4a16_swapab_m256n8k128_s4"); });
-  EXPECT_NE(msg.find("unknown config 'w4a16_swapab_m256n8k128_s4'; known: " + names[0] + ", " + names[1]), std::string::npos)
+  EXPECT_NE(msg.find("unknown config 'w4a16_swapab_m256n8k128_s4'; known: w4a16_stream_m64n8_d4, w4a16_stream_m128n8_d4, "),
+            std::string::npos)
       << msg;
   const std::string msg_id = expect_throw([] { w4a16_config(99); });
-  const int n = w4a16_num_configs();
-  EXPECT_NE(msg_id.find("config id 99 is out of range (" + std::to_string(n) + " configs, ids 0.." + std::to_string(n - 1) + ")"),
-            std::string::npos)
-      << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (11 configs, ids 0..10)"), std::string::npos) << msg_id;
+  expect_throw([] { w4a16_config(-1); });
+}
+
+TEST(W4A16Configs, DefaultConfigPerTokenCount) {
+  struct Case {
+    int64_t tokens;
+    const char* name;
+  };
+  const Case cases[] = {{1, "w4a16_stream_m64n8_d4"},         {8, "w4a16_stream_m64n8_d4"},
+                        {9, "w4a16_stream_m64n16_d4"},        {16, "w4a16_stream_m64n16_d4"},
+                        {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
+                        {33, "w4a16_swapab_m128n64k128_s4"},  {500, "w4a16_swapab_m128n64k128_s4"}};
+  for (const Case& cs : cases) {
+    const W4A16Config& c = w4a16_config(w4a16_default_config(cs.tokens));
+    EXPECT_EQ(w4a16_config_name(c), cs.name) << cs.tokens << " tokens per expert";
+    EXPECT_GE(c.block_t, static_cast<uint32_t>(std::min<int64_t>(cs.tokens, 64))) << cs.tokens << " tokens per expert";
+  }
+  EXPECT_EQ(w4a16_config(w4a16_default_config(1)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 64u);
 }
 
-// 128x64x256, 6 stages: x 64*256*2 = 32768, w 128*256/2 = 16384, scales 128*256/16 = 2048 per
-// stage (51200 x 6 = 307200) + epilogue 64 * (128*2 + 16) = 17408 = 324608 B > 232448 by 92160.
+// 128x64x256, 6 stages: x_tile 64*256*2 = 32768, w_tiles 128*256/2 = 16384, w_scales
+// 128*256/16 = 2048 per stage (51200 x 6 = 307200) + epilogue 64 * (128*2 + 16) = 17408 =
+// 324608 B > 232448 by 92160.
 TEST(W4A16Configs, InfeasibleConfigIsRefusedWithTheBytes) {
   const W4A16Config big{128, 64, 256, 6};
   const std::string msg = expect_throw([&] { w4a16_check_config(big, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_swapab_m128n64k256_s6 needs 6 stages x "
-                     "(x_tile 32768 + w_packed 16384 + w_scales 2048) + epilogue 17408 = 324608 B of shared "
+                     "(x_tile 32768 + w_tiles 16384 + w_scales 2048) + epilogue 17408 = 324608 B of shared "
                      "memory > 232448 B (the device's opt-in limit per block) by 92160 B"),
             std::string::npos)
       << msg;
-  // A shipped config against a smaller (sm_120-like) limit: m128n64k128_s4 =
+  // A shipped config against a smaller (sm_89 / sm_120-like) limit: m128n64k128_s4 =
   // 4 x (16384 + 8192 + 1024) + 64 * 272 = 102400 + 17408 = 119808 B > 101376 by 18432.
-  const std::string msg2 = expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_swapab_m128n64k128_s4")), 101376); });
-  EXPECT_NE(msg2.find("= 119808 B of shared memory > 101376 B (the device's opt-in limit per block) by 18432 B"),
+  const std::string msg2 =
+      expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_swapab_m128n64k128_s4")), 101376); });
+  EXPECT_NE(msg2.find("needs 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B of "
+                      "shared memory > 101376 B (the device's opt-in limit per block) by 18432 B"),
             std::string::npos)
       << msg2;
   const std::string msg3 = expect_throw([] { w4a16_check_config(W4A16Config{96, 8, 256, 4}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg3.find("block_w (weight rows, MMA M) must be 64 or 128"), std::string::npos) << msg3;
-  for (int i = 0; i < w4a16_num_configs(); ++i) w4a16_check_config(w4a16_config(i), kSm90SmemOptinBytes);
+  for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_NO_THROW(w4a16_check_config(w4a16_config(i), kSm90SmemOptinBytes));
+}
+
+TEST(W4A16Configs, StreamConfigRulesAreNamed) {
+  constexpr W4A16Kind kS = W4A16Kind::kStream;
+  std::string msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 32, 64, 4, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n32_d4 cannot be built: "
+                     "stream: block_t (tokens, MMA N) must be 8 or 16"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 128, 4, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("cannot be built: stream: block_k must be 64 (one chunk per step)"), std::string::npos) << msg;
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 3, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("config w4a16_stream_m64n8_d3 cannot be built: stream: stages (prefetch distance) must be 2, 4 or 8"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("stream: block_w (weight rows per CTA) must be 64 or 128"), std::string::npos) << msg;
 }
 
 TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
@@ -362,32 +866,64 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   a.y = reinterpret_cast<__nv_bfloat16*>(buf);
   a.m_total = 4;
   a.n = 64;
-  a.k = 1040;  // 16 x 65
+  a.k = 1048;  // 16 x 65 + 8
   a.n_experts = 2;
   const W4A16Config& c = w4a16_config(0);
   std::string msg = expect_throw([&] { w4a16_check_problem(a, c); });
-  EXPECT_NE(msg.find("K=1040 must be a positive multiple of 64 (K % 64 = 16)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("K = 16 x odd is not supported"), std::string::npos) << msg;
-  a.k = 320;  // 64 x 5: supported (a partial last K tile)
-  w4a16_check_problem(a, c);
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm (w4a16_stream_m64n8_d4, M_total=4, N=64, K=1048, E=2): K=1048 must "
+                     "be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)"),
+            std::string::npos)
+      << msg;
+  a.k = 0;
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("K=0 must be a positive multiple of 16"), std::string::npos) << msg;
+  a.k = 1040;  // 16 x 65: the kernel layout pads K to 17 chunks of 64 with zero codes
+  for (int id = 0; id < w4a16_num_configs(); ++id) EXPECT_NO_THROW(w4a16_check_problem(a, w4a16_config(id))) << id;
   a.n = 60;
   msg = expect_throw([&] { w4a16_check_problem(a, c); });
-  EXPECT_NE(msg.find("N=60 must be a positive multiple of 8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("N=60 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"), std::string::npos) << msg;
   a.n = 64;
+  a.n_experts = 0;
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("E=0 must be >= 1"), std::string::npos) << msg;
+  a.n_experts = 2;
+  a.w_scales = buf + 8;  // 8 B aligned: the stream kernel's 16 B scale-group loads need 16
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("must be 16 B aligned"), std::string::npos) << msg;
+  a.w_scales = buf + 16;
+  a.w_packed = buf + 16;
+  EXPECT_NO_THROW(w4a16_check_problem(a, c));
   a.y = reinterpret_cast<__nv_bfloat16*>(buf + 2);
   msg = expect_throw([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("must be 16 B aligned"), std::string::npos) << msg;
+  a.y = reinterpret_cast<__nv_bfloat16*>(buf);
+  a.expert_offsets = reinterpret_cast<const int32_t*>(buf + 2);
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("expert_offsets and w_global_scales 4 B aligned"), std::string::npos) << msg;
+  a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
+  a.w_scales = nullptr;
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("null pointer"), std::string::npos) << msg;
+  a.w_scales = buf;
   a.y = nullptr;
   msg = expect_throw([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("null pointer"), std::string::npos) << msg;
   a.m_total = 0;  // nothing to do: pointers are not needed
-  w4a16_check_problem(a, c);
-  // The launcher checks before touching CUDA, so the refusal works without a GPU too.
-  a.m_total = 4;
+  EXPECT_NO_THROW(w4a16_check_problem(a, c));
   a.y = reinterpret_cast<__nv_bfloat16*>(buf);
-  a.k = 1040;
+  a.m_total = 4;
+  // grid.y = ceil(N / block_w) must be <= 65535: N = 64 x 65536 with block_w 64 is one too many.
+  a.n = int64_t{64} * 65536;
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("grid 2 x 65536 exceeds CUDA's limits"), std::string::npos) << msg;  // x: 4 / 8 + min(2, 4)
+  a.n = 64;
+  // An invalid config is refused before anything else.
+  msg = expect_throw([&] { w4a16_check_problem(a, W4A16Config{64, 8, 64, 3, W4A16Kind::kStream}); });
+  EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
+  // The launcher checks before touching CUDA, so the refusal works without a GPU too.
+  a.k = 1048;
   msg = expect_throw([&] { w4a16_grouped_gemm(a, 0, nullptr); });
-  EXPECT_NE(msg.find("K=1040"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("K=1048"), std::string::npos) << msg;
 }
 
 }  // namespace

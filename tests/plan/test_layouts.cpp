@@ -1,7 +1,9 @@
 // SmemLayout mechanics and the layout of the shipped Hopper kernel (sm90_nvfp4_w4a16_grouped_gemm,
-// plan/layout_sm90_w4a16.h): every shipped config's offsets pinned to the byte, alignment, no
-// overlaps, regions summing to the total, constexpr use as the kernel does (static_assert against
-// the sm_90 opt-in), and the summary / refusal wording the launcher and the planner share.
+// plan/layout_sm90_w4a16.h): every shipped config's offsets pinned to the byte (the kStream
+// configs pinned at 0 B, no regions), alignment, no overlaps, regions summing to the total,
+// constexpr use as the kernel does (static_assert against the sm_90 opt-in, CTAs per SM), the
+// rules check() enforces for both kinds, and the summary / refusal wording the launcher and the
+// planner share. Run: test_plan_layouts.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -46,22 +48,37 @@ TEST(SmemLayout, StructPaddingLikeCxx) {
 }
 
 // The shipped configs (kW4A16Configs, the kernel's template instantiations) pinned to the byte.
-// Per stage: x_tile block_t x block_k x 2, w_packed block_w x block_k / 2, w_scales
-// block_w x block_k / 16, back to back (all multiples of 128); then the epilogue, block_t rows
-// of block_w x 2 + 16 B; the total rounded to 128 (never needed for these tiles).
+// kPipeline, per stage (each region 128 B aligned; every size here is a multiple of 128, so the
+// regions sit back to back): x_tile = block_t x block_k x 2 (bf16), w_tiles = block_w x block_k / 2
+// (e2m1, the kernel weight layout), w_scales = block_w x block_k / 16 (one e4m3 per 16);
+// stage_stride = their sum; the epilogue at stages x stage_stride, block_t rows of
+// block_w x 2 + 16 B; the total rounded up to 128 (never needed for these tiles).
+// kStream uses no shared memory: every number is 0 and the layout has no region.
 struct Pinned {
   const char* name;
-  uint32_t x_tile, w_packed, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
+  uint32_t x_tile, w_tiles, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
 };
 constexpr Pinned kPinned[] = {
-    {"w4a16_swapab_m64n8k128_s4", 2048, 4096, 512, 6656, 26624, 1152, 27776},
-    {"w4a16_swapab_m64n16k128_s4", 4096, 4096, 512, 8704, 34816, 2304, 37120},
-    {"w4a16_swapab_m64n8k256_s3", 4096, 8192, 1024, 13312, 39936, 1152, 41088},
+    {"w4a16_stream_m64n8_d4", 0, 0, 0, 0, 0, 0, 0},
+    {"w4a16_stream_m128n8_d4", 0, 0, 0, 0, 0, 0, 0},
+    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 0},
+    {"w4a16_stream_m64n16_d4", 0, 0, 0, 0, 0, 0, 0},
+    {"w4a16_stream_m128n16_d4", 0, 0, 0, 0, 0, 0, 0},
+    {"w4a16_stream_m64n16_d2", 0, 0, 0, 0, 0, 0, 0},
+    // m64n8k256_s4: x 8*256*2 = 4096, w 64*256/2 = 8192, s 64*256/16 = 1024, stride 13312;
+    // epilogue at 4*13312 = 53248, 8*(64*2+16) = 1152 B; total 54400 = 425 x 128.
     {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400},
-    {"w4a16_swapab_m128n8k256_s4", 4096, 16384, 2048, 22528, 90112, 2176, 92288},
+    // m128n16k256_s4: x 16*256*2 = 8192, w 128*256/2 = 16384, s 128*256/16 = 2048, stride 26624;
+    // epilogue at 4*26624 = 106496, 16*(128*2+16) = 4352 B; total 110848 = 866 x 128.
     {"w4a16_swapab_m128n16k256_s4", 8192, 16384, 2048, 26624, 106496, 4352, 110848},
+    // m128n32k128_s4: x 32*128*2 = 8192, w 128*128/2 = 8192, s 128*128/16 = 1024, stride 17408;
+    // epilogue at 4*17408 = 69632, 32*272 = 8704 B; total 78336 = 612 x 128.
     {"w4a16_swapab_m128n32k128_s4", 8192, 8192, 1024, 17408, 69632, 8704, 78336},
+    // m128n64k128_s4: x 64*128*2 = 16384, w 8192, s 1024, stride 25600; epilogue at
+    // 4*25600 = 102400, 64*272 = 17408 B; total 119808 = 936 x 128.
     {"w4a16_swapab_m128n64k128_s4", 16384, 8192, 1024, 25600, 102400, 17408, 119808},
+    // m64n64k128_s4: x 64*128*2 = 16384, w 64*128/2 = 4096, s 64*128/16 = 512, stride 20992;
+    // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
@@ -74,61 +91,97 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
     const std::string name = w4a16_config_name(c);
     ASSERT_EQ(name, p.name) << "config id " << i;
     ASSERT_TRUE(l.valid()) << name << ": " << l.invalid_reason;
-    EXPECT_EQ(l.x_tile(0), 0u) << name;
     EXPECT_EQ(l.x_tile_bytes, p.x_tile) << name;
-    EXPECT_EQ(l.w_packed(0), p.x_tile) << name;
-    EXPECT_EQ(l.w_packed_bytes, p.w_packed) << name;
-    EXPECT_EQ(l.w_scales(0), p.x_tile + p.w_packed) << name;
+    EXPECT_EQ(l.w_tiles_bytes, p.w_tiles) << name;
     EXPECT_EQ(l.w_scales_bytes, p.w_scales) << name;
     EXPECT_EQ(l.stage_stride, p.stage_stride) << name;
+    EXPECT_EQ(l.epilogue_offset, p.epilogue_offset) << name;
+    EXPECT_EQ(l.epilogue_bytes, p.epilogue_bytes) << name;
+    EXPECT_EQ(l.total_bytes(), p.total) << name;
+    EXPECT_TRUE(l.fits(kSm90SmemOptinBytes)) << name;
+    if (c.kind == W4A16Kind::kStream) {
+      EXPECT_EQ(l.layout.n_regions, 0) << name << ": the stream kernel has no shared memory";
+      EXPECT_TRUE(l.fits(0)) << name;
+      continue;
+    }
+    ASSERT_EQ(l.layout.n_regions, static_cast<int>(3 * c.stages + 1)) << name;  // no tail padding
+    EXPECT_EQ(l.x_tile(0), 0u) << name;
+    EXPECT_EQ(l.w_tiles(0), p.x_tile) << name;
+    EXPECT_EQ(l.w_scales(0), p.x_tile + p.w_tiles) << name;
+    EXPECT_EQ(p.stage_stride, p.x_tile + p.w_tiles + p.w_scales) << name;
     for (uint32_t s = 0; s < c.stages; ++s) {
       EXPECT_EQ(l.x_tile(s), s * p.stage_stride) << name << " stage " << s;
       EXPECT_EQ(l.layout.regions[3 * s].offset, l.x_tile(s)) << name << " stage " << s;
-      EXPECT_EQ(l.layout.regions[3 * s + 1].offset, l.w_packed(s)) << name << " stage " << s;
+      EXPECT_EQ(l.layout.regions[3 * s + 1].offset, l.w_tiles(s)) << name << " stage " << s;
       EXPECT_EQ(l.layout.regions[3 * s + 2].offset, l.w_scales(s)) << name << " stage " << s;
     }
-    EXPECT_EQ(l.epilogue_offset, p.epilogue_offset) << name;
-    EXPECT_EQ(l.epilogue_bytes, p.epilogue_bytes) << name;
+    EXPECT_EQ(l.layout.offset_of("stage w_tiles (nvfp4 e2m1, kernel layout)"), p.x_tile) << name;
     EXPECT_EQ(l.layout.offset_of("epilogue tile (bf16 block_t x block_w, rows +16 B)"), p.epilogue_offset) << name;
-    EXPECT_EQ(l.total_bytes(), p.total) << name;
     EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kPadding), 0u) << name;
-    EXPECT_TRUE(l.fits(kSm90SmemOptinBytes)) << name;
     expect_well_formed(l.layout, name);
   }
 }
 
 TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // What the kernel does at compile time: make the layout, static_assert it fits sm_90, carve.
-  constexpr W4A16Layout l = W4A16Layout::make(kW4A16Configs[5]);  // w4a16_swapab_m128n16k256_s4
+  constexpr W4A16Layout l = W4A16Layout::make(kW4A16Configs[7]);  // w4a16_swapab_m128n16k256_s4
   static_assert(l.valid() && l.fits(kSm90SmemOptinBytes));
   static_assert(l.w_scales(3) == 3 * 26624 + 8192 + 16384);
   static_assert(l.total_bytes() == 110848);
-  static_assert(w4a16_ctas_per_sm(l.config, l.total_bytes()) == 2);  // 233472 / (110848 + 1024)
-  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], W4A16Layout::make(kW4A16Configs[0]).total_bytes()) == 8);  // 4 warps: 64 regs cap
+  // 8 warps x 64 registers: 65536 / (256 x 64) = 4 by registers; 233472 / (110848 + 1024) = 2 by smem.
+  static_assert(w4a16_ctas_per_sm(l.config, l.total_bytes()) == 2);
+  // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
+  // The stream kernel's __launch_bounds__: no shared memory (233472 / 1024 = 228 by smem), so the
+  // register budget decides. m64n8_d4: 48 + 4 x 4 x (1 + 2 x 1) = 96 -> 128 registers,
+  // 65536 / (128 x 128) = 4; m64n8_d8: 48 + 4 x 8 x 3 = 144 -> 168, 65536 / (128 x 168) = 3;
+  // m128n16_d4: 48 + 4 x 4 x (1 + 2 x 2) = 128 -> 128, 65536 / (256 x 128) = 2.
+  constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d4
+  static_assert(stream.valid() && stream.total_bytes() == 0 && stream.layout.n_regions == 0);
+  static_assert(w4a16_register_budget(kW4A16Configs[0]) == 128 && w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 4);
+  static_assert(w4a16_register_budget(kW4A16Configs[2]) == 168 && w4a16_ctas_per_sm(kW4A16Configs[2], 0) == 3);
+  static_assert(w4a16_register_budget(kW4A16Configs[4]) == 128 && w4a16_ctas_per_sm(kW4A16Configs[4], 0) == 2);
+  static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
   EXPECT_EQ(l.config.n_threads(), 256u);
+  EXPECT_EQ(stream.config.n_threads(), 128u);
 }
 
 TEST(W4A16Layout, SummaryAndRefusalWording) {
-  const W4A16Config c = kW4A16Configs[7];  // w4a16_swapab_m128n64k128_s4
-  EXPECT_EQ(w4a16_smem_summary(c), "4 stages x (x_tile 16384 + w_packed 8192 + w_scales 1024) + epilogue 17408 = 119808 B");
+  const W4A16Config c = kW4A16Configs[9];  // w4a16_swapab_m128n64k128_s4
+  EXPECT_EQ(w4a16_smem_summary(c), "4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B");
   EXPECT_EQ(w4a16_smem_refusal(c, kSm90SmemOptinBytes), "");
   EXPECT_EQ(w4a16_smem_refusal(c, 119808), "");
   EXPECT_EQ(w4a16_smem_refusal(c, 101376),
-            "config w4a16_swapab_m128n64k128_s4 needs 4 stages x (x_tile 16384 + w_packed 8192 + w_scales 1024) + "
+            "config w4a16_swapab_m128n64k128_s4 needs 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + "
             "epilogue 17408 = 119808 B of shared memory > 101376 B (the device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(w4a16_smem_refusal({128, 8, 192, 4}, kSm90SmemOptinBytes),
             "config w4a16_swapab_m128n8k192_s4 cannot be built: block_k must be 128 or 256");
+  // kStream: nothing to refuse for want of shared memory, even on a 0-byte limit.
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]),
+            "no shared memory (registers only: 8 chunks of 512 B codes in flight per warp) = 0 B");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 0), "");
+  EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
+            "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (prefetch distance) must be 2, 4 or 8");
 }
 
 TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_NE(W4A16Layout::make({96, 16, 128, 4}).invalid_reason, nullptr);   // block_w 96
   EXPECT_NE(W4A16Layout::make({128, 4, 128, 4}).invalid_reason, nullptr);   // block_t 4
   EXPECT_NE(W4A16Layout::make({128, 24, 128, 4}).invalid_reason, nullptr);  // block_t 24
-  EXPECT_NE(W4A16Layout::make({128, 16, 64, 4}).invalid_reason, nullptr);   // block_k 64
+  EXPECT_NE(W4A16Layout::make({128, 16, 64, 4}).invalid_reason, nullptr);   // block_k 64 (a stream size)
   EXPECT_NE(W4A16Layout::make({128, 16, 128, 1}).invalid_reason, nullptr);  // 1 stage
   EXPECT_NE(W4A16Layout::make({128, 16, 128, 7}).invalid_reason, nullptr);  // 7 stages
   EXPECT_EQ(W4A16Layout::make({128, 16, 128, 6}).invalid_reason, nullptr);
   EXPECT_FALSE(W4A16Layout::make({96, 16, 128, 4}).fits(UINT32_MAX));
+  constexpr W4A16Kind kS = W4A16Kind::kStream;
+  EXPECT_NE(W4A16Layout::make({96, 8, 64, 4, kS}).invalid_reason, nullptr);    // block_w 96
+  EXPECT_NE(W4A16Layout::make({64, 32, 64, 4, kS}).invalid_reason, nullptr);   // block_t 32 (a pipeline size)
+  EXPECT_NE(W4A16Layout::make({64, 8, 128, 4, kS}).invalid_reason, nullptr);   // block_k 128
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 3, kS}).invalid_reason, nullptr);    // 3 does not divide a scale group
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);   // 16 > 8 chunks of a group
+  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 8, kS}).invalid_reason, nullptr);
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);
+  EXPECT_FALSE(W4A16Layout::make({64, 8, 64, 3, kS}).fits(UINT32_MAX));
 }
 
 TEST(CutlassLayouts, WellFormed) {

@@ -70,10 +70,11 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
     ASSERT_TRUE(p.chosen.has_value()) << p.error;
     EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   }
-  // 1 token per expert: the smallest token tile (8 = one n8 MMA tile); at equal HBM time the
-  // 128-row weight tile re-reads the activations half as often as the 64-row one.
-  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_swapab_m128n8k256_s4");
-  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_swapab_m128n8k256_s4");
+  // 1 token per expert: the smallest token tile (8 = one n8 MMA tile), which only the decode
+  // (register-streaming) configs have in 128 rows; at equal HBM time the 128-row weight tile
+  // re-reads the activations half as often as the 64-row one.
+  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
+  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
   // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
   EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
@@ -128,7 +129,7 @@ TEST(Planner, OursRejectionSnapshot) {
   EXPECT_EQ(r.limit, 101376u);
   EXPECT_EQ(r.shortfall(), 18432);
   EXPECT_EQ(r.message,
-            "w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_packed 8192 + w_scales 1024) + epilogue 17408 = "
+            "w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = "
             "119808 B > 101376 B opt-in (sm_89) by 18432 B");
   const SmemCheck check = check_smem(r.candidate, require_gpu("rtx-4090"), kCutlass420);
   EXPECT_EQ(check.reason, w4a16_smem_refusal(r.candidate.ours, 101376));
@@ -192,7 +193,7 @@ TEST(Planner, ArchMismatchIsARejectionNotAnException) {
   ASSERT_EQ(static_cast<int>(p.rejected.size()), kNumW4A16Configs);
   EXPECT_EQ(p.rejected[0].rule, "arch");
   EXPECT_EQ(p.rejected[0].message,
-            "w4a16_swapab_m64n8k128_s4: sm90_nvfp4_w4a16_grouped_gemm needs mma.sync BF16 + cp.async (sm_80+); turing is sm_75");
+            "w4a16_stream_m64n8_d4: sm90_nvfp4_w4a16_grouped_gemm needs mma.sync BF16 + cp.async (sm_80+); turing is sm_75");
   try {
     require_chosen(p);
     FAIL() << "require_chosen returned for an infeasible plan";

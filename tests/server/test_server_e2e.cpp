@@ -2,7 +2,8 @@
 // until 200 (with a timeout) and talks HTTP with a timeout on every request. Covers /health 503 ->
 // 200, golden greedy ids on glm5_tiny, the OpenAI endpoints field by field (streaming included),
 // /metrics (parsed), /get_server_info, tokenize / detokenize, 400 / 404 / 413 / 503 replies, a client
-// disconnect freeing its request, SIGTERM draining, and `fp4moe bench-serving` against it.
+// disconnect freeing its request (streaming, and non-streaming over a raw socket; a long
+// non-streaming reply with liveness spaces equal to the streamed result), SIGTERM draining, and `fp4moe bench-serving` against it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -446,6 +447,114 @@ TEST_F(DefaultServer, ClientDisconnectMidStreamFreesItsRequest) {
   // 400 tokens were asked for; far fewer were generated.
   HttpClient c2(srv_->url(), kTimeout);
   EXPECT_EQ(c2.get("/health").status, 200);
+}
+
+// A raw HTTP/1.1 POST on a plain socket (so the test controls when the connection closes).
+int raw_post(int port, const std::string& path, const std::string& body) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ADD_FAILURE() << "cannot connect to 127.0.0.1:" << port;
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  EXPECT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+  return fd;
+}
+
+// A non-streaming request that would run for many seconds; its client reads nothing and closes
+// the socket soon after the request starts. The server must abort it (the aborted counter rises, far
+// fewer tokens than asked are generated) and free its KV within a bound.
+TEST(ServerE2E, ClientDisconnectNonStreamingFreesItsRequest) {
+  ServerProcess srv(FP4MOE_CLI, {"--context-length", "8192"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  const std::string url = srv.url();
+  const int max_new = 8000;
+  const json body = {{"text", "go"},
+                     {"sampling_params", {{"max_new_tokens", max_new}, {"ignore_eos", true}, {"temperature", 0}}}};
+  const int fd = raw_post(srv.port(), "/generate", body.dump());
+  ASSERT_GE(fd, 0);
+  // Running and generating, then the client goes.
+  const auto start_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double generated = 0;
+  while (std::chrono::steady_clock::now() < start_deadline) {
+    generated = metric(url, "fp4moe:generation_tokens_total");
+    if (generated >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(generated, 1) << "the request never produced a token";
+  EXPECT_EQ(metric(url, "fp4moe:num_running_reqs"), 1);
+  EXPECT_GT(metric(url, "fp4moe:num_used_tokens"), 0);
+  const auto closed_at = std::chrono::steady_clock::now();
+  ::close(fd);
+  constexpr double kBoundS = 3.0;  // the server probes every 150 ms; the second failed probe aborts
+  double running = 1, used = 1;
+  while (std::chrono::steady_clock::now() - closed_at < std::chrono::duration<double>(kBoundS)) {
+    running = metric(url, "fp4moe:num_running_reqs");
+    used = metric(url, "fp4moe:num_used_tokens");
+    if (running == 0 && used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double freed_after_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - closed_at).count();
+  EXPECT_EQ(running, 0) << "still running " << freed_after_s << " s after the client closed";
+  EXPECT_EQ(used, 0) << "KV still in use " << freed_after_s << " s after the client closed";
+  EXPECT_EQ(metric(url, "fp4moe:num_aborted_requests_total"), 1);
+  EXPECT_LT(metric(url, "fp4moe:generation_tokens_total"), max_new / 2) << "it ran on instead of being aborted";
+  HttpClient c(url, kTimeout);
+  EXPECT_EQ(c.get("/health").status, 200);
+  // The server keeps serving non-streaming requests.
+  auto ok = c.post("/generate", json{{"text", "ok"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(parse(ok.body)["meta_info"]["completion_tokens"], 2);
+  std::fprintf(stderr, "non-streaming disconnect: freed %.3f s after the close\n", freed_after_s);
+}
+
+// A non-streaming reply that waits long enough to carry liveness probes (leading spaces) is still
+// one JSON object, equal field by field to the last cumulative object of the same greedy stream.
+TEST_F(DefaultServer, LongNonStreamingReplyEqualsStreamedResult) {
+  HttpClient c(srv_->url(), kTimeout);
+  json body = {{"text", "The quick brown fox"},
+               {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}}},
+               {"return_logprob", true}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.post("/generate", body.dump());
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("Content-Type").rfind("application/json", 0), 0u) << r.header("Content-Type");
+  const size_t lead = r.body.find_first_not_of(' ');
+  ASSERT_NE(lead, std::string::npos);
+  EXPECT_EQ(r.body[lead], '{');
+  EXPECT_EQ(r.body.back(), '}') << "bytes after the JSON object";
+  if (took_s > 1.0) {
+    EXPECT_GT(lead, 0u) << "a " << took_s << " s wait without liveness probes";
+  }
+  const json j = parse(r.body);
+  ASSERT_TRUE(j.contains("text") && j.contains("output_ids") && j.contains("meta_info")) << r.body.substr(0, 300);
+  EXPECT_EQ(j["output_ids"].size(), 300u);
+  EXPECT_EQ(j["meta_info"]["completion_tokens"], 300);
+  EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "length");
+  EXPECT_EQ(j["meta_info"]["output_token_logprobs"].size(), 300u);
+
+  body["stream"] = true;
+  int status = 0;
+  auto chunks = sse_chunks(c, "/generate", body, &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_FALSE(chunks.empty());
+  const json& last = chunks.back();
+  EXPECT_EQ(last["text"], j["text"]);
+  EXPECT_EQ(last["output_ids"], j["output_ids"]);
+  std::vector<std::string> keys, stream_keys;
+  for (const auto& [k, v] : j["meta_info"].items()) keys.push_back(k);
+  for (const auto& [k, v] : last["meta_info"].items()) stream_keys.push_back(k);
+  EXPECT_EQ(keys, stream_keys);
+  for (const char* k : {"prompt_tokens", "completion_tokens", "finish_reason", "output_token_logprobs"}) {
+    EXPECT_EQ(last["meta_info"][k], j["meta_info"][k]) << k;
+  }
 }
 
 TEST(ServerE2E, QueueFullGets503WithRetryAfter) {

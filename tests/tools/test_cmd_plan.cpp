@@ -60,7 +60,7 @@ TEST(CmdPlan, HopperDefaultPlansOurKernel) {
   const CliRun r = run_plan(std::string("--gpu h200 ") + kGlm5 + " --tokens 1,16,64,512,4096");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("sm90_nvfp4_w4a16_grouped_gemm on h200 (sm_90, opt-in 232448 B)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 w4a16_swapab_m128n8k256_s4 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 w4a16_stream_m128n8_d4 "), std::string::npos) << r.out;
   // The feasibility table lists the shipped configs with their stages and bytes.
   EXPECT_EQ(row(r.out, "w4a16_swapab_m64n8k256_s4"), "w4a16_swapab_m64n8k256_s4 4 54400 yes 178048 ");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n64k128_s4"), "w4a16_swapab_m128n64k128_s4 4 119808 yes 112640 ");
@@ -76,14 +76,14 @@ TEST(CmdPlan, SmallerSmemRejectsShippedConfigsWithTheBytes) {
   EXPECT_NE(r.out.find("sm90_nvfp4_w4a16_grouped_gemm on rtx-4090 (sm_89, opt-in 101376 B)"), std::string::npos) << r.out;
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n64k128_s4"),
             "w4a16_swapab_m128n64k128_s4 4 119808 NO -18432 smem-opt-in: config w4a16_swapab_m128n64k128_s4 needs 4 stages x "
-            "(x_tile 16384 + w_packed 8192 + w_scales 1024) + epilogue 17408 = 119808 B of shared memory > 101376 B (the "
+            "(x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B of shared memory > 101376 B (the "
             "device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n32k128_s4"), "w4a16_swapab_m128n32k128_s4 4 78336 yes 23040 ");
-  EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_packed 8192 + w_scales 1024) + "
+  EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + "
                        "epilogue 17408 = 119808 B > 101376 B opt-in (sm_89) by 18432 B\n"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n16k256_s4: 4 stages x (x_tile 8192 + w_packed 16384 + w_scales 2048) + "
+  EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n16k256_s4: 4 stages x (x_tile 8192 + w_tiles 16384 + w_scales 2048) + "
                        "epilogue 4352 = 110848 B > 101376 B opt-in (sm_89) by 9472 B\n"),
             std::string::npos)
       << r.out;
@@ -151,7 +151,7 @@ TEST(CmdPlan, LogPlansOncePerDistinctProblem) {
     ++pos;
   }
   EXPECT_EQ(n, 4u) << r.out;
-  EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: w4a16_swapab_m128n8k256_s4 4 stages 92288 B"),
+  EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: w4a16_stream_m128n8_d4 4 stages 0 B"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(run_plan(std::string("--gpu h200 --tokens 1 ") + kGlm5).out.find("fp4moe plan: "), std::string::npos);

@@ -10,10 +10,10 @@
 namespace fp4moe::plan::cutlass_check {
 namespace {
 
-// The shipped decode config w4a16_swapab_m128n16k256_s4, as the kernel instantiates it.
-constexpr W4A16Layout kDecode = W4A16Layout::make(kW4A16Configs[5]);
-static_assert(kDecode.fits(kSm90SmemOptinBytes), "decode config must fit sm_90");
-static_assert(kDecode.w_packed(1) % 128 == 0, "cp.async destinations are 128-aligned");
+// The shipped pipeline config w4a16_swapab_m128n16k256_s4 (config id 7), as the kernel instantiates it.
+constexpr W4A16Layout kDecode = W4A16Layout::make(kW4A16Configs[7]);
+static_assert(kDecode.fits(kSm90SmemOptinBytes), "the config must fit sm_90");
+static_assert(kDecode.w_tiles(1) % 128 == 0, "cp.async destinations are 128-aligned");
 static_assert(w4a16_ctas_per_sm(kDecode.config, kDecode.total_bytes()) == 2, "__launch_bounds__ min blocks");
 static_assert(model_cutlass_sm120({128, 128, 128, OperandKind::kNvfp4, EpilogueFusion::kNone, false}, kCutlassB46b16d).layout.total_bytes ==
               89088);

@@ -35,7 +35,7 @@ TEST(CutlassCheck, LayoutHeadersCompileForTheDevice) {
   EXPECT_EQ(got[0], 26624u);
   EXPECT_EQ(got[1], 2 * 26624u + 24576u);
   EXPECT_EQ(got[3], 4 * 26624u);
-  EXPECT_EQ(got[2], W4A16Layout::make(kW4A16Configs[5]).total_bytes());
+  EXPECT_EQ(got[2], W4A16Layout::make(kW4A16Configs[7]).total_bytes());  // w4a16_swapab_m128n16k256_s4
   EXPECT_EQ(got[2], 110848u);
 }
 

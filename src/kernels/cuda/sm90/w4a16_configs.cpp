@@ -53,15 +53,16 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
                            std::to_string(a.m_total) + ", N=" + std::to_string(a.n) + ", K=" +
                            std::to_string(a.k) + ", E=" + std::to_string(a.n_experts) + ")";
   FP4MOE_CHECK(W4A16Layout::make(c).valid()) << what << ": invalid config";
-  FP4MOE_CHECK(a.k > 0 && a.k % 64 == 0)
-      << what << ": K=" << a.k << " must be a positive multiple of 64 (K % 64 = " << a.k % 64
-      << "): the e4m3 scale rows (K/16 = " << a.k / 16
-      << " B) are copied 4 B = 64 k at a time; K = 16 x odd is not supported";
+  FP4MOE_CHECK(a.k > 0 && a.k % 16 == 0)
+      << what << ": K=" << a.k << " must be a positive multiple of 16 (one NVFP4 block; K % 16 = " << a.k % 16 << ")";
   FP4MOE_CHECK(a.n <= std::numeric_limits<int32_t>::max() && a.k <= std::numeric_limits<int32_t>::max())
       << what << ": N and K must be < 2^31";
   FP4MOE_CHECK(a.n > 0 && a.n % 8 == 0)
       << what << ": N=" << a.n << " must be a positive multiple of 8 (16 B output stores; N % 8 = "
       << a.n % 8 << ")";
+  FP4MOE_CHECK(a.epilogue != W4A16Epilogue::kSwiGlu || a.n % 16 == 0)
+      << what << ": the SwiGLU epilogue needs N = 2 x I with I % 8 == 0 (gate/up interleaved by 8 rows); N % 16 = "
+      << a.n % 16;
   FP4MOE_CHECK(a.n_experts >= 1 && a.n_experts <= std::numeric_limits<int32_t>::max())
       << what << ": E=" << a.n_experts << " must be >= 1";
   FP4MOE_CHECK(a.m_total >= 0 && a.m_total <= std::numeric_limits<int32_t>::max())
@@ -76,12 +77,12 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
       << static_cast<const void*>(a.y) << ")";
   auto misaligned = [](const void* p, uintptr_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
   FP4MOE_CHECK(!misaligned(a.x, 16) && !misaligned(a.w_packed, 16) && !misaligned(a.y, 16) &&
-               !misaligned(a.w_scales, 4) && !misaligned(a.expert_offsets, 4) &&
+               !misaligned(a.w_scales, 16) && !misaligned(a.expert_offsets, 4) &&
                !misaligned(a.w_global_scales, 4))
       << what << ": x " << static_cast<const void*>(a.x) << ", w_packed "
-      << static_cast<const void*>(a.w_packed) << " and y " << static_cast<const void*>(a.y)
-      << " must be 16 B aligned, w_scales " << static_cast<const void*>(a.w_scales)
-      << ", expert_offsets and w_global_scales 4 B aligned (cp.async / vector accesses)";
+      << static_cast<const void*>(a.w_packed) << ", w_scales " << static_cast<const void*>(a.w_scales) << " and y "
+      << static_cast<const void*>(a.y) << " must be 16 B aligned, expert_offsets and w_global_scales 4 B aligned "
+      << "(cp.async / vector accesses)";
   const int64_t grid_x = a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
   const int64_t grid_y = (a.n + c.block_w - 1) / c.block_w;
   FP4MOE_CHECK(grid_x <= std::numeric_limits<int32_t>::max() && grid_y <= 65535)
@@ -89,9 +90,9 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
 }
 
 int w4a16_default_config(int64_t tokens_per_expert) {
-  // The fastest config per token count on an H200 (bench/bench_w4a16, GLM-5 shard shapes).
-  if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_swapab_m64n8k256_s4");
-  if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_swapab_m128n16k256_s4");
+  // Decode: the register-streaming kernel; larger counts the pipelined 32/64-token tiles.
+  if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m64n8_d4");
+  if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m64n16_d4");
   if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_swapab_m128n32k128_s4");
   return w4a16_config_id("w4a16_swapab_m128n64k128_s4");
 }

@@ -1,24 +1,28 @@
-// sm90_nvfp4_w4a16_grouped_gemm, version 1: the kernel and its launcher (API and design in
-// w4a16_grouped_gemm.h, register-level pieces in w4a16_fragments.h, shared memory in
-// plan/layout_sm90_w4a16.h, the layout the planner sizes the configs with).
+// sm90_nvfp4_w4a16_grouped_gemm: the kernels and their launcher (API in w4a16_grouped_gemm.h, the
+// weight layout in w4a16_weight_layout.h, register-level pieces in w4a16_fragments.h, shared memory
+// and configs in plan/layout_sm90_w4a16.h, the description the planner sizes the configs with).
 //
-// One CTA computes a block_w (weight rows) x block_t (tokens) output tile of one expert over the
-// whole K. blockIdx.y picks the weight tile, blockIdx.x the work item: the (expert, token tile)
-// pairs in expert order, found on the device by a warp-wide prefix sum over the tile counts
-// ceil(tokens_e / block_t) (every warp computes it redundantly: no barrier, no shared memory).
-// Warp w owns weight rows 16w..16w+15 (one m16 tile) and all block_t tokens (block_t / 8 n8 tiles).
+// Both kernels: one CTA computes a block_w (weight rows) x block_t (tokens) output tile of one
+// expert over the whole K; warp w owns the 16 weight rows of row tile blockIdx.y * (block_w / 16) + w
+// (one m16 MMA tile) and all block_t tokens (block_t / 8 n8 tiles). blockIdx.x picks the work item:
+// the (expert, token tile) pairs in expert order, found on the device by a warp-wide prefix sum
+// over the tile counts ceil(tokens_e / block_t) (every warp computes it redundantly: no barrier, no
+// shared memory). Accumulators are f32; the epilogue multiplies by 2^8 x the expert's global scale.
 //
-// Pipeline: `stages` cp.async groups in flight (activations, packed codes, scales of one block_k
-// slice), wait_group(stages - 2) + __syncthreads before a slice is read, the refill of the slot
-// consumed one iteration earlier issued before the MMAs. Out-of-range rows (tokens past the
-// expert's count, weight rows past N) and K past the end are zero-filled by cp.async (src-size 0),
-// so no NaN from uninitialized shared memory can reach the accumulators.
+// kStream (decode): no shared memory and no barrier. Each lane keeps a ring of `stages` chunks in
+// registers (16 B of codes, 32 B of activations per n8 tile), refilling a slot right after using
+// it, so `stages` chunks of every warp are in flight; scales come a group (8 chunks) ahead. Codes
+// are read with L1::no_allocate (read once); activations go through L1 (all warps read them).
 //
-// Epilogue: acc x global scale (f32) -> bf16, transposed through shared memory to token-major rows
+// kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
+// each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the refill
+// of the slot consumed one iteration earlier issued before the MMAs. Out-of-range token rows, row
+// tiles and K chunks are zero-filled by cp.async (src-size 0), so no NaN from uninitialized shared
+// memory can reach the accumulators. Epilogue transposed through shared memory to token-major rows
 // and written with 16 B stores.
-// Registers: __launch_bounds__ asks for w4a16_ctas_per_sm CTAs per SM (as many as the shared
-// memory allows, never below 64 registers per thread); ptxas must not spill (a build error).
-// Tested by tests/kernels/test_cuda_w4a16.cpp.
+//
+// Registers: __launch_bounds__ asks for w4a16_ctas_per_sm CTAs per SM; ptxas must not spill (a
+// build error). Tested by tests/kernels/test_cuda_w4a16.cpp (GPU) and test_cuda_w4a16_host.cpp.
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -27,6 +31,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
 
 namespace fp4moe::cuda::sm90 {
@@ -36,11 +41,14 @@ namespace {
 struct KernelParams {
   const __nv_bfloat16* x;
   const int32_t* offsets;
-  const uint8_t* w_packed;
-  const uint8_t* w_scales;
+  const uint8_t* w_codes;   // kernel layout
+  const uint8_t* w_scales;  // kernel layout
   const float* global_scales;
+  const float* global_scales_up;  // kSwiGlu: the up half's (== global_scales when shared)
   __nv_bfloat16* y;
   int32_t m_total, n, k, n_experts;
+  int32_t row_tiles, k_chunks, k_groups;
+  int32_t n_out;  // columns of y: n, or n / 2 with kSwiGlu
 };
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
@@ -54,9 +62,22 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
 }
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
+// 4 or 8 B copy (the scale bytes of a stage's chunks); zero-fills when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 B");
+  const int src_size = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
+               : "memory");
+}
+
+// 16 B weight load that is read once: no L1 allocation.
+__device__ __forceinline__ uint4 ld_stream_16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -118,19 +139,153 @@ __device__ __forceinline__ bool find_work(const KernelParams& p, int work, WorkI
   return false;
 }
 
-template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t BLOCK_K, uint32_t STAGES>
+// Epilogue factors: the A registers carry 2^-8 (kW4A16AccShift).
+__device__ __forceinline__ float epilogue_scale(const float* global_scales, int expert) {
+  return __ldg(global_scales + expert) * static_cast<float>(1 << kW4A16AccShift);
+}
+
+// SwiGLU of one (gate, up) accumulator pair, f32: silu(g) * u (moe/mlp.cpp's formula).
+__device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+
+// B registers of the 4 MMA steps from the 32 activation bytes at k = 16 t .. 16 t + 15 of a chunk.
+__device__ __forceinline__ void b_from_words(const uint4& q0, const uint4& q1, uint32_t b[4][2]) {
+  b[0][0] = q0.x;
+  b[0][1] = q0.y;
+  b[1][0] = q0.z;
+  b[1][1] = q0.w;
+  b[2][0] = q1.x;
+  b[2][1] = q1.y;
+  b[3][0] = q1.z;
+  b[3][1] = q1.w;
+}
+
+// ---- kStream: registers only -------------------------------------------------------------------
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
+__global__ void __launch_bounds__(BLOCK_W / 16 * 32,
+                                  w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}, 0))
+    sm90_nvfp4_w4a16_stream_kernel(const KernelParams p) {
+  constexpr uint32_t kNTiles = BLOCK_T / 8;
+  static_assert(kW4A16ScaleGroup % STAGES == 0, "the prefetch ring must divide a scale group");
+  WorkItem item;
+  if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t g = lane >> 2, t = lane & 3u;
+  const int rt = static_cast<int>(blockIdx.y * (BLOCK_W / 16) + warp);
+  if (rt >= p.row_tiles) return;  // no barrier below: a warp may leave on its own
+
+  const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + rt;
+  const uint8_t* codes = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
+  const uint8_t* scales = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
+  const uint4* xrow[kNTiles];
+  bool xvalid[kNTiles];
+#pragma unroll
+  for (uint32_t j = 0; j < kNTiles; ++j) {
+    const int r = static_cast<int>(j * 8 + g);
+    xvalid[j] = r < item.rows;
+    xrow[j] = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(item.row_begin + (xvalid[j] ? r : 0)) * p.k +
+                                             16 * t);
+  }
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  uint4 wq[STAGES];
+  uint4 xq[STAGES][kNTiles][2];
+  auto load = [&](int kc, uint4& w, uint4 (&xx)[kNTiles][2]) {
+    const bool in_k = kc < p.k_chunks;
+    w = in_k ? ld_stream_16(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : zero;
+    const bool x_in_k = kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0: a block is all in or out
+#pragma unroll
+    for (uint32_t j = 0; j < kNTiles; ++j) {
+      const bool ok = xvalid[j] && x_in_k;
+      xx[j][0] = ok ? __ldg(xrow[j] + kc * 8) : zero;
+      xx[j][1] = ok ? __ldg(xrow[j] + kc * 8 + 1) : zero;
+    }
+  };
+
+  float acc[kNTiles][4];
+#pragma unroll
+  for (uint32_t j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  }
+#pragma unroll
+  for (uint32_t d = 0; d < STAGES; ++d) load(static_cast<int>(d), wq[d], xq[d]);
+  uint4 sg = __ldg(reinterpret_cast<const uint4*>(scales));
+  uint4 sg_next = p.k_groups > 1 ? __ldg(reinterpret_cast<const uint4*>(scales + kW4A16TileBytes)) : zero;
+
+  for (int kg = 0; kg < p.k_groups; ++kg) {
+#pragma unroll
+    for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
+      constexpr uint32_t kMask = STAGES - 1;
+      const uint32_t slot = j & kMask;  // compile-time after unrolling (kg * 8 % STAGES == 0)
+      const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
+      if (kc < p.k_chunks) {
+        uint32_t sc_lo, sc_hi;
+        w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
+        uint32_t a[4][4];
+        w4a16_chunk_fragments(wq[slot], sc_lo, sc_hi, a);
+#pragma unroll
+        for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+          uint32_t b[4][2];
+          b_from_words(xq[slot][nt][0], xq[slot][nt][1], b);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) mma_bf16_m16n8k16(acc[nt], a[s], b[s]);
+        }
+        load(kc + static_cast<int>(STAGES), wq[slot], xq[slot]);
+      }
+    }
+    sg = sg_next;
+    if (kg + 2 < p.k_groups) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
+  }
+
+  // C fragment: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1). kSwiGlu: row g is gate row 8 rt + g
+  // and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
+  const float f = epilogue_scale(p.global_scales, item.expert);
+  if constexpr (SWIGLU) {
+    const float fu = epilogue_scale(p.global_scales_up, item.expert);
+    const int col = rt * 8 + static_cast<int>(g);
+#pragma unroll
+    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int tok = static_cast<int>(nt * 8 + 2 * t) + i;
+        if (tok < item.rows && col < p.n_out) {
+          p.y[static_cast<int64_t>(item.row_begin + tok) * p.n_out + col] =
+              __float2bfloat16_rn(swiglu(acc[nt][i] * f, acc[nt][i + 2] * fu));
+        }
+      }
+    }
+  } else {
+    const int row0 = rt * 16 + static_cast<int>(g);
+#pragma unroll
+    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
+        const int row = row0 + 8 * (i >> 1);
+        if (tok < item.rows && row < p.n) {
+          p.y[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = __float2bfloat16_rn(acc[nt][i] * f);
+        }
+      }
+    }
+  }
+}
+
+// ---- kPipeline: cp.async through shared memory ---------------------------------------------------
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t BLOCK_K, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
                                   w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, BLOCK_K, STAGES},
                                                     W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, BLOCK_K, STAGES}).total_bytes()))
-    sm90_nvfp4_w4a16_grouped_gemm_kernel(const KernelParams p) {
+    sm90_nvfp4_w4a16_pipeline_kernel(const KernelParams p) {
   constexpr W4A16Layout kLayout = W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, BLOCK_K, STAGES});
   static_assert(kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
-  constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_packed_offset;
-  constexpr uint32_t kSOff = kLayout.w_scales_offset, kStride = kLayout.stage_stride;
+  constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_tiles_offset, kStride = kLayout.stage_stride;
+  constexpr uint32_t kSOff = kLayout.w_scales_offset;
   constexpr uint32_t kEpiOff = kLayout.epilogue_offset, kEpiRow = kLayout.epilogue_row_bytes;
   constexpr uint32_t kThreads = BLOCK_W / 16 * 32;
+  constexpr uint32_t kRowTiles = BLOCK_W / 16;
   constexpr uint32_t kNTiles = BLOCK_T / 8;
-  static_assert(BLOCK_K % 64 == 0 && BLOCK_W % 16 == 0 && BLOCK_T % 8 == 0, "tile shape");
+  constexpr uint32_t kChunks = BLOCK_K / 64;                   // chunks per stage
+  static_assert(BLOCK_K % 64 == 0 && kW4A16ScaleGroup % kChunks == 0, "tile shape");
 
   extern __shared__ __align__(128) uint8_t smem[];
 
@@ -138,46 +293,48 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;
 
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * BLOCK_W;
-  const int w_rows = static_cast<int>(min(static_cast<int64_t>(BLOCK_W), p.n - n0));
-  const int64_t k_half = p.k / 2, k_scales = p.k / 16;
+  const int rt0 = static_cast<int>(blockIdx.y * kRowTiles);
   const __nv_bfloat16* x_rows = p.x + static_cast<int64_t>(item.row_begin) * p.k;
-  const uint8_t* w_packed = p.w_packed + (static_cast<int64_t>(item.expert) * p.n + n0) * k_half;
-  const uint8_t* w_scales = p.w_scales + (static_cast<int64_t>(item.expert) * p.n + n0) * k_scales;
-  const int n_ktiles = (p.k + static_cast<int>(BLOCK_K) - 1) / static_cast<int>(BLOCK_K);
+  const int64_t tile0 = static_cast<int64_t>(item.expert) * p.row_tiles + rt0;
+  const int n_ktiles = (p.k_chunks + static_cast<int>(kChunks) - 1) / static_cast<int>(kChunks);
   const uint32_t smem_base = smem_u32(smem);
 
-  // Issues the copies of K slice `kt` into stage `slot` (no commit).
+  // Issues the copies of K slice `kt` (chunks kt * kChunks ..) into stage `slot` (no commit).
   auto load_stage = [&](uint32_t slot, int kt) {
     const int k0 = kt * static_cast<int>(BLOCK_K);
-    constexpr uint32_t kXChunks = BLOCK_T * BLOCK_K / 8;  // 16 B = 8 bf16
+    constexpr uint32_t kXPieces = BLOCK_T * BLOCK_K / 8;  // 16 B = 8 bf16
 #pragma unroll
-    for (uint32_t i = tid; i < kXChunks; i += kThreads) {
+    for (uint32_t i = tid; i < kXPieces; i += kThreads) {
       const uint32_t r = i / (BLOCK_K / 8), c = i % (BLOCK_K / 8);
       const int k = k0 + static_cast<int>(c * 8);
       const bool ok = static_cast<int>(r) < item.rows && k < p.k;
       const void* src = ok ? static_cast<const void*>(x_rows + static_cast<int64_t>(r) * p.k + k) : p.x;
       cp_async_16(smem_base + kXOff + slot * kStride + x_tile_offset<BLOCK_K>(r, c), src, ok);
     }
-    constexpr uint32_t kWChunks = BLOCK_W * BLOCK_K / 32;  // 16 B = 32 codes
+    constexpr uint32_t kWPieces = kRowTiles * kChunks * (kW4A16TileBytes / 16);
 #pragma unroll
-    for (uint32_t i = tid; i < kWChunks; i += kThreads) {
-      const uint32_t r = i / (BLOCK_K / 32), c = i % (BLOCK_K / 32);
-      const int k = k0 + static_cast<int>(c * 32);
-      const bool ok = static_cast<int>(r) < w_rows && k < p.k;
-      const void* src = ok ? static_cast<const void*>(w_packed + static_cast<int64_t>(r) * k_half + k / 2)
-                           : static_cast<const void*>(p.w_packed);
-      cp_async_16(smem_base + kWOff + slot * kStride + w_packed_offset<BLOCK_K>(r, c * 16), src, ok);
+    for (uint32_t i = tid; i < kWPieces; i += kThreads) {
+      const uint32_t rtl = i / (kChunks * 32), rem = i % (kChunks * 32);
+      const int kc = kt * static_cast<int>(kChunks) + static_cast<int>(rem / 32);
+      const bool ok = rt0 + static_cast<int>(rtl) < p.row_tiles && kc < p.k_chunks;
+      const void* src =
+          ok ? static_cast<const void*>(p.w_codes + ((tile0 + rtl) * p.k_chunks + kc) * kW4A16TileBytes + (rem % 32) * 16)
+             : static_cast<const void*>(p.w_codes);
+      cp_async_16(smem_base + kWOff + slot * kStride + i * 16, src, ok);
     }
-    constexpr uint32_t kSPieces = BLOCK_W * BLOCK_K / 64;  // 4 B = 4 scales = 64 k
+    // Scales: lane L of row tile rtl copies bytes 2 j0 .. 2 j0 + 2 kChunks - 1 of its 16 B in group
+    // kt * kChunks / 8, where j0 = kt * kChunks % 8.
+    constexpr uint32_t kSPieces = kRowTiles * 32;
+    const int kc0 = kt * static_cast<int>(kChunks);
+    const int kg = kc0 / static_cast<int>(kW4A16ScaleGroup), j0 = kc0 % static_cast<int>(kW4A16ScaleGroup);
 #pragma unroll
     for (uint32_t i = tid; i < kSPieces; i += kThreads) {
-      const uint32_t r = i / (BLOCK_K / 64), c = i % (BLOCK_K / 64);
-      const int k = k0 + static_cast<int>(c * 64);
-      const bool ok = static_cast<int>(r) < w_rows && k < p.k;
-      const void* src = ok ? static_cast<const void*>(w_scales + static_cast<int64_t>(r) * k_scales + k / 16)
+      const uint32_t rtl = i / 32, ln = i % 32;
+      const bool ok = rt0 + static_cast<int>(rtl) < p.row_tiles && kc0 < p.k_chunks;
+      const void* src = ok ? static_cast<const void*>(p.w_scales + ((tile0 + rtl) * p.k_groups + kg) * kW4A16TileBytes +
+                                                      ln * 16 + 2 * j0)
                            : static_cast<const void*>(p.w_scales);
-      cp_async_4(smem_base + kSOff + slot * kStride + w_scales_offset<BLOCK_K>(r, c * 4), src, ok);
+      cp_async_small<static_cast<int>(2 * kChunks)>(smem_base + kSOff + slot * kStride + i * 2 * kChunks, src, ok);
     }
   };
 
@@ -203,18 +360,19 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
 
     const uint32_t slot = static_cast<uint32_t>(kt) % STAGES;
     const uint8_t* x_tile = smem + kXOff + slot * kStride;
-    const uint8_t* w_tile = smem + kWOff + slot * kStride;
-    const uint8_t* s_tile = smem + kSOff + slot * kStride;
-    const int k_left = p.k - kt * static_cast<int>(BLOCK_K);
+    const uint8_t* w_tile = smem + kWOff + slot * kStride + warp * kChunks * kW4A16TileBytes + lane * 16;
+    const uint8_t* s_tile = smem + kSOff + slot * kStride + (warp * 32 + lane) * 2 * kChunks;
 #pragma unroll
-    for (uint32_t kc = 0; kc < BLOCK_K / 64; ++kc) {
-      if (static_cast<int>(kc * 64) < k_left) {  // K % 64 == 0: a chunk is all in or all out
+    for (uint32_t kcl = 0; kcl < kChunks; ++kcl) {
+      if (kt * static_cast<int>(kChunks) + static_cast<int>(kcl) < p.k_chunks) {
+        uint32_t sc_lo, sc_hi;
+        w4a16_pair_scales(*reinterpret_cast<const uint16_t*>(s_tile + 2 * kcl), sc_lo, sc_hi);
         uint32_t a[4][4];
-        load_a_fragments<BLOCK_K>(w_tile, s_tile, warp * 16, kc, lane, a);
+        w4a16_chunk_fragments(*reinterpret_cast<const uint4*>(w_tile + kcl * kW4A16TileBytes), sc_lo, sc_hi, a);
 #pragma unroll
         for (uint32_t j = 0; j < kNTiles; ++j) {
           uint32_t b[4][2];
-          load_b_fragments<BLOCK_K>(x_tile, j * 8, kc, lane, b);
+          load_b_fragments<BLOCK_K>(x_tile, j * 8, kcl, lane, b);
 #pragma unroll
           for (int s = 0; s < 4; ++s) mma_bf16_m16n8k16(acc[j], a[s], b[s]);
         }
@@ -223,30 +381,39 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
   cp_async_wait<0>();  // only empty groups remain; drain them before the CTA exits
 
-  // Epilogue: C fragment (row g / g+8 = weight rows, cols 2t, 2t+1 = tokens) -> token-major tile.
-  const float gs = __ldg(p.global_scales + item.expert);
+  // Epilogue: C fragment (row g / g+8 = weight rows, cols 2t, 2t+1 = tokens) -> token-major tile of
+  // kOutCols columns (kSwiGlu: silu(gate row g) * up row g + 8 -> column 8 warp + g).
+  constexpr uint32_t kOutCols = SWIGLU ? BLOCK_W / 2 : BLOCK_W;
+  const float f = epilogue_scale(p.global_scales, item.expert);
   uint8_t* epi = smem + kEpiOff;
   const uint32_t g = lane >> 2, t = lane & 3u;
-  const uint32_t wr = warp * 16 + g;
+  auto put = [&](uint32_t tk, uint32_t col, float v) {
+    *reinterpret_cast<__nv_bfloat16*>(epi + tk * kEpiRow + col * 2) = __float2bfloat16_rn(v);
+  };
 #pragma unroll
   for (uint32_t j = 0; j < kNTiles; ++j) {
     const uint32_t tok = j * 8 + 2 * t;
-    auto put = [&](uint32_t tk, uint32_t row, float v) {
-      *reinterpret_cast<__nv_bfloat16*>(epi + tk * kEpiRow + row * 2) = __float2bfloat16_rn(v * gs);
-    };
-    put(tok, wr, acc[j][0]);
-    put(tok + 1, wr, acc[j][1]);
-    put(tok, wr + 8, acc[j][2]);
-    put(tok + 1, wr + 8, acc[j][3]);
+    if constexpr (SWIGLU) {
+      const float fu = epilogue_scale(p.global_scales_up, item.expert);
+      put(tok, warp * 8 + g, swiglu(acc[j][0] * f, acc[j][2] * fu));
+      put(tok + 1, warp * 8 + g, swiglu(acc[j][1] * f, acc[j][3] * fu));
+    } else {
+      const uint32_t wr = warp * 16 + g;
+      put(tok, wr, acc[j][0] * f);
+      put(tok + 1, wr, acc[j][1] * f);
+      put(tok, wr + 8, acc[j][2] * f);
+      put(tok + 1, wr + 8, acc[j][3] * f);
+    }
   }
   __syncthreads();
-  constexpr uint32_t kOutChunks = BLOCK_T * BLOCK_W / 8;  // 16 B = 8 outputs
+  const int64_t n0 = static_cast<int64_t>(rt0) * (SWIGLU ? 8 : 16);
+  constexpr uint32_t kOutChunks = BLOCK_T * kOutCols / 8;  // 16 B = 8 outputs
 #pragma unroll
   for (uint32_t i = tid; i < kOutChunks; i += kThreads) {
-    const uint32_t r = i / (BLOCK_W / 8), c = i % (BLOCK_W / 8);
+    const uint32_t r = i / (kOutCols / 8), c = i % (kOutCols / 8);
     const int64_t n = n0 + c * 8;
-    if (static_cast<int>(r) < item.rows && n < p.n) {
-      *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(item.row_begin + static_cast<int>(r)) * p.n + n) =
+    if (static_cast<int>(r) < item.rows && n < p.n_out) {
+      *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(item.row_begin + static_cast<int>(r)) * p.n_out + n) =
           *reinterpret_cast<const uint4*>(epi + r * kEpiRow + c * 16);
     }
   }
@@ -254,21 +421,26 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
 
 using LaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
 
-template <int I>
+template <int I, bool SWIGLU>
 void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   constexpr W4A16Config c = kW4A16Configs[I];
-  constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-  auto kernel = sm90_nvfp4_w4a16_grouped_gemm_kernel<c.block_w, c.block_t, c.block_k, c.stages>;
-  FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
-  kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
+  if constexpr (c.kind == W4A16Kind::kStream) {
+    sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU><<<grid, c.n_threads(), 0, stream>>>(p);
+  } else {
+    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
+    auto kernel = sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>;
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
+    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
+  }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int... I>
+template <bool SWIGLU, int... I>
 constexpr std::array<LaunchFn, sizeof...(I)> make_launch_table(std::integer_sequence<int, I...>) {
-  return {&launch_config<I>...};
+  return {&launch_config<I, SWIGLU>...};
 }
-constexpr auto kLaunchTable = make_launch_table(std::make_integer_sequence<int, kNumW4A16Configs>{});
+constexpr auto kLaunchTable = make_launch_table<false>(std::make_integer_sequence<int, kNumW4A16Configs>{});
+constexpr auto kLaunchTableSwiGlu = make_launch_table<true>(std::make_integer_sequence<int, kNumW4A16Configs>{});
 
 }  // namespace
 
@@ -281,12 +453,17 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   w4a16_check_config(c, static_cast<uint32_t>(optin));
 
-  const KernelParams p{args.x, args.expert_offsets, args.w_packed, args.w_scales, args.w_global_scales, args.y,
+  const bool swiglu = args.epilogue == W4A16Epilogue::kSwiGlu;
+  const KernelParams p{args.x, args.expert_offsets, args.w_packed, args.w_scales, args.w_global_scales,
+                       args.w_global_scales_up != nullptr ? args.w_global_scales_up : args.w_global_scales, args.y,
                        static_cast<int32_t>(args.m_total), static_cast<int32_t>(args.n),
-                       static_cast<int32_t>(args.k), static_cast<int32_t>(args.n_experts)};
+                       static_cast<int32_t>(args.k), static_cast<int32_t>(args.n_experts),
+                       static_cast<int32_t>(w4a16_row_tiles(args.n)), static_cast<int32_t>(w4a16_k_chunks(args.k)),
+                       static_cast<int32_t>(w4a16_k_groups(args.k)),
+                       static_cast<int32_t>(swiglu ? args.n / 2 : args.n)};
   const int64_t grid_x = args.m_total / c.block_t + std::min<int64_t>(args.n_experts, args.m_total);
   const int64_t grid_y = (args.n + c.block_w - 1) / c.block_w;
-  kLaunchTable[static_cast<size_t>(config_id)](p, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
+  (swiglu ? kLaunchTableSwiGlu : kLaunchTable)[static_cast<size_t>(config_id)](p, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
                                                stream);
 }
 

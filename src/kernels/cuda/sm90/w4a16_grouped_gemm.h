@@ -4,11 +4,14 @@
 //   Y[t, n] = bf16( gs[e] * sum_k X[t, k] * (e2m1(W_e[n, k]) * e4m3(S_e[n, k / 16])) )
 //   for every token row t in [offsets[e], offsets[e + 1]) of the permuted activations X.
 //
-// Version 1: mma.sync m16n8k16 BF16 tensor cores with swap-AB (weight rows are the MMA M, tokens
-// the MMA N: 1..64 tokens per expert waste no weight bandwidth), cp.async multi-stage pipeline of
-// the packed codes, scales and activations, dequantization in registers (exact, see
-// w4a16_fragments.h). Work items (expert, token tile) are mapped on the device from the offsets, so
-// token counts may change between launches without a host sync (CUDA-graph friendly): the grid is
+// Two kernels share the API (plan/layout_sm90_w4a16.h has the configs): kStream for decode (1..16
+// tokens per expert: weights streamed from HBM into registers, no shared memory, no barrier) and
+// kPipeline for larger tiles (cp.async multi-stage pipeline through shared memory). Both use
+// mma.sync m16n8k16 BF16 tensor cores with swap-AB (weight rows are the MMA M, tokens the MMA N: 1..64
+// tokens per expert waste no weight bandwidth) and dequantize in registers (exact, see
+// w4a16_fragments.h) from the kernel weight layout (w4a16_weight_layout.h: made once at load by
+// w4a16_repack). Work items (expert, token tile) are mapped on the device from the offsets, so token
+// counts may change between launches without a host sync (CUDA-graph friendly): the grid is
 // (floor(M_total / block_t) + min(E, M_total)) x ceil(N / block_w), an upper bound on the number of
 // token tiles; CTAs past the last tile exit at once, and empty experts get no CTA.
 // Tested by tests/kernels/test_cuda_w4a16.cpp; timed by bench/bench_w4a16.cu.
@@ -22,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
 #include "plan/w4a16_smem.h"
 
@@ -36,17 +40,25 @@ using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_smem_summary;
 using plan::W4A16Config;
+using plan::W4A16Kind;
 using plan::W4A16Layout;
+
+// What the epilogue writes. kNone: y [m_total, n]. kSwiGlu (the MoE gate_up GEMM): the weight is
+// gate and up interleaved by w4a16_repack_gate_up (n = 2 I rows), and y [m_total, n / 2] =
+// bf16(silu(gate) * up) computed from the f32 accumulators (silu(v) = v / (1 + e^-v)).
+enum class W4A16Epilogue { kNone, kSwiGlu };
 
 // All pointers are device memory, row-major, experts stacked:
 struct W4A16GroupedGemmArgs {
   const __nv_bfloat16* x = nullptr;       // [m_total, k] permuted activations (16 B aligned)
   const int32_t* expert_offsets = nullptr;  // [n_experts + 1], nondecreasing, offsets[E] <= m_total
-  const uint8_t* w_packed = nullptr;      // [n_experts, n, k / 2] e2m1, low nibble = even k (16 B aligned)
-  const uint8_t* w_scales = nullptr;      // [n_experts, n, k / 16] e4m3fn, linear layout (4 B aligned)
-  const float* w_global_scales = nullptr; // [n_experts] weight_scale_2
-  __nv_bfloat16* y = nullptr;             // [m_total, n] (16 B aligned); rows outside every expert
-                                          // range are not written
+  const uint8_t* w_packed = nullptr;      // codes in the kernel layout (w4a16_repack), 16 B aligned
+  const uint8_t* w_scales = nullptr;      // scales in the kernel layout (w4a16_repack), 16 B aligned
+  const float* w_global_scales = nullptr; // [n_experts] weight_scale_2 (kSwiGlu: of gate_proj)
+  const float* w_global_scales_up = nullptr;  // kSwiGlu: [n_experts] of up_proj; nullptr = shared
+  W4A16Epilogue epilogue = W4A16Epilogue::kNone;
+  __nv_bfloat16* y = nullptr;             // [m_total, n] or [m_total, n / 2] (kSwiGlu), 16 B aligned;
+                                          // rows outside every expert range are not written
   int64_t m_total = 0, n = 0, k = 0, n_experts = 0;
 };
 
@@ -69,7 +81,7 @@ int w4a16_config_id(std::string_view name);
 void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit);
 
 // Throws fp4moe::Error naming the numbers unless the problem can run with config `c`: k > 0 and
-// k % 64 == 0 (cp.async alignment of the e4m3 scale rows, 4 scales = 64 k per copy), n > 0 and
+// k % 16 == 0 (one NVFP4 block; the kernel layout pads K to 64 with zeros), n > 0 and
 // n % 8 == 0 (16 B output stores), n_experts >= 1, m_total >= 0, pointers non-null and aligned,
 // and the grid within CUDA's limits. Needs no GPU.
 void w4a16_check_problem(const W4A16GroupedGemmArgs& args, const W4A16Config& c);

@@ -1,0 +1,366 @@
+// The non-GEMM kernels of the fused MoE layer. See moe_kernels.h. They are written for obvious
+// correctness first (the layer's time is the expert GEMMs'): one warp per expert for the logits,
+// one thread per token for the routing, one block for the dispatch, one block per row/token for
+// gather and combine. Tested by tests/moe/test_gpu_moe_layer.cpp.
+#include "kernels/cuda/moe/moe_kernels.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace fp4moe::cuda::moe {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kSmemBudget = 48 * 1024;  // the default per-block limit: no opt-in needed
+
+// --- router logits --------------------------------------------------------------------------------
+// Block: 8 warps = 8 experts; kLogitTokens tokens per block so that each router row is read once
+// per 8 tokens. Lane l covers h = 8 l + 256 i; the warp sum is a fixed xor tree (deterministic).
+constexpr int kLogitWarps = 8;
+constexpr int kLogitTokens = 8;
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* out) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(p[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__global__ void router_logits_kernel(const __nv_bfloat16* __restrict__ x, const float* __restrict__ wg,
+                                     int n_tokens, int hidden, int n_experts, float* __restrict__ logits) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int e = blockIdx.y * kLogitWarps + warp;
+  if (e >= n_experts) return;  // whole warp; no block-level barrier below
+  const int t0 = blockIdx.x * kLogitTokens;
+  float acc[kLogitTokens];
+#pragma unroll
+  for (int i = 0; i < kLogitTokens; ++i) acc[i] = 0.0f;
+  const float* w_row = wg + static_cast<int64_t>(e) * hidden;
+  for (int h = lane * 8; h < hidden; h += kWarp * 8) {
+    const float4 w0 = *reinterpret_cast<const float4*>(w_row + h);
+    const float4 w1 = *reinterpret_cast<const float4*>(w_row + h + 4);
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int i = 0; i < kLogitTokens; ++i) {
+      if (t0 + i < n_tokens) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t0 + i) * hidden + h));
+        float xf[8];
+        bf16x8_to_f32(xv, xf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i] += xf[j] * wv[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kLogitTokens; ++i) {
+    float v = acc[i];
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0 && t0 + i < n_tokens) logits[static_cast<int64_t>(t0 + i) * n_experts + e] = v;
+  }
+}
+
+// --- routing --------------------------------------------------------------------------------------
+// One thread per token; its E choice values live in shared memory interleaved [E][tokens_per_block]
+// (stride tokens_per_block: consecutive threads hit consecutive banks).
+__global__ void route_topk_kernel(RouteParams p, const float* __restrict__ logits, const float* __restrict__ bias,
+                                  int n_tokens, int32_t* __restrict__ topk_idx, float* __restrict__ topk_weights) {
+  extern __shared__ float route_smem[];
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n_tokens) return;
+  route_token(p, logits + static_cast<int64_t>(t) * p.n_experts, bias, route_smem + threadIdx.x, blockDim.x,
+              topk_idx + static_cast<int64_t>(t) * p.top_k, topk_weights + static_cast<int64_t>(t) * p.top_k);
+}
+
+int route_tokens_per_block(int n_experts) {
+  return std::clamp(kSmemBudget / (n_experts * static_cast<int>(sizeof(float))), 1, kWarp);
+}
+
+// --- dispatch -------------------------------------------------------------------------------------
+// One block of n_warps warps; warp w owns the contiguous pair range [w * seg, (w + 1) * seg), so
+// concatenating the warps' ranges in warp order keeps the (token, slot) order. Pass 1 counts per
+// (warp, expert) with __match_any_sync (the lowest lane of each group of equal experts adds the group
+// size); the prefix over warps and the exclusive scan over experts turn the counts into each warp's
+// first row per expert; pass 2 repeats the walk and hands rows out in lane order.
+__global__ void dispatch_kernel(const int32_t* __restrict__ topk_idx, int n_pairs, int top_k, int n_experts,
+                                int n_tokens, int32_t* __restrict__ expert_offsets, int32_t* __restrict__ row_token,
+                                int32_t* __restrict__ entry_of, int32_t* __restrict__ shared_offsets) {
+  extern __shared__ int32_t dispatch_smem[];
+  const int n_warps = blockDim.x / kWarp;
+  int32_t* cursor = dispatch_smem;                            // [n_warps][E]
+  int32_t* expert_base = dispatch_smem + n_warps * n_experts;  // [E]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int i = threadIdx.x; i < n_warps * n_experts; i += blockDim.x) cursor[i] = 0;
+  __syncthreads();
+
+  const int seg = (n_pairs + n_warps - 1) / n_warps;
+  const int begin = warp * seg;
+  const int end = min(begin + seg, n_pairs);
+  int32_t* my_cursor = cursor + warp * n_experts;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int base = begin; base < end; base += kWarp) {  // uniform across the warp
+    const int i = base + lane;
+    const int e = i < end ? topk_idx[i] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && e < n_experts && (peers & lanes_below) == 0) my_cursor[e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+
+  // Per expert: prefix over warps (cursor becomes the offset inside the expert) and the total.
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+    int32_t run = 0;
+    for (int w = 0; w < n_warps; ++w) {
+      const int32_t c = cursor[w * n_experts + e];
+      cursor[w * n_experts + e] = run;
+      run += c;
+    }
+    expert_base[e] = run;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive scan over experts, in expert order
+    int32_t run = 0;
+    for (int e = 0; e < n_experts; ++e) {
+      const int32_t c = expert_base[e];
+      expert_base[e] = run;
+      expert_offsets[e] = run;
+      run += c;
+    }
+    expert_offsets[n_experts] = run;
+    if (shared_offsets != nullptr) {
+      shared_offsets[0] = 0;
+      shared_offsets[1] = n_tokens;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_warps * n_experts; i += blockDim.x) cursor[i] += expert_base[i % n_experts];
+  __syncthreads();
+
+  for (int base = begin; base < end; base += kWarp) {
+    const int i = base + lane;
+    const int e = i < end ? topk_idx[i] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const bool valid = e >= 0 && e < n_experts;
+    const int32_t first = valid ? my_cursor[e] : 0;
+    __syncwarp();
+    if (valid) {
+      const int32_t row = first + __popc(peers & lanes_below);
+      row_token[row] = i / top_k;
+      entry_of[i] = row;
+      if ((peers & lanes_below) == 0) my_cursor[e] = first + __popc(peers);
+    }
+    __syncwarp();
+  }
+}
+
+int dispatch_warps(int n_experts) {
+  return std::clamp(kSmemBudget / static_cast<int>(sizeof(int32_t)) / n_experts - 1, 1, kWarp);
+}
+
+// --- gather, SwiGLU, combine ---------------------------------------------------------------------
+__global__ void gather_rows_kernel(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ row_token,
+                                   int hidden, __nv_bfloat16* __restrict__ xp) {
+  const int64_t r = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row_token[r]) * hidden);
+  uint4* dst = reinterpret_cast<uint4*>(xp + r * hidden);
+  for (int v = threadIdx.x; v < hidden / 8; v += blockDim.x) dst[v] = src[v];
+}
+
+__global__ void swiglu_kernel(const __nv_bfloat16* __restrict__ gate, const __nv_bfloat16* __restrict__ up,
+                              int64_t ld_in, int64_t rows, int64_t inter, __nv_bfloat16* __restrict__ act) {
+  const int64_t vecs_per_row = inter / 8;
+  const int64_t n_vecs = rows * vecs_per_row;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n_vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = v / vecs_per_row, j = (v % vecs_per_row) * 8;
+    float g[8], u[8];
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(gate + r * ld_in + j), g);
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(up + r * ld_in + j), u);
+    uint4 out;
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = g[2 * i] / (1.0f + expf(-g[2 * i])) * u[2 * i];
+      const float b = g[2 * i + 1] / (1.0f + expf(-g[2 * i + 1])) * u[2 * i + 1];
+      o[i] = __floats2bfloat162_rn(a, b);
+    }
+    *reinterpret_cast<uint4*>(act + r * inter + j) = out;
+  }
+}
+
+__global__ void combine_kernel(const __nv_bfloat16* __restrict__ down_out, const int32_t* __restrict__ entry_of,
+                               const float* __restrict__ topk_weights, const __nv_bfloat16* __restrict__ shared,
+                               int top_k, int hidden, __nv_bfloat16* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  for (int h = threadIdx.x * 8; h < hidden; h += blockDim.x * 8) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < top_k; ++s) {
+      const float w = topk_weights[t * top_k + s];
+      const int64_t row = entry_of[t * top_k + s];
+      float o[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(down_out + row * hidden + h), o);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += w * o[j];
+    }
+    if (shared != nullptr) {
+      float sh[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(shared + t * hidden + h), sh);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = acc[j] + sh[j];  // routed + shared, as the CPU layer adds them
+    }
+    uint4 out;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o2[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    *reinterpret_cast<uint4*>(y + t * hidden + h) = out;
+  }
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_hash_bytes_kernel(uint8_t* __restrict__ dst, int64_t n, uint64_t seed, uint8_t base,
+                                       uint8_t mask) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = static_cast<uint8_t>(base + (splitmix64(seed ^ (static_cast<uint64_t>(i) * 0xD1B54A32D192ED03ull)) & mask));
+  }
+}
+
+void check_aligned(const void* p, const char* what, const char* fn) {
+  FP4MOE_CHECK(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0)
+      << fn << ": " << what << " = " << p << " must be a non-null 16-byte aligned device pointer";
+}
+
+void check_launch(const char* fn) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(err, fn, __FILE__, __LINE__);
+}
+
+constexpr int64_t kMaxInt32 = 0x7fffffff;
+
+}  // namespace
+
+void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, int64_t hidden, int n_experts,
+                   float* logits, cudaStream_t stream) {
+  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && n_experts >= 1 && n_tokens >= 0 &&
+               n_tokens <= kMaxInt32)
+      << "router_logits: hidden=" << hidden << " (must be a positive multiple of 8), n_experts=" << n_experts
+      << ", n_tokens=" << n_tokens;
+  if (n_tokens == 0) return;
+  check_aligned(x, "x", "router_logits");
+  check_aligned(wg, "wg", "router_logits");
+  FP4MOE_CHECK(logits != nullptr) << "router_logits: logits is null";
+  const dim3 grid(static_cast<unsigned>((n_tokens + kLogitTokens - 1) / kLogitTokens),
+                  static_cast<unsigned>((n_experts + kLogitWarps - 1) / kLogitWarps));
+  router_logits_kernel<<<grid, kLogitWarps * kWarp, 0, stream>>>(x, wg, static_cast<int>(n_tokens),
+                                                                 static_cast<int>(hidden), n_experts, logits);
+  check_launch("router_logits_kernel<<<>>>");
+}
+
+void route_topk(const RouteParams& p, const float* logits, const float* bias, int64_t n_tokens, int32_t* topk_idx,
+                float* topk_weights, cudaStream_t stream) {
+  FP4MOE_CHECK(p.n_experts >= 1 && p.top_k >= 1 && p.top_k <= p.n_experts && p.n_group >= 1 &&
+               p.n_group <= kMaxRouteGroups && p.n_experts % p.n_group == 0 && p.topk_group >= 1 &&
+               p.topk_group <= p.n_group)
+      << "route_topk: E=" << p.n_experts << " top_k=" << p.top_k << " n_group=" << p.n_group
+      << " topk_group=" << p.topk_group << " (need 1 <= top_k <= E, E % n_group == 0, 1 <= topk_group <= n_group <= "
+      << kMaxRouteGroups << ")";
+  FP4MOE_CHECK(p.n_experts * static_cast<int64_t>(sizeof(float)) <= kSmemBudget)
+      << "route_topk: E=" << p.n_experts << " needs " << p.n_experts * 4 << " B of shared memory per token > "
+      << kSmemBudget << " B";
+  FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= kMaxInt32) << "route_topk: n_tokens=" << n_tokens;
+  FP4MOE_CHECK(!(p.sigmoid && p.has_bias) || bias != nullptr)
+      << "route_topk: the sigmoid router with a correction bias needs bias [" << p.n_experts << "], got null";
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(logits != nullptr && topk_idx != nullptr && topk_weights != nullptr)
+      << "route_topk: null logits/topk_idx/topk_weights";
+  const int tpb = route_tokens_per_block(p.n_experts);
+  const size_t smem = static_cast<size_t>(tpb) * p.n_experts * sizeof(float);
+  const unsigned grid = static_cast<unsigned>((n_tokens + tpb - 1) / tpb);
+  route_topk_kernel<<<grid, tpb, smem, stream>>>(p, logits, bias, static_cast<int>(n_tokens), topk_idx,
+                                                 topk_weights);
+  check_launch("route_topk_kernel<<<>>>");
+}
+
+void dispatch_plan(const int32_t* topk_idx, int64_t n_tokens, int top_k, int n_experts, int32_t* expert_offsets,
+                   int32_t* row_token, int32_t* entry_of, int32_t* shared_offsets, cudaStream_t stream) {
+  FP4MOE_CHECK(n_experts >= 1 && n_experts <= kMaxDispatchExperts && top_k >= 1 && n_tokens >= 0 &&
+               n_tokens * top_k <= kMaxInt32)
+      << "dispatch_plan: n_experts=" << n_experts << " (1.." << kMaxDispatchExperts << "), top_k=" << top_k
+      << ", n_tokens=" << n_tokens << " (n_tokens * top_k must fit int32)";
+  FP4MOE_CHECK(expert_offsets != nullptr && (n_tokens == 0 || (topk_idx != nullptr && row_token != nullptr &&
+                                                               entry_of != nullptr)))
+      << "dispatch_plan: null output or input pointer";
+  const int n_warps = dispatch_warps(n_experts);
+  const size_t smem = static_cast<size_t>(n_warps + 1) * n_experts * sizeof(int32_t);
+  dispatch_kernel<<<1, n_warps * kWarp, smem, stream>>>(topk_idx, static_cast<int>(n_tokens * top_k), top_k,
+                                                        n_experts, static_cast<int>(n_tokens), expert_offsets,
+                                                        row_token, entry_of, shared_offsets);
+  check_launch("dispatch_kernel<<<>>>");
+}
+
+void gather_rows(const __nv_bfloat16* x, const int32_t* row_token, int64_t n_rows, int64_t hidden,
+                 __nv_bfloat16* xp, cudaStream_t stream) {
+  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && n_rows >= 0 && n_rows <= kMaxInt32)
+      << "gather_rows: hidden=" << hidden << " (must be a positive multiple of 8), n_rows=" << n_rows;
+  if (n_rows == 0) return;
+  check_aligned(x, "x", "gather_rows");
+  check_aligned(xp, "xp", "gather_rows");
+  FP4MOE_CHECK(row_token != nullptr) << "gather_rows: row_token is null";
+  gather_rows_kernel<<<static_cast<unsigned>(n_rows), 128, 0, stream>>>(x, row_token, static_cast<int>(hidden), xp);
+  check_launch("gather_rows_kernel<<<>>>");
+}
+
+void swiglu(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t ld_in, int64_t rows, int64_t inter,
+            __nv_bfloat16* act, cudaStream_t stream) {
+  FP4MOE_CHECK(inter > 0 && inter % 8 == 0 && ld_in % 8 == 0 && ld_in >= inter && rows >= 0)
+      << "swiglu: inter=" << inter << " ld_in=" << ld_in << " rows=" << rows
+      << " (inter and ld_in multiples of 8, ld_in >= inter)";
+  if (rows == 0) return;
+  check_aligned(gate, "gate", "swiglu");
+  check_aligned(up, "up", "swiglu");
+  check_aligned(act, "act", "swiglu");
+  const int64_t n_vecs = rows * (inter / 8);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n_vecs + 255) / 256, 65536));
+  swiglu_kernel<<<grid, 256, 0, stream>>>(gate, up, ld_in, rows, inter, act);
+  check_launch("swiglu_kernel<<<>>>");
+}
+
+void combine(const __nv_bfloat16* down_out, const int32_t* entry_of, const float* topk_weights,
+             const __nv_bfloat16* shared, int64_t n_tokens, int top_k, int64_t hidden, __nv_bfloat16* y,
+             cudaStream_t stream) {
+  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && top_k >= 1 && n_tokens >= 0 &&
+               n_tokens <= kMaxInt32)
+      << "combine: hidden=" << hidden << " (must be a positive multiple of 8), top_k=" << top_k
+      << ", n_tokens=" << n_tokens;
+  if (n_tokens == 0) return;
+  check_aligned(down_out, "down_out", "combine");
+  check_aligned(y, "y", "combine");
+  if (shared != nullptr) check_aligned(shared, "shared", "combine");
+  FP4MOE_CHECK(entry_of != nullptr && topk_weights != nullptr) << "combine: null entry_of/topk_weights";
+  combine_kernel<<<static_cast<unsigned>(n_tokens), 128, 0, stream>>>(down_out, entry_of, topk_weights, shared,
+                                                                      top_k, static_cast<int>(hidden), y);
+  check_launch("combine_kernel<<<>>>");
+}
+
+void fill_hash_bytes(uint8_t* dst, int64_t n, uint64_t seed, uint8_t base, uint8_t mask, cudaStream_t stream) {
+  FP4MOE_CHECK(n >= 0) << "fill_hash_bytes: n=" << n;
+  if (n == 0) return;
+  FP4MOE_CHECK(dst != nullptr) << "fill_hash_bytes: dst is null";
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536));
+  fill_hash_bytes_kernel<<<grid, 256, 0, stream>>>(dst, n, seed, base, mask);
+  check_launch("fill_hash_bytes_kernel<<<>>>");
+}
+
+}  // namespace fp4moe::cuda::moe

@@ -1,0 +1,408 @@
+// MLA absorbed-form decode kernels (see mla_decode.h).
+//   mla_absorb_q_kernel:  CTA (128 latent dims, head); thread r sums q_nope[s,h,x] * W_UK_h[x][r] over x
+//                         in order for each sequence (W rows read coalesced); the CTA of dims [0, 128)
+//                         also copies q_pe as f32.
+//   mla_decode_attention_kernel<RPL> (rank = 32 * RPL): CTA (16-head chunk, sequence, key split), 4
+//                         warps x 4 heads. The 16 q_lat rows sit in shared memory (f32); the CTA walks its
+//                         keys 32 at a time, copying each key's [c_kv | k_pe] row (bf16 pairs) through the
+//                         block table into a tile with an odd word stride; each warp scores one key per lane
+//                         per head (dot over rank + rope), does the online softmax with shuffles, and adds
+//                         p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
+//   mla_merge_kernel:     warp per (sequence, head): the splits' (o_s, lse_s) -> latent (split_merge.h).
+//   mla_project_v_kernel: warp per (head, output dim) and sequence: W_UV_h[x] . latent[s,h], warp-reduced.
+//   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
+// Tested by tests/kernels/test_cuda_mla_decode.cpp.
+#include "kernels/cuda/ops/mla_decode.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/split_merge.h"
+
+namespace fp4moe::cuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMlaThreads = kMlaWarps * 32;
+constexpr int kAbsorbThreads = 128;
+
+struct MlaParams {
+  const float* q_lat;
+  const __nv_bfloat16* cache;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  float* latent;
+  float* part_o;
+  float* part_lse;
+  uint32_t* error_flag;
+  int64_t n_blocks;
+  int64_t max_blocks_per_seq;
+  int64_t keys_per_split;
+  int64_t max_keys;
+  int page_size;
+  int n_heads;
+  int rank;
+  int rope;
+  int n_splits;
+  float scale;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+template <int RPL>
+__global__ void __launch_bounds__(kMlaThreads) mla_decode_attention_kernel(const MlaParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const MlaSmemLayout L = mla_smem_layout(p.rank, p.rope);
+  float* q_s = reinterpret_cast<float*>(smem);
+  uint32_t* k_s = reinterpret_cast<uint32_t*>(smem + L.k_offset);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int chunk = blockIdx.x;
+  const int s = blockIdx.y;
+  const int split = blockIdx.z;
+  const int W = L.width;
+  const int half_w = W / 2;  // bf16 pairs per cache row
+
+  const int64_t seq_len = p.seq_lens[s];
+  if (seq_len < 0 || seq_len > p.max_blocks_per_seq * p.page_size || seq_len > p.max_keys) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
+    return;  // CTA-uniform
+  }
+  for (int i = threadIdx.x; i < kMlaHeadsPerCta * W; i += kMlaThreads) {
+    const int r = i / W;
+    const int head = chunk * kMlaHeadsPerCta + r;
+    q_s[i] = head < p.n_heads ? p.q_lat[(static_cast<int64_t>(s) * p.n_heads + head) * W + i % W] : 0.0f;
+  }
+
+  // Slot i of warp w is head chunk * 16 + i * 4 + w.
+  float m[kMlaRowsPerWarp], l[kMlaRowsPerWarp], acc[kMlaRowsPerWarp][RPL];
+#pragma unroll
+  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int a = 0; a < RPL; ++a) acc[i][a] = 0.0f;
+  }
+  // Every head of a decode query sees keys 0..seq_len-1; this split walks [begin, end).
+  const int64_t begin64 = static_cast<int64_t>(split) * p.keys_per_split;
+  const int64_t end64 = min(begin64 + p.keys_per_split, seq_len);
+  const bool any_key = end64 > begin64;
+  const int key_begin = any_key ? static_cast<int>(begin64) : 0;  // keys < seq_len fit 32 bits
+  const int key_end = any_key ? static_cast<int>(end64) : 0;
+  const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+
+  for (int k0 = key_begin; k0 < key_end; k0 += kAttnKeysPerTile) {
+    __syncthreads();  // the previous tile is consumed (and q_s is written before the first)
+    for (int i = threadIdx.x; i < kAttnKeysPerTile * half_w; i += kMlaThreads) {
+      const int j = i / half_w;
+      const int w = i % half_w;
+      const int key = k0 + j;
+      uint32_t v = 0;
+      if (key < key_end) {
+        const int64_t blk = table[key / p.page_size];
+        if (blk < 0 || blk >= p.n_blocks) {
+          atomicOr(p.error_flag, kDeviceErrorKvBlock);
+        } else {
+          v = reinterpret_cast<const uint32_t*>(p.cache + (blk * p.page_size + key % p.page_size) * W)[w];
+        }
+      }
+      k_s[j * L.k_stride_words + w] = v;
+    }
+    __syncthreads();
+    const int n_valid = min(kAttnKeysPerTile, key_end - k0);
+#pragma unroll
+    for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+      const int r = i * kMlaWarps + warp;
+      if (chunk * kMlaHeadsPerCta + r >= p.n_heads) continue;  // warp-uniform
+      float score = -INFINITY;
+      if (lane < n_valid) {
+        const float2* qr = reinterpret_cast<const float2*>(q_s + r * W);
+        const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(k_s + lane * L.k_stride_words);
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int w = 0; w < half_w; ++w) {
+          const float2 qq = qr[w];
+          const float2 kk = __bfloat1622float2(kr[w]);
+          dot = fmaf(qq.x, kk.x, dot);
+          dot = fmaf(qq.y, kk.y, dot);
+        }
+        score = dot * p.scale;  // as the CPU: (q_abs . c_kv + q_pe . k_pe) * scale
+      }
+      const float m_new = fmaxf(m[i], warp_max(score));  // lane 0 always holds a key: finite
+      const float prob = score == -INFINITY ? 0.0f : expf(score - m_new);
+      const float corr = expf(m[i] - m_new);
+      l[i] = l[i] * corr + warp_sum(prob);
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) acc[i][a] *= corr;
+      for (int j = 0; j < n_valid; ++j) {
+        const float pj = __shfl_sync(kFullMask, prob, j);
+        const __nv_bfloat16* c = reinterpret_cast<const __nv_bfloat16*>(k_s + j * L.k_stride_words);
+#pragma unroll
+        for (int a = 0; a < RPL; ++a) acc[i][a] = fmaf(pj, __bfloat162float(c[lane + 32 * a]), acc[i][a]);
+      }
+      m[i] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+    const int head = chunk * kMlaHeadsPerCta + i * kMlaWarps + warp;
+    if (head >= p.n_heads) continue;
+    const int64_t row = static_cast<int64_t>(s) * p.n_heads + head;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    if (p.n_splits == 1) {
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) p.latent[row * p.rank + lane + 32 * a] = acc[i][a] * inv;
+    } else {
+      const int64_t prow = row * p.n_splits + split;
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) p.part_o[prow * p.rank + lane + 32 * a] = acc[i][a] * inv;
+      if (lane == 0) p.part_lse[prow] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+    }
+  }
+}
+
+constexpr int kMergeWarps = 4;
+
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    mla_merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int64_t n_rows,
+                     int n_splits, int rank, float* __restrict__ latent) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  if (row >= n_rows) return;
+  const float* lse = part_lse + row * n_splits;
+  const float mx = split_lse_max(lse, n_splits);
+  for (int d = lane; d < rank; d += 32) {
+    latent[row * rank + d] = split_merge_value(lse, part_o + row * n_splits * rank, n_splits, rank, mx, d);
+  }
+}
+
+__global__ void __launch_bounds__(kAbsorbThreads)
+    mla_absorb_q_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv_b, int64_t n_seqs,
+                        int n_heads, int rank, int nope, int rope, int v_dim, float* __restrict__ q_lat) {
+  const int r = static_cast<int>(blockIdx.x) * kAbsorbThreads + static_cast<int>(threadIdx.x);
+  const int h = blockIdx.y;
+  const int qk = nope + rope;
+  const int W = rank + rope;
+  const __nv_bfloat16* w_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * rank;  // [nope, rank]
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const __nv_bfloat16* qh = q + (s * n_heads + h) * qk;
+    float* out = q_lat + (s * n_heads + h) * W;
+    if (r < rank) {
+      float acc = 0.0f;
+      for (int x = 0; x < nope; ++x) {
+        acc = fmaf(__bfloat162float(qh[x]), __bfloat162float(w_uk[static_cast<int64_t>(x) * rank + r]), acc);
+      }
+      out[r] = acc;
+    }
+    if (blockIdx.x == 0) {
+      for (int x = threadIdx.x; x < rope; x += kAbsorbThreads) out[rank + x] = __bfloat162float(qh[nope + x]);
+    }
+  }
+}
+
+constexpr int kProjectWarps = 4;
+
+__global__ void __launch_bounds__(kProjectWarps * 32)
+    mla_project_v_kernel(const float* __restrict__ latent, const __nv_bfloat16* __restrict__ kv_b, int64_t n_seqs,
+                         int n_heads, int rank, int nope, int v_dim, __nv_bfloat16* __restrict__ out) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kProjectWarps + threadIdx.x / 32;  // h * v_dim + x
+  if (o >= static_cast<int64_t>(n_heads) * v_dim) return;
+  const int h = static_cast<int>(o / v_dim);
+  const int x = static_cast<int>(o % v_dim);
+  const __nv_bfloat16* w = kv_b + (static_cast<int64_t>(h) * (nope + v_dim) + nope + x) * rank;  // W_UV_h[x]
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const float* lat = latent + (s * n_heads + h) * rank;
+    float acc = 0.0f;
+    for (int r = lane; r < rank; r += 32) acc = fmaf(__bfloat162float(w[r]), lat[r], acc);
+    acc = warp_sum(acc);
+    if (lane == 0) out[s * n_heads * v_dim + o] = __float2bfloat16_rn(acc);
+  }
+}
+
+__global__ void __launch_bounds__(256)
+    mla_cache_append_kernel(const __nv_bfloat16* __restrict__ c_kv, int64_t c_stride,
+                            const __nv_bfloat16* __restrict__ k_pe, int64_t pe_stride, int64_t n_tokens,
+                            const int32_t* __restrict__ slots, int64_t n_slots, int rank, int rope,
+                            __nv_bfloat16* __restrict__ cache, uint32_t* error_flag) {
+  const int64_t pairs = (rank + rope) / 2;
+  const int64_t total = n_tokens * pairs;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t t = idx / pairs;
+    const int64_t c = idx % pairs;
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    if (slot >= n_slots) {
+      if (c == 0) atomicOr(error_flag, kDeviceErrorKvSlot);
+      continue;
+    }
+    const __nv_bfloat162 v = 2 * c < rank
+                                 ? reinterpret_cast<const __nv_bfloat162*>(c_kv + t * c_stride)[c]
+                                 : reinterpret_cast<const __nv_bfloat162*>(k_pe + t * pe_stride)[c - rank / 2];
+    reinterpret_cast<__nv_bfloat162*>(cache + slot * (rank + rope))[c] = v;
+  }
+}
+
+void check_dims(const char* what, const MlaDecodeDims& d) {
+  FP4MOE_CHECK(d.n_heads >= 1 && d.n_heads <= 65535 && d.qk_nope_head_dim >= 1 && d.v_head_dim >= 1 &&
+               (d.kv_lora_rank == 32 || d.kv_lora_rank == 64 || d.kv_lora_rank == 128 || d.kv_lora_rank == 256 ||
+                d.kv_lora_rank == 512) &&
+               d.qk_rope_head_dim >= 2 && d.qk_rope_head_dim <= 128 && d.qk_rope_head_dim % 2 == 0 && d.scale > 0.0f)
+      << what << ": heads=" << d.n_heads << ", kv_lora_rank=" << d.kv_lora_rank << " (32, 64, 128, 256 or 512), nope="
+      << d.qk_nope_head_dim << ", rope=" << d.qk_rope_head_dim << " (even, <= 128), v=" << d.v_head_dim
+      << ", scale=" << d.scale;
+}
+
+template <int RPL>
+void launch_mla_attention(const MlaParams& p, dim3 grid, int smem_bytes, cudaStream_t stream) {
+  if (smem_bytes > 48 * 1024) {
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_attention_kernel<RPL>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
+  mla_decode_attention_kernel<RPL><<<grid, kMlaThreads, smem_bytes, stream>>>(p);
+}
+
+}  // namespace
+
+void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __nv_bfloat16* k_pe, int64_t pe_stride,
+                           int64_t n_tokens, const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
+                           cudaStream_t stream) {
+  FP4MOE_CHECK(n_tokens >= 0 && cache.n_blocks >= 1 && cache.page_size >= 1 && cache.kv_lora_rank >= 2 &&
+               cache.kv_lora_rank % 2 == 0 && cache.rope_dim >= 2 && cache.rope_dim % 2 == 0 &&
+               c_stride >= cache.kv_lora_rank && pe_stride >= cache.rope_dim && c_stride % 2 == 0 && pe_stride % 2 == 0)
+      << "mla_cache_append_bf16: tokens=" << n_tokens << ", n_blocks=" << cache.n_blocks << ", page_size="
+      << cache.page_size << ", rank=" << cache.kv_lora_rank << ", rope=" << cache.rope_dim << ", c_stride=" << c_stride
+      << ", pe_stride=" << pe_stride << " (even widths and strides, strides >= widths)";
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(c_kv != nullptr && k_pe != nullptr && slots != nullptr && cache.kv != nullptr && error_flag != nullptr)
+      << "mla_cache_append_bf16: null pointer for tokens=" << n_tokens;
+  for (const void* ptr : {static_cast<const void*>(c_kv), static_cast<const void*>(k_pe),
+                          static_cast<const void*>(cache.kv)}) {
+    FP4MOE_CHECK(reinterpret_cast<uintptr_t>(ptr) % 4 == 0) << "mla_cache_append_bf16: pointer " << ptr
+                                                           << " is not 4-byte aligned (bf16 pairs)";
+  }
+  const int64_t total = n_tokens * (cache.kv_lora_rank + cache.rope_dim) / 2;
+  const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, int64_t{1} << 20));
+  mla_cache_append_kernel<<<grid, 256, 0, stream>>>(c_kv, c_stride, k_pe, pe_stride, n_tokens, slots,
+                                                    cache.n_blocks * cache.page_size, cache.kv_lora_rank,
+                                                    cache.rope_dim, cache.kv, error_flag);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
+                  float* q_lat, cudaStream_t stream) {
+  check_dims("mla_absorb_q", dims);
+  FP4MOE_CHECK(n_seqs >= 0) << "mla_absorb_q: n_seqs=" << n_seqs;
+  if (n_seqs == 0) return;
+  FP4MOE_CHECK(q != nullptr && kv_b != nullptr && q_lat != nullptr) << "mla_absorb_q: null pointer";
+  const dim3 grid(static_cast<unsigned>((dims.kv_lora_rank + kAbsorbThreads - 1) / kAbsorbThreads),
+                  static_cast<unsigned>(dims.n_heads));
+  mla_absorb_q_kernel<<<grid, kAbsorbThreads, 0, stream>>>(q, kv_b, n_seqs, dims.n_heads, dims.kv_lora_rank,
+                                                           dims.qk_nope_head_dim, dims.qk_rope_head_dim,
+                                                           dims.v_head_dim, q_lat);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
+                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs, const MlaDecodeDims& dims,
+                          const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
+                          cudaStream_t stream) {
+  check_dims("mla_decode_attention", dims);
+  FP4MOE_CHECK(cache.kv_lora_rank == dims.kv_lora_rank && cache.rope_dim == dims.qk_rope_head_dim &&
+               cache.n_blocks >= 1 && cache.page_size >= 1 && cache.page_size <= INT32_MAX &&
+               max_blocks_per_seq >= 1 && n_seqs >= 0 && n_seqs <= 65535)
+      << "mla_decode_attention: cache rank " << cache.kv_lora_rank << " / rope " << cache.rope_dim << ", layer wants "
+      << dims.kv_lora_rank << " / " << dims.qk_rope_head_dim << "; n_blocks=" << cache.n_blocks
+      << ", page_size=" << cache.page_size << ", max_blocks_per_seq=" << max_blocks_per_seq << ", n_seqs=" << n_seqs
+      << " (<= 65535)";
+  FP4MOE_CHECK(split.n_splits >= 1 && split.n_splits <= 65535 && split.keys_per_split >= kAttnKeysPerTile &&
+               split.keys_per_split % kAttnKeysPerTile == 0)
+      << "mla_decode_attention: split " << split.to_string() << " (keys a split must be a positive multiple of "
+      << kAttnKeysPerTile << ")";
+  FP4MOE_CHECK(split.n_splits == 1 || workspace != nullptr)
+      << "mla_decode_attention: split " << split.to_string() << " needs a workspace of "
+      << mla_decode_workspace_bytes(n_seqs, dims, split) << " B";
+  if (n_seqs == 0) return;
+  FP4MOE_CHECK(q_lat != nullptr && cache.kv != nullptr && block_table != nullptr && seq_lens != nullptr &&
+               latent != nullptr && error_flag != nullptr)
+      << "mla_decode_attention: null pointer (q_lat, cache, block_table, seq_lens, latent or error_flag)";
+  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 4 == 0)
+      << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " is not 4-byte aligned";
+  const MlaSmemLayout layout = mla_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
+  int device = 0, optin = 0;
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  FP4MOE_CHECK(layout.total_bytes <= optin)
+      << "mla_decode_attention: shared memory q " << layout.q_bytes << " + K tile " << layout.k_bytes << " = "
+      << layout.total_bytes << " B > " << optin << " B (opt-in limit of device " << device << ")";
+
+  MlaParams p{};
+  p.q_lat = q_lat;
+  p.cache = cache.kv;
+  p.block_table = block_table;
+  p.seq_lens = seq_lens;
+  p.latent = latent;
+  p.error_flag = error_flag;
+  p.n_blocks = cache.n_blocks;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  p.keys_per_split = split.keys_per_split;
+  p.max_keys = split.keys_per_split * split.n_splits;
+  p.page_size = static_cast<int>(cache.page_size);
+  p.n_heads = dims.n_heads;
+  p.rank = dims.kv_lora_rank;
+  p.rope = dims.qk_rope_head_dim;
+  p.n_splits = split.n_splits;
+  p.scale = dims.scale;
+  const int64_t n_rows = n_seqs * dims.n_heads;
+  if (split.n_splits > 1) {
+    p.part_o = workspace;
+    p.part_lse = workspace + n_rows * split.n_splits * dims.kv_lora_rank;
+  }
+  const dim3 grid(static_cast<unsigned>((dims.n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta),
+                  static_cast<unsigned>(n_seqs), static_cast<unsigned>(split.n_splits));
+  switch (dims.kv_lora_rank / 32) {
+    case 1: launch_mla_attention<1>(p, grid, layout.total_bytes, stream); break;
+    case 2: launch_mla_attention<2>(p, grid, layout.total_bytes, stream); break;
+    case 4: launch_mla_attention<4>(p, grid, layout.total_bytes, stream); break;
+    case 8: launch_mla_attention<8>(p, grid, layout.total_bytes, stream); break;
+    case 16: launch_mla_attention<16>(p, grid, layout.total_bytes, stream); break;
+    default: FP4MOE_FAIL() << "mla_decode_attention: kv_lora_rank " << dims.kv_lora_rank;
+  }
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+  if (split.n_splits > 1) {
+    const auto blocks = static_cast<unsigned>((n_rows + kMergeWarps - 1) / kMergeWarps);
+    mla_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(p.part_o, p.part_lse, n_rows, split.n_splits,
+                                                              dims.kv_lora_rank, latent);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
+                   __nv_bfloat16* out, cudaStream_t stream) {
+  check_dims("mla_project_v", dims);
+  FP4MOE_CHECK(n_seqs >= 0) << "mla_project_v: n_seqs=" << n_seqs;
+  if (n_seqs == 0) return;
+  FP4MOE_CHECK(latent != nullptr && kv_b != nullptr && out != nullptr) << "mla_project_v: null pointer";
+  const int64_t n_out = static_cast<int64_t>(dims.n_heads) * dims.v_head_dim;
+  const auto blocks = static_cast<unsigned>((n_out + kProjectWarps - 1) / kProjectWarps);
+  mla_project_v_kernel<<<blocks, kProjectWarps * 32, 0, stream>>>(latent, kv_b, n_seqs, dims.n_heads,
+                                                                  dims.kv_lora_rank, dims.qk_nope_head_dim,
+                                                                  dims.v_head_dim, out);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace fp4moe::cuda

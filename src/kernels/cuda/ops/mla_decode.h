@@ -1,0 +1,103 @@
+// GLM-5 / DeepSeek-V3 MLA decode on the GPU in the absorbed form (model/mla.cpp,
+// mla_attention_absorbed), BF16 storage with f32 math; the cache holds only the latent per token.
+// Three steps, one query token per sequence:
+//   1. mla_absorb_q:        q_lat[s,h] = [W_UK_h^T q_nope[s,h] | q_pe[s,h]]     (f32, rank + rope)
+//   2. mla_decode_attention: latent[s,h] = sum_j softmax_j((q_lat . [c_kv_j | k_pe_j]) * scale) c_kv_j
+//                            over keys 0..seq_len-1, split-K across CTAs + log-sum-exp merge (f32, rank)
+//   3. mla_project_v:       out[s, h*v + x] = W_UV_h[x] . latent[s,h]            (bf16)
+// W_UK_h / W_UV_h are the k_nope / v rows of head h in kv_b_proj [n_heads * (nope + v), rank].
+// scale = 1/sqrt(nope + rope) (MlaDims::softmax_scale).
+//
+// Layouts (device memory, row-major):
+//   q      [n_seqs, n_heads, nope + rope] bf16, q_pe already rotated (interleaved RoPE for GLM-5)
+//   cache  [n_blocks, page_size, rank + rope] bf16: per token [c_kv (after kv_a_layernorm) | k_pe (rotated)]
+//   block_table / seq_lens as in paged_attention.h (seq_len 0: a padded entry, zeros out)
+// kv_lora_rank 32, 64, 128, 256 or 512 (a lane owns rank / 32 latent dims); rope even, <= 128.
+// The attention CTA takes 16 heads of one sequence and one key split; its shared memory is
+// mla_smem_layout() (73,856 B at rank 512 + rope 64: above 48 KiB, so the launcher opts in).
+// Tested by tests/kernels/test_cuda_mla_decode.cpp (GPU vs model::mla_attention_absorbed) and
+// tests/kernels/test_cuda_ops_host.cpp (layout and split planning).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/ops/attention_geometry.h"
+#include "kernels/cuda/ops/paged_attention.h"
+
+namespace fp4moe::cuda {
+
+struct MlaDecodeDims {
+  int n_heads = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  float scale = 0.0f;  // 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)
+  int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+struct MlaCacheView {
+  __nv_bfloat16* kv = nullptr;  // [n_blocks, page_size, rank + rope]
+  int64_t n_blocks = 0;
+  int64_t page_size = 0;
+  int kv_lora_rank = 0;
+  int rope_dim = 0;
+};
+
+inline constexpr int kMlaWarps = 4;
+inline constexpr int kMlaRowsPerWarp = 4;
+inline constexpr int kMlaHeadsPerCta = kMlaWarps * kMlaRowsPerWarp;  // 16
+
+// Shared memory of the attention CTA: 16 q_lat rows f32, then a 32-key tile of cache rows whose
+// stride (in 4-byte words) is made odd so lane j's reads of row j hit 32 different banks.
+struct MlaSmemLayout {
+  int width = 0;           // rank + rope (bf16 per cache row, floats per q row)
+  int k_stride_words = 0;  // width / 2, +1 when even
+  int q_bytes = 0;
+  int k_offset = 0;
+  int k_bytes = 0;
+  int total_bytes = 0;
+};
+FP4MOE_ATTN_HD constexpr MlaSmemLayout mla_smem_layout(int kv_lora_rank, int rope_dim) {
+  MlaSmemLayout l;
+  l.width = kv_lora_rank + rope_dim;
+  l.k_stride_words = l.width / 2 + ((l.width / 2) % 2 == 0 ? 1 : 0);
+  l.q_bytes = kMlaHeadsPerCta * l.width * 4;
+  l.k_offset = l.q_bytes;  // a multiple of 64
+  l.k_bytes = kAttnKeysPerTile * l.k_stride_words * 4;
+  l.total_bytes = l.k_offset + l.k_bytes;
+  return l;
+}
+static_assert(mla_smem_layout(512, 64).total_bytes == 16 * 576 * 4 + 32 * 289 * 4, "GLM-5: 73,856 B");
+
+// Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each), like plan_decode_split.
+DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
+                                  int64_t min_keys_per_split = 256);
+// f32 workspace of mla_decode_attention's split path (0 for one split): [n_seqs, n_heads, n_splits, rank] + lse.
+size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split);
+
+// Writes [c_kv | k_pe] of n_tokens tokens (token strides in elements, even) into slots (-1: skipped;
+// >= n_blocks * page_size: kDeviceErrorKvSlot).
+void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __nv_bfloat16* k_pe, int64_t pe_stride,
+                           int64_t n_tokens, const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
+                           cudaStream_t stream);
+
+// Step 1: q [n_seqs, n_heads, nope + rope] bf16, kv_b [n_heads * (nope + v), rank] bf16 ->
+// q_lat [n_seqs, n_heads, rank + rope] f32.
+void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
+                  float* q_lat, cudaStream_t stream);
+
+// Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split).
+void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
+                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs, const MlaDecodeDims& dims,
+                          const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
+                          cudaStream_t stream);
+
+// Step 3: out [n_seqs, n_heads * v] bf16 (the o_proj input).
+void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
+                   __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace fp4moe::cuda

@@ -1,0 +1,249 @@
+// RMSNorm (+ fused residual add), RoPE, embedding lookup and argmax on the GPU (see norm_rope.h).
+//   rms_norm:  one warp per row for dim <= 1024 (8 rows per 256-thread CTA), else one 256-thread CTA
+//              per row (GLM-4.5 H = 5120: 20 elements a thread); two passes over the row, the second
+//              re-reading what the same thread wrote, so y may alias x.
+//   rope:      one thread per (token, head, rotated pair), grid-stride.
+//   embedding: one 128-thread CTA per token (grid-stride), 16-byte copies when dim % 8 == 0.
+//   argmax:    one 256-thread CTA per row; (value, index) pairs reduced with xor shuffles, then
+//              across the 8 warps in shared memory.
+// Tested by tests/kernels/test_cuda_ops.cpp.
+#include "kernels/cuda/ops/norm_rope.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/device_errors.h"
+
+namespace fp4moe::cuda {
+
+namespace {
+
+constexpr int kCta = 256;
+constexpr int kWarps = kCta / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride beyond this many CTAs
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// kThreadsPerRow = 32: a warp per row (rows are warp-uniform, no __syncthreads); 256: a CTA per row.
+template <int kThreadsPerRow>
+__global__ void __launch_bounds__(kCta)
+    rms_norm_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* __restrict__ w,
+                    int64_t n_rows, int64_t dim, int64_t row_stride, float eps, __nv_bfloat16* y) {
+  static_assert(kThreadsPerRow == 32 || kThreadsPerRow == kCta, "a warp or the whole CTA per row");
+  constexpr int kRowsPerCta = kCta / kThreadsPerRow;
+  __shared__ float warp_partial[kWarps];
+  const int t = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+  // Uniform per warp (32 threads per row) or per CTA (256 per row), so returning keeps every
+  // remaining shuffle/barrier full.
+  if (row >= n_rows) return;
+  const int64_t base = row * row_stride;
+
+  float ss = 0.0f;
+  for (int64_t i = t; i < dim; i += kThreadsPerRow) {
+    float s = __bfloat162float(x[base + i]);
+    if (residual != nullptr) {
+      const __nv_bfloat16 sb = __float2bfloat16_rn(__fadd_rn(s, __bfloat162float(residual[base + i])));
+      residual[base + i] = sb;
+      s = __bfloat162float(sb);
+    }
+    ss = __fmaf_rn(s, s, ss);
+  }
+  ss = warp_sum(ss);
+  if constexpr (kThreadsPerRow == kCta) {
+    if (t % 32 == 0) warp_partial[t / 32] = ss;
+    __syncthreads();
+    ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) ss += warp_partial[k];
+  }
+  // model::rms_norm: inv = 1 / sqrt(ss / dim + eps) (IEEE div and sqrt: no fast-math here).
+  const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
+  for (int64_t i = t; i < dim; i += kThreadsPerRow) {
+    const float s = __bfloat162float(residual != nullptr ? residual[base + i] : x[base + i]);
+    y[base + i] = __float2bfloat16_rn(__fmul_rn(w[i], __fmul_rn(s, inv)));  // w * (x * inv)
+  }
+}
+
+__global__ void __launch_bounds__(kCta)
+    rope_kernel(__nv_bfloat16* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+                int64_t offset, int64_t half, bool neox, const int32_t* __restrict__ positions,
+                const float* __restrict__ cos_table, const float* __restrict__ sin_table, int64_t n_positions,
+                uint32_t* error_flag) {
+  const int64_t total = n_tokens * n_heads * half;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t i = idx % half;
+    const int64_t th = idx / half;
+    const int64_t h = th % n_heads;
+    const int64_t tok = th / n_heads;
+    const int64_t pos = positions[tok];
+    if (pos < 0 || pos >= n_positions) {
+      if (h == 0 && i == 0) atomicOr(error_flag, kDeviceErrorRopePosition);
+      continue;
+    }
+    const float c = cos_table[pos * half + i];
+    const float s = sin_table[pos * half + i];
+    __nv_bfloat16* v = x + tok * token_stride + h * head_stride + offset;
+    const int64_t i1 = neox ? i : 2 * i;
+    const int64_t i2 = neox ? i + half : 2 * i + 1;
+    const float x1 = __bfloat162float(v[i1]);
+    const float x2 = __bfloat162float(v[i2]);
+    // x1' = x1*cos - x2*sin; x2' = x2*cos + x1*sin, each product rounded as on the CPU (no FMA).
+    v[i1] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    v[i2] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+  }
+}
+
+constexpr int kEmbedCta = 128;
+
+__global__ void __launch_bounds__(kEmbedCta)
+    embedding_kernel(const __nv_bfloat16* __restrict__ table, int64_t vocab, int64_t dim,
+                     const int32_t* __restrict__ ids, int64_t n_tokens, bool vec16, __nv_bfloat16* __restrict__ out,
+                     uint32_t* error_flag) {
+  for (int64_t tok = blockIdx.x; tok < n_tokens; tok += gridDim.x) {
+    const int64_t id = ids[tok];
+    const bool ok = id >= 0 && id < vocab;
+    if (!ok && threadIdx.x == 0) atomicOr(error_flag, kDeviceErrorTokenId);
+    __nv_bfloat16* o = out + tok * dim;
+    if (vec16) {  // dim % 8 == 0 and both bases 16-byte aligned (checked by the launcher)
+      const int64_t n_vec = dim / 8;
+      const uint4* src = reinterpret_cast<const uint4*>(table + (ok ? id : 0) * dim);
+      uint4* dst = reinterpret_cast<uint4*>(o);
+      for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) dst[i] = ok ? src[i] : make_uint4(0, 0, 0, 0);
+    } else {
+      const __nv_bfloat16* src = table + (ok ? id : 0) * dim;
+      for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = ok ? src[i] : __float2bfloat16_rn(0.0f);
+    }
+  }
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void __launch_bounds__(kCta)
+    argmax_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
+                  int32_t* __restrict__ out) {
+  __shared__ ArgmaxCandidate warp_best[kWarps];
+  for (int64_t row = blockIdx.x; row < n_rows; row += gridDim.x) {
+    const T* x = logits + row * row_stride;
+    ArgmaxCandidate best = argmax_identity();
+    for (int64_t i = threadIdx.x; i < n_cols; i += kCta) {
+      const ArgmaxCandidate c{to_f32(x[i]), static_cast<int32_t>(i)};
+      if (!isnan(c.value) && argmax_beats(c, best)) best = c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o),
+                                  __shfl_xor_sync(kFullMask, best.index, o)};
+      if (argmax_beats(other, best)) best = other;
+    }
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < kWarps; ++k) {
+        if (argmax_beats(warp_best[k], best)) best = warp_best[k];
+      }
+      // The CPU loop starts from index 0 and only a strictly larger value replaces it: a NaN at 0
+      // is never replaced, and an all-NaN row (identity left) also gives 0.
+      const bool nan0 = isnan(to_f32(x[0]));
+      out[row] = (nan0 || best.index == 0x7fffffff) ? 0 : best.index;
+    }
+    __syncthreads();  // warp_best is rewritten by the next row
+  }
+}
+
+int grid_for(int64_t work, int64_t per_cta) {
+  return static_cast<int>(std::clamp<int64_t>((work + per_cta - 1) / per_cta, 1, kMaxGrid));
+}
+
+template <typename T>
+void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
+                   int32_t* out, cudaStream_t stream) {
+  FP4MOE_CHECK(n_rows >= 0 && n_cols >= 1 && n_cols <= 0x7ffffffe && row_stride >= n_cols)
+      << what << ": rows=" << n_rows << ", cols=" << n_cols << ", row_stride=" << row_stride
+      << " (need cols in [1, 2^31 - 2] and row_stride >= cols)";
+  if (n_rows == 0) return;
+  FP4MOE_CHECK(logits != nullptr && out != nullptr) << what << ": null pointer for rows=" << n_rows;
+  argmax_kernel<T><<<grid_for(n_rows, 1), kCta, 0, stream>>>(logits, n_rows, n_cols, row_stride, out);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* w, int64_t n_rows, int64_t dim,
+                   int64_t row_stride, float eps, __nv_bfloat16* y, cudaStream_t stream) {
+  FP4MOE_CHECK(n_rows >= 0 && dim >= 1 && row_stride >= dim && eps >= 0.0f)
+      << "rms_norm_bf16: rows=" << n_rows << ", dim=" << dim << ", row_stride=" << row_stride << ", eps=" << eps;
+  if (n_rows == 0) return;
+  FP4MOE_CHECK(x != nullptr && w != nullptr && y != nullptr)
+      << "rms_norm_bf16: null x, w or y for rows=" << n_rows << ", dim=" << dim;
+  FP4MOE_CHECK(residual == nullptr || residual != y) << "rms_norm_bf16: y must not alias residual";
+  if (dim <= 1024) {
+    FP4MOE_CHECK(n_rows <= kMaxGrid * kWarps) << "rms_norm_bf16: " << n_rows << " rows > " << kMaxGrid * kWarps
+                                              << " (one warp a row, " << kMaxGrid << " CTAs; split the call)";
+    rms_norm_kernel<32><<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride,
+                                                                        eps, y);
+  } else {
+    FP4MOE_CHECK(n_rows <= kMaxGrid) << "rms_norm_bf16: " << n_rows << " rows of dim " << dim << " > " << kMaxGrid
+                                     << " CTAs (split the call)";
+    rms_norm_kernel<kCta><<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride,
+                                                                          eps, y);
+  }
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope_bf16(__nv_bfloat16* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+               int64_t offset, int64_t rotary_dim, RopeStyle style, const int32_t* positions,
+               const float* cos_table, const float* sin_table, int64_t n_positions, uint32_t* error_flag,
+               cudaStream_t stream) {
+  FP4MOE_CHECK(n_tokens >= 0 && n_heads >= 1 && rotary_dim >= 2 && rotary_dim % 2 == 0 && offset >= 0 &&
+               offset + rotary_dim <= head_stride && (n_heads == 1 || head_stride * n_heads <= token_stride ||
+                                                       n_tokens <= 1) && n_positions >= 1)
+      << "rope_bf16: tokens=" << n_tokens << ", heads=" << n_heads << ", token_stride=" << token_stride
+      << ", head_stride=" << head_stride << ", offset=" << offset << ", rotary_dim=" << rotary_dim
+      << ", n_positions=" << n_positions
+      << " (need even rotary_dim >= 2, offset + rotary_dim <= head_stride, heads inside a token)";
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(x != nullptr && positions != nullptr && cos_table != nullptr && sin_table != nullptr &&
+               error_flag != nullptr)
+      << "rope_bf16: null pointer for tokens=" << n_tokens << ", heads=" << n_heads;
+  const int64_t half = rotary_dim / 2;
+  rope_kernel<<<grid_for(n_tokens * n_heads * half, kCta), kCta, 0, stream>>>(
+      x, n_tokens, n_heads, token_stride, head_stride, offset, half, style == RopeStyle::kNeox, positions,
+      cos_table, sin_table, n_positions, error_flag);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void embedding_bf16(const __nv_bfloat16* table, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n_tokens,
+                    __nv_bfloat16* out, uint32_t* error_flag, cudaStream_t stream) {
+  FP4MOE_CHECK(vocab >= 1 && dim >= 1 && n_tokens >= 0)
+      << "embedding_bf16: vocab=" << vocab << ", dim=" << dim << ", tokens=" << n_tokens;
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(table != nullptr && ids != nullptr && out != nullptr && error_flag != nullptr)
+      << "embedding_bf16: null pointer for vocab=" << vocab << ", dim=" << dim << ", tokens=" << n_tokens;
+  const bool vec16 = dim % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  embedding_kernel<<<grid_for(n_tokens, 1), kEmbedCta, 0, stream>>>(table, vocab, dim, ids, n_tokens, vec16, out,
+                                                                     error_flag);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
+                 cudaStream_t stream) {
+  argmax_launch("argmax_rows(f32)", logits, n_rows, n_cols, row_stride, out, stream);
+}
+
+void argmax_rows(const __nv_bfloat16* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
+                 cudaStream_t stream) {
+  argmax_launch("argmax_rows(bf16)", logits, n_rows, n_cols, row_stride, out, stream);
+}
+
+}  // namespace fp4moe::cuda

@@ -1,0 +1,110 @@
+// Host-side planning of the paged attention kernels (paged_attention.h, mla_decode.h): how query
+// rows and keys are cut into CTAs, the split-K workspace sizes, block-table packing and slot
+// computation. Pure functions, tested on the CPU by tests/kernels/test_cuda_ops_host.cpp.
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda/ops/paged_attention.h"
+
+namespace fp4moe::cuda {
+
+namespace {
+
+// Splits so that base_ctas * n_splits fills the GPU twice, each split >= min_keys_per_split keys
+// (a multiple of the 32-key tile), n_splits <= kMaxDecodeSplits, and no split always empty.
+DecodeSplit split_for_ctas(int64_t base_ctas, int64_t max_seq_len, int n_sms, int64_t min_keys_per_split) {
+  const int64_t want = (2 * static_cast<int64_t>(n_sms) + base_ctas - 1) / base_ctas;
+  const int64_t by_len = std::max<int64_t>(1, max_seq_len / min_keys_per_split);
+  const int64_t n = std::clamp<int64_t>(std::min(want, by_len), 1, kMaxDecodeSplits);
+  const int64_t len = std::max<int64_t>(max_seq_len, 1);
+  int64_t kps = (len + n - 1) / n;
+  kps = (kps + kAttnKeysPerTile - 1) / kAttnKeysPerTile * kAttnKeysPerTile;
+  DecodeSplit s;
+  s.keys_per_split = kps;
+  s.n_splits = static_cast<int>((len + kps - 1) / kps);
+  return s;
+}
+
+}  // namespace
+
+AttentionRowTiling attention_row_tiling(int64_t n_heads, int64_t n_kv_heads) {
+  FP4MOE_CHECK(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0)
+      << "attention: n_heads " << n_heads << " must be a positive multiple of n_kv_heads " << n_kv_heads;
+  const int64_t group = n_heads / n_kv_heads;
+  AttentionRowTiling t;
+  t.heads_per_cta = static_cast<int>(std::min<int64_t>(group, kAttnRowsPerCta));
+  t.n_head_chunks = static_cast<int>((group + t.heads_per_cta - 1) / t.heads_per_cta);
+  t.tokens_per_cta = kAttnRowsPerCta / t.heads_per_cta;
+  return t;
+}
+
+std::string DecodeSplit::to_string() const {
+  return std::to_string(n_splits) + (n_splits == 1 ? " split x " : " splits x ") + std::to_string(keys_per_split) +
+         " keys";
+}
+
+DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq_len, int n_sms,
+                              int64_t min_keys_per_split) {
+  FP4MOE_CHECK(n_seqs >= 1 && max_seq_len >= 0 && n_sms >= 1 && min_keys_per_split >= 1)
+      << "plan_decode_split: n_seqs=" << n_seqs << ", max_seq_len=" << max_seq_len << ", n_sms=" << n_sms
+      << ", min_keys_per_split=" << min_keys_per_split;
+  const AttentionRowTiling tiling = attention_row_tiling(n_heads, n_kv_heads);
+  return split_for_ctas(n_seqs * n_kv_heads * tiling.n_head_chunks, max_seq_len, n_sms, min_keys_per_split);
+}
+
+DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
+                                  int64_t min_keys_per_split) {
+  FP4MOE_CHECK(n_seqs >= 1 && n_heads >= 1 && max_seq_len >= 0 && n_sms >= 1 && min_keys_per_split >= 1)
+      << "plan_mla_decode_split: n_seqs=" << n_seqs << ", n_heads=" << n_heads << ", max_seq_len=" << max_seq_len
+      << ", n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split;
+  const int64_t chunks = (n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
+  return split_for_ctas(n_seqs * chunks, max_seq_len, n_sms, min_keys_per_split);
+}
+
+size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split) {
+  FP4MOE_CHECK(n_seqs >= 0 && dims.n_heads >= 1 && dims.kv_lora_rank >= 1 && split.n_splits >= 1)
+      << "mla_decode_workspace_bytes: seqs=" << n_seqs << ", heads=" << dims.n_heads << ", rank=" << dims.kv_lora_rank
+      << ", splits=" << split.n_splits;
+  if (split.n_splits == 1) return 0;
+  const auto rows = static_cast<size_t>(n_seqs * dims.n_heads * split.n_splits);
+  return rows * static_cast<size_t>(dims.kv_lora_rank) * sizeof(float) + rows * sizeof(float);
+}
+
+size_t attention_workspace_bytes(int64_t n_tokens, int64_t n_heads, int64_t head_dim, const DecodeSplit& split) {
+  FP4MOE_CHECK(n_tokens >= 0 && n_heads >= 1 && head_dim >= 1 && split.n_splits >= 1)
+      << "attention_workspace_bytes: tokens=" << n_tokens << ", heads=" << n_heads << ", head_dim=" << head_dim
+      << ", splits=" << split.n_splits;
+  if (split.n_splits == 1) return 0;
+  const auto rows = static_cast<size_t>(n_tokens * n_heads * split.n_splits);
+  return rows * static_cast<size_t>(head_dim) * sizeof(float) + rows * sizeof(float);
+}
+
+std::vector<int32_t> pack_block_tables(const std::vector<std::vector<int32_t>>& tables, int64_t n_blocks,
+                                       int64_t* max_blocks) {
+  int64_t width = 1;
+  for (const auto& t : tables) width = std::max<int64_t>(width, static_cast<int64_t>(t.size()));
+  std::vector<int32_t> packed(tables.size() * static_cast<size_t>(width), -1);
+  for (size_t s = 0; s < tables.size(); ++s) {
+    for (size_t i = 0; i < tables[s].size(); ++i) {
+      const int32_t b = tables[s][i];
+      FP4MOE_CHECK(b >= 0 && b < n_blocks) << "block table of sequence " << s << ": entry " << i << " = " << b
+                                           << " is outside the pool [0, " << n_blocks << ")";
+      packed[s * static_cast<size_t>(width) + i] = b;
+    }
+  }
+  if (max_blocks != nullptr) *max_blocks = width;
+  return packed;
+}
+
+int32_t kv_slot(const std::vector<int32_t>& table, int64_t pos, int64_t page_size) {
+  FP4MOE_CHECK(page_size >= 1 && pos >= 0 && pos / page_size < static_cast<int64_t>(table.size()))
+      << "kv_slot: position " << pos << " needs block " << (page_size >= 1 ? pos / page_size : -1)
+      << " of a table of " << table.size() << " blocks (page_size " << page_size << ")";
+  const int64_t slot = static_cast<int64_t>(table[static_cast<size_t>(pos / page_size)]) * page_size + pos % page_size;
+  FP4MOE_CHECK(slot >= 0 && slot <= INT32_MAX) << "kv_slot: slot " << slot << " of position " << pos
+                                               << " does not fit int32 (page_size " << page_size << ")";
+  return static_cast<int32_t>(slot);
+}
+
+}  // namespace fp4moe::cuda

@@ -1,0 +1,37 @@
+// The merge of split-K attention partials, shared by the GQA and MLA decode kernels: split s of a
+// row wrote its normalized output o_s and log-sum-exp lse_s (-inf when it saw no key); the row's
+// output is sum_s e^{lse_s - M} o_s / sum_s e^{lse_s - M} with M = max_s lse_s, and 0 when every
+// split was empty (a padded entry). Host+device, so tests/kernels/test_cuda_ops_host.cpp checks the
+// formula on the CPU (random rows cut into splits, merged, vs one softmax over the whole row); the
+// kernels are tested through test_cuda_paged_attention.cpp and test_cuda_mla_decode.cpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/ops/attention_geometry.h"  // FP4MOE_ATTN_HD
+
+namespace fp4moe::cuda {
+
+// The largest lse of a row (-inf when all splits are empty).
+FP4MOE_ATTN_HD inline float split_lse_max(const float* lse, int n_splits) {
+  float mx = -INFINITY;
+  for (int sp = 0; sp < n_splits; ++sp) mx = fmaxf(mx, lse[sp]);
+  return mx;
+}
+
+// Merged value of dim d: part_o holds the row's splits back to back, `dim` floats each.
+FP4MOE_ATTN_HD inline float split_merge_value(const float* lse, const float* part_o, int n_splits, int dim, float mx,
+                                              int d) {
+  if (mx == -INFINITY) return 0.0f;
+  float num = 0.0f, den = 0.0f;
+  for (int sp = 0; sp < n_splits; ++sp) {
+    if (lse[sp] == -INFINITY) continue;  // an empty split (its o is zeros)
+    const float w = expf(lse[sp] - mx);
+    den += w;
+    num = fmaf(w, part_o[static_cast<int64_t>(sp) * dim + d], num);
+  }
+  return num / den;  // den >= 1: the split holding the maximum contributes e^0
+}
+
+}  // namespace fp4moe::cuda

@@ -1,0 +1,153 @@
+// The global-memory layout of NVFP4 expert weights that sm90_nvfp4_w4a16_grouped_gemm reads (the
+// "kernel layout"), made once at load from the checkpoint layout (codes [E, N, K/2], low nibble =
+// even k; e4m3 scales [E, N, K/16], linear). Header-only and host+device: the kernel, the host
+// repack (w4a16_repack.cpp) and the CPU emulation tests read the same definitions.
+//
+// Tiles. Rows are grouped into row tiles of 16 (the MMA's M; N is padded to a multiple of 16 with
+// zeros) and K into chunks of 64 (K padded to a multiple of 64 with zero codes; zero codes times
+// zero-filled activations add nothing, so any K % 16 == 0 works). One (expert, row tile, chunk) is
+// 512 contiguous bytes, the 16 B that lane L = 4 g + t of a warp needs for the four m16n8k16 steps
+// of the chunk: rows g and g + 8, NVFP4 block t (k = 16 t .. 16 t + 15 of the chunk). A warp reads
+// a chunk with one fully coalesced 16 B load per lane, chunks of one row tile follow each other.
+//   codes offset(e, rt, kc) = ((e * row_tiles + rt) * k_chunks + kc) * 512 + 16 L
+// Scales come in groups of 8 chunks: per (expert, row tile, group) 512 B, lane L's 16 B hold, for
+// chunk j = 0..7 of the group, byte 2 j = scale(row g, block t), byte 2 j + 1 = scale(row g + 8).
+//   scales offset(e, rt, kg) = ((e * row_tiles + rt) * k_groups + kg) * 512 + 16 L
+// (chunks past the end of K and rows past N hold zero codes and zero scales).
+//
+// Bits inside a lane's 16 B: word s (0..3) feeds MMA step s; it holds 8 e2m1 codes, and four
+// bit operations turn it into the four A-fragment registers a[s][0..3] of the step, each a bf16x2
+// whose halves are two consecutive k of one row:
+//   a[s][j]: row g + 8 (j & 1), chunk-local k = 16 t + 4 s + 2 (j >> 1) + {0 (low half), 1 (high)}
+// (the same K permutation is applied to the activations: B registers b[s][0..1] hold x at
+// k = 16 t + 4 s + {0,1} and {2,3}, 8 contiguous bytes; an MMA's sum does not depend on the order
+// of k). Output j takes the bits at the positions of kPairMask rotated right by rot(j, p):
+//   a0 = q & M, a1 = rotr(q, 4) & M, a2 = rotr(q, 10) & M,
+//   a3 = (rotr(q, 14) & {bits 6, 22}) | (rotr(q, 6) & (M without them))
+// where M = kPairMask marks, per half, the e2m1 magnitude at bf16 bits 8..6 (exponent bits 1..0 and
+// the top mantissa bit) and the sign at bit 15. Such a bf16 is exactly e2m1 x 2^-126 (e2m1's
+// exponent bias is 1, bf16's 127; e2m1 subnormals land on bf16 subnormals). The four footprints
+// are disjoint and cover all 32 bits (checked at compile time below), so the word is a pure bit
+// permutation of its 8 codes: 2.25 integer operations per bf16x2 instead of a table lookup.
+// Multiplying by the scale word (bf16x2 of e4m3 x 2^118, see w4a16_scale_word) gives
+// e2m1 x e4m3 x 2^-8 exactly (6 significant bits, normal range), and the epilogue multiplies the
+// f32 accumulator by 2^8 x the global scale.
+//
+// Tested by tests/kernels/test_cuda_w4a16_host.cpp (repack round trip, every code in every
+// position, the emulated fragments of a whole tile against format/nvfp4.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/smem_layout.h"  // FP4MOE_HD
+
+namespace fp4moe::cuda::sm90 {
+
+inline constexpr uint32_t kW4A16TileRows = 16;       // rows per row tile (MMA M)
+inline constexpr uint32_t kW4A16ChunkK = 64;         // k per chunk (4 MMA steps of k16)
+inline constexpr uint32_t kW4A16TileBytes = 512;     // one (row tile, chunk) of codes
+inline constexpr uint32_t kW4A16ScaleGroup = 8;      // chunks per 512 B scale group
+inline constexpr uint32_t kPairMask = 0x81C081C0u;   // bf16x2: sign 15/31, e2m1 magnitude 8..6 / 24..22
+inline constexpr uint32_t kPair3LowMask = 0x00400040u;  // the bits of a3 taken from rotation 14
+inline constexpr int kW4A16AccShift = 8;             // products carry 2^-8; the epilogue undoes it
+
+FP4MOE_HD constexpr int64_t w4a16_row_tiles(int64_t n) { return (n + kW4A16TileRows - 1) / kW4A16TileRows; }
+FP4MOE_HD constexpr int64_t w4a16_k_chunks(int64_t k) { return (k + kW4A16ChunkK - 1) / kW4A16ChunkK; }
+FP4MOE_HD constexpr int64_t w4a16_k_groups(int64_t k) {
+  return (w4a16_k_chunks(k) + kW4A16ScaleGroup - 1) / kW4A16ScaleGroup;
+}
+// Bytes of the kernel-layout codes / scales of `n_experts` experts of n x k.
+FP4MOE_HD constexpr int64_t w4a16_codes_bytes(int64_t n_experts, int64_t n, int64_t k) {
+  return n_experts * w4a16_row_tiles(n) * w4a16_k_chunks(k) * kW4A16TileBytes;
+}
+FP4MOE_HD constexpr int64_t w4a16_scales_bytes(int64_t n_experts, int64_t n, int64_t k) {
+  return n_experts * w4a16_row_tiles(n) * w4a16_k_groups(k) * kW4A16TileBytes;
+}
+
+// Right rotation used by output j (0..3) for the bf16 bit at position p (in kPairMask).
+FP4MOE_HD constexpr uint32_t w4a16_rotation(uint32_t j, uint32_t p) {
+  if (j == 0) return 0;
+  if (j == 1) return 4;
+  if (j == 2) return 10;
+  return ((kPair3LowMask >> p) & 1u) ? 14u : 6u;
+}
+
+namespace detail {
+constexpr bool pair_footprints_partition_the_word() {
+  uint32_t seen = 0;
+  for (uint32_t j = 0; j < 4; ++j) {
+    for (uint32_t p = 0; p < 32; ++p) {
+      if (((kPairMask >> p) & 1u) == 0) continue;
+      const uint32_t src = (p + w4a16_rotation(j, p)) % 32;
+      if ((seen >> src) & 1u) return false;
+      seen |= 1u << src;
+    }
+  }
+  return seen == 0xFFFFFFFFu;
+}
+}  // namespace detail
+static_assert(detail::pair_footprints_partition_the_word(), "the four A-register footprints must tile a 32-bit word");
+
+FP4MOE_HD inline uint32_t rotr32(uint32_t x, uint32_t r) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(x, x, r);
+#else
+  return r == 0 ? x : ((x >> r) | (x << (32 - r)));
+#endif
+}
+
+// One word of 8 codes -> the four A registers of one MMA step, each element = e2m1 x 2^-126 (bf16).
+FP4MOE_HD inline void w4a16_word_to_pairs(uint32_t q, uint32_t a[4]) {
+  a[0] = q & kPairMask;
+  a[1] = rotr32(q, 4) & kPairMask;
+  a[2] = rotr32(q, 10) & kPairMask;
+  a[3] = (rotr32(q, 14) & kPair3LowMask) | (rotr32(q, 6) & (kPairMask & ~kPair3LowMask));
+}
+
+// Where code (row r, chunk-local k) of a 16 x 64 tile lives: lane, word, and the output register j
+// and half h it lands in. Inverse of the table in the file comment.
+struct W4A16CodeSlot {
+  uint32_t lane, word, j, half;
+};
+FP4MOE_HD constexpr W4A16CodeSlot w4a16_code_slot(uint32_t r, uint32_t k) {
+  const uint32_t g = r & 7u, hi_row = r >> 3;  // r = g + 8 hi_row
+  const uint32_t t = k >> 4, within = k & 15u;  // within = 4 s + 2 (j >> 1) + half
+  const uint32_t s = within >> 2, pair = (within >> 1) & 1u, half = within & 1u;
+  return W4A16CodeSlot{4 * g + t, s, hi_row + 2 * pair, half};
+}
+
+// Places a 4-bit code into `word` at the slot (j, half); the inverse of w4a16_word_to_pairs.
+FP4MOE_HD constexpr uint32_t w4a16_place_code(uint32_t word, uint32_t j, uint32_t half, uint32_t code) {
+  // bf16 bit p of output j (p = 16 half + {6, 7, 8} for magnitude bits 0..2, 16 half + 15 for the sign)
+  const uint32_t base = 16 * half;
+  const uint32_t positions[4] = {base + 6, base + 7, base + 8, base + 15};
+  for (uint32_t b = 0; b < 4; ++b) {
+    const uint32_t p = positions[b];
+    const uint32_t src = (p + w4a16_rotation(j, p)) % 32;
+    word = (word & ~(1u << src)) | (((code >> b) & 1u) << src);
+  }
+  return word;
+}
+
+// Checkpoint layout -> kernel layout, on the host. codes [E, n, k/2] (low nibble = even k),
+// scales [E, n, k/16] e4m3fn. Needs k % 16 == 0 and n % 8 == 0 (the kernel's output stores); throws
+// fp4moe::Error naming the numbers otherwise, and on a NaN scale code (0x7F / 0xFF) naming the
+// expert, row and block (the kernel's exact scale conversion has no NaN). `what` names the tensor
+// in messages. Outputs are resized to w4a16_codes_bytes / w4a16_scales_bytes.
+void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts, int64_t n, int64_t k,
+                  std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out, const char* what = "weight");
+
+// Gate and up projections of a gated MLP ([E, I, K] each, checkpoint layout) -> one kernel-layout
+// weight of 2 I rows for the SwiGLU epilogue: row tile rt holds gate rows 8 rt .. 8 rt + 7 (tile
+// rows 0..7) and up rows 8 rt .. 8 rt + 7 (tile rows 8..15), so each lane's accumulators pair a
+// gate row with its up row. Needs I % 8 == 0 (and what w4a16_repack needs).
+void w4a16_repack_gate_up(const uint8_t* gate_codes, const uint8_t* gate_scales, const uint8_t* up_codes,
+                          const uint8_t* up_scales, int64_t n_experts, int64_t inter, int64_t k,
+                          std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out, const char* what = "gate_up");
+
+// The inverse (kernel layout -> checkpoint layout), for tests and `fp4moe inspect`.
+void w4a16_unpack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts, int64_t n, int64_t k,
+                  std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out);
+
+}  // namespace fp4moe::cuda::sm90

@@ -1,0 +1,467 @@
+// GpuMoeLayer: uploads a moe::MoeLayer (or makes dummy weights on the device) and runs the MoE block
+// with the kernels of kernels/cuda/moe and the W4A16 grouped GEMM (or cuBLAS BF16 for the peer).
+// See gpu_moe_layer.h. Tested by tests/moe/test_gpu_moe_layer.cpp (label gpu).
+#include "moe/gpu_moe_layer.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/nvfp4_dequant.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+
+#define FP4MOE_CUBLAS_CHECK(call)                                                                     \
+  do {                                                                                                \
+    const cublasStatus_t fp4moe_cublas_st_ = (call);                                                  \
+    FP4MOE_CHECK(fp4moe_cublas_st_ == CUBLAS_STATUS_SUCCESS)                                          \
+        << "cuBLAS error " << cublasGetStatusName(fp4moe_cublas_st_) << " in `" #call "` at " << __FILE__ \
+        << ":" << __LINE__;                                                                           \
+  } while (0)
+
+namespace fp4moe::moe {
+
+namespace {
+
+using cuda::DeviceBuffer;
+using kernels::cpu::LinearWeight;
+using kernels::cpu::WeightFormat;
+
+// The one place where checkpoint-layout NVFP4 weights ([E, n, k/2] codes, [E, n, k/16] e4m3 scales)
+// become the layout the grouped GEMM reads (sm90/w4a16_weight_layout.h, made by w4a16_repack on the
+// host, once at load) and are uploaded into w.packed / w.scales.
+void upload_gemm_layout(GpuLinearStack& w, const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales,
+                        const std::string& what) {
+  std::vector<uint8_t> codes_k, scales_k;
+  cuda::sm90::w4a16_repack(packed.data(), scales.data(), w.n_experts, w.n, w.k, codes_k, scales_k, what.c_str());
+  w.packed = DeviceBuffer::from_host(codes_k);
+  w.scales = DeviceBuffer::from_host(scales_k);
+}
+
+// Uploads E Linears [n, k] (row blocks `row0 .. row0 + n` of a stack of `rows_per_expert` rows)
+// into `w`. For NVFP4 all must be NVFP4 with equal global scale inside one expert's row block.
+struct LinearPart {
+  const LinearWeight* w;
+  int64_t row0;  // first row of the expert's block this Linear fills
+};
+
+void upload_nvfp4(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>& experts, int64_t n, int64_t k,
+                  const std::string& what) {
+  const int64_t E = static_cast<int64_t>(experts.size());
+  std::vector<uint8_t> packed(static_cast<size_t>(E * n * k / 2)), scales(static_cast<size_t>(E * n * k / 16));
+  std::vector<float> gs(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    for (size_t i = 0; i < experts[e].size(); ++i) {
+      const LinearWeight& lw = *experts[e][i].w;
+      FP4MOE_CHECK(lw.format == WeightFormat::kNVFP4 && !lw.has_bias() && lw.in_features == k)
+          << what << " expert " << e << ": the NVFP4 W4A16 path needs NVFP4 weights [*, " << k
+          << "] without bias, found " << lw.describe();
+      if (i == 0) gs[e] = lw.global_scale;
+      FP4MOE_CHECK(lw.global_scale == gs[e]) << what << " expert " << e << ": stacked Linears have weight_scale_2 "
+                                             << gs[e] << " and " << lw.global_scale;
+      const int64_t r0 = experts[e][i].row0;
+      std::copy(lw.packed.begin(), lw.packed.end(), packed.begin() + (e * n + r0) * (k / 2));
+      std::copy(lw.scales.begin(), lw.scales.end(), scales.begin() + (e * n + r0) * (k / 16));
+    }
+  }
+  w.n_experts = E;
+  w.n = n;
+  w.k = k;
+  upload_gemm_layout(w, packed, scales, what);
+  w.global_scales = DeviceBuffer::from_host(gs);
+}
+
+void upload_bf16(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>& experts, int64_t n, int64_t k,
+                 const std::string& what) {
+  const int64_t E = static_cast<int64_t>(experts.size());
+  std::vector<uint16_t> host(static_cast<size_t>(E * n * k));
+  for (int64_t e = 0; e < E; ++e) {
+    for (const LinearPart& part : experts[e]) {
+      FP4MOE_CHECK(!part.w->has_bias() && part.w->in_features == k)
+          << what << " expert " << e << ": expected weights [*, " << k << "] without bias, found " << part.w->describe();
+      const std::vector<float> f = kernels::cpu::dequantize(*part.w);  // exact ModelOpt order for NVFP4
+      uint16_t* dst = host.data() + (e * n + part.row0) * k;
+      for (size_t i = 0; i < f.size(); ++i) dst[i] = f32_to_bf16(f[i]);
+    }
+  }
+  w.n_experts = E;
+  w.n = n;
+  w.k = k;
+  w.bf16 = DeviceBuffer::from_host(host);
+}
+
+GpuMlpStack upload_mlps(const std::vector<const GatedMlp*>& mlps, GpuExpertGemm gemm, int64_t hidden,
+                        int64_t inter, const std::string& what) {
+  GpuMlpStack s;
+  s.n_experts = static_cast<int64_t>(mlps.size());
+  s.hidden = hidden;
+  s.inter = inter;
+  bool same_scale = true;
+  for (const GatedMlp* m : mlps) same_scale = same_scale && m->gate.global_scale == m->up.global_scale;
+  s.fused_gate_up = gemm == GpuExpertGemm::kBf16Cublas || same_scale;
+  std::vector<std::vector<LinearPart>> gate_up, gate, up, down;
+  for (const GatedMlp* m : mlps) {
+    gate_up.push_back({{&m->gate, 0}, {&m->up, inter}});
+    gate.push_back({{&m->gate, 0}});
+    up.push_back({{&m->up, 0}});
+    down.push_back({{&m->down, 0}});
+  }
+  if (gemm == GpuExpertGemm::kNvfp4W4A16) {
+    if (s.fused_gate_up) {
+      upload_nvfp4(s.gate_up, gate_up, 2 * inter, hidden, what + " gate_up");
+    } else {
+      upload_nvfp4(s.gate_up, gate, inter, hidden, what + " gate");
+      upload_nvfp4(s.up, up, inter, hidden, what + " up");
+    }
+    upload_nvfp4(s.down, down, hidden, inter, what + " down");
+  } else {
+    upload_bf16(s.gate_up, gate_up, 2 * inter, hidden, what + " gate_up");
+    upload_bf16(s.down, down, hidden, inter, what + " down");
+  }
+  return s;
+}
+
+// Dummy [E, n, k] weights: hashed codes, e4m3 scales in [0.5, 1.875], global scale 0.3 / sqrt(k)
+// (weights of rms ~1 / sqrt(k), so activations stay O(1) through the layer). NVFP4: when the kernel
+// layout has no padding (n % 16 == 0, k % 512 == 0: whole row tiles and scale groups) it is a
+// permutation of the checkpoint bytes, so hashed bytes written straight into it are random weights
+// of the same distribution (no 5 GB host repack for E = 256); otherwise the checkpoint layout is
+// made on the device, copied back and repacked. BF16: the exact dequantization of hashed
+// checkpoint-layout bytes (same distribution as the NVFP4 layer's weights, not the same values).
+void dummy_stack(GpuLinearStack& w, GpuExpertGemm gemm, int64_t E, int64_t n, int64_t k, uint64_t seed) {
+  w.n_experts = E;
+  w.n = n;
+  w.k = k;
+  const float gs = static_cast<float>(0.3 / std::sqrt(static_cast<double>(k)));
+  const int64_t n_codes = E * n * k / 2, n_scales = E * n * k / 16;
+  if (gemm == GpuExpertGemm::kNvfp4W4A16) {
+    w.global_scales = DeviceBuffer::from_host(std::vector<float>(static_cast<size_t>(E), gs));
+    if (n % 16 == 0 && k % 512 == 0) {
+      const int64_t codes_k = cuda::sm90::w4a16_codes_bytes(E, n, k), scales_k = cuda::sm90::w4a16_scales_bytes(E, n, k);
+      FP4MOE_CHECK(codes_k == n_codes && scales_k == n_scales)
+          << "dummy weights [" << E << ", " << n << ", " << k << "]: kernel layout " << codes_k << " + " << scales_k
+          << " B, expected no padding (" << n_codes << " + " << n_scales << " B)";
+      w.packed = DeviceBuffer(static_cast<size_t>(codes_k));
+      w.scales = DeviceBuffer(static_cast<size_t>(scales_k));
+      cuda::moe::fill_hash_bytes(w.packed.as<uint8_t>(), codes_k, seed * 2 + 0, 0x00, 0xFF, nullptr);
+      cuda::moe::fill_hash_bytes(w.scales.as<uint8_t>(), scales_k, seed * 2 + 1, 0x30, 0x0F, nullptr);
+      return;
+    }
+  }
+  DeviceBuffer packed(static_cast<size_t>(n_codes)), scales(static_cast<size_t>(n_scales));
+  cuda::moe::fill_hash_bytes(packed.as<uint8_t>(), n_codes, seed * 2 + 0, 0x00, 0xFF, nullptr);
+  cuda::moe::fill_hash_bytes(scales.as<uint8_t>(), n_scales, seed * 2 + 1, 0x30, 0x0F, nullptr);
+  if (gemm == GpuExpertGemm::kNvfp4W4A16) {
+    upload_gemm_layout(w, packed.to_host<uint8_t>(static_cast<size_t>(n_codes)),
+                       scales.to_host<uint8_t>(static_cast<size_t>(n_scales)), "dummy weight");
+  } else {
+    w.bf16 = DeviceBuffer(static_cast<size_t>(E * n * k) * 2);
+    cuda::nvfp4_dequant_to_bf16(packed.as<uint8_t>(), scales.as<uint8_t>(), gs, E * n, k,
+                                w.bf16.as<__nv_bfloat16>(), nullptr);
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // before `packed` and `scales` are freed
+  }
+}
+
+GpuMlpStack dummy_mlps(GpuExpertGemm gemm, int64_t E, int64_t hidden, int64_t inter, uint64_t seed) {
+  GpuMlpStack s;
+  s.n_experts = E;
+  s.hidden = hidden;
+  s.inter = inter;
+  s.fused_gate_up = true;
+  dummy_stack(s.gate_up, gemm, E, 2 * inter, hidden, seed * 3 + 0);
+  dummy_stack(s.down, gemm, E, hidden, inter, seed * 3 + 1);
+  return s;
+}
+
+int64_t stack_bytes(const GpuLinearStack& w, GpuExpertGemm gemm) {
+  if (w.n_experts == 0) return 0;
+  const int64_t nk = w.n * w.k;
+  return gemm == GpuExpertGemm::kNvfp4W4A16
+             ? (cuda::sm90::w4a16_codes_bytes(1, w.n, w.k) + cuda::sm90::w4a16_scales_bytes(1, w.n, w.k) + 4)
+             : nk * 2;
+}
+
+int64_t mlp_bytes_per_expert(const GpuMlpStack& s, GpuExpertGemm gemm) {
+  return stack_bytes(s.gate_up, gemm) + stack_bytes(s.up, gemm) + stack_bytes(s.down, gemm);
+}
+
+// The W4A16 config for about `rows_per_expert` rows per expert (host-side estimate, no sync).
+void nvfp4_gemm(const GpuLinearStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
+                __nv_bfloat16* y, cudaStream_t stream) {
+  cuda::sm90::W4A16GroupedGemmArgs a;
+  a.x = x;
+  a.expert_offsets = d_offsets;
+  a.w_packed = w.packed.as<uint8_t>();
+  a.w_scales = w.scales.as<uint8_t>();
+  a.w_global_scales = w.global_scales.as<float>();
+  a.y = y;
+  a.m_total = m;
+  a.n = w.n;
+  a.k = w.k;
+  a.n_experts = w.n_experts;
+  const int64_t per_expert = std::max<int64_t>(1, (m + w.n_experts - 1) / w.n_experts);
+  cuda::sm90::w4a16_grouped_gemm(a, cuda::sm90::w4a16_default_config(per_expert), stream);
+}
+
+// Refuses, at construction, a shape the GEMM cannot run (its own message, e.g. k % 64).
+void check_nvfp4_gemm(const GpuLinearStack& w, int64_t max_rows, const std::string& what) {
+  cuda::sm90::W4A16GroupedGemmArgs a;
+  DeviceBuffer dummy_offsets(static_cast<size_t>(w.n_experts + 1) * 4);
+  DeviceBuffer io(256);
+  a.x = io.as<__nv_bfloat16>();
+  a.y = io.as<__nv_bfloat16>();
+  a.expert_offsets = dummy_offsets.as<int32_t>();
+  a.w_packed = w.packed.as<uint8_t>();
+  a.w_scales = w.scales.as<uint8_t>();
+  a.w_global_scales = w.global_scales.as<float>();
+  a.m_total = max_rows;
+  a.n = w.n;
+  a.k = w.k;
+  a.n_experts = w.n_experts;
+  const int64_t per_expert = std::max<int64_t>(1, (max_rows + w.n_experts - 1) / w.n_experts);
+  try {
+    cuda::sm90::w4a16_check_problem(a, cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(per_expert)));
+  } catch (const Error& err) {
+    FP4MOE_FAIL() << what << " [E=" << w.n_experts << ", n=" << w.n << ", k=" << w.k
+                  << "]: the W4A16 grouped GEMM refuses the shape: " << err.what();
+  }
+}
+
+// Y[m, n] = X[m, k] W[n, k]^T in BF16 with f32 accumulation (cuBLAS is column-major: Y^T = W X^T).
+void cublas_bf16_gemm(cublasHandle_t h, const __nv_bfloat16* w, const __nv_bfloat16* x, int64_t m, int64_t n,
+                      int64_t k, __nv_bfloat16* y) {
+  const float alpha = 1.0f, beta = 0.0f;
+  FP4MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                   static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF,
+                                   static_cast<int>(k), &beta, y, CUDA_R_16BF, static_cast<int>(n),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+const char* gpu_expert_gemm_name(GpuExpertGemm g) {
+  return g == GpuExpertGemm::kNvfp4W4A16 ? "nvfp4_w4a16" : "bf16_cublas";
+}
+
+cuda::moe::RouteParams route_params(const MoeConfig& cfg) {
+  cfg.validate();
+  cuda::moe::RouteParams p;
+  p.n_experts = cfg.n_experts;
+  p.top_k = cfg.top_k;
+  p.n_group = cfg.n_group;
+  p.topk_group = cfg.topk_group;
+  p.sigmoid = cfg.scoring == ScoringFunc::kSigmoid ? 1 : 0;
+  p.has_bias = p.sigmoid && cfg.correction_bias ? 1 : 0;
+  p.norm_topk_prob = cfg.norm_topk_prob ? 1 : 0;
+  p.routed_scaling_factor = cfg.routed_scaling_factor;
+  p.masked_fill_value = cfg.masked_fill_value;
+  return p;
+}
+
+void GpuMoeLayer::CublasDestroy::operator()(cublasContext* h) const { cublasDestroy(h); }
+void GpuMoeLayer::PinnedFree::operator()(int32_t* p) const { cudaFreeHost(p); }
+
+GpuMoeLayer::GpuMoeLayer(GpuMoeLayer&&) noexcept = default;
+GpuMoeLayer& GpuMoeLayer::operator=(GpuMoeLayer&&) noexcept = default;
+GpuMoeLayer::~GpuMoeLayer() = default;
+
+GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens) {
+  const MoeConfig& cfg = layer.config();
+  FP4MOE_CHECK(max_tokens >= 1) << layer.prefix() << ": GpuMoeLayer max_tokens=" << max_tokens << " must be >= 1";
+  FP4MOE_CHECK(!layer.router().has_bias()) << layer.prefix() << ".gate: a router bias is not supported on the GPU ("
+                                           << layer.router().describe() << ")";
+  GpuMoeLayer g;
+  g.cfg_ = cfg;
+  g.gemm_ = gemm;
+  g.max_tokens_ = max_tokens;
+  g.route_ = route_params(cfg);
+  g.router_w_ = DeviceBuffer::from_host(kernels::cpu::dequantize(layer.router()));
+  if (g.route_.has_bias) g.bias_ = DeviceBuffer::from_host(layer.correction_bias());
+  std::vector<const GatedMlp*> experts;
+  for (const GatedMlp& m : layer.experts()) experts.push_back(&m);
+  g.routed_ = upload_mlps(experts, gemm, cfg.hidden, cfg.moe_intermediate, layer.prefix() + ".experts");
+  if (layer.shared()) {
+    g.has_shared_ = true;
+    g.shared_ = upload_mlps({&*layer.shared()}, gemm, cfg.hidden, cfg.shared_intermediate(),
+                            layer.prefix() + ".shared_experts");
+  }
+  g.allocate_scratch();
+  return g;
+}
+
+GpuMoeLayer GpuMoeLayer::dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t max_tokens,
+                               const GpuDummyRouting& routing, uint64_t seed) {
+  cfg.validate();
+  FP4MOE_CHECK(cfg.scoring == ScoringFunc::kSigmoid && cfg.correction_bias)
+      << "GpuMoeLayer::dummy: the routing is forced through e_score_correction_bias, so the config must be the "
+         "sigmoid family with a correction bias, got "
+      << cfg.to_string();
+  FP4MOE_CHECK(max_tokens >= 1) << "GpuMoeLayer::dummy: max_tokens=" << max_tokens << " must be >= 1";
+  GpuMoeLayer g;
+  g.cfg_ = cfg;
+  g.gemm_ = gemm;
+  g.max_tokens_ = max_tokens;
+  g.route_ = route_params(cfg);
+  std::mt19937_64 rng(seed);
+  const double a = 3.0 * routing.logit_sd / std::sqrt(static_cast<double>(cfg.hidden));
+  std::uniform_real_distribution<float> u(static_cast<float>(-a), static_cast<float>(a));
+  std::vector<float> wg(static_cast<size_t>(cfg.n_experts * cfg.hidden));
+  for (float& v : wg) v = u(rng);
+  std::vector<float> bias(static_cast<size_t>(cfg.n_experts));
+  for (int e = 0; e < cfg.n_experts; ++e) bias[e] = static_cast<float>(-routing.zipf_s * 0.16 * std::log1p(e));
+  g.router_w_ = DeviceBuffer::from_host(wg);
+  g.bias_ = DeviceBuffer::from_host(bias);
+  g.routed_ = dummy_mlps(gemm, cfg.n_experts, cfg.hidden, cfg.moe_intermediate, seed * 16 + 1);
+  if (cfg.n_shared_experts > 0) {
+    g.has_shared_ = true;
+    g.shared_ = dummy_mlps(gemm, 1, cfg.hidden, cfg.shared_intermediate(), seed * 16 + 2);
+  }
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  g.allocate_scratch();
+  return g;
+}
+
+void GpuMoeLayer::allocate_scratch() {
+  const int64_t T = max_tokens_, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden, I = cfg_.moe_intermediate;
+  const int64_t R = T * K;
+  FP4MOE_CHECK(H % 8 == 0 && I % 8 == 0 && E <= cuda::moe::kMaxDispatchExperts && R <= 0x7fffffff)
+      << "GpuMoeLayer: H=" << H << " and I=" << I << " must be multiples of 8, E=" << E << " <= "
+      << cuda::moe::kMaxDispatchExperts << ", max_tokens * top_k = " << R << " must fit int32";
+  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
+    const std::string what = "GpuMoeLayer (" + cfg_.to_string() + ")";
+    check_nvfp4_gemm(routed_.gate_up, R, what + " routed gate_up");
+    check_nvfp4_gemm(routed_.down, R, what + " routed down");
+    if (has_shared_) {
+      check_nvfp4_gemm(shared_.gate_up, T, what + " shared gate_up");
+      check_nvfp4_gemm(shared_.down, T, what + " shared down");
+    }
+  }
+  logits_ = DeviceBuffer(static_cast<size_t>(T * E) * 4);
+  topk_idx_ = DeviceBuffer(static_cast<size_t>(R) * 4);
+  topk_w_ = DeviceBuffer(static_cast<size_t>(R) * 4);
+  offsets_ = DeviceBuffer(static_cast<size_t>(E + 1) * 4);
+  row_token_ = DeviceBuffer(static_cast<size_t>(R) * 4);
+  entry_of_ = DeviceBuffer(static_cast<size_t>(R) * 4);
+  shared_offsets_ = DeviceBuffer(2 * 4);
+  xp_ = DeviceBuffer(static_cast<size_t>(R * H) * 2);
+  gu_ = DeviceBuffer(static_cast<size_t>(R * 2 * I) * 2);
+  act_ = DeviceBuffer(static_cast<size_t>(R * I) * 2);
+  down_out_ = DeviceBuffer(static_cast<size_t>(R * H) * 2);
+  if (has_shared_) {
+    const int64_t Is = cfg_.shared_intermediate();
+    shared_gu_ = DeviceBuffer(static_cast<size_t>(T * 2 * Is) * 2);
+    shared_act_ = DeviceBuffer(static_cast<size_t>(T * Is) * 2);
+    shared_out_ = DeviceBuffer(static_cast<size_t>(T * H) * 2);
+  }
+  if (gemm_ == GpuExpertGemm::kBf16Cublas) {
+    cublasHandle_t h = nullptr;
+    FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
+    cublas_.reset(h);
+    int32_t* p = nullptr;
+    FP4MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), static_cast<size_t>(E + 1) * 4));
+    host_offsets_.reset(p);
+  }
+}
+
+void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
+                          const int32_t* h_offsets, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
+                          cudaStream_t stream) {
+  const int64_t H = w.hidden, I = w.inter;
+  const __nv_bfloat16 *gate = gu, *up = gu + I;
+  int64_t ld = 2 * I;
+  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
+    if (w.fused_gate_up) {
+      nvfp4_gemm(w.gate_up, x, m, d_offsets, gu, stream);
+    } else {  // gate into the first m * I elements, up into the next (each [m, I])
+      nvfp4_gemm(w.gate_up, x, m, d_offsets, gu, stream);
+      nvfp4_gemm(w.up, x, m, d_offsets, gu + m * I, stream);
+      up = gu + m * I;
+      ld = I;
+    }
+    cuda::moe::swiglu(gate, up, ld, m, I, act, stream);
+    nvfp4_gemm(w.down, act, m, d_offsets, out, stream);
+    return;
+  }
+  cublasHandle_t h = cublas_.get();
+  FP4MOE_CUBLAS_CHECK(cublasSetStream(h, stream));
+  for (int64_t e = 0; e < w.n_experts; ++e) {
+    const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
+    if (rows == 0) continue;
+    cublas_bf16_gemm(h, w.gate_up.bf16.as<__nv_bfloat16>() + e * 2 * I * H, x + r0 * H, rows, 2 * I, H,
+                     gu + r0 * 2 * I);
+  }
+  cuda::moe::swiglu(gate, up, ld, m, I, act, stream);
+  for (int64_t e = 0; e < w.n_experts; ++e) {
+    const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
+    if (rows == 0) continue;
+    cublas_bf16_gemm(h, w.down.bf16.as<__nv_bfloat16>() + e * H * I, act + r0 * I, rows, H, I, out + r0 * H);
+  }
+}
+
+void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream) {
+  FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= max_tokens_)
+      << "GpuMoeLayer::forward: n_tokens=" << n_tokens << " outside [0, " << max_tokens_ << "] (max_tokens)";
+  if (n_tokens == 0) return;
+  const int64_t T = n_tokens, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden;
+  const int64_t R = T * K;
+  cuda::moe::router_logits(x, router_w_.as<float>(), T, H, static_cast<int>(E), logits_.as<float>(), stream);
+  cuda::moe::route_topk(route_, logits_.as<float>(), route_.has_bias ? bias_.as<float>() : nullptr, T,
+                        topk_idx_.as<int32_t>(), topk_w_.as<float>(), stream);
+  cuda::moe::dispatch_plan(topk_idx_.as<int32_t>(), T, static_cast<int>(K), static_cast<int>(E),
+                           offsets_.as<int32_t>(), row_token_.as<int32_t>(), entry_of_.as<int32_t>(),
+                           shared_offsets_.as<int32_t>(), stream);
+  const int32_t* h_offsets = nullptr;
+  if (gemm_ == GpuExpertGemm::kBf16Cublas) {  // the peer's one host sync (see the header)
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.get(), offsets_.as<int32_t>(), static_cast<size_t>(E + 1) * 4,
+                                      cudaMemcpyDeviceToHost, stream));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    h_offsets = host_offsets_.get();
+  }
+  cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, xp_.as<__nv_bfloat16>(), stream);
+  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, gu_.as<__nv_bfloat16>(),
+          act_.as<__nv_bfloat16>(), down_out_.as<__nv_bfloat16>(), stream);
+  if (has_shared_) {
+    const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
+    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gu_.as<__nv_bfloat16>(),
+            shared_act_.as<__nv_bfloat16>(), shared_out_.as<__nv_bfloat16>(), stream);
+  }
+  cuda::moe::combine(down_out_.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
+                     has_shared_ ? shared_out_.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);
+}
+
+GpuMoeLayer::Routing GpuMoeLayer::download_routing(int64_t n_tokens) const {
+  FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= max_tokens_)
+      << "GpuMoeLayer::download_routing: n_tokens=" << n_tokens << " outside [0, " << max_tokens_ << "]";
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const size_t T = static_cast<size_t>(n_tokens), K = static_cast<size_t>(cfg_.top_k),
+               E = static_cast<size_t>(cfg_.n_experts);
+  Routing r;
+  r.logits = logits_.to_host<float>(T * E);
+  r.topk_idx = topk_idx_.to_host<int32_t>(T * K);
+  r.topk_weights = topk_w_.to_host<float>(T * K);
+  r.offsets = offsets_.to_host<int32_t>(E + 1);
+  r.row_token = row_token_.to_host<int32_t>(T * K);
+  r.entry_of = entry_of_.to_host<int32_t>(T * K);
+  return r;
+}
+
+int64_t GpuMoeLayer::routed_expert_bytes() const { return mlp_bytes_per_expert(routed_, gemm_); }
+
+int64_t GpuMoeLayer::shared_expert_bytes() const { return has_shared_ ? mlp_bytes_per_expert(shared_, gemm_) : 0; }
+
+std::string GpuMoeLayer::describe() const {
+  std::ostringstream os;
+  os << gpu_expert_gemm_name(gemm_) << " E=" << cfg_.n_experts << " top-" << cfg_.top_k << " H=" << cfg_.hidden
+     << " I=" << cfg_.moe_intermediate << " shared " << (has_shared_ ? cfg_.shared_intermediate() : 0) << " gate_up "
+     << (routed_.fused_gate_up ? "fused" : "split") << ", max " << max_tokens_ << " tokens";
+  return os.str();
+}
+
+}  // namespace fp4moe::moe

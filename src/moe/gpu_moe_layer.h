@@ -1,0 +1,147 @@
+// GpuMoeLayer: the MoE block of moe::MoeLayer on the GPU with BF16 activations:
+//   router_logits (f32) -> route_topk (the CPU router's algorithm, kernels/cuda/moe/route_math.h)
+//   -> dispatch_plan (offsets, row <-> (token, slot), on the device) -> gather x rows in expert order
+//   -> gate_up grouped GEMM -> SwiGLU -> down grouped GEMM -> combine per token in slot order
+//   (+ shared expert, the same GEMMs with E = 1). No atomics: the output is bit-reproducible.
+// Two expert-GEMM backends, everything else shared:
+//   kNvfp4W4A16  sm90_nvfp4_w4a16_grouped_gemm, one launch per projection for all experts. forward()
+//                never synchronizes with the host nor allocates: it can be captured in a CUDA graph
+//                for a fixed token count (all scratch is preallocated for max_tokens).
+//   kBf16Cublas  the benchmark peer: BF16 weights (the NVFP4 ones dequantized exactly) and one
+//                cublasGemmEx per non-empty expert. The per-expert row counts must be on the host for
+//                that, so forward() copies the offsets back and SYNCHRONIZES the stream after the
+//                dispatch: not capturable, and its time includes that sync (as any cuBLAS loop would).
+// gate and up are stacked as one [E, 2I, H] weight (one GEMM, output [rows, 2I], gate first) when
+// they share weight_scale_2 in every expert (ModelOpt checkpoints do); otherwise two GEMMs.
+// Tested by tests/moe/test_gpu_moe_layer.cpp (label gpu): kernels vs moe::route / DispatchPlan,
+// the layer vs moe::MoeLayer::forward at 1, 7, 64, 300 tokens, golden MoE blocks, graph replay,
+// determinism. Timed by `fp4moe bench moe` (tools/bench_moe.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/moe/device_buffer.h"
+#include "kernels/cuda/moe/route_math.h"
+#include "moe/config.h"
+#include "moe/moe_layer.h"
+
+struct cublasContext;
+
+namespace fp4moe::moe {
+
+enum class GpuExpertGemm : uint8_t { kNvfp4W4A16, kBf16Cublas };
+
+const char* gpu_expert_gemm_name(GpuExpertGemm g);  // "nvfp4_w4a16", "bf16_cublas"
+
+// The routing fields of cfg for the router kernel.
+cuda::moe::RouteParams route_params(const MoeConfig& cfg);
+
+// E experts' [n, k] weights of one projection on the device.
+struct GpuLinearStack {
+  int64_t n_experts = 0, n = 0, k = 0;
+  cuda::DeviceBuffer packed;         // NVFP4, the GEMM's layout (see to_gemm_layout in the .cpp)
+  cuda::DeviceBuffer scales;         // NVFP4 e4m3 block scales, the GEMM's layout
+  cuda::DeviceBuffer global_scales;  // NVFP4 f32 [E]
+  cuda::DeviceBuffer bf16;           // BF16 [E, n, k]
+};
+
+// The routed experts (E of them) or the shared expert (E = 1) as GEMM-ready stacks.
+struct GpuMlpStack {
+  int64_t n_experts = 0, hidden = 0, inter = 0;
+  bool fused_gate_up = true;  // gate_up holds [E, 2I, H]; else gate_up = gate [E, I, H] and up
+  GpuLinearStack gate_up, up, down;
+};
+
+// Synthetic routing for dummy layers (benchmarks). With x ~ U(-1, 1) the router weights U(-a, a),
+// a = 3 * logit_sd / sqrt(H), give logits ~ N(0, logit_sd^2) independent per (token, expert); the
+// correction bias b_e = -zipf_s * 0.16 * ln(1 + e) then skews the choice sigmoid(logit) + b_e: since
+// sigmoid(N(0, 1)) spreads like a Gumbel of scale ~0.16, expert e is chosen with probability roughly
+// proportional to (1 + e)^-zipf_s (Gumbel-top-k). zipf_s = 0: uniform routing. The realized
+// histogram is what counts: the benchmark measures and prints it.
+struct GpuDummyRouting {
+  double zipf_s = 0.0;
+  double logit_sd = 1.0;
+};
+
+class GpuMoeLayer {
+ public:
+  GpuMoeLayer(GpuMoeLayer&&) noexcept;
+  GpuMoeLayer& operator=(GpuMoeLayer&&) noexcept;
+  ~GpuMoeLayer();
+
+  // Uploads `layer` (kNvfp4W4A16: its experts must be NVFP4 without bias; kBf16Cublas: any format,
+  // dequantized to BF16). Throws naming the part and the numbers, including the GEMM's refusal of a
+  // shape (e.g. k % 64 != 0).
+  static GpuMoeLayer from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens);
+  // Dummy weights made on the device from `seed` (NVFP4 codes/scales hashed; the BF16 layer holds
+  // the exact dequantization of hashed NVFP4 weights of the same distribution). cfg must be the
+  // sigmoid family with a correction bias (the routing is forced through it, see GpuDummyRouting).
+  static GpuMoeLayer dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t max_tokens,
+                           const GpuDummyRouting& routing, uint64_t seed);
+
+  // y[n_tokens, H] = MoE(x[n_tokens, H]), bf16 device pointers (16 B aligned), 0 <= n_tokens <= max_tokens.
+  // Asynchronous on `stream` (kBf16Cublas: synchronizes once, see above).
+  void forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream);
+
+  // What the last forward decided, copied to the host (synchronizes the device; for tests and benches).
+  struct Routing {
+    std::vector<float> logits;          // [n_tokens, E]
+    std::vector<int32_t> topk_idx;      // [n_tokens, k]
+    std::vector<float> topk_weights;    // [n_tokens, k]
+    std::vector<int32_t> offsets;       // [E + 1]
+    std::vector<int32_t> row_token;     // [n_tokens * k]
+    std::vector<int32_t> entry_of;      // [n_tokens * k]
+  };
+  Routing download_routing(int64_t n_tokens) const;
+
+  const MoeConfig& config() const { return cfg_; }
+  GpuExpertGemm gemm() const { return gemm_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  bool capturable() const { return gemm_ == GpuExpertGemm::kNvfp4W4A16; }
+  // Bytes one routed expert's weights occupy as the GEMMs read them (NVFP4: kernel-layout codes +
+  // e4m3 scales, padding included, + global scale; BF16: 2 B per weight); the shared expert's (0
+  // without one).
+  int64_t routed_expert_bytes() const;
+  int64_t shared_expert_bytes() const;
+  // "nvfp4_w4a16 E=256 top-8 H=6144 I=2048 shared 2048 gate_up fused, max 4096 tokens"
+  std::string describe() const;
+
+ private:
+  GpuMoeLayer() = default;
+  void allocate_scratch();
+  void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
+               const int32_t* h_offsets, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
+               cudaStream_t stream);
+
+  MoeConfig cfg_;
+  GpuExpertGemm gemm_ = GpuExpertGemm::kNvfp4W4A16;
+  int64_t max_tokens_ = 0;
+  cuda::moe::RouteParams route_;
+  cuda::DeviceBuffer router_w_;  // f32 [E, H]
+  cuda::DeviceBuffer bias_;      // f32 [E] (sigmoid with correction bias)
+  GpuMlpStack routed_;
+  bool has_shared_ = false;
+  GpuMlpStack shared_;
+
+  // Scratch for max_tokens (T) tokens, R = T * top_k rows.
+  cuda::DeviceBuffer logits_, topk_idx_, topk_w_, offsets_, row_token_, entry_of_, shared_offsets_;
+  cuda::DeviceBuffer xp_, gu_, act_, down_out_;          // [R, H], [R, 2I], [R, I], [R, H]
+  cuda::DeviceBuffer shared_gu_, shared_act_, shared_out_;  // [T, 2Is], [T, Is], [T, H]
+  // kBf16Cublas only.
+  struct CublasDestroy {
+    void operator()(cublasContext* h) const;
+  };
+  struct PinnedFree {
+    void operator()(int32_t* p) const;
+  };
+  std::unique_ptr<cublasContext, CublasDestroy> cublas_;
+  std::unique_ptr<int32_t, PinnedFree> host_offsets_;  // pinned [E + 1]
+};
+
+}  // namespace fp4moe::moe

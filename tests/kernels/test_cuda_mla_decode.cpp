@@ -1,0 +1,225 @@
+// GPU MLA absorbed-form decode (kernels/cuda/ops/mla_decode.h: mla_cache_append_bf16, mla_absorb_q,
+// mla_decode_attention, mla_project_v) against the CPU model::mla_attention_absorbed (model/mla.cpp)
+// on the same bf16-rounded inputs (q with rotated q_pe, the latent cache [c_kv | k_pe], kv_b_proj),
+// one decode query per sequence at position seq_len - 1 (dense keys):
+//   - the glm5_tiny golden dims (4 heads, rank 32, rope 16, nope 32, v 32) and GLM-5-like dims
+//     (20 heads: two 16-head chunks, the second partial; rank 512, rope 64, nope 192, v 256; 73,856 B
+//     of shared memory, above the 48 KiB default);
+//   - sequence lengths 1, 17, 64 (a page boundary), 300, a padded entry (seq_len 0 -> zeros), blocks
+//     shuffled in the pool and random data in unused slots;
+//   - one split, forced splits (incl. always-empty ones) and the planner's;
+//   - the append kernel: every new token's [c_kv | k_pe] lands in its slot, slot -1 is skipped,
+//     nothing else changes (bit for bit).
+// Tolerance per output element: |gpu - cpu| <= 2^-8 |cpu| + 1e-4 max|cpu| (bf16 output rounding is
+// 2^-9 relative; the f32 sums differ in order only).
+// Label gpu; without a usable GPU every case skips with the reason.
+// Run: test_cuda_mla_decode (FP4MOE_TEST_SEED=<n> replays a seed).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda_test_util.h"
+#include "model/mla.h"
+#include "testing/testing.h"
+
+namespace fp4moe::cuda {
+namespace {
+
+using gpu_test::device_alloc;
+using gpu_test::upload;
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+std::vector<float> to_f32(const uint16_t* p, size_t n) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = bf16_to_f32(p[i]);
+  return f;
+}
+template <typename T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+const __nv_bfloat16* cbf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+struct MlaCase {
+  std::string name;
+  model::MlaDims dims;
+  int64_t page_size;
+  std::vector<int64_t> seq_lens;  // cached tokens after this step's append (0: padded entry)
+  DecodeSplit split;              // n_splits 0: plan_mla_decode_split for 132 SMs
+};
+
+void run_case(const MlaCase& c, std::mt19937_64& rng) {
+  const model::MlaDims& d = c.dims;
+  const int rank = d.kv_lora_rank, rope = d.qk_rope_head_dim, W = rank + rope;
+  const int qk = d.qk_head_dim(), vd = d.v_head_dim;
+  const int64_t n_seqs = static_cast<int64_t>(c.seq_lens.size());
+  int64_t total_blocks = 0;
+  for (int64_t len : c.seq_lens) total_blocks += (len + c.page_size - 1) / c.page_size;
+  const int64_t n_blocks = total_blocks + 2;
+  std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int32_t>> tables(c.seq_lens.size());
+  size_t next = 0;
+  for (size_t s = 0; s < tables.size(); ++s) {
+    for (int64_t b = 0; b < (c.seq_lens[s] + c.page_size - 1) / c.page_size; ++b) tables[s].push_back(perm[next++]);
+  }
+  int64_t max_blocks = 0;
+  const std::vector<int32_t> packed = pack_block_tables(tables, n_blocks, &max_blocks);
+
+  // Latent rows per sequence; all but the last are in the pool already, the last is appended.
+  const size_t pool_elems = static_cast<size_t>(n_blocks * c.page_size * W);
+  std::vector<uint16_t> pool = random_bf16(pool_elems, rng, 1.0f), expect;
+  std::vector<std::vector<uint16_t>> rows(c.seq_lens.size());
+  std::vector<uint16_t> c_in, pe_in;  // appended tokens: c_kv stride rank + 2, k_pe stride rope + 4
+  std::vector<int32_t> slots;
+  for (size_t s = 0; s < rows.size(); ++s) {
+    rows[s] = random_bf16(static_cast<size_t>(c.seq_lens[s] * W), rng, 1.0f);
+    for (int64_t p = 0; p < c.seq_lens[s]; ++p) {
+      const size_t dst = static_cast<size_t>(kv_slot(tables[s], p, c.page_size)) * static_cast<size_t>(W);
+      const auto src = rows[s].begin() + p * W;
+      if (p + 1 < c.seq_lens[s]) {
+        std::copy_n(src, W, pool.begin() + dst);
+      } else {
+        std::vector<uint16_t> cr = random_bf16(static_cast<size_t>(rank + 2), rng, 1.0f);
+        std::vector<uint16_t> pr = random_bf16(static_cast<size_t>(rope + 4), rng, 1.0f);
+        std::copy_n(src, rank, cr.begin());
+        std::copy_n(src + rank, rope, pr.begin());
+        c_in.insert(c_in.end(), cr.begin(), cr.end());
+        pe_in.insert(pe_in.end(), pr.begin(), pr.end());
+        slots.push_back(kv_slot(tables[s], p, c.page_size));
+      }
+    }
+  }
+  expect = pool;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int x = 0; x < rank; ++x) expect[static_cast<size_t>(slots[i]) * W + x] = c_in[i * (rank + 2) + x];
+    for (int x = 0; x < rope; ++x) expect[static_cast<size_t>(slots[i]) * W + rank + x] = pe_in[i * (rope + 4) + x];
+  }
+  c_in.resize(c_in.size() + static_cast<size_t>(rank + 2), 0x3f80);  // a padded token (slot -1)
+  pe_in.resize(pe_in.size() + static_cast<size_t>(rope + 4), 0x3f80);
+  slots.push_back(-1);
+
+  auto dpool = upload(pool);
+  auto dc = upload(c_in);
+  auto dpe = upload(pe_in);
+  auto dslots = upload(slots);
+  auto flag = device_alloc<uint32_t>(1);
+  FP4MOE_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
+  MlaCacheView cache{bf(dpool.get()), n_blocks, c.page_size, rank, rope};
+  mla_cache_append_bf16(cbf(dc.get()), rank + 2, cbf(dpe.get()), rope + 4, static_cast<int64_t>(slots.size()),
+                        dslots.get(), cache, flag.get(), nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  ASSERT_TRUE(download(dpool.get(), pool_elems) == expect) << c.name << ": pool after append";
+
+  const std::vector<uint16_t> q = random_bf16(static_cast<size_t>(n_seqs * d.n_heads * qk), rng, 1.0f);
+  const std::vector<uint16_t> kv_b =
+      random_bf16(static_cast<size_t>(d.n_heads) * d.kv_b_rows_per_head() * rank, rng, 1.0f / std::sqrt(float(rank)));
+  MlaDecodeDims dims{d.n_heads, rank, d.qk_nope_head_dim, rope, vd, d.softmax_scale()};
+  const int64_t max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  const DecodeSplit split = c.split.n_splits > 0 ? c.split : plan_mla_decode_split(n_seqs, d.n_heads, max_len, 132);
+  const std::string what = c.name + " [" + split.to_string() + "]";
+  std::vector<int32_t> lens32(c.seq_lens.begin(), c.seq_lens.end());
+  auto dq = upload(q);
+  auto dkvb = upload(kv_b);
+  auto dtable = upload(packed);
+  auto dlens = upload(lens32);
+  auto dqlat = device_alloc<float>(static_cast<size_t>(n_seqs * d.n_heads * W));
+  auto dlat = device_alloc<float>(static_cast<size_t>(n_seqs * d.n_heads * rank));
+  const size_t ws = mla_decode_workspace_bytes(n_seqs, dims, split);
+  auto dws = device_alloc<float>(ws / 4);
+  auto dout = device_alloc<uint16_t>(static_cast<size_t>(n_seqs * d.n_heads * vd));
+  mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n_seqs, dqlat.get(), nullptr);
+  mla_decode_attention(dqlat.get(), cache, dtable.get(), max_blocks, dlens.get(), n_seqs, dims, split,
+                       ws ? dws.get() : nullptr, dlat.get(), flag.get(), nullptr);
+  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_seqs, bf(dout.get()), nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const uint32_t flags = download(flag.get(), 1)[0];
+  ASSERT_EQ(flags, 0u) << what << ": device errors " << describe_device_errors(flags);
+  const std::vector<uint16_t> got = download(dout.get(), static_cast<size_t>(n_seqs * d.n_heads * vd));
+
+  const std::vector<float> kv_b_f = to_f32(kv_b.data(), kv_b.size());
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    std::vector<float> ref(static_cast<size_t>(d.n_heads * vd), 0.0f);
+    if (c.seq_lens[static_cast<size_t>(s)] > 0) {
+      model::MlaLatentCache lc(rank, rope);
+      for (int64_t p = 0; p < c.seq_lens[static_cast<size_t>(s)]; ++p) {
+        const std::vector<float> row = to_f32(rows[static_cast<size_t>(s)].data() + p * W, static_cast<size_t>(W));
+        lc.append(row.data(), row.data() + rank);
+      }
+      const std::vector<float> qf = to_f32(q.data() + s * d.n_heads * qk, static_cast<size_t>(d.n_heads * qk));
+      const int64_t pos = c.seq_lens[static_cast<size_t>(s)] - 1;
+      const model::KeySelection dense;
+      model::MlaAttentionArgs a;
+      a.dims = &d;
+      a.q = qf.data();
+      a.q_pos = &pos;
+      a.n_q = 1;
+      a.cache = &lc;
+      a.kv_b = kv_b_f.data();
+      a.keys = &dense;
+      a.out = ref.data();
+      model::mla_attention_absorbed(a);
+    }
+    float max_ref = 0.0f;
+    for (float v : ref) max_ref = std::max(max_ref, std::fabs(v));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float g = bf16_to_f32(got[static_cast<size_t>(s) * ref.size() + i]);
+      ASSERT_LE(std::fabs(g - ref[i]), std::ldexp(std::fabs(ref[i]), -8) * 1.001f + 1e-4f * max_ref)
+          << what << ": seq " << s << " (len " << c.seq_lens[static_cast<size_t>(s)] << ") head "
+          << static_cast<int64_t>(i) / vd << " dim " << static_cast<int64_t>(i) % vd << " gpu " << g << " cpu " << ref[i];
+    }
+  }
+}
+
+const model::MlaDims kTiny{4, 32, 32, 16, 32};
+const model::MlaDims kGlm5Like{20, 512, 192, 64, 256};
+const std::vector<int64_t> kLens{1, 17, 64, 300, 0};
+
+void run_cases(const std::vector<MlaCase>& cases) {
+  std::mt19937_64 rng(testing::test_seed());
+  for (const MlaCase& c : cases) {
+    run_case(c, rng);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// glm5_tiny dims (also run under compute-sanitizer by scripts/gpu_check.sh).
+TEST(CudaMlaDecode, TinyMatchesCpuAbsorbed) {
+  SKIP_WITHOUT_GPU();
+  run_cases({
+      {"glm5_tiny dims, page 16", kTiny, 16, kLens, DecodeSplit{1, 320}},
+      {"glm5_tiny dims, forced splits", kTiny, 16, kLens, DecodeSplit{7, 64}},
+      {"glm5_tiny dims, planner", kTiny, 16, kLens, DecodeSplit{0, 0}},
+  });
+}
+
+TEST(CudaMlaDecode, Glm5LikeMatchesCpuAbsorbed) {
+  SKIP_WITHOUT_GPU();
+  run_cases({
+      {"glm5-like dims (20 heads, rank 512), page 64", kGlm5Like, 64, kLens, DecodeSplit{1, 320}},
+      {"glm5-like dims, forced splits", kGlm5Like, 64, kLens, DecodeSplit{3, 128}},
+  });
+}
+
+}  // namespace
+}  // namespace fp4moe::cuda

@@ -1,0 +1,109 @@
+// The GPU router's per-token routing function (kernels/cuda/moe/route_math.h, host+device) run on
+// the CPU against moe::route: on the host both use the same expf and the same summation order, so
+// the expert indices (in order) and the weights must be bit-identical. Cases: GLM-5 (E=256 top-8,
+// one group), DeepSeek-style groups (E=64, 8 groups, top-4 groups; masked fill 0 and -inf), the
+// tiny golden configs (E=16 top-4), softmax with and without normalization, and logits rounded to
+// few values so that ties are frequent (the tie-break toward the lower index must match).
+// Run: build/tests/moe/test_gpu_route_math.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/moe/route_math.h"
+#include "moe/config.h"
+#include "moe/router.h"
+#include "testing/testing.h"
+
+namespace fp4moe::moe {
+namespace {
+
+cuda::moe::RouteParams params_of(const MoeConfig& c) {
+  cuda::moe::RouteParams p;
+  p.n_experts = c.n_experts;
+  p.top_k = c.top_k;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.sigmoid = c.scoring == ScoringFunc::kSigmoid;
+  p.has_bias = p.sigmoid && c.correction_bias;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.routed_scaling_factor = c.routed_scaling_factor;
+  p.masked_fill_value = c.masked_fill_value;
+  return p;
+}
+
+MoeConfig config(int E, int k, int n_group, int topk_group, ScoringFunc scoring, bool norm, float scale,
+                 float fill) {
+  MoeConfig c;
+  c.hidden = 64;
+  c.moe_intermediate = 64;
+  c.n_experts = E;
+  c.top_k = k;
+  c.n_group = n_group;
+  c.topk_group = topk_group;
+  c.scoring = scoring;
+  c.correction_bias = scoring == ScoringFunc::kSigmoid;
+  c.norm_topk_prob = norm;
+  c.routed_scaling_factor = scale;
+  c.masked_fill_value = fill;
+  return c;
+}
+
+// `levels` > 0 rounds the logits to multiples of 1/levels (frequent ties).
+void check_same_as_cpu(const MoeConfig& cfg, int64_t n_tokens, int levels, uint64_t seed) {
+  SCOPED_TRACE(cfg.to_string() + " levels " + std::to_string(levels) + " seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const int E = cfg.n_experts, K = cfg.top_k;
+  std::vector<float> logits(static_cast<size_t>(n_tokens * E)), bias(static_cast<size_t>(E));
+  for (float& v : logits) v = levels > 0 ? std::round(nd(rng) * levels) / levels : nd(rng);
+  for (float& v : bias) v = levels > 0 ? std::round(nd(rng) * 0.05f * levels) / levels : nd(rng) * 0.05f;
+  std::vector<int32_t> want_idx(static_cast<size_t>(n_tokens * K)), got_idx(want_idx.size());
+  std::vector<float> want_w(want_idx.size()), got_w(want_idx.size());
+  route(cfg, logits.data(), bias.data(), n_tokens, want_idx.data(), want_w.data());
+  const cuda::moe::RouteParams p = params_of(cfg);
+  constexpr int kStride = 3;  // the kernel's interleaved scratch, exercised on the host
+  std::vector<float> scratch(static_cast<size_t>(E * kStride));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    cuda::moe::route_token(p, logits.data() + t * E, bias.data(), scratch.data() + 1, kStride,
+                           got_idx.data() + t * K, got_w.data() + t * K);
+  }
+  for (size_t i = 0; i < want_idx.size(); ++i) {
+    ASSERT_EQ(got_idx[i], want_idx[i]) << "token " << i / K << " slot " << i % K;
+    ASSERT_EQ(got_w[i], want_w[i]) << "token " << i / K << " slot " << i % K;  // bit-identical on the host
+  }
+}
+
+TEST(GpuRouteMath, Glm5SigmoidOneGroupTop8) {
+  const uint64_t seed = testing::test_seed();
+  check_same_as_cpu(config(256, 8, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, -INFINITY), 200, 0, seed);
+  check_same_as_cpu(config(256, 8, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, -INFINITY), 200, 4, seed + 1);
+}
+
+TEST(GpuRouteMath, GroupedTopKFillZeroAndMinusInf) {
+  const uint64_t seed = testing::test_seed();
+  for (float fill : {0.0f, -INFINITY}) {
+    check_same_as_cpu(config(64, 4, 8, 4, ScoringFunc::kSigmoid, true, 1.5f, fill), 300, 0, seed);
+    check_same_as_cpu(config(64, 6, 8, 2, ScoringFunc::kSigmoid, true, 1.0f, fill), 300, 2, seed + 7);
+    // k equal to the experts of the chosen groups: every unmasked expert is picked.
+    check_same_as_cpu(config(32, 8, 8, 2, ScoringFunc::kSigmoid, false, 1.0f, fill), 100, 0, seed + 3);
+    // Two experts per group (group score = the sum of both), ties frequent.
+    check_same_as_cpu(config(16, 3, 8, 3, ScoringFunc::kSigmoid, true, 2.0f, fill), 100, 3, seed + 5);
+  }
+}
+
+TEST(GpuRouteMath, TinyGoldenConfig) {
+  check_same_as_cpu(config(16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f), 500, 0, testing::test_seed());
+}
+
+TEST(GpuRouteMath, Softmax) {
+  const uint64_t seed = testing::test_seed();
+  check_same_as_cpu(config(64, 6, 1, 1, ScoringFunc::kSoftmax, true, 1.0f, 0.0f), 300, 0, seed);
+  check_same_as_cpu(config(64, 6, 1, 1, ScoringFunc::kSoftmax, false, 1.0f, 0.0f), 300, 0, seed + 1);
+  check_same_as_cpu(config(8, 2, 1, 1, ScoringFunc::kSoftmax, true, 1.0f, 0.0f), 300, 2, seed + 2);
+}
+
+}  // namespace
+}  // namespace fp4moe::moe
