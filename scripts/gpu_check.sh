@@ -56,9 +56,13 @@ for name in "${!sanitize_filter[@]}"; do
 done
 
 step "GPU benchmarks"
-for b in bench_w4a16; do
-  echo "--- $b"; "build-gpu/bench/$b" 2>&1 | tee "$out/$b.txt" || status=1
-done
+fp4moe=build-gpu/fp4moe
+echo "--- bench_w4a16 (every config per row)"
+build-gpu/bench/bench_w4a16 --runs 20 2>&1 | tee "$out/bench_w4a16.txt" || status=1
+echo "--- fp4moe bench gemm (default configs, uniform + Zipf routing)"
+"$fp4moe" bench gemm --runs 20 2>&1 | tee "$out/bench_gemm.txt" || status=1
+echo "--- fp4moe bench moe (GLM-5 shard and full layer, NVFP4 vs BF16 cuBLAS layer)"
+"$fp4moe" bench moe --iters 10 --warmup 3 2>&1 | tee "$out/bench_moe.txt" || status=1
 
 step "done (status $status)"
 exit $status

@@ -45,31 +45,20 @@ void upload_gemm_layout(GpuLinearStack& w, const std::vector<uint8_t>& packed, c
   w.scales = DeviceBuffer::from_host(scales_k);
 }
 
-// Uploads E Linears [n, k] (row blocks `row0 .. row0 + n` of a stack of `rows_per_expert` rows)
-// into `w`. For NVFP4 all must be NVFP4 with equal global scale inside one expert's row block.
-struct LinearPart {
-  const LinearWeight* w;
-  int64_t row0;  // first row of the expert's block this Linear fills
-};
-
-void upload_nvfp4(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>& experts, int64_t n, int64_t k,
+// Uploads one NVFP4 Linear [n, k] per expert (all without bias) into `w`, in the kernel layout.
+void upload_nvfp4(GpuLinearStack& w, const std::vector<const LinearWeight*>& experts, int64_t n, int64_t k,
                   const std::string& what) {
   const int64_t E = static_cast<int64_t>(experts.size());
   std::vector<uint8_t> packed(static_cast<size_t>(E * n * k / 2)), scales(static_cast<size_t>(E * n * k / 16));
   std::vector<float> gs(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    for (size_t i = 0; i < experts[e].size(); ++i) {
-      const LinearWeight& lw = *experts[e][i].w;
-      FP4MOE_CHECK(lw.format == WeightFormat::kNVFP4 && !lw.has_bias() && lw.in_features == k)
-          << what << " expert " << e << ": the NVFP4 W4A16 path needs NVFP4 weights [*, " << k
-          << "] without bias, found " << lw.describe();
-      if (i == 0) gs[e] = lw.global_scale;
-      FP4MOE_CHECK(lw.global_scale == gs[e]) << what << " expert " << e << ": stacked Linears have weight_scale_2 "
-                                             << gs[e] << " and " << lw.global_scale;
-      const int64_t r0 = experts[e][i].row0;
-      std::copy(lw.packed.begin(), lw.packed.end(), packed.begin() + (e * n + r0) * (k / 2));
-      std::copy(lw.scales.begin(), lw.scales.end(), scales.begin() + (e * n + r0) * (k / 16));
-    }
+    const LinearWeight& lw = *experts[e];
+    FP4MOE_CHECK(lw.format == WeightFormat::kNVFP4 && !lw.has_bias() && lw.out_features == n && lw.in_features == k)
+        << what << " expert " << e << ": the NVFP4 W4A16 path needs NVFP4 weights [" << n << ", " << k
+        << "] without bias, found " << lw.describe();
+    gs[e] = lw.global_scale;
+    std::copy(lw.packed.begin(), lw.packed.end(), packed.begin() + e * n * (k / 2));
+    std::copy(lw.scales.begin(), lw.scales.end(), scales.begin() + e * n * (k / 16));
   }
   w.n_experts = E;
   w.n = n;
@@ -77,6 +66,52 @@ void upload_nvfp4(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>&
   upload_gemm_layout(w, packed, scales, what);
   w.global_scales = DeviceBuffer::from_host(gs);
 }
+
+// Gate and up [inter, hidden] of each MLP as one kernel-layout weight of 2 inter rows interleaved by 8
+// for the SwiGLU epilogue (w4a16_repack_gate_up), with gate's and up's global scales in
+// w.global_scales / w.global_scales_up. Returns whether some expert's two scales differ.
+bool upload_nvfp4_gate_up(GpuLinearStack& w, const std::vector<const GatedMlp*>& mlps, int64_t hidden, int64_t inter,
+                          const std::string& what) {
+  const int64_t E = static_cast<int64_t>(mlps.size()), cb = inter * hidden / 2, sb = inter * hidden / 16;
+  std::vector<uint8_t> gate_codes(static_cast<size_t>(E * cb)), gate_scales(static_cast<size_t>(E * sb));
+  std::vector<uint8_t> up_codes(gate_codes.size()), up_scales(gate_scales.size());
+  std::vector<float> gs_gate(static_cast<size_t>(E)), gs_up(static_cast<size_t>(E));
+  bool differ = false;
+  for (int64_t e = 0; e < E; ++e) {
+    for (const LinearWeight* lw : {&mlps[e]->gate, &mlps[e]->up}) {
+      FP4MOE_CHECK(lw->format == WeightFormat::kNVFP4 && !lw->has_bias() && lw->out_features == inter &&
+                   lw->in_features == hidden)
+          << what << " expert " << e << ": the NVFP4 W4A16 path needs NVFP4 gate/up weights [" << inter << ", "
+          << hidden << "] without bias, found " << lw->describe();
+    }
+    const LinearWeight &g = mlps[e]->gate, &u = mlps[e]->up;
+    std::copy(g.packed.begin(), g.packed.end(), gate_codes.begin() + e * cb);
+    std::copy(g.scales.begin(), g.scales.end(), gate_scales.begin() + e * sb);
+    std::copy(u.packed.begin(), u.packed.end(), up_codes.begin() + e * cb);
+    std::copy(u.scales.begin(), u.scales.end(), up_scales.begin() + e * sb);
+    gs_gate[e] = g.global_scale;
+    gs_up[e] = u.global_scale;
+    differ = differ || g.global_scale != u.global_scale;
+  }
+  std::vector<uint8_t> codes_k, scales_k;
+  cuda::sm90::w4a16_repack_gate_up(gate_codes.data(), gate_scales.data(), up_codes.data(), up_scales.data(), E, inter,
+                                   hidden, codes_k, scales_k, what.c_str());
+  w.n_experts = E;
+  w.n = 2 * inter;
+  w.k = hidden;
+  w.packed = DeviceBuffer::from_host(codes_k);
+  w.scales = DeviceBuffer::from_host(scales_k);
+  w.global_scales = DeviceBuffer::from_host(gs_gate);
+  w.global_scales_up = DeviceBuffer::from_host(gs_up);
+  return differ;
+}
+
+// Uploads E Linears [n, k] (row blocks `row0 .. row0 + n` of a stack of `rows_per_expert` rows) as
+// BF16 into `w` (the cuBLAS peer: gate_up stacks gate at row 0 and up at row inter).
+struct LinearPart {
+  const LinearWeight* w;
+  int64_t row0;  // first row of the expert's block this Linear fills
+};
 
 void upload_bf16(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>& experts, int64_t n, int64_t k,
                  const std::string& what) {
@@ -98,30 +133,22 @@ void upload_bf16(GpuLinearStack& w, const std::vector<std::vector<LinearPart>>& 
 }
 
 GpuMlpStack upload_mlps(const std::vector<const GatedMlp*>& mlps, GpuExpertGemm gemm, int64_t hidden,
-                        int64_t inter, const std::string& what) {
+                        int64_t inter, const std::string& what, bool& separate_up_scales) {
   GpuMlpStack s;
   s.n_experts = static_cast<int64_t>(mlps.size());
   s.hidden = hidden;
   s.inter = inter;
-  bool same_scale = true;
-  for (const GatedMlp* m : mlps) same_scale = same_scale && m->gate.global_scale == m->up.global_scale;
-  s.fused_gate_up = gemm == GpuExpertGemm::kBf16Cublas || same_scale;
-  std::vector<std::vector<LinearPart>> gate_up, gate, up, down;
-  for (const GatedMlp* m : mlps) {
-    gate_up.push_back({{&m->gate, 0}, {&m->up, inter}});
-    gate.push_back({{&m->gate, 0}});
-    up.push_back({{&m->up, 0}});
-    down.push_back({{&m->down, 0}});
-  }
   if (gemm == GpuExpertGemm::kNvfp4W4A16) {
-    if (s.fused_gate_up) {
-      upload_nvfp4(s.gate_up, gate_up, 2 * inter, hidden, what + " gate_up");
-    } else {
-      upload_nvfp4(s.gate_up, gate, inter, hidden, what + " gate");
-      upload_nvfp4(s.up, up, inter, hidden, what + " up");
-    }
+    std::vector<const LinearWeight*> down;
+    for (const GatedMlp* m : mlps) down.push_back(&m->down);
+    separate_up_scales = upload_nvfp4_gate_up(s.gate_up, mlps, hidden, inter, what + " gate_up") || separate_up_scales;
     upload_nvfp4(s.down, down, hidden, inter, what + " down");
   } else {
+    std::vector<std::vector<LinearPart>> gate_up, down;
+    for (const GatedMlp* m : mlps) {
+      gate_up.push_back({{&m->gate, 0}, {&m->up, inter}});
+      down.push_back({{&m->down, 0}});
+    }
     upload_bf16(s.gate_up, gate_up, 2 * inter, hidden, what + " gate_up");
     upload_bf16(s.down, down, hidden, inter, what + " down");
   }
@@ -131,11 +158,14 @@ GpuMlpStack upload_mlps(const std::vector<const GatedMlp*>& mlps, GpuExpertGemm 
 // Dummy [E, n, k] weights: hashed codes, e4m3 scales in [0.5, 1.875], global scale 0.3 / sqrt(k)
 // (weights of rms ~1 / sqrt(k), so activations stay O(1) through the layer). NVFP4: when the kernel
 // layout has no padding (n % 16 == 0, k % 512 == 0: whole row tiles and scale groups) it is a
-// permutation of the checkpoint bytes, so hashed bytes written straight into it are random weights
-// of the same distribution (no 5 GB host repack for E = 256); otherwise the checkpoint layout is
-// made on the device, copied back and repacked. BF16: the exact dequantization of hashed
-// checkpoint-layout bytes (same distribution as the NVFP4 layer's weights, not the same values).
-void dummy_stack(GpuLinearStack& w, GpuExpertGemm gemm, int64_t E, int64_t n, int64_t k, uint64_t seed) {
+// permutation of the checkpoint bytes (for gate_up, of gate and up interleaved by 8 rows, itself a
+// permutation), so hashed bytes written straight into it are random weights of the same
+// distribution (no 5 GB host repack for E = 256); otherwise the checkpoint layout is made on the
+// device, copied back and repacked (gate_up: rows 0..I-1 of each expert as gate, I..2I-1 as up,
+// through w4a16_repack_gate_up). Gate and up get the same global scale, so gate_up leaves
+// global_scales_up empty (the GEMM then uses global_scales for both halves). BF16: the exact
+// dequantization of hashed checkpoint-layout bytes, stacked (same distribution, not the same values).
+void dummy_stack(GpuLinearStack& w, GpuExpertGemm gemm, int64_t E, int64_t n, int64_t k, bool gate_up, uint64_t seed) {
   w.n_experts = E;
   w.n = n;
   w.k = k;
@@ -159,8 +189,25 @@ void dummy_stack(GpuLinearStack& w, GpuExpertGemm gemm, int64_t E, int64_t n, in
   cuda::moe::fill_hash_bytes(packed.as<uint8_t>(), n_codes, seed * 2 + 0, 0x00, 0xFF, nullptr);
   cuda::moe::fill_hash_bytes(scales.as<uint8_t>(), n_scales, seed * 2 + 1, 0x30, 0x0F, nullptr);
   if (gemm == GpuExpertGemm::kNvfp4W4A16) {
-    upload_gemm_layout(w, packed.to_host<uint8_t>(static_cast<size_t>(n_codes)),
-                       scales.to_host<uint8_t>(static_cast<size_t>(n_scales)), "dummy weight");
+    const std::vector<uint8_t> codes_h = packed.to_host<uint8_t>(static_cast<size_t>(n_codes));
+    const std::vector<uint8_t> scales_h = scales.to_host<uint8_t>(static_cast<size_t>(n_scales));
+    if (!gate_up) {
+      upload_gemm_layout(w, codes_h, scales_h, "dummy weight");
+      return;
+    }
+    const int64_t inter = n / 2, cb = inter * k / 2, sb = inter * k / 16;
+    std::vector<uint8_t> gc(static_cast<size_t>(E * cb)), gsc(static_cast<size_t>(E * sb)), uc(gc.size()), usc(gsc.size());
+    for (int64_t e = 0; e < E; ++e) {  // expert e's rows: gate then up
+      std::copy_n(codes_h.begin() + e * 2 * cb, cb, gc.begin() + e * cb);
+      std::copy_n(codes_h.begin() + e * 2 * cb + cb, cb, uc.begin() + e * cb);
+      std::copy_n(scales_h.begin() + e * 2 * sb, sb, gsc.begin() + e * sb);
+      std::copy_n(scales_h.begin() + e * 2 * sb + sb, sb, usc.begin() + e * sb);
+    }
+    std::vector<uint8_t> codes_k, scales_k;
+    cuda::sm90::w4a16_repack_gate_up(gc.data(), gsc.data(), uc.data(), usc.data(), E, inter, k, codes_k, scales_k,
+                                     "dummy gate_up");
+    w.packed = DeviceBuffer::from_host(codes_k);
+    w.scales = DeviceBuffer::from_host(scales_k);
   } else {
     w.bf16 = DeviceBuffer(static_cast<size_t>(E * n * k) * 2);
     cuda::nvfp4_dequant_to_bf16(packed.as<uint8_t>(), scales.as<uint8_t>(), gs, E * n, k,
@@ -174,63 +221,71 @@ GpuMlpStack dummy_mlps(GpuExpertGemm gemm, int64_t E, int64_t hidden, int64_t in
   s.n_experts = E;
   s.hidden = hidden;
   s.inter = inter;
-  s.fused_gate_up = true;
-  dummy_stack(s.gate_up, gemm, E, 2 * inter, hidden, seed * 3 + 0);
-  dummy_stack(s.down, gemm, E, hidden, inter, seed * 3 + 1);
+  dummy_stack(s.gate_up, gemm, E, 2 * inter, hidden, /*gate_up=*/true, seed * 3 + 0);
+  dummy_stack(s.down, gemm, E, hidden, inter, /*gate_up=*/false, seed * 3 + 1);
   return s;
 }
 
 int64_t stack_bytes(const GpuLinearStack& w, GpuExpertGemm gemm) {
   if (w.n_experts == 0) return 0;
   const int64_t nk = w.n * w.k;
+  const int64_t n_global = w.global_scales_up.empty() ? 1 : 2;
   return gemm == GpuExpertGemm::kNvfp4W4A16
-             ? (cuda::sm90::w4a16_codes_bytes(1, w.n, w.k) + cuda::sm90::w4a16_scales_bytes(1, w.n, w.k) + 4)
+             ? (cuda::sm90::w4a16_codes_bytes(1, w.n, w.k) + cuda::sm90::w4a16_scales_bytes(1, w.n, w.k) + 4 * n_global)
              : nk * 2;
 }
 
 int64_t mlp_bytes_per_expert(const GpuMlpStack& s, GpuExpertGemm gemm) {
-  return stack_bytes(s.gate_up, gemm) + stack_bytes(s.up, gemm) + stack_bytes(s.down, gemm);
+  return stack_bytes(s.gate_up, gemm) + stack_bytes(s.down, gemm);
 }
 
-// The W4A16 config for about `rows_per_expert` rows per expert (host-side estimate, no sync).
-void nvfp4_gemm(const GpuLinearStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-                __nv_bfloat16* y, cudaStream_t stream) {
+// The GEMM arguments of one projection: gate_up with the SwiGLU epilogue (y = act [m, n / 2]; up's
+// global scales, or gate's when the stack has none of its own), down plain (y [m, n]).
+cuda::sm90::W4A16GroupedGemmArgs nvfp4_args(const GpuLinearStack& w, bool swiglu, const __nv_bfloat16* x, int64_t m,
+                                            const int32_t* d_offsets, __nv_bfloat16* y) {
   cuda::sm90::W4A16GroupedGemmArgs a;
   a.x = x;
   a.expert_offsets = d_offsets;
   a.w_packed = w.packed.as<uint8_t>();
   a.w_scales = w.scales.as<uint8_t>();
   a.w_global_scales = w.global_scales.as<float>();
+  if (swiglu) {
+    a.epilogue = cuda::sm90::W4A16Epilogue::kSwiGlu;
+    a.w_global_scales_up = w.global_scales_up.empty() ? w.global_scales.as<float>() : w.global_scales_up.as<float>();
+  }
   a.y = y;
   a.m_total = m;
   a.n = w.n;
   a.k = w.k;
   a.n_experts = w.n_experts;
-  const int64_t per_expert = std::max<int64_t>(1, (m + w.n_experts - 1) / w.n_experts);
-  cuda::sm90::w4a16_grouped_gemm(a, cuda::sm90::w4a16_default_config(per_expert), stream);
+  return a;
 }
 
-// Refuses, at construction, a shape the GEMM cannot run (its own message, e.g. k % 64).
-void check_nvfp4_gemm(const GpuLinearStack& w, int64_t max_rows, const std::string& what) {
-  cuda::sm90::W4A16GroupedGemmArgs a;
+// Throws unless `elems` elements of `elem_bytes` fit `buf` (the host-side guard before each launch).
+void check_fits(const DeviceBuffer& buf, int64_t elems, size_t elem_bytes, const char* what) {
+  FP4MOE_CHECK(elems >= 0 && static_cast<size_t>(elems) * elem_bytes <= buf.bytes())
+      << "GpuMoeLayer::forward: " << what << " would write " << elems << " x " << elem_bytes << " B into a buffer of "
+      << buf.bytes() << " B";
+}
+
+// Refuses, at construction, a shape the GEMM cannot run (its own message, e.g. k % 16), for every
+// config the default chooser can return and the largest m_total (the grid grows with it).
+void check_nvfp4_gemm(const GpuLinearStack& w, bool swiglu, int64_t max_rows, const std::string& what) {
   DeviceBuffer dummy_offsets(static_cast<size_t>(w.n_experts + 1) * 4);
   DeviceBuffer io(256);
-  a.x = io.as<__nv_bfloat16>();
-  a.y = io.as<__nv_bfloat16>();
-  a.expert_offsets = dummy_offsets.as<int32_t>();
-  a.w_packed = w.packed.as<uint8_t>();
-  a.w_scales = w.scales.as<uint8_t>();
-  a.w_global_scales = w.global_scales.as<float>();
-  a.m_total = max_rows;
-  a.n = w.n;
-  a.k = w.k;
-  a.n_experts = w.n_experts;
-  const int64_t per_expert = std::max<int64_t>(1, (max_rows + w.n_experts - 1) / w.n_experts);
-  try {
-    cuda::sm90::w4a16_check_problem(a, cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(per_expert)));
-  } catch (const Error& err) {
-    FP4MOE_FAIL() << what << " [E=" << w.n_experts << ", n=" << w.n << ", k=" << w.k
-                  << "]: the W4A16 grouped GEMM refuses the shape: " << err.what();
+  cuda::sm90::W4A16GroupedGemmArgs a =
+      nvfp4_args(w, swiglu, io.as<__nv_bfloat16>(), max_rows, dummy_offsets.as<int32_t>(), io.as<__nv_bfloat16>());
+  std::vector<int> ids;
+  for (int64_t v = 1; v <= 128; ++v) ids.push_back(cuda::sm90::w4a16_default_config(v));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int id : ids) {
+    try {
+      cuda::sm90::w4a16_check_problem(a, cuda::sm90::w4a16_config(id));
+    } catch (const Error& err) {
+      FP4MOE_FAIL() << what << " [E=" << w.n_experts << ", n=" << w.n << ", k=" << w.k
+                    << "]: the W4A16 grouped GEMM refuses the shape: " << err.what();
+    }
   }
 }
 
@@ -286,13 +341,17 @@ GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int
   if (g.route_.has_bias) g.bias_ = DeviceBuffer::from_host(layer.correction_bias());
   std::vector<const GatedMlp*> experts;
   for (const GatedMlp& m : layer.experts()) experts.push_back(&m);
-  g.routed_ = upload_mlps(experts, gemm, cfg.hidden, cfg.moe_intermediate, layer.prefix() + ".experts");
+  g.routed_ = upload_mlps(experts, gemm, cfg.hidden, cfg.moe_intermediate, layer.prefix() + ".experts",
+                          g.separate_up_scales_);
   if (layer.shared()) {
     g.has_shared_ = true;
     g.shared_ = upload_mlps({&*layer.shared()}, gemm, cfg.hidden, cfg.shared_intermediate(),
-                            layer.prefix() + ".shared_experts");
+                            layer.prefix() + ".shared_experts", g.separate_up_scales_);
   }
   g.allocate_scratch();
+  // The uploads above are pageable cudaMemcpy calls, which may return before their DMA lands and are
+  // not ordered with a cudaStreamNonBlocking stream: finish them before a forward can read them.
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   return g;
 }
 
@@ -328,6 +387,19 @@ GpuMoeLayer GpuMoeLayer::dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t
   return g;
 }
 
+GpuMoeScratchPlan GpuMoeLayer::scratch_plan() const {
+  GpuMoeScratchPlan p;
+  p.max_tokens = max_tokens_;
+  p.top_k = cfg_.top_k;
+  p.n_experts = cfg_.n_experts;
+  p.hidden = cfg_.hidden;
+  p.inter = cfg_.moe_intermediate;
+  p.has_shared = has_shared_;
+  p.shared_inter = has_shared_ ? cfg_.shared_intermediate() : 0;
+  p.bf16_gate_up = gemm_ == GpuExpertGemm::kBf16Cublas;
+  return p;
+}
+
 void GpuMoeLayer::allocate_scratch() {
   const int64_t T = max_tokens_, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden, I = cfg_.moe_intermediate;
   const int64_t R = T * K;
@@ -336,29 +408,31 @@ void GpuMoeLayer::allocate_scratch() {
       << cuda::moe::kMaxDispatchExperts << ", max_tokens * top_k = " << R << " must fit int32";
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
     const std::string what = "GpuMoeLayer (" + cfg_.to_string() + ")";
-    check_nvfp4_gemm(routed_.gate_up, R, what + " routed gate_up");
-    check_nvfp4_gemm(routed_.down, R, what + " routed down");
+    check_nvfp4_gemm(routed_.gate_up, true, R, what + " routed gate_up");
+    check_nvfp4_gemm(routed_.down, false, R, what + " routed down");
     if (has_shared_) {
-      check_nvfp4_gemm(shared_.gate_up, T, what + " shared gate_up");
-      check_nvfp4_gemm(shared_.down, T, what + " shared down");
+      check_nvfp4_gemm(shared_.gate_up, true, T, what + " shared gate_up");
+      check_nvfp4_gemm(shared_.down, false, T, what + " shared down");
     }
   }
-  logits_ = DeviceBuffer(static_cast<size_t>(T * E) * 4);
-  topk_idx_ = DeviceBuffer(static_cast<size_t>(R) * 4);
-  topk_w_ = DeviceBuffer(static_cast<size_t>(R) * 4);
-  offsets_ = DeviceBuffer(static_cast<size_t>(E + 1) * 4);
-  row_token_ = DeviceBuffer(static_cast<size_t>(R) * 4);
-  entry_of_ = DeviceBuffer(static_cast<size_t>(R) * 4);
+  const GpuMoeScratchPlan plan = scratch_plan();
+  const GpuMoeScratchPlan::Sizes c = plan.capacity();
+  auto bytes = [](int64_t elems, size_t elem_bytes) { return static_cast<size_t>(elems) * elem_bytes; };
+  logits_ = DeviceBuffer(bytes(c.logits, 4));
+  topk_idx_ = DeviceBuffer(bytes(c.topk, 4));
+  topk_w_ = DeviceBuffer(bytes(c.topk, 4));
+  offsets_ = DeviceBuffer(bytes(c.offsets, 4));
+  row_token_ = DeviceBuffer(bytes(c.rows, 4));
+  entry_of_ = DeviceBuffer(bytes(c.rows, 4));
   shared_offsets_ = DeviceBuffer(2 * 4);
-  xp_ = DeviceBuffer(static_cast<size_t>(R * H) * 2);
-  gu_ = DeviceBuffer(static_cast<size_t>(R * 2 * I) * 2);
-  act_ = DeviceBuffer(static_cast<size_t>(R * I) * 2);
-  down_out_ = DeviceBuffer(static_cast<size_t>(R * H) * 2);
+  xp_ = DeviceBuffer(bytes(c.xp, 2));
+  act_ = DeviceBuffer(bytes(c.act, 2));
+  down_out_ = DeviceBuffer(bytes(c.down_out, 2));
+  if (c.gu > 0) gu_ = DeviceBuffer(bytes(c.gu, 2));
   if (has_shared_) {
-    const int64_t Is = cfg_.shared_intermediate();
-    shared_gu_ = DeviceBuffer(static_cast<size_t>(T * 2 * Is) * 2);
-    shared_act_ = DeviceBuffer(static_cast<size_t>(T * Is) * 2);
-    shared_out_ = DeviceBuffer(static_cast<size_t>(T * H) * 2);
+    if (c.shared_gu > 0) shared_gu_ = DeviceBuffer(bytes(c.shared_gu, 2));
+    shared_act_ = DeviceBuffer(bytes(c.shared_act, 2));
+    shared_out_ = DeviceBuffer(bytes(c.shared_out, 2));
   }
   if (gemm_ == GpuExpertGemm::kBf16Cublas) {
     cublasHandle_t h = nullptr;
@@ -370,23 +444,23 @@ void GpuMoeLayer::allocate_scratch() {
   }
 }
 
+int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
+  return cuda::sm90::w4a16_default_config(gpu_moe_tokens_per_expert(n_tokens, cfg_.top_k, cfg_.n_experts));
+}
+
+int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
+  return cuda::sm90::w4a16_default_config(gpu_moe_tokens_per_expert(n_tokens, 1, 1));
+}
+
+// NVFP4: act = SwiGLU(x W_gate_up^T) in one GEMM (the kSwiGlu epilogue), out = act W_down^T.
+// BF16: gu = x W_gate_up^T per expert (cuBLAS), act = swiglu(gu), out = act W_down^T per expert.
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-                          const int32_t* h_offsets, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
-                          cudaStream_t stream) {
+                          const int32_t* h_offsets, int config_id, __nv_bfloat16* gu, __nv_bfloat16* act,
+                          __nv_bfloat16* out, cudaStream_t stream) {
   const int64_t H = w.hidden, I = w.inter;
-  const __nv_bfloat16 *gate = gu, *up = gu + I;
-  int64_t ld = 2 * I;
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
-    if (w.fused_gate_up) {
-      nvfp4_gemm(w.gate_up, x, m, d_offsets, gu, stream);
-    } else {  // gate into the first m * I elements, up into the next (each [m, I])
-      nvfp4_gemm(w.gate_up, x, m, d_offsets, gu, stream);
-      nvfp4_gemm(w.up, x, m, d_offsets, gu + m * I, stream);
-      up = gu + m * I;
-      ld = I;
-    }
-    cuda::moe::swiglu(gate, up, ld, m, I, act, stream);
-    nvfp4_gemm(w.down, act, m, d_offsets, out, stream);
+    cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.gate_up, true, x, m, d_offsets, act), config_id, stream);
+    cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.down, false, act, m, d_offsets, out), config_id, stream);
     return;
   }
   cublasHandle_t h = cublas_.get();
@@ -397,7 +471,7 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
     cublas_bf16_gemm(h, w.gate_up.bf16.as<__nv_bfloat16>() + e * 2 * I * H, x + r0 * H, rows, 2 * I, H,
                      gu + r0 * 2 * I);
   }
-  cuda::moe::swiglu(gate, up, ld, m, I, act, stream);
+  cuda::moe::swiglu(gu, gu + I, 2 * I, m, I, act, stream);
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
     if (rows == 0) continue;
@@ -411,6 +485,22 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
   if (n_tokens == 0) return;
   const int64_t T = n_tokens, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden;
   const int64_t R = T * K;
+  // Host-side guard: what each kernel below writes (the plan's extents) fits the buffer it gets.
+  const GpuMoeScratchPlan::Sizes wr = scratch_plan().writes(T);
+  check_fits(logits_, wr.logits, 4, "router_logits -> logits");
+  check_fits(topk_idx_, wr.topk, 4, "route_topk -> topk_idx");
+  check_fits(topk_w_, wr.topk, 4, "route_topk -> topk_weights");
+  check_fits(offsets_, wr.offsets, 4, "dispatch_plan -> offsets");
+  check_fits(row_token_, wr.rows, 4, "dispatch_plan -> row_token");
+  check_fits(entry_of_, wr.rows, 4, "dispatch_plan -> entry_of");
+  check_fits(xp_, wr.xp, 2, "gather_rows -> xp");
+  check_fits(gu_, wr.gu, 2, "gate_up (cuBLAS) -> gu");
+  check_fits(act_, wr.act, 2, "SwiGLU -> act");
+  check_fits(down_out_, wr.down_out, 2, "down -> down_out");
+  check_fits(shared_gu_, wr.shared_gu, 2, "shared gate_up (cuBLAS) -> shared_gu");
+  check_fits(shared_act_, wr.shared_act, 2, "shared SwiGLU -> shared_act");
+  check_fits(shared_out_, wr.shared_out, 2, "shared down -> shared_out");
+
   cuda::moe::router_logits(x, router_w_.as<float>(), T, H, static_cast<int>(E), logits_.as<float>(), stream);
   cuda::moe::route_topk(route_, logits_.as<float>(), route_.has_bias ? bias_.as<float>() : nullptr, T,
                         topk_idx_.as<int32_t>(), topk_w_.as<float>(), stream);
@@ -425,12 +515,12 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, xp_.as<__nv_bfloat16>(), stream);
-  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, gu_.as<__nv_bfloat16>(),
-          act_.as<__nv_bfloat16>(), down_out_.as<__nv_bfloat16>(), stream);
+  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T),
+          gu_.as<__nv_bfloat16>(), act_.as<__nv_bfloat16>(), down_out_.as<__nv_bfloat16>(), stream);
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
-    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gu_.as<__nv_bfloat16>(),
-            shared_act_.as<__nv_bfloat16>(), shared_out_.as<__nv_bfloat16>(), stream);
+    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
+            shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(), shared_out_.as<__nv_bfloat16>(), stream);
   }
   cuda::moe::combine(down_out_.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
                      has_shared_ ? shared_out_.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);
@@ -459,8 +549,9 @@ int64_t GpuMoeLayer::shared_expert_bytes() const { return has_shared_ ? mlp_byte
 std::string GpuMoeLayer::describe() const {
   std::ostringstream os;
   os << gpu_expert_gemm_name(gemm_) << " E=" << cfg_.n_experts << " top-" << cfg_.top_k << " H=" << cfg_.hidden
-     << " I=" << cfg_.moe_intermediate << " shared " << (has_shared_ ? cfg_.shared_intermediate() : 0) << " gate_up "
-     << (routed_.fused_gate_up ? "fused" : "split") << ", max " << max_tokens_ << " tokens";
+     << " I=" << cfg_.moe_intermediate << " shared " << (has_shared_ ? cfg_.shared_intermediate() : 0)
+     << (gemm_ == GpuExpertGemm::kNvfp4W4A16 ? " swiglu-epilogue" : " swiglu-kernel")
+     << (separate_up_scales_ ? " (gs gate != up)" : "") << ", max " << max_tokens_ << " tokens";
   return os.str();
 }
 

@@ -1,18 +1,24 @@
 // GpuMoeLayer: the MoE block of moe::MoeLayer on the GPU with BF16 activations:
 //   router_logits (f32) -> route_topk (the CPU router's algorithm, kernels/cuda/moe/route_math.h)
 //   -> dispatch_plan (offsets, row <-> (token, slot), on the device) -> gather x rows in expert order
-//   -> gate_up grouped GEMM -> SwiGLU -> down grouped GEMM -> combine per token in slot order
-//   (+ shared expert, the same GEMMs with E = 1). No atomics: the output is bit-reproducible.
+//   -> gate_up grouped GEMM with the SwiGLU epilogue (act = silu(gate) * up) -> down grouped GEMM
+//   -> combine per token in slot order (+ shared expert, the same GEMMs with E = 1). No atomics: the
+//   output is bit-reproducible.
 // Two expert-GEMM backends, everything else shared:
-//   kNvfp4W4A16  sm90_nvfp4_w4a16_grouped_gemm, one launch per projection for all experts. forward()
-//                never synchronizes with the host nor allocates: it can be captured in a CUDA graph
-//                for a fixed token count (all scratch is preallocated for max_tokens).
-//   kBf16Cublas  the benchmark peer: BF16 weights (the NVFP4 ones dequantized exactly) and one
-//                cublasGemmEx per non-empty expert. The per-expert row counts must be on the host for
-//                that, so forward() copies the offsets back and SYNCHRONIZES the stream after the
+//   kNvfp4W4A16  sm90_nvfp4_w4a16_grouped_gemm, one launch per projection for all experts: gate and up
+//                are one weight of 2I rows interleaved by 8 (w4a16_repack_gate_up) and the GEMM's
+//                kSwiGlu epilogue writes act [rows, I] directly, with gate's and up's own global
+//                scales (w_global_scales / w_global_scales_up; ModelOpt checkpoints often share them,
+//                then both arrays hold the same values). forward() never synchronizes with the host
+//                nor allocates: it can be captured in a CUDA graph for a fixed token count (all
+//                scratch is preallocated for max_tokens).
+//   kBf16Cublas  the benchmark peer: BF16 weights (the NVFP4 ones dequantized exactly), gate and up
+//                stacked as [E, 2I, H] (gate first), one cublasGemmEx per non-empty expert and
+//                projection, then the swiglu kernel. The per-expert row counts must be on the host
+//                for that, so forward() copies the offsets back and SYNCHRONIZES the stream after the
 //                dispatch: not capturable, and its time includes that sync (as any cuBLAS loop would).
-// gate and up are stacked as one [E, 2I, H] weight (one GEMM, output [rows, 2I], gate first) when
-// they share weight_scale_2 in every expert (ModelOpt checkpoints do); otherwise two GEMMs.
+// Scratch sizes come from GpuMoeScratchPlan (moe/gpu_moe_plan.h, CPU-tested), and forward() checks
+// on the host, before each launch, that the kernel's output extent fits the buffer it writes.
 // Tested by tests/moe/test_gpu_moe_layer.cpp (label gpu): kernels vs moe::route / DispatchPlan,
 // the layer vs moe::MoeLayer::forward at 1, 7, 64, 300 tokens, golden MoE blocks, graph replay,
 // determinism. Timed by `fp4moe bench moe` (tools/bench_moe.h).
@@ -29,6 +35,7 @@
 #include "kernels/cuda/moe/device_buffer.h"
 #include "kernels/cuda/moe/route_math.h"
 #include "moe/config.h"
+#include "moe/gpu_moe_plan.h"
 #include "moe/moe_layer.h"
 
 struct cublasContext;
@@ -45,17 +52,19 @@ cuda::moe::RouteParams route_params(const MoeConfig& cfg);
 // E experts' [n, k] weights of one projection on the device.
 struct GpuLinearStack {
   int64_t n_experts = 0, n = 0, k = 0;
-  cuda::DeviceBuffer packed;         // NVFP4, the GEMM's layout (see to_gemm_layout in the .cpp)
-  cuda::DeviceBuffer scales;         // NVFP4 e4m3 block scales, the GEMM's layout
-  cuda::DeviceBuffer global_scales;  // NVFP4 f32 [E]
+  cuda::DeviceBuffer packed;         // NVFP4, the GEMM's kernel layout (w4a16_repack / _gate_up)
+  cuda::DeviceBuffer scales;         // NVFP4 e4m3 block scales, the GEMM's kernel layout
+  cuda::DeviceBuffer global_scales;  // NVFP4 f32 [E] (gate_up: gate_proj's weight_scale_2)
+  cuda::DeviceBuffer global_scales_up;  // NVFP4 gate_up only: f32 [E], up_proj's weight_scale_2
   cuda::DeviceBuffer bf16;           // BF16 [E, n, k]
 };
 
-// The routed experts (E of them) or the shared expert (E = 1) as GEMM-ready stacks.
+// The routed experts (E of them) or the shared expert (E = 1) as GEMM-ready stacks. gate_up has
+// n = 2I rows: NVFP4 interleaved by 8 for the SwiGLU epilogue (w4a16_repack_gate_up), BF16 stacked
+// (gate rows 0..I-1, up rows I..2I-1).
 struct GpuMlpStack {
   int64_t n_experts = 0, hidden = 0, inter = 0;
-  bool fused_gate_up = true;  // gate_up holds [E, 2I, H]; else gate_up = gate [E, I, H] and up
-  GpuLinearStack gate_up, up, down;
+  GpuLinearStack gate_up, down;
 };
 
 // Synthetic routing for dummy layers (benchmarks). With x ~ U(-1, 1) the router weights U(-a, a),
@@ -109,14 +118,20 @@ class GpuMoeLayer {
   // without one).
   int64_t routed_expert_bytes() const;
   int64_t shared_expert_bytes() const;
-  // "nvfp4_w4a16 E=256 top-8 H=6144 I=2048 shared 2048 gate_up fused, max 4096 tokens"
+  // "nvfp4_w4a16 E=256 top-8 H=6144 I=2048 shared 2048 swiglu-epilogue, max 4096 tokens"
+  // (gs gate != up when some expert's gate and up global scales differ; bf16_cublas: "swiglu-kernel")
   std::string describe() const;
+  // The W4A16 config ids forward(n_tokens) launches for the routed experts' and the shared expert's
+  // GEMMs (chosen for gpu_moe_tokens_per_expert, moe/gpu_moe_plan.h); for benchmarks that print them.
+  int routed_gemm_config(int64_t n_tokens) const;
+  int shared_gemm_config(int64_t n_tokens) const;
 
  private:
   GpuMoeLayer() = default;
   void allocate_scratch();
+  GpuMoeScratchPlan scratch_plan() const;
   void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-               const int32_t* h_offsets, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
+               const int32_t* h_offsets, int config_id, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
                cudaStream_t stream);
 
   MoeConfig cfg_;
@@ -128,11 +143,13 @@ class GpuMoeLayer {
   GpuMlpStack routed_;
   bool has_shared_ = false;
   GpuMlpStack shared_;
+  bool separate_up_scales_ = false;  // some expert's gate and up weight_scale_2 differ (describe())
 
   // Scratch for max_tokens (T) tokens, R = T * top_k rows.
   cuda::DeviceBuffer logits_, topk_idx_, topk_w_, offsets_, row_token_, entry_of_, shared_offsets_;
-  cuda::DeviceBuffer xp_, gu_, act_, down_out_;          // [R, H], [R, 2I], [R, I], [R, H]
-  cuda::DeviceBuffer shared_gu_, shared_act_, shared_out_;  // [T, 2Is], [T, Is], [T, H]
+  cuda::DeviceBuffer xp_, act_, down_out_;                  // [R, H], [R, I], [R, H]
+  cuda::DeviceBuffer shared_act_, shared_out_;              // [T, Is], [T, H]
+  cuda::DeviceBuffer gu_, shared_gu_;  // kBf16Cublas only: [R, 2I], [T, 2Is] (NVFP4: SwiGLU epilogue)
   // kBf16Cublas only.
   struct CublasDestroy {
     void operator()(cublasContext* h) const;

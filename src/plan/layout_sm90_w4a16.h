@@ -8,13 +8,15 @@
 // wording (config names, byte summary, the refusal message) is in plan/w4a16_smem.h.
 //
 // Two kinds of config:
-//  * kStream (decode, 1..16 tokens per expert): no shared memory. Each warp owns 16 weight rows and
-//    streams their codes and scales from global memory straight into registers (one coalesced 16 B
-//    load per lane per 64-wide K chunk), `stages` chunks ahead; activations come through L1 (every
-//    warp of the CTA reads the same few rows). No barrier in the main loop.
+//  * kStream (decode, 1..16 tokens per expert): each warp owns 16 weight rows and streams their
+//    codes into its own ring of `stages` 512 B chunk slots in shared memory (one coalesced 16 B
+//    cp.async per lane per 64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier
+//    at all), `stages - 1` chunks in flight per warp; scales come a group (8 chunks) ahead and
+//    activations 4 chunks ahead in registers, through L1 (every warp of the CTA reads the same rows).
 //      block_w  rows per CTA: 64 or 128 (4 or 8 warps); block_t 8 or 16 tokens; block_k 64 (one
-//      chunk per step); stages = prefetch distance in chunks: 2, 4 or 8.
+//      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
+//    Shared memory: one region, the code rings: block_w / 16 warps x stages x 512 B.
 //  * kPipeline (32+ tokens): activations, codes and scales staged through shared memory by a
 //    cp.async multi-stage pipeline.
 //      block_w 64 or 128 (one m16 row tile per warp); block_t 8, 16, 32 or 64; block_k 128 or 256
@@ -48,19 +50,21 @@ struct W4A16Config {
   uint32_t block_w = 128;  // weight rows per CTA (MMA M)
   uint32_t block_t = 16;   // tokens per CTA (MMA N)
   uint32_t block_k = 256;  // K per stage (kStream: 64)
-  uint32_t stages = 4;     // pipeline stages (kStream: prefetch distance in chunks)
+  uint32_t stages = 4;     // pipeline stages (kStream: code ring depth in chunks)
   W4A16Kind kind = W4A16Kind::kPipeline;
 
   FP4MOE_HD constexpr uint32_t n_warps() const { return block_w / 16; }
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-// Registers per thread a config is compiled for (kStream: the prefetch ring of `stages` chunks x
-// (16 B of codes + 32 B of activations per 8 tokens) plus ~48 for the rest; kPipeline: 64).
+// Activation chunks a kStream lane keeps in registers ahead of use.
+inline constexpr uint32_t kW4A16StreamXAhead = 4;
+
+// Registers per thread a config is compiled for (kStream: the activation ring of 4 chunks x 32 B
+// per 8 tokens plus ~48 for the rest; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   if (c.kind != W4A16Kind::kStream) return 64;
-  const uint32_t estimate = 48 + 4 * c.stages * (1 + 2 * (c.block_t / 8));
-  return estimate <= 128 ? 128 : estimate <= 168 ? 168 : 255;
+  return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
 }
 
 // CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at
@@ -86,6 +90,7 @@ struct W4A16Layout {
   uint32_t stage_stride = 0;                                             // bytes between stages
   uint32_t x_tile_bytes = 0, w_tiles_bytes = 0, w_scales_bytes = 0;      // one stage
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
+  uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's ring at ring_offset + w * ring_warp_bytes
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
@@ -102,7 +107,7 @@ struct W4A16Layout {
       if (c.block_w != 64 && c.block_w != 128) return "stream: block_w (weight rows per CTA) must be 64 or 128";
       if (c.block_t != 8 && c.block_t != 16) return "stream: block_t (tokens, MMA N) must be 8 or 16";
       if (c.block_k != 64) return "stream: block_k must be 64 (one chunk per step)";
-      if (c.stages != 2 && c.stages != 4 && c.stages != 8) return "stream: stages (prefetch distance) must be 2, 4 or 8";
+      if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
       return nullptr;
     }
     if (c.kind != W4A16Kind::kPipeline) return "unknown kind";
@@ -120,7 +125,12 @@ struct W4A16Layout {
     out.config = c;
     out.invalid_reason = check(c);
     if (out.invalid_reason != nullptr) return out;
-    if (c.kind == W4A16Kind::kStream) return out;  // registers only: no shared memory
+    if (c.kind == W4A16Kind::kStream) {
+      out.ring_warp_bytes = c.stages * 512;
+      out.ring_offset = out.layout.add("code rings (per warp, e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes, 128,
+                                       RegionKind::kStageOperand);
+      return out;
+    }
     out.x_tile_bytes = c.block_t * c.block_k * 2;
     out.w_tiles_bytes = c.block_w * c.block_k / 2;
     out.w_scales_bytes = c.block_w * c.block_k / 16;
@@ -150,16 +160,16 @@ struct W4A16Layout {
 };
 
 // The configurations the kernel is compiled for (the planner and autotuner pick among these by
-// index). Decode (1..16 tokens per expert) wants the register-streaming configs, 32+ tokens the
+// index). Decode (1..16 tokens per expert) wants the streaming (kStream) configs, 32+ tokens the
 // pipelined 32/64-token tiles.
 inline constexpr W4A16Kind kStreamKind = W4A16Kind::kStream;
 inline constexpr W4A16Config kW4A16Configs[] = {
-    {64, 8, 64, 4, kStreamKind},    // w4a16_stream_m64n8_d4
-    {128, 8, 64, 4, kStreamKind},   // w4a16_stream_m128n8_d4
     {64, 8, 64, 8, kStreamKind},    // w4a16_stream_m64n8_d8
-    {64, 16, 64, 4, kStreamKind},   // w4a16_stream_m64n16_d4
-    {128, 16, 64, 4, kStreamKind},  // w4a16_stream_m128n16_d4
-    {64, 16, 64, 2, kStreamKind},   // w4a16_stream_m64n16_d2
+    {64, 8, 64, 16, kStreamKind},   // w4a16_stream_m64n8_d16
+    {128, 8, 64, 8, kStreamKind},   // w4a16_stream_m128n8_d8
+    {64, 16, 64, 8, kStreamKind},   // w4a16_stream_m64n16_d8
+    {64, 16, 64, 16, kStreamKind},  // w4a16_stream_m64n16_d16
+    {128, 16, 64, 8, kStreamKind},  // w4a16_stream_m128n16_d8
     {64, 8, 256, 4},                // w4a16_swapab_m64n8k256_s4
     {128, 16, 256, 4},              // w4a16_swapab_m128n16k256_s4
     {128, 32, 128, 4},              // w4a16_swapab_m128n32k128_s4

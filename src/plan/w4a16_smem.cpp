@@ -23,7 +23,7 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     return s.str();
   }
   if (c.kind == W4A16Kind::kStream) {
-    s << "no shared memory (registers only: " << c.stages << " chunks of 512 B codes in flight per warp) = 0 B";
+    s << c.n_warps() << " warps x code ring (" << c.stages << " chunks x 512 B) = " << l.total_bytes() << " B";
     return s.str();
   }
   s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_tiles " << l.w_tiles_bytes << " + w_scales "

@@ -14,7 +14,7 @@ namespace fp4moe::plan {
 
 inline constexpr const char* kW4A16KernelName = "sm90_nvfp4_w4a16_grouped_gemm";
 
-// "w4a16_swapab_m128n16k256_s4" (kPipeline), "w4a16_stream_m64n8_d4" (kStream)
+// "w4a16_swapab_m128n16k256_s4" (kPipeline), "w4a16_stream_m64n8_d8" (kStream)
 std::string w4a16_config_name(const W4A16Config& c);
 
 // Byte breakdown: "4 stages x (x_tile 8192 + w_tiles 16384 + w_scales 2048) + epilogue 4352 = 110848 B",

@@ -195,6 +195,9 @@ std::vector<BenchMoeRow> run_bench_moe(const BenchMoeOptions& opts, std::ostream
     for (auto& v : xh) v = f32_to_bf16(u(rng));
     cuda::DeviceBuffer x = cuda::DeviceBuffer::from_host(xh);
     cuda::DeviceBuffer y(static_cast<size_t>(max_tokens * cfg.hidden) * 2);
+    // A pageable cudaMemcpy may return before its DMA lands, unordered with the timer's non-blocking
+    // stream: the first forward (whose routing histogram is printed) must see all of x.
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
     for (double s : skews) {
       moe::GpuDummyRouting routing;
       routing.zipf_s = s;
@@ -221,8 +224,7 @@ std::vector<BenchMoeRow> run_bench_moe(const BenchMoeOptions& opts, std::ostream
             r.active_experts += rows_e > 0 ? 1 : 0;
             r.max_rows_per_expert = std::max(r.max_rows_per_expert, rows_e);
           }
-          const int64_t per_expert = std::max<int64_t>(1, (t * cfg.top_k + cfg.n_experts - 1) / cfg.n_experts);
-          r.config = cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(per_expert)));
+          r.config = cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(layer.routed_gemm_config(t)));
           r.weight_bytes = r.active_experts * layer.routed_expert_bytes() + layer.shared_expert_bytes();
           r.flops = bench_moe_flops(t, cfg.top_k, cfg.hidden, cfg.moe_intermediate, cfg.shared_intermediate());
           if (opts.graph) {  // the forward as one CUDA-graph replay (no launch overhead)

@@ -2,13 +2,17 @@
 // tiling of GQA groups, the attention kernel's CTA/row/key geometry (attention_geometry.h: every
 // CTA of random decode and prefill grids walked on the CPU; each (token, head) computed once per
 // split, the splits' visible keys partitioning 0..pos exactly) and its shared-memory carve, the MLA
-// decode kernel's shared-memory layout and split planning, the decode split planner (coverage, tile multiples, caps), the split-K
-// workspace size, block-table packing and slot computation with their error messages, the
-// device-error texts, and the argmax tie order shared with the kernel (argmax_beats).
+// decode kernel's shared-memory layout and split planning, the decode split planner (coverage, tile
+// multiples, caps, empty and all-padding batches), the launchers' split check (check_decode_split:
+// a default DecodeSplit is rejected as not planned), the splits and grids of the GPU test's decode
+// cases (test_cuda_paged_attention.cpp) as that test chooses them, the split-K workspace size,
+// block-table packing and slot computation with their error messages, the device-error texts, and
+// the argmax tie order shared with the kernel (argmax_beats).
 // Run: test_cuda_ops_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +69,7 @@ TEST(PlanDecodeSplit, CoversTheLongestSequence) {
     ASSERT_GE(s.keys_per_split, kAttnKeysPerTile) << c;
     ASSERT_GE(s.n_splits * s.keys_per_split, len) << c;
     ASSERT_LT((s.n_splits - 1) * s.keys_per_split, std::max<int64_t>(len, 1)) << c << " (an always-empty split)";
+    ASSERT_NO_THROW(check_decode_split("plan_decode_split", s)) << c;
   }
   // One long sequence on a 132-SM H200 with 8 KV heads: split to fill the GPU.
   const DecodeSplit one = plan_decode_split(1, 96, 8, 32768, 132);
@@ -77,6 +82,37 @@ TEST(PlanDecodeSplit, CoversTheLongestSequence) {
   EXPECT_EQ(plan_decode_split(1, 96, 8, 0, 132).to_string(), "1 split x 32 keys");
 }
 
+// The launchers' split check: a default DecodeSplit is "not planned", and every launch limit is named.
+TEST(DecodeSplit, CheckRejectsUnplannedAndOutOfRangeSplits) {
+  EXPECT_EQ(DecodeSplit{}.n_splits, 0);
+  EXPECT_EQ(DecodeSplit{}.keys_per_split, 0);
+  const auto message = [](const DecodeSplit& split) -> std::string {
+    try {
+      check_decode_split("paged_attention_decode_bf16", split);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const auto has = [](const std::string& what, const std::string& part) {
+    return what.find(part) != std::string::npos;
+  };
+  EXPECT_PRED2(has, message(DecodeSplit{}),
+               "paged_attention_decode_bf16: split 0 splits x 0 keys is not planned (take it from plan_decode_split");
+  EXPECT_PRED2(has, message(DecodeSplit{1, 0}),
+               "split 1 split x 0 keys (keys a split must be a positive multiple of 32, at most 2147483648)");
+  EXPECT_PRED2(has, message(DecodeSplit{2, 48}), "split 2 splits x 48 keys (keys a split must be a positive multiple");
+  EXPECT_PRED2(has, message(DecodeSplit{1, -32}), "split 1 split x -32 keys (keys a split");
+  EXPECT_PRED2(has, message(DecodeSplit{1, kMaxKeysPerSplit + 32}), "x 2147483680 keys (keys a split");
+  EXPECT_PRED2(has, message(DecodeSplit{0, 64}), "split 0 splits x 64 keys (1 to 65535 splits)");
+  EXPECT_PRED2(has, message(DecodeSplit{-1, 64}), "split -1 splits x 64 keys (1 to 65535 splits)");
+  EXPECT_PRED2(has, message(DecodeSplit{65536, 32}), "split 65536 splits x 32 keys (1 to 65535 splits)");
+  for (const DecodeSplit ok : {DecodeSplit{1, 32}, DecodeSplit{65535, 32}, DecodeSplit{1, kMaxKeysPerSplit},
+                               DecodeSplit{kMaxLaunchSplits, kMaxKeysPerSplit}}) {
+    EXPECT_EQ(message(ok), "accepted") << ok.to_string();
+  }
+}
+
 TEST(AttentionSmem, Carve) {
   // q 32 rows x D f32 + K 32 x (D + 2) bf16 + V 32 x D bf16.
   EXPECT_EQ(AttnSmem<32>::kTotalBytes, 32 * 32 * 4 + 32 * 34 * 2 + 32 * 32 * 2);
@@ -86,15 +122,72 @@ TEST(AttentionSmem, Carve) {
   EXPECT_EQ(AttnSmem<128>::kVOffset, 16384 + 8320);
 }
 
-// Walks every CTA of the kernel's grid with the kernel's own geometry functions, following its
-// control flow (early exit of a CTA past the sequence's chunk, row validity, key range cut at the
-// CTA's last position, per-row causal limit), and counts what each (token, head, key) receives.
+// Walks every CTA of the kernel's grid (x: q tiles x KV heads x head chunks, y: sequences, z: key
+// splits) with the kernel's own geometry functions, following its control flow (early exit of a CTA
+// past the sequence's chunk, row validity, key range cut at the CTA's last position, per-row causal
+// limit), and checks that each (token, head) is computed once per split and sees every key 0..pos
+// exactly once. Decode: q_len[s] = 1 for every entry (the kernel's one query row), seq_len 0 allowed.
+void walk_attention_grid(int n_kv, int group, bool decode, const std::vector<int64_t>& q_len,
+                         const std::vector<int64_t>& seq_len, const DecodeSplit& split, const std::string& c) {
+  const int n_heads = n_kv * group;
+  const int n_seqs = static_cast<int>(q_len.size());
+  const AttentionRowTiling t = attention_row_tiling(n_heads, n_kv);
+  const int64_t max_q = *std::max_element(q_len.begin(), q_len.end());
+  const int64_t n_q_tiles = decode ? 1 : (max_q + t.tokens_per_cta - 1) / t.tokens_per_cta;
+  const int64_t grid_x = n_q_tiles * n_kv * t.n_head_chunks;
+  ASSERT_NO_THROW(check_decode_split("walk_attention_grid", split)) << c;  // the launchers' check
+  for (int64_t len : seq_len) ASSERT_LE(len, split.n_splits * split.keys_per_split) << c << " (the kernel flags it)";
+  // rows_seen[s][(token * n_heads + head) * n_splits + split], keys_seen[s][(token * n_heads + head) * len + key]
+  for (int s = 0; s < n_seqs; ++s) {
+    std::vector<int> rows_seen(static_cast<size_t>(q_len[s] * n_heads * split.n_splits), 0);
+    std::vector<int> keys_seen(static_cast<size_t>(q_len[s] * n_heads * std::max<int64_t>(seq_len[s], 1)), 0);
+    for (int sp = 0; sp < split.n_splits; ++sp) {
+      for (int64_t bx = 0; bx < grid_x; ++bx) {
+        const AttnCta cta = attn_cta(static_cast<uint32_t>(bx), n_kv, t.n_head_chunks);
+        const int64_t tok0 = cta.q_tile * t.tokens_per_cta;
+        if (tok0 >= q_len[s]) continue;
+        int64_t kb = 0, ke = 0;
+        attn_key_range(seq_len[s], q_len[s], tok0, t.tokens_per_cta, sp, split.keys_per_split, &kb, &ke);
+        ASSERT_LE(ke, seq_len[s]) << c;
+        for (int r = 0; r < kAttnRowsPerCta; ++r) {
+          const AttnRow row = attn_row(r, tok0, cta.head_chunk, t.heads_per_cta, t.tokens_per_cta, group, q_len[s]);
+          if (!row.valid) continue;
+          const int64_t head = static_cast<int64_t>(cta.kv_head) * group + row.group_head;
+          ASSERT_LT(head, n_heads) << c;
+          ASSERT_LT(row.token, q_len[s]) << c;
+          ++rows_seen[static_cast<size_t>((row.token * n_heads + head) * split.n_splits + sp)];
+          const int64_t limit = attn_query_pos(seq_len[s], q_len[s], row.token);
+          for (int64_t k0 = kb; k0 < ke; k0 += kAttnKeysPerTile) {  // the kernel's tile loop
+            for (int lane = 0; lane < kAttnKeysPerTile; ++lane) {
+              const int64_t key = k0 + lane;
+              if (key < ke && key <= limit) {
+                ++keys_seen[static_cast<size_t>((row.token * n_heads + head) * std::max<int64_t>(seq_len[s], 1) + key)];
+              }
+            }
+          }
+        }
+      }
+    }
+    for (size_t i = 0; i < rows_seen.size(); ++i) ASSERT_EQ(rows_seen[i], 1) << c << " seq " << s << " row/split " << i;
+    for (int64_t tok = 0; tok < q_len[s]; ++tok) {
+      const int64_t pos = attn_query_pos(seq_len[s], q_len[s], tok);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        for (int64_t key = 0; key < seq_len[s]; ++key) {
+          ASSERT_EQ(keys_seen[static_cast<size_t>((tok * n_heads + h) * std::max<int64_t>(seq_len[s], 1) + key)],
+                    key <= pos ? 1 : 0)
+              << c << " seq " << s << " (len " << seq_len[s] << ", q " << q_len[s] << ") token " << tok << " head " << h
+              << " key " << key;
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionGeometry, EveryRowOncePerSplitAndKeysPartitioned) {
   std::mt19937_64 rng(testing::test_seed());
   for (int it = 0; it < 300; ++it) {
     const int n_kv = 1 + static_cast<int>(rng() % 4);
     const int group = std::vector<int>{1, 2, 3, 12, 32, 33, 48}[rng() % 7];
-    const int n_heads = n_kv * group;
     const bool decode = rng() % 2 == 0;
     const int n_seqs = 1 + static_cast<int>(rng() % 4);
     std::vector<int64_t> q_len(n_seqs), seq_len(n_seqs);
@@ -103,8 +196,6 @@ TEST(AttentionGeometry, EveryRowOncePerSplitAndKeysPartitioned) {
       seq_len[s] = q_len[s] + static_cast<int64_t>(rng() % 120);
       if (decode && rng() % 8 == 0) seq_len[s] = 0;  // padded entry
     }
-    const AttentionRowTiling t = attention_row_tiling(n_heads, n_kv);
-    const int64_t max_q = *std::max_element(q_len.begin(), q_len.end());
     const int64_t max_len = *std::max_element(seq_len.begin(), seq_len.end());
     DecodeSplit split{1, (std::max<int64_t>(max_len, 1) + 31) / 32 * 32};
     if (decode && rng() % 2 == 0) {
@@ -112,54 +203,97 @@ TEST(AttentionGeometry, EveryRowOncePerSplitAndKeysPartitioned) {
       split.n_splits = static_cast<int>((std::max<int64_t>(max_len, 1) + split.keys_per_split - 1) / split.keys_per_split) +
                        static_cast<int>(rng() % 2);  // sometimes one always-empty split
     }
-    const int64_t n_q_tiles = decode ? 1 : (max_q + t.tokens_per_cta - 1) / t.tokens_per_cta;
-    const int64_t grid_x = n_q_tiles * n_kv * t.n_head_chunks;
     const std::string c = std::string(decode ? "decode" : "prefill") + " kv=" + std::to_string(n_kv) +
                           " group=" + std::to_string(group) + " seqs=" + std::to_string(n_seqs) + " " + split.to_string();
-    // rows_seen[s][(token * n_heads + head) * n_splits + split], keys_seen[s][(token * n_heads + head) * len + key]
-    for (int s = 0; s < n_seqs; ++s) {
-      std::vector<int> rows_seen(static_cast<size_t>(q_len[s] * n_heads * split.n_splits), 0);
-      std::vector<int> keys_seen(static_cast<size_t>(q_len[s] * n_heads * std::max<int64_t>(seq_len[s], 1)), 0);
-      for (int sp = 0; sp < split.n_splits; ++sp) {
-        for (int64_t bx = 0; bx < grid_x; ++bx) {
-          const AttnCta cta = attn_cta(static_cast<uint32_t>(bx), n_kv, t.n_head_chunks);
-          const int64_t tok0 = cta.q_tile * t.tokens_per_cta;
-          if (tok0 >= q_len[s]) continue;
-          int64_t kb = 0, ke = 0;
-          attn_key_range(seq_len[s], q_len[s], tok0, t.tokens_per_cta, sp, split.keys_per_split, &kb, &ke);
-          ASSERT_LE(ke, seq_len[s]) << c;
-          for (int r = 0; r < kAttnRowsPerCta; ++r) {
-            const AttnRow row = attn_row(r, tok0, cta.head_chunk, t.heads_per_cta, t.tokens_per_cta, group, q_len[s]);
-            if (!row.valid) continue;
-            const int64_t head = static_cast<int64_t>(cta.kv_head) * group + row.group_head;
-            ASSERT_LT(head, n_heads) << c;
-            ASSERT_LT(row.token, q_len[s]) << c;
-            ++rows_seen[static_cast<size_t>((row.token * n_heads + head) * split.n_splits + sp)];
-            const int64_t limit = attn_query_pos(seq_len[s], q_len[s], row.token);
-            for (int64_t k0 = kb; k0 < ke; k0 += kAttnKeysPerTile) {  // the kernel's tile loop
-              for (int lane = 0; lane < kAttnKeysPerTile; ++lane) {
-                const int64_t key = k0 + lane;
-                if (key < ke && key <= limit) {
-                  ++keys_seen[static_cast<size_t>((row.token * n_heads + head) * std::max<int64_t>(seq_len[s], 1) + key)];
-                }
-              }
-            }
-          }
-        }
-      }
-      for (size_t i = 0; i < rows_seen.size(); ++i) ASSERT_EQ(rows_seen[i], 1) << c << " seq " << s << " row/split " << i;
-      for (int64_t tok = 0; tok < q_len[s]; ++tok) {
-        const int64_t pos = attn_query_pos(seq_len[s], q_len[s], tok);
-        for (int64_t h = 0; h < n_heads; ++h) {
-          for (int64_t key = 0; key < seq_len[s]; ++key) {
-            ASSERT_EQ(keys_seen[static_cast<size_t>((tok * n_heads + h) * std::max<int64_t>(seq_len[s], 1) + key)],
-                      key <= pos ? 1 : 0)
-                << c << " seq " << s << " (len " << seq_len[s] << ", q " << q_len[s] << ") token " << tok << " head " << h
-                << " key " << key;
-          }
-        }
-      }
+    walk_attention_grid(n_kv, group, decode, q_len, seq_len, split, c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A batch with no key anywhere (all entries padded, or no entries) still plans a valid launch, for
+// GQA and MLA; the planners take any int32 length and refuse longer ones.
+TEST(PlanDecodeSplit, EmptyAndAllPaddingBatchesAreValidLaunches) {
+  for (int64_t n_seqs : {0, 1, 5, 300}) {
+    const DecodeSplit gqa = plan_decode_split(n_seqs, 96, 8, 0, 132);
+    EXPECT_EQ(gqa.to_string(), "1 split x 32 keys") << n_seqs << " sequences";
+    EXPECT_NO_THROW(check_decode_split("paged_attention_decode_bf16", gqa));
+    const DecodeSplit mla = plan_mla_decode_split(n_seqs, 64, 0, 132);
+    EXPECT_EQ(mla.to_string(), "1 split x 32 keys") << n_seqs << " sequences";
+    EXPECT_NO_THROW(check_decode_split("mla_decode_attention", mla));
+  }
+  EXPECT_EQ(plan_decode_split(0, 96, 8, 4096, 132).n_splits, 1);  // nothing to fill the GPU with
+  // Every entry padded: each row is computed once per split and sees no key (the kernel writes zeros).
+  walk_attention_grid(8, 12, true, {1, 1, 1}, {0, 0, 0}, plan_decode_split(3, 96, 8, 0, 132), "all padded, planner");
+  walk_attention_grid(2, 2, true, {1, 1}, {0, 0}, DecodeSplit{3, 32}, "all padded, 3 x 32");
+  const DecodeSplit longest = plan_decode_split(1, 96, 8, INT32_MAX, 132);
+  EXPECT_NO_THROW(check_decode_split("paged_attention_decode_bf16", longest)) << longest.to_string();
+  EXPECT_GE(longest.n_splits * longest.keys_per_split, int64_t{INT32_MAX}) << longest.to_string();
+  EXPECT_NO_THROW(check_decode_split("x", plan_decode_split(1, 1, 1, INT32_MAX, 1, INT32_MAX)));  // 1 x 2^31
+  try {
+    plan_decode_split(1, 96, 8, int64_t{INT32_MAX} + 1, 132);
+    FAIL() << "a max_seq_len beyond int32 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_seq_len=2147483648 (int32)"), std::string::npos) << e.what();
+  }
+}
+
+// The decode cases of tests/kernels/test_cuda_paged_attention.cpp (DecodeSmall, DecodeGlmShapes:
+// keep this list in sync with it), each split chosen exactly as its run_case chooses it: the case's
+// forced_split when its n_splits > 0, else plan_decode_split(n_seqs, n_heads, n_kv_heads, longest
+// seq_len, 132), a case forcing nothing holding a default DecodeSplit{} (the choice does not depend
+// on the test's random seed). On the H200 the planner cases reached the launcher with "1 split x 0
+// keys": DecodeSplit{} defaulted to n_splits 1, so the test's "n_splits 0: plan" rule never fired.
+// Here every case's split must pass the launcher's check_decode_split, cover the longest sequence,
+// need a workspace exactly when it has several splits, and its grid must compute every row once per
+// split with each key 0..seq_len-1 seen exactly once (walk_attention_grid).
+TEST(PagedAttentionGpuCases, DecodeSplitsAreValidLaunches) {
+  struct SeqSpec {
+    int64_t cached, q_len;
+  };
+  struct GpuDecodeCase {
+    std::string name;
+    int64_t n_heads, n_kv_heads, head_dim, page_size;
+    std::vector<SeqSpec> seqs;
+    bool decode;
+    DecodeSplit forced_split{};
+  };
+  const std::vector<SeqSpec> kMixedDecode{{0, 1}, {16, 1}, {299, 1}, {15, 1}, {32, 1}};
+  const std::vector<GpuDecodeCase> cases{
+      // DecodeSmall
+      {"tiny group 2, d32, page 16", 4, 2, 32, 16, kMixedDecode, true},
+      {"tiny, forced 5 x 64-key splits", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{5, 64}},
+      {"tiny, 10 x 32-key splits (most empty)", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{10, 32}},
+      {"mha d96, page 1", 3, 3, 96, 1, {{0, 1}, {40, 1}}, true},
+      {"padded entry (seq_len 0)", 8, 2, 64, 16, {{20, 1}, {0, 0}, {5, 1}}, true, DecodeSplit{2, 32}},
+      {"all entries padded, planner", 8, 2, 64, 16, {{0, 0}, {0, 0}}, true},
+      {"all entries padded, 3 x 32-key splits", 8, 2, 64, 16, {{0, 0}, {0, 0}}, true, DecodeSplit{3, 32}},
+      // DecodeGlmShapes
+      {"glm45 96/8 heads, d128, page 64", 96, 8, 128, 64, {{0, 1}, {299, 1}, {999, 1}, {4096, 1}}, true},
+      {"glm45 one long sequence (planner splits)", 96, 8, 128, 64, {{4096, 1}}, true},
+      {"group 48 (two head chunks), d64", 96, 2, 64, 16, {{16, 1}, {300, 1}}, true, DecodeSplit{3, 128}},
+  };
+  for (const GpuDecodeCase& c : cases) {
+    ASSERT_TRUE(c.decode) << c.name;
+    const int64_t n_seqs = static_cast<int64_t>(c.seqs.size());
+    std::vector<int64_t> seq_len, q_len;
+    for (const SeqSpec& sp : c.seqs) {
+      seq_len.push_back(sp.cached + sp.q_len);
+      q_len.push_back(1);  // decode: one query row per sequence, padded entries included
     }
+    const int64_t max_len = *std::max_element(seq_len.begin(), seq_len.end());
+    const DecodeSplit split =
+        c.forced_split.n_splits > 0 ? c.forced_split : plan_decode_split(n_seqs, c.n_heads, c.n_kv_heads, max_len, 132);
+    const std::string what = c.name + " [" + split.to_string() + "]";
+    if (c.forced_split.n_splits == 0) {
+      EXPECT_EQ(split.to_string(), plan_decode_split(n_seqs, c.n_heads, c.n_kv_heads, max_len, 132).to_string())
+          << c.name << ": a case forcing nothing must get the planner's split";
+    }
+    EXPECT_NO_THROW(check_decode_split("paged_attention_decode_bf16", split)) << what;
+    EXPECT_GE(split.n_splits * split.keys_per_split, max_len) << what;
+    EXPECT_EQ(attention_workspace_bytes(n_seqs, c.n_heads, c.head_dim, split) > 0, split.n_splits > 1) << what;
+    walk_attention_grid(static_cast<int>(c.n_kv_heads), static_cast<int>(c.n_heads / c.n_kv_heads), true, q_len,
+                        seq_len, split, what);
+    if (HasFatalFailure()) return;
   }
 }
 

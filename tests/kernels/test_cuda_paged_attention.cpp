@@ -7,7 +7,9 @@
 //   - decode (one query per sequence): GQA groups 1, 2, 12 (GLM-4.5: 96 q / 8 kv heads, head_dim
 //     128) and 48 (two head chunks a KV head), head_dim 32/64/96/128, sequence lengths 1, 17, 300,
 //     page-boundary lengths and 4097, the planner's split and forced splits (incl. more splits than
-//     keys, so some splits are empty), a padded entry (seq_len 0 -> zeros);
+//     keys, so some splits are empty), a padded entry (seq_len 0 -> zeros), and a batch of padded
+//     entries only (no key anywhere: planner's 1 x 32 split and a forced 3-split merge -> zeros);
+//     test_cuda_ops_host (PagedAttentionGpuCases) checks these cases' splits and grids on the CPU;
 //   - prefill chunks attending causally to a cached prefix + themselves: lengths 1, 2 across a page
 //     boundary, 17 after 283 cached, 300 from empty, page_size 1;
 //   - the error flag: a block id outside the pool and a seq_len beyond the block table.
@@ -52,7 +54,7 @@ struct AttnCase {
   int64_t n_heads, n_kv_heads, head_dim, page_size;
   std::vector<SeqSpec> seqs;
   bool decode;
-  DecodeSplit forced_split{};  // n_splits 0: plan_decode_split for 132 SMs
+  DecodeSplit forced_split{};  // the default (0 x 0, "not planned"): plan_decode_split for 132 SMs
 };
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
@@ -225,7 +227,7 @@ void run_case(const AttnCase& c, std::mt19937_64& rng) {
           const float g = bf16_to_f32(got[qrow + static_cast<size_t>(d)]);
           const float e = static_cast<float>(ref[static_cast<size_t>(d)]);
           const float err = std::fabs(g - e);
-          worst = std::max<double>(worst, err / max_v);
+          worst = std::max<double>(worst, max_v > 0.0f ? err / max_v : err);  // max_v 0: no key anywhere
           ASSERT_LE(err, std::ldexp(std::fabs(e), -8) * 1.001f + 2e-5f * max_v)
               << what << ": seq " << s << " (len " << seq_len[s] << ") query " << t << " (pos " << pos << ") head " << h
               << " dim " << d << " gpu " << g << " cpu " << e;
@@ -246,7 +248,8 @@ void run_cases(const std::vector<AttnCase>& cases) {
 
 const std::vector<SeqSpec> kMixedDecode{{0, 1}, {16, 1}, {299, 1}, {15, 1}, {32, 1}};  // lens 1, 17, 300, 16, 33
 
-// Small shapes (also run under compute-sanitizer by scripts/gpu_check.sh).
+// Small shapes (also run under compute-sanitizer by scripts/gpu_check.sh). The decode case lists
+// here and in test_cuda_ops_host.cpp (PagedAttentionGpuCases) must stay the same.
 TEST(CudaPagedAttention, DecodeSmall) {
   SKIP_WITHOUT_GPU();
   run_cases({
@@ -255,6 +258,8 @@ TEST(CudaPagedAttention, DecodeSmall) {
       {"tiny, 10 x 32-key splits (most empty)", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{10, 32}},
       {"mha d96, page 1", 3, 3, 96, 1, {{0, 1}, {40, 1}}, true},
       {"padded entry (seq_len 0)", 8, 2, 64, 16, {{20, 1}, {0, 0}, {5, 1}}, true, DecodeSplit{2, 32}},
+      {"all entries padded, planner", 8, 2, 64, 16, {{0, 0}, {0, 0}}, true},
+      {"all entries padded, 3 x 32-key splits", 8, 2, 64, 16, {{0, 0}, {0, 0}}, true, DecodeSplit{3, 32}},
   });
 }
 

@@ -8,13 +8,18 @@
 //   * w4a16_repack / w4a16_unpack: round trip on random data (K = 16 x odd, N = 24, E = 3, ...),
 //     every code and scale found where the file comment's formulas say, padding zero, sizes, and
 //     the refusals (K % 16, N % 8, a NaN scale naming expert, row and block) to the text;
-//   * an emulation of both kernels' inner loops on a random problem (2 experts x 32 rows,
-//     K = 208 = 16 x 13, 16 tokens): the A fragments from the kernel-layout bytes as each kernel
-//     indexes them (kStream: straight from the global layout; kPipeline: a host image of one stage
-//     as load_stage's cp.async copies fill it, block_k 128 and 256), the B fragments from the
-//     activations (kStream: 32 B at x[tok][64 kc + 16 t]; kPipeline: x_tile_offset swizzle and
-//     load_b_fragments), an emulated mma.sync m16n8k16 written here from the PTX fragment layouts,
-//     and 2^8 x D against the f64 dot products of the dequantized weights (format/nvfp4.h);
+//   * (the emulation of both kernels' inner loops is in test_cuda_w4a16_emulation_host.cpp:)
+//     an emulation of both kernels' inner loops on a random problem (2 experts x 32 rows,
+//     K = 208 = 16 x 13, 16 tokens; kStream also K = 1040 = 16 x 65): the A fragments from the
+//     kernel-layout bytes as each kernel indexes them (kStream: each lane's 16 B of chunk kc, indexed
+//     in the global layout as before, copied by cp.async into its warp's shared-memory ring slot
+//     kc % stages of a host image of the CTA's W4A16Layout and read back by the same lane after
+//     wait_group(stages - 2), every shipped stream config and a ring of 4; kPipeline: a host image
+//     of one stage as load_stage's cp.async copies fill it, block_k 128 and 256), the B fragments
+//     from the activations (kStream: a register ring of 4 chunks, 32 B at x[tok][64 kc + 16 t];
+//     kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated mma.sync m16n8k16
+//     written here from the PTX fragment layouts, and 2^8 x D against the f64 dot products of the
+//     dequantized weights (format/nvfp4.h);
 //   * the pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales;
 //   * the constexpr layout (plan/layout_sm90_w4a16.h) of both kinds, config names, the kernel's
 //     carve against what `fp4moe plan` sizes, the launcher refusing exactly what the planner
@@ -23,9 +28,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <random>
 #include <set>
@@ -383,251 +390,6 @@ TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
   EXPECT_NE(msg.find("expert 0, row 15, block 3 (k 48..63) has a NaN e4m3 scale (0xff)"), std::string::npos) << msg;
 }
 
-// ---- emulation of both kernels' inner loops ------------------------------------------------------
-
-// Emulated mma.sync.m16n8k16.row.col bf16: D[16x8] += A[16x16] B[16x8] from the 32 lanes'
-// registers, per the PTX ISA fragment layouts (groupID g = lane / 4, t = lane % 4):
-//   A: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
-//   B: b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g)      low half = lower index
-// Unassigned elements stay NaN and would poison D. f64 products of bf16 values are exact.
-void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], double d[16][8]) {
-  double A[16][16], B[16][8];
-  for (auto& row : A) for (double& v : row) v = std::nan("");
-  for (auto& row : B) for (double& v : row) v = std::nan("");
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
-    for (int r = 0; r < 4; ++r) {
-      A[rows[r]][cols[r]] = lo_f32(a[lane][r]);
-      A[rows[r]][cols[r] + 1] = hi_f32(a[lane][r]);
-    }
-    B[2 * t][g] = lo_f32(b[lane][0]);
-    B[2 * t + 1][g] = hi_f32(b[lane][0]);
-    B[2 * t + 8][g] = lo_f32(b[lane][1]);
-    B[2 * t + 9][g] = hi_f32(b[lane][1]);
-  }
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 8; ++n) {
-      for (int k = 0; k < 16; ++k) d[m][n] += A[m][k] * B[k][n];
-    }
-  }
-}
-
-// The 4 MMA steps of one chunk from per-lane fragments a[lane][s][.], b[lane][s][.].
-void emulate_chunk(const uint32_t a[32][4][4], const uint32_t b[32][4][2], double d[16][8]) {
-  for (int s = 0; s < 4; ++s) {
-    uint32_t as[32][4], bs[32][2];
-    for (int lane = 0; lane < 32; ++lane) {
-      std::memcpy(as[lane], a[lane][s], sizeof(as[lane]));
-      std::memcpy(bs[lane], b[lane][s], sizeof(bs[lane]));
-    }
-    emulate_mma(as, bs, d);
-  }
-}
-
-// A random MoE slice in both layouts plus the activations.
-struct EmuProblem {
-  static constexpr int64_t kExperts = 2, kN = 32, kK = 208, kTokens = 16;  // K = 16 x 13: 4 chunks, the last 1/4 full
-  Weights w;
-  std::vector<uint8_t> kcodes, kscales;  // kernel layout
-  std::vector<uint16_t> x;               // [kTokens, kK] bf16, the tokens of every expert
-  int64_t row_tiles = 0, k_chunks = 0, k_groups = 0;
-};
-
-EmuProblem make_emu_problem(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  EmuProblem p;
-  p.w = random_weights(rng, EmuProblem::kExperts, EmuProblem::kN, EmuProblem::kK);
-  w4a16_repack(p.w.codes.data(), p.w.scales.data(), EmuProblem::kExperts, EmuProblem::kN, EmuProblem::kK, p.kcodes,
-               p.kscales, "emulated weight");
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  p.x.resize(static_cast<size_t>(EmuProblem::kTokens * EmuProblem::kK));
-  for (uint16_t& v : p.x) v = f32_to_bf16(normal(rng));
-  p.row_tiles = w4a16_row_tiles(EmuProblem::kN);
-  p.k_chunks = w4a16_k_chunks(EmuProblem::kK);
-  p.k_groups = w4a16_k_groups(EmuProblem::kK);
-  EXPECT_EQ(p.row_tiles, 2);
-  EXPECT_EQ(p.k_chunks, 4);  // 208 = 3 x 64 + 16
-  EXPECT_EQ(p.k_groups, 1);
-  return p;
-}
-
-// 2^8 x D of the row tile `rt` x token tile `nt` of expert `e` against the f64 dot products of the
-// dequantized weights; products are exact, so only the f64 summation order differs (1e-9 of the
-// sum of |terms|).
-void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, const double d[16][8], const char* kernel) {
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 8; ++n) {
-      const int64_t row = rt * 16 + m, tok = nt * 8 + n;
-      double want = 0, sum_abs = 0;
-      for (int64_t kk = 0; kk < EmuProblem::kK; ++kk) {
-        const double term = static_cast<double>(format::e2m1_to_f32(static_cast<uint8_t>(p.w.code(e, row, kk)))) *
-                            format::e4m3_to_f32(p.w.scale(e, row, kk)) *
-                            bf16_to_f32(p.x[static_cast<size_t>(tok * EmuProblem::kK + kk)]);
-        want += term;
-        sum_abs += std::fabs(term);
-      }
-      const double got = std::ldexp(d[m][n], kW4A16AccShift);
-      ASSERT_FALSE(std::isnan(got)) << kernel << ": a fragment element was never written";
-      ASSERT_NEAR(got, want, 1e-9 * sum_abs + 1e-30)
-          << kernel << ": expert " << e << " weight row " << row << " token " << tok;
-    }
-  }
-}
-
-// kStream: each lane loads its 16 B of codes of chunk kc and its 16 B scale group straight from
-// the global kernel layout, and 32 B of activations at x[tok][64 kc + 16 t] (zero past K).
-void emulate_stream_tile(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, double d[16][8]) {
-  const int64_t tile = e * p.row_tiles + rt;
-  for (int64_t kc = 0; kc < p.k_chunks; ++kc) {
-    uint32_t a[32][4][4], b[32][4][2];
-    for (uint32_t lane = 0; lane < 32; ++lane) {
-      const uint32_t g = lane / 4, t = lane % 4;
-      uint4 wq, sg;
-      std::memcpy(&wq, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
-      std::memcpy(&sg, p.kscales.data() + (tile * p.k_groups + kc / kW4A16ScaleGroup) * kW4A16TileBytes + lane * 16, 16);
-      uint32_t sc_lo = 0, sc_hi = 0;
-      w4a16_chunk_scales(sg, static_cast<uint32_t>(kc % kW4A16ScaleGroup), sc_lo, sc_hi);
-      w4a16_chunk_fragments(wq, sc_lo, sc_hi, a[lane]);
-      uint32_t words[8] = {};  // b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
-      const int64_t tok = nt * 8 + g, k0 = 64 * kc + 16 * t;
-      if (k0 < EmuProblem::kK) std::memcpy(words, p.x.data() + tok * EmuProblem::kK + k0, 32);
-      for (int s = 0; s < 4; ++s) {
-        b[lane][s][0] = words[2 * s];
-        b[lane][s][1] = words[2 * s + 1];
-      }
-    }
-    emulate_chunk(a, b, d);
-  }
-}
-
-// kPipeline with block_w 32 (2 warps), block_t 16 and BLOCK_K: each K slice is copied into a host
-// image of one stage exactly as load_stage's cp.async copies fill it (zero when the source is out
-// of range), then the warps read it as the kernel's main loop does.
-template <uint32_t BLOCK_K>
-void emulate_pipeline_cta(const EmuProblem& p, int64_t e, double d[2][2][16][8]) {
-  constexpr uint32_t kRowTiles = 2, kT = 16, kChunks = BLOCK_K / 64;
-  const int64_t rt0 = 0, tile0 = e * p.row_tiles + rt0;
-  const int64_t n_ktiles = (p.k_chunks + kChunks - 1) / kChunks;
-  for (int64_t kt = 0; kt < n_ktiles; ++kt) {
-    std::vector<uint4> x_store(kT * BLOCK_K * 2 / 16), w_store(kRowTiles * kChunks * 32);
-    std::vector<uint4> s_store((kRowTiles * 32 * 2 * kChunks + 15) / 16);
-    std::memset(x_store.data(), 0x00, x_store.size() * 16);
-    std::memset(w_store.data(), 0x00, w_store.size() * 16);
-    std::memset(s_store.data(), 0x00, s_store.size() * 16);
-    auto* x_tile = reinterpret_cast<uint8_t*>(x_store.data());
-    auto* w_tile = reinterpret_cast<uint8_t*>(w_store.data());
-    auto* s_tile = reinterpret_cast<uint8_t*>(s_store.data());
-    const int64_t k0 = kt * BLOCK_K;
-    for (uint32_t i = 0; i < kT * BLOCK_K / 8; ++i) {
-      const uint32_t r = i / (BLOCK_K / 8), c = i % (BLOCK_K / 8);
-      const int64_t k = k0 + c * 8;
-      if (k < EmuProblem::kK) std::memcpy(x_tile + x_tile_offset<BLOCK_K>(r, c), p.x.data() + r * EmuProblem::kK + k, 16);
-    }
-    for (uint32_t i = 0; i < kRowTiles * kChunks * 32; ++i) {
-      const uint32_t rtl = i / (kChunks * 32), rem = i % (kChunks * 32);
-      const int64_t kc = kt * kChunks + rem / 32;
-      if (rt0 + rtl < p.row_tiles && kc < p.k_chunks) {
-        std::memcpy(w_tile + i * 16, p.kcodes.data() + ((tile0 + rtl) * p.k_chunks + kc) * kW4A16TileBytes + (rem % 32) * 16, 16);
-      }
-    }
-    const int64_t kc0 = kt * kChunks, kg = kc0 / kW4A16ScaleGroup, j0 = kc0 % kW4A16ScaleGroup;
-    for (uint32_t i = 0; i < kRowTiles * 32; ++i) {
-      const uint32_t rtl = i / 32, ln = i % 32;
-      if (rt0 + rtl < p.row_tiles && kc0 < p.k_chunks) {
-        std::memcpy(s_tile + i * 2 * kChunks,
-                    p.kscales.data() + ((tile0 + rtl) * p.k_groups + kg) * kW4A16TileBytes + ln * 16 + 2 * j0, 2 * kChunks);
-      }
-    }
-    for (uint32_t warp = 0; warp < kRowTiles; ++warp) {
-      for (uint32_t nt = 0; nt < kT / 8; ++nt) {
-        for (uint32_t kcl = 0; kcl < kChunks; ++kcl) {
-          if (kt * kChunks + kcl >= p.k_chunks) continue;
-          uint32_t a[32][4][4], b[32][4][2];
-          for (uint32_t lane = 0; lane < 32; ++lane) {
-            uint16_t pair;
-            std::memcpy(&pair, s_tile + (warp * 32 + lane) * 2 * kChunks + 2 * kcl, 2);
-            uint32_t sc_lo = 0, sc_hi = 0;
-            w4a16_pair_scales(pair, sc_lo, sc_hi);
-            const auto* codes = reinterpret_cast<const uint4*>(w_tile + warp * kChunks * kW4A16TileBytes + lane * 16 +
-                                                               kcl * kW4A16TileBytes);
-            w4a16_chunk_fragments(*codes, sc_lo, sc_hi, a[lane]);
-            load_b_fragments<BLOCK_K>(x_tile, nt * 8, kcl, lane, b[lane]);
-          }
-          emulate_chunk(a, b, d[warp][nt]);
-        }
-      }
-    }
-  }
-}
-
-TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
-  const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x57Eull);
-  for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
-    for (int64_t rt = 0; rt < p.row_tiles; ++rt) {
-      for (int64_t nt = 0; nt < EmuProblem::kTokens / 8; ++nt) {
-        double d[16][8] = {};
-        emulate_stream_tile(p, e, rt, nt, d);
-        expect_tile_exact(p, e, rt, nt, d, "stream");
-      }
-    }
-  }
-}
-
-TEST(W4A16Emulation, PipelineKernelGivesTheExactProducts) {
-  const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x919Eull);
-  for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
-    double d128[2][2][16][8] = {}, d256[2][2][16][8] = {};
-    emulate_pipeline_cta<128>(p, e, d128);  // 2 slices: chunks 0-1, 2-3
-    emulate_pipeline_cta<256>(p, e, d256);  // 1 slice: chunks 0-3
-    for (int64_t rt = 0; rt < 2; ++rt) {
-      for (int64_t nt = 0; nt < 2; ++nt) {
-        expect_tile_exact(p, e, rt, nt, d128[rt][nt], "pipeline block_k 128");
-        expect_tile_exact(p, e, rt, nt, d256[rt][nt], "pipeline block_k 256");
-      }
-    }
-  }
-}
-
-// The pipeline kernel's per-lane scale slice: for stage kt, lane L copies bytes 2 j0 .. 2 j0 +
-// 2 kChunks - 1 of its 16 B in group kc0 / 8 (kc0 = kt x kChunks, j0 = kc0 % 8) with a cp.async of
-// 2 kChunks bytes; chunk kcl's pair at slice bytes 2 kcl, 2 kcl + 1 must give w4a16_chunk_scales'
-// words for chunk j0 + kcl, and the copy must be aligned to its size and stay inside the 16 B.
-template <uint32_t BLOCK_K>
-void check_scale_slices(uint64_t seed) {
-  constexpr uint32_t kChunks = BLOCK_K / 64;
-  static_assert(kW4A16ScaleGroup % kChunks == 0);
-  std::mt19937_64 rng(seed);
-  for (uint32_t lane = 0; lane < 32; ++lane) {
-    uint8_t groups[2][16];  // this lane's 16 B of two consecutive scale groups
-    for (auto& grp : groups) for (uint8_t& b : grp) b = random_scale(rng);
-    for (uint32_t kt = 0; kt < 2 * kW4A16ScaleGroup / kChunks; ++kt) {
-      const uint32_t kc0 = kt * kChunks, kg = kc0 / kW4A16ScaleGroup, j0 = kc0 % kW4A16ScaleGroup;
-      const uint32_t src = lane * 16 + 2 * j0;
-      EXPECT_EQ(src % (2 * kChunks), 0u) << "BLOCK_K " << BLOCK_K << " stage " << kt << ": cp.async source misaligned";
-      EXPECT_LE(2 * j0 + 2 * kChunks, 16u) << "BLOCK_K " << BLOCK_K << " stage " << kt << ": the slice leaves the 16 B";
-      uint8_t slice[8] = {};
-      std::memcpy(slice, groups[kg] + 2 * j0, 2 * kChunks);
-      uint4 group;
-      std::memcpy(&group, groups[kg], 16);
-      for (uint32_t kcl = 0; kcl < kChunks; ++kcl) {
-        uint16_t pair;
-        std::memcpy(&pair, slice + 2 * kcl, 2);
-        uint32_t lo = 0, hi = 0, want_lo = 0, want_hi = 0;
-        w4a16_pair_scales(pair, lo, hi);
-        w4a16_chunk_scales(group, j0 + kcl, want_lo, want_hi);
-        EXPECT_EQ(lo, want_lo) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
-        EXPECT_EQ(hi, want_hi) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
-      }
-    }
-  }
-}
-
-TEST(W4A16Emulation, PipelineScaleSliceGivesTheChunkScales) {
-  check_scale_slices<128>(testing::test_seed() ^ 0x128ull);  // 2 chunks, 4 B per lane per stage
-  check_scale_slices<256>(testing::test_seed() ^ 0x256ull);  // 4 chunks, 8 B per lane per stage
-}
-
 // ---- layout, configs, refusals --------------------------------------------------------------
 
 // The static_asserts the kernel templates make about their config, checked for the whole table.
@@ -636,8 +398,15 @@ TEST(W4A16Configs, ShippedConfigsMeetTheKernelsStaticAsserts) {
     const std::string name = w4a16_config_name(c);
     EXPECT_TRUE(W4A16Layout::make(c).valid()) << name;
     if (c.kind == W4A16Kind::kStream) {
-      EXPECT_EQ(kW4A16ScaleGroup % c.stages, 0u) << name << ": the prefetch ring must divide a scale group";
-      EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = j & (stages - 1)";
+      // sm90_nvfp4_w4a16_stream_kernel: static_assert(kLayout.fits(kSm90SmemOptinBytes)) and
+      // static_assert(kW4A16ScaleGroup % kW4A16StreamXAhead == 0) (xs = j % 4 is compile-time).
+      EXPECT_TRUE(W4A16Layout::make(c).fits(kSm90SmemOptinBytes)) << name;
+      EXPECT_EQ(kW4A16ScaleGroup % kW4A16StreamXAhead, 0u) << name << ": the activation ring must divide a scale group";
+      // cp_async_wait<stages - 2> needs stages >= 2 (and the prologue's stages - 1 copies >= 1);
+      // ring slot kc % stages is a mask for a power of two.
+      EXPECT_GE(c.stages, 2u) << name;
+      EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = kc % stages";
+      EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes, c.stages * kW4A16TileBytes) << name << ": one 512 B chunk per slot";
     } else {
       EXPECT_EQ(c.block_k % 64, 0u) << name;
       EXPECT_EQ(kW4A16ScaleGroup % (c.block_k / 64), 0u) << name;
@@ -683,31 +452,50 @@ TEST(W4A16Layout, PipelineRegionsAreAlignedAndSumToTheTotal) {
   EXPECT_EQ(n_pipeline, 5);
 }
 
-TEST(W4A16Layout, StreamConfigsHaveNoSharedMemory) {
+// The kStream layout is one region, the code rings: warp w's ring of `stages` chunk slots of
+// 512 B (32 lanes x 16 B of one 16 x 64 e2m1 tile) at ring_offset + w x stages x 512
+// (tests/plan/test_layouts.cpp pins every config's bytes); the launcher refuses it 1 B short.
+TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
   int n_stream = 0;
   for (const W4A16Config& c : kW4A16Configs) {
     if (c.kind != W4A16Kind::kStream) continue;
     ++n_stream;
     const W4A16Layout l = W4A16Layout::make(c);
     const std::string name = w4a16_config_name(c);
-    EXPECT_TRUE(l.valid()) << name;
-    EXPECT_TRUE(l.fits(0)) << name;
-    EXPECT_EQ(l.total_bytes(), 0u) << name;
-    EXPECT_EQ(l.layout.n_regions, 0) << name;
+    const uint32_t total = c.n_warps() * c.stages * 512;
+    ASSERT_TRUE(l.valid()) << name;
+    ASSERT_EQ(l.layout.n_regions, 1) << name;
+    const plan::SmemRegion& r = l.layout.regions[0];
+    EXPECT_STREQ(r.name, "code rings (per warp, e2m1 kernel layout)") << name;
+    EXPECT_EQ(r.offset, 0u) << name;
+    EXPECT_EQ(r.bytes, total) << name;
+    EXPECT_EQ(r.align, 128u) << name;
+    EXPECT_EQ(l.ring_offset, 0u) << name;
+    EXPECT_EQ(l.ring_warp_bytes, c.stages * 512) << name;
+    EXPECT_EQ(l.total_bytes(), total) << name;  // the last warp's ring ends at the request
     EXPECT_EQ(l.x_tile_bytes + l.w_tiles_bytes + l.w_scales_bytes + l.stage_stride + l.epilogue_bytes, 0u) << name;
-    EXPECT_EQ(w4a16_smem_summary(c), "no shared memory (registers only: " + std::to_string(c.stages) +
-                                         " chunks of 512 B codes in flight per warp) = 0 B")
+    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(c.n_warps()) + " warps x code ring (" + std::to_string(c.stages) +
+                                         " chunks x 512 B) = " + std::to_string(total) + " B")
         << name;
-    EXPECT_NO_THROW(w4a16_check_config(c, 0)) << name;
+    EXPECT_NO_THROW(w4a16_check_config(c, total)) << name;
+    const std::string msg = expect_throw([&] { w4a16_check_config(c, total - 1); });
+    EXPECT_NE(msg.find("config " + name + " needs " + w4a16_smem_summary(c) + " of shared memory > " +
+                       std::to_string(total - 1) + " B (the device's opt-in limit per block) by 1 B"),
+              std::string::npos)
+        << msg;
   }
   EXPECT_EQ(n_stream, 6);
+  // By hand: config 0, m64n8_d8, is 64 / 16 = 4 warps x 8 x 512 = 16384 B.
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)), "4 warps x code ring (8 chunks x 512 B) = 16384 B");
 }
 
-// Config id i is instantiated as sm90_nvfp4_w4a16_stream_kernel<block_w, block_t, stages> (launched
-// with 0 B of dynamic shared memory, __launch_bounds__ from W4A16Config{block_w, block_t, 64,
-// stages, kStream}) or sm90_nvfp4_w4a16_pipeline_kernel<block_w, block_t, block_k, stages>, which
-// carves with W4A16Layout::make(W4A16Config{block_w, block_t, block_k, stages}) and requests its
-// total_bytes(). The planner must size the same config id with the same regions.
+// Config id i is instantiated as sm90_nvfp4_w4a16_stream_kernel<block_w, block_t, stages>, which
+// carves its code rings with W4A16Layout::make(W4A16Config{block_w, block_t, 64, stages, kStream})
+// (ring_offset + warp x ring_warp_bytes) and is launched with that total_bytes() of dynamic shared
+// memory (after cudaFuncSetAttribute), or as sm90_nvfp4_w4a16_pipeline_kernel<block_w, block_t,
+// block_k, stages>, which carves with W4A16Layout::make(W4A16Config{block_w, block_t, block_k,
+// stages}) and requests its total_bytes(). The planner must size the same config id with the same
+// regions.
 TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
   const std::vector<plan::TileCandidate> cands = plan::family_candidates(plan::KernelFamily::kSm90W4A16, false);
   ASSERT_EQ(static_cast<int>(cands.size()), w4a16_num_configs());
@@ -723,12 +511,20 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
     EXPECT_TRUE(check.fits) << name << ": " << check.reason;
     EXPECT_EQ(check.stages, static_cast<int>(c.stages)) << name;
     if (c.kind == W4A16Kind::kStream) {
-      const W4A16Config kernel{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kStream};
-      EXPECT_EQ(c.block_k, kernel.block_k) << name;
-      EXPECT_EQ(planned.n_regions, 0) << name;
-      EXPECT_EQ(planned.total_bytes, 0u) << name;
-      EXPECT_EQ(check.bytes, 0u) << name;
-      EXPECT_EQ(check.stage_bytes + check.epilogue_bytes + check.overhead_bytes, 0u) << name;
+      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kStream});
+      EXPECT_EQ(c.block_k, 64u) << name;
+      ASSERT_EQ(planned.n_regions, 1) << name;
+      ASSERT_EQ(kernel.layout.n_regions, 1) << name;
+      EXPECT_STREQ(planned.regions[0].name, kernel.layout.regions[0].name) << name;
+      EXPECT_EQ(planned.regions[0].offset, kernel.ring_offset) << name;
+      EXPECT_EQ(planned.regions[0].bytes, c.n_warps() * kernel.ring_warp_bytes) << name;
+      EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
+      EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;  // what the launcher requests
+      EXPECT_EQ(check.bytes, c.n_warps() * c.stages * 512) << name;
+      EXPECT_EQ(check.stages * check.stage_bytes + check.epilogue_bytes + check.overhead_bytes, check.bytes) << name;
+      uint32_t sum = 0;
+      for (const plan::BreakdownItem& b : check.breakdown) sum += b.bytes;
+      EXPECT_EQ(sum, check.bytes) << name;
       continue;
     }
     const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
@@ -750,42 +546,65 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 
 // One computation behind both refusals: on an RTX 4090 (101376 B opt-in) the planner rejects the
 // configs the launcher would refuse, and its reason is the launcher's message without the kernel
-// name. From the real numbers: the 6 stream configs need 0 B; of the pipeline ones
-// m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4 (93184 B) fit, while
-// m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and m128n64k128_s4
-// (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not: 2 refusals.
-TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
-  const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
-  ASSERT_EQ(ada.smem_optin_per_block, 101376u);
+// name. From the real numbers: the 6 stream configs need at most 8 warps x 8 x 512 = 32768 B
+// (m128*_d8) or 4 warps x 16 x 512 = 32768 B (m64*_d16), the others 4 x 8 x 512 = 16384 B: all
+// fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
+// (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
+// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not: 2 refusals.
+// On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
+// 32768 B ones and all 5 pipeline ones (54400 B and up) are refused, 9 in all.
+std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
-    const plan::SmemCheck check = plan::check_smem(cand, ada, plan::kCutlass420);
+    const plan::SmemCheck check = plan::check_smem(cand, gpu, plan::kCutlass420);
     const std::string name = cand.to_string();
     if (check.fits) {
-      EXPECT_NO_THROW(w4a16_check_config(cand.ours, ada.smem_optin_per_block)) << name;
+      EXPECT_NO_THROW(w4a16_check_config(cand.ours, gpu.smem_optin_per_block)) << name;
       continue;
     }
     refused.push_back(name);
     EXPECT_EQ(check.rule, "smem-opt-in") << name;
-    const std::string msg = expect_throw([&] { w4a16_check_config(cand.ours, ada.smem_optin_per_block); });
+    const std::string msg = expect_throw([&] { w4a16_check_config(cand.ours, gpu.smem_optin_per_block); });
     EXPECT_NE(msg.find(std::string("sm90_nvfp4_w4a16_grouped_gemm: ") + check.reason), std::string::npos)
         << name << "\nlauncher: " << msg << "\nplanner: " << check.reason;
   }
-  EXPECT_EQ(refused, (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4"}));
+  return refused;
+}
+
+TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
+  const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
+  ASSERT_EQ(ada.smem_optin_per_block, 101376u);
+  EXPECT_EQ(check_refusals_agree(ada),
+            (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4"}));
+  plan::GpuSpec tiny = ada;
+  tiny.name = "tiny";
+  tiny.smem_optin_per_block = 20000;
+  EXPECT_EQ(check_refusals_agree(tiny),
+            (std::vector<std::string>{"w4a16_stream_m64n8_d16", "w4a16_stream_m128n8_d8", "w4a16_stream_m64n16_d16",
+                                      "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
+                                      "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
+                                      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4"}));
+  // The stream refusal to the byte: 32768 - 20000 = 12768.
+  const std::string msg =
+      expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
+  EXPECT_NE(msg.find("config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared "
+                     "memory > 20000 B (the device's opt-in limit per block) by 12768 B"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(W4A16Configs, NamesRoundTrip) {
   const std::vector<std::string> names = w4a16_config_names();
   const std::vector<std::string> want = {
-      "w4a16_stream_m64n8_d4",       "w4a16_stream_m128n8_d4",      "w4a16_stream_m64n8_d8",
-      "w4a16_stream_m64n16_d4",      "w4a16_stream_m128n16_d4",     "w4a16_stream_m64n16_d2",
+      "w4a16_stream_m64n8_d8",       "w4a16_stream_m64n8_d16",      "w4a16_stream_m128n8_d8",
+      "w4a16_stream_m64n16_d8",      "w4a16_stream_m64n16_d16",     "w4a16_stream_m128n16_d8",
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
   const std::string msg = expect_throw([] { w4a16_config_id("w4a16_swapab_m256n8k128_s4"); });
-  EXPECT_NE(msg.find("unknown config 'w4a16_swapab_m256n8k128_s4'; known: w4a16_stream_m64n8_d4, w4a16_stream_m128n8_d4, "),
+  EXPECT_NE(msg.find("unknown config 'w4a16_swapab_m256n8k128_s4'; known: w4a16_stream_m64n8_d8, w4a16_stream_m64n8_d16, "),
             std::string::npos)
       << msg;
   const std::string msg_id = expect_throw([] { w4a16_config(99); });
@@ -798,8 +617,8 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
     int64_t tokens;
     const char* name;
   };
-  const Case cases[] = {{1, "w4a16_stream_m64n8_d4"},         {8, "w4a16_stream_m64n8_d4"},
-                        {9, "w4a16_stream_m64n16_d4"},        {16, "w4a16_stream_m64n16_d4"},
+  const Case cases[] = {{1, "w4a16_stream_m64n8_d8"},         {8, "w4a16_stream_m64n8_d8"},
+                        {9, "w4a16_stream_m64n16_d8"},        {16, "w4a16_stream_m64n16_d8"},
                         {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
                         {33, "w4a16_swapab_m128n64k128_s4"},  {500, "w4a16_swapab_m128n64k128_s4"}};
   for (const Case& cs : cases) {
@@ -811,6 +630,9 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
+  // The decode defaults' rings: 4 warps x 8 chunks x 512 B = 16384 B each.
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 16384u);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 16384u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 64u);
 }
 
@@ -848,7 +670,24 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
   msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 128, 4, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("cannot be built: stream: block_k must be 64 (one chunk per step)"), std::string::npos) << msg;
   msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 3, kS}, kSm90SmemOptinBytes); });
-  EXPECT_NE(msg.find("config w4a16_stream_m64n8_d3 cannot be built: stream: stages (prefetch distance) must be 2, 4 or 8"),
+  EXPECT_NE(msg.find("config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
+            std::string::npos)
+      << msg;
+  // A depth of 2 (one chunk in flight) and of 32 are refused too; 4 and 16 build.
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 2, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("config w4a16_stream_m64n8_d2 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
+            std::string::npos)
+      << msg;
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{128, 16, 64, 32, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("config w4a16_stream_m128n16_d32 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
+            std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(w4a16_check_config(W4A16Config{64, 8, 64, 4, kS}, kSm90SmemOptinBytes));
+  EXPECT_NO_THROW(w4a16_check_config(W4A16Config{128, 16, 64, 16, kS}, kSm90SmemOptinBytes));  // 8 x 16 x 512 = 65536 B
+  // Shared memory is checked for stream configs too: 4 warps x 16 x 512 = 32768 B > 32767 by 1.
+  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 32767); });
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 4 warps x code ring (16 chunks "
+                     "x 512 B) = 32768 B of shared memory > 32767 B (the device's opt-in limit per block) by 1 B"),
             std::string::npos)
       << msg;
   msg = expect_throw([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });
@@ -870,7 +709,7 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   a.n_experts = 2;
   const W4A16Config& c = w4a16_config(0);
   std::string msg = expect_throw([&] { w4a16_check_problem(a, c); });
-  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm (w4a16_stream_m64n8_d4, M_total=4, N=64, K=1048, E=2): K=1048 must "
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm (w4a16_stream_m64n8_d8, M_total=4, N=64, K=1048, E=2): K=1048 must "
                      "be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)"),
             std::string::npos)
       << msg;

@@ -4,18 +4,24 @@
 //                  may differ from glibc's by 2 ulp, so a token whose choice values are within
 //                  1e-5 of each other at a differing slot (a near tie) is accepted and counted
 //                  (at most 1% of tokens).
+//   RouterLogitsKernel / CombineKernel  router_logits and combine alone vs CPU sums (tolerances in
+//                  their comments), shapes with partial lanes, loop remainders and partial batches.
 //   DispatchKernel dispatch_plan vs moe::DispatchPlan::build: offsets, row -> token and
 //                  (token, slot) -> row identical, for 0, 1, 7, 300, 4096 tokens, E=16 and E=256,
 //                  uniform and skewed routing (empty experts, one expert with most rows).
 //   Layer          GpuMoeLayer (NVFP4 W4A16 and BF16 cuBLAS) vs moe::MoeLayer::forward (f32, the same
 //                  dequantized NVFP4 weights, the same bf16-rounded input) at 1, 7, 64, 300 tokens,
 //                  three configs (GLM-style sigmoid+bias with shared expert, grouped top-k with
-//                  -inf fill, softmax without normalization), with empty experts. The routing must
+//                  -inf fill, softmax without normalization), with empty experts. The random layers'
+//                  gate and up have different global scales (each its own amax), so the NVFP4 gate_up
+//                  GEMM's SwiGLU epilogue runs with separate gate/up scales; the golden checkpoints
+//                  cover the ModelOpt case (shared scales). The routing must
 //                  agree except at near ties (the logits are summed in another order; differing
 //                  tokens must have choice values within 1e-4 and are left out, at most 2%).
 //                  Bound: NMSE = sum (y - ref)^2 / sum ref^2 <= 1e-4 over the other tokens. The
 //                  GPU rounds gate/up, the SwiGLU activation, the expert outputs, the shared
-//                  output and y to bf16 (each ~1.1e-3 rms relative, 2^-9 / sqrt(3)), which
+//                  output and y to bf16 (each ~1.1e-3 rms relative, 2^-9 / sqrt(3); the NVFP4 path
+//                  rounds act once, in the GEMM's epilogue, not gate/up first), which
 //                  propagates to ~2.6e-3 rms relative at y, NMSE ~7e-6; the BF16 peer also rounds
 //                  its weights (~3e-6 more). 1e-4 leaves ~10x margin while a wrong expert, a
 //                  swapped gate/up or a missing scale gives NMSE >= 1e-2.
@@ -26,6 +32,10 @@
 //                  logits by ~1e-3 so a near tie may flip; the count is printed).
 //   Graph          CUDA-graph capture of the NVFP4 forward at 64 tokens, replayed on new input,
 //                  gives the bits an eager forward gives.
+// Every host -> device copy of an input goes through the forward's own (non-blocking) stream: a
+// plain cudaMemcpy from pageable memory may return before its DMA lands and is not ordered with a
+// cudaStreamNonBlocking stream, so a forward could read a partly written x (the routing of the later
+// tokens then differs while token 0's matches).
 //   Determinism    two forwards on the same input are bit-identical (NVFP4 and BF16).
 // Label gpu; without a usable GPU every test skips with the reason. Run: test_gpu_moe_layer
 // (FP4MOE_TEST_SEED=<n> replays a seed).
@@ -36,7 +46,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -161,6 +173,107 @@ TEST(RouterKernel, MatchesCpuRoute) {
   check_router_kernel(make_config(64, 64, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), 1, seed + 3);
   check_router_kernel(make_config(64, 64, 64, 6, 1, 1, ScoringFunc::kSoftmax, true, 1.0f, 0.0f, 0), 300, seed + 4);
   check_router_kernel(make_config(64, 64, 8, 2, 1, 1, ScoringFunc::kSoftmax, false, 1.0f, 0.0f, 0), 33, seed + 5);
+  // The Layer.GlmStyle routing config (E=16 top-4, fill 0) with many tokens per block.
+  check_router_kernel(make_config(64, 64, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), 300, seed + 6);
+}
+
+// router_logits vs a double-precision CPU sum of the same bf16 x and f32 weights: |diff| <= 1e-5 x
+// sum |x w| per logit (f32 accumulation over H terms). Shapes cover one h iteration per lane (H=256),
+// partial lanes (H=192), the unrolled loop with a remainder (H=640: 3 or 2 iterations per lane,
+// H=2304: 9) and GLM-5 (H=6144), token counts that are not multiples of the 4-token block.
+void check_router_logits(int64_t H, int E, int64_t T, uint64_t seed) {
+  SCOPED_TRACE("H=" + std::to_string(H) + " E=" + std::to_string(E) + " tokens " + std::to_string(T));
+  const auto xb = random_bf16(static_cast<size_t>(T * H), seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  std::vector<float> w(static_cast<size_t>(E * H));
+  for (float& v : w) v = u(rng);
+  cudaStream_t stream = nullptr;
+  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer d_x(xb.size() * 2), d_w(w.size() * 4), d_logits(static_cast<size_t>(T * E + 1) * 4);
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(d_x.as<void>(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, stream));
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(d_w.as<void>(), w.data(), w.size() * 4, cudaMemcpyHostToDevice, stream));
+  FP4MOE_CUDA_CHECK(cudaMemsetAsync(d_logits.as<void>(), 0xFF, static_cast<size_t>(T * E + 1) * 4, stream));
+  cuda::moe::router_logits(d_x.as<__nv_bfloat16>(), d_w.as<float>(), T, H, E, d_logits.as<float>(), stream);
+  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FP4MOE_CUDA_CHECK(cudaStreamDestroy(stream));
+  const auto got = d_logits.to_host<float>(static_cast<size_t>(T * E + 1));
+  const auto x = to_f32(xb);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) {
+      double want = 0, mag = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        want += static_cast<double>(x[t * H + h]) * w[e * H + h];
+        mag += std::abs(static_cast<double>(x[t * H + h]) * w[e * H + h]);
+      }
+      ASSERT_LE(std::abs(got[t * E + e] - want), 1e-5 * mag + 1e-30) << "token " << t << " expert " << e;
+    }
+  }
+  uint32_t sentinel = 0;
+  std::memcpy(&sentinel, &got[static_cast<size_t>(T * E)], 4);
+  EXPECT_EQ(sentinel, 0xFFFFFFFFu) << "router_logits wrote past [T, E]";
+}
+
+TEST(RouterLogitsKernel, MatchesCpuSum) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = testing::test_seed();
+  check_router_logits(256, 16, 7, seed);
+  check_router_logits(192, 8, 33, seed + 1);
+  check_router_logits(640, 24, 5, seed + 2);
+  check_router_logits(2304, 40, 9, seed + 3);
+  check_router_logits(6144, 32, 64, seed + 4);
+}
+
+// combine vs the CPU: y[t] = bf16(sum_s w[t, s] * down_out[entry_of[t, s]] (+ shared[t])) in f32, slot
+// order; the GPU may fuse multiply-adds, so each output is within 1e-5 relative of the f32 sum before
+// the bf16 rounding (<= 1 bf16 ulp after it). top_k 8 and 6 (a partial batch of 4), H = 6144 and 200
+// (a partial block of 128 threads), with and without the shared expert's output.
+void check_combine(int64_t T, int K, int64_t H, bool with_shared, uint64_t seed) {
+  SCOPED_TRACE("tokens " + std::to_string(T) + " top-" + std::to_string(K) + " H=" + std::to_string(H) +
+               (with_shared ? " shared" : ""));
+  std::mt19937_64 rng(seed);
+  const int64_t R = T * K;
+  const auto down = random_bf16(static_cast<size_t>(R * H), seed + 1);
+  const auto shared = random_bf16(static_cast<size_t>(T * H), seed + 2);
+  std::vector<int32_t> entry_of(static_cast<size_t>(R));
+  std::iota(entry_of.begin(), entry_of.end(), 0);
+  std::shuffle(entry_of.begin(), entry_of.end(), rng);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> wts(static_cast<size_t>(R));
+  for (float& v : wts) v = u(rng);
+  DeviceBuffer d_down = DeviceBuffer::from_host(down), d_shared = DeviceBuffer::from_host(shared);
+  DeviceBuffer d_entry = DeviceBuffer::from_host(entry_of), d_w = DeviceBuffer::from_host(wts);
+  DeviceBuffer d_y(static_cast<size_t>(T * H) * 2);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());  // the pageable uploads above, before the legacy-stream launch
+  cuda::moe::combine(d_down.as<__nv_bfloat16>(), d_entry.as<int32_t>(), d_w.as<float>(),
+                     with_shared ? d_shared.as<__nv_bfloat16>() : nullptr, T, K, H, d_y.as<__nv_bfloat16>(), nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto y = to_f32(d_y.to_host<uint16_t>(static_cast<size_t>(T * H)));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f, mag = 0.0f;
+      for (int s = 0; s < K; ++s) {
+        const float o = bf16_to_f32(down[static_cast<size_t>(entry_of[t * K + s] * H + h)]);
+        acc += wts[t * K + s] * o;
+        mag += std::abs(wts[t * K + s] * o);
+      }
+      if (with_shared) {
+        acc += bf16_to_f32(shared[t * H + h]);
+        mag += std::abs(bf16_to_f32(shared[t * H + h]));
+      }
+      // bf16 rounding (2^-9 relative) + f32 ordering/fusion slack.
+      ASSERT_LE(std::abs(y[t * H + h] - acc), std::abs(acc) * 0.00391f + mag * 1e-5f + 1e-30f)
+          << "token " << t << " h " << h;
+    }
+  }
+}
+
+TEST(CombineKernel, MatchesCpuSlotOrderSum) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = testing::test_seed();
+  check_combine(5, 8, 6144, true, seed);
+  check_combine(3, 6, 200, false, seed + 1);
+  check_combine(64, 8, 1024, true, seed + 2);
 }
 
 void check_dispatch(int64_t n_tokens, int k, int E, bool skewed, uint64_t seed) {
@@ -217,12 +330,21 @@ struct LayerRun {
   GpuMoeLayer::Routing routing;
 };
 
+// Copies `host` into `dst` on `stream` (ordered before the stream's later work; see the header).
+void upload_on(cudaStream_t stream, const DeviceBuffer& dst, const std::vector<uint16_t>& host) {
+  ASSERT_LE(host.size() * 2, dst.bytes());
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(dst.as<void>(), host.data(), host.size() * 2, cudaMemcpyHostToDevice, stream));
+}
+
 LayerRun run_gpu(GpuMoeLayer& g, const std::vector<uint16_t>& x_bf16, int64_t n_tokens) {
   const int64_t H = g.config().hidden;
-  DeviceBuffer d_x = DeviceBuffer::from_host(x_bf16);
-  DeviceBuffer d_y(static_cast<size_t>(n_tokens * H) * 2);
   cudaStream_t stream = nullptr;
   FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer d_x(x_bf16.size() * 2);
+  DeviceBuffer d_y(static_cast<size_t>(n_tokens * H) * 2);
+  upload_on(stream, d_x, x_bf16);
+  // Poison y: a token the forward does not write shows up as NaN instead of a stale value.
+  FP4MOE_CUDA_CHECK(cudaMemsetAsync(d_y.as<void>(), 0xFF, static_cast<size_t>(n_tokens * H) * 2, stream));
   g.forward(d_x.as<__nv_bfloat16>(), n_tokens, d_y.as<__nv_bfloat16>(), stream);
   FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   FP4MOE_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -283,6 +405,9 @@ void check_layer(const MoeConfig& cfg, uint64_t seed) {
   const std::vector<int64_t> token_counts = {1, 7, 64, 300};
   for (GpuExpertGemm gemm : {GpuExpertGemm::kNvfp4W4A16, GpuExpertGemm::kBf16Cublas}) {
     GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 300);
+    if (gemm == GpuExpertGemm::kNvfp4W4A16) {  // random gate/up scales differ: the separate-scale epilogue runs
+      EXPECT_NE(g.describe().find("swiglu-epilogue (gs gate != up)"), std::string::npos) << g.describe();
+    }
     for (int64_t n : token_counts) {
       const auto xb = random_bf16(static_cast<size_t>(n * cfg.hidden), seed * 31 + n);
       const LayerRun got = run_gpu(g, xb, n);
@@ -380,10 +505,11 @@ TEST(Layer, GraphReplayEqualsEager) {
   GpuMoeLayer g = GpuMoeLayer::from_cpu(MoeLayer::random(cfg, WeightFormat::kNVFP4, seed), GpuExpertGemm::kNvfp4W4A16, 64);
   ASSERT_TRUE(g.capturable());
   const int64_t n = 64, H = cfg.hidden;
-  DeviceBuffer d_x = DeviceBuffer::from_host(random_bf16(static_cast<size_t>(n * H), seed + 1));
+  DeviceBuffer d_x(static_cast<size_t>(n * H) * 2);
   DeviceBuffer d_y_graph(static_cast<size_t>(n * H) * 2), d_y_eager(static_cast<size_t>(n * H) * 2);
   cudaStream_t stream = nullptr;
   FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  upload_on(stream, d_x, random_bf16(static_cast<size_t>(n * H), seed + 1));
   g.forward(d_x.as<__nv_bfloat16>(), n, d_y_eager.as<__nv_bfloat16>(), stream);  // warm-up (kernel attributes)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -394,8 +520,8 @@ TEST(Layer, GraphReplayEqualsEager) {
   for (int round = 0; round < 2; ++round) {
     // New input each round: the replay must recompute, not reuse.
     const auto xb = random_bf16(static_cast<size_t>(n * H), seed + 10 + round);
-    FP4MOE_CUDA_CHECK(cudaMemcpy(d_x.as<void>(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    FP4MOE_CUDA_CHECK(cudaMemset(d_y_graph.as<void>(), 0, static_cast<size_t>(n * H) * 2));
+    upload_on(stream, d_x, xb);  // on the graph's stream: ordered before the replay
+    FP4MOE_CUDA_CHECK(cudaMemsetAsync(d_y_graph.as<void>(), 0, static_cast<size_t>(n * H) * 2, stream));
     FP4MOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto y_graph = d_y_graph.to_host<uint16_t>(static_cast<size_t>(n * H));

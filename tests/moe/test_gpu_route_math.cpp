@@ -4,16 +4,24 @@
 // one group), DeepSeek-style groups (E=64, 8 groups, top-4 groups; masked fill 0 and -inf), the
 // tiny golden configs (E=16 top-4), softmax with and without normalization, and logits rounded to
 // few values so that ties are frequent (the tie-break toward the lower index must match).
+// Also the GPU layer's host-only plan (moe/gpu_moe_plan.h): the scratch sizes vs the elements each
+// kernel of forward(n) writes (the NVFP4 layout has no gate_up buffers since the SwiGLU is in the GEMM
+// epilogue; the cuBLAS peer's gate_up writes [R, 2I]), the tokens per expert the GEMM config is chosen
+// for, and the tile imbalance of uniform routing that the choice's comment quotes (simulated).
 // Run: build/tests/moe/test_gpu_route_math.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/moe/route_math.h"
+#include "core/error.h"
 #include "moe/config.h"
+#include "moe/gpu_moe_plan.h"
 #include "moe/router.h"
 #include "testing/testing.h"
 
@@ -103,6 +111,95 @@ TEST(GpuRouteMath, Softmax) {
   check_same_as_cpu(config(64, 6, 1, 1, ScoringFunc::kSoftmax, true, 1.0f, 0.0f), 300, 0, seed);
   check_same_as_cpu(config(64, 6, 1, 1, ScoringFunc::kSoftmax, false, 1.0f, 0.0f), 300, 0, seed + 1);
   check_same_as_cpu(config(8, 2, 1, 1, ScoringFunc::kSoftmax, true, 1.0f, 0.0f), 300, 2, seed + 2);
+}
+
+// --- the GPU layer's host-side plan -----------------------------------------------------------------
+
+GpuMoeScratchPlan plan_of(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, int64_t Is, bool bf16) {
+  GpuMoeScratchPlan p;
+  p.max_tokens = T;
+  p.top_k = K;
+  p.n_experts = E;
+  p.hidden = H;
+  p.inter = I;
+  p.shared_inter = Is;
+  p.has_shared = Is > 0;
+  p.bf16_gate_up = bf16;
+  return p;
+}
+
+TEST(GpuMoePlan, ScratchSizesAndWriteExtents) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 cuBLAS" : "nvfp4 swiglu epilogue");
+    const GpuMoeScratchPlan p = plan_of(300, 4, 16, 256, 128, 128, bf16);
+    const GpuMoeScratchPlan::Sizes c = p.capacity();
+    EXPECT_EQ(c.logits, 300 * 16);
+    EXPECT_EQ(c.topk, 300 * 4);
+    EXPECT_EQ(c.offsets, 17);
+    EXPECT_EQ(c.rows, 1200);
+    EXPECT_EQ(c.xp, 1200 * 256);
+    EXPECT_EQ(c.act, 1200 * 128);  // SwiGLU output [R, I]
+    EXPECT_EQ(c.down_out, 1200 * 256);
+    EXPECT_EQ(c.gu, bf16 ? 1200 * 2 * 128 : 0);
+    EXPECT_EQ(c.shared_gu, bf16 ? 300 * 2 * 128 : 0);
+    EXPECT_EQ(c.shared_act, 300 * 128);
+    EXPECT_EQ(c.shared_out, 300 * 256);
+    for (int64_t n = 0; n <= 300; ++n) p.check(n);  // every extent fits for every token count
+    const GpuMoeScratchPlan::Sizes w7 = p.writes(7);
+    EXPECT_EQ(w7.act, 28 * 128);
+    EXPECT_EQ(w7.shared_act, 7 * 128);
+    EXPECT_THROW(p.check(301), Error);
+    EXPECT_THROW(p.check(-1), Error);
+  }
+  // No shared expert: nothing is written to the shared buffers.
+  const GpuMoeScratchPlan ns = plan_of(64, 8, 32, 6144, 2048, 0, false);
+  EXPECT_EQ(ns.capacity().shared_act, 0);
+  EXPECT_EQ(ns.capacity().shared_out, 0);
+  ns.check(64);
+}
+
+TEST(GpuMoePlan, TokensPerExpertForTheConfig) {
+  // Routed experts: the mean rows per expert, at least 1.
+  EXPECT_EQ(gpu_moe_tokens_per_expert(64, 8, 32), 16);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(1, 8, 32), 1);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(7, 4, 16), 2);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(4096, 8, 256), 128);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(0, 8, 32), 1);
+  // The shared expert: n itself up to 16, 16-token tiles up to 128 tokens (enough CTAs), then n.
+  EXPECT_EQ(gpu_moe_tokens_per_expert(1, 1, 1), 1);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(7, 1, 1), 7);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(64, 1, 1), 16);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(128, 1, 1), 16);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(129, 1, 1), 129);
+  EXPECT_EQ(gpu_moe_tokens_per_expert(0, 1, 1), 1);
+  EXPECT_THROW(gpu_moe_tokens_per_expert(4, 0, 8), Error);
+  EXPECT_THROW(gpu_moe_tokens_per_expert(-1, 1, 8), Error);
+}
+
+// The imbalance the comment of gpu_moe_tokens_per_expert quotes: with uniform random top-8 of 32
+// and 64 tokens, ~43% of the experts get more than the mean (16) rows, i.e. a second 16-token tile.
+TEST(GpuMoePlan, UniformRoutingSplitsExpertsAboveTheMean) {
+  std::mt19937_64 rng(testing::test_seed());
+  const int64_t tokens = 64, k = 8, e = 32;
+  int64_t tiles = 0, active = 0;
+  std::vector<int> experts(static_cast<size_t>(e));
+  for (int rep = 0; rep < 500; ++rep) {
+    std::vector<int64_t> count(static_cast<size_t>(e), 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::iota(experts.begin(), experts.end(), 0);
+      for (int64_t s = 0; s < k; ++s) {  // partial Fisher-Yates: k distinct experts
+        std::uniform_int_distribution<int64_t> pick(s, e - 1);
+        std::swap(experts[s], experts[pick(rng)]);
+        ++count[experts[s]];
+      }
+    }
+    for (int64_t v : count) {
+      tiles += (v + 15) / 16;
+      active += v > 0 ? 1 : 0;
+    }
+  }
+  const double per_expert = static_cast<double>(tiles) / static_cast<double>(active);
+  EXPECT_NEAR(per_expert, 1.433, 0.02) << "16-token tiles per active expert (Binomial(64, 1/4): 1.433)";
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // SmemLayout mechanics and the layout of the shipped Hopper kernel (sm90_nvfp4_w4a16_grouped_gemm,
 // plan/layout_sm90_w4a16.h): every shipped config's offsets pinned to the byte (the kStream
-// configs pinned at 0 B, no regions), alignment, no overlaps, regions summing to the total,
+// configs: one region, the per-warp code rings), alignment, no overlaps, regions summing to the total,
 // constexpr use as the kernel does (static_assert against the sm_90 opt-in, CTAs per SM), the
 // rules check() enforces for both kinds, and the summary / refusal wording the launcher and the
 // planner share. Run: test_plan_layouts.
@@ -53,33 +53,42 @@ TEST(SmemLayout, StructPaddingLikeCxx) {
 // (e2m1, the kernel weight layout), w_scales = block_w x block_k / 16 (one e4m3 per 16);
 // stage_stride = their sum; the epilogue at stages x stage_stride, block_t rows of
 // block_w x 2 + 16 B; the total rounded up to 128 (never needed for these tiles).
-// kStream uses no shared memory: every number is 0 and the layout has no region.
+// kStream has one region, the code rings at offset 0: block_w / 16 warps x a ring of `stages`
+// chunk slots of 512 B (one 16 x 64 e2m1 tile of the kernel layout, 16 B per lane); the pipeline
+// fields are 0. ring_warp = stages x 512, total = warps x ring_warp (a multiple of 512: no padding).
 struct Pinned {
   const char* name;
   uint32_t x_tile, w_tiles, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
+  uint32_t ring_warp;  // kStream: bytes of one warp's ring (W4A16Layout::ring_warp_bytes)
 };
 constexpr Pinned kPinned[] = {
-    {"w4a16_stream_m64n8_d4", 0, 0, 0, 0, 0, 0, 0},
-    {"w4a16_stream_m128n8_d4", 0, 0, 0, 0, 0, 0, 0},
-    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 0},
-    {"w4a16_stream_m64n16_d4", 0, 0, 0, 0, 0, 0, 0},
-    {"w4a16_stream_m128n16_d4", 0, 0, 0, 0, 0, 0, 0},
-    {"w4a16_stream_m64n16_d2", 0, 0, 0, 0, 0, 0, 0},
+    // m64n8_d8: 4 warps x 8 x 512 = 4 x 4096 = 16384.
+    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 16384, 4096},
+    // m64n8_d16: 4 warps x 16 x 512 = 4 x 8192 = 32768.
+    {"w4a16_stream_m64n8_d16", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m128n8_d8: 8 warps x 8 x 512 = 8 x 4096 = 32768.
+    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 32768, 4096},
+    // m64n16_d8: block_t does not enter the ring: 4 x 4096 = 16384.
+    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 16384, 4096},
+    // m64n16_d16: 4 x 8192 = 32768.
+    {"w4a16_stream_m64n16_d16", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m128n16_d8: 8 x 4096 = 32768.
+    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 32768, 4096},
     // m64n8k256_s4: x 8*256*2 = 4096, w 64*256/2 = 8192, s 64*256/16 = 1024, stride 13312;
     // epilogue at 4*13312 = 53248, 8*(64*2+16) = 1152 B; total 54400 = 425 x 128.
-    {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400},
+    {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400, 0},
     // m128n16k256_s4: x 16*256*2 = 8192, w 128*256/2 = 16384, s 128*256/16 = 2048, stride 26624;
     // epilogue at 4*26624 = 106496, 16*(128*2+16) = 4352 B; total 110848 = 866 x 128.
-    {"w4a16_swapab_m128n16k256_s4", 8192, 16384, 2048, 26624, 106496, 4352, 110848},
+    {"w4a16_swapab_m128n16k256_s4", 8192, 16384, 2048, 26624, 106496, 4352, 110848, 0},
     // m128n32k128_s4: x 32*128*2 = 8192, w 128*128/2 = 8192, s 128*128/16 = 1024, stride 17408;
     // epilogue at 4*17408 = 69632, 32*272 = 8704 B; total 78336 = 612 x 128.
-    {"w4a16_swapab_m128n32k128_s4", 8192, 8192, 1024, 17408, 69632, 8704, 78336},
+    {"w4a16_swapab_m128n32k128_s4", 8192, 8192, 1024, 17408, 69632, 8704, 78336, 0},
     // m128n64k128_s4: x 64*128*2 = 16384, w 8192, s 1024, stride 25600; epilogue at
     // 4*25600 = 102400, 64*272 = 17408 B; total 119808 = 936 x 128.
-    {"w4a16_swapab_m128n64k128_s4", 16384, 8192, 1024, 25600, 102400, 17408, 119808},
+    {"w4a16_swapab_m128n64k128_s4", 16384, 8192, 1024, 25600, 102400, 17408, 119808, 0},
     // m64n64k128_s4: x 64*128*2 = 16384, w 64*128/2 = 4096, s 64*128/16 = 512, stride 20992;
     // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
-    {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184},
+    {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -99,9 +108,20 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
     EXPECT_EQ(l.epilogue_bytes, p.epilogue_bytes) << name;
     EXPECT_EQ(l.total_bytes(), p.total) << name;
     EXPECT_TRUE(l.fits(kSm90SmemOptinBytes)) << name;
+    EXPECT_EQ(l.ring_warp_bytes, p.ring_warp) << name;
     if (c.kind == W4A16Kind::kStream) {
-      EXPECT_EQ(l.layout.n_regions, 0) << name << ": the stream kernel has no shared memory";
-      EXPECT_TRUE(l.fits(0)) << name;
+      // One region at 0; warp w's ring at ring_offset + w x ring_warp, the last one ending at the total.
+      ASSERT_EQ(l.layout.n_regions, 1) << name;
+      EXPECT_EQ(l.ring_offset, 0u) << name;
+      EXPECT_EQ(l.layout.offset_of("code rings (per warp, e2m1 kernel layout)"), 0u) << name;
+      EXPECT_EQ(l.layout.regions[0].bytes, p.total) << name;
+      EXPECT_EQ(l.layout.regions[0].align, 128u) << name;
+      EXPECT_EQ(l.layout.regions[0].kind, RegionKind::kStageOperand) << name;
+      EXPECT_EQ(l.ring_offset + c.n_warps() * l.ring_warp_bytes, p.total) << name;
+      EXPECT_EQ(p.total, c.n_warps() * c.stages * 512) << name;
+      EXPECT_FALSE(l.fits(p.total - 1)) << name;
+      EXPECT_TRUE(l.fits(p.total)) << name;
+      expect_well_formed(l.layout, name);
       continue;
     }
     ASSERT_EQ(l.layout.n_regions, static_cast<int>(3 * c.stages + 1)) << name;  // no tail padding
@@ -132,15 +152,30 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   static_assert(w4a16_ctas_per_sm(l.config, l.total_bytes()) == 2);
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
-  // The stream kernel's __launch_bounds__: no shared memory (233472 / 1024 = 228 by smem), so the
-  // register budget decides. m64n8_d4: 48 + 4 x 4 x (1 + 2 x 1) = 96 -> 128 registers,
-  // 65536 / (128 x 128) = 4; m64n8_d8: 48 + 4 x 8 x 3 = 144 -> 168, 65536 / (128 x 168) = 3;
-  // m128n16_d4: 48 + 4 x 4 x (1 + 2 x 2) = 128 -> 128, 65536 / (256 x 128) = 2.
-  constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d4
-  static_assert(stream.valid() && stream.total_bytes() == 0 && stream.layout.n_regions == 0);
-  static_assert(w4a16_register_budget(kW4A16Configs[0]) == 128 && w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 4);
-  static_assert(w4a16_register_budget(kW4A16Configs[2]) == 168 && w4a16_ctas_per_sm(kW4A16Configs[2], 0) == 3);
-  static_assert(w4a16_register_budget(kW4A16Configs[4]) == 128 && w4a16_ctas_per_sm(kW4A16Configs[4], 0) == 2);
+  // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
+  // 48 + 8 x kW4A16StreamXAhead (4) x block_t / 8: 80 for n8, 112 for n16.
+  //   m64n8_d8   (128 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (128 x 80) = 6 by regs -> 6
+  //   m64n8_d16  (128 threads, 32768 B): 233472 / (32768 + 1024) = 6, 65536 / (128 x 80) = 6 -> 6
+  //   m128n8_d8  (256 threads, 32768 B): 6 by smem, 65536 / (256 x 80) = 3 -> 3
+  //   m64n16_d8  (128 threads, 16384 B): 13 by smem, 65536 / (128 x 112) = 4 -> 4
+  //   m64n16_d16 (128 threads, 32768 B): 6 by smem, 4 by regs -> 4
+  //   m128n16_d8 (256 threads, 32768 B): 6 by smem, 65536 / (256 x 112) = 2 -> 2
+  constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
+  static_assert(stream.valid() && stream.total_bytes() == 16384 && stream.layout.n_regions == 1);
+  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 4096);
+  static_assert(kW4A16StreamXAhead == 4);
+  static constexpr uint32_t kWantBudget[6] = {80, 80, 80, 112, 112, 112};
+  static constexpr uint32_t kWantCtas[6] = {6, 6, 3, 4, 4, 2};
+  static_assert([] {
+    for (int i = 0; i < 6; ++i) {
+      const W4A16Config& c = kW4A16Configs[i];
+      if (c.kind != W4A16Kind::kStream || w4a16_register_budget(c) != kWantBudget[i]) return false;
+      if (w4a16_ctas_per_sm(c, W4A16Layout::make(c).total_bytes()) != kWantCtas[i]) return false;
+    }
+    return true;
+  }());
+  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 6 by registers.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 6);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
   EXPECT_EQ(l.config.n_threads(), 256u);
   EXPECT_EQ(stream.config.n_threads(), 128u);
@@ -156,12 +191,16 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "epilogue 17408 = 119808 B of shared memory > 101376 B (the device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(w4a16_smem_refusal({128, 8, 192, 4}, kSm90SmemOptinBytes),
             "config w4a16_swapab_m128n8k192_s4 cannot be built: block_k must be 128 or 256");
-  // kStream: nothing to refuse for want of shared memory, even on a 0-byte limit.
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]),
-            "no shared memory (registers only: 8 chunks of 512 B codes in flight per warp) = 0 B");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 0), "");
+  // kStream: the code rings, 8 warps x 8 x 512 = 32768 B for m128n8_d8 (config 2); refused only
+  // by a limit under that (32767: by 1 B).
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]), "8 warps x code ring (8 chunks x 512 B) = 32768 B");
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[1]), "4 warps x code ring (16 chunks x 512 B) = 32768 B");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32768), "");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32767),
+            "config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
+            "32767 B (the device's opt-in limit per block) by 1 B");
   EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
-            "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (prefetch distance) must be 2, 4 or 8");
+            "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16");
 }
 
 TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
@@ -177,9 +216,17 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_NE(W4A16Layout::make({96, 8, 64, 4, kS}).invalid_reason, nullptr);    // block_w 96
   EXPECT_NE(W4A16Layout::make({64, 32, 64, 4, kS}).invalid_reason, nullptr);   // block_t 32 (a pipeline size)
   EXPECT_NE(W4A16Layout::make({64, 8, 128, 4, kS}).invalid_reason, nullptr);   // block_k 128
-  EXPECT_NE(W4A16Layout::make({64, 8, 64, 3, kS}).invalid_reason, nullptr);    // 3 does not divide a scale group
-  EXPECT_NE(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);   // 16 > 8 chunks of a group
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 3, kS}).invalid_reason, nullptr);    // ring depth 3: not 4, 8 or 16
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 2, kS}).invalid_reason, nullptr);    // 2: one chunk in flight only
+  EXPECT_NE(W4A16Layout::make({64, 8, 64, 32, kS}).invalid_reason, nullptr);   // 32: beyond 16
+  EXPECT_EQ(W4A16Layout::make({64, 8, 64, 4, kS}).invalid_reason, nullptr);
+  EXPECT_EQ(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({128, 16, 64, 8, kS}).invalid_reason, nullptr);
+  // The largest buildable stream layout, m128 x 16 chunks: 8 x 16 x 512 = 65536 B.
+  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 65536u);
+  EXPECT_TRUE(W4A16Layout::make({128, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  // An invalid stream config has no region (it cannot be built, so nothing is sized).
+  EXPECT_EQ(W4A16Layout::make({64, 8, 64, 3, kS}).layout.n_regions, 0);
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);
   EXPECT_FALSE(W4A16Layout::make({64, 8, 64, 3, kS}).fits(UINT32_MAX));
 }

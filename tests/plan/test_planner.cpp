@@ -70,11 +70,15 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
     ASSERT_TRUE(p.chosen.has_value()) << p.error;
     EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   }
-  // 1 token per expert: the smallest token tile (8 = one n8 MMA tile), which only the decode
-  // (register-streaming) configs have in 128 rows; at equal HBM time the 128-row weight tile
-  // re-reads the activations half as often as the 64-row one.
-  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
-  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
+  // 1 token per expert: the smallest token tile (8 = one n8 MMA tile). The n8 configs are
+  // m64n8_d8, m64n8_d16, m128n8_d8 (stream) and m64n8k256_s4 (pipeline); only m128n8_d8 has 128
+  // rows, and at equal HBM time the 128-row weight tile re-reads the activations half as often as
+  // the 64-row ones (the cost model does not look at the ring depth).
+  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d8");
+  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d8");
+  // Its code rings: 8 warps x 8 chunks x 512 B = 32768 B, 8 "stages" (the ring depth).
+  EXPECT_EQ(plans[0].chosen->smem.bytes, 32768u);
+  EXPECT_EQ(plans[0].chosen->smem.stages, 8);
   // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
   EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
@@ -193,7 +197,7 @@ TEST(Planner, ArchMismatchIsARejectionNotAnException) {
   ASSERT_EQ(static_cast<int>(p.rejected.size()), kNumW4A16Configs);
   EXPECT_EQ(p.rejected[0].rule, "arch");
   EXPECT_EQ(p.rejected[0].message,
-            "w4a16_stream_m64n8_d4: sm90_nvfp4_w4a16_grouped_gemm needs mma.sync BF16 + cp.async (sm_80+); turing is sm_75");
+            "w4a16_stream_m64n8_d8: sm90_nvfp4_w4a16_grouped_gemm needs mma.sync BF16 + cp.async (sm_80+); turing is sm_75");
   try {
     require_chosen(p);
     FAIL() << "require_chosen returned for an infeasible plan";

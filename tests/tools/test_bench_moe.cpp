@@ -44,7 +44,7 @@ BenchMoeRow example_row() {
   r.tokens = 64;
   r.active_experts = 32;
   r.max_rows_per_expert = 24;
-  r.config = "w4a16_stream_m64n16_d4";
+  r.config = "w4a16_stream_m64n16_d8";
   r.weight_bytes = 2'100'000'000;  // 2.1 GB in 1 ms at 4.2e12 B/s = 50% of the roofline
   r.flops = 3e12;
   r.ms = 1.0;
@@ -71,7 +71,7 @@ TEST(BenchMoe, TableAndJson) {
   EXPECT_NE(table.find("roofline"), std::string::npos) << table;
   EXPECT_NE(table.find("50.0%"), std::string::npos) << table;
   EXPECT_NE(table.find("3.50x"), std::string::npos) << table;
-  EXPECT_NE(table.find("w4a16_stream_m64n16_d4"), std::string::npos) << table;
+  EXPECT_NE(table.find("w4a16_stream_m64n16_d8"), std::string::npos) << table;
   BenchMoeOptions opts;
   const nlohmann::json j = bench_moe_json(rows, opts);
   ASSERT_EQ(j.at("rows").size(), 1u);

@@ -5,9 +5,10 @@
 //   dispatch_plan   per-expert offsets, row -> token and (token, slot) -> row, all on the device, in one
 //                   block (no host sync); rows of an expert ordered by (token, slot) like moe/dispatch.h
 //   gather_rows     xp[row] = x[row_token[row]]
-//   swiglu          act = silu(gate) * up in f32, rounded to bf16
+//   swiglu          act = silu(gate) * up in f32, rounded to bf16 (the BF16 cuBLAS peer; the NVFP4
+//                   path has it in the grouped GEMM's kSwiGlu epilogue)
 //   combine         y[t] = sum over slots s in order of w[t, s] * down_out[row(t, s)] (+ shared[t]),
-//                   one block per token: deterministic, no atomics
+//                   one thread per (token, 8 outputs): deterministic, no atomics
 //   fill_hash_bytes dummy weights made on the device (benchmarks: 256 experts are not quantized on the CPU)
 // Every launcher checks its arguments (throws fp4moe::Error naming the numbers), launches on
 // `stream` without synchronizing, and is CUDA-graph capturable. All pointers are device memory.

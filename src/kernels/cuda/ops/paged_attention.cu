@@ -347,10 +347,7 @@ void kv_cache_append_bf16(const __nv_bfloat16* k, int64_t k_stride, const __nv_b
 void paged_attention_decode_bf16(const PagedAttentionArgs& args, const DecodeSplit& split, float* workspace,
                                  cudaStream_t stream) {
   check_common("paged_attention_decode_bf16", args);
-  FP4MOE_CHECK(split.n_splits >= 1 && split.n_splits <= 65535 && split.keys_per_split >= kAttnKeysPerTile &&
-               split.keys_per_split % kAttnKeysPerTile == 0)
-      << "paged_attention_decode_bf16: split " << split.to_string() << " (keys a split must be a positive multiple of "
-      << kAttnKeysPerTile << ")";
+  check_decode_split("paged_attention_decode_bf16", split);  // so p.max_keys below cannot overflow
   FP4MOE_CHECK(split.n_splits == 1 || workspace != nullptr)
       << "paged_attention_decode_bf16: split " << split.to_string() << " needs a workspace of "
       << attention_workspace_bytes(args.n_seqs, args.n_heads, args.cache.head_dim, split) << " B";

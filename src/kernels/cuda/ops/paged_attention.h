@@ -68,14 +68,24 @@ struct AttentionRowTiling {
 };
 AttentionRowTiling attention_row_tiling(int64_t n_heads, int64_t n_kv_heads);
 
-// How the keys of the longest sequence are split across CTAs.
+// How the keys of the longest sequence are split across CTAs. A default-constructed split (0 x 0)
+// is "not planned": every decode launcher rejects it, so take one from plan_decode_split /
+// plan_mla_decode_split (or spell out both fields).
 struct DecodeSplit {
-  int n_splits = 1;
+  int n_splits = 0;
   int64_t keys_per_split = 0;  // a multiple of kAttnKeysPerTile; n_splits * keys_per_split >= max_seq_len
   std::string to_string() const;  // "4 splits x 256 keys"
 };
+// The split launch limits: 1 <= n_splits <= kMaxLaunchSplits (grid.z), keys_per_split a positive
+// multiple of kAttnKeysPerTile and <= kMaxKeysPerSplit (any int32 seq_len fits one split, and
+// n_splits * keys_per_split fits int64). Fails naming `what` and the split otherwise.
+inline constexpr int kMaxLaunchSplits = 65535;
+inline constexpr int64_t kMaxKeysPerSplit = int64_t{1} << 31;
+void check_decode_split(const char* what, const DecodeSplit& split);
 // Enough CTAs to fill the GPU twice (n_sms SMs; n_seqs * n_kv_heads * head chunks CTAs without
-// splitting), at least min_keys_per_split keys a split, at most kMaxDecodeSplits splits.
+// splitting), at least min_keys_per_split keys a split, at most kMaxDecodeSplits splits. Always a
+// valid launch (check_decode_split), also for max_seq_len 0 (an all-padding batch: 1 split x 32
+// keys, the kernel writes zeros) and n_seqs 0 (an empty batch: 1 split).
 inline constexpr int kMaxDecodeSplits = 64;
 DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq_len,
                               int n_sms, int64_t min_keys_per_split = 256);
@@ -107,9 +117,11 @@ struct PagedAttentionArgs {
   uint32_t* error_flag = nullptr;
 };
 
-// One query token per sequence (row s of q/out). max_seq_len bounds seq_lens (a longer one sets
-// kDeviceErrorSeqLen); split comes from plan_decode_split; workspace holds
-// attention_workspace_bytes(n_seqs, ...) bytes (may be null when split.n_splits == 1).
+// One query token per sequence (row s of q/out). split comes from plan_decode_split for the
+// longest seq_len (it must pass check_decode_split); a seq_len above n_splits * keys_per_split or
+// the block table sets kDeviceErrorSeqLen; a seq_len of 0 (a padded entry) writes zeros, also when
+// every entry is padding. workspace holds attention_workspace_bytes(n_seqs, ...) bytes (may be null
+// when split.n_splits == 1).
 void paged_attention_decode_bf16(const PagedAttentionArgs& args, const DecodeSplit& split, float* workspace,
                                  cudaStream_t stream);
 

@@ -2,6 +2,7 @@
 // rows and keys are cut into CTAs, the split-K workspace sizes, block-table packing and slot
 // computation. Pure functions, tested on the CPU by tests/kernels/test_cuda_ops_host.cpp.
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 #include "kernels/cuda/ops/mla_decode.h"
@@ -13,8 +14,9 @@ namespace {
 
 // Splits so that base_ctas * n_splits fills the GPU twice, each split >= min_keys_per_split keys
 // (a multiple of the 32-key tile), n_splits <= kMaxDecodeSplits, and no split always empty.
+// An empty batch (base_ctas 0) gets one split.
 DecodeSplit split_for_ctas(int64_t base_ctas, int64_t max_seq_len, int n_sms, int64_t min_keys_per_split) {
-  const int64_t want = (2 * static_cast<int64_t>(n_sms) + base_ctas - 1) / base_ctas;
+  const int64_t want = base_ctas > 0 ? (2 * static_cast<int64_t>(n_sms) + base_ctas - 1) / base_ctas : 1;
   const int64_t by_len = std::max<int64_t>(1, max_seq_len / min_keys_per_split);
   const int64_t n = std::clamp<int64_t>(std::min(want, by_len), 1, kMaxDecodeSplits);
   const int64_t len = std::max<int64_t>(max_seq_len, 1);
@@ -44,10 +46,22 @@ std::string DecodeSplit::to_string() const {
          " keys";
 }
 
+void check_decode_split(const char* what, const DecodeSplit& split) {
+  FP4MOE_CHECK(split.n_splits != 0 || split.keys_per_split != 0)
+      << what << ": split " << split.to_string()
+      << " is not planned (take it from plan_decode_split / plan_mla_decode_split)";
+  FP4MOE_CHECK(split.n_splits >= 1 && split.n_splits <= kMaxLaunchSplits)
+      << what << ": split " << split.to_string() << " (1 to " << kMaxLaunchSplits << " splits)";
+  FP4MOE_CHECK(split.keys_per_split >= kAttnKeysPerTile && split.keys_per_split % kAttnKeysPerTile == 0 &&
+               split.keys_per_split <= kMaxKeysPerSplit)
+      << what << ": split " << split.to_string() << " (keys a split must be a positive multiple of "
+      << kAttnKeysPerTile << ", at most " << kMaxKeysPerSplit << ")";
+}
+
 DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq_len, int n_sms,
                               int64_t min_keys_per_split) {
-  FP4MOE_CHECK(n_seqs >= 1 && max_seq_len >= 0 && n_sms >= 1 && min_keys_per_split >= 1)
-      << "plan_decode_split: n_seqs=" << n_seqs << ", max_seq_len=" << max_seq_len << ", n_sms=" << n_sms
+  FP4MOE_CHECK(n_seqs >= 0 && max_seq_len >= 0 && max_seq_len <= INT32_MAX && n_sms >= 1 && min_keys_per_split >= 1)
+      << "plan_decode_split: n_seqs=" << n_seqs << ", max_seq_len=" << max_seq_len << " (int32), n_sms=" << n_sms
       << ", min_keys_per_split=" << min_keys_per_split;
   const AttentionRowTiling tiling = attention_row_tiling(n_heads, n_kv_heads);
   return split_for_ctas(n_seqs * n_kv_heads * tiling.n_head_chunks, max_seq_len, n_sms, min_keys_per_split);
@@ -55,9 +69,10 @@ DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_head
 
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                   int64_t min_keys_per_split) {
-  FP4MOE_CHECK(n_seqs >= 1 && n_heads >= 1 && max_seq_len >= 0 && n_sms >= 1 && min_keys_per_split >= 1)
+  FP4MOE_CHECK(n_seqs >= 0 && n_heads >= 1 && max_seq_len >= 0 && max_seq_len <= INT32_MAX && n_sms >= 1 &&
+               min_keys_per_split >= 1)
       << "plan_mla_decode_split: n_seqs=" << n_seqs << ", n_heads=" << n_heads << ", max_seq_len=" << max_seq_len
-      << ", n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split;
+      << " (int32), n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split;
   const int64_t chunks = (n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
   return split_for_ctas(n_seqs * chunks, max_seq_len, n_sms, min_keys_per_split);
 }

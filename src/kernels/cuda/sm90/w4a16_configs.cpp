@@ -90,9 +90,9 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
 }
 
 int w4a16_default_config(int64_t tokens_per_expert) {
-  // Decode: the register-streaming kernel; larger counts the pipelined 32/64-token tiles.
-  if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m64n8_d4");
-  if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m64n16_d4");
+  // Decode: the streaming kernel (per-warp code rings); larger counts the pipelined 32/64-token tiles.
+  if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m64n8_d8");
+  if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m64n16_d8");
   if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_swapab_m128n32k128_s4");
   return w4a16_config_id("w4a16_swapab_m128n64k128_s4");
 }

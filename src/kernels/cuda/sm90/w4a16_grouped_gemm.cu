@@ -9,10 +9,11 @@
 // over the tile counts ceil(tokens_e / block_t) (every warp computes it redundantly: no barrier, no
 // shared memory). Accumulators are f32; the epilogue multiplies by 2^8 x the expert's global scale.
 //
-// kStream (decode): no shared memory and no barrier. Each lane keeps a ring of `stages` chunks in
-// registers (16 B of codes, 32 B of activations per n8 tile), refilling a slot right after using
-// it, so `stages` chunks of every warp are in flight; scales come a group (8 chunks) ahead. Codes
-// are read with L1::no_allocate (read once); activations go through L1 (all warps read them).
+// kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk with cp.async into its
+// warp's ring of `stages` chunk slots in shared memory (stages - 1 chunks in flight per warp, so
+// many more bytes in flight per SM than registers allow) and reads back only its own 16 B; scales
+// come a group (8 chunks) ahead and activations 4 chunks ahead in registers, through L1 (all warps
+// of a CTA read the same rows).
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
 // each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the refill
@@ -71,14 +72,6 @@ __device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bo
                : "memory");
 }
 
-// 16 B weight load that is read once: no L1 allocation.
-__device__ __forceinline__ uint4 ld_stream_16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -159,13 +152,20 @@ __device__ __forceinline__ void b_from_words(const uint4& q0, const uint4& q1, u
   b[3][1] = q1.w;
 }
 
-// ---- kStream: registers only -------------------------------------------------------------------
+// ---- kStream: per-warp code rings, no barrier ----------------------------------------------------
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
-                                  w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}, 0))
+                                  w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream},
+                                                    W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES,
+                                                                                  W4A16Kind::kStream}).total_bytes()))
     sm90_nvfp4_w4a16_stream_kernel(const KernelParams p) {
+  constexpr W4A16Layout kLayout = W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream});
+  static_assert(kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   constexpr uint32_t kNTiles = BLOCK_T / 8;
-  static_assert(kW4A16ScaleGroup % STAGES == 0, "the prefetch ring must divide a scale group");
+  constexpr uint32_t kXAhead = kW4A16StreamXAhead;
+  static_assert(kW4A16ScaleGroup % kXAhead == 0, "the activation ring must divide a scale group");
+  extern __shared__ __align__(128) uint8_t smem[];
+
   WorkItem item;
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -176,6 +176,9 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + rt;
   const uint8_t* codes = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* scales = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
+  // This lane's 16 B slot in chunk slot 0 of its warp's ring (slot s at + s * 512).
+  const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
+  const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint4* xrow[kNTiles];
   bool xvalid[kNTiles];
 #pragma unroll
@@ -187,12 +190,16 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  uint4 wq[STAGES];
-  uint4 xq[STAGES][kNTiles][2];
-  auto load = [&](int kc, uint4& w, uint4 (&xx)[kNTiles][2]) {
-    const bool in_k = kc < p.k_chunks;
-    w = in_k ? ld_stream_16(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : zero;
-    const bool x_in_k = kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0: a block is all in or out
+  // Codes of chunk kc -> ring slot kc % STAGES (zero-filled past K), one commit group per chunk.
+  auto load_codes = [&](int kc) {
+    const bool ok = kc < p.k_chunks;
+    const void* src = ok ? static_cast<const void*>(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
+    cp_async_16(ring + (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes, src, ok);
+    cp_async_commit();
+  };
+  uint4 xq[kXAhead][kNTiles][2];
+  auto load_x = [&](int kc, uint4 (&xx)[kNTiles][2]) {
+    const bool x_in_k = kc < p.k_chunks && kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0
 #pragma unroll
     for (uint32_t j = 0; j < kNTiles; ++j) {
       const bool ok = xvalid[j] && x_in_k;
@@ -208,34 +215,41 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
   }
 #pragma unroll
-  for (uint32_t d = 0; d < STAGES; ++d) load(static_cast<int>(d), wq[d], xq[d]);
+  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(static_cast<int>(d));
+#pragma unroll
+  for (uint32_t d = 0; d < kXAhead; ++d) load_x(static_cast<int>(d), xq[d]);
   uint4 sg = __ldg(reinterpret_cast<const uint4*>(scales));
   uint4 sg_next = p.k_groups > 1 ? __ldg(reinterpret_cast<const uint4*>(scales + kW4A16TileBytes)) : zero;
 
   for (int kg = 0; kg < p.k_groups; ++kg) {
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
-      constexpr uint32_t kMask = STAGES - 1;
-      const uint32_t slot = j & kMask;  // compile-time after unrolling (kg * 8 % STAGES == 0)
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
       if (kc < p.k_chunks) {
+        // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc landed
+        // (this lane's copy: the lane reads back only its own 16 B).
+        cp_async_wait<static_cast<int>(STAGES) - 2>();
+        const uint4 w = *reinterpret_cast<const uint4*>(ring_ptr + (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes);
+        load_codes(kc + static_cast<int>(STAGES) - 1);  // into the slot chunk kc - 1 used
         uint32_t sc_lo, sc_hi;
         w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
         uint32_t a[4][4];
-        w4a16_chunk_fragments(wq[slot], sc_lo, sc_hi, a);
+        w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
+        const uint32_t xs = j % kXAhead;  // compile-time after unrolling (kg * 8 % kXAhead == 0)
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
-          b_from_words(xq[slot][nt][0], xq[slot][nt][1], b);
+          b_from_words(xq[xs][nt][0], xq[xs][nt][1], b);
 #pragma unroll
           for (int s = 0; s < 4; ++s) mma_bf16_m16n8k16(acc[nt], a[s], b[s]);
         }
-        load(kc + static_cast<int>(STAGES), wq[slot], xq[slot]);
+        load_x(kc + static_cast<int>(kXAhead), xq[xs]);
       }
     }
     sg = sg_next;
     if (kg + 2 < p.k_groups) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
   }
+  cp_async_wait<0>();  // the copies past K are zero-size; drain before the warp leaves
 
   // C fragment: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1). kSwiGlu: row g is gate row 8 rt + g
   // and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
@@ -425,7 +439,10 @@ template <int I, bool SWIGLU>
 void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   constexpr W4A16Config c = kW4A16Configs[I];
   if constexpr (c.kind == W4A16Kind::kStream) {
-    sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU><<<grid, c.n_threads(), 0, stream>>>(p);
+    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
+    auto kernel = sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
+    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
   } else {
     constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
     auto kernel = sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>;

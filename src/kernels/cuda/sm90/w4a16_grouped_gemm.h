@@ -5,7 +5,7 @@
 //   for every token row t in [offsets[e], offsets[e + 1]) of the permuted activations X.
 //
 // Two kernels share the API (plan/layout_sm90_w4a16.h has the configs): kStream for decode (1..16
-// tokens per expert: weights streamed from HBM into registers, no shared memory, no barrier) and
+// tokens per expert: each warp streams its weight rows through its own shared-memory ring, no barrier) and
 // kPipeline for larger tiles (cp.async multi-stage pipeline through shared memory). Both use
 // mma.sync m16n8k16 BF16 tensor cores with swap-AB (weight rows are the MMA M, tokens the MMA N: 1..64
 // tokens per expert waste no weight bandwidth) and dequantize in registers (exact, see
@@ -41,6 +41,7 @@ using plan::w4a16_ctas_per_sm;
 using plan::w4a16_smem_summary;
 using plan::W4A16Config;
 using plan::W4A16Kind;
+using plan::kW4A16StreamXAhead;
 using plan::W4A16Layout;
 
 // What the epilogue writes. kNone: y [m_total, n]. kSwiGlu (the MoE gate_up GEMM): the weight is
