@@ -445,11 +445,19 @@ void GpuMoeLayer::allocate_scratch() {
 }
 
 int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
-  return cuda::sm90::w4a16_default_config(gpu_moe_tokens_per_expert(n_tokens, cfg_.top_k, cfg_.n_experts));
+  const int64_t tpe = gpu_moe_tokens_per_expert(n_tokens, cfg_.top_k, cfg_.n_experts);
+  if (chooser_ != nullptr) {
+    return chooser_->choose_config(tune::GemmShape{cfg_.n_experts, 2 * cfg_.moe_intermediate, cfg_.hidden}, tpe).config_id;
+  }
+  return cuda::sm90::w4a16_default_config(tpe);
 }
 
 int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
-  return cuda::sm90::w4a16_default_config(gpu_moe_tokens_per_expert(n_tokens, 1, 1));
+  const int64_t tpe = gpu_moe_tokens_per_expert(n_tokens, 1, 1);
+  if (chooser_ != nullptr && cfg_.n_shared_experts > 0) {
+    return chooser_->choose_config(tune::GemmShape{1, 2 * cfg_.shared_intermediate(), cfg_.hidden}, tpe).config_id;
+  }
+  return cuda::sm90::w4a16_default_config(tpe);
 }
 
 // NVFP4: act = SwiGLU(x W_gate_up^T) in one GEMM (the kSwiGlu epilogue), out = act W_down^T.

@@ -37,6 +37,7 @@
 #include "moe/config.h"
 #include "moe/gpu_moe_plan.h"
 #include "moe/moe_layer.h"
+#include "tune/tune_cache.h"
 
 struct cublasContext;
 
@@ -123,6 +124,11 @@ class GpuMoeLayer {
   std::string describe() const;
   // The W4A16 config ids forward(n_tokens) launches for the routed experts' and the shared expert's
   // GEMMs (chosen for gpu_moe_tokens_per_expert, moe/gpu_moe_plan.h); for benchmarks that print them.
+  // Without a chooser: cuda::sm90::w4a16_default_config. With one (set_config_chooser): the
+  // autotuner's cached winner for the gate_up shape (E, 2 I, H) and the token bucket, else the
+  // planner's top choice (tune::ConfigChooser::choose_config). Decided on the host, so a captured
+  // graph keeps the config of its token count.
+  void set_config_chooser(std::shared_ptr<const tune::ConfigChooser> chooser) { chooser_ = std::move(chooser); }
   int routed_gemm_config(int64_t n_tokens) const;
   int shared_gemm_config(int64_t n_tokens) const;
 
@@ -135,6 +141,7 @@ class GpuMoeLayer {
                cudaStream_t stream);
 
   MoeConfig cfg_;
+  std::shared_ptr<const tune::ConfigChooser> chooser_;
   GpuExpertGemm gemm_ = GpuExpertGemm::kNvfp4W4A16;
   int64_t max_tokens_ = 0;
   cuda::moe::RouteParams route_;

@@ -25,6 +25,7 @@
 #include "kernels/cuda/moe/device_buffer.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "moe/gpu_moe_layer.h"
+#include "tune/autotune.h"
 #endif
 
 namespace fp4moe::tools {
@@ -206,6 +207,11 @@ std::vector<BenchMoeRow> run_bench_moe(const BenchMoeOptions& opts, std::ostream
       {
         moe::GpuMoeLayer layer =
             moe::GpuMoeLayer::dummy(cfg, moe::GpuExpertGemm::kNvfp4W4A16, max_tokens, routing, opts.seed);
+        if (opts.tuned) {
+          layer.set_config_chooser(std::make_shared<const tune::ConfigChooser>(
+              tune::TuneCache::load(opts.cache.empty() ? tune::default_cache_path() : opts.cache),
+              tune::current_tune_key(), tune::current_gpu_spec()));
+        }
         for (int64_t t : opts.tokens) {
           BenchMoeRow r;
           r.layer = shape.name;
@@ -288,6 +294,9 @@ void add_bench_moe_command(CLI::App& bench) {
   sub->add_flag("--no-peer", [opts](int64_t) { opts->peer = false; }, "skip the BF16 cuBLAS layer");
   sub->add_flag("--json", opts->json, "print the rows as JSON");
   sub->add_flag("--graph", opts->graph, "time the NVFP4 layer as a CUDA-graph replay (the peer stays eager)");
+  sub->add_flag("--tuned", opts->tuned,
+                "choose the W4A16 configs with the autotuner's cache (fp4moe tune), falling back to the planner");
+  sub->add_option("--cache", opts->cache, "tune cache for --tuned (default $FP4MOE_TUNE_CACHE or ~/.cache/fp4moe/tune.json)");
   sub->add_option("--seed", opts->seed, "seed of the dummy weights and inputs")->capture_default_str();
   sub->add_option("--experts", opts->experts, "custom shape: number of routed experts (replaces --layer)");
   sub->add_option("--hidden", opts->hidden, "custom shape: hidden size");

@@ -48,6 +48,8 @@ struct BenchMoeOptions {
   bool peer = true;
   bool json = false;
   bool graph = false;  // time the NVFP4 forward as a CUDA-graph replay
+  bool tuned = false;  // pick the W4A16 configs with the autotuner's cache (`fp4moe tune`), else the defaults
+  std::string cache;   // tune cache path ("" = $FP4MOE_TUNE_CACHE or ~/.cache/fp4moe/tune.json)
   uint64_t seed = 1;
   // A custom shape (all > 0 together) replaces --layer.
   int experts = 0;

@@ -2,7 +2,8 @@
 // usable GPU. A small custom shape (E=16 top-4, H=I=512, one shared expert) at 1 and 33 tokens,
 // uniform and Zipf routing, NVFP4 and the BF16 peer: every row is timed, the JSON parses, the
 // routing statistics are consistent (active experts, max rows per expert); and a shape whose dummy
-// weights need the host repack (H=256, I=128) runs without the peer, timed as a CUDA-graph replay.
+// weights need the host repack (H=256, I=128) runs without the peer, timed as a CUDA-graph replay;
+// --tuned with an empty cache falls back to the planner's top choice, a config the kernel runs.
 // Run: test_bench_moe_gpu.
 #include <gtest/gtest.h>
 
@@ -51,6 +52,28 @@ TEST(BenchMoeGpu, SmallCustomShape) {
   }
   // One token hits exactly top_k experts.
   EXPECT_EQ(rows[0].active_experts, 4);
+}
+
+TEST(BenchMoeGpu, TunedWithAnEmptyCacheUsesThePlannersChoice) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+  BenchMoeOptions opts;
+  opts.experts = 16;
+  opts.hidden = 512;
+  opts.inter = 512;
+  opts.top_k = 4;
+  opts.tokens = {8};
+  opts.routing = "uniform";
+  opts.warmup = 1;
+  opts.iters = 2;
+  opts.peer = false;
+  opts.tuned = true;
+  opts.cache = ::testing::TempDir() + "/fp4moe_no_such_tune_cache.json";
+  std::ostringstream out;
+  const std::vector<BenchMoeRow> rows = run_bench_moe(opts, out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_GT(rows[0].ms, 0.0);
+  EXPECT_EQ(rows[0].config.rfind("w4a16_", 0), 0u) << rows[0].config;
 }
 
 TEST(BenchMoeGpu, ShapeNeedingTheHostRepack) {
