@@ -36,62 +36,13 @@
 #include "plan/kernel_families.h"
 #include "plan/layout_sm90_w4a16.h"
 #include "testing/testing.h"
+#include "kernels/w4a16_test_util.h"
 
 namespace fp4moe::cuda::sm90 {
 namespace {
 
-uint16_t half_bits(uint32_t pair, uint32_t half) { return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu); }
-float half_f32(uint32_t pair, uint32_t half) { return bf16_to_f32(half_bits(pair, half)); }
-float lo_f32(uint32_t pair) { return half_f32(pair, 0); }
-float hi_f32(uint32_t pair) { return half_f32(pair, 1); }
+using namespace w4a16_test;
 
-uint8_t random_scale(std::mt19937_64& rng) {  // any e4m3fn code but the NaNs 0x7F / 0xFF
-  for (;;) {
-    const auto s = static_cast<uint8_t>(rng());
-    if ((s & 0x7Fu) != 0x7Fu) return s;
-  }
-}
-
-// ---- repack ---------------------------------------------------------------------------------
-
-struct Weights {
-  int64_t n_experts = 0, n = 0, k = 0;
-  std::vector<uint8_t> codes;   // checkpoint layout [E, N, K/2], low nibble = even k
-  std::vector<uint8_t> scales;  // [E, N, K/16] e4m3fn
-  uint32_t code(int64_t e, int64_t row, int64_t kk) const {
-    const uint8_t b = codes[static_cast<size_t>((e * n + row) * (k / 2) + kk / 2)];
-    return kk % 2 == 0 ? (b & 0xFu) : (b >> 4);
-  }
-  uint8_t scale(int64_t e, int64_t row, int64_t kk) const {
-    return scales[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)];
-  }
-};
-
-Weights random_weights(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k) {
-  Weights w;
-  w.n_experts = n_experts;
-  w.n = n;
-  w.k = k;
-  w.codes.resize(static_cast<size_t>(n_experts * n * k / 2));
-  w.scales.resize(static_cast<size_t>(n_experts * n * k / 16));
-  for (uint8_t& c : w.codes) c = static_cast<uint8_t>(rng());
-  for (uint8_t& s : w.scales) s = random_scale(rng);
-  return w;
-}
-
-struct RepackShape {
-  int64_t n_experts, n, k, codes_bytes, scales_bytes;
-};
-
-// Sizes by hand: row_tiles = ceil(N / 16), k_chunks = ceil(K / 64), k_groups = ceil(k_chunks / 8),
-// codes E x row_tiles x k_chunks x 512 B, scales E x row_tiles x k_groups x 512 B.
-constexpr RepackShape kRepackShapes[] = {
-    {3, 24, 48, 3 * 2 * 1 * 512, 3 * 2 * 1 * 512},      // K = 16 x 3, N = 24 (half a row tile of padding)
-    {1, 16, 1040, 1 * 1 * 17 * 512, 1 * 1 * 3 * 512},   // K = 16 x 65: 17 chunks, 3 scale groups
-    {2, 40, 576, 2 * 3 * 9 * 512, 2 * 3 * 2 * 512},     // 9 chunks: a second group with one chunk
-    {1, 8, 16, 512, 512},                               // the smallest problem
-    {2, 32, 512, 2 * 2 * 8 * 512, 2 * 2 * 1 * 512},     // exactly one full scale group
-};
 
 // ---- emulation of both kernels' inner loops ------------------------------------------------------
 

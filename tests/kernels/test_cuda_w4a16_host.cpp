@@ -49,14 +49,13 @@
 #include "plan/kernel_families.h"
 #include "plan/layout_sm90_w4a16.h"
 #include "testing/testing.h"
+#include "kernels/w4a16_test_util.h"
 
 namespace fp4moe::cuda::sm90 {
 namespace {
 
-uint16_t half_bits(uint32_t pair, uint32_t half) { return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu); }
-float half_f32(uint32_t pair, uint32_t half) { return bf16_to_f32(half_bits(pair, half)); }
-float lo_f32(uint32_t pair) { return half_f32(pair, 0); }
-float hi_f32(uint32_t pair) { return half_f32(pair, 1); }
+using namespace w4a16_test;
+
 
 std::string expect_throw(const std::function<void()>& fn) {
   try {
@@ -78,13 +77,6 @@ uint16_t e2m1_slot_bits(uint32_t code) {
   std::memcpy(&u, &v, 4);
   EXPECT_EQ(u & 0xFFFFu, 0u) << "e2m1 code " << code << " x 2^-126 is not a bf16";
   return static_cast<uint16_t>((u >> 16) | ((code & 0x8u) << 12));
-}
-
-uint8_t random_scale(std::mt19937_64& rng) {  // any e4m3fn code but the NaNs 0x7F / 0xFF
-  for (;;) {
-    const auto s = static_cast<uint8_t>(rng());
-    if ((s & 0x7Fu) != 0x7Fu) return s;
-  }
 }
 
 // ---- the bit permutation --------------------------------------------------------------------
@@ -252,31 +244,6 @@ TEST(W4A16Scale, ChunkScalesPickTheBytesOfChunkJ) {
 }
 
 // ---- repack ---------------------------------------------------------------------------------
-
-struct Weights {
-  int64_t n_experts = 0, n = 0, k = 0;
-  std::vector<uint8_t> codes;   // checkpoint layout [E, N, K/2], low nibble = even k
-  std::vector<uint8_t> scales;  // [E, N, K/16] e4m3fn
-  uint32_t code(int64_t e, int64_t row, int64_t kk) const {
-    const uint8_t b = codes[static_cast<size_t>((e * n + row) * (k / 2) + kk / 2)];
-    return kk % 2 == 0 ? (b & 0xFu) : (b >> 4);
-  }
-  uint8_t scale(int64_t e, int64_t row, int64_t kk) const {
-    return scales[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)];
-  }
-};
-
-Weights random_weights(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k) {
-  Weights w;
-  w.n_experts = n_experts;
-  w.n = n;
-  w.k = k;
-  w.codes.resize(static_cast<size_t>(n_experts * n * k / 2));
-  w.scales.resize(static_cast<size_t>(n_experts * n * k / 16));
-  for (uint8_t& c : w.codes) c = static_cast<uint8_t>(rng());
-  for (uint8_t& s : w.scales) s = random_scale(rng);
-  return w;
-}
 
 uint32_t load_u32(const uint8_t* p) {
   uint32_t v;

@@ -121,14 +121,9 @@ FP4MOE_HD inline void w4a16_chunk_fragments(const uint4& codes, uint32_t sc_lo, 
   }
 }
 
-// B fragments (activations, token tok0 + g) of the 4 MMA steps: b[s][0..1].
-template <uint32_t BLOCK_K>
-FP4MOE_HD inline void load_b_fragments(const uint8_t* x_tile, uint32_t tok0, uint32_t kc, uint32_t lane,
-                                       uint32_t b[4][2]) {
-  const uint32_t g = lane >> 2, t = lane & 3u;
-  const uint32_t tok = tok0 + g;
-  const uint4 q0 = *reinterpret_cast<const uint4*>(x_tile + x_tile_offset<BLOCK_K>(tok, kc * 8 + 2 * t));
-  const uint4 q1 = *reinterpret_cast<const uint4*>(x_tile + x_tile_offset<BLOCK_K>(tok, kc * 8 + 2 * t + 1));
+// B registers of the 4 MMA steps from the 32 activation bytes at k = 16 t .. 16 t + 15 of a chunk
+// (q0 = the first 16 B): step s takes words 2s and 2s + 1.
+FP4MOE_HD inline void w4a16_b_from_words(const uint4& q0, const uint4& q1, uint32_t b[4][2]) {
   b[0][0] = q0.x;
   b[0][1] = q0.y;
   b[1][0] = q0.z;
@@ -137,6 +132,17 @@ FP4MOE_HD inline void load_b_fragments(const uint8_t* x_tile, uint32_t tok0, uin
   b[2][1] = q1.y;
   b[3][0] = q1.z;
   b[3][1] = q1.w;
+}
+
+// B fragments (activations, token tok0 + g) of the 4 MMA steps from the swizzled x_tile: b[s][0..1].
+template <uint32_t BLOCK_K>
+FP4MOE_HD inline void load_b_fragments(const uint8_t* x_tile, uint32_t tok0, uint32_t kc, uint32_t lane,
+                                       uint32_t b[4][2]) {
+  const uint32_t g = lane >> 2, t = lane & 3u;
+  const uint32_t tok = tok0 + g;
+  const uint4 q0 = *reinterpret_cast<const uint4*>(x_tile + x_tile_offset<BLOCK_K>(tok, kc * 8 + 2 * t));
+  const uint4 q1 = *reinterpret_cast<const uint4*>(x_tile + x_tile_offset<BLOCK_K>(tok, kc * 8 + 2 * t + 1));
+  w4a16_b_from_words(q0, q1, b);
 }
 
 }  // namespace fp4moe::cuda::sm90

@@ -140,18 +140,6 @@ __device__ __forceinline__ float epilogue_scale(const float* global_scales, int 
 // SwiGLU of one (gate, up) accumulator pair, f32: silu(g) * u (moe/mlp.cpp's formula).
 __device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
 
-// B registers of the 4 MMA steps from the 32 activation bytes at k = 16 t .. 16 t + 15 of a chunk.
-__device__ __forceinline__ void b_from_words(const uint4& q0, const uint4& q1, uint32_t b[4][2]) {
-  b[0][0] = q0.x;
-  b[0][1] = q0.y;
-  b[1][0] = q0.z;
-  b[1][1] = q0.w;
-  b[2][0] = q1.x;
-  b[2][1] = q1.y;
-  b[3][0] = q1.z;
-  b[3][1] = q1.w;
-}
-
 // ---- kStream: per-warp code rings, no barrier ----------------------------------------------------
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
@@ -239,7 +227,7 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
-          b_from_words(xq[xs][nt][0], xq[xs][nt][1], b);
+          w4a16_b_from_words(xq[xs][nt][0], xq[xs][nt][1], b);
 #pragma unroll
           for (int s = 0; s < 4; ++s) mma_bf16_m16n8k16(acc[nt], a[s], b[s]);
         }

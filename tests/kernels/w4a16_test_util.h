@@ -1,0 +1,52 @@
+// Helpers shared by the W4A16 CPU tests (test_cuda_w4a16_host.cpp, test_cuda_w4a16_emulation_host.cpp):
+// bf16x2 half access, random non-NaN e4m3 scales, and random NVFP4 weights in the checkpoint layout.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace fp4moe::cuda::sm90::w4a16_test {
+
+inline uint16_t half_bits(uint32_t pair, uint32_t half) {
+  return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu);
+}
+inline float half_f32(uint32_t pair, uint32_t half) { return bf16_to_f32(half_bits(pair, half)); }
+inline float lo_f32(uint32_t pair) { return half_f32(pair, 0); }
+inline float hi_f32(uint32_t pair) { return half_f32(pair, 1); }
+
+inline uint8_t random_scale(std::mt19937_64& rng) {  // any e4m3fn code but the NaNs 0x7F / 0xFF
+  for (;;) {
+    const auto s = static_cast<uint8_t>(rng());
+    if ((s & 0x7Fu) != 0x7Fu) return s;
+  }
+}
+
+struct Weights {
+  int64_t n_experts = 0, n = 0, k = 0;
+  std::vector<uint8_t> codes;   // checkpoint layout [E, N, K/2], low nibble = even k
+  std::vector<uint8_t> scales;  // [E, N, K/16] e4m3fn
+  uint32_t code(int64_t e, int64_t row, int64_t kk) const {
+    const uint8_t b = codes[static_cast<size_t>((e * n + row) * (k / 2) + kk / 2)];
+    return kk % 2 == 0 ? (b & 0xFu) : (b >> 4);
+  }
+  uint8_t scale(int64_t e, int64_t row, int64_t kk) const {
+    return scales[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)];
+  }
+};
+
+inline Weights random_weights(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k) {
+  Weights w;
+  w.n_experts = n_experts;
+  w.n = n;
+  w.k = k;
+  w.codes.resize(static_cast<size_t>(n_experts * n * k / 2));
+  w.scales.resize(static_cast<size_t>(n_experts * n * k / 16));
+  for (uint8_t& c : w.codes) c = static_cast<uint8_t>(rng());
+  for (uint8_t& s : w.scales) s = random_scale(rng);
+  return w;
+}
+
+}  // namespace fp4moe::cuda::sm90::w4a16_test
