@@ -12,6 +12,7 @@
 //   mla_project_v_kernel: warp per (head, output dim) and sequence: W_UV_h[x] . latent[s,h], warp-reduced.
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp.
+#include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda/ops/mla_decode.h"
 
 #include <algorithm>
@@ -49,17 +50,6 @@ struct MlaParams {
   int n_splits;
   float scale;
 };
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 template <int RPL>
 __global__ void __launch_bounds__(kMlaThreads) mla_decode_attention_kernel(const MlaParams p) {

@@ -7,6 +7,7 @@
 //   argmax:    one 256-thread CTA per row; (value, index) pairs reduced with xor shuffles, then
 //              across the 8 warps in shared memory.
 // Tested by tests/kernels/test_cuda_ops.cpp.
+#include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda/ops/norm_rope.h"
 
 #include <algorithm>
@@ -23,12 +24,6 @@ constexpr int kCta = 256;
 constexpr int kWarps = kCta / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride beyond this many CTAs
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 // kThreadsPerRow = 32: a warp per row (rows are warp-uniform, no __syncthreads); 256: a CTA per row.
 template <int kThreadsPerRow>

@@ -16,6 +16,7 @@
 // attention_merge_kernel: one warp per (token, head) row merges the splits' (o_s, lse_s).
 // kv_cache_append_kernel: one thread per bf16 pair of a token's K and V rows.
 // Tested by tests/kernels/test_cuda_paged_attention.cpp.
+#include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda/ops/paged_attention.h"
 
 #include <algorithm>
@@ -61,17 +62,6 @@ struct KernelParams {
   int n_splits;
   float scale;
 };
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 template <int DPL>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const KernelParams p) {
