@@ -36,27 +36,6 @@ moe::GatedMlp slice_expert(const moe::GatedMlp& full, Range inter, bool first) {
   return m;
 }
 
-std::vector<float> load_correction_bias(const format::TensorStore& store, const std::string& prefix,
-                                        const moe::MoeConfig& cfg) {
-  std::vector<float> bias;
-  if (cfg.scoring != moe::ScoringFunc::kSigmoid || !cfg.correction_bias) return bias;
-  const std::string name = prefix + ".gate.e_score_correction_bias";
-  FP4MOE_CHECK(store.contains(name)) << name << ": missing from the checkpoint in " << store.dir().string()
-                                     << " (expected F32 [" << cfg.n_experts << "])";
-  const TensorView v = store.view(name);
-  FP4MOE_CHECK((v.dtype == DType::kF32 || v.dtype == DType::kBF16) && v.shape == Shape{cfg.n_experts})
-      << name << ": expected F32 [" << cfg.n_experts << "], found " << dtype_name(v.dtype) << " "
-      << shape_to_string(v.shape);
-  bias.resize(static_cast<size_t>(cfg.n_experts));
-  if (v.dtype == DType::kF32) {
-    std::memcpy(bias.data(), v.bytes.data(), bias.size() * 4);
-  } else {
-    auto src = v.as<uint16_t>();
-    for (size_t e = 0; e < bias.size(); ++e) bias[e] = bf16_to_f32(src[e]);
-  }
-  return bias;
-}
-
 }  // namespace
 
 std::string_view moe_comm_strategy_name(MoeCommStrategy s) {
@@ -165,7 +144,7 @@ EpMoeLayer EpMoeLayer::load(const format::TensorStore& store, const std::string&
   p.validate();
   const Range experts = expert_range(cfg.n_experts, p.ep_size, p.ep_rank());
   auto router = moe::load_linear(store, prefix + ".gate", cfg.n_experts, cfg.hidden);
-  std::vector<float> bias = load_correction_bias(store, prefix, cfg);
+  std::vector<float> bias = moe::MoeLayer::load_correction_bias(store, prefix, cfg);
   std::vector<moe::GatedMlp> local;
   local.reserve(static_cast<size_t>(experts.size()));
   for (int64_t e = experts.begin; e < experts.end; ++e) {

@@ -53,26 +53,31 @@ MoeLayer::MoeLayer(MoeConfig cfg, std::string prefix, kernels::cpu::LinearWeight
   if (shared_) check_mlp(*shared_, cfg_.hidden, cfg_.shared_intermediate(), prefix_ + ".shared_experts");
 }
 
+std::vector<float> MoeLayer::load_correction_bias(const format::TensorStore& store, const std::string& prefix,
+                                                  const MoeConfig& cfg) {
+  std::vector<float> bias;
+  if (cfg.scoring != ScoringFunc::kSigmoid || !cfg.correction_bias) return bias;
+  const std::string name = prefix + ".gate.e_score_correction_bias";
+  FP4MOE_CHECK(store.contains(name)) << name << ": missing from the checkpoint in " << store.dir().string()
+                                     << " (expected F32 [" << cfg.n_experts << "])";
+  const TensorView v = store.view(name);
+  FP4MOE_CHECK((v.dtype == DType::kF32 || v.dtype == DType::kBF16) && v.shape == Shape{cfg.n_experts})
+      << name << ": expected F32 [" << cfg.n_experts << "], found " << dtype_name(v.dtype) << " "
+      << shape_to_string(v.shape);
+  bias.resize(static_cast<size_t>(cfg.n_experts));
+  if (v.dtype == DType::kF32) {
+    std::memcpy(bias.data(), v.bytes.data(), bias.size() * 4);
+  } else {
+    auto src = v.as<uint16_t>();
+    for (size_t e = 0; e < bias.size(); ++e) bias[e] = bf16_to_f32(src[e]);
+  }
+  return bias;
+}
+
 MoeLayer MoeLayer::load(const format::TensorStore& store, const std::string& prefix, const MoeConfig& cfg) {
   cfg.validate();
   auto router = load_linear(store, prefix + ".gate", cfg.n_experts, cfg.hidden);
-  std::vector<float> bias;
-  if (cfg.scoring == ScoringFunc::kSigmoid && cfg.correction_bias) {
-    const std::string name = prefix + ".gate.e_score_correction_bias";
-    FP4MOE_CHECK(store.contains(name)) << name << ": missing from the checkpoint in " << store.dir().string()
-                                       << " (expected F32 [" << cfg.n_experts << "])";
-    const TensorView v = store.view(name);
-    FP4MOE_CHECK((v.dtype == DType::kF32 || v.dtype == DType::kBF16) && v.shape == Shape{cfg.n_experts})
-        << name << ": expected F32 [" << cfg.n_experts << "], found " << dtype_name(v.dtype) << " "
-        << shape_to_string(v.shape);
-    bias.resize(static_cast<size_t>(cfg.n_experts));
-    if (v.dtype == DType::kF32) {
-      std::memcpy(bias.data(), v.bytes.data(), bias.size() * 4);
-    } else {
-      auto src = v.as<uint16_t>();
-      for (size_t e = 0; e < bias.size(); ++e) bias[e] = bf16_to_f32(src[e]);
-    }
-  }
+  std::vector<float> bias = load_correction_bias(store, prefix, cfg);
   std::vector<GatedMlp> experts;
   experts.reserve(static_cast<size_t>(cfg.n_experts));
   for (int e = 0; e < cfg.n_experts; ++e) {

@@ -40,6 +40,10 @@ class MoeLayer {
 
   // prefix = "model.layers.1.mlp".
   static MoeLayer load(const format::TensorStore& store, const std::string& prefix, const MoeConfig& cfg);
+  // <prefix>.gate.e_score_correction_bias as f32 [E] (F32 or BF16 on disk); empty unless cfg uses a
+  // sigmoid router with a correction bias. Throws naming the tensor when it is missing or misshapen.
+  static std::vector<float> load_correction_bias(const format::TensorStore& store, const std::string& prefix,
+                                                 const MoeConfig& cfg);
   // Random weights (experts and shared expert in `format`, router F32), deterministic from seed.
   static MoeLayer random(const MoeConfig& cfg, kernels::cpu::WeightFormat format, uint64_t seed,
                          const std::string& prefix = "random.mlp");
