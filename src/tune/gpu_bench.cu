@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "tune/routing_counts.h"
@@ -29,18 +30,6 @@ namespace fp4moe::tune {
 
 namespace {
 
-// Deterministic pseudo-random bytes (NVFP4 codes: every e2m1 pattern is a finite value).
-__global__ void fill_random_bytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = static_cast<uint8_t>(h);
-  }
-}
-
 // bf16 in [-1, 1) (random bit patterns would include NaN/Inf).
 __global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -50,14 +39,6 @@ __global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
     h *= 2246822519u;
     h ^= h >> 13;
     p[i] = __float2bfloat16(static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f);
-  }
-}
-
-// e4m3 scales in a sane range (codes 0x20..0x3F: 2^-3 .. ~1.9).
-__global__ void fill_scales(uint8_t* p, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    p[i] = static_cast<uint8_t>(0x20 + (i * 7) % 32);
   }
 }
 
@@ -171,8 +152,11 @@ W4A16Workload::W4A16Workload(const GemmShape& shape, int64_t max_m_total) : impl
   for (int i = 0; i < n_sets; ++i) {
     s.packed.push_back(device_bytes(s.packed_bytes, "NVFP4 weight codes"));
     s.scales.push_back(device_bytes(s.scale_bytes, "e4m3 weight scales"));
-    fill_random_bytes<<<1024, 256>>>(s.packed.back().get(), s.packed_bytes, 17u + static_cast<uint32_t>(i));
-    fill_scales<<<1024, 256>>>(s.scales.back().get(), s.scale_bytes);
+    // Codes: any byte (every e2m1 pattern is finite); scales: e4m3 codes 0x20..0x3F (2^-3 .. ~1.9).
+    cuda::moe::fill_hash_bytes(s.packed.back().get(), static_cast<int64_t>(s.packed_bytes), 17u + static_cast<uint64_t>(i),
+                               0x00, 0xFF, nullptr);
+    cuda::moe::fill_hash_bytes(s.scales.back().get(), static_cast<int64_t>(s.scale_bytes), 0x5CA1Eu + static_cast<uint64_t>(i),
+                               0x20, 0x1F, nullptr);
   }
   const size_t rows = static_cast<size_t>(max_m_total);
   s.x = device_bytes(rows * static_cast<size_t>(shape.k) * 2, "bf16 activations");
