@@ -14,17 +14,10 @@
 #include "core/error.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/nvfp4_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
-
-#define FP4MOE_CUBLAS_CHECK(call)                                                                     \
-  do {                                                                                                \
-    const cublasStatus_t fp4moe_cublas_st_ = (call);                                                  \
-    FP4MOE_CHECK(fp4moe_cublas_st_ == CUBLAS_STATUS_SUCCESS)                                          \
-        << "cuBLAS error " << cublasGetStatusName(fp4moe_cublas_st_) << " in `" #call "` at " << __FILE__ \
-        << ":" << __LINE__;                                                                           \
-  } while (0)
 
 namespace fp4moe::moe {
 
@@ -181,7 +174,9 @@ void dummy_stack(GpuLinearStack& w, GpuExpertGemm gemm, int64_t E, int64_t n, in
       w.packed = DeviceBuffer(static_cast<size_t>(codes_k));
       w.scales = DeviceBuffer(static_cast<size_t>(scales_k));
       cuda::moe::fill_hash_bytes(w.packed.as<uint8_t>(), codes_k, seed * 2 + 0, 0x00, 0xFF, nullptr);
-      cuda::moe::fill_hash_bytes(w.scales.as<uint8_t>(), scales_k, seed * 2 + 1, 0x30, 0x0F, nullptr);
+      // Kernel-layout scale bytes (ue5m3, w4a16_weight_layout.h) of the e4m3 codes 0x30..0x3F.
+      cuda::moe::fill_hash_bytes(w.scales.as<uint8_t>(), scales_k, seed * 2 + 1,
+                                 static_cast<uint8_t>(cuda::sm90::w4a16_scale_byte(0x30)), 0x0F, nullptr);
       return;
     }
   }

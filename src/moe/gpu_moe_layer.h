@@ -109,6 +109,9 @@ class GpuMoeLayer {
     std::vector<int32_t> entry_of;      // [n_tokens * k]
   };
   Routing download_routing(int64_t n_tokens) const;
+  // The last forward's expert offsets [E + 1] on the device (valid until the next forward), so a
+  // caller can copy them asynchronously (per-expert token counts without a host sync).
+  const int32_t* device_expert_offsets() const { return offsets_.as<int32_t>(); }
 
   const MoeConfig& config() const { return cfg_; }
   GpuExpertGemm gemm() const { return gemm_; }

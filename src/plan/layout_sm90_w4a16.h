@@ -27,7 +27,8 @@
 //      w_tiles   block_w / 16 row tiles x block_k / 64 chunks x 512 B, in the kernel weight layout
 //                (a lane reads its own 16 B: conflict-free)
 //      w_scales  block_w / 16 row tiles x 32 lanes x 2 (block_k / 64) B: each lane's scale bytes of
-//                the stage's chunks, cut from its 16 B of the kernel layout's scale group
+//                the stage's chunks (kernel "ue5m3" bytes, not e4m3: w4a16_weight_layout.h), cut
+//                from its 16 B of the kernel layout's scale group
 //    Once:
 //      epilogue  block_t rows x (block_w x 2 + 16) B   bf16 output tile, token-major, rows padded
 //                                                      by 16 B so the transposed writes spread over banks
@@ -138,7 +139,7 @@ struct W4A16Layout {
     for (uint32_t s = 0; s < c.stages; ++s) {
       const uint32_t x = l.add("stage x_tile (bf16 activations)", out.x_tile_bytes, 128, RegionKind::kStageOperand);
       const uint32_t w = l.add("stage w_tiles (nvfp4 e2m1, kernel layout)", out.w_tiles_bytes, 128, RegionKind::kStageOperand);
-      const uint32_t sc = l.add("stage w_scales (e4m3, per lane)", out.w_scales_bytes, 128, RegionKind::kStageOperand);
+      const uint32_t sc = l.add("stage w_scales (ue5m3 scale bytes, per lane)", out.w_scales_bytes, 128, RegionKind::kStageOperand);
       if (s == 0) {
         out.x_tile_offset = x;
         out.w_tiles_offset = w;

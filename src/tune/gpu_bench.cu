@@ -13,18 +13,10 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "tune/routing_counts.h"
-
-#define FP4MOE_CUBLAS_CHECK(call)                                                                       \
-  do {                                                                                                  \
-    const cublasStatus_t fp4moe_cublas_st_ = (call);                                                    \
-    FP4MOE_CHECK(fp4moe_cublas_st_ == CUBLAS_STATUS_SUCCESS)                                            \
-        << "cuBLAS error " << cublasGetStatusName(fp4moe_cublas_st_) << " ("                            \
-        << cublasGetStatusString(fp4moe_cublas_st_) << ") in `" << #call << "` at " << __FILE__ << ":" \
-        << __LINE__;                                                                                    \
-  } while (0)
 
 namespace fp4moe::tune {
 
@@ -152,11 +144,12 @@ W4A16Workload::W4A16Workload(const GemmShape& shape, int64_t max_m_total) : impl
   for (int i = 0; i < n_sets; ++i) {
     s.packed.push_back(device_bytes(s.packed_bytes, "NVFP4 weight codes"));
     s.scales.push_back(device_bytes(s.scale_bytes, "e4m3 weight scales"));
-    // Codes: any byte (every e2m1 pattern is finite); scales: e4m3 codes 0x20..0x3F (2^-3 .. ~1.9).
+    // Codes: any byte (every e2m1 pattern is finite); scales: the kernel-layout bytes (ue5m3) of the
+    // e4m3 codes 0x20..0x3F (2^-3 .. ~1.9).
     cuda::moe::fill_hash_bytes(s.packed.back().get(), static_cast<int64_t>(s.packed_bytes), 17u + static_cast<uint64_t>(i),
                                0x00, 0xFF, nullptr);
     cuda::moe::fill_hash_bytes(s.scales.back().get(), static_cast<int64_t>(s.scale_bytes), 0x5CA1Eu + static_cast<uint64_t>(i),
-                               0x20, 0x1F, nullptr);
+                               static_cast<uint8_t>(cuda::sm90::w4a16_scale_byte(0x20)), 0x1F, nullptr);
   }
   const size_t rows = static_cast<size_t>(max_m_total);
   s.x = device_bytes(rows * static_cast<size_t>(shape.k) * 2, "bf16 activations");

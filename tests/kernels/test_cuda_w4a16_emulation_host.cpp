@@ -8,10 +8,12 @@
 // the B fragments from the activations (kStream: a register ring of 4 chunks, 32 B at
 // x[tok][64 kc + 16 t]; kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated
 // mma.sync m16n8k16 written here from the PTX fragment layouts, and 2^8 x D must equal the f64 dot
-// products of the dequantized weights (format/nvfp4.h). Also: the pipeline kernel's per-lane scale
-// slice gives the scale words of w4a16_chunk_scales.
+// products of the dequantized weights (format/nvfp4.h). The scale words come from the kernel
+// scale bytes (w4a16_scale_byte: B x 0x00100010 + 0x75007500) as the kernels form them; the
+// random e4m3 scales are forced to include zero blocks (whose codes the repack zeroes), the
+// smallest and largest subnormal (0x01, 0x07) and the largest normal (0x7E, 448). Also: the
+// pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales.
 // Run: test_cuda_w4a16_emulation_host (FP4MOE_TEST_SEED=<n> replays a seed).
-// Run: test_cuda_w4a16_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,6 +105,13 @@ EmuProblem make_emu_problem(uint64_t seed, int64_t k = 208, int64_t want_chunks 
   EmuProblem p;
   p.k = k;
   p.w = random_weights(rng, EmuProblem::kExperts, EmuProblem::kN, k);
+  // Scale edge cases in both row halves of a tile and both experts (a row has k / 16 blocks).
+  const int64_t blocks = k / 16;
+  p.w.scales[0] = 0x00;                                        // expert 0, row 0, block 0: zero block
+  p.w.scales[static_cast<size_t>(9 * blocks + 2)] = 0x01;      // row 9 (tile row g + 8): 2^-9
+  p.w.scales[static_cast<size_t>(3 * blocks + 5)] = 0x07;      // 7 x 2^-9
+  p.w.scales[static_cast<size_t>(12 * blocks + 1)] = 0x7E;     // 448
+  p.w.scales[static_cast<size_t>((EmuProblem::kN + 10) * blocks + blocks - 1)] = 0x00;  // expert 1, last block
   w4a16_repack(p.w.codes.data(), p.w.scales.data(), EmuProblem::kExperts, EmuProblem::kN, k, p.kcodes, p.kscales,
                "emulated weight");
   std::normal_distribution<float> normal(0.0f, 1.0f);

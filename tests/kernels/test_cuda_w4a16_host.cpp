@@ -2,12 +2,17 @@
 //   * the kernel weight layout's bit permutation (w4a16_weight_layout.h): every 4-bit code in
 //     every (register, half) slot decodes to exactly bf16(e2m1 x 2^-126) there and to zero in the
 //     other 7 halves, whatever the other slots hold; the decode is a pure permutation of the word;
-//   * the scale word (e4m3 x 2^118) for every non-NaN code, and e2m1 x e4m3 x 2^-8 exact for
-//     every code x scale (the host emulation of __hmul2 truncates: the f64 product shows it drops
-//     nothing);
-//   * w4a16_repack / w4a16_unpack: round trip on random data (K = 16 x odd, N = 24, E = 3, ...),
-//     every code and scale found where the file comment's formulas say, padding zero, sizes, and
-//     the refusals (K % 16, N % 8, a NaN scale naming expert, row and block) to the text;
+//   * the kernel scale byte (w4a16_scale_byte, issue #5): a bijection of the 127 e4m3 codes
+//     0x00..0x7E onto its image, inverted by w4a16_scale_byte_to_e4m3 (which refuses every other
+//     byte); the scale word B x 0x00100010 + 0x75007500 is e4m3 x 2^118 in both halves for every
+//     nonzero code, the packed-byte path (w4a16_scale_word_of, the kernel's PRMT + IMAD) agrees
+//     with it for every byte in every position, and e2m1 x e4m3 x 2^-8 is exact for every code x
+//     scale through the new word (the host emulation of __hmul2 truncates: the f64 product shows
+//     it drops nothing; a zero scale's codes are zero, so its product is +0);
+//   * w4a16_repack / w4a16_unpack: round trip on random data (K = 16 x odd, N = 24, E = 3, ...;
+//     exact, except the codes of zero-scale blocks come back zero), every code and scale byte found
+//     where the file comment's formulas say, padding zero, sizes, and the refusals (K % 16, N % 8,
+//     a NaN or negative scale naming expert, row and block; unpack of a byte no e4m3 maps to);
 //   * (the emulation of both kernels' inner loops is in test_cuda_w4a16_emulation_host.cpp:)
 //     an emulation of both kernels' inner loops on a random problem (2 experts x 32 rows,
 //     K = 208 = 16 x 13, 16 tokens; kStream also K = 1040 = 16 x 65): the A fragments from the
@@ -174,23 +179,75 @@ TEST(W4A16Decode, CodeSlotsOfATileAreDistinctAndFollowTheFragment) {
 
 // ---- scales and the exact products ------------------------------------------------------------
 
-TEST(W4A16Scale, ScaleWordIsE4m3Times2To118ForEveryCode) {
-  int checked = 0;
-  for (uint32_t code = 0; code < 256; ++code) {
-    if ((code & 0x7Fu) == 0x7Fu) continue;  // NaN: refused by w4a16_repack
-    const uint32_t w = w4a16_scale_word(code);
-    const double want = std::ldexp(static_cast<double>(format::e4m3_to_f32(static_cast<uint8_t>(code))), 118);
-    EXPECT_EQ(w & 0xFFFFu, w >> 16) << "code 0x" << std::hex << code;
-    EXPECT_EQ(static_cast<double>(lo_f32(w)), want) << "code 0x" << std::hex << code;
-    EXPECT_EQ(static_cast<double>(hi_f32(w)), want) << "code 0x" << std::hex << code;
-    EXPECT_EQ(std::signbit(lo_f32(w)), (code & 0x80u) != 0) << "code 0x" << std::hex << code;
-    ++checked;
+// Every non-negative, non-NaN e4m3 code has a kernel scale byte, distinct, that maps back; no
+// other byte maps back. The 128 e4m3 codes with the sign bit and the NaN are refused at repack.
+TEST(W4A16Scale, ScaleByteIsABijectionOfTheUe4m3Codes) {
+  std::set<uint32_t> image;
+  for (uint32_t code = 0; code < 0x7F; ++code) {
+    const uint32_t b = w4a16_scale_byte(code);
+    ASSERT_LE(b, kW4A16ScaleByteMax) << "code 0x" << std::hex << code;
+    EXPECT_TRUE(image.insert(b).second) << "two codes share scale byte 0x" << std::hex << b;
+    uint32_t back = 0xFFFF;
+    ASSERT_TRUE(w4a16_scale_byte_to_e4m3(b, back)) << "code 0x" << std::hex << code << " byte 0x" << b;
+    EXPECT_EQ(back, code) << "byte 0x" << std::hex << b;
+    if (code >= 0x08) {
+      EXPECT_EQ(b, code + 32) << "normal code 0x" << std::hex << code;
+    }
   }
-  EXPECT_EQ(checked, 254);
+  EXPECT_EQ(image.size(), 127u);
+  EXPECT_EQ(w4a16_scale_byte(0), 0u);
+  EXPECT_EQ(w4a16_scale_byte(0x7E), kW4A16ScaleByteMax);
+  const uint32_t subnormals[7] = {0x10, 0x18, 0x1C, 0x20, 0x22, 0x24, 0x26};  // e4m3 0x01..0x07
+  for (uint32_t m = 1; m <= 7; ++m) EXPECT_EQ(w4a16_scale_byte(m), subnormals[m - 1]) << "subnormal " << m;
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t e4m3 = 0;
+    EXPECT_EQ(w4a16_scale_byte_to_e4m3(b, e4m3), image.count(b) == 1) << "byte 0x" << std::hex << b;
+  }
 }
 
-// The kernel relies on e2m1 x 2^-126 (a register half) times e4m3 x 2^118 (the scale word) being
-// exact in bf16. The host's w4a16_mul_pairs multiplies in f32 and truncates to bf16: equality with
+// B x 0x00100010 + 0x75007500 is bf16x2 {e4m3 x 2^118, e4m3 x 2^118}, a positive normal bf16 with
+// the low 4 mantissa bits zero, for every code but 0 (whose word is finite: zero codes make its
+// products 0).
+TEST(W4A16Scale, ScaleWordIsE4m3Times2To118ForEveryCode) {
+  int checked = 0;
+  for (uint32_t code = 0; code < 0x7F; ++code) {
+    const uint32_t w = w4a16_scale_word(w4a16_scale_byte(code));
+    EXPECT_EQ(w & 0xFFFFu, w >> 16) << "code 0x" << std::hex << code;
+    EXPECT_TRUE(std::isfinite(lo_f32(w))) << "code 0x" << std::hex << code;
+    EXPECT_FALSE(std::signbit(lo_f32(w))) << "code 0x" << std::hex << code;
+    if (code == 0) {
+      EXPECT_EQ(static_cast<double>(lo_f32(w)), std::ldexp(1.0, 107));
+      continue;
+    }
+    const double want = std::ldexp(static_cast<double>(format::e4m3_to_f32(static_cast<uint8_t>(code))), 118);
+    EXPECT_EQ(static_cast<double>(lo_f32(w)), want) << "code 0x" << std::hex << code;
+    EXPECT_EQ(static_cast<double>(hi_f32(w)), want) << "code 0x" << std::hex << code;
+    EXPECT_NE(w & 0x7F80u, 0u) << "subnormal scale word, code 0x" << std::hex << code;
+    EXPECT_EQ(w & 0xFu, 0u) << "code 0x" << std::hex << code;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 126);
+}
+
+// The kernel's packed path (PRMT of byte i into bytes 0 and 2, then x 16 + base) against the
+// one-byte formula, for every byte value in each of the 4 positions with the other bytes random.
+TEST(W4A16Scale, PackedScaleWordMatchesTheByteFormulaInEveryPosition) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0xB17Eull);
+  for (uint32_t b = 0; b < 256; ++b) {
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t other = static_cast<uint32_t>(rng());
+      const uint32_t packed = (other & ~(0xFFu << (8 * i))) | (b << (8 * i));
+      EXPECT_EQ(w4a16_scale_word_of(packed, i), w4a16_scale_word(b)) << "byte 0x" << std::hex << b << " at " << i;
+      // The device form, written out: PRMT selector 0x4i4i (byte i, zero, byte i, zero), x 16, + base.
+      const uint32_t bb = (packed >> (8 * i)) & 0xFFu;
+      EXPECT_EQ((bb | (bb << 16)) * 16u + kW4A16ScaleWordBase, w4a16_scale_word(b)) << "byte 0x" << std::hex << b;
+    }
+  }
+}
+
+// The kernel relies on e2m1 x 2^-126 (a register half) times e4m3 x 2^118 (the scale word made from
+// the kernel scale byte) being exact in bf16; a zero scale has zero codes (w4a16_repack), so only
+// code 0 meets scale 0's word (2^107) and gives +0. The host's w4a16_mul_pairs multiplies in f32 and truncates to bf16: equality with
 // the f64 product proves the truncation dropped nothing (so __hmul2's rounding has nothing to round).
 TEST(W4A16Scale, DequantizedProductIsExactForEveryCodeAndScale) {
   int checked = 0;
@@ -202,9 +259,9 @@ TEST(W4A16Scale, DequantizedProductIsExactForEveryCodeAndScale) {
     uint32_t raw[4];
     w4a16_word_to_pairs(word, raw);
     const double e2m1 = format::e2m1_to_f32(static_cast<uint8_t>(code));
-    for (uint32_t s = 0; s < 256; ++s) {
-      if ((s & 0x7Fu) == 0x7Fu) continue;
-      const uint32_t sw = w4a16_scale_word(s);
+    for (uint32_t s = 0; s < 0x7F; ++s) {
+      if (s == 0 && code != 0) continue;  // zero-scale blocks have zero codes
+      const uint32_t sw = w4a16_scale_word(w4a16_scale_byte(s));
       const double want = std::ldexp(e2m1 * format::e4m3_to_f32(static_cast<uint8_t>(s)), -kW4A16AccShift);
       for (uint32_t j = 0; j < 4; ++j) {
         const uint32_t prod = w4a16_mul_pairs(raw[j], sw);
@@ -213,6 +270,9 @@ TEST(W4A16Scale, DequantizedProductIsExactForEveryCodeAndScale) {
           ASSERT_EQ(static_cast<double>(half_f32(prod, half)), exact)
               << "code " << code << " scale 0x" << std::hex << s << ": the bf16 product lost bits";
           ASSERT_EQ(exact, want) << "code " << code << " scale 0x" << std::hex << s;
+          if (s == 0) {
+            EXPECT_EQ(half_bits(prod, half), 0u) << "zero scale: the product must be +0";
+          }
           if (want != 0) {  // a normal bf16 in [2^-18, 10.5]: nothing near the subnormals
             EXPECT_GE(std::fabs(want), std::ldexp(1.0, -18)) << "code " << code << " scale 0x" << std::hex << s;
             EXPECT_LE(std::fabs(want), 10.5) << "code " << code << " scale 0x" << std::hex << s;
@@ -223,7 +283,7 @@ TEST(W4A16Scale, DequantizedProductIsExactForEveryCodeAndScale) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 16 * 254);
+  EXPECT_EQ(checked, 16 * 126 + 1);
 }
 
 // Byte 2 j of a lane's 16 B scale group is row g's scale of chunk j, byte 2 j + 1 row g + 8's.
@@ -231,7 +291,7 @@ TEST(W4A16Scale, ChunkScalesPickTheBytesOfChunkJ) {
   std::mt19937_64 rng(testing::test_seed() ^ 0x5CA1Eull);
   for (int rep = 0; rep < 64; ++rep) {
     uint8_t bytes[16];
-    for (uint8_t& b : bytes) b = random_scale(rng);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(w4a16_scale_byte(random_scale(rng)));
     uint4 group;
     std::memcpy(&group, bytes, 16);
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
@@ -269,7 +329,9 @@ TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
   std::mt19937_64 rng(testing::test_seed() ^ 0x4E9Aull);
   for (const RepackShape& sh : kRepackShapes) {
     const std::string what = "E=" + std::to_string(sh.n_experts) + " N=" + std::to_string(sh.n) + " K=" + std::to_string(sh.k);
-    const Weights w = random_weights(rng, sh.n_experts, sh.n, sh.k);
+    Weights w = random_weights(rng, sh.n_experts, sh.n, sh.k);
+    w.scales.front() = 0;  // zero-scale blocks (random ones come 1 time in 127) at both ends
+    w.scales.back() = 0;
     std::vector<uint8_t> kcodes, kscales;
     w4a16_repack(w.codes.data(), w.scales.data(), sh.n_experts, sh.n, sh.k, kcodes, kscales, "test weight");
     ASSERT_EQ(w4a16_codes_bytes(sh.n_experts, sh.n, sh.k), sh.codes_bytes) << what;
@@ -293,13 +355,14 @@ TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
           const int64_t off = ((e * row_tiles + rt) * k_chunks + kc) * 512 + 16 * lane + 4 * s;
           uint32_t a[4];
           w4a16_word_to_pairs(load_u32(kcodes.data() + off), a);
-          ASSERT_EQ(half_bits(a[j], half), e2m1_slot_bits(w.code(e, row, kk)))
+          const uint32_t want_code = w.scale(e, row, kk) == 0 ? 0u : w.code(e, row, kk);  // zero block: zero codes
+          ASSERT_EQ(half_bits(a[j], half), e2m1_slot_bits(want_code))
               << what << ": expert " << e << " row " << row << " k " << kk;
           const uint32_t mask = w4a16_place_code(0, j, half, 0xFu);
           for (int b = 0; b < 4; ++b) code_cover[static_cast<size_t>(off + b)] |= static_cast<uint8_t>(mask >> (8 * b));
           if (kk % 16 == 0) {
             const int64_t soff = ((e * row_tiles + rt) * k_groups + kc / 8) * 512 + 16 * lane + 2 * (kc % 8) + r / 8;
-            ASSERT_EQ(kscales[static_cast<size_t>(soff)], w.scale(e, row, kk))
+            ASSERT_EQ(kscales[static_cast<size_t>(soff)], w4a16_scale_byte(w.scale(e, row, kk)))
                 << what << ": expert " << e << " row " << row << " block " << kk / 16;
             ++scale_cover[static_cast<size_t>(soff)];
           }
@@ -319,10 +382,27 @@ TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
       }
     }
 
+    // Round trip: the scales exactly; the codes exactly but in zero-scale blocks, which come back
+    // zero (the same dequantized values: e2m1 x 0 = 0).
     std::vector<uint8_t> codes_back, scales_back;
     w4a16_unpack(kcodes.data(), kscales.data(), sh.n_experts, sh.n, sh.k, codes_back, scales_back);
-    EXPECT_EQ(codes_back, w.codes) << what;
     EXPECT_EQ(scales_back, w.scales) << what;
+    std::vector<uint8_t> codes_want = w.codes;
+    int64_t zero_blocks = 0;
+    for (size_t sb = 0; sb < w.scales.size(); ++sb) {
+      if (w.scales[sb] != 0) continue;
+      ++zero_blocks;
+      std::fill_n(codes_want.begin() + static_cast<ptrdiff_t>(sb * 8), 8, uint8_t{0});  // 16 codes = 8 bytes
+    }
+    EXPECT_EQ(codes_back, codes_want) << what << " (" << zero_blocks << " zero-scale blocks)";
+    for (size_t i = 0; i < codes_back.size(); ++i) {
+      for (int h = 0; h < 2; ++h) {
+        const double s = format::e4m3_to_f32(w.scales[i / 8]);
+        ASSERT_EQ(format::e2m1_to_f32(static_cast<uint8_t>((codes_back[i] >> (4 * h)) & 0xFu)) * s,
+                  format::e2m1_to_f32(static_cast<uint8_t>((w.codes[i] >> (4 * h)) & 0xFu)) * s)
+            << what << ": code byte " << i << " dequantizes differently after the round trip";
+      }
+    }
   }
 }
 
@@ -341,10 +421,34 @@ TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
   msg = expect_throw([&] { w4a16_unpack(codes.data(), scales.data(), 1, 16, 40, co, so); });
   EXPECT_NE(msg.find("w4a16 repack of weight: K=40 must be a multiple of 16"), std::string::npos) << msg;
 
-  // E = 2, N = 16, K = 64: 4 scales per row. The largest finite scales (+-448) are fine ...
+  // E = 2, N = 16, K = 64: 4 scales per row. The largest finite scale (448), the smallest
+  // subnormal and zero are fine ...
   scales[0] = 0x7E;
-  scales[1] = 0xFE;
+  scales[1] = 0x01;
+  scales[2] = 0x00;
   w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2");
+  // ... unpack names a scale byte that no e4m3 code maps to (0x01: 5-bit exponent 0) ...
+  {
+    std::vector<uint8_t> kc = co, ks = so, c2, s2;
+    w4a16_unpack(kc.data(), ks.data(), 2, 16, 64, c2, s2);
+    ks[16 * 5 + 1] = 0x01;  // lane 5 = row 1, block 1; byte 1 = row 9's scale of chunk 0
+    msg = expect_throw([&] { w4a16_unpack(kc.data(), ks.data(), 2, 16, 64, c2, s2); });
+    EXPECT_NE(msg.find("w4a16 unpack: expert 0, row 9, block 1 (k 16..31) has scale byte 0x1, which no e4m3 scale maps to"),
+              std::string::npos)
+        << msg;
+  }
+  // ... a negative scale (the sign bit: NVFP4 scales are UE4M3) is named by expert, row and block,
+  // -0 included ...
+  scales[(1 * 16 + 4) * 4 + 1] = 0xB8;  // -1.0
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  EXPECT_NE(msg.find("w4a16 repack of w2: expert 1, row 4, block 1 (k 16..31) has a negative e4m3 scale (0xb8; "
+                     "NVFP4 block scales are UE4M3, sign bit 0)"),
+            std::string::npos)
+      << msg;
+  scales[(1 * 16 + 4) * 4 + 1] = 0x80;
+  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  EXPECT_NE(msg.find("expert 1, row 4, block 1 (k 16..31) has a negative e4m3 scale (0x80"), std::string::npos) << msg;
+  scales[(1 * 16 + 4) * 4 + 1] = 0x38;
   // ... a NaN is named by expert, row and block (0x7F and 0xFF).
   scales[(1 * 16 + 5) * 4 + 2] = 0x7F;
   msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });

@@ -1,5 +1,5 @@
 // Helpers shared by the W4A16 CPU tests (test_cuda_w4a16_host.cpp, test_cuda_w4a16_emulation_host.cpp):
-// bf16x2 half access, random non-NaN e4m3 scales, and random NVFP4 weights in the checkpoint layout.
+// bf16x2 half access, random non-negative non-NaN e4m3 scales, and random NVFP4 weights in the checkpoint layout.
 #pragma once
 
 #include <cstdint>
@@ -17,10 +17,12 @@ inline float half_f32(uint32_t pair, uint32_t half) { return bf16_to_f32(half_bi
 inline float lo_f32(uint32_t pair) { return half_f32(pair, 0); }
 inline float hi_f32(uint32_t pair) { return half_f32(pair, 1); }
 
-inline uint8_t random_scale(std::mt19937_64& rng) {  // any e4m3fn code but the NaNs 0x7F / 0xFF
+// Any non-negative, non-NaN e4m3fn code 0x00..0x7E (UE4M3, what w4a16_repack accepts); 0x00 (a
+// zero block) comes 1 time in 127.
+inline uint8_t random_scale(std::mt19937_64& rng) {
   for (;;) {
-    const auto s = static_cast<uint8_t>(rng());
-    if ((s & 0x7Fu) != 0x7Fu) return s;
+    const auto s = static_cast<uint8_t>(rng() & 0x7Fu);
+    if (s != 0x7Fu) return s;
   }
 }
 

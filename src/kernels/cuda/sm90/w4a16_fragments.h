@@ -11,10 +11,12 @@
 // {2t, 2t+1} -> 16 t + 4 s + {0, 1} and {2t+8, 2t+9} -> 16 t + 4 s + {2, 3}; activation words 2s
 // and 2s+1 (bf16 pairs, 8 contiguous bytes at k = 16 t + 4 s) are the B registers.
 //
-// Exact dequantization: e2m1 (2 significant bits) x e4m3 (4 bits) has at most 6 significant bits;
-// the A registers hold e2m1 x e4m3 x 2^-8, in [2^-18, 10.5], exact normal bf16 values, so the
-// tensor-core products with bf16 activations are exact in f32. The epilogue multiplies the f32
-// accumulator by 2^8 and the per-expert f32 global scale: y = bf16(gs * sum_k x_k (e2m1_k * scale_k)).
+// Exact dequantization: e2m1 (2 significant bits) x e4m3 (4 bits; a subnormal renormalized has at
+// most 3) has at most 6 significant bits; the A registers hold e2m1 x e4m3 x 2^-8, in
+// [2^-18, 10.5], exact normal bf16 values (or +0: a zero-scale block has zero codes, see
+// w4a16_weight_layout.h), so the tensor-core products with bf16 activations are exact in f32.
+// The epilogue multiplies the f32 accumulator by 2^8 and the per-expert f32 global scale:
+// y = bf16(gs * sum_k x_k (e2m1_k * scale_k)).
 #pragma once
 
 #include <vector_types.h>  // uint4
@@ -38,25 +40,21 @@
 
 namespace fp4moe::cuda::sm90 {
 
-// e4m3fn scale code -> the bf16x2 word {v, v} with v = e4m3 x 2^118 (kW4A16AccShift = 8: times the
-// A registers' e2m1 x 2^-126 it gives e2m1 x e4m3 x 2^-8). The 7 magnitude bits shifted to f32
-// bits 26..20 are an f32 of value e4m3 x 2^-120 (e4m3 subnormals land on f32 subnormals, exact);
-// two exact multiplies rescale (2^238 is no f32), and v (4 significant bits, < 2^127) converts to
-// bf16 exactly. NaN codes never get here (w4a16_repack refuses them).
-FP4MOE_HD inline uint32_t w4a16_scale_word(uint32_t code) {
-  const uint32_t in = ((code & 0x80u) << 24) | ((code & 0x7Fu) << 20);
+// The scale word of byte `i` (0..3, a compile-time constant in the unrolled loops) of a 32-bit word
+// of kernel scale bytes: w4a16_scale_word(B) = B x 0x00100010 + 0x75007500, a bf16x2 {v, v} with
+// v = value(B) x 2^118 = e4m3 x 2^118 exactly (w4a16_weight_layout.h). On the device one PRMT puts
+// B in bytes 0 and 2 (selector 0x4i4i: byte i, zero, byte i, zero = B x 0x00010001) and one LEA
+// makes x 16 + 0x75007500 (2 instructions instead of ~9 for the old e4m3 conversion); the halves
+// cannot carry into each other (B <= 0x9E). The PRMT is inline PTX, not __byte_perm: with the
+// intrinsic NVVM reorders the conversions and the m64n8_d8 / m128n8_d8 stream kernels spill 12 B
+// at their 80-register cap (measured with nvcc 13, issue #5); with the asm they do not.
+FP4MOE_HD inline uint32_t w4a16_scale_word_of(uint32_t packed, uint32_t i) {
 #if defined(__CUDA_ARCH__)
-  const float v = __uint_as_float(in) * 0x1p120f * 0x1p118f;
-  const __nv_bfloat162 w = __floats2bfloat162_rn(v, v);
-  return *reinterpret_cast<const uint32_t*>(&w);
+  uint32_t twice;  // B x 0x00010001
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(twice) : "r"(packed), "r"(0x4040u | i | (i << 8)));
+  return twice * 16u + kW4A16ScaleWordBase;
 #else
-  float f;
-  std::memcpy(&f, &in, sizeof(f));
-  const float v = f * 0x1p120f * 0x1p118f;
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  const uint32_t h = bits >> 16;  // exact: v has 4 significant bits
-  return h | (h << 16);
+  return w4a16_scale_word((packed >> (8 * i)) & 0xFFu);
 #endif
 }
 
@@ -96,13 +94,15 @@ FP4MOE_HD constexpr uint32_t x_tile_offset(uint32_t tok, uint32_t chunk16) {
 
 // The scale words of chunk j (0..7) of a scale group, from the lane's 16 B of the group: byte 2j is
 // row g's scale, byte 2j+1 row g+8's. `j` should be a compile-time constant (unrolled loops).
+// w4a16_pair_scales takes the pair as the low 16 bits of `pair` (the pipeline kernel's slice).
 FP4MOE_HD inline void w4a16_pair_scales(uint32_t pair, uint32_t& sc_lo, uint32_t& sc_hi) {
-  sc_lo = w4a16_scale_word(pair & 0xFFu);
-  sc_hi = w4a16_scale_word((pair >> 8) & 0xFFu);
+  sc_lo = w4a16_scale_word_of(pair, 0);
+  sc_hi = w4a16_scale_word_of(pair, 1);
 }
 FP4MOE_HD inline void w4a16_chunk_scales(const uint4& group, uint32_t j, uint32_t& sc_lo, uint32_t& sc_hi) {
   const uint32_t w = (j >> 1) == 0 ? group.x : (j >> 1) == 1 ? group.y : (j >> 1) == 2 ? group.z : group.w;
-  w4a16_pair_scales((j & 1u) ? (w >> 16) : w, sc_lo, sc_hi);
+  sc_lo = w4a16_scale_word_of(w, 2 * (j & 1u));
+  sc_hi = w4a16_scale_word_of(w, 2 * (j & 1u) + 1);
 }
 
 // A registers a[s][0..3] of the 4 MMA steps of a chunk, from the lane's 16 B of codes and the

@@ -1,5 +1,6 @@
 // Host repack of NVFP4 expert weights between the checkpoint layout and the kernel layout of
-// sm90_nvfp4_w4a16_grouped_gemm (the layout is described in w4a16_weight_layout.h). Needs no GPU.
+// sm90_nvfp4_w4a16_grouped_gemm (the layout is described in w4a16_weight_layout.h): codes permuted
+// into the lanes' words, e4m3 scales turned into the kernel's scale bytes. Needs no GPU.
 // Tested by tests/kernels/test_cuda_w4a16_host.cpp (round trip, every code in every position).
 #include <cstring>
 
@@ -75,14 +76,21 @@ void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts
             << "w4a16 repack of " << what << ": expert " << e << ", row " << row << ", block " << b
             << " (k " << 16 * b << ".." << 16 * b + 15 << ") has a NaN e4m3 scale (0x" << std::hex
             << static_cast<int>(sc) << std::dec << ")";
+        FP4MOE_CHECK((sc & 0x80u) == 0)
+            << "w4a16 repack of " << what << ": expert " << e << ", row " << row << ", block " << b
+            << " (k " << 16 * b << ".." << 16 * b + 15 << ") has a negative e4m3 scale (0x" << std::hex
+            << static_cast<int>(sc) << std::dec << "; NVFP4 block scales are UE4M3, sign bit 0)";
       }
       for (int64_t kk = 0; kk < k; ++kk) {
         const uint8_t byte = code_row[kk / 2];
-        const uint32_t code = (kk % 2 == 0) ? (byte & 0x0Fu) : (byte >> 4);
+        const uint8_t sc = scale_row[kk / 16];
+        // A zero scale becomes scale byte 0, whose word is finite (2^107): zero codes keep the
+        // products exactly 0.
+        const uint32_t code = sc == 0 ? 0u : (kk % 2 == 0) ? (byte & 0x0Fu) : (byte >> 4);
         const Addr a = address(e, row, kk, row_tiles, k_chunks, k_groups);
         uint8_t* w = codes_out.data() + a.code_word_byte;
         store_u32(w, w4a16_place_code(load_u32(w), a.slot.j, a.slot.half, code));
-        if (kk % 16 == 0) scales_out[static_cast<size_t>(a.scale_byte)] = scale_row[kk / 16];
+        if (kk % 16 == 0) scales_out[static_cast<size_t>(a.scale_byte)] = static_cast<uint8_t>(w4a16_scale_byte(sc));
       }
     }
   }
@@ -125,7 +133,15 @@ void w4a16_unpack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts
         const Addr a = address(e, row, kk, row_tiles, k_chunks, k_groups);
         const uint32_t code = read_code(load_u32(codes + a.code_word_byte), a.slot.j, a.slot.half);
         code_row[kk / 2] |= static_cast<uint8_t>(kk % 2 == 0 ? code : code << 4);
-        if (kk % 16 == 0) scales_out[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)] = scales[a.scale_byte];
+        if (kk % 16 == 0) {
+          uint32_t e4m3 = 0;
+          const uint8_t b = scales[a.scale_byte];
+          FP4MOE_CHECK(w4a16_scale_byte_to_e4m3(b, e4m3))
+              << "w4a16 unpack: expert " << e << ", row " << row << ", block " << kk / 16 << " (k " << kk << ".."
+              << kk + 15 << ") has scale byte 0x" << std::hex << static_cast<int>(b) << std::dec
+              << ", which no e4m3 scale maps to (w4a16_scale_byte)";
+          scales_out[static_cast<size_t>((e * n + row) * (k / 16) + kk / 16)] = static_cast<uint8_t>(e4m3);
+        }
       }
     }
   }

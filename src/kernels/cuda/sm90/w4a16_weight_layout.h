@@ -15,6 +15,19 @@
 //   scales offset(e, rt, kg) = ((e * row_tiles + rt) * k_groups + kg) * 512 + 16 L
 // (chunks past the end of K and rows past N hold zero codes and zero scales).
 //
+// Scale bytes (issue #5) are not the checkpoint's e4m3 codes but an unsigned "ue5m3" byte B, chosen
+// so that the kernel's bf16x2 scale word is one integer multiply-add (w4a16_scale_word):
+//   B = 0: a zero scale. Its word is finite (2^107) and w4a16_repack zeroes the block's 16 codes,
+//          so every product is +0, exactly what e2m1 x 0 gives.
+//   B > 0: e = B >> 3 (5 bits), m = B & 7, value = 2^(e - 11) x (1 + m / 8).
+// Every e4m3 code maps exactly: normal codes (exponent field E >= 1, value 2^(E - 7) (1 + m / 8))
+// are B = code + 32 (e = E + 4, 0x08..0x7E -> 0x28..0x9E); the subnormals m x 2^-9 (m = 1..7)
+// renormalize to at most 3 mantissa bits: 0x01..0x07 -> 0x10, 0x18, 0x1C, 0x20, 0x22, 0x24, 0x26.
+// The bf16 of value x 2^118 has exponent field e - 11 + 118 + 127 = e + 234 (236..253: normal,
+// finite) and mantissa m << 4, i.e. its 16 bits are (B << 4) + (234 << 7) = (B << 4) + 0x7500, and
+// the word {v, v} is B x 0x00100010 + 0x75007500 (no carry between halves: B <= 0x9E). Negative
+// scales (NVFP4 block scales are UE4M3: the sign bit is always 0) and NaN are refused at repack.
+//
 // Bits inside a lane's 16 B: word s (0..3) feeds MMA step s; it holds 8 e2m1 codes, and four
 // bit operations turn it into the four A-fragment registers a[s][0..3] of the step, each a bf16x2
 // whose halves are two consecutive k of one row:
@@ -51,6 +64,10 @@ inline constexpr uint32_t kW4A16ScaleGroup = 8;      // chunks per 512 B scale g
 inline constexpr uint32_t kPairMask = 0x81C081C0u;   // bf16x2: sign 15/31, e2m1 magnitude 8..6 / 24..22
 inline constexpr uint32_t kPair3LowMask = 0x00400040u;  // the bits of a3 taken from rotation 14
 inline constexpr int kW4A16AccShift = 8;             // products carry 2^-8; the epilogue undoes it
+inline constexpr uint32_t kW4A16ScaleWordStep = 0x00100010u;  // scale word = B x step + base
+inline constexpr uint32_t kW4A16ScaleWordBase = 0x75007500u;  // per half 0x7500: bf16 exponent field 234
+inline constexpr uint32_t kW4A16ScaleExpBias = 11;            // B: value = 2^((B >> 3) - 11) x (1 + (B & 7) / 8)
+inline constexpr uint32_t kW4A16ScaleByteMax = 0x9Eu;         // B of e4m3 448 (0x7E), the largest scale
 
 FP4MOE_HD constexpr int64_t w4a16_row_tiles(int64_t n) { return (n + kW4A16TileRows - 1) / kW4A16TileRows; }
 FP4MOE_HD constexpr int64_t w4a16_k_chunks(int64_t k) { return (k + kW4A16ChunkK - 1) / kW4A16ChunkK; }
@@ -130,11 +147,68 @@ FP4MOE_HD constexpr uint32_t w4a16_place_code(uint32_t word, uint32_t j, uint32_
   return word;
 }
 
+// e4m3fn scale code -> kernel scale byte B (see the file comment). Defined for the codes the
+// repack accepts: 0x00..0x7E (non-negative, not NaN); 0x00 -> 0.
+FP4MOE_HD constexpr uint32_t w4a16_scale_byte(uint32_t e4m3) {
+  if (e4m3 == 0) return 0;
+  if ((e4m3 >> 3) != 0) return e4m3 + 32;  // normal: e = E + 4, same mantissa
+  // Subnormal m x 2^-9 = 2^p x (m / 2^p) x 2^-9 with p = floor(log2 m): e = p + 2, and the
+  // p bits of m below its leading one become the top of the 3-bit mantissa.
+  const uint32_t p = e4m3 >= 4 ? 2u : e4m3 >= 2 ? 1u : 0u;
+  return ((p + 2) << 3) | ((e4m3 - (1u << p)) << (3 - p));
+}
+
+// The inverse: kernel scale byte -> e4m3fn code; false when B is no image of w4a16_scale_byte.
+FP4MOE_HD constexpr bool w4a16_scale_byte_to_e4m3(uint32_t b, uint32_t& e4m3) {
+  e4m3 = 0;
+  if (b == 0) return true;
+  const uint32_t e = b >> 3, m = b & 7u;
+  if (e >= 5) {  // normal e4m3 (E = e - 4 >= 1)
+    if (b > kW4A16ScaleByteMax) return false;
+    e4m3 = b - 32;
+    return true;
+  }
+  if (e < 2) return false;
+  const uint32_t p = e - 2;  // subnormal 2^p x (1 + m / 8) x 2^-9: m must fit in p bits
+  if ((m & ((1u << (3 - p)) - 1u)) != 0) return false;
+  e4m3 = (1u << p) | (m >> (3 - p));
+  return true;
+}
+
+// The bf16x2 scale word {v, v}, v = value(B) x 2^118 (see the file comment), from B.
+FP4MOE_HD constexpr uint32_t w4a16_scale_word(uint32_t b) { return b * kW4A16ScaleWordStep + kW4A16ScaleWordBase; }
+
+namespace detail {
+// The A registers carry e2m1 x 2^-126, so the scale word must be value(B) x 2^(126 - kW4A16AccShift):
+// bf16 exponent field (B >> 3) - kW4A16ScaleExpBias + 126 - kW4A16AccShift + 127 at B's exponent
+// bits, i.e. base = that field at B = 0, shifted to bf16 bit 7, in both halves.
+constexpr bool scale_word_constants_agree() {
+  const uint32_t field0 = 126 - kW4A16AccShift + 127 - kW4A16ScaleExpBias;  // 234
+  return kW4A16ScaleWordBase == ((field0 << 7) | ((field0 << 7) << 16)) && kW4A16ScaleWordStep == ((1u << 4) | (1u << 20)) &&
+         field0 + (kW4A16ScaleByteMax >> 3) < 255;  // 448's word is finite
+}
+// Every non-negative non-NaN e4m3 code maps to a distinct byte <= kW4A16ScaleByteMax that maps back.
+constexpr bool scale_bytes_round_trip() {
+  bool used[256] = {};
+  for (uint32_t code = 0; code < 0x7F; ++code) {
+    const uint32_t b = w4a16_scale_byte(code);
+    uint32_t back = 0xFFFFu;
+    if (b > kW4A16ScaleByteMax || used[b] || !w4a16_scale_byte_to_e4m3(b, back) || back != code) return false;
+    used[b] = true;
+  }
+  return w4a16_scale_byte(0x7E) == kW4A16ScaleByteMax;
+}
+}  // namespace detail
+static_assert(detail::scale_word_constants_agree(), "scale word base/step must encode value(B) x 2^(126 - kW4A16AccShift)");
+static_assert(detail::scale_bytes_round_trip(), "w4a16_scale_byte must be invertible on e4m3 0x00..0x7E");
+
 // Checkpoint layout -> kernel layout, on the host. codes [E, n, k/2] (low nibble = even k),
 // scales [E, n, k/16] e4m3fn. Needs k % 16 == 0 and n % 8 == 0 (the kernel's output stores); throws
-// fp4moe::Error naming the numbers otherwise, and on a NaN scale code (0x7F / 0xFF) naming the
-// expert, row and block (the kernel's exact scale conversion has no NaN). `what` names the tensor
-// in messages. Outputs are resized to w4a16_codes_bytes / w4a16_scales_bytes.
+// fp4moe::Error naming the numbers otherwise, and on a NaN (0x7F / 0xFF) or negative (sign bit set,
+// 0x80..0xFE) scale code naming the expert, row and block (the kernel's scale byte is unsigned and
+// has no NaN). Scales become kernel scale bytes (w4a16_scale_byte); a block with a zero scale gets
+// zero codes. `what` names the tensor in messages. Outputs are resized to w4a16_codes_bytes /
+// w4a16_scales_bytes.
 void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts, int64_t n, int64_t k,
                   std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out, const char* what = "weight");
 
@@ -146,7 +220,10 @@ void w4a16_repack_gate_up(const uint8_t* gate_codes, const uint8_t* gate_scales,
                           const uint8_t* up_scales, int64_t n_experts, int64_t inter, int64_t k,
                           std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out, const char* what = "gate_up");
 
-// The inverse (kernel layout -> checkpoint layout), for tests and `fp4moe inspect`.
+// The inverse (kernel layout -> checkpoint layout), for tests and `fp4moe inspect`: scale bytes go
+// back to their e4m3 codes, so the round trip is exact except that the codes of a zero-scale block
+// come back as zeros (the same dequantized values, +-0 -> +0). Throws fp4moe::Error naming expert,
+// row and block on a scale byte that no e4m3 code maps to.
 void w4a16_unpack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts, int64_t n, int64_t k,
                   std::vector<uint8_t>& codes_out, std::vector<uint8_t>& scales_out);
 
