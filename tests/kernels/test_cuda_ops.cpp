@@ -10,6 +10,7 @@
 //     product like the non-FMA x86-64 CPU build; elsewhere 1 bf16 ulp is allowed); an out-of-table
 //     position sets kDeviceErrorRopePosition and leaves that token unchanged;
 //   - embedding_bf16: exact rows, vectorized and not; an out-of-range id writes zeros and sets the flag;
+//   - add_bias_bf16 / set_single_group_offsets (linear_ops.h): bit for bit bf16(y + b), {0, n};
 //   - argmax_rows (f32 and bf16 logits): equal to model::argmax (the sampler's greedy rule: lowest
 //     index on ties) on rows with many ties, -inf, NaNs (incl. at index 0), vocab 151552 and odd sizes.
 // Label gpu; without a usable GPU every case skips with the reason.
@@ -22,11 +23,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/linear_ops.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda_test_util.h"
 #include "model/ops.h"
@@ -226,6 +230,38 @@ TEST(CudaEmbedding, CopiesRowsAndFlagsBadIds) {
       }
     }
   }
+}
+
+// linear_ops.h: add_bias_bf16 equals bf16(float(y) + b) bit for bit on a strided view (the columns
+// past n_cols untouched); set_single_group_offsets writes {0, n}.
+TEST(CudaLinearOps, AddBiasAndSingleGroupOffsets) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  for (const auto& [rows, cols, ld] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 8}, {37, 131, 140}, {300, 4096, 4096}}) {
+    const std::vector<uint16_t> y = random_bf16(static_cast<size_t>(rows * ld), rng);
+    std::vector<float> bias(static_cast<size_t>(cols));
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    for (float& b : bias) b = d(rng);
+    auto dy = upload(y);
+    auto db = upload(bias);
+    add_bias_bf16(bf(dy.get()), db.get(), rows, cols, ld, nullptr);
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = download(dy.get(), y.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < ld; ++c) {
+        const size_t i = static_cast<size_t>(r * ld + c);
+        const uint16_t want = c < cols ? f32_to_bf16(bf16_to_f32(y[i]) + bias[static_cast<size_t>(c)]) : y[i];
+        ASSERT_EQ(got[i], want) << "rows=" << rows << " cols=" << cols << " at (" << r << ", " << c << ")";
+      }
+    }
+  }
+  auto off = device_alloc<int32_t>(2);
+  set_single_group_offsets(off.get(), 4097, nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int32_t> o = download(off.get(), 2);
+  EXPECT_EQ(o[0], 0);
+  EXPECT_EQ(o[1], 4097);
+  EXPECT_THROW(add_bias_bf16(bf(nullptr), nullptr, 1, 8, 4, nullptr), Error);
 }
 
 TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {

@@ -82,6 +82,35 @@ TEST(PlanDecodeSplit, CoversTheLongestSequence) {
   EXPECT_EQ(plan_decode_split(1, 96, 8, 0, 132).to_string(), "1 split x 32 keys");
 }
 
+// cap_decode_split: the capped split still covers the keys, is a valid launch, never needs more
+// workspace than the budget unless it is a single split (which needs none), and is the planned
+// split when that already fits.
+TEST(DecodeSplit, CapFitsTheWorkspaceBudget) {
+  std::mt19937_64 rng(testing::test_seed());
+  for (int it = 0; it < 2000; ++it) {
+    const int64_t n_seqs = 1 + static_cast<int64_t>(rng() % 300);
+    const int64_t n_kv = 1 + static_cast<int64_t>(rng() % 8);
+    const int64_t n_heads = n_kv * (1 + static_cast<int64_t>(rng() % 16));
+    const int64_t head_dim = 32 * (1 + static_cast<int64_t>(rng() % 4));
+    const int64_t len = static_cast<int64_t>(rng() % 200000);
+    const DecodeSplit planned = plan_decode_split(n_seqs, n_heads, n_kv, len, 132);
+    const size_t budget = static_cast<size_t>(rng() % (size_t{64} << 20));
+    const DecodeSplit s = cap_decode_split(planned, n_seqs, n_heads, head_dim, len, budget);
+    const std::string c = planned.to_string() + " -> " + s.to_string() + " budget " + std::to_string(budget);
+    ASSERT_NO_THROW(check_decode_split("cap", s)) << c;
+    ASSERT_GE(s.n_splits * s.keys_per_split, len) << c;
+    ASSERT_TRUE(s.n_splits == 1 || attention_workspace_bytes(n_seqs, n_heads, head_dim, s) <= budget) << c;
+    if (attention_workspace_bytes(n_seqs, n_heads, head_dim, planned) <= budget) {
+      ASSERT_EQ(s.to_string(), planned.to_string()) << c;
+    }
+    ASSERT_LE(s.n_splits, planned.n_splits) << c;
+  }
+  // 64 sequences x 96 heads x 128 dims x 32 splits of 1024 keys: 100 MB planned; 16 MiB forces 4 splits.
+  const DecodeSplit big{32, 1024};
+  EXPECT_EQ(cap_decode_split(big, 64, 96, 128, 32768, size_t{16} << 20).to_string(), "4 splits x 8192 keys");
+  EXPECT_EQ(cap_decode_split(big, 64, 96, 128, 32768, 0).n_splits, 1);
+}
+
 // The launchers' split check: a default DecodeSplit is "not planned", and every launch limit is named.
 TEST(DecodeSplit, CheckRejectsUnplannedAndOutOfRangeSplits) {
   EXPECT_EQ(DecodeSplit{}.n_splits, 0);
@@ -410,6 +439,8 @@ TEST(DeviceErrors, Describe) {
   EXPECT_EQ(describe_device_errors(kDeviceErrorTokenId | kDeviceErrorKvBlock),
             "token id outside the vocabulary (embedding) | KV block id outside the cache pool (attention)");
   EXPECT_EQ(describe_device_errors(1u << 31), "unknown bits 0x80000000");
+  EXPECT_EQ(describe_device_errors(kDeviceErrorKeySelection),
+            "DSA key selection outside the query's causal range or malformed (MLA / indexer)");
 }
 
 // The kernel's reduction order gives the CPU argmax on any permutation of the reduction: fold the

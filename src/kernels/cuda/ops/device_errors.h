@@ -18,6 +18,7 @@ enum DeviceErrorBit : uint32_t {
   kDeviceErrorKvSlot = 1u << 2,        // kv append: slot >= n_blocks * page_size
   kDeviceErrorKvBlock = 1u << 3,       // attention: block id outside [0, n_blocks)
   kDeviceErrorSeqLen = 1u << 4,        // attention: seq_len < q_len, or > blocks * page_size, or > splits
+  kDeviceErrorKeySelection = 1u << 5,  // MLA/DSA: a selected key outside [0, pos], or bad selection offsets
 };
 
 // "token id out of range | KV block id out of range" for the bits set in `flags` ("none" for 0).
@@ -32,6 +33,7 @@ inline std::string describe_device_errors(uint32_t flags) {
       {kDeviceErrorKvSlot, "KV slot outside the cache pool (kv append)"},
       {kDeviceErrorKvBlock, "KV block id outside the cache pool (attention)"},
       {kDeviceErrorSeqLen, "sequence length inconsistent with q length, block table or splits (attention)"},
+      {kDeviceErrorKeySelection, "DSA key selection outside the query's causal range or malformed (MLA / indexer)"},
   };
   std::string s;
   uint32_t known = 0;

@@ -94,6 +94,12 @@ DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_head
 // [n_tokens, n_heads, n_splits, head_dim] then log-sum-exps [n_tokens, n_heads, n_splits].
 size_t attention_workspace_bytes(int64_t n_tokens, int64_t n_heads, int64_t head_dim, const DecodeSplit& split);
 
+// The split with the fewest changes to `split` whose workspace for n_seqs sequences fits
+// workspace_bytes: keys_per_split doubles (n_splits = ceil(max_seq_len / keys_per_split)) until it
+// fits or one split remains (no workspace). For a model that preallocates a fixed workspace.
+DecodeSplit cap_decode_split(const DecodeSplit& split, int64_t n_seqs, int64_t n_heads, int64_t head_dim,
+                             int64_t max_seq_len, size_t workspace_bytes);
+
 // [n_seqs, max_blocks] row-major, each sequence's blocks then -1 padding; max_blocks = the longest
 // table (at least 1). Fails naming the sequence when a block id is outside [0, n_blocks).
 std::vector<int32_t> pack_block_tables(const std::vector<std::vector<int32_t>>& tables, int64_t n_blocks,

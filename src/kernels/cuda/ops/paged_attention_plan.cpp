@@ -67,6 +67,19 @@ DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_head
   return split_for_ctas(n_seqs * n_kv_heads * tiling.n_head_chunks, max_seq_len, n_sms, min_keys_per_split);
 }
 
+DecodeSplit cap_decode_split(const DecodeSplit& split, int64_t n_seqs, int64_t n_heads, int64_t head_dim,
+                             int64_t max_seq_len, size_t workspace_bytes) {
+  check_decode_split("cap_decode_split", split);
+  FP4MOE_CHECK(max_seq_len >= 0 && max_seq_len <= INT32_MAX)
+      << "cap_decode_split: max_seq_len=" << max_seq_len << " outside [0, 2^31)";
+  DecodeSplit s = split;
+  while (s.n_splits > 1 && attention_workspace_bytes(n_seqs, n_heads, head_dim, s) > workspace_bytes) {
+    s.keys_per_split *= 2;
+    s.n_splits = static_cast<int>(std::max<int64_t>(1, (max_seq_len + s.keys_per_split - 1) / s.keys_per_split));
+  }
+  return s;
+}
+
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                   int64_t min_keys_per_split) {
   FP4MOE_CHECK(n_seqs >= 0 && n_heads >= 1 && max_seq_len >= 0 && max_seq_len <= INT32_MAX && n_sms >= 1 &&

@@ -1,0 +1,322 @@
+// MLA absorbed-form attention for many queries per sequence (see mla_prefill.h).
+//   mla_prefill_attention_kernel<RPL> (rank = 32 * RPL): CTA (token x 16-head chunk, sequence, key
+//       split), 4 warps x 4 heads, exactly mla_decode's CTA except for where its keys come from: the
+//       query's key list is 0..pos (dense) or its DSA selection, and the split walks list indices
+//       [split * keys_per_split, ...). Per 32-key tile, warp 0 turns the tile's list entries into
+//       cache-row offsets (through the block table; checks causality and the block id), then the CTA
+//       copies the rows' bf16 pairs into a tile with an odd word stride; each warp scores one key per
+//       lane per head (dot over rank + rope), does the online softmax with shuffles and adds
+//       p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
+//   mla_prefill_merge_kernel: warp per (token, head): the splits' (o_s, lse_s) -> latent (split_merge.h).
+// Performance notes: a CTA reads its keys once per 16 heads of ONE token, so dense prefill re-reads
+// the cache per token (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the K tile
+// is the next step for long dense prefill). Tested by tests/kernels/test_cuda_mla_prefill.cpp.
+#include "kernels/cuda/warp_reduce.cuh"
+#include "kernels/cuda/ops/mla_prefill.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/split_merge.h"
+
+namespace fp4moe::cuda {
+
+namespace {
+
+constexpr int kThreads = kMlaWarps * 32;
+
+struct PrefillParams {
+  const float* q_lat;
+  const __nv_bfloat16* cache;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  const int32_t* q_start;
+  const int32_t* sel_offsets;
+  const int32_t* sel_idx;
+  float* latent;
+  float* part_o;
+  float* part_lse;
+  uint32_t* error_flag;
+  int64_t n_blocks;
+  int64_t max_blocks_per_seq;
+  int64_t keys_per_split;
+  int64_t max_keys;  // n_splits * keys_per_split
+  int64_t n_selected;
+  int page_size;
+  int n_heads;
+  int n_chunks;
+  int rank;
+  int rope;
+  int n_splits;
+  float scale;
+};
+
+template <int RPL>
+__global__ void __launch_bounds__(kThreads) mla_prefill_attention_kernel(const PrefillParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const MlaPrefillSmemLayout L = mla_prefill_smem_layout(p.rank, p.rope);
+  float* q_s = reinterpret_cast<float*>(smem);
+  uint32_t* k_s = reinterpret_cast<uint32_t*>(smem + L.base.k_offset);
+  int64_t* row_s = reinterpret_cast<int64_t*>(smem + L.rows_offset);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const MlaPrefillCta cta = mla_prefill_cta(blockIdx.x, p.n_chunks);
+  const int chunk = cta.chunk;
+  const int s = blockIdx.y;
+  const int split = blockIdx.z;
+  const int W = L.base.width;
+  const int half_w = W / 2;  // bf16 pairs per cache row
+
+  const int64_t q_begin = p.q_start[s];
+  const int64_t q_len = p.q_start[s + 1] - q_begin;
+  if (cta.token >= q_len) return;  // CTA-uniform: this sequence has fewer query tokens
+  const int64_t seq_len = p.seq_lens[s];
+  if (seq_len < q_len || seq_len > p.max_blocks_per_seq * p.page_size) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
+    return;  // CTA-uniform
+  }
+  const int64_t row = q_begin + cta.token;  // query row of q_lat / latent / sel_offsets
+  const int64_t pos = attn_query_pos(seq_len, q_len, cta.token);
+  int64_t off0 = 0, n_keys = pos + 1;
+  if (p.sel_offsets != nullptr) {
+    off0 = p.sel_offsets[row];
+    const int64_t off1 = p.sel_offsets[row + 1];
+    n_keys = off1 - off0;
+    if (off0 < 0 || off1 < off0 || off1 > p.n_selected || n_keys > pos + 1) {
+      if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorKeySelection);
+      return;  // CTA-uniform
+    }
+  }
+  if (n_keys > p.max_keys) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
+    return;  // CTA-uniform: the splits do not cover this key list
+  }
+
+  for (int i = threadIdx.x; i < kMlaHeadsPerCta * W; i += kThreads) {
+    const int r = i / W;
+    const int head = chunk * kMlaHeadsPerCta + r;
+    q_s[i] = head < p.n_heads ? p.q_lat[(row * p.n_heads + head) * W + i % W] : 0.0f;
+  }
+
+  // Slot i of warp w is head chunk * 16 + i * 4 + w.
+  float m[kMlaRowsPerWarp], l[kMlaRowsPerWarp], acc[kMlaRowsPerWarp][RPL];
+#pragma unroll
+  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int a = 0; a < RPL; ++a) acc[i][a] = 0.0f;
+  }
+  int64_t begin64 = 0, end64 = 0;
+  mla_split_key_range(n_keys, split, p.keys_per_split, &begin64, &end64);
+  // List indices are below n_keys <= pos + 1 <= seq_len (int32), so 32-bit from here; an empty range
+  // (a split past this list's end, whose begin may not fit 32 bits) becomes [0, 0).
+  const bool any_key = end64 > begin64;
+  const int key_begin = any_key ? static_cast<int>(begin64) : 0;
+  const int key_end = any_key ? static_cast<int>(end64) : 0;
+  const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+  const bool sparse = p.sel_offsets != nullptr;
+  const int32_t* sel = sparse ? p.sel_idx + off0 : nullptr;  // read only when n_keys > 0
+
+  for (int k0 = key_begin; k0 < key_end; k0 += kAttnKeysPerTile) {
+    __syncthreads();  // the previous tile is consumed (and q_s is written before the first)
+    if (threadIdx.x < kAttnKeysPerTile) {
+      const int j = k0 + static_cast<int>(threadIdx.x);  // list index
+      int64_t base = -1;
+      if (j < key_end) {
+        const int64_t key = sparse ? static_cast<int64_t>(sel[j]) : static_cast<int64_t>(j);
+        if (key < 0 || key > pos) {
+          atomicOr(p.error_flag, kDeviceErrorKeySelection);
+        } else {
+          const int64_t blk = table[key / p.page_size];
+          if (blk < 0 || blk >= p.n_blocks) {
+            atomicOr(p.error_flag, kDeviceErrorKvBlock);
+          } else {
+            base = (blk * p.page_size + key % p.page_size) * W;
+          }
+        }
+      }
+      row_s[threadIdx.x] = base;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kAttnKeysPerTile * half_w; i += kThreads) {
+      const int j = i / half_w;
+      const int w = i % half_w;
+      const int64_t base = row_s[j];
+      k_s[j * L.base.k_stride_words + w] = base >= 0 ? reinterpret_cast<const uint32_t*>(p.cache + base)[w] : 0u;
+    }
+    __syncthreads();
+    const int n_valid = min(kAttnKeysPerTile, key_end - k0);
+#pragma unroll
+    for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+      const int r = i * kMlaWarps + warp;
+      if (chunk * kMlaHeadsPerCta + r >= p.n_heads) continue;  // warp-uniform
+      float score = -INFINITY;
+      if (lane < n_valid) {
+        const float2* qr = reinterpret_cast<const float2*>(q_s + r * W);
+        const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(k_s + lane * L.base.k_stride_words);
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int w = 0; w < half_w; ++w) {
+          const float2 qq = qr[w];
+          const float2 kk = __bfloat1622float2(kr[w]);
+          dot = fmaf(qq.x, kk.x, dot);
+          dot = fmaf(qq.y, kk.y, dot);
+        }
+        score = dot * p.scale;  // as the CPU: (q_abs . c_kv + q_pe . k_pe) * scale
+      }
+      const float m_new = fmaxf(m[i], warp_max(score));  // lane 0 always holds a key: finite
+      const float prob = score == -INFINITY ? 0.0f : expf(score - m_new);
+      const float corr = expf(m[i] - m_new);
+      l[i] = l[i] * corr + warp_sum(prob);
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) acc[i][a] *= corr;
+      for (int j = 0; j < n_valid; ++j) {
+        const float pj = __shfl_sync(kWarpFullMask, prob, j);
+        const __nv_bfloat16* c = reinterpret_cast<const __nv_bfloat16*>(k_s + j * L.base.k_stride_words);
+#pragma unroll
+        for (int a = 0; a < RPL; ++a) acc[i][a] = fmaf(pj, __bfloat162float(c[lane + 32 * a]), acc[i][a]);
+      }
+      m[i] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
+    const int head = chunk * kMlaHeadsPerCta + i * kMlaWarps + warp;
+    if (head >= p.n_heads) continue;
+    const int64_t out_row = row * p.n_heads + head;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    if (p.n_splits == 1) {
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) p.latent[out_row * p.rank + lane + 32 * a] = acc[i][a] * inv;
+    } else {
+      const int64_t prow = out_row * p.n_splits + split;
+#pragma unroll
+      for (int a = 0; a < RPL; ++a) p.part_o[prow * p.rank + lane + 32 * a] = acc[i][a] * inv;
+      if (lane == 0) p.part_lse[prow] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+    }
+  }
+}
+
+constexpr int kMergeWarps = 4;
+
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    mla_prefill_merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int64_t n_rows,
+                             int n_splits, int rank, float* __restrict__ latent) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  if (row >= n_rows) return;
+  const float* lse = part_lse + row * n_splits;
+  const float mx = split_lse_max(lse, n_splits);
+  for (int d = lane; d < rank; d += 32) {
+    latent[row * rank + d] = split_merge_value(lse, part_o + row * n_splits * rank, n_splits, rank, mx, d);
+  }
+}
+
+template <int RPL>
+void launch(const PrefillParams& p, dim3 grid, int smem_bytes, cudaStream_t stream) {
+  if (smem_bytes > 48 * 1024) {
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_attention_kernel<RPL>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
+  mla_prefill_attention_kernel<RPL><<<grid, kThreads, smem_bytes, stream>>>(p);
+}
+
+}  // namespace
+
+void mla_prefill_attention(const MlaPrefillArgs& a, const MlaDecodeDims& dims, const DecodeSplit& split,
+                           float* workspace, cudaStream_t stream) {
+  const char* what = "mla_prefill_attention";
+  FP4MOE_CHECK(dims.n_heads >= 1 && dims.n_heads <= 65535 && dims.qk_nope_head_dim >= 1 && dims.v_head_dim >= 1 &&
+               (dims.kv_lora_rank == 32 || dims.kv_lora_rank == 64 || dims.kv_lora_rank == 128 ||
+                dims.kv_lora_rank == 256 || dims.kv_lora_rank == 512) &&
+               dims.qk_rope_head_dim >= 2 && dims.qk_rope_head_dim <= 128 && dims.qk_rope_head_dim % 2 == 0 &&
+               dims.scale > 0.0f)
+      << what << ": heads=" << dims.n_heads << ", kv_lora_rank=" << dims.kv_lora_rank
+      << " (32, 64, 128, 256 or 512), nope=" << dims.qk_nope_head_dim << ", rope=" << dims.qk_rope_head_dim
+      << " (even, <= 128), v=" << dims.v_head_dim << ", scale=" << dims.scale;
+  const MlaCacheView& cache = a.cache;
+  FP4MOE_CHECK(cache.kv_lora_rank == dims.kv_lora_rank && cache.rope_dim == dims.qk_rope_head_dim &&
+               cache.n_blocks >= 1 && cache.page_size >= 1 && cache.page_size <= INT32_MAX &&
+               a.max_blocks_per_seq >= 1 && a.n_seqs >= 0 && a.n_seqs <= 65535 && a.n_tokens >= 0 &&
+               a.max_q_len >= 0 && a.max_q_len <= a.n_tokens && a.n_selected >= 0)
+      << what << ": cache rank " << cache.kv_lora_rank << " / rope " << cache.rope_dim << ", layer wants "
+      << dims.kv_lora_rank << " / " << dims.qk_rope_head_dim << "; n_blocks=" << cache.n_blocks
+      << ", page_size=" << cache.page_size << ", max_blocks_per_seq=" << a.max_blocks_per_seq
+      << ", n_seqs=" << a.n_seqs << " (<= 65535), n_tokens=" << a.n_tokens << ", max_q_len=" << a.max_q_len
+      << " (<= n_tokens), n_selected=" << a.n_selected;
+  check_decode_split(what, split);
+  FP4MOE_CHECK(split.n_splits == 1 || workspace != nullptr)
+      << what << ": split " << split.to_string() << " needs a workspace of "
+      << mla_prefill_workspace_bytes(a.n_tokens, dims, split) << " B";
+  if (a.n_seqs == 0 || a.n_tokens == 0 || a.max_q_len == 0) return;
+  FP4MOE_CHECK(a.q_lat != nullptr && cache.kv != nullptr && a.block_table != nullptr && a.seq_lens != nullptr &&
+               a.q_start != nullptr && a.latent != nullptr && a.error_flag != nullptr)
+      << what << ": null pointer (q_lat, cache, block_table, seq_lens, q_start, latent or error_flag)";
+  FP4MOE_CHECK(a.sel_offsets == nullptr || a.n_selected == 0 || a.sel_idx != nullptr)
+      << what << ": selection offsets without sel_idx for " << a.n_selected << " selected keys";
+  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 4 == 0)
+      << what << ": cache base " << static_cast<const void*>(cache.kv) << " is not 4-byte aligned";
+  const int n_chunks = (dims.n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
+  const int64_t grid_x = a.max_q_len * n_chunks;
+  FP4MOE_CHECK(grid_x <= INT32_MAX) << what << ": " << grid_x << " CTAs along x for max_q_len " << a.max_q_len
+                                    << " x " << n_chunks << " head chunks (> " << INT32_MAX << ")";
+  const MlaPrefillSmemLayout layout = mla_prefill_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
+  int device = 0, optin = 0;
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  FP4MOE_CHECK(layout.total_bytes <= optin)
+      << what << ": shared memory q " << layout.base.q_bytes << " + K tile " << layout.base.k_bytes
+      << " + row offsets " << layout.rows_bytes << " = " << layout.total_bytes << " B > " << optin
+      << " B (opt-in limit of device " << device << ")";
+
+  PrefillParams p{};
+  p.q_lat = a.q_lat;
+  p.cache = cache.kv;
+  p.block_table = a.block_table;
+  p.seq_lens = a.seq_lens;
+  p.q_start = a.q_start;
+  p.sel_offsets = a.sel_offsets;
+  p.sel_idx = a.sel_idx;
+  p.latent = a.latent;
+  p.error_flag = a.error_flag;
+  p.n_blocks = cache.n_blocks;
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.keys_per_split = split.keys_per_split;
+  p.max_keys = split.keys_per_split * split.n_splits;
+  p.n_selected = a.n_selected;
+  p.page_size = static_cast<int>(cache.page_size);
+  p.n_heads = dims.n_heads;
+  p.n_chunks = n_chunks;
+  p.rank = dims.kv_lora_rank;
+  p.rope = dims.qk_rope_head_dim;
+  p.n_splits = split.n_splits;
+  p.scale = dims.scale;
+  const int64_t n_rows = a.n_tokens * dims.n_heads;
+  if (split.n_splits > 1) {
+    p.part_o = workspace;
+    p.part_lse = workspace + n_rows * split.n_splits * dims.kv_lora_rank;
+  }
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(a.n_seqs),
+                  static_cast<unsigned>(split.n_splits));
+  switch (dims.kv_lora_rank / 32) {
+    case 1: launch<1>(p, grid, layout.total_bytes, stream); break;
+    case 2: launch<2>(p, grid, layout.total_bytes, stream); break;
+    case 4: launch<4>(p, grid, layout.total_bytes, stream); break;
+    case 8: launch<8>(p, grid, layout.total_bytes, stream); break;
+    case 16: launch<16>(p, grid, layout.total_bytes, stream); break;
+    default: FP4MOE_FAIL() << what << ": kv_lora_rank " << dims.kv_lora_rank;
+  }
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+  if (split.n_splits > 1) {
+    const auto blocks = static_cast<unsigned>((n_rows + kMergeWarps - 1) / kMergeWarps);
+    mla_prefill_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(p.part_o, p.part_lse, n_rows, split.n_splits,
+                                                                      dims.kv_lora_rank, a.latent);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace fp4moe::cuda
