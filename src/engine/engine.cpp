@@ -86,6 +86,7 @@ EngineStats empty_stats() {
   s.e2e_s = Histogram(latency);
   s.inter_token_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0});
   s.decode_batch_size = Histogram({1, 2, 4, 8, 16, 32, 64, 128, 256, 512});
+  s.expert_step_tokens = Histogram({0, 7, 15, 63});
   return s;
 }
 
@@ -128,6 +129,8 @@ struct Engine::Impl {
   KvBlockAllocator blocks;
   int64_t step_index = 0;
   std::map<int64_t, std::vector<int64_t>> expert_tokens;  // moe layer -> per-expert tokens
+  std::map<int64_t, int64_t> active_experts;              // moe layer -> sum over steps of experts hit
+  std::map<std::pair<int64_t, std::string>, double> layer_seconds;  // (layer, part) -> seconds
   std::thread thread;
 
   Impl(Engine* e, std::unique_ptr<model::CausalLM> m, const EngineOptions& o)
@@ -276,6 +279,8 @@ struct Engine::Impl {
     // One forward over every chunk.
     std::vector<model::SeqChunk> chunks;
     std::vector<std::vector<float>> logits(plan.size());
+    std::vector<int32_t> argmax(plan.size(), -1);  // model-side greedy tokens (SeqChunk::argmax)
+    const bool model_argmax = model->supports_argmax();
     chunks.reserve(plan.size());
     StepInfo info;
     info.step = step_index++;
@@ -292,9 +297,11 @@ struct Engine::Impl {
         info.n_prefill_tokens += plan[i].n_tokens;
       }
       const bool last = r->kv_length() + plan[i].n_tokens == r->n_all_tokens();
-      if (last) logits[i].resize(static_cast<size_t>(vocab));
+      const bool want_argmax = last && model_argmax && !r->sampling.needs_logits();
+      if (last && !want_argmax) logits[i].resize(static_cast<size_t>(vocab));
       chunks.push_back({r->kv.get(), r->tokens_from(r->kv_length(), plan[i].n_tokens),
-                        last ? logits[i].data() : nullptr, false});
+                        last && !want_argmax ? logits[i].data() : nullptr, false,
+                        want_argmax ? &argmax[i] : nullptr});
       n_tokens += plan[i].n_tokens;
     }
     model::ForwardTrace trace;
@@ -321,9 +328,10 @@ struct Engine::Impl {
     // Sample, stream, finish.
     for (size_t i = 0; i < plan.size(); ++i) {
       RequestState* r = plan[i].req;
-      if (logits[i].empty()) continue;
+      if (logits[i].empty() && chunks[i].argmax == nullptr) continue;
       const int64_t before = static_cast<int64_t>(r->generated.size());
-      RequestOutput out = r->on_logits(logits[i].data(), t1, eos_ids, context_length);
+      RequestOutput out = chunks[i].argmax != nullptr ? r->on_argmax(argmax[i], t1, eos_ids, context_length)
+                                                      : r->on_logits(logits[i].data(), t1, eos_ids, context_length);
       {
         std::lock_guard<std::mutex> lock(mu);
         stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);
@@ -349,7 +357,9 @@ struct Engine::Impl {
       std::vector<int64_t>& acc = expert_tokens[t.layer];
       if (acc.size() < t.tokens_per_expert.size()) acc.resize(t.tokens_per_expert.size(), 0);
       for (size_t e = 0; e < t.tokens_per_expert.size(); ++e) acc[e] += t.tokens_per_expert[e];
+      for (int64_t c : t.tokens_per_expert) active_experts[t.layer] += c > 0 ? 1 : 0;
     }
+    for (const model::LayerTiming& t : trace.layer_times) layer_seconds[{t.layer, t.part}] += t.seconds;
     {
       std::lock_guard<std::mutex> lock(mu);
       ++stats.steps_total;
@@ -360,10 +370,18 @@ struct Engine::Impl {
       if (info.n_decode_requests > 0) stats.decode_batch_size.observe(static_cast<double>(info.n_decode_requests));
       stats.moe_layers.clear();
       stats.expert_tokens.clear();
+      stats.active_experts.clear();
       for (const auto& [layer, counts] : expert_tokens) {
         stats.moe_layers.push_back(layer);
         stats.expert_tokens.push_back(counts);
+        stats.active_experts.push_back(active_experts[layer]);
       }
+      for (const model::MoeLayerTrace& t : trace.moe_layers) {
+        for (int64_t c : t.tokens_per_expert) stats.expert_step_tokens.observe(static_cast<double>(c));
+      }
+      if (!trace.layer_times.empty()) ++stats.layer_timed_steps_total;
+      stats.layer_seconds.clear();
+      for (const auto& [key, seconds] : layer_seconds) stats.layer_seconds.push_back({key.first, key.second, seconds});
     }
     publish_counts();
     progress_cv.notify_all();

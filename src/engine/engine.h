@@ -196,6 +196,19 @@ struct EngineStats {
   // MoE routing: per MoE layer (model layer index), tokens routed to each expert so far.
   std::vector<int64_t> moe_layers;
   std::vector<std::vector<int64_t>> expert_tokens;  // [moe_layers.size()][n_routed_experts]
+  std::vector<int64_t> active_experts;               // [moe_layers.size()]: sum over steps of experts with >= 1 token
+  // Per step, per MoE layer, per expert: the tokens routed to it (bounds 0, 7, 15, 63: empty, 1-7,
+  // 8-15, 16-63, 64+), the distribution `fp4moe analyze` reads.
+  Histogram expert_step_tokens;
+  // Measured wall seconds of each layer part (model::ForwardTrace::layer_times) summed over steps,
+  // sorted by (layer, part), and the number of steps that reported them.
+  struct LayerPartSeconds {
+    int64_t layer = 0;
+    std::string part;  // "attention", "mlp", "moe"
+    double seconds = 0.0;
+  };
+  std::vector<LayerPartSeconds> layer_seconds;
+  uint64_t layer_timed_steps_total = 0;
 };
 
 class Engine {

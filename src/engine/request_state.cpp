@@ -84,9 +84,21 @@ void RequestState::flush_text(std::string& out) {
 
 RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                                       int64_t context_length) {
+  return on_sampled(sampler_.sample(logits), now, eos_ids, context_length);
+}
+
+RequestOutput RequestState::on_argmax(TokenId id_chosen, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                                      int64_t context_length) {
+  FP4MOE_CHECK(!sampling.needs_logits()) << "request " << id << ": a model-side argmax for sampling that needs logits";
+  SampleResult s;
+  s.id = id_chosen;
+  return on_sampled(s, now, eos_ids, context_length);
+}
+
+RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                                       int64_t context_length) {
   RequestOutput out;
   out.id = id;
-  const SampleResult s = sampler_.sample(logits);
   sampler_.accept(s.id);
   generated.push_back(s.id);
   tokens_.push_back(s.id);

@@ -47,6 +47,9 @@ class RequestState {
   // (token, logprobs, text). Sets finish_reason() when the request is done.
   RequestOutput on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                           int64_t context_length);
+  // The same for a token chosen by the model (SeqChunk::argmax; only when !sampling.needs_logits()).
+  RequestOutput on_argmax(TokenId id, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                          int64_t context_length);
   const std::optional<FinishReason>& finish_reason() const { return finish_reason_; }
 
   // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.
@@ -62,6 +65,8 @@ class RequestState {
   double last_inter_token_s() const;  // between the last two tokens
 
  private:
+  RequestOutput on_sampled(const SampleResult& s, Clock::time_point now, const std::vector<TokenId>& eos_ids,
+                           int64_t context_length);
   // Appends text to the held buffer and moves what can no longer start a stop string to `out`;
   // returns true when a stop string matched (held text from the match on is dropped).
   bool stream_text(const std::string& piece, std::string& out);

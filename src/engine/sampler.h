@@ -46,6 +46,12 @@ struct SamplingParams {
   // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
   void validate(int64_t vocab_size) const;
   bool greedy() const { return temperature == 0.0 || top_k == 1; }
+  // False when the choice is the plain argmax of the logits (greedy, no penalties, no logprobs):
+  // then a model may return only that argmax (model::SeqChunk::argmax).
+  bool needs_logits() const {
+    return !greedy() || logprobs || top_logprobs > 0 || repetition_penalty != 1.0 || frequency_penalty != 0.0 ||
+           presence_penalty != 0.0;
+  }
 };
 
 struct TokenLogprob {

@@ -43,6 +43,10 @@ struct SeqChunk {
   std::span<const int32_t> tokens;    // >= 1 new tokens, appended after state->length()
   float* logits = nullptr;            // [tokens.size() or 1, vocab]; nullptr = no logits wanted
   bool all_logits = false;            // logits for every token (true) or only the last (false)
+  // Greedy without logits: when set, the model writes the argmax (lowest index on ties, a NaN never
+  // wins: engine::argmax_token) of the last token's logits here. Only for models whose
+  // supports_argmax() is true (the GPU models: an int instead of a vocab-wide f32 row crosses PCIe).
+  int32_t* argmax = nullptr;
 };
 
 // Per-layer routing statistics of one forward step (for MoE layers only).
@@ -51,8 +55,19 @@ struct MoeLayerTrace {
   std::vector<int64_t> tokens_per_expert;  // [n_routed_experts]
 };
 
+// Measured wall time of one part of one layer in one forward step (steady_clock on the CPU models;
+// a GPU model times the same parts). Only filled when a trace is requested.
+struct LayerTiming {
+  int64_t layer = 0;
+  std::string part;      // "attention", "mlp" (dense MLP) or "moe" (router + experts + shared expert);
+                         // optionally GEMMs inside "moe": "moe.routed_gate_up", "moe.routed_down",
+                         // "moe.shared_gate_up", "moe.shared_down" (read by `fp4moe analyze`)
+  double seconds = 0.0;
+};
+
 struct ForwardTrace {
   std::vector<MoeLayerTrace> moe_layers;   // appended in layer order, one per MoE layer per step
+  std::vector<LayerTiming> layer_times;    // appended in layer order, attention then mlp/moe per layer
 };
 
 // Sees the f32 input of every Linear the forward runs (calibration for `fp4moe quantize`):
@@ -68,6 +83,9 @@ class CausalLM {
   int64_t vocab_size() const { return config().vocab_size; }
 
   virtual std::unique_ptr<KvState> new_state() const = 0;
+
+  // Whether forward() honours SeqChunk::argmax (else it must be null).
+  virtual bool supports_argmax() const { return false; }
 
   // One step over a batch of sequences (each chunk's state must be distinct). On error the
   // states are left as they were before the call.

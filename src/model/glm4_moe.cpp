@@ -4,6 +4,7 @@
 #include "model/glm4_moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -235,6 +236,9 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
   const int64_t n_kv = cfg_.num_key_value_heads;
   const int64_t half = rotary_dim_ / 2;
   const std::string a = L.prefix + ".self_attn.";
+  // Part timings only when traced (the engine exports them as layer_seconds_total).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_attn = trace ? Clock::now() : Clock::time_point{};
 
   std::vector<float> h(static_cast<size_t>(T * H));
   rms_norm(x.data(), T, H, L.input_norm.data(), cfg_.rms_norm_eps, h.data());
@@ -266,6 +270,8 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
   observe(a + "o_proj", o.data(), T, n_heads * D);
   linear_forward(L.attn.o, o.data(), T, h.data());
   for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
+  const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
+  if (trace) trace->layer_times.push_back({l, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
 
   rms_norm(x.data(), T, H, L.post_norm.data(), cfg_.rms_norm_eps, h.data());
   std::vector<float> y(static_cast<size_t>(T * H));
@@ -278,6 +284,9 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
     if (trace) trace->moe_layers.push_back({l, mt.plan.counts()});
   }
   for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  if (trace) {
+    trace->layer_times.push_back({l, L.dense ? "mlp" : "moe", std::chrono::duration<double>(Clock::now() - t_mlp).count()});
+  }
 }
 
 void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
@@ -294,6 +303,7 @@ void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace)
         << "batch entry " << i << ": the KV state was not created by this model's new_state()";
     FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
     FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
+    FP4MOE_CHECK(sc.argmax == nullptr) << "batch entry " << i << ": SeqChunk::argmax on a CPU model (supports_argmax() is false)";
     chunks.push_back({st, static_cast<int64_t>(tokens.size()), static_cast<int64_t>(sc.tokens.size()), st->length()});
     for (size_t j = 0; j < sc.tokens.size(); ++j) {
       const int32_t t = sc.tokens[j];

@@ -2,6 +2,7 @@
 #include "model/glm5.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -319,6 +320,7 @@ void Glm5Model::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
         << "chunk " << ci << ": the KV state was not created by this GlmMoeDsaForCausalLM's new_state()";
     FP4MOE_CHECK(seen.insert(st).second) << "chunk " << ci << ": the same KV state appears twice in one batch";
     FP4MOE_CHECK(!ch.tokens.empty()) << "chunk " << ci << " has no tokens";
+    FP4MOE_CHECK(ch.argmax == nullptr) << "batch entry " << ci << ": SeqChunk::argmax on a CPU model (supports_argmax() is false)";
     for (size_t i = 0; i < ch.tokens.size(); ++i) {
       FP4MOE_CHECK(ch.tokens[i] >= 0 && ch.tokens[i] < cfg_.vocab_size)
           << "chunk " << ci << " token " << i << " id " << ch.tokens[i] << " outside [0, " << cfg_.vocab_size << ")";
@@ -351,10 +353,15 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
   embedding_lookup(table, ids, h.data());
 
   std::vector<KeySelection> shared_sel(batch.size());
+  // Part timings only when traced (the engine exports them as layer_seconds_total).
+  using Clock = std::chrono::steady_clock;
   for (const Glm5Layer& L : layers_) {
+    const Clock::time_point t_attn = trace ? Clock::now() : Clock::time_point{};
     rms_norm(h.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, xn.data());
     attention(L, batch, b, xn.data(), shared_sel, y.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
+    if (trace) trace->layer_times.push_back({L.index, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
     rms_norm(h.data(), n, H, L.post_norm.data(), cfg_.rms_norm_eps, xn.data());
     if (L.moe) {
       moe::MoeTrace mt;
@@ -368,6 +375,10 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
       L.dense->forward(xn.data(), n, y.data(), observer_ ? &obs : nullptr);
     }
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    if (trace) {
+      trace->layer_times.push_back(
+          {L.index, L.moe ? "moe" : "mlp", std::chrono::duration<double>(Clock::now() - t_mlp).count()});
+    }
   }
 
   // Final norm and lm_head on the rows whose logits are wanted.

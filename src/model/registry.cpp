@@ -107,6 +107,23 @@ LoadFormat parse_load_format(const std::string& s) {
   return LoadFormat::kAuto;  // not reached
 }
 
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::kCpu;
+  if (s == "cuda") return Device::kCuda;
+  FP4MOE_FAIL() << "device \"" << s << "\" is not one of: cpu, cuda";
+  return Device::kCpu;  // not reached
+}
+
+const char* to_string(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+void register_cuda_factory(const std::string& architecture, ModelFactory create_cuda) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.archs.find(architecture);
+  FP4MOE_CHECK(it != r.archs.end()) << "register_cuda_factory: architecture " << architecture << " is not registered";
+  it->second.create_cuda = std::move(create_cuda);
+}
+
 void register_architecture(const std::string& architecture, Architecture arch) {
   FP4MOE_CHECK(arch.create && arch.manifest) << "architecture " << architecture << " registered without "
                                              << (arch.create ? "a manifest" : "a factory");
@@ -125,7 +142,11 @@ std::vector<std::string> registered_architectures() {
 
 std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::TensorStore& store,
                                       const LoadOptions& options) {
-  return find_architecture(config.architecture).create(config, store, options);
+  const Architecture arch = find_architecture(config.architecture);
+  if (options.device == Device::kCpu) return arch.create(config, store, options);
+  FP4MOE_CHECK(arch.create_cuda) << config.architecture << ": no GPU (--device cuda) implementation of this"
+                                 << " architecture in this build (a CUDA build registers the GPU models)";
+  return arch.create_cuda(config, store, options);
 }
 
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {

@@ -32,11 +32,27 @@ enum class DummyWeights : uint8_t {
   kNVFP4,  // every Linear except lm_head and routers NVFP4 (as ModelOpt's default scope)
 };
 
+// Where the model runs. kCuda needs a build with CUDA and an architecture with a GPU factory
+// (register_cuda_factory, done by model/cuda/gpu_models.h's register_gpu_models()).
+enum class Device : uint8_t { kCpu, kCuda };
+Device parse_device(const std::string& s);  // "cpu" | "cuda"; fails naming the value
+const char* to_string(Device d);
+
+// Sizes the GPU model preallocates (scratch for the largest step, the paged KV pool).
+struct GpuOptions {
+  int64_t max_tokens_per_step = 4096;  // tokens of one forward step (prefill chunks + decodes)
+  int64_t kv_tokens = 32768;           // KV cache capacity in tokens (rounded up to pages)
+  int64_t page_size = 16;              // tokens per KV block
+  bool nvfp4_kernels = true;           // false: NVFP4 weights dequantized to BF16, cuBLAS (the 16-bit peer)
+};
+
 struct LoadOptions {
   LoadFormat format = LoadFormat::kAuto;
   DummyWeights dummy_weights = DummyWeights::kBF16;
   uint64_t seed = 0;               // dummy weights: same seed + same config -> same weights
   bool progress = true;            // progress bar on stderr (only when it is a tty and slow)
+  Device device = Device::kCpu;
+  GpuOptions gpu;                  // device == kCuda only
 };
 
 using ModelFactory = std::function<std::unique_ptr<CausalLM>(
@@ -62,13 +78,16 @@ struct WeightSpec {
 using ManifestFn = std::function<std::vector<WeightSpec>(const ModelConfig& config)>;
 
 struct Architecture {
-  ModelFactory create;
+  ModelFactory create;       // the CPU model
   ManifestFn manifest;
+  ModelFactory create_cuda;  // the GPU model (empty: none)
 };
 
 // Registers (or replaces) an architecture by name (config.json architectures[0]).
 void register_architecture(const std::string& architecture, Architecture arch);
 std::vector<std::string> registered_architectures();  // sorted
+// Adds the GPU factory of a registered architecture (fails naming it when it is not registered).
+void register_cuda_factory(const std::string& architecture, ModelFactory create_cuda);
 
 // Builds the model a directory describes. Fails naming the architecture when none is registered.
 std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options);

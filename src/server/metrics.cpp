@@ -89,6 +89,17 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
         << s.expert_tokens[l][e] << "\n";
     }
   }
+  header(o, "moe_active_experts_total", "counter", "Per MoE layer, experts that received >= 1 token, summed over steps.");
+  for (size_t l = 0; l < s.moe_layers.size() && l < s.active_experts.size(); ++l) {
+    o << kPrefix << "moe_active_experts_total{layer=\"" << s.moe_layers[l] << "\"} " << s.active_experts[l] << "\n";
+  }
+  histogram(o, "moe_expert_step_tokens", "Tokens routed to one expert of one MoE layer in one step.", s.expert_step_tokens);
+  scalar(o, "layer_timed_steps_total", "counter", "Steps whose forward reported per-layer times.",
+         static_cast<double>(s.layer_timed_steps_total));
+  header(o, "layer_seconds_total", "counter", "Measured wall seconds of each layer part (attention, mlp, moe).");
+  for (const engine::EngineStats::LayerPartSeconds& t : s.layer_seconds) {
+    o << kPrefix << "layer_seconds_total{layer=\"" << t.layer << "\",part=\"" << t.part << "\"} " << num(t.seconds) << "\n";
+  }
   return o.str();
 }
 

@@ -3,12 +3,15 @@
 //   counters   fp4moe:prompt_tokens_total, generation_tokens_total, num_requests_total,
 //              num_finished_requests_total, num_aborted_requests_total, num_rejected_requests_total,
 //              num_preemptions_total, forward_steps_total, continuous_decode_steps_total,
-//              http_errors_total{code}, moe_expert_tokens_total{layer, expert}
+//              http_errors_total{code}, moe_expert_tokens_total{layer, expert},
+//              moe_active_experts_total{layer}, layer_seconds_total{layer, part}, layer_timed_steps_total
 //   gauges     fp4moe:num_running_reqs, num_queue_reqs, num_used_tokens, max_total_num_tokens,
 //              token_usage (KV fraction), is_ready
 //   histograms fp4moe:time_to_first_token_seconds, inter_token_latency_seconds,
-//              e2e_request_latency_seconds, decode_batch_size
-// Tested by tests/server/test_server_e2e.cpp, which parses the text with its own parser.
+//              e2e_request_latency_seconds, decode_batch_size, moe_expert_step_tokens
+// `fp4moe analyze` (tools/analyze.h) reads the MoE and layer-time series.
+// Tested by tests/server/test_server_e2e.cpp, which parses the text with its own parser, and
+// tests/tools/test_analyze_e2e.cpp (the MoE and layer-time series).
 #pragma once
 
 #include <cstdint>

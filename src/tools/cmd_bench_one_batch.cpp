@@ -26,6 +26,7 @@
 #include "engine/sampler.h"
 #include "model/registry.h"
 #include "tools/commands.h"
+#include "tools/device_option.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -40,6 +41,8 @@ struct BenchArgs {
   int64_t warmup = 1;
   uint64_t seed = 0;
   bool json = false;
+  std::string device = "cpu";
+  bool bf16_peer = false;
 };
 
 std::vector<int64_t> parse_sizes(const std::string& s) {
@@ -82,22 +85,26 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
     for (auto& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
     states.push_back(lm.new_state());
   }
-  std::vector<float> logits(static_cast<size_t>(B * V));
+  // Greedy: a model that can returns the argmax only (the GPU models: no logits over PCIe), as the
+  // engine asks it for plain greedy requests; else the host takes the argmax of the logits.
+  const bool model_argmax = lm.supports_argmax();
+  std::vector<float> logits(model_argmax ? 0 : static_cast<size_t>(B * V));
+  std::vector<int32_t> next(static_cast<size_t>(B));
   std::vector<model::SeqChunk> chunks;
   for (int64_t b = 0; b < B; ++b) {
     chunks.push_back({states[static_cast<size_t>(b)].get(), prompts[static_cast<size_t>(b)],
-                      logits.data() + b * V, false});
+                      model_argmax ? nullptr : logits.data() + b * V, false,
+                      model_argmax ? &next[static_cast<size_t>(b)] : nullptr});
   }
   Row r;
   r.batch = B;
   double t0 = now_s();
   lm.forward(chunks);
   r.prefill_s = now_s() - t0;
-  std::vector<int32_t> next(static_cast<size_t>(B));
   std::vector<double> steps;
   for (int64_t step = 0; step < output_len; ++step) {
     for (int64_t b = 0; b < B; ++b) {
-      next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
+      if (!model_argmax) next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
       chunks[static_cast<size_t>(b)].tokens = std::span<const int32_t>(&next[static_cast<size_t>(b)], 1);
     }
     t0 = now_s();
@@ -121,6 +128,8 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<model::CausalLM> lm;
   std::string model_name;
   if (a.model_dir.empty()) {
+    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model (GLM-5 architecture)"
+                                    << " runs on the cpu only; pass --model DIR (a GLM-4.5 checkpoint) for the GPU";
     lm = engine::make_default_model(a.seed);
     model_name = engine::kDefaultModelName;
   } else {
@@ -130,6 +139,9 @@ void run_bench(const BenchArgs& a) {
         << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
     opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
     opts.seed = a.seed;
+    const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
+    apply_device_option(a.device, max_b * a.input_len, max_b * (a.input_len + a.output_len + 1), 16, opts);
+    opts.gpu.nvfp4_kernels = !a.bf16_peer;
     lm = model::load_model(a.model_dir, opts);
     model_name = a.model_dir;
   }
@@ -188,6 +200,9 @@ void register_bench_one_batch_command(CLI::App& app) {
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
   cmd->add_option("--warmup", args->warmup, "Warm-up runs before measuring (default 1)");
   cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
+  cmd->add_option("--device", args->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
+  cmd->add_flag("--bf16-peer", args->bf16_peer,
+                "cuda: run NVFP4 weights dequantized to BF16 through cuBLAS (the 16-bit path, for comparison)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench(*args); });
 }

@@ -31,6 +31,7 @@
 #include "model/ops.h"
 #include "model/registry.h"
 #include "tools/commands.h"
+#include "tools/device_option.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -52,6 +53,7 @@ struct GenerateArgs {
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
   uint64_t dummy_seed = 0;
+  std::string device = "cpu";
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -115,6 +117,8 @@ void run_generate(const GenerateArgs& a) {
       << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
   opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
   opts.seed = a.dummy_seed;
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  apply_device_option(a.device, n_prompt, n_prompt + a.max_new_tokens, 16, opts);
   const auto t_load = std::chrono::steady_clock::now();
   std::unique_ptr<model::CausalLM> lm = model::load_model(dir, opts);
   const double load_s = seconds_since(t_load);
@@ -230,6 +234,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");
+  cmd->add_option("--device", args->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -37,6 +37,7 @@
 #include "model/registry.h"
 #include "server/http_server.h"
 #include "tools/commands.h"
+#include "tools/device_option.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -74,6 +75,8 @@ Loaded load(const ServeArgs& a) {
   Loaded l;
   if (a.model_dir.empty()) {
     FP4MOE_CHECK(a.tokenizer_path.empty()) << "--tokenizer-path " << a.tokenizer_path << " needs --model";
+    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model (GLM-5 architecture)"
+                                    << " runs on the cpu only; pass --model DIR (a GLM-4.5 checkpoint) for the GPU";
     l.model = engine::make_default_model(a.seed);
     l.tokenizer = engine::make_default_tokenizer();
     if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
@@ -85,6 +88,9 @@ Loaded load(const ServeArgs& a) {
   model::LoadOptions lo;
   lo.format = model::parse_load_format(a.load_format);
   lo.seed = a.seed;
+  // One step carries at most max_prefill_tokens prompt tokens plus one decode token per running request.
+  apply_device_option(a.device, a.engine.max_prefill_tokens + a.engine.max_running_requests,
+                      a.engine.max_total_tokens, a.engine.page_size, lo);
   l.model = model::load_model(a.model_dir, lo);
   const fs::path tok_dir = a.tokenizer_path.empty() ? fs::path(a.model_dir) : fs::path(a.tokenizer_path);
   FP4MOE_CHECK(fs::exists(tok_dir / "tokenizer.json"))
@@ -107,7 +113,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
 }
 
 void run_serve(ServeArgs a) {
-  FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": only the cpu backend is built into this server";
+  model::parse_device(a.device);  // a bad value fails before the socket opens
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
@@ -197,7 +203,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
-  cmd->add_option("--device", a->device, "cpu (default)");
+  cmd->add_option("--device", a->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
   cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
   cmd->add_option("--max-total-tokens", a->engine.max_total_tokens, "KV cache capacity in tokens (default 32768)");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");

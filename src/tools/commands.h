@@ -19,5 +19,6 @@ void register_serve_command(CLI::App& app);
 void register_bench_serving_command(CLI::App& app);
 void register_tune_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
+void register_analyze_command(CLI::App& app);
 
 }  // namespace fp4moe::tools

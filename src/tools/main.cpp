@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   fp4moe::tools::register_bench_serving_command(app);
   fp4moe::tools::register_tune_command(app);
   fp4moe::tools::register_bench_command(app);
+  fp4moe::tools::register_analyze_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <span>
@@ -44,6 +45,9 @@ class ScriptedModel : public model::CausalLM {
   }
 
   const model::ModelConfig& config() const override { return config_; }
+  bool supports_argmax() const override { return argmax_supported; }
+  bool argmax_supported = false;  // answer SeqChunk::argmax like a GPU model (tests of that path)
+  int64_t argmax_answers = 0;     // how many argmax-only rows it answered
   std::unique_ptr<model::KvState> new_state() const override { return std::make_unique<ScriptedState>(); }
 
   void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
@@ -54,6 +58,13 @@ class ScriptedModel : public model::CausalLM {
       FP4MOE_CHECK(!c.tokens.empty()) << "empty chunk";
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         s->tokens.push_back(c.tokens[i]);
+        FP4MOE_CHECK(c.argmax == nullptr || argmax_supported) << "argmax asked of a model without supports_argmax()";
+        if (c.argmax != nullptr && i + 1 == c.tokens.size()) {
+          std::vector<float> row(static_cast<size_t>(config_.vocab_size));
+          fill_logits(s->tokens, row.data());
+          *c.argmax = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+          ++argmax_answers;
+        }
         const bool want = c.logits && (c.all_logits || i + 1 == c.tokens.size());
         if (!want) continue;
         float* out = c.logits + (c.all_logits ? i * static_cast<size_t>(config_.vocab_size) : 0);

@@ -119,6 +119,33 @@ TEST(Scheduler, ConcurrentEqualsAlone) {
   expect_same_as_alone(o, testing::test_seed(), 12);
 }
 
+// A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or
+// penalties take that path, the others still get logits, and every output equals the logits path.
+TEST(Scheduler, ModelSideArgmaxForPlainGreedyEqualsLogitsPath) {
+  const auto cases = mixed_cases(testing::test_seed(), 12);
+  auto m = std::make_unique<ScriptedModel>();
+  m->argmax_supported = true;
+  ScriptedModel* raw = m.get();
+  EngineOptions o;
+  o.max_running_requests = 4;
+  Harness h(o, std::move(m));
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) ids.push_back(h.submit(c.prompt, c.sp));
+  SamplingParams with_logprobs = greedy(5);
+  with_logprobs.logprobs = true;  // greedy, but needs the logits
+  const std::vector<TokenId> p{1, 2, 3};
+  const RequestId lp = h.submit(p, with_logprobs);
+  h.engine.run_until_idle();
+  int64_t plain_greedy_tokens = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(h.results.at(ids[i]).ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
+    if (!cases[i].sp.needs_logits()) plain_greedy_tokens += static_cast<int64_t>(h.results.at(ids[i]).ids.size());
+  }
+  EXPECT_EQ(h.results.at(lp).ids, alone(p, with_logprobs));
+  EXPECT_GT(plain_greedy_tokens, 0);
+  EXPECT_EQ(raw->argmax_answers, plain_greedy_tokens);  // exactly the plain greedy tokens came as argmax
+}
+
 TEST(Scheduler, ChunkedPrefillEqualsUnchunked) {
   EngineOptions o;
   o.chunked_prefill_size = 5;

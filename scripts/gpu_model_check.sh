@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU model (--device cuda) on the GPU machine in one call: builds the CLI and the GPU model /
+# ops / MoE tests, runs them, a compute-sanitizer memcheck of a short model run, bench-one-batch on
+# a GLM-4.5-shaped dummy model (NVFP4 W4A16 vs the BF16 cuBLAS peer, same run), and a serve +
+# bench-serving smoke test against `fp4moe serve --device cuda`. Logs to $OUT.
+# Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
+# command `bash scripts/gpu_model_check.sh`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/out}"
+mkdir -p "$out"
+sysroot="$PWD/.carry/sysroot/usr"
+export FP4MOE_SHARED="$PWD/.carry/shared"
+export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+status=0
+step() { echo "=== $* ($(date +%T))"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+step "build"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
+  -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
+  -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+tests=(test_gpu_model test_gpu_kv_cache test_cuda_ops test_cuda_ops_host test_gpu_moe_layer test_cuda_paged_attention
+       ${FP4MOE_EXTRA_TESTS:-})
+cmake --build build-gpu -j "$(nproc)" --target fp4moe "${tests[@]}" -- -k 0 > "$out/build.log" 2>&1 \
+  || { status=1; grep -E "^FAILED|error" "$out/build.log" | head -20; }
+
+step "tests"
+for name in "${tests[@]}"; do
+  t=$(find build-gpu/tests -name "$name" -type f -perm -u+x | head -1)
+  [ -n "$t" ] || { echo "$name: not built"; status=1; continue; }
+  if "$t" > "$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; fi
+  echo "$name: $r ($(grep -c '^\[       OK' "$out/$name.log") ok, $(grep -c '^\[  SKIPPED' "$out/$name.log") skipped)"
+  grep -E "cosine|argmax|Failure|FAILED  \]|error" "$out/$name.log" | head -20
+done
+
+step "compute-sanitizer memcheck (GPU model, prefill/decode/batching on the NVFP4 golden model)"
+t=$(find build-gpu/tests -name test_gpu_model -type f | head -1)
+if [ -n "$t" ] && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
+    --gtest_filter='*PrefillDecodeAndBatching*/1:*ShortKvPool*/1' > "$out/sanitizer.log" 2>&1; then
+  echo "memcheck test_gpu_model: clean"
+else
+  echo "memcheck test_gpu_model: FAILED"; tail -30 "$out/sanitizer.log"; status=1
+fi
+
+fp4moe=build-gpu/fp4moe
+step "bench-one-batch --device cuda: golden glm4_moe_tiny_nvfp4"
+"$fp4moe" bench-one-batch --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
+  --batch-size 1,16 --input-len 64 --output-len 16 2>&1 | tail -6 || status=1
+
+step "bench-one-batch: GLM-4.5-Air widths, 3 layers (1 dense + 2 MoE of 32 experts, a 4-way EP shard), dummy NVFP4"
+cfg=$(mktemp -d)
+python3 - "$FP4MOE_SHARED/golden/models/glm4_moe_tiny/config.json" "$cfg/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=4096, num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=10944,
+         moe_intermediate_size=1408, n_routed_experts=32, num_experts_per_tok=8, n_shared_experts=1,
+         num_hidden_layers=3, first_k_dense_replace=1, vocab_size=151552, max_position_embeddings=8192,
+         routed_scaling_factor=1.0, n_group=1, topk_group=1)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+for peer in "" "--bf16-peer"; do
+  echo "--- ${peer:-nvfp4 w4a16}"
+  "$fp4moe" bench-one-batch --device cuda --model "$cfg" --load-format dummy --dummy-weights nvfp4 $peer \
+    --batch-size 1,16,64,256 --input-len 128 --output-len 16 2>&1 | tail -8 || status=1
+done
+
+step "serve --device cuda + bench-serving + analyze (the GLM-4.5-Air-width dummy model)"
+"$fp4moe" serve --device cuda --model "$cfg" --load-format dummy --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" \
+  --max-running-requests 64 --port 30112 > "$out/serve_dummy.log" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do curl -sf localhost:30112/health > /dev/null && break; sleep 0.5; done
+for c in 1 16 64; do
+  echo "--- concurrency $c"
+  "$fp4moe" bench-serving --url http://localhost:30112 --num-prompts $((c * 3)) --max-concurrency $c \
+    --input-len 128 --output-len 64 2>&1 | grep -E "Successful|Output token throughput|Median TTFT|Median TPOT|P99 TPOT" | head -8
+done
+"$fp4moe" analyze --url http://localhost:30112 --model "$cfg" --weights nvfp4 2>&1 | tail -40
+kill -TERM $pid; wait $pid; tail -2 "$out/serve_dummy.log"
+
+step "serve --device cuda + bench-serving (golden glm4_moe_tiny_nvfp4)"
+"$fp4moe" serve --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
+  --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --port 30111 > "$out/serve.log" 2>&1 &
+pid=$!
+for i in $(seq 1 120); do curl -sf localhost:30111/health > /dev/null && break; sleep 0.5; done
+curl -s localhost:30111/generate -d '{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":8,"temperature":0}}'; echo
+for c in 1 16 64; do
+  "$fp4moe" bench-serving --url http://localhost:30111 --num-prompts $((c * 4)) --max-concurrency $c \
+    --input-len 64 --output-len 32 2>&1 | grep -E "Successful|throughput|TTFT|TPOT" | head -8
+done
+kill -TERM $pid; wait $pid; tail -3 "$out/serve.log"
+
+step "done (status $status)"
+exit $status

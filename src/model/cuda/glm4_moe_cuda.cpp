@@ -1,0 +1,563 @@
+// Glm4MoeForCausalLM on the GPU (see gpu_models.h). Same weights and formulas as the CPU model
+// (model/glm4_moe.cpp), BF16 activations: the residual stream is kept in bf16 and each RMSNorm adds
+// the previous block's output into it (rms_norm_bf16 with a residual). Tested by
+// tests/model/test_gpu_model.cpp.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe/device_buffer.h"
+#include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/norm_rope.h"
+#include "kernels/cuda/ops/paged_attention.h"
+#include "model/cuda/gpu_kv_cache.h"
+#include "model/cuda/gpu_linear.h"
+#include "model/cuda/gpu_models.h"
+#include "model/glm4_moe.h"
+#include "model/ops.h"
+#include "model/weights.h"
+#include "moe/gpu_moe_layer.h"
+#include "moe/moe_layer.h"
+#include "moe/weights.h"
+
+namespace fp4moe::model {
+namespace {
+
+using cuda::DeviceBuffer;
+using bf16 = __nv_bfloat16;
+
+constexpr int64_t kLogitRowsPerPass = 256;                 // lm_head rows per f32 logits pass
+constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split-K attention workspace
+
+struct GpuAttention {
+  GpuLinear q, k, v, o;
+  DeviceBuffer q_norm, k_norm;  // f32 [head_dim] when use_qk_norm
+};
+
+struct GpuLayer {
+  std::string prefix;
+  DeviceBuffer input_norm, post_norm;  // f32 [H]
+  GpuAttention attn;
+  std::optional<GpuLinear> gate, up, down;  // dense MLP
+  std::optional<moe::GpuMoeLayer> moe;
+  DeviceBuffer k_cache, v_cache;  // [n_blocks, page, n_kv, D] bf16
+};
+
+struct CublasDeleter {
+  void operator()(cublasContext* h) const { cublasDestroy(h); }
+};
+struct PinnedDeleter {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+struct StreamDeleter {
+  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+};
+struct EventDeleter {
+  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+};
+
+// A pinned host buffer of T, grown on demand.
+template <typename T>
+class PinnedBuffer {
+ public:
+  T* get(size_t n) {
+    if (n > cap_) {
+      void* p = nullptr;
+      FP4MOE_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 64) * sizeof(T)));
+      ptr_.reset(p);
+      cap_ = std::max<size_t>(n, 64);
+    }
+    return static_cast<T*>(ptr_.get());
+  }
+
+ private:
+  std::unique_ptr<void, PinnedDeleter> ptr_;
+  size_t cap_ = 0;
+};
+
+// A device buffer of T, grown on demand (contents not kept).
+template <typename T>
+T* grow(DeviceBuffer& b, size_t n) {
+  if (b.bytes() < n * sizeof(T)) b = DeviceBuffer(n * sizeof(T));
+  return b.as<T>();
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) { return DeviceBuffer::from_host(v); }
+
+class Glm4MoeCudaModel final : public CausalLM {
+ public:
+  Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options);
+  ~Glm4MoeCudaModel() override {
+    if (stream_) cudaStreamSynchronize(stream_.get());
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  std::unique_ptr<KvState> new_state() const override {
+    return std::make_unique<GpuKvState>(this, pool_, kv_bytes_per_token());
+  }
+  void forward(std::span<const SeqChunk> batch, ForwardTrace* trace) override;
+  bool supports_argmax() const override { return true; }
+  void set_linear_observer(LinearInputObserver observer) override {
+    FP4MOE_CHECK(!observer) << "the GPU model has no Linear input observer (calibrate with --device cpu)";
+  }
+  size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
+  std::string describe() const override { return description_; }
+
+ private:
+  int64_t kv_bytes_per_token() const { return 2 * cfg_.num_hidden_layers * cfg_.num_key_value_heads * cfg_.head_dim * 2; }
+  void run_layer(size_t l, int64_t T, const int32_t* d_pos, const int32_t* d_slots, const int32_t* d_q_start,
+                 const int32_t* d_seq_lens, const int32_t* d_tables, int64_t max_blocks, int64_t n_seqs,
+                 int64_t max_q_len, int64_t max_seq_len, bool decode_only);
+
+  ModelConfig cfg_;
+  moe::MoeConfig moe_cfg_;
+  GpuOptions gopt_;
+  int64_t rotary_dim_ = 0, n_positions_ = 0, max_T_ = 0;
+  int n_sms_ = 1;
+  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
+  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  DeviceBuffer embed_;                 // bf16 [V, H]
+  DeviceBuffer cos_, sin_;             // f32 [n_positions, rotary / 2]
+  std::vector<GpuLayer> layers_;
+  DeviceBuffer final_norm_;
+  GpuLinear lm_head_;
+  std::shared_ptr<KvBlockPool> pool_;
+  int64_t weight_bytes_ = 0;
+  std::string description_;
+  // Scratch for max_T_ tokens.
+  DeviceBuffer resid_, h_, x_, q_, k_, v_, attn_, gate_, up_, act_, logits_, workspace_, err_;
+  DeviceBuffer ints_, argmax_;
+  PinnedBuffer<int32_t> h_ints_, h_argmax_;
+  PinnedBuffer<float> h_logits_;
+  PinnedBuffer<int32_t> h_offsets_;
+  PinnedBuffer<uint32_t> h_err_;
+  std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
+};
+
+Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store,
+                                   const LoadOptions& options)
+    : cfg_(config), gopt_(options.gpu) {
+  FP4MOE_CHECK(cfg_.rope_type == "default") << cfg_.source << ": rope_type \"" << cfg_.rope_type
+                                            << "\" is not implemented (only \"default\")";
+  FP4MOE_CHECK(gopt_.max_tokens_per_step >= 1 && gopt_.kv_tokens >= 1 && gopt_.page_size >= 1)
+      << "GPU model options: max_tokens_per_step=" << gopt_.max_tokens_per_step << " kv_tokens=" << gopt_.kv_tokens
+      << " page_size=" << gopt_.page_size << " (all must be >= 1)";
+  std::string why;
+  FP4MOE_CHECK(cuda::cuda_device_available(&why)) << "--device cuda: no usable GPU (" << why << ")";
+  moe_cfg_ = moe::moe_config_from_hf(cfg_.raw);
+  rotary_dim_ = cfg_.rotary_dim();
+  max_T_ = gopt_.max_tokens_per_step;
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, V = cfg_.vocab_size;
+  const int64_t n_q = cfg_.num_attention_heads * D, n_kv = cfg_.num_key_value_heads * D;
+  FP4MOE_CHECK(D % 32 == 0 && D >= 32 && D <= 128)
+      << cfg_.source << ": head_dim " << D << " is not supported by the GPU attention (a multiple of 32 in [32, 128])";
+  FP4MOE_CHECK(H % 8 == 0) << cfg_.source << ": hidden_size " << H << " must be a multiple of 8 on the GPU";
+
+  cudaStream_t s = nullptr;
+  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_.reset(s);
+  cublasHandle_t h = nullptr;
+  FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
+  cublas_.reset(h);
+  int dev = 0;
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
+
+  const std::vector<uint64_t> layer_bytes = layer_tensor_bytes(store, cfg_.num_hidden_layers);
+  uint64_t total = 0;
+  for (uint64_t b : layer_bytes) total += b;
+  LoadProgress progress(store.dir().filename().string(), total, options.progress);
+  const bool fp4 = gopt_.nvfp4_kernels;
+
+  embed_ = DeviceBuffer::from_host(load_matrix_bf16(store, "model.embed_tokens.weight", V, H));
+  weight_bytes_ += static_cast<int64_t>(embed_.bytes());
+  std::ostringstream desc;
+  desc << cfg_.summary() << " on the GPU (" << cuda::cuda_device_description(dev) << ")\n";
+  pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
+  const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
+  layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    GpuLayer& L = layers_[static_cast<size_t>(l)];
+    L.prefix = "model.layers." + std::to_string(l);
+    const std::string a = L.prefix + ".self_attn.";
+    L.input_norm = upload_f32(load_vector_f32(store, L.prefix + ".input_layernorm.weight", H));
+    L.post_norm = upload_f32(load_vector_f32(store, L.prefix + ".post_attention_layernorm.weight", H));
+    L.attn.q = GpuLinear::upload(moe::load_linear(store, a + "q_proj", n_q, H, cfg_.attention_bias), max_T_, a + "q_proj", fp4);
+    L.attn.k = GpuLinear::upload(moe::load_linear(store, a + "k_proj", n_kv, H, cfg_.attention_bias), max_T_, a + "k_proj", fp4);
+    L.attn.v = GpuLinear::upload(moe::load_linear(store, a + "v_proj", n_kv, H, cfg_.attention_bias), max_T_, a + "v_proj", fp4);
+    L.attn.o = GpuLinear::upload(moe::load_linear(store, a + "o_proj", H, n_q, false), max_T_, a + "o_proj", fp4);
+    if (cfg_.use_qk_norm) {
+      L.attn.q_norm = upload_f32(load_vector_f32(store, a + "q_norm.weight", D));
+      L.attn.k_norm = upload_f32(load_vector_f32(store, a + "k_norm.weight", D));
+    }
+    desc << "  " << L.prefix << ": q " << L.attn.q.describe() << ", k " << L.attn.k.describe() << ", v "
+         << L.attn.v.describe() << ", o " << L.attn.o.describe() << "; ";
+    weight_bytes_ += L.attn.q.device_bytes() + L.attn.k.device_bytes() + L.attn.v.device_bytes() + L.attn.o.device_bytes();
+    if (cfg_.is_moe_layer(l)) {
+      const moe::MoeLayer cpu = moe::MoeLayer::load(store, L.prefix + ".mlp", moe_cfg_);
+      const bool experts_fp4 = cpu.experts().front().gate.format == kernels::cpu::WeightFormat::kNVFP4;
+      std::optional<moe::GpuMoeLayer> g;
+      if (fp4 && experts_fp4) {
+        try {
+          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_);
+        } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
+          desc << "(W4A16 refused: " << e.what() << ") ";
+        }
+      }
+      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_);
+      L.moe = std::move(*g);
+      weight_bytes_ += L.moe->routed_expert_bytes() * moe_cfg_.n_experts + L.moe->shared_expert_bytes() +
+                       moe_cfg_.n_experts * H * 4;
+      desc << "MoE " << L.moe->describe();
+    } else {
+      const moe::GatedMlp m = moe::GatedMlp::load(store, L.prefix + ".mlp", H, cfg_.intermediate_size);
+      L.gate = GpuLinear::upload(m.gate, max_T_, L.prefix + ".mlp.gate_proj", fp4);
+      L.up = GpuLinear::upload(m.up, max_T_, L.prefix + ".mlp.up_proj", fp4);
+      L.down = GpuLinear::upload(m.down, max_T_, L.prefix + ".mlp.down_proj", fp4);
+      weight_bytes_ += L.gate->device_bytes() + L.up->device_bytes() + L.down->device_bytes();
+      desc << "dense MLP gate " << L.gate->describe() << ", up " << L.up->describe() << ", down " << L.down->describe();
+    }
+    desc << "\n";
+    L.k_cache = DeviceBuffer(cache_bytes);
+    L.v_cache = DeviceBuffer(cache_bytes);
+    progress.advance(layer_bytes[static_cast<size_t>(l)]);
+  }
+  final_norm_ = upload_f32(load_vector_f32(store, "model.norm.weight", H));
+  {
+    kernels::cpu::LinearWeight lm = cfg_.tie_word_embeddings
+                                        ? kernels::cpu::LinearWeight::from_bf16(V, H, load_matrix_bf16(store, "model.embed_tokens.weight", V, H))
+                                        : moe::load_linear(store, "lm_head", V, H, false);
+    lm_head_ = GpuLinear::upload(lm, kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
+    if (!cfg_.tie_word_embeddings) weight_bytes_ += lm_head_.device_bytes();
+  }
+  progress.advance(layer_bytes.back());
+  progress.finish();
+
+  // RoPE table for every position the config allows.
+  n_positions_ = cfg_.max_position_embeddings;
+  const std::vector<float> inv_freq = rope_inv_freq(rotary_dim_, cfg_.rope_theta);
+  const int64_t half = rotary_dim_ / 2;
+  std::vector<float> c(static_cast<size_t>(n_positions_ * half)), sn(c.size());
+  for (int64_t p = 0; p < n_positions_; ++p) rope_cos_sin(inv_freq, p, c.data() + p * half, sn.data() + p * half);
+  cos_ = DeviceBuffer::from_host(c);
+  sin_ = DeviceBuffer::from_host(sn);
+
+  int64_t inter = 1;
+  for (const GpuLayer& L : layers_) {
+    if (L.gate) inter = std::max(inter, L.gate->out_features());
+  }
+  const auto bf16s = [](int64_t n) { return static_cast<size_t>(n) * 2; };
+  resid_ = DeviceBuffer(bf16s(max_T_ * H));
+  h_ = DeviceBuffer(bf16s(max_T_ * H));
+  x_ = DeviceBuffer(bf16s(max_T_ * H));
+  q_ = DeviceBuffer(bf16s(max_T_ * n_q));
+  k_ = DeviceBuffer(bf16s(max_T_ * n_kv));
+  v_ = DeviceBuffer(bf16s(max_T_ * n_kv));
+  attn_ = DeviceBuffer(bf16s(max_T_ * n_q));
+  gate_ = DeviceBuffer(bf16s(max_T_ * inter));
+  up_ = DeviceBuffer(bf16s(max_T_ * inter));
+  act_ = DeviceBuffer(bf16s(max_T_ * inter));
+  logits_ = DeviceBuffer(static_cast<size_t>(kLogitRowsPerPass * V) * 4);
+  workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
+  err_ = DeviceBuffer(4);
+  FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
+  for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
+    cudaEvent_t e = nullptr;
+    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
+    events_.emplace_back(e);
+  }
+  desc << "  lm_head " << lm_head_.describe() << (cfg_.tie_word_embeddings ? " (tied)" : "") << "\n";
+  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
+       << cache_bytes * 2 * layers_.size() << " B), max " << max_T_ << " tokens per step\n";
+  desc << "  weights on the device: " << weight_bytes_ << " B";
+  description_ = desc.str();
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, const int32_t* d_slots,
+                                 const int32_t* d_q_start, const int32_t* d_seq_lens, const int32_t* d_tables,
+                                 int64_t max_blocks, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len,
+                                 bool decode_only) {
+  GpuLayer& L = layers_[l];
+  cudaStream_t st = stream_.get();
+  cublasHandle_t cb = cublas_.get();
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
+  const float eps = cfg_.rms_norm_eps;
+  bf16* resid = resid_.as<bf16>();
+  bf16* h = h_.as<bf16>();
+  bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
+  uint32_t* err = err_.as<uint32_t>();
+
+  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l].get(), st));
+  if (l == 0) {
+    cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, eps, h, st);
+  } else {
+    cuda::rms_norm_bf16(x, resid, L.input_norm.as<float>(), T, H, H, eps, h, st);
+  }
+  bf16* q = q_.as<bf16>();
+  bf16* k = k_.as<bf16>();
+  bf16* v = v_.as<bf16>();
+  L.attn.q.forward(cb, h, T, q, st);
+  L.attn.k.forward(cb, h, T, k, st);
+  L.attn.v.forward(cb, h, T, v, st);
+  if (cfg_.use_qk_norm) {
+    cuda::rms_norm_bf16(q, nullptr, L.attn.q_norm.as<float>(), T * nh, D, D, eps, q, st);
+    cuda::rms_norm_bf16(k, nullptr, L.attn.k_norm.as<float>(), T * nkv, D, D, eps, k, st);
+  }
+  cuda::rope_bf16(q, T, nh, nh * D, D, 0, rotary_dim_, cuda::RopeStyle::kNeox, d_pos, cos_.as<float>(),
+                  sin_.as<float>(), n_positions_, err, st);
+  cuda::rope_bf16(k, T, nkv, nkv * D, D, 0, rotary_dim_, cuda::RopeStyle::kNeox, d_pos, cos_.as<float>(),
+                  sin_.as<float>(), n_positions_, err, st);
+  cuda::PagedKvCacheView cache{L.k_cache.as<bf16>(), L.v_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(), nkv, D};
+  cuda::kv_cache_append_bf16(k, nkv * D, v, nkv * D, T, d_slots, cache, err, st);
+
+  cuda::PagedAttentionArgs args;
+  args.q = q;
+  args.cache = cache;
+  args.block_table = d_tables;
+  args.max_blocks_per_seq = max_blocks;
+  args.seq_lens = d_seq_lens;
+  args.n_seqs = n_seqs;
+  args.n_heads = nh;
+  args.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  args.out = attn_.as<bf16>();
+  args.error_flag = err;
+  if (decode_only) {
+    cuda::DecodeSplit split = cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, n_sms_);
+    split = cuda::cap_decode_split(split, n_seqs, nh, D, max_seq_len, workspace_.bytes());
+    cuda::paged_attention_decode_bf16(args, split, workspace_.as<float>(), st);
+  } else {
+    cuda::paged_attention_prefill_bf16(args, d_q_start, T, max_q_len, st);
+  }
+  L.attn.o.forward(cb, attn_.as<bf16>(), T, x, st);
+  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l + 1].get(), st));
+
+  cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, eps, h, st);
+  if (L.moe) {
+    L.moe->forward(h, T, x, st);
+  } else {
+    const int64_t I = L.gate->out_features();
+    L.gate->forward(cb, h, T, gate_.as<bf16>(), st);
+    L.up->forward(cb, h, T, up_.as<bf16>(), st);
+    cuda::moe::swiglu(gate_.as<bf16>(), up_.as<bf16>(), I, T, I, act_.as<bf16>(), st);
+    L.down->forward(cb, act_.as<bf16>(), T, x, st);
+  }
+}
+
+void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  struct Chunk {
+    GpuKvState* state;
+    int64_t row0, n, pos0;
+  };
+  std::vector<Chunk> chunks;
+  std::unordered_set<const KvState*> seen;
+  int64_t T = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqChunk& sc = batch[i];
+    auto* st = dynamic_cast<GpuKvState*>(sc.state);
+    FP4MOE_CHECK(st != nullptr && st->owner() == this)
+        << "batch entry " << i << ": the KV state was not created by this model's new_state()";
+    FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
+    FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
+    for (size_t j = 0; j < sc.tokens.size(); ++j) {
+      FP4MOE_CHECK(sc.tokens[j] >= 0 && sc.tokens[j] < V) << "batch entry " << i << ": token id " << sc.tokens[j]
+                                                          << " at index " << j << " is outside the vocabulary [0, " << V << ")";
+    }
+    const int64_t n = static_cast<int64_t>(sc.tokens.size());
+    FP4MOE_CHECK(st->length() + n <= n_positions_)
+        << "batch entry " << i << ": positions up to " << st->length() + n - 1 << " exceed max_position_embeddings "
+        << n_positions_;
+    chunks.push_back({st, T, n, st->length()});
+    T += n;
+  }
+  if (chunks.empty()) return;
+  FP4MOE_CHECK(T <= max_T_) << "GPU forward step of " << T << " tokens exceeds the model's max_tokens_per_step "
+                            << max_T_ << " (GpuOptions; the server sets it from --max-prefill-tokens)";
+  const int64_t S = static_cast<int64_t>(chunks.size());
+
+  // KV blocks for the new tokens (all or nothing).
+  std::vector<int64_t> added(chunks.size(), 0);
+  try {
+    for (size_t i = 0; i < chunks.size(); ++i) added[i] = chunks[i].state->reserve(chunks[i].n);
+  } catch (...) {
+    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+    throw;
+  }
+  try {
+    // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] | tables [S, maxb] | rows [R]
+    int64_t max_blocks = 1, max_q = 0, max_len = 0;
+    bool decode_only = true;
+    for (const Chunk& c : chunks) {
+      max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(c.state->blocks().size()));
+      max_q = std::max(max_q, c.n);
+      max_len = std::max(max_len, c.pos0 + c.n);
+      decode_only = decode_only && c.n == 1;
+    }
+    // Token rows through the lm_head, in batch order: the chunks that want logits (all rows or the
+    // last) or only the argmax of their last row. n_logit_rows of them are copied to the host.
+    std::vector<int32_t> rows;
+    std::vector<uint8_t> row_logits;
+    int64_t n_logit_rows = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Chunk& c = chunks[i];
+      if (batch[i].logits != nullptr) {
+        for (int64_t r = batch[i].all_logits ? c.row0 : c.row0 + c.n - 1; r < c.row0 + c.n; ++r) {
+          rows.push_back(static_cast<int32_t>(r));
+          row_logits.push_back(1);
+          ++n_logit_rows;
+        }
+      } else if (batch[i].argmax != nullptr) {
+        rows.push_back(static_cast<int32_t>(c.row0 + c.n - 1));
+        row_logits.push_back(0);
+      }
+    }
+    const int64_t R = static_cast<int64_t>(rows.size());
+    const size_t n_ints = static_cast<size_t>(3 * T + (S + 1) + S + S * max_blocks + R);
+    int32_t* hi = h_ints_.get(n_ints);
+    int32_t* h_tok = hi;
+    int32_t* h_pos = h_tok + T;
+    int32_t* h_slot = h_pos + T;
+    int32_t* h_qs = h_slot + T;
+    int32_t* h_len = h_qs + S + 1;
+    int32_t* h_tab = h_len + S;
+    int32_t* h_rows = h_tab + S * max_blocks;
+    h_qs[0] = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      for (int64_t j = 0; j < c.n; ++j) {
+        h_tok[c.row0 + j] = batch[i].tokens[static_cast<size_t>(j)];
+        h_pos[c.row0 + j] = static_cast<int32_t>(c.pos0 + j);
+        h_slot[c.row0 + j] = c.state->slot(c.pos0 + j);
+      }
+      h_qs[i + 1] = static_cast<int32_t>(c.row0 + c.n);
+      h_len[i] = static_cast<int32_t>(c.pos0 + c.n);
+      const std::vector<int32_t>& b = c.state->blocks();
+      for (int64_t j = 0; j < max_blocks; ++j) {
+        h_tab[static_cast<int64_t>(i) * max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
+      }
+    }
+    std::copy(rows.begin(), rows.end(), h_rows);
+    cudaStream_t st = stream_.get();
+    int32_t* di = grow<int32_t>(ints_, n_ints);
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
+    const int32_t* d_tok = di;
+    const int32_t* d_pos = d_tok + T;
+    const int32_t* d_slot = d_pos + T;
+    const int32_t* d_qs = d_slot + T;
+    const int32_t* d_len = d_qs + S + 1;
+    const int32_t* d_tab = d_len + S;
+    const int32_t* d_rows = d_tab + S * max_blocks;
+
+    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), err_.as<uint32_t>(), st);
+    std::vector<size_t> moe_layers;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      run_layer(l, T, d_pos, d_slot, d_qs, d_len, d_tab, max_blocks, S, max_q, max_len, decode_only);
+      if (layers_[l].moe) moe_layers.push_back(l);
+    }
+    FP4MOE_CUDA_CHECK(cudaEventRecord(events_.back().get(), st));
+    // Per-expert token counts of every MoE layer, copied without a sync (read after the one below).
+    const int64_t E = moe_cfg_.n_experts;
+    int32_t* h_off = nullptr;
+    if (trace != nullptr && !moe_layers.empty()) {
+      h_off = h_offsets_.get(moe_layers.size() * static_cast<size_t>(E + 1));
+      for (size_t m = 0; m < moe_layers.size(); ++m) {
+        // The offsets buffer is per layer, so each copy reads its own layer's step.
+        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_off + m * static_cast<size_t>(E + 1),
+                                          layers_[moe_layers[m]].moe->device_expert_offsets(),
+                                          static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, st));
+      }
+    }
+    // Final norm (adds the last MLP output into the residual), then the wanted rows through lm_head.
+    cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T, H, H, cfg_.rms_norm_eps,
+                        h_.as<bf16>(), st);
+    float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(n_logit_rows, 1) * V));
+    int32_t* d_argmax = grow<int32_t>(argmax_, static_cast<size_t>(std::max<int64_t>(R, 1)));
+    int64_t logit_row = 0;  // rows copied so far
+    for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
+      const int64_t n = std::min(kLogitRowsPerPass, R - r0);
+      cuda::moe::gather_rows(h_.as<bf16>(), d_rows + r0, n, H, x_.as<bf16>(), st);
+      lm_head_.forward_f32(cublas_.get(), x_.as<bf16>(), n, logits_.as<float>(), st);
+      cuda::argmax_rows(logits_.as<float>(), n, V, V, d_argmax + r0, st);
+      for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
+        if (!row_logits[static_cast<size_t>(r0 + a)]) {
+          ++a;
+          continue;
+        }
+        int64_t b = a;
+        while (b < n && row_logits[static_cast<size_t>(r0 + b)]) ++b;
+        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
+                                          static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, st));
+        logit_row += b - a;
+        a = b;
+      }
+    }
+    int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(R, 1)));
+    if (R > 0) FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, d_argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, st));
+    uint32_t* h_err = h_err_.get(1);
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_err, err_.as<uint32_t>(), 4, cudaMemcpyDeviceToHost, st));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (*h_err != 0) {
+      FP4MOE_CUDA_CHECK(cudaMemsetAsync(err_.as<uint32_t>(), 0, 4, st));
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+      FP4MOE_FAIL() << "GPU forward step of " << T << " tokens: " << cuda::describe_device_errors(*h_err);
+    }
+    int64_t r = 0, lr = 0;  // row, logits row
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].logits != nullptr) {
+        const int64_t n = batch[i].all_logits ? chunks[i].n : 1;
+        std::copy_n(h_logits + lr * V, n * V, batch[i].logits);
+        if (batch[i].argmax != nullptr) *batch[i].argmax = h_argmax[r + n - 1];
+        r += n;
+        lr += n;
+      } else if (batch[i].argmax != nullptr) {
+        *batch[i].argmax = h_argmax[r];
+        ++r;
+      }
+    }
+    if (trace != nullptr) {
+      for (size_t m = 0; m < moe_layers.size(); ++m) {
+        MoeLayerTrace t;
+        t.layer = static_cast<int64_t>(moe_layers[m]);
+        const int32_t* o = h_off + m * static_cast<size_t>(E + 1);
+        for (int64_t e = 0; e < E; ++e) t.tokens_per_expert.push_back(o[e + 1] - o[e]);
+        trace->moe_layers.push_back(std::move(t));
+      }
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        float ms_attn = 0.0f, ms_mlp = 0.0f;
+        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_attn, events_[2 * l].get(), events_[2 * l + 1].get()));
+        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_mlp, events_[2 * l + 1].get(), events_[2 * l + 2].get()));
+        trace->layer_times.push_back({static_cast<int64_t>(l), "attention", ms_attn * 1e-3});
+        trace->layer_times.push_back({static_cast<int64_t>(l), layers_[l].moe ? "moe" : "mlp", ms_mlp * 1e-3});
+      }
+    }
+    for (const Chunk& c : chunks) c.state->commit(c.n);
+  } catch (...) {
+    cudaStreamSynchronize(stream_.get());
+    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+    throw;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CausalLM> create_glm4_moe_cuda(const ModelConfig& config, const format::TensorStore& store,
+                                               const LoadOptions& options) {
+  return std::make_unique<Glm4MoeCudaModel>(config, store, options);
+}
+
+void register_gpu_models() { register_cuda_factory(kArchGlm4Moe, create_glm4_moe_cuda); }
+
+}  // namespace fp4moe::model

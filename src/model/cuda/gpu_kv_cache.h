@@ -1,0 +1,74 @@
+// The GPU model's paged KV cache: one pool of blocks per model (page_size tokens each), one K and V
+// buffer per layer ([n_blocks, page_size, n_kv_heads, head_dim] bf16, kernels/cuda/ops/paged_attention.h),
+// and per sequence a GpuKvState holding its block list. Blocks are taken when a step's tokens need
+// them (take_for) and given back by truncate() and the state's destructor; the pool outlives its
+// states (they share it). A step that cannot get blocks fails naming the numbers, before anything
+// is written, and leaves every state as it was.
+// Tested by tests/model/test_gpu_kv_cache.cpp (the block accounting; no GPU needed for the pool
+// logic, which is kept separate from the device buffers) and through tests/model/test_gpu_model.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "model/causal_lm.h"
+
+namespace fp4moe::model {
+
+// Free-list accounting of n_blocks blocks (host only).
+class KvBlockPool {
+ public:
+  KvBlockPool(int64_t n_blocks, int64_t page_size);
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t page_size() const { return page_size_; }
+  int64_t n_free() const;
+  // n blocks, or throws naming `n`, the free count and the pool size (nothing taken then).
+  std::vector<int32_t> take(int64_t n);
+  void give(const std::vector<int32_t>& blocks);  // fails on a double free / foreign id
+
+ private:
+  const int64_t n_blocks_, page_size_;
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;       // LIFO
+  std::vector<uint8_t> in_use_;     // [n_blocks]
+};
+
+// One sequence's cache: its blocks in position order (block i holds positions i*page .. i*page+page-1).
+class GpuKvState : public KvState {
+ public:
+  GpuKvState(const void* owner, std::shared_ptr<KvBlockPool> pool, int64_t bytes_per_token)
+      : owner_(owner), pool_(std::move(pool)), bytes_per_token_(bytes_per_token) {}
+  ~GpuKvState() override;
+  GpuKvState(const GpuKvState&) = delete;
+  GpuKvState& operator=(const GpuKvState&) = delete;
+
+  int64_t length() const override { return length_; }
+  void truncate(int64_t n_tokens) override;  // frees the blocks past n_tokens
+  size_t bytes() const override {
+    return static_cast<size_t>(blocks_.size()) * static_cast<size_t>(pool_->page_size() * bytes_per_token_);
+  }
+
+  const void* owner() const { return owner_; }
+  const std::vector<int32_t>& blocks() const { return blocks_; }
+  // Makes room for positions length() .. length() + n - 1 (takes blocks; throws when the pool is short,
+  // taking nothing). Returns how many blocks were added, for rollback().
+  int64_t reserve(int64_t n);
+  // Undoes the last reserve (gives its blocks back).
+  void rollback(int64_t added_blocks);
+  // After a successful step.
+  void commit(int64_t n) { length_ += n; }
+  // The cache slot (block * page_size + row) of position pos (< blocks * page_size).
+  int32_t slot(int64_t pos) const;
+
+ private:
+  const void* owner_;
+  std::shared_ptr<KvBlockPool> pool_;
+  int64_t bytes_per_token_;
+  std::vector<int32_t> blocks_;
+  int64_t length_ = 0;
+};
+
+}  // namespace fp4moe::model

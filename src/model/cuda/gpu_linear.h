@@ -1,0 +1,59 @@
+// GpuLinear: one dense Linear y[m, out] = x[m, in] W^T (+ bias) of the GPU model, BF16 activations.
+//   - NVFP4 weights stay NVFP4 on the device in the W4A16 kernel layout (w4a16_repack, E = 1) and
+//     run through sm90_nvfp4_w4a16_grouped_gemm with expert offsets {0, m} (set by a kernel, so a
+//     captured CUDA graph replays its own m);
+//   - BF16 (or F32, rounded to bf16) weights run through cublasGemmEx (bf16 in, f32 accumulate).
+// A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
+// dequantized weight; describe() says which path each Linear took. The f32 bias is added by
+// add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).
+// Tested by tests/model/test_gpu_model.cpp (label gpu) through the whole model vs the golden logits
+// and the CPU model.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/moe/device_buffer.h"
+
+struct cublasContext;
+
+namespace fp4moe::model {
+
+class GpuLinear {
+ public:
+  enum class Path : uint8_t { kNvfp4W4A16, kBf16Cublas };
+
+  GpuLinear() = default;
+  // Uploads `w`. `max_rows` bounds m in forward (checked there; the W4A16 grid is validated for it).
+  // `name` names the Linear in errors and describe().
+  static GpuLinear upload(const kernels::cpu::LinearWeight& w, int64_t max_rows, const std::string& name,
+                          bool allow_nvfp4 = true);
+
+  // y[m, out] (bf16, row stride out) = x[m, in] W^T + bias. m in [0, max_rows].
+  void forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m, __nv_bfloat16* y,
+               cudaStream_t stream) const;
+  // f32 output (cuBLAS path only: the lm_head).
+  void forward_f32(cublasContext* cublas, const __nv_bfloat16* x, int64_t m, float* y, cudaStream_t stream) const;
+
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+  Path path() const { return path_; }
+  int64_t device_bytes() const;  // weight + scales (+ bias) as stored on the device
+  std::string describe() const;  // "q_proj nvfp4_w4a16 [4096, 6144] +bias"
+
+ private:
+  std::string name_;
+  Path path_ = Path::kBf16Cublas;
+  int64_t out_ = 0, in_ = 0, max_rows_ = 0;
+  cuda::DeviceBuffer bf16_;     // kBf16Cublas: [out, in]
+  cuda::DeviceBuffer packed_, scales_, global_scale_;  // kNvfp4W4A16
+  mutable cuda::DeviceBuffer offsets_;  // kNvfp4W4A16: {0, m}
+  cuda::DeviceBuffer bias_;     // f32 [out] or empty
+  bool has_bias_ = false;
+};
+
+}  // namespace fp4moe::model

@@ -1,0 +1,130 @@
+// `fp4moe analyze`: reads a server's measured per-layer times and per-expert token counts (from
+// GET /metrics or a saved copy) and prints, per MoE GEMM and layer, tokens per expert, achieved
+// TFLOP/s and GB/s, the fraction of the HBM / tensor rooflines, and what raising
+// --max-running-requests would do (tools/analyze.h has the formulas; docs/server.md how to read the tables).
+//
+//   fp4moe analyze --url http://127.0.0.1:30000            # model and max-running from /get_server_info
+//   fp4moe analyze --metrics metrics.txt --model DIR [--weights nvfp4|bf16]
+//       [--hbm-gbps 4200] [--peak-tflops 780] [--max-running-requests N] [--json]
+//
+// The model config: --model DIR, else the server's model_path (with --url) when it is a local
+// directory, else the embedded default model. --weights auto: nvfp4 when the checkpoint's
+// quantization config says NVFP4 (and for the embedded default model, whose experts are NVFP4),
+// bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs the built binary).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/default_model.h"
+#include "model/config.h"
+#include "server/http_client.h"
+#include "tools/analyze.h"
+#include "tools/commands.h"
+#include "tools/prometheus_text.h"
+
+namespace fp4moe::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct AnalyzeArgs {
+  std::string metrics_file, url, model_dir, weights = "auto";
+  Roofline roofline;
+  int64_t max_running_requests = 0;
+  double timeout_s = 30;
+  bool json_out = false;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  FP4MOE_CHECK(f.good()) << "--metrics " << path << ": cannot open the file";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void run_analyze(AnalyzeArgs a) {
+  FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
+      << "give exactly one of --metrics FILE and --url http://host:port (got "
+      << (a.metrics_file.empty() ? "neither" : "both") << ")";
+  std::string text;
+  std::string model_path;  // from the server, when it says
+  if (!a.url.empty()) {
+    server::HttpClient client(a.url, a.timeout_s);
+    const server::HttpResponse r = client.get("/metrics");
+    FP4MOE_CHECK(r.status == 200) << "GET " << a.url << "/metrics: status " << r.status
+                                  << (r.error.empty() ? "" : " (" + r.error + ")");
+    text = r.body;
+    const server::HttpResponse info = client.get("/get_server_info");
+    if (info.status == 200) {
+      const nlohmann::json j = nlohmann::json::parse(info.body, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("model_path") && j["model_path"].is_string()) model_path = j["model_path"];
+      if (a.max_running_requests == 0 && j.is_object() && j.contains("max_running_requests") &&
+          j["max_running_requests"].is_number_integer()) {
+        a.max_running_requests = j["max_running_requests"].get<int64_t>();
+      }
+    }
+  } else {
+    text = read_text(a.metrics_file);
+  }
+
+  model::ModelConfig cfg;
+  bool embedded = false;
+  if (!a.model_dir.empty()) {
+    cfg = model::load_model_config(a.model_dir);
+  } else if (!model_path.empty() && model_path != "(embedded default)") {
+    FP4MOE_CHECK(fs::is_directory(model_path))
+        << "the server serves " << model_path << ", which is not a directory here: pass --model DIR";
+    cfg = model::load_model_config(model_path);
+  } else {
+    cfg = model::parse_model_config(engine::default_model_config(), "the embedded default model");
+    embedded = true;
+  }
+  WeightFormat weights = WeightFormat::kBf16;
+  if (a.weights == "auto") {
+    const bool nvfp4 = embedded || cfg.quantization.nvfp4_by_default() ||
+                       cfg.quantization.quant_algo == "MIXED_PRECISION";
+    weights = nvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kBf16;
+  } else {
+    weights = parse_weight_format(a.weights);
+  }
+
+  const Measured m = read_measured(parse_prometheus_text(text));
+  const Analysis an = analyze(m, cfg, weights, a.roofline, a.max_running_requests);
+  if (a.json_out) {
+    fmt::print("{}\n", analysis_json(an).dump(2));
+  } else {
+    fmt::print("{}", format_analysis(an));
+  }
+}
+
+}  // namespace
+
+void register_analyze_command(CLI::App& app) {
+  auto a = std::make_shared<AnalyzeArgs>();
+  auto* cmd = app.add_subcommand(
+      "analyze", "Tokens per expert, achieved TFLOP/s and GB/s vs roofline, and a max-running-requests what-if, "
+                 "from a server's /metrics");
+  cmd->add_option("--metrics", a->metrics_file, "A saved /metrics text");
+  cmd->add_option("--url", a->url, "A running server, http://host:port (reads /metrics and /get_server_info)");
+  cmd->add_option("--model,--model-path", a->model_dir,
+                  "Model directory for the config (default: the server's model_path, else the embedded default model)");
+  cmd->add_option("--weights", a->weights, "Expert weight format: auto, nvfp4 (0.5625 B/weight) or bf16 (default auto)");
+  cmd->add_option("--hbm-gbps", a->roofline.hbm_gbps, "HBM roofline in GB/s (default 4200: H200 copy bandwidth)");
+  cmd->add_option("--peak-tflops", a->roofline.peak_tflops, "Tensor roofline in TFLOP/s (default 780: H200 BF16)");
+  cmd->add_option("--max-running-requests", a->max_running_requests,
+                  "The server's current value, for the what-if rows (default: from /get_server_info with --url)");
+  cmd->add_option("--timeout", a->timeout_s, "HTTP timeout in seconds (default 30)");
+  cmd->add_flag("--json", a->json_out, "Print JSON (schema fp4moe.analyze.v1) instead of tables");
+  cmd->callback([a] { run_analyze(*a); });
+}
+
+}  // namespace fp4moe::tools

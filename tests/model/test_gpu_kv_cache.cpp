@@ -1,0 +1,115 @@
+// The GPU KV cache's block accounting (model/cuda/gpu_kv_cache.h, host only): blocks are taken as
+// positions need them, given back by truncate and destruction, a short pool refuses with the
+// numbers and takes nothing, rollback undoes a reserve, slots map positions through the block list,
+// and double frees are caught. Random interleavings keep the pool's free count equal to the blocks
+// no state holds.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/cuda/gpu_kv_cache.h"
+#include "testing/testing.h"
+
+namespace fp4moe::model {
+namespace {
+
+TEST(GpuKvCache, ReserveCommitTruncateAndSlots) {
+  auto pool = std::make_shared<KvBlockPool>(8, 16);
+  GpuKvState s(nullptr, pool, 100);
+  EXPECT_EQ(s.reserve(1), 1);  // position 0 needs block one
+  s.commit(1);
+  EXPECT_EQ(s.reserve(15), 0);  // positions 1..15 fit the same block
+  s.commit(15);
+  EXPECT_EQ(s.reserve(17), 2);  // 16..32 need two more
+  s.commit(17);
+  EXPECT_EQ(s.length(), 33);
+  EXPECT_EQ(pool->n_free(), 5);
+  EXPECT_EQ(s.bytes(), 3u * 16u * 100u);
+  const auto& b = s.blocks();
+  EXPECT_EQ(s.slot(0), b[0] * 16);
+  EXPECT_EQ(s.slot(17), b[1] * 16 + 1);
+  EXPECT_EQ(s.slot(32), b[2] * 16);
+  EXPECT_THROW(s.slot(48), Error);
+  s.truncate(16);  // keeps exactly one block
+  EXPECT_EQ(s.blocks().size(), 1u);
+  EXPECT_EQ(pool->n_free(), 7);
+  s.truncate(0);
+  EXPECT_EQ(pool->n_free(), 8);
+  EXPECT_THROW(s.truncate(1), Error);
+}
+
+TEST(GpuKvCache, ShortPoolRefusesWithNumbersAndTakesNothing) {
+  auto pool = std::make_shared<KvBlockPool>(4, 16);
+  GpuKvState a(nullptr, pool, 1), b(nullptr, pool, 1);
+  EXPECT_EQ(a.reserve(48), 3);
+  a.commit(48);
+  try {
+    b.reserve(32);
+    FAIL() << "reserve beyond the pool succeeded";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("needs 2 more blocks of 16 tokens but only 1 of 4 are free"), std::string::npos) << w;
+  }
+  EXPECT_EQ(pool->n_free(), 1);
+  EXPECT_TRUE(b.blocks().empty());
+  const int64_t added = b.reserve(10);
+  EXPECT_EQ(added, 1);
+  b.rollback(added);
+  EXPECT_EQ(pool->n_free(), 1);
+  EXPECT_EQ(b.length(), 0);
+}
+
+TEST(GpuKvCache, DestructionReturnsBlocksAndDoubleFreeIsCaught) {
+  auto pool = std::make_shared<KvBlockPool>(4, 2);
+  {
+    GpuKvState s(nullptr, pool, 1);
+    s.reserve(5);
+    s.commit(5);
+    EXPECT_EQ(pool->n_free(), 1);
+  }
+  EXPECT_EQ(pool->n_free(), 4);
+  std::vector<int32_t> got = pool->take(2);
+  pool->give(got);
+  EXPECT_THROW(pool->give(got), Error);
+  EXPECT_THROW(pool->give({7}), Error);
+  EXPECT_THROW(KvBlockPool(0, 16), Error);
+}
+
+TEST(GpuKvCache, RandomInterleavingsKeepTheAccountingExact) {
+  std::mt19937_64 rng(testing::test_seed());
+  auto pool = std::make_shared<KvBlockPool>(64, 4);
+  std::vector<std::unique_ptr<GpuKvState>> states;
+  for (int i = 0; i < 6; ++i) states.push_back(std::make_unique<GpuKvState>(nullptr, pool, 1));
+  for (int it = 0; it < 5000; ++it) {
+    GpuKvState& s = *states[rng() % states.size()];
+    const int op = static_cast<int>(rng() % 4);
+    if (op < 2) {
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 9);
+      try {
+        s.reserve(n);
+        s.commit(n);
+      } catch (const Error&) {
+      }
+    } else if (op == 2) {
+      s.truncate(static_cast<int64_t>(rng() % (s.length() + 1)));
+    } else {
+      s.truncate(0);
+    }
+    int64_t held = 0;
+    std::set<int32_t> all;
+    for (const auto& st : states) {
+      ASSERT_EQ(static_cast<int64_t>(st->blocks().size()), (st->length() + 3) / 4);
+      held += static_cast<int64_t>(st->blocks().size());
+      for (int32_t b : st->blocks()) ASSERT_TRUE(all.insert(b).second) << "block " << b << " held twice";
+    }
+    ASSERT_EQ(pool->n_free() + held, 64);
+  }
+}
+
+}  // namespace
+}  // namespace fp4moe::model
