@@ -39,7 +39,8 @@ grep -E "SKIPPED|Skipped" "$out/ctest.log" | head -5
 step "compute-sanitizer on GPU tests"
 # The sanitizers slow kernels 10-100x: run the small-shape cases (the GLM-shape ones ran above).
 declare -A sanitize_filter=([test_cuda_nvfp4]="*" [test_cuda_w4a16]="W4A16Gpu.*" [test_cuda_ops]="*"
-  [test_cuda_paged_attention]="*Small:*Flags*" [test_cuda_mla_decode]="*Tiny*")
+  [test_cuda_paged_attention]="*Small:*Flags*" [test_cuda_mla_decode]="*Tiny*"
+  [test_gpu_model]="*PrefillDecodeAndBatching*/1:*ShortKvPool*/1")
 for name in "${!sanitize_filter[@]}"; do
   t=$(find build-gpu/tests -name "$name" -type f -perm -u+x | head -1)
   [ -n "$t" ] || { echo "missing test binary $name"; status=1; continue; }

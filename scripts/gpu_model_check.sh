@@ -25,6 +25,8 @@ tests=(test_gpu_model test_gpu_kv_cache test_cuda_ops test_cuda_ops_host test_gp
 cmake --build build-gpu -j "$(nproc)" --target fp4moe "${tests[@]}" -- -k 0 > "$out/build.log" 2>&1 \
   || { status=1; grep -E "^FAILED|error" "$out/build.log" | head -20; }
 
+# FP4MOE_BENCH_ONLY=1: skip the tests and the sanitizer (after a gpu_check.sh run on the same tree).
+if [ "${FP4MOE_BENCH_ONLY:-0}" = 1 ]; then tests=(); fi
 step "tests"
 for name in "${tests[@]}"; do
   t=$(find build-gpu/tests -name "$name" -type f -perm -u+x | head -1)
@@ -36,7 +38,9 @@ done
 
 step "compute-sanitizer memcheck (GPU model, prefill/decode/batching on the NVFP4 golden model)"
 t=$(find build-gpu/tests -name test_gpu_model -type f | head -1)
-if [ -n "$t" ] && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
+if [ "${FP4MOE_BENCH_ONLY:-0}" = 1 ]; then
+  echo "skipped (FP4MOE_BENCH_ONLY)"
+elif [ -n "$t" ] && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
     --gtest_filter='*PrefillDecodeAndBatching*/1:*ShortKvPool*/1' > "$out/sanitizer.log" 2>&1; then
   echo "memcheck test_gpu_model: clean"
 else
@@ -78,6 +82,7 @@ done
 "$fp4moe" analyze --url http://localhost:30112 --model "$cfg" --weights nvfp4 2>&1 | tail -40
 kill -TERM $pid; wait $pid; tail -2 "$out/serve_dummy.log"
 
+[ "${FP4MOE_BENCH_ONLY:-0}" = 1 ] && { step "done (status $status)"; exit $status; }
 step "serve --device cuda + bench-serving (golden glm4_moe_tiny_nvfp4)"
 "$fp4moe" serve --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
   --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --port 30111 > "$out/serve.log" 2>&1 &
