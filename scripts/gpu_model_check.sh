@@ -52,25 +52,16 @@ step "bench-one-batch --device cuda: golden glm4_moe_tiny_nvfp4"
 "$fp4moe" bench-one-batch --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
   --batch-size 1,16 --input-len 64 --output-len 16 2>&1 | tail -6 || status=1
 
-step "bench-one-batch: GLM-4.5-Air widths, 3 layers (1 dense + 2 MoE of 32 experts, a 4-way EP shard), dummy NVFP4"
-cfg=$(mktemp -d)
-python3 - "$FP4MOE_SHARED/golden/models/glm4_moe_tiny/config.json" "$cfg/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c.update(hidden_size=4096, num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=10944,
-         moe_intermediate_size=1408, n_routed_experts=32, num_experts_per_tok=8, n_shared_experts=1,
-         num_hidden_layers=3, first_k_dense_replace=1, vocab_size=151552, max_position_embeddings=8192,
-         routed_scaling_factor=1.0, n_group=1, topk_group=1)
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-PY
+step "bench-one-batch: the glm45-air-shard preset (GLM-4.5-Air widths, 1 dense + 3 MoE layers of 32 experts), dummy NVFP4"
+cfg=glm45-air-shard
 for peer in "" "--bf16-peer"; do
   echo "--- ${peer:-nvfp4 w4a16}"
   "$fp4moe" bench-one-batch --device cuda --model "$cfg" --load-format dummy --dummy-weights nvfp4 $peer \
     --batch-size 1,16,64,256 --input-len 128 --output-len 16 2>&1 | tail -8 || status=1
 done
 
-step "serve --device cuda + bench-serving + analyze (the GLM-4.5-Air-width dummy model)"
-"$fp4moe" serve --device cuda --model "$cfg" --load-format dummy --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" \
+step "serve --device cuda + bench-serving + analyze (glm45-air-shard, dummy NVFP4)"
+"$fp4moe" serve --device cuda --model "$cfg" --load-format dummy --dummy-weights nvfp4 --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" \
   --max-running-requests 64 --port 30112 > "$out/serve_dummy.log" 2>&1 &
 pid=$!
 for i in $(seq 1 300); do curl -sf localhost:30112/health > /dev/null && break; sleep 0.5; done

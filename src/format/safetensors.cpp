@@ -460,6 +460,16 @@ TensorView TensorStore::view(std::string_view name) const { return file_of(name)
 // ---------------------------------------------------------------------------------------------
 // SafetensorsWriter
 
+void SafetensorsWriter::append(SafetensorsWriter&& other) {
+  std::set<std::string> names;
+  for (const Entry& e : entries_) names.insert(e.name);
+  for (Entry& e : other.entries_) {
+    FP4MOE_REQUIRE(names.insert(e.name).second) << "safetensors writer: tensor '" << e.name << "': added twice";
+    entries_.push_back(std::move(e));
+  }
+  other.entries_.clear();
+}
+
 void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& shape,
                             std::span<const uint8_t> bytes) {
   const std::string where = "safetensors writer: tensor '" + name + "': ";

@@ -95,6 +95,9 @@ class SafetensorsWriter {
  public:
   void add(const std::string& name, DType dtype, const Shape& shape, std::span<const uint8_t> bytes);
   void add(const std::string& name, const TensorView& view) { add(name, view.dtype, view.shape, view.bytes); }
+  // Moves every tensor of `other` (in its order) after this writer's; a name already here fails as
+  // add() does. Metadata of `other` is not taken.
+  void append(SafetensorsWriter&& other);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
   void write(const std::filesystem::path& path) const;
 

@@ -7,10 +7,13 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
+#include "kernels/cpu/thread_pool.h"
 #include "model/glm4_moe.h"
+#include "model/presets.h"
 #include "model/weights.h"
 #include "model/glm5.h"
 #include "moe/weights.h"
@@ -152,12 +155,18 @@ std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::T
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
   const Architecture arch = find_architecture(config.architecture);
   const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
-  format::SafetensorsWriter w;
   const std::vector<WeightSpec> manifest = arch.manifest(config);
   uint64_t total = 0;  // progress in BF16-equivalent bytes
   for (const WeightSpec& spec : manifest) total += static_cast<uint64_t>(shape_numel(spec.shape)) * 2;
   LoadProgress progress("dummy weights", total, options.progress);
-  for (const WeightSpec& spec : manifest) {
+  // Each tensor is random from its own seed (options.seed and its name), so the tensors are made in
+  // parallel on the CPU thread pool and added in manifest order: the file does not depend on the
+  // thread count. Each task writes into its own writer; the shards are merged in order.
+  std::vector<format::SafetensorsWriter> parts(manifest.size());
+  std::mutex progress_mu;
+  kernels::cpu::default_thread_pool().parallel_for(static_cast<int64_t>(manifest.size()), [&](int64_t i) {
+    const WeightSpec& spec = manifest[static_cast<size_t>(i)];
+    format::SafetensorsWriter& w = parts[static_cast<size_t>(i)];
     const uint64_t s = tensor_seed(options.seed, spec.name);
     const int64_t n = shape_numel(spec.shape);
     switch (spec.role) {
@@ -182,9 +191,12 @@ void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& option
         break;
       }
     }
+    std::lock_guard<std::mutex> lock(progress_mu);
     progress.advance(static_cast<uint64_t>(n) * 2);
-  }
+  });
   progress.finish();
+  format::SafetensorsWriter w;
+  for (format::SafetensorsWriter& part : parts) w.append(std::move(part));
   w.set_metadata("format", "pt");
   w.set_metadata("fp4moe_dummy_seed", std::to_string(options.seed));
   std::filesystem::create_directories(dir);
@@ -192,6 +204,12 @@ void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& option
 }
 
 std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (!std::filesystem::exists(dir)) {  // a preset (model/presets.h), or an error naming both
+    const ModelConfig preset = load_config_or_preset(dir.string());
+    FP4MOE_CHECK(options.format == LoadFormat::kDummy)
+        << "preset " << dir.string() << " has no weights: load it with --load-format dummy";
+    return build_dummy_model(preset, options);
+  }
   ModelConfig config = load_model_config(dir);
   if (options.format == LoadFormat::kAuto) {
     format::TensorStore store(dir);

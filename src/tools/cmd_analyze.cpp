@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "engine/default_model.h"
+#include "model/presets.h"
 #include "model/config.h"
 #include "server/http_client.h"
 #include "tools/analyze.h"
@@ -79,11 +80,11 @@ void run_analyze(AnalyzeArgs a) {
   model::ModelConfig cfg;
   bool embedded = false;
   if (!a.model_dir.empty()) {
-    cfg = model::load_model_config(a.model_dir);
+    cfg = model::load_config_or_preset(a.model_dir);
   } else if (!model_path.empty() && model_path != "(embedded default)") {
-    FP4MOE_CHECK(fs::is_directory(model_path))
-        << "the server serves " << model_path << ", which is not a directory here: pass --model DIR";
-    cfg = model::load_model_config(model_path);
+    FP4MOE_CHECK(fs::is_directory(model_path) || model::preset_config(model_path).has_value())
+        << "the server serves " << model_path << ", which is neither a directory here nor a preset: pass --model DIR";
+    cfg = model::load_config_or_preset(model_path);
   } else {
     cfg = model::parse_model_config(engine::default_model_config(), "the embedded default model");
     embedded = true;

@@ -192,7 +192,7 @@ void register_bench_one_batch_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench-one-batch",
                                      "Prefill and decode latency of a static batch through the model (no scheduler)");
-  cmd->add_option("--model", args->model_dir, "Model directory (default: the embedded default model)");
+  cmd->add_option("--model", args->model_dir, "Model directory or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; default: the embedded default model)");
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)");
   cmd->add_option("--batch-size", args->batch_sizes, "Batch sizes, comma separated (default 1,4,16)");

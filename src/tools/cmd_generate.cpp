@@ -217,7 +217,7 @@ void run_generate(const GenerateArgs& a) {
 void register_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens with the CPU reference forward");
-  cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
+  cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors), or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard)")->required();
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma separated (e.g. 1,2,3)");
   cmd->add_option("--prompt", args->prompt_text, "Prompt text (needs tokenizer.json in the model directory)");
   cmd->add_option("--max-new-tokens", args->max_new_tokens, "Tokens to generate (default 16)");

@@ -4,7 +4,7 @@
 //   fp4moe serve --model DIR [--tokenizer-path DIR] [--host H] [--port P] [--device cpu]
 //       [--max-running-requests N] [--max-total-tokens N] [--chunked-prefill-size N]
 //       [--max-prefill-tokens N] [--num-continuous-decode-steps N] [--max-queued-requests N]
-//       [--schedule-policy fcfs] [--load-format auto|dummy] [--seed S] [--context-length N]
+//       [--schedule-policy fcfs] [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--seed S] [--context-length N]
 //
 // Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
 // the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
@@ -54,6 +54,7 @@ struct ServeArgs {
   engine::EngineOptions engine;
   std::string schedule_policy = "fcfs";
   std::string load_format = "auto";
+  std::string dummy_weights = "bf16";
   uint64_t seed = 0;
   int http_threads = 128;
   double drain_timeout_s = 600;
@@ -87,6 +88,7 @@ Loaded load(const ServeArgs& a) {
   }
   model::LoadOptions lo;
   lo.format = model::parse_load_format(a.load_format);
+  lo.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
   lo.seed = a.seed;
   // One step carries at most max_prefill_tokens prompt tokens plus one decode token per running request.
   apply_device_option(a.device, a.engine.max_prefill_tokens + a.engine.max_running_requests,
@@ -108,6 +110,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
           {"device", a.device},
           {"load_format", a.load_format},
+          {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
           {"http_threads", a.http_threads}};
 }
@@ -118,6 +121,8 @@ void run_serve(ServeArgs a) {
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
   model::parse_load_format(a.load_format);  // a bad value fails before the socket opens
+  FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
+      << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
 
   // Signals are taken by one thread with sigwait; every other thread (httplib's pool, the engine)
   // inherits the blocked mask. A client that vanishes must not kill the process with SIGPIPE.
@@ -198,7 +203,7 @@ void run_serve(ServeArgs a) {
 void register_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "HTTP server: SGLang /generate and the OpenAI API over the engine");
-  cmd->add_option("--model,--model-path", a->model_dir, "Model directory (default: the embedded synthetic GLM-5 model)");
+  cmd->add_option("--model,--model-path", a->model_dir, "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; then --tokenizer-path); default: the embedded synthetic GLM-5 model");
   cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
@@ -217,6 +222,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs (default)");
   cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)");
+  cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads = open connections served at once (default 128)");
   cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM waits for open streams (default 600)");

@@ -1,0 +1,104 @@
+// Built-in dummy presets (model/presets.h) and the parallel dummy writer: every preset parses as a
+// config of its architecture with the spec's widths, its manifest holds the hand-computed routed
+// expert parameter count, `--model NAME` without --load-format dummy and an unknown name are refused
+// with the reason, and two dummy checkpoints from the same seed are byte-identical (the writer makes
+// the tensors on the thread pool but writes them in manifest order).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/glm4_moe.h"
+#include "model/glm5.h"
+#include "model/presets.h"
+#include "model/registry.h"
+#include "testing/testing.h"
+
+namespace fp4moe::model {
+namespace {
+
+int64_t numel_containing(const std::vector<WeightSpec>& m, const std::string& needle) {
+  int64_t n = 0;
+  for (const WeightSpec& w : m) {
+    if (w.name.find(needle) == std::string::npos) continue;
+    int64_t e = 1;
+    for (int64_t d : w.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Presets, ParseWithTheSpecWidthsAndExpertCounts) {
+  ASSERT_EQ(preset_names(), (std::vector<std::string>{"glm5-shard", "glm5-small", "glm45-air-shard"}));
+  EXPECT_FALSE(preset_config("glm5").has_value());
+  const ModelConfig g5 = parse_model_config(*preset_config("glm5-shard"), "glm5-shard");
+  EXPECT_EQ(g5.architecture, kArchGlmMoeDsa);
+  EXPECT_EQ(g5.hidden_size, 6144);
+  EXPECT_EQ(g5.num_attention_heads, 64);
+  EXPECT_EQ(g5.kv_lora_rank, 512);
+  EXPECT_EQ(g5.qk_rope_head_dim, 64);
+  EXPECT_EQ(g5.n_routed_experts, 32);
+  EXPECT_EQ(g5.num_hidden_layers, 4);
+  // 3 MoE layers x 32 experts x (gate + up + down) x 6144 x 2048.
+  EXPECT_EQ(numel_containing(glm_moe_dsa_manifest(g5), ".mlp.experts."), int64_t{3} * 32 * 3 * 6144 * 2048);
+  const ModelConfig small = parse_model_config(*preset_config("glm5-small"), "glm5-small");
+  EXPECT_EQ(numel_containing(glm_moe_dsa_manifest(small), ".mlp.experts."), int64_t{7} * 64 * 3 * 2048 * 768);
+  const ModelConfig air = parse_model_config(*preset_config("glm45-air-shard"), "glm45-air-shard");
+  EXPECT_EQ(air.architecture, kArchGlm4Moe);
+  EXPECT_EQ(air.hidden_size, 4096);
+  EXPECT_EQ(air.num_key_value_heads, 8);
+  EXPECT_EQ(air.head_dim, 128);
+  EXPECT_EQ(air.rotary_dim(), 64);
+  EXPECT_EQ(numel_containing(glm4_moe_manifest(air), ".mlp.experts."), int64_t{3} * 32 * 3 * 4096 * 1408);
+  EXPECT_NE(describe_presets().find("glm5-shard: GLM-5 widths"), std::string::npos);
+}
+
+TEST(Presets, NeedDummyLoadAndUnknownNamesListThePresets) {
+  LoadOptions o;
+  o.progress = false;
+  EXPECT_NE(error_of([&] { load_model("glm5-shard", o); }).find("preset glm5-shard has no weights: load it with --load-format dummy"),
+            std::string::npos);
+  const std::string e = error_of([&] { load_model("/nonexistent/fp4moe-model", o); });
+  EXPECT_NE(e.find("is neither a model directory nor a preset (glm5-shard, glm5-small, glm45-air-shard)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Presets, ParallelDummyWriterIsByteIdenticalForTheSameSeed) {
+  const ModelConfig c = load_model_config(fp4moe::testing::shared_path("golden/models/glm5_tiny"));
+  LoadOptions o;
+  o.progress = false;
+  o.seed = 11;
+  o.dummy_weights = DummyWeights::kNVFP4;
+  const auto base = std::filesystem::temp_directory_path() / ("fp4moe-presets-" + std::to_string(::getpid()));
+  write_dummy_checkpoint(c, o, base / "a");
+  write_dummy_checkpoint(c, o, base / "b");
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string a = read(base / "a" / "model.safetensors"), b = read(base / "b" / "model.safetensors");
+  std::filesystem::remove_all(base);
+  ASSERT_GT(a.size(), 100000u);
+  EXPECT_TRUE(a == b) << "two dummy checkpoints of seed 11 differ";
+}
+
+}  // namespace
+}  // namespace fp4moe::model
