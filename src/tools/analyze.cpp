@@ -127,6 +127,7 @@ Measured read_measured(const PromText& p) {
   m.steps = p.value(P + "forward_steps_total");
   m.forward_tokens = p.value(P + "forward_tokens_total");
   m.forward_seconds = p.value(P + "forward_seconds_total");
+  m.step_seconds = p.get(P + "step_seconds_total").value_or(0.0);
   m.timed_steps = p.get(P + "layer_timed_steps_total").value_or(0.0);
   const double dsum = p.get(P + "decode_batch_size_sum").value_or(0.0);
   const double dcount = p.get(P + "decode_batch_size_count").value_or(0.0);
@@ -190,6 +191,11 @@ Analysis analyze(const Measured& m, const model::ModelConfig& cfg, WeightFormat 
   a.tokens_per_step = m.forward_tokens / m.steps;
   a.decode_batch_mean = m.decode_batch_mean;
   a.measured_tokens_per_s = m.forward_seconds > 0 ? m.forward_tokens / m.forward_seconds : 0.0;
+  if (m.step_seconds > 0) {
+    a.step_ms = 1e3 * m.step_seconds / m.steps;
+    a.overhead_ms = 1e3 * std::max(0.0, m.step_seconds - m.forward_seconds) / m.steps;
+    a.overhead_fraction = a.overhead_ms / a.step_ms;
+  }
   double n_obs = 0;
   for (double b : m.step_token_buckets) n_obs += b;
   for (size_t b = 0; b < 5; ++b) a.step_token_fraction[b] = n_obs > 0 ? m.step_token_buckets[b] / n_obs : 0.0;
@@ -321,6 +327,11 @@ std::string format_analysis(const Analysis& a) {
   o += fmt::format("rooflines: HBM {} GB/s, tensor {} TFLOP/s\n", a.roofline.hbm_gbps, a.roofline.peak_tflops);
   o += fmt::format("steps {} (with layer times: {}), tokens/step {}, mean decode batch {}, forward {} tokens/s\n\n",
                    a.steps, a.timed_steps, f(a.tokens_per_step, 2), f(a.decode_batch_mean, 2), f(a.measured_tokens_per_s));
+  if (a.step_ms >= 0) {
+    o.insert(o.size() - 1, fmt::format("engine step {} ms, of which outside the forward (scheduling, sampling, "
+                                       "streaming, bookkeeping) {} ms = {:.1f}%\n",
+                                       f(a.step_ms, 3), f(a.overhead_ms, 3), 100 * a.overhead_fraction));
+  }
 
   o += "Tokens one expert receives in one step (all MoE layers, measured):\n";
   {
@@ -433,7 +444,10 @@ nlohmann::json analysis_json(const Analysis& a) {
          {"timed_steps", a.timed_steps},
          {"tokens_per_step", a.tokens_per_step},
          {"decode_batch_mean", a.decode_batch_mean},
-         {"measured_tokens_per_s", a.measured_tokens_per_s}};
+         {"measured_tokens_per_s", a.measured_tokens_per_s},
+         {"step_ms", a.step_ms},
+         {"overhead_ms", a.overhead_ms},
+         {"overhead_fraction", a.overhead_fraction}};
   json dist = json::object();
   for (size_t b = 0; b < 5; ++b) dist[kStepTokenBuckets[b]] = a.step_token_fraction[b];
   j["step_token_fraction"] = dist;

@@ -112,6 +112,7 @@ const char* kMetrics = R"(# TYPE fp4moe:forward_steps_total counter
 fp4moe:forward_steps_total 10
 fp4moe:forward_tokens_total 40
 fp4moe:forward_seconds_total 0.5
+fp4moe:step_seconds_total 0.55
 fp4moe:layer_timed_steps_total 10
 fp4moe:decode_batch_size_sum 36
 fp4moe:decode_batch_size_count 9
@@ -146,6 +147,9 @@ TEST(Analyze, HandComputedNumbers) {
   EXPECT_DOUBLE_EQ(a.tokens_per_step, 4.0);
   EXPECT_DOUBLE_EQ(a.decode_batch_mean, 4.0);
   EXPECT_DOUBLE_EQ(a.measured_tokens_per_s, 80.0);
+  EXPECT_NEAR(a.step_ms, 55.0, 1e-9);       // 0.55 s over 10 steps
+  EXPECT_NEAR(a.overhead_ms, 5.0, 1e-9);    // (0.55 - 0.5) s over 10 steps
+  EXPECT_NEAR(a.overhead_fraction, 5.0 / 55.0, 1e-12);
   EXPECT_DOUBLE_EQ(a.shared_intermediate, 32);
   EXPECT_DOUBLE_EQ(a.step_token_fraction[0], 0.1);
   EXPECT_DOUBLE_EQ(a.step_token_fraction[1], 0.9);
