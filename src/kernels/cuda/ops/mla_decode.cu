@@ -8,7 +8,7 @@
 //                         block table into a tile with an odd word stride; each warp scores one key per lane
 //                         per head (dot over rank + rope), does the online softmax with shuffles, and adds
 //                         p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
-//   mla_merge_kernel:     warp per (sequence, head): the splits' (o_s, lse_s) -> latent (split_merge.h).
+//   split merge:          split_merge_kernel.cuh (warp per (sequence, head) -> latent; shared).
 //   mla_project_v_kernel: warp per (head, output dim) and sequence: W_UV_h[x] . latent[s,h], warp-reduced.
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp.
@@ -20,7 +20,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
-#include "kernels/cuda/ops/split_merge.h"
+#include "kernels/cuda/ops/split_merge_kernel.cuh"
 
 namespace fp4moe::cuda {
 
@@ -161,21 +161,6 @@ __global__ void __launch_bounds__(kMlaThreads) mla_decode_attention_kernel(const
       for (int a = 0; a < RPL; ++a) p.part_o[prow * p.rank + lane + 32 * a] = acc[i][a] * inv;
       if (lane == 0) p.part_lse[prow] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
     }
-  }
-}
-
-constexpr int kMergeWarps = 4;
-
-__global__ void __launch_bounds__(kMergeWarps * 32)
-    mla_merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int64_t n_rows,
-                     int n_splits, int rank, float* __restrict__ latent) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (row >= n_rows) return;
-  const float* lse = part_lse + row * n_splits;
-  const float mx = split_lse_max(lse, n_splits);
-  for (int d = lane; d < rank; d += 32) {
-    latent[row * rank + d] = split_merge_value(lse, part_o + row * n_splits * rank, n_splits, rank, mx, d);
   }
 }
 
@@ -374,10 +359,7 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
   if (split.n_splits > 1) {
-    const auto blocks = static_cast<unsigned>((n_rows + kMergeWarps - 1) / kMergeWarps);
-    mla_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(p.part_o, p.part_lse, n_rows, split.n_splits,
-                                                              dims.kv_lora_rank, latent);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    launch_split_merge(p.part_o, p.part_lse, n_rows, split.n_splits, dims.kv_lora_rank, latent, stream);
   }
 }
 

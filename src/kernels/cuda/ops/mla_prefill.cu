@@ -7,7 +7,7 @@
 //       copies the rows' bf16 pairs into a tile with an odd word stride; each warp scores one key per
 //       lane per head (dot over rank + rope), does the online softmax with shuffles and adds
 //       p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
-//   mla_prefill_merge_kernel: warp per (token, head): the splits' (o_s, lse_s) -> latent (split_merge.h).
+//   split merge:              split_merge_kernel.cuh (warp per (token, head) -> latent; shared).
 // Performance notes: a CTA reads its keys once per 16 heads of ONE token, so dense prefill re-reads
 // the cache per token (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the K tile
 // is the next step for long dense prefill). Tested by tests/kernels/test_cuda_mla_prefill.cpp.
@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
-#include "kernels/cuda/ops/split_merge.h"
+#include "kernels/cuda/ops/split_merge_kernel.cuh"
 
 namespace fp4moe::cuda {
 
@@ -201,21 +201,6 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_attention_kernel(const P
   }
 }
 
-constexpr int kMergeWarps = 4;
-
-__global__ void __launch_bounds__(kMergeWarps * 32)
-    mla_prefill_merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int64_t n_rows,
-                             int n_splits, int rank, float* __restrict__ latent) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (row >= n_rows) return;
-  const float* lse = part_lse + row * n_splits;
-  const float mx = split_lse_max(lse, n_splits);
-  for (int d = lane; d < rank; d += 32) {
-    latent[row * rank + d] = split_merge_value(lse, part_o + row * n_splits * rank, n_splits, rank, mx, d);
-  }
-}
-
 template <int RPL>
 void launch(const PrefillParams& p, dim3 grid, int smem_bytes, cudaStream_t stream) {
   if (smem_bytes > 48 * 1024) {
@@ -312,10 +297,7 @@ void mla_prefill_attention(const MlaPrefillArgs& a, const MlaDecodeDims& dims, c
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
   if (split.n_splits > 1) {
-    const auto blocks = static_cast<unsigned>((n_rows + kMergeWarps - 1) / kMergeWarps);
-    mla_prefill_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(p.part_o, p.part_lse, n_rows, split.n_splits,
-                                                                      dims.kv_lora_rank, a.latent);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    launch_split_merge(p.part_o, p.part_lse, n_rows, split.n_splits, dims.kv_lora_rank, a.latent, stream);
   }
 }
 

@@ -13,7 +13,7 @@
 // different banks; V rows are read by all lanes at once (contiguous dims), so unpadded.
 // Shared memory (AttnSmem<D>, attention_geometry.h): q 32*D*4 + K 32*(D+2)*2 + V 32*D*2 = 32,896 B at D = 128 (< 48 KiB static).
 //
-// attention_merge_kernel: one warp per (token, head) row merges the splits' (o_s, lse_s).
+// split merge:            split_merge_kernel.cuh (one warp per (token, head) row, shared with MLA).
 // kv_cache_append_kernel: one thread per bf16 pair of a token's K and V rows.
 // Tested by tests/kernels/test_cuda_paged_attention.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
@@ -26,7 +26,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/device_errors.h"
-#include "kernels/cuda/ops/split_merge.h"
+#include "kernels/cuda/ops/split_merge_kernel.cuh"
 
 namespace fp4moe::cuda {
 
@@ -215,22 +215,6 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Ker
   }
 }
 
-constexpr int kMergeWarps = 4;
-
-__global__ void __launch_bounds__(kMergeWarps * 32)
-    attention_merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int64_t n_rows,
-                           int n_splits, int head_dim, __nv_bfloat16* __restrict__ out) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (row >= n_rows) return;
-  const float* lse = part_lse + row * n_splits;
-  const float mx = split_lse_max(lse, n_splits);
-  for (int d = lane; d < head_dim; d += 32) {
-    out[row * head_dim + d] =
-        __float2bfloat16_rn(split_merge_value(lse, part_o + row * n_splits * head_dim, n_splits, head_dim, mx, d));
-  }
-}
-
 __global__ void __launch_bounds__(256)
     kv_cache_append_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_stride, const __nv_bfloat16* __restrict__ v,
                            int64_t v_stride, int64_t n_tokens, const int32_t* __restrict__ slots, int64_t n_slots,
@@ -356,10 +340,8 @@ void paged_attention_decode_bf16(const PagedAttentionArgs& args, const DecodeSpl
                   static_cast<unsigned>(split.n_splits));
   launch_attention(p, args.cache.head_dim, grid, stream);
   if (split.n_splits > 1) {
-    const auto blocks = static_cast<unsigned>((n_rows + kMergeWarps - 1) / kMergeWarps);
-    attention_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(p.part_o, p.part_lse, n_rows, split.n_splits,
-                                                                    static_cast<int>(args.cache.head_dim), args.out);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    launch_split_merge(p.part_o, p.part_lse, n_rows, split.n_splits, static_cast<int>(args.cache.head_dim), args.out,
+                       stream);
   }
 }
 
