@@ -1,8 +1,14 @@
 // Host repack of NVFP4 expert weights between the checkpoint layout and the kernel layout of
 // sm90_nvfp4_w4a16_grouped_gemm (the layout is described in w4a16_weight_layout.h): codes permuted
-// into the lanes' words, e4m3 scales turned into the kernel's scale bytes. Needs no GPU.
+// into the lanes' words, e4m3 scales turned into the kernel's scale bytes, one task per (expert,
+// 16-row tile) on all host threads. Needs no GPU.
 // Tested by tests/kernels/test_cuda_w4a16_host.cpp (round trip, every code in every position).
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
@@ -58,6 +64,24 @@ uint32_t read_code(uint32_t word, uint32_t j, uint32_t half) {
   return code;
 }
 
+// fn(0 .. n-1) on up to hardware_concurrency threads (the repack of a 256-expert layer is ~10^9
+// code placements). fn must not throw.
+void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn) {
+  const int64_t n_threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n);
+  if (n_threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> threads;
+  for (int64_t t = 1; t < n_threads; ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+}
+
 }  // namespace
 
 void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts, int64_t n, int64_t k,
@@ -66,9 +90,9 @@ void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts
   const int64_t row_tiles = w4a16_row_tiles(n), k_chunks = w4a16_k_chunks(k), k_groups = w4a16_k_groups(k);
   codes_out.assign(static_cast<size_t>(w4a16_codes_bytes(n_experts, n, k)), 0);
   scales_out.assign(static_cast<size_t>(w4a16_scales_bytes(n_experts, n, k)), 0);
+  // Check every scale first, serially, so the first bad block is the one named whatever the threads do.
   for (int64_t e = 0; e < n_experts; ++e) {
     for (int64_t row = 0; row < n; ++row) {
-      const uint8_t* code_row = codes + (e * n + row) * (k / 2);
       const uint8_t* scale_row = scales + (e * n + row) * (k / 16);
       for (int64_t b = 0; b < k / 16; ++b) {
         const uint8_t sc = scale_row[b];
@@ -81,6 +105,16 @@ void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts
             << " (k " << 16 * b << ".." << 16 * b + 15 << ") has a negative e4m3 scale (0x" << std::hex
             << static_cast<int>(sc) << std::dec << "; NVFP4 block scales are UE4M3, sign bit 0)";
       }
+    }
+  }
+  // One task per (expert, 16-row tile): a tile's lane words and scale bytes belong to it alone, so
+  // the tasks write disjoint bytes and the result does not depend on the thread count.
+  parallel_tasks(n_experts * row_tiles, [&](int64_t task) {
+    const int64_t e = task / row_tiles, rt = task % row_tiles;
+    const int64_t row_end = std::min<int64_t>(n, (rt + 1) * kW4A16TileRows);
+    for (int64_t row = rt * kW4A16TileRows; row < row_end; ++row) {
+      const uint8_t* code_row = codes + (e * n + row) * (k / 2);
+      const uint8_t* scale_row = scales + (e * n + row) * (k / 16);
       for (int64_t kk = 0; kk < k; ++kk) {
         const uint8_t byte = code_row[kk / 2];
         const uint8_t sc = scale_row[kk / 16];
@@ -93,7 +127,7 @@ void w4a16_repack(const uint8_t* codes, const uint8_t* scales, int64_t n_experts
         if (kk % 16 == 0) scales_out[static_cast<size_t>(a.scale_byte)] = static_cast<uint8_t>(w4a16_scale_byte(sc));
       }
     }
-  }
+  });
 }
 
 void w4a16_repack_gate_up(const uint8_t* gate_codes, const uint8_t* gate_scales, const uint8_t* up_codes,
