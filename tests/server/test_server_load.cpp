@@ -110,7 +110,13 @@ TEST(ServerLoad, ConcurrentRequestsMatchSentAloneGreedy) {
               kRequests, kConcurrency, wall_s, pct(50), pct(90), pct(99), sorted.back());
 
   HttpClient c(srv.url(), 30);
+  // The last replies can reach the clients a moment before the engine's step frees their requests
+  // and publishes the counts: wait (up to 5 s) for running / used tokens to settle, then check.
   auto m = fp4moe::testing::parse_prometheus(c.get("/metrics").body);
+  for (int i = 0; i < 100 && (m["fp4moe:num_running_reqs"] != 0 || m["fp4moe:num_used_tokens"] != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = fp4moe::testing::parse_prometheus(c.get("/metrics").body);
+  }
   EXPECT_EQ(m["fp4moe:num_running_reqs"], 0);
   EXPECT_EQ(m["fp4moe:num_queue_reqs"], 0);
   EXPECT_EQ(m["fp4moe:num_used_tokens"], 0);
