@@ -128,8 +128,8 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<model::CausalLM> lm;
   std::string model_name;
   if (a.model_dir.empty()) {
-    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model (GLM-5 architecture)"
-                                    << " runs on the cpu only; pass --model DIR (a GLM-4.5 checkpoint) for the GPU";
+    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model is built for the cpu only;"
+                                    << " pass --model DIR or a preset (--load-format dummy) for the GPU";
     lm = engine::make_default_model(a.seed);
     model_name = engine::kDefaultModelName;
   } else {
@@ -200,7 +200,7 @@ void register_bench_one_batch_command(CLI::App& app) {
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
   cmd->add_option("--warmup", args->warmup, "Warm-up runs before measuring (default 1)");
   cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
-  cmd->add_option("--device", args->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
+  cmd->add_option("--device", args->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
   cmd->add_flag("--bf16-peer", args->bf16_peer,
                 "cuda: run NVFP4 weights dequantized to BF16 through cuBLAS (the 16-bit path, for comparison)");
   cmd->add_flag("--json", args->json, "Print one JSON object");

@@ -234,7 +234,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");
-  cmd->add_option("--device", args->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
+  cmd->add_option("--device", args->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -76,8 +76,8 @@ Loaded load(const ServeArgs& a) {
   Loaded l;
   if (a.model_dir.empty()) {
     FP4MOE_CHECK(a.tokenizer_path.empty()) << "--tokenizer-path " << a.tokenizer_path << " needs --model";
-    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model (GLM-5 architecture)"
-                                    << " runs on the cpu only; pass --model DIR (a GLM-4.5 checkpoint) for the GPU";
+    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model is built for the cpu only;"
+                                    << " pass --model DIR or a preset (--load-format dummy) for the GPU";
     l.model = engine::make_default_model(a.seed);
     l.tokenizer = engine::make_default_tokenizer();
     if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
@@ -208,7 +208,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
-  cmd->add_option("--device", a->device, "cpu (default) or cuda (GPU model, GLM-4.5 architecture)");
+  cmd->add_option("--device", a->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
   cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
   cmd->add_option("--max-total-tokens", a->engine.max_total_tokens, "KV cache capacity in tokens (default 32768)");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");

@@ -1,5 +1,6 @@
-// The GPU model (model/cuda/gpu_models.h, --device cuda) on the golden GLM-4.5 checkpoints
-// (../shared/golden/models/glm4_moe_tiny{,_nvfp4}), label gpu, skipped without a GPU. Checks, with
+// The GPU models (model/cuda/gpu_models.h, --device cuda) on the golden GLM-4.5 and GLM-5 checkpoints
+// (../shared/golden/models/glm4_moe_tiny{,_nvfp4}, glm5_tiny{,_nvfp4}; the GpuGolden cases run on all
+// four), label gpu, skipped without a GPU. Checks, with
 // the GPU bf16 tolerances of ../shared/golden/README.md (cosine >= 0.999 per position, top-1
 // agreement >= 95%), and prints the numbers:
 //   - prompt logits vs the golden logits (W4A16 kernels; the BF16 peer path on the BF16 checkpoint);
@@ -7,13 +8,22 @@
 //     equal to the CPU model's and to the golden one on >= 95% of steps, cosine >= 0.999;
 //   - prefill then decode == one full forward, two sequences in one step == each alone;
 //   - a KV pool too small for a request refuses with the numbers and leaves the states usable;
-//   - the GLM-5 architecture refuses --device cuda naming itself (no GPU forward yet).
+//   - GLM-5: the DSA selection matters (a dense copy, index_topk 2^20, is further from the golden
+//     logits) and the dense copy matches the CPU dense model, incl. dense decode steps; "shared"
+//     indexer layers with top-k 4 on dummy BF16/NVFP4 weights vs the CPU model, sparse decode ==
+//     full forward, a mixed decode + prefill step with argmax;
+//   - without a GPU (CPU-only runs) GLM-5 with --device cuda fails naming the missing GPU (its GPU
+//     factory is registered), not the registry's "no GPU implementation" refusal.
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +37,8 @@
 #include "model/cuda/gpu_models.h"
 #include "moe/weights.h"
 #include "core/dtype.h"
+#include "model/config.h"
+#include "model/glm5.h"
 #include "model/registry.h"
 #include "testing/testing.h"
 
@@ -104,7 +116,7 @@ LoadOptions gpu_options(bool nvfp4_kernels = true, int64_t kv_tokens = 4096) {
   return o;
 }
 
-class GpuGlm4Golden : public ::testing::TestWithParam<std::string> {
+class GpuGolden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = fp4moe::testing::shared_path("golden/models/" + GetParam());
@@ -116,7 +128,7 @@ class GpuGlm4Golden : public ::testing::TestWithParam<std::string> {
   Golden golden_;
 };
 
-TEST_P(GpuGlm4Golden, PromptLogitsMatchGoldenOnBothPaths) {
+TEST_P(GpuGolden, PromptLogitsMatchGoldenOnBothPaths) {
   for (bool fp4 : {true, false}) {
     auto lm = load_model(dir_, gpu_options(fp4));
     ASSERT_EQ(lm->vocab_size(), golden_.vocab);
@@ -147,7 +159,7 @@ TEST_P(GpuGlm4Golden, PromptLogitsMatchGoldenOnBothPaths) {
 // (all logits), the rest from decode steps fed the golden tokens, on the GPU and the CPU model alike.
 // Every position is one greedy step: its argmax must equal the CPU model's on >= 95% of them and the
 // golden argmax on >= 95% (README), cosine >= 0.999 each. Free-running greedy is printed.
-TEST_P(GpuGlm4Golden, TeacherForcedStepsAgreeWithCpuAndGolden) {
+TEST_P(GpuGolden, TeacherForcedStepsAgreeWithCpuAndGolden) {
   auto gpu = load_model(dir_, gpu_options());
   LoadOptions cpu_opts;
   cpu_opts.progress = false;
@@ -210,7 +222,7 @@ TEST_P(GpuGlm4Golden, TeacherForcedStepsAgreeWithCpuAndGolden) {
   EXPECT_GE(static_cast<double>(same_as_cpu), 0.95 * static_cast<double>(steps));
 }
 
-TEST_P(GpuGlm4Golden, PrefillDecodeAndBatchingAgreeWithOneFullForward) {
+TEST_P(GpuGolden, PrefillDecodeAndBatchingAgreeWithOneFullForward) {
   auto lm = load_model(dir_, gpu_options());
   const int64_t V = golden_.vocab, N = golden_.total_len;
   const auto& ids = golden_.greedy_ids[1];
@@ -257,7 +269,7 @@ TEST_P(GpuGlm4Golden, PrefillDecodeAndBatchingAgreeWithOneFullForward) {
   EXPECT_EQ(am_a, argmax_of(la2.data(), V));
 }
 
-TEST_P(GpuGlm4Golden, ShortKvPoolRefusesWithNumbersAndKeepsServing) {
+TEST_P(GpuGolden, ShortKvPoolRefusesWithNumbersAndKeepsServing) {
   auto lm = load_model(dir_, gpu_options(true, /*kv_tokens=*/32));  // 2 blocks of 16
   const auto& ids = golden_.greedy_ids[0];
   auto a = lm->new_state();
@@ -322,18 +334,171 @@ TEST(GpuLinear, BothPathsMatchTheCpuLinear) {
   cublasDestroy(h);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuGlm4Golden, ::testing::Values("glm4_moe_tiny", "glm4_moe_tiny_nvfp4"));
+INSTANTIATE_TEST_SUITE_P(Glm4, GpuGolden, ::testing::Values("glm4_moe_tiny", "glm4_moe_tiny_nvfp4"));
+INSTANTIATE_TEST_SUITE_P(Glm5, GpuGolden, ::testing::Values("glm5_tiny", "glm5_tiny_nvfp4"));
 
-TEST(GpuModel, Glm5RefusesCudaNamingTheArchitecture) {
+// ---- GLM-5 (GlmMoeDsaForCausalLM) beyond the golden cases above ----
+// The golden glm5_tiny has index_topk 8 < its 16/24-token sequences, so GpuGolden already runs the
+// sparse DSA path there: prefill with a CSR key selection (mla_prefill_attention), decode steps
+// past 8 keys through mla_prefill_attention with q_len 1 and the selection, the dense decode kernel
+// (mla_decode_attention) for the first steps of the prefill-1 case, mixed batches and SeqChunk::argmax.
+
+// Per-row agreement where dummy weights may put an MoE routing or DSA selection on a near-tie:
+// every row cosine >= 0.99, >= 95% of rows >= 0.999, argmax equal on >= 95%.
+void expect_close_rows(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const int64_t n = static_cast<int64_t>(ref.size()) / V;
+  Agreement a;
+  int64_t n_tight = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    a.add(got.data() + t * V, ref.data() + t * V, V);
+    n_tight += cosine(got.data() + t * V, ref.data() + t * V, V) >= 0.999;
+  }
+  std::printf("%s: min cosine %.6f, %lld of %lld rows >= 0.999, top-1 agreement %.1f%%\n", what.c_str(), a.min_cos,
+              static_cast<long long>(n_tight), static_cast<long long>(n), 100 * a.top1());
+  EXPECT_GE(a.min_cos, 0.99) << what;
+  EXPECT_GE(static_cast<double>(n_tight), 0.95 * static_cast<double>(n)) << what;
+  EXPECT_GE(a.top1(), 0.95) << what;
+}
+
+// The sparse selection matters on the GPU, and the dense attention path is right on its own: a copy
+// of glm5_tiny with index_topk 2^20 (every query keeps all its keys: no indexer selection, dense
+// mla_prefill_attention, mla_decode_attention for decode) must agree with the CPU model of that
+// config (cosine >= 0.999, top-1 >= 95%) and be further from the golden (sparse) logits than the
+// sparse GPU model is; prefill 5 + dense decode steps == the dense full forward (cosine >= 0.9999).
+TEST(GpuGlm5, SparseSelectionMattersAndDenseCopyMatchesCpu) {
+  const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/glm5_tiny");
+  const Golden g = read_golden(dir);
+  SKIP_WITHOUT_GPU();
   register_gpu_models();
-  LoadOptions o = gpu_options();
+  const ModelConfig cfg = load_model_config(dir);
+  ModelConfig dense_cfg = cfg;
+  dense_cfg.index_topk = 1 << 20;
+  format::TensorStore store(dir);
+  LoadOptions cpu_opts;
+  cpu_opts.progress = false;
+  auto sparse_gpu = create_glm5_cuda(cfg, store, gpu_options());
+  auto dense_gpu = create_glm5_cuda(dense_cfg, store, gpu_options());
+  auto dense_cpu = create_glm_moe_dsa(dense_cfg, store, cpu_opts);
+  const int64_t V = g.vocab, N = g.total_len;
+  const std::vector<int32_t>& ids = g.greedy_ids[0];
+  auto s1 = sparse_gpu->new_state(), s2 = dense_gpu->new_state(), s3 = dense_cpu->new_state();
+  const std::vector<float> sparse = sparse_gpu->forward_one(*s1, ids, true);
+  const std::vector<float> dense = dense_gpu->forward_one(*s2, ids, true);
+  const std::vector<float> dense_ref = dense_cpu->forward_one(*s3, ids, true);
+  Agreement sparse_vs_golden, dense_vs_golden, dense_vs_cpu;
+  for (int64_t t = 0; t < N; ++t) {
+    const float* golden = g.greedy_logits.data() + t * V;
+    sparse_vs_golden.add(sparse.data() + t * V, golden, V);
+    dense_vs_golden.add(dense.data() + t * V, golden, V);
+    dense_vs_cpu.add(dense.data() + t * V, dense_ref.data() + t * V, V);
+  }
+  std::printf("glm5_tiny GPU: sparse vs golden min cosine %.6f; dense (top-k 2^20) vs golden %.6f, vs the CPU dense "
+              "model %.6f (top-1 %.1f%%)\n",
+              sparse_vs_golden.min_cos, dense_vs_golden.min_cos, dense_vs_cpu.min_cos, 100 * dense_vs_cpu.top1());
+  EXPECT_GE(sparse_vs_golden.min_cos, 0.999);
+  EXPECT_GE(dense_vs_cpu.min_cos, 0.999);
+  EXPECT_GE(dense_vs_cpu.top1(), 0.95);
+  EXPECT_LT(dense_vs_golden.min_cos, sparse_vs_golden.min_cos) << "the DSA selection does not change the GPU logits";
+
+  auto st = dense_gpu->new_state();
+  std::vector<float> inc = dense_gpu->forward_one(*st, std::span<const int32_t>(ids.data(), 5), true);
+  for (int64_t t = 5; t < N; ++t) {
+    const std::vector<float> l = dense_gpu->forward_one(*st, std::span<const int32_t>(ids.data() + t, 1), false);
+    inc.insert(inc.end(), l.begin(), l.end());
+  }
+  ASSERT_EQ(inc.size(), dense.size());
+  for (int64_t t = 0; t < N; ++t) {
+    EXPECT_GE(cosine(inc.data() + t * V, dense.data() + t * V, V), 0.9999) << "dense decode, position " << t;
+  }
+}
+
+// "shared" indexer layers (reusing layer 0's selection) and a small top-k (4, so nearly every query
+// is sparse), on deterministic dummy weights (BF16 and NVFP4; tests/model/test_glm5.cpp's config):
+//   - the GPU full forward (20 tokens, all logits) vs the CPU model on the same checkpoint;
+//   - prefill 9 then 11 decode steps (DSA decode through mla_prefill_attention, q_len 1) == the GPU
+//     full forward (cosine >= 0.9999 per position);
+//   - a mixed step: one sequence decoding, one prefilling 6 tokens, argmax only for the first ==
+//     each alone.
+ModelConfig glm5_shared_indexer_config() {
+  nlohmann::json j = load_model_config(fp4moe::testing::shared_path("golden/models/glm5_tiny")).raw;
+  j["indexer_types"] = {"full", "shared", "shared"};
+  j["index_topk"] = 4;
+  return parse_model_config(j, "glm5_tiny with shared indexer layers and index_topk 4");
+}
+
+TEST(GpuGlm5, SharedIndexerLayersAndSparseDecodeMatchCpu) {
+  const ModelConfig cfg = glm5_shared_indexer_config();
+  SKIP_WITHOUT_GPU();
+  register_gpu_models();
+  const int64_t V = cfg.vocab_size;
+  for (DummyWeights dw : {DummyWeights::kBF16, DummyWeights::kNVFP4}) {
+    const std::string name = dw == DummyWeights::kNVFP4 ? "dummy NVFP4" : "dummy BF16";
+    LoadOptions cpu_opts;
+    cpu_opts.progress = false;
+    cpu_opts.seed = fp4moe::testing::test_seed();
+    cpu_opts.dummy_weights = dw;
+    const std::filesystem::path tmp =
+        std::filesystem::temp_directory_path() /
+        ("fp4moe-test-gpu-glm5-" + std::to_string(static_cast<int>(dw)) + "-" + std::to_string(getpid()));
+    write_dummy_checkpoint(cfg, cpu_opts, tmp);
+    std::unique_ptr<CausalLM> gpu, cpu;
+    {
+      format::TensorStore store(tmp);
+      gpu = create_glm5_cuda(cfg, store, gpu_options());
+      cpu = create_glm_moe_dsa(cfg, store, cpu_opts);
+    }
+    std::filesystem::remove_all(tmp);
+    std::vector<int32_t> ids(20);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((cpu_opts.seed + 37 * i) % cfg.vocab_size);
+
+    auto gs = gpu->new_state(), cs = cpu->new_state();
+    const std::vector<float> full = gpu->forward_one(*gs, ids, true);
+    const std::vector<float> ref = cpu->forward_one(*cs, ids, true);
+    expect_close_rows(full, ref, V, name + " GPU full forward vs CPU");
+
+    auto st = gpu->new_state();
+    std::vector<float> inc = gpu->forward_one(*st, std::span<const int32_t>(ids.data(), 9), true);
+    for (size_t t = 9; t < ids.size(); ++t) {
+      const std::vector<float> l = gpu->forward_one(*st, std::span<const int32_t>(ids.data() + t, 1), false);
+      inc.insert(inc.end(), l.begin(), l.end());
+    }
+    ASSERT_EQ(inc.size(), full.size());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      EXPECT_GE(cosine(inc.data() + t * V, full.data() + t * V, V), 0.9999) << name << " position " << t;
+    }
+
+    // Mixed step: a (12 cached, decodes token 12, argmax only) with b (prefill of 6 tokens, all logits).
+    auto a = gpu->new_state(), b = gpu->new_state();
+    gpu->forward_one(*a, std::span<const int32_t>(ids.data(), 12), false);
+    int32_t am_a = -1;
+    std::vector<float> lb(static_cast<size_t>(6 * V));
+    const SeqChunk step[] = {{a.get(), std::span<const int32_t>(ids.data() + 12, 1), nullptr, false, &am_a},
+                             {b.get(), std::span<const int32_t>(ids.data() + 3, 6), lb.data(), true}};
+    gpu->forward(step);
+    EXPECT_EQ(am_a, argmax_of(full.data() + 12 * V, V)) << name;
+    auto b_alone = gpu->new_state();
+    const std::vector<float> lb_alone = gpu->forward_one(*b_alone, std::span<const int32_t>(ids.data() + 3, 6), true);
+    for (int64_t t = 0; t < 6; ++t) {
+      EXPECT_GE(cosine(lb.data() + t * V, lb_alone.data() + t * V, V), 0.9999) << name << " mixed step row " << t;
+    }
+  }
+}
+
+// GLM-5 has a registered GPU factory now: without a GPU, loading glm5_tiny with --device cuda fails
+// in the GLM-5 GPU model's constructor, naming the missing GPU, no longer with the registry's "no GPU
+// (--device cuda) implementation" refusal. Runs (on the CPU) only where no usable GPU is visible.
+TEST(GpuModel, Glm5CudaWithoutGpuNamesTheMissingGpu) {
+  std::string why;
+  if (cuda::cuda_device_available(&why)) GTEST_SKIP() << "a GPU is visible: the GLM-5 GPU cases run instead";
+  register_gpu_models();
   try {
-    load_model(fp4moe::testing::shared_path("golden/models/glm5_tiny"), o);
-    FAIL() << "GLM-5 loaded with --device cuda";
+    load_model(fp4moe::testing::shared_path("golden/models/glm5_tiny"), gpu_options());
+    FAIL() << "GLM-5 loaded with --device cuda and no GPU";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("GlmMoeDsaForCausalLM: no GPU (--device cuda) implementation"),
-              std::string::npos)
-        << e.what();
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--device cuda: no usable GPU"), std::string::npos) << m;
+    EXPECT_EQ(m.find("no GPU (--device cuda) implementation"), std::string::npos) << m;
   }
 }
 

@@ -558,6 +558,9 @@ std::unique_ptr<CausalLM> create_glm4_moe_cuda(const ModelConfig& config, const 
   return std::make_unique<Glm4MoeCudaModel>(config, store, options);
 }
 
-void register_gpu_models() { register_cuda_factory(kArchGlm4Moe, create_glm4_moe_cuda); }
+void register_gpu_models() {
+  register_cuda_factory(kArchGlm4Moe, create_glm4_moe_cuda);
+  register_cuda_factory(kArchGlmMoeDsa, create_glm5_cuda);
+}
 
 }  // namespace fp4moe::model

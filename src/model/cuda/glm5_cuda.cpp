@@ -1,0 +1,761 @@
+// GlmMoeDsaForCausalLM (GLM-5) on the GPU (see gpu_models.h). Same weights and formulas as the CPU
+// model (model/glm5.cpp), BF16 activations with f32 math inside the kernels:
+//   h      = RMSNorm_in(x + previous block output)           (residual kept in bf16, as GLM-4.5 GPU)
+//   q      = q_b_proj(RMSNorm_qa(q_a_proj(h)))                [T, heads, nope | rope], RoPE on rope dims
+//   c | pe = kv_a_proj(h); c = RMSNorm_kva(c); RoPE on pe    -> the paged latent cache (mla_decode.h)
+//   full indexer layers: k = RoPE(LayerNorm(wk(h))) -> the paged index-key cache (same block ids);
+//     when some sequence is longer than index_topk: q_i = RoPE(wq_b(qa)), w = weights_proj(h) and
+//     dsa_index_select_topk writes the CSR selection; "shared" layers reuse it (the previous full
+//     layer's, as on the CPU);
+//   MLA absorbed: q_lat = [W_UK^T q_nope | q_pe], attention over [c | pe] (mla_decode_attention for a
+//     dense decode-only step, else mla_prefill_attention with the selection or dense causal), out =
+//     W_UV latent, o_proj; then the dense MLP or the GPU MoE layer.
+// The step protocol (one upload of the host ints, one sync for logits / argmax / error flag / trace)
+// is the GLM-4.5 GPU model's (glm4_moe_cuda.cpp). Tested by tests/model/test_gpu_model.cpp (label
+// gpu: golden glm5_tiny{,_nvfp4} logits, teacher-forced steps vs the CPU model, prefill+decode ==
+// full forward, a sparse DSA selection, the argmax path).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe/device_buffer.h"
+#include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/dsa_indexer.h"
+#include "kernels/cuda/ops/layer_norm.h"
+#include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda/ops/mla_prefill.h"
+#include "kernels/cuda/ops/norm_rope.h"
+#include "model/cuda/gpu_kv_cache.h"
+#include "model/cuda/gpu_linear.h"
+#include "model/cuda/gpu_models.h"
+#include "model/dsa_indexer.h"
+#include "model/mla.h"
+#include "model/ops.h"
+#include "model/weights.h"
+#include "moe/gpu_moe_layer.h"
+#include "moe/moe_layer.h"
+#include "moe/weights.h"
+
+namespace fp4moe::model {
+namespace {
+
+using cuda::DeviceBuffer;
+using bf16 = __nv_bfloat16;
+
+constexpr int64_t kLogitRowsPerPass = 256;  // lm_head rows per f32 logits pass
+// HF builds q_a_layernorm / kv_a_layernorm with DeepseekV3RMSNorm's default eps and the indexer's
+// k_norm as nn.LayerNorm(eps=1e-6); neither reads rms_norm_eps (as model/glm5.cpp).
+constexpr float kLoraNormEps = 1e-6f;
+constexpr float kIndexerKNormEps = 1e-6f;
+
+struct GpuIndexer {
+  GpuLinear wq_b, wk, weights_proj;
+  DeviceBuffer k_norm_w, k_norm_b;  // f32 [index_head_dim]
+  DeviceBuffer k_cache;             // [n_blocks, page, index_head_dim] bf16
+};
+
+struct Glm5GpuLayer {
+  std::string prefix;
+  DeviceBuffer input_norm, post_norm;  // f32 [H]
+  GpuLinear q_a, q_b, kv_a, o;
+  DeviceBuffer q_a_norm, kv_a_norm;  // f32 [q_lora], [kv_lora]
+  DeviceBuffer kv_b;                 // bf16 [heads * (nope + v), kv_lora] (dequantized kv_b_proj)
+  std::optional<GpuIndexer> indexer;  // "full" layers
+  std::optional<GpuLinear> gate, up, down;  // dense MLP
+  std::optional<moe::GpuMoeLayer> moe;
+  DeviceBuffer latent_cache;  // [n_blocks, page, kv_lora + rope] bf16
+};
+
+struct CublasDeleter {
+  void operator()(cublasContext* h) const { cublasDestroy(h); }
+};
+struct PinnedDeleter {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+struct StreamDeleter {
+  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+};
+struct EventDeleter {
+  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+};
+
+// A pinned host buffer of T, grown on demand.
+template <typename T>
+class PinnedBuffer {
+ public:
+  T* get(size_t n) {
+    if (n > cap_) {
+      void* p = nullptr;
+      FP4MOE_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 64) * sizeof(T)));
+      ptr_.reset(p);
+      cap_ = std::max<size_t>(n, 64);
+    }
+    return static_cast<T*>(ptr_.get());
+  }
+
+ private:
+  std::unique_ptr<void, PinnedDeleter> ptr_;
+  size_t cap_ = 0;
+};
+
+// A device buffer of at least n bytes (contents not kept; only grown between steps, when the
+// stream is idle).
+void* grow_bytes(DeviceBuffer& b, size_t n) {
+  n = std::max<size_t>(n, 4);
+  if (b.bytes() < n) b = DeviceBuffer(n);
+  return b.as<uint8_t>();
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) { return DeviceBuffer::from_host(v); }
+
+// One step's attention plan, the same for every layer (shared layers reuse the full layer's keys).
+struct StepPlan {
+  bool dsa = false;          // some sequence is longer than index_topk: select keys on full layers
+  bool decode_kernel = false;  // decode-only and dense: mla_decode_attention
+  cuda::DecodeSplit split;
+  size_t attn_workspace = 0;
+  int64_t n_selected = 0;
+};
+
+class Glm5CudaModel final : public CausalLM {
+ public:
+  Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options);
+  ~Glm5CudaModel() override {
+    if (stream_) cudaStreamSynchronize(stream_.get());
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  std::unique_ptr<KvState> new_state() const override {
+    return std::make_unique<GpuKvState>(this, pool_, kv_bytes_per_token_);
+  }
+  void forward(std::span<const SeqChunk> batch, ForwardTrace* trace) override;
+  bool supports_argmax() const override { return true; }
+  void set_linear_observer(LinearInputObserver observer) override {
+    FP4MOE_CHECK(!observer) << "the GPU model has no Linear input observer (calibrate with --device cpu)";
+  }
+  size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
+  std::string describe() const override { return description_; }
+
+ private:
+  // Device pointers of one step's host ints (see forward()).
+  struct StepInts {
+    const int32_t *pos, *slots, *q_start, *seq_lens, *tables, *sel_offsets;
+    int64_t max_blocks, n_seqs, n_tokens, max_q_len, max_seq_len;
+  };
+  void run_layer(size_t l, const StepInts& s, const StepPlan& plan);
+
+  ModelConfig cfg_;
+  moe::MoeConfig moe_cfg_;
+  GpuOptions gopt_;
+  cuda::MlaDecodeDims mla_;
+  cuda::DsaIndexerDims idx_;
+  cuda::RopeStyle rope_style_ = cuda::RopeStyle::kInterleaved, index_rope_style_ = cuda::RopeStyle::kInterleaved;
+  int64_t n_positions_ = 0, max_T_ = 0, kv_bytes_per_token_ = 0;
+  int n_sms_ = 1;
+  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
+  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  DeviceBuffer embed_;    // bf16 [V, H]
+  DeviceBuffer cos_, sin_;  // f32 [n_positions, rope / 2]
+  std::vector<Glm5GpuLayer> layers_;
+  DeviceBuffer final_norm_;
+  GpuLinear lm_head_;
+  std::shared_ptr<KvBlockPool> pool_;
+  int64_t weight_bytes_ = 0;
+  std::string description_;
+  // Scratch for max_T_ tokens.
+  DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, attn_, ik_, iq_, iw_, gate_, up_, act_, logits_, err_;
+  // Grown per step: ints, argmax rows, the DSA selection and workspaces.
+  DeviceBuffer ints_, argmax_, sel_idx_, dsa_workspace_, attn_workspace_;
+  PinnedBuffer<int32_t> h_ints_, h_argmax_;
+  PinnedBuffer<float> h_logits_;
+  PinnedBuffer<int32_t> h_offsets_;
+  PinnedBuffer<uint32_t> h_err_;
+  std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
+};
+
+Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options)
+    : cfg_(config), gopt_(options.gpu) {
+  const ModelConfig& c = cfg_;
+  FP4MOE_CHECK(c.q_lora_rank > 0) << c.source << ": q_lora_rank=" << c.q_lora_rank
+                                  << "; GlmMoeDsaForCausalLM needs the q LoRA (q_a_proj/q_b_proj)";
+  FP4MOE_CHECK(c.rope_type == "default") << c.source << ": rope_type \"" << c.rope_type
+                                         << "\" is not implemented for GlmMoeDsaForCausalLM (only \"default\")";
+  FP4MOE_CHECK((c.kv_lora_rank == 32 || c.kv_lora_rank == 64 || c.kv_lora_rank == 128 || c.kv_lora_rank == 256 ||
+                c.kv_lora_rank == 512) &&
+               c.qk_rope_head_dim >= 2 && c.qk_rope_head_dim <= 128 && c.qk_rope_head_dim % 2 == 0 &&
+               c.qk_nope_head_dim >= 1 && c.v_head_dim >= 1)
+      << c.source << ": MLA dims kv_lora_rank=" << c.kv_lora_rank << " (GPU: 32, 64, 128, 256 or 512), qk_rope_head_dim="
+      << c.qk_rope_head_dim << " (even, <= 128), qk_nope_head_dim=" << c.qk_nope_head_dim << ", v_head_dim="
+      << c.v_head_dim << " are not supported by the GPU MLA kernels";
+  FP4MOE_CHECK(c.index_topk > 0 && c.index_n_heads > 0 &&
+               (c.index_head_dim == 32 || c.index_head_dim == 64 || c.index_head_dim == 128 || c.index_head_dim == 256) &&
+               c.index_head_dim >= c.qk_rope_head_dim)
+      << c.source << ": indexer dims index_topk=" << c.index_topk << ", index_n_heads=" << c.index_n_heads
+      << ", index_head_dim=" << c.index_head_dim << " (GPU: 32, 64, 128 or 256, >= qk_rope_head_dim "
+      << c.qk_rope_head_dim << ")";
+  FP4MOE_CHECK(static_cast<int64_t>(c.indexer_types.size()) == c.num_hidden_layers &&
+               (c.num_hidden_layers == 0 || c.indexer_types[0] == "full"))
+      << c.source << ": indexer_types must list " << c.num_hidden_layers << " layers starting with \"full\"";
+  FP4MOE_CHECK(c.hidden_size % 8 == 0) << c.source << ": hidden_size " << c.hidden_size
+                                       << " must be a multiple of 8 on the GPU";
+  FP4MOE_CHECK(gopt_.max_tokens_per_step >= 1 && gopt_.kv_tokens >= 1 && gopt_.page_size >= 1)
+      << "GPU model options: max_tokens_per_step=" << gopt_.max_tokens_per_step << " kv_tokens=" << gopt_.kv_tokens
+      << " page_size=" << gopt_.page_size << " (all must be >= 1)";
+  std::string why;
+  FP4MOE_CHECK(cuda::cuda_device_available(&why)) << "--device cuda: no usable GPU (" << why << ")";
+
+  const MlaDims md{static_cast<int>(c.num_attention_heads), static_cast<int>(c.kv_lora_rank),
+                   static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
+                   static_cast<int>(c.v_head_dim)};
+  mla_ = {md.n_heads, md.kv_lora_rank, md.qk_nope_head_dim, md.qk_rope_head_dim, md.v_head_dim, md.softmax_scale()};
+  const IndexerDims id{static_cast<int>(c.index_n_heads), static_cast<int>(c.index_head_dim),
+                       static_cast<int>(c.qk_rope_head_dim), static_cast<int>(c.index_topk)};
+  idx_ = {id.n_heads, id.head_dim, c.index_topk, id.softmax_scale(), id.weight_scale()};
+  rope_style_ = c.rope_interleave ? cuda::RopeStyle::kInterleaved : cuda::RopeStyle::kNeox;
+  index_rope_style_ = c.indexer_rope_interleave ? cuda::RopeStyle::kInterleaved : cuda::RopeStyle::kNeox;
+  moe_cfg_ = moe::moe_config_from_hf(c.raw);
+  max_T_ = gopt_.max_tokens_per_step;
+  const int64_t H = c.hidden_size, V = c.vocab_size, heads = c.num_attention_heads;
+  const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
+
+  cudaStream_t s = nullptr;
+  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_.reset(s);
+  cublasHandle_t h = nullptr;
+  FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
+  cublas_.reset(h);
+  int dev = 0;
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
+
+  const std::vector<uint64_t> layer_bytes = layer_tensor_bytes(store, c.num_hidden_layers);
+  uint64_t total = 0;
+  for (uint64_t b : layer_bytes) total += b;
+  LoadProgress progress(store.dir().filename().string(), total, options.progress);
+  const bool fp4 = gopt_.nvfp4_kernels;
+
+  embed_ = DeviceBuffer::from_host(load_matrix_bf16(store, "model.embed_tokens.weight", V, H));
+  weight_bytes_ += static_cast<int64_t>(embed_.bytes());
+  std::ostringstream desc;
+  desc << c.summary() << " on the GPU (" << cuda::cuda_device_description(dev) << ")\n";
+  desc << "  MLA: heads " << heads << ", q_lora " << c.q_lora_rank << ", kv_lora " << R << ", qk "
+       << c.qk_nope_head_dim << "+" << rope << ", v " << c.v_head_dim << "; DSA indexer " << c.index_n_heads << "x"
+       << c.index_head_dim << " top-" << c.index_topk << "\n";
+  pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
+  const int64_t pool_tokens = pool_->n_blocks() * gopt_.page_size;
+  const size_t latent_cache_bytes = static_cast<size_t>(pool_tokens * latent_w) * 2;
+  const size_t index_cache_bytes = static_cast<size_t>(pool_tokens * c.index_head_dim) * 2;
+  size_t cache_bytes_total = 0;
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Glm5GpuLayer& L = layers_[static_cast<size_t>(l)];
+    L.prefix = "model.layers." + std::to_string(l);
+    const std::string a = L.prefix + ".self_attn.";
+    L.input_norm = upload_f32(load_vector_f32(store, L.prefix + ".input_layernorm.weight", H));
+    L.post_norm = upload_f32(load_vector_f32(store, L.prefix + ".post_attention_layernorm.weight", H));
+    L.q_a = GpuLinear::upload(moe::load_linear(store, a + "q_a_proj", c.q_lora_rank, H, c.attention_bias), max_T_,
+                              a + "q_a_proj", fp4);
+    L.q_a_norm = upload_f32(load_vector_f32(store, a + "q_a_layernorm.weight", c.q_lora_rank));
+    L.q_b = GpuLinear::upload(moe::load_linear(store, a + "q_b_proj", heads * c.qk_head_dim, c.q_lora_rank), max_T_,
+                              a + "q_b_proj", fp4);
+    L.kv_a = GpuLinear::upload(moe::load_linear(store, a + "kv_a_proj_with_mqa", latent_w, H, c.attention_bias),
+                               max_T_, a + "kv_a_proj_with_mqa", fp4);
+    L.kv_a_norm = upload_f32(load_vector_f32(store, a + "kv_a_layernorm.weight", R));
+    std::string kv_b_format;
+    {
+      const kernels::cpu::LinearWeight kv_b =
+          moe::load_linear(store, a + "kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim), R);
+      const std::vector<float> f = kernels::cpu::dequantize(kv_b);
+      std::vector<uint16_t> b(f.size());
+      for (size_t i = 0; i < f.size(); ++i) b[i] = f32_to_bf16(f[i]);
+      L.kv_b = DeviceBuffer::from_host(b);
+      kv_b_format = kv_b.describe();
+    }
+    L.o = GpuLinear::upload(moe::load_linear(store, a + "o_proj", H, heads * c.v_head_dim, c.attention_bias), max_T_,
+                            a + "o_proj", fp4);
+    weight_bytes_ += L.q_a.device_bytes() + L.q_b.device_bytes() + L.kv_a.device_bytes() + L.o.device_bytes() +
+                     static_cast<int64_t>(L.kv_b.bytes());
+    desc << "  " << L.prefix << ": q_a " << L.q_a.describe() << ", q_b " << L.q_b.describe() << ", kv_a "
+         << L.kv_a.describe() << ", kv_b " << kv_b_format << " (bf16 on the device, absorbed), o " << L.o.describe();
+    if (c.indexer_types[static_cast<size_t>(l)] == "full") {
+      const std::string ix = a + "indexer.";
+      GpuIndexer g;
+      g.wq_b = GpuLinear::upload(moe::load_linear(store, ix + "wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank),
+                                 max_T_, ix + "wq_b", fp4);
+      g.wk = GpuLinear::upload(moe::load_linear(store, ix + "wk", c.index_head_dim, H), max_T_, ix + "wk", fp4);
+      g.weights_proj = GpuLinear::upload(moe::load_linear(store, ix + "weights_proj", c.index_n_heads, H), max_T_,
+                                         ix + "weights_proj", fp4);
+      g.k_norm_w = upload_f32(load_vector_f32(store, ix + "k_norm.weight", c.index_head_dim));
+      g.k_norm_b = upload_f32(load_vector_f32(store, ix + "k_norm.bias", c.index_head_dim));
+      g.k_cache = DeviceBuffer(index_cache_bytes);
+      cache_bytes_total += index_cache_bytes;
+      weight_bytes_ += g.wq_b.device_bytes() + g.wk.device_bytes() + g.weights_proj.device_bytes();
+      desc << ", indexer full (wq_b " << g.wq_b.describe() << ", wk " << g.wk.describe() << ")";
+      L.indexer = std::move(g);
+    } else {
+      desc << ", indexer shared";
+    }
+    desc << "; ";
+    if (c.is_moe_layer(l)) {
+      const moe::MoeLayer cpu = moe::MoeLayer::load(store, L.prefix + ".mlp", moe_cfg_);
+      const bool experts_fp4 = cpu.experts().front().gate.format == kernels::cpu::WeightFormat::kNVFP4;
+      std::optional<moe::GpuMoeLayer> g;
+      if (fp4 && experts_fp4) {
+        try {
+          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_);
+        } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
+          desc << "(W4A16 refused: " << e.what() << ") ";
+        }
+      }
+      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_);
+      L.moe = std::move(*g);
+      weight_bytes_ += L.moe->routed_expert_bytes() * moe_cfg_.n_experts + L.moe->shared_expert_bytes() +
+                       moe_cfg_.n_experts * H * 4;
+      desc << "MoE " << L.moe->describe();
+    } else {
+      const moe::GatedMlp m = moe::GatedMlp::load(store, L.prefix + ".mlp", H, c.intermediate_size);
+      L.gate = GpuLinear::upload(m.gate, max_T_, L.prefix + ".mlp.gate_proj", fp4);
+      L.up = GpuLinear::upload(m.up, max_T_, L.prefix + ".mlp.up_proj", fp4);
+      L.down = GpuLinear::upload(m.down, max_T_, L.prefix + ".mlp.down_proj", fp4);
+      weight_bytes_ += L.gate->device_bytes() + L.up->device_bytes() + L.down->device_bytes();
+      desc << "dense MLP gate " << L.gate->describe() << ", up " << L.up->describe() << ", down " << L.down->describe();
+    }
+    desc << "\n";
+    L.latent_cache = DeviceBuffer(latent_cache_bytes);
+    cache_bytes_total += latent_cache_bytes;
+    kv_bytes_per_token_ += latent_w * 2 + (L.indexer ? c.index_head_dim * 2 : 0);
+    progress.advance(layer_bytes[static_cast<size_t>(l)]);
+  }
+  final_norm_ = upload_f32(load_vector_f32(store, "model.norm.weight", H));
+  {
+    kernels::cpu::LinearWeight lm =
+        c.tie_word_embeddings
+            ? kernels::cpu::LinearWeight::from_bf16(V, H, load_matrix_bf16(store, "model.embed_tokens.weight", V, H))
+            : moe::load_linear(store, "lm_head", V, H, false);
+    lm_head_ = GpuLinear::upload(lm, kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
+    if (!c.tie_word_embeddings) weight_bytes_ += lm_head_.device_bytes();
+  }
+  progress.advance(layer_bytes.back());
+  progress.finish();
+
+  // RoPE table (qk_rope_head_dim, shared by MLA and the indexer) for every position the config allows.
+  n_positions_ = c.max_position_embeddings;
+  const std::vector<float> inv_freq = rope_inv_freq(rope, c.rope_theta);
+  const int64_t half = rope / 2;
+  std::vector<float> cs(static_cast<size_t>(n_positions_ * half)), sn(cs.size());
+  for (int64_t p = 0; p < n_positions_; ++p) rope_cos_sin(inv_freq, p, cs.data() + p * half, sn.data() + p * half);
+  cos_ = DeviceBuffer::from_host(cs);
+  sin_ = DeviceBuffer::from_host(sn);
+
+  int64_t inter = 8;
+  for (const Glm5GpuLayer& L : layers_) {
+    if (L.gate) inter = std::max(inter, L.gate->out_features());
+  }
+  const auto bf16s = [this](int64_t per_token) { return static_cast<size_t>(max_T_ * per_token) * 2; };
+  const auto f32s = [this](int64_t per_token) { return static_cast<size_t>(max_T_ * per_token) * 4; };
+  resid_ = DeviceBuffer(bf16s(H));
+  h_ = DeviceBuffer(bf16s(H));
+  x_ = DeviceBuffer(bf16s(H));
+  qa_ = DeviceBuffer(bf16s(c.q_lora_rank));
+  q_ = DeviceBuffer(bf16s(heads * c.qk_head_dim));
+  ckv_ = DeviceBuffer(bf16s(latent_w));
+  q_lat_ = DeviceBuffer(f32s(heads * latent_w));
+  latent_ = DeviceBuffer(f32s(heads * R));
+  attn_ = DeviceBuffer(bf16s(heads * c.v_head_dim));
+  ik_ = DeviceBuffer(bf16s(c.index_head_dim));
+  iq_ = DeviceBuffer(bf16s(c.index_n_heads * c.index_head_dim));
+  iw_ = DeviceBuffer(bf16s(c.index_n_heads));
+  gate_ = DeviceBuffer(bf16s(inter));
+  up_ = DeviceBuffer(bf16s(inter));
+  act_ = DeviceBuffer(bf16s(inter));
+  logits_ = DeviceBuffer(static_cast<size_t>(kLogitRowsPerPass * V) * 4);
+  err_ = DeviceBuffer(4);
+  FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
+  for (int64_t i = 0; i < 2 * c.num_hidden_layers + 1; ++i) {
+    cudaEvent_t e = nullptr;
+    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
+    events_.emplace_back(e);
+  }
+  desc << "  lm_head " << lm_head_.describe() << (c.tie_word_embeddings ? " (tied)" : "") << "\n";
+  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent "
+       << latent_w << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total
+       << " B), max " << max_T_ << " tokens per step\n";
+  desc << "  weights on the device: " << weight_bytes_ << " B";
+  description_ = desc.str();
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan) {
+  Glm5GpuLayer& L = layers_[l];
+  cudaStream_t st = stream_.get();
+  cublasHandle_t cb = cublas_.get();
+  const ModelConfig& c = cfg_;
+  const int64_t T = s.n_tokens, H = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim;
+  const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
+  const int64_t ih = c.index_n_heads, idim = c.index_head_dim, ql = c.q_lora_rank;
+  bf16* resid = resid_.as<bf16>();
+  bf16* h = h_.as<bf16>();
+  bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
+  uint32_t* err = err_.as<uint32_t>();
+  const float* cos = cos_.as<float>();
+  const float* sin = sin_.as<float>();
+
+  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l].get(), st));
+  if (l == 0) {
+    cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
+  } else {
+    cuda::rms_norm_bf16(x, resid, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
+  }
+  // q: q_a_proj -> q_a_layernorm (in place) -> q_b_proj; RoPE on dims [nope, nope + rope) of each head.
+  bf16* qa = qa_.as<bf16>();
+  bf16* q = q_.as<bf16>();
+  L.q_a.forward(cb, h, T, qa, st);
+  cuda::rms_norm_bf16(qa, nullptr, L.q_a_norm.as<float>(), T, ql, ql, kLoraNormEps, qa, st);
+  L.q_b.forward(cb, qa, T, q, st);
+  cuda::rope_bf16(q, T, heads, heads * qk, qk, c.qk_nope_head_dim, rope, rope_style_, s.pos, cos, sin, n_positions_,
+                  err, st);
+  // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv in place, RoPE on k_pe; append.
+  bf16* ckv = ckv_.as<bf16>();
+  L.kv_a.forward(cb, h, T, ckv, st);
+  cuda::rms_norm_bf16(ckv, nullptr, L.kv_a_norm.as<float>(), T, R, latent_w, kLoraNormEps, ckv, st);
+  cuda::rope_bf16(ckv, T, 1, latent_w, latent_w, R, rope, rope_style_, s.pos, cos, sin, n_positions_, err, st);
+  const cuda::MlaCacheView cache{L.latent_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(),
+                                 static_cast<int>(R), static_cast<int>(rope)};
+  cuda::mla_cache_append_bf16(ckv, latent_w, ckv + R, latent_w, T, s.slots, cache, err, st);
+
+  // DSA indexer (full layers): the key of every new token is cached; queries select when needed.
+  if (L.indexer) {
+    GpuIndexer& g = *L.indexer;
+    bf16* ik = ik_.as<bf16>();
+    g.wk.forward(cb, h, T, ik, st);
+    cuda::layer_norm_bf16(ik, g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), T, idim, idim, kIndexerKNormEps, ik, st);
+    cuda::rope_bf16(ik, T, 1, idim, idim, 0, rope, index_rope_style_, s.pos, cos, sin, n_positions_, err, st);
+    const cuda::DsaIndexCacheView kc{g.k_cache.as<bf16>(), DType::kBF16, pool_->n_blocks(), pool_->page_size(),
+                                     static_cast<int>(idim)};
+    cuda::dsa_index_cache_append(ik, idim, T, s.slots, kc, err, st);
+    if (plan.dsa) {
+      bf16* iq = iq_.as<bf16>();
+      bf16* iw = iw_.as<bf16>();
+      g.wq_b.forward(cb, qa, T, iq, st);
+      cuda::rope_bf16(iq, T, ih, ih * idim, idim, 0, rope, index_rope_style_, s.pos, cos, sin, n_positions_, err, st);
+      g.weights_proj.forward(cb, h, T, iw, st);  // unscaled: the kernel folds in n_heads^-0.5
+      cuda::DsaIndexerArgs ia;
+      ia.q = iq;
+      ia.w = iw;
+      ia.cache = kc;
+      ia.block_table = s.tables;
+      ia.max_blocks_per_seq = s.max_blocks;
+      ia.seq_lens = s.seq_lens;
+      ia.q_start = s.q_start;
+      ia.n_seqs = s.n_seqs;
+      ia.n_tokens = T;
+      ia.max_q_len = s.max_q_len;
+      ia.max_seq_len = s.max_seq_len;
+      ia.sel_offsets = s.sel_offsets;
+      ia.n_selected = plan.n_selected;
+      ia.sel_idx = sel_idx_.as<int32_t>();
+      ia.error_flag = err;
+      cuda::dsa_index_select_topk(ia, idx_, dsa_workspace_.as<float>(), st);
+    }
+  }
+
+  // MLA, absorbed: q_lat rows, attention over the latent cache, W_UV, o_proj.
+  float* q_lat = q_lat_.as<float>();
+  float* latent = latent_.as<float>();
+  float* ws = plan.split.n_splits > 1 ? attn_workspace_.as<float>() : nullptr;
+  cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, st);
+  if (plan.decode_kernel) {
+    // One query row per sequence (T == n_seqs), dense causal over all of its keys.
+    cuda::mla_decode_attention(q_lat, cache, s.tables, s.max_blocks, s.seq_lens, s.n_seqs, mla_, plan.split, ws,
+                               latent, err, st);
+  } else {
+    cuda::MlaPrefillArgs pa;
+    pa.q_lat = q_lat;
+    pa.cache = cache;
+    pa.block_table = s.tables;
+    pa.max_blocks_per_seq = s.max_blocks;
+    pa.seq_lens = s.seq_lens;
+    pa.q_start = s.q_start;
+    pa.n_seqs = s.n_seqs;
+    pa.n_tokens = T;
+    pa.max_q_len = s.max_q_len;
+    if (plan.dsa) {  // this step's selection, made by this layer or the last full layer before it
+      pa.sel_offsets = s.sel_offsets;
+      pa.sel_idx = sel_idx_.as<int32_t>();
+      pa.n_selected = plan.n_selected;
+    }
+    pa.latent = latent;
+    pa.error_flag = err;
+    cuda::mla_prefill_attention(pa, mla_, plan.split, ws, st);
+  }
+  cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, attn_.as<bf16>(), st);
+  L.o.forward(cb, attn_.as<bf16>(), T, x, st);
+  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l + 1].get(), st));
+
+  cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
+  if (L.moe) {
+    L.moe->forward(h, T, x, st);
+  } else {
+    const int64_t I = L.gate->out_features();
+    L.gate->forward(cb, h, T, gate_.as<bf16>(), st);
+    L.up->forward(cb, h, T, up_.as<bf16>(), st);
+    cuda::moe::swiglu(gate_.as<bf16>(), up_.as<bf16>(), I, T, I, act_.as<bf16>(), st);
+    L.down->forward(cb, act_.as<bf16>(), T, x, st);
+  }
+}
+
+void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  struct Chunk {
+    GpuKvState* state;
+    int64_t row0, n, pos0;
+  };
+  std::vector<Chunk> chunks;
+  std::unordered_set<const KvState*> seen;
+  int64_t T = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqChunk& sc = batch[i];
+    auto* st = dynamic_cast<GpuKvState*>(sc.state);
+    FP4MOE_CHECK(st != nullptr && st->owner() == this)
+        << "batch entry " << i << ": the KV state was not created by this GLM-5 GPU model's new_state()";
+    FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
+    FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
+    for (size_t j = 0; j < sc.tokens.size(); ++j) {
+      FP4MOE_CHECK(sc.tokens[j] >= 0 && sc.tokens[j] < V) << "batch entry " << i << ": token id " << sc.tokens[j]
+                                                          << " at index " << j << " is outside the vocabulary [0, " << V << ")";
+    }
+    const int64_t n = static_cast<int64_t>(sc.tokens.size());
+    FP4MOE_CHECK(st->length() + n <= n_positions_)
+        << "batch entry " << i << ": positions up to " << st->length() + n - 1 << " exceed max_position_embeddings "
+        << n_positions_;
+    chunks.push_back({st, T, n, st->length()});
+    T += n;
+  }
+  if (chunks.empty()) return;
+  FP4MOE_CHECK(T <= max_T_) << "GPU forward step of " << T << " tokens exceeds the model's max_tokens_per_step "
+                            << max_T_ << " (GpuOptions; the server sets it from --max-prefill-tokens)";
+  const int64_t S = static_cast<int64_t>(chunks.size());
+
+  // KV blocks for the new tokens (all or nothing); one block table serves every layer's pools.
+  std::vector<int64_t> added(chunks.size(), 0);
+  try {
+    for (size_t i = 0; i < chunks.size(); ++i) added[i] = chunks[i].state->reserve(chunks[i].n);
+  } catch (...) {
+    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+    throw;
+  }
+  try {
+    int64_t max_blocks = 1, max_q = 0, max_len = 0;
+    bool decode_only = true;
+    for (const Chunk& c : chunks) {
+      max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(c.state->blocks().size()));
+      max_q = std::max(max_q, c.n);
+      max_len = std::max(max_len, c.pos0 + c.n);
+      decode_only = decode_only && c.n == 1;
+    }
+    // Token rows through the lm_head, in batch order (as the GLM-4.5 GPU model).
+    std::vector<int32_t> rows;
+    std::vector<uint8_t> row_logits;
+    int64_t n_logit_rows = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Chunk& c = chunks[i];
+      if (batch[i].logits != nullptr) {
+        for (int64_t r = batch[i].all_logits ? c.row0 : c.row0 + c.n - 1; r < c.row0 + c.n; ++r) {
+          rows.push_back(static_cast<int32_t>(r));
+          row_logits.push_back(1);
+          ++n_logit_rows;
+        }
+      } else if (batch[i].argmax != nullptr) {
+        rows.push_back(static_cast<int32_t>(c.row0 + c.n - 1));
+        row_logits.push_back(0);
+      }
+    }
+    const int64_t R = static_cast<int64_t>(rows.size());
+
+    // The step's attention plan. DSA selection only when some query has more causal keys than
+    // index_topk (else every query keeps all of them: dense, as the CPU's explicit full selection).
+    StepPlan plan;
+    plan.dsa = max_len > cfg_.index_topk;
+    plan.decode_kernel = decode_only && !plan.dsa;
+    std::vector<int32_t> h_qs_v(static_cast<size_t>(S + 1)), h_len_v(static_cast<size_t>(S));
+    h_qs_v[0] = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      h_qs_v[i + 1] = static_cast<int32_t>(chunks[i].row0 + chunks[i].n);
+      h_len_v[i] = static_cast<int32_t>(chunks[i].pos0 + chunks[i].n);
+    }
+    std::vector<int32_t> sel_offsets;
+    if (plan.dsa) {
+      sel_offsets = cuda::dsa_selection_offsets(h_len_v, h_qs_v, cfg_.index_topk);
+      plan.n_selected = sel_offsets.back();
+    }
+    if (plan.decode_kernel) {
+      plan.split = cuda::plan_mla_decode_split(S, mla_.n_heads, max_len, n_sms_);
+      plan.attn_workspace = cuda::mla_decode_workspace_bytes(S, mla_, plan.split);
+    } else {
+      const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;
+      plan.split = cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_);
+      plan.attn_workspace = cuda::mla_prefill_workspace_bytes(T, mla_, plan.split);
+    }
+    // Grown while the stream is idle (the previous step ended with a sync).
+    if (plan.split.n_splits > 1) grow_bytes(attn_workspace_, plan.attn_workspace);
+    if (plan.dsa) {
+      grow_bytes(sel_idx_, static_cast<size_t>(plan.n_selected) * 4);
+      grow_bytes(dsa_workspace_, cuda::dsa_index_workspace_bytes(T, max_len));
+    }
+
+    // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] |
+    // tables [S, maxb] | rows [R] | sel_offsets [T+1 when DSA]
+    const size_t n_sel_ints = sel_offsets.size();
+    const size_t n_ints = static_cast<size_t>(3 * T + (S + 1) + S + S * max_blocks + R) + n_sel_ints;
+    int32_t* hi = h_ints_.get(n_ints);
+    int32_t* h_tok = hi;
+    int32_t* h_pos = h_tok + T;
+    int32_t* h_slot = h_pos + T;
+    int32_t* h_qs = h_slot + T;
+    int32_t* h_len = h_qs + S + 1;
+    int32_t* h_tab = h_len + S;
+    int32_t* h_rows = h_tab + S * max_blocks;
+    int32_t* h_sel = h_rows + R;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      for (int64_t j = 0; j < c.n; ++j) {
+        h_tok[c.row0 + j] = batch[i].tokens[static_cast<size_t>(j)];
+        h_pos[c.row0 + j] = static_cast<int32_t>(c.pos0 + j);
+        h_slot[c.row0 + j] = c.state->slot(c.pos0 + j);
+      }
+      const std::vector<int32_t>& b = c.state->blocks();
+      for (int64_t j = 0; j < max_blocks; ++j) {
+        h_tab[static_cast<int64_t>(i) * max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
+      }
+    }
+    std::copy(h_qs_v.begin(), h_qs_v.end(), h_qs);
+    std::copy(h_len_v.begin(), h_len_v.end(), h_len);
+    std::copy(rows.begin(), rows.end(), h_rows);
+    std::copy(sel_offsets.begin(), sel_offsets.end(), h_sel);
+    cudaStream_t st = stream_.get();
+    auto* di = static_cast<int32_t*>(grow_bytes(ints_, n_ints * 4));
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
+    StepInts s;
+    const int32_t* d_tok = di;
+    s.pos = d_tok + T;
+    s.slots = s.pos + T;
+    s.q_start = s.slots + T;
+    s.seq_lens = s.q_start + S + 1;
+    s.tables = s.seq_lens + S;
+    const int32_t* d_rows = s.tables + S * max_blocks;
+    s.sel_offsets = plan.dsa ? d_rows + R : nullptr;
+    s.max_blocks = max_blocks;
+    s.n_seqs = S;
+    s.n_tokens = T;
+    s.max_q_len = max_q;
+    s.max_seq_len = max_len;
+
+    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), err_.as<uint32_t>(), st);
+    std::vector<size_t> moe_layers;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      run_layer(l, s, plan);
+      if (layers_[l].moe) moe_layers.push_back(l);
+    }
+    FP4MOE_CUDA_CHECK(cudaEventRecord(events_.back().get(), st));
+    // Per-expert token counts of every MoE layer, copied without a sync (read after the one below).
+    const int64_t E = moe_cfg_.n_experts;
+    int32_t* h_off = nullptr;
+    if (trace != nullptr && !moe_layers.empty()) {
+      h_off = h_offsets_.get(moe_layers.size() * static_cast<size_t>(E + 1));
+      for (size_t m = 0; m < moe_layers.size(); ++m) {
+        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_off + m * static_cast<size_t>(E + 1),
+                                          layers_[moe_layers[m]].moe->device_expert_offsets(),
+                                          static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, st));
+      }
+    }
+    // Final norm (adds the last MLP output into the residual), then the wanted rows through lm_head.
+    cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T, H, H, cfg_.rms_norm_eps,
+                        h_.as<bf16>(), st);
+    float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(n_logit_rows, 1) * V));
+    auto* d_argmax = static_cast<int32_t*>(grow_bytes(argmax_, static_cast<size_t>(std::max<int64_t>(R, 1)) * 4));
+    int64_t logit_row = 0;  // rows copied so far
+    for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
+      const int64_t n = std::min(kLogitRowsPerPass, R - r0);
+      cuda::moe::gather_rows(h_.as<bf16>(), d_rows + r0, n, H, x_.as<bf16>(), st);
+      lm_head_.forward_f32(cublas_.get(), x_.as<bf16>(), n, logits_.as<float>(), st);
+      cuda::argmax_rows(logits_.as<float>(), n, V, V, d_argmax + r0, st);
+      for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
+        if (!row_logits[static_cast<size_t>(r0 + a)]) {
+          ++a;
+          continue;
+        }
+        int64_t b = a;
+        while (b < n && row_logits[static_cast<size_t>(r0 + b)]) ++b;
+        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
+                                          static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, st));
+        logit_row += b - a;
+        a = b;
+      }
+    }
+    int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(R, 1)));
+    if (R > 0) FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, d_argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, st));
+    uint32_t* h_err = h_err_.get(1);
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_err, err_.as<uint32_t>(), 4, cudaMemcpyDeviceToHost, st));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (*h_err != 0) {
+      FP4MOE_CUDA_CHECK(cudaMemsetAsync(err_.as<uint32_t>(), 0, 4, st));
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+      FP4MOE_FAIL() << "GPU forward step of " << T << " tokens: " << cuda::describe_device_errors(*h_err);
+    }
+    int64_t r = 0, lr = 0;  // row, logits row
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].logits != nullptr) {
+        const int64_t n = batch[i].all_logits ? chunks[i].n : 1;
+        std::copy_n(h_logits + lr * V, n * V, batch[i].logits);
+        if (batch[i].argmax != nullptr) *batch[i].argmax = h_argmax[r + n - 1];
+        r += n;
+        lr += n;
+      } else if (batch[i].argmax != nullptr) {
+        *batch[i].argmax = h_argmax[r];
+        ++r;
+      }
+    }
+    if (trace != nullptr) {
+      for (size_t m = 0; m < moe_layers.size(); ++m) {
+        MoeLayerTrace t;
+        t.layer = static_cast<int64_t>(moe_layers[m]);
+        const int32_t* o = h_off + m * static_cast<size_t>(E + 1);
+        for (int64_t e = 0; e < E; ++e) t.tokens_per_expert.push_back(o[e + 1] - o[e]);
+        trace->moe_layers.push_back(std::move(t));
+      }
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        float ms_attn = 0.0f, ms_mlp = 0.0f;
+        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_attn, events_[2 * l].get(), events_[2 * l + 1].get()));
+        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_mlp, events_[2 * l + 1].get(), events_[2 * l + 2].get()));
+        trace->layer_times.push_back({static_cast<int64_t>(l), "attention", ms_attn * 1e-3});
+        trace->layer_times.push_back({static_cast<int64_t>(l), layers_[l].moe ? "moe" : "mlp", ms_mlp * 1e-3});
+      }
+    }
+    for (const Chunk& c : chunks) c.state->commit(c.n);
+  } catch (...) {
+    cudaStreamSynchronize(stream_.get());
+    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+    throw;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CausalLM> create_glm5_cuda(const ModelConfig& config, const format::TensorStore& store,
+                                           const LoadOptions& options) {
+  return std::make_unique<Glm5CudaModel>(config, store, options);
+}
+
+}  // namespace fp4moe::model
