@@ -31,6 +31,7 @@
 #include "core/error.h"
 #include "format/safetensors.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda_test_util.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/moe/device_buffer.h"
 #include "model/cuda/gpu_linear.h"
@@ -40,46 +41,14 @@
 #include "model/config.h"
 #include "model/glm5.h"
 #include "model/registry.h"
+#include "model/golden_data.h"
 #include "testing/testing.h"
 
 namespace fp4moe::model {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                      \
-  do {                                                                                          \
-    std::string why_;                                                                           \
-    if (!::fp4moe::cuda::cuda_device_available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_; \
-  } while (0)
-
-struct Golden {
-  int64_t n_seq = 0, prompt_len = 0, total_len = 0, vocab = 0;
-  std::vector<std::vector<int32_t>> input_ids, greedy_ids;
-  std::vector<float> logits, greedy_logits;
-};
-
-std::vector<std::vector<int32_t>> ids_2d(const TensorView& t) {
-  auto v = t.as<int64_t>();
-  std::vector<std::vector<int32_t>> out(static_cast<size_t>(t.dim(0)));
-  for (int64_t b = 0; b < t.dim(0); ++b) {
-    for (int64_t i = 0; i < t.dim(1); ++i) out[static_cast<size_t>(b)].push_back(static_cast<int32_t>(v[b * t.dim(1) + i]));
-  }
-  return out;
-}
-
-Golden read_golden(const std::filesystem::path& dir) {
-  format::SafetensorsFile f(dir / "golden.safetensors");
-  Golden g;
-  const TensorView logits = f.view("logits"), greedy = f.view("greedy_logits");
-  g.input_ids = ids_2d(f.view("input_ids"));
-  g.greedy_ids = ids_2d(f.view("greedy_ids"));
-  g.n_seq = logits.dim(0);
-  g.prompt_len = logits.dim(1);
-  g.vocab = logits.dim(2);
-  g.total_len = greedy.dim(1);
-  g.logits.assign(logits.as<float>().begin(), logits.as<float>().end());
-  g.greedy_logits.assign(greedy.as<float>().begin(), greedy.as<float>().end());
-  return g;
-}
+using golden::Golden;
+using golden::read_golden;
 
 double cosine(const float* a, const float* b, int64_t n) {
   double ab = 0, aa = 0, bb = 0;
