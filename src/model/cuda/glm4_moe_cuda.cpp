@@ -9,7 +9,6 @@
 #include <cmath>
 #include <optional>
 #include <sstream>
-#include <unordered_set>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -17,13 +16,12 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe/device_buffer.h"
-#include "kernels/cuda/moe/moe_kernels.h"
-#include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
 #include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
 #include "model/cuda/gpu_models.h"
+#include "model/cuda/gpu_step.h"
 #include "model/glm4_moe.h"
 #include "model/ops.h"
 #include "model/weights.h"
@@ -37,7 +35,6 @@ namespace {
 using cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-constexpr int64_t kLogitRowsPerPass = 256;                 // lm_head rows per f32 logits pass
 constexpr size_t kDecodeWorkspaceBytes = size_t{64} << 20;  // split-K attention workspace
 
 struct GpuAttention {
@@ -49,51 +46,15 @@ struct GpuLayer {
   std::string prefix;
   DeviceBuffer input_norm, post_norm;  // f32 [H]
   GpuAttention attn;
-  std::optional<GpuLinear> gate, up, down;  // dense MLP
+  std::optional<gpu_step::GpuDenseMlp> mlp;  // dense MLP
   std::optional<moe::GpuMoeLayer> moe;
   DeviceBuffer k_cache, v_cache;  // [n_blocks, page, n_kv, D] bf16
 };
 
-struct CublasDeleter {
-  void operator()(cublasContext* h) const { cublasDestroy(h); }
-};
-struct PinnedDeleter {
-  void operator()(void* p) const { cudaFreeHost(p); }
-};
-struct StreamDeleter {
-  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-};
-struct EventDeleter {
-  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
-};
-
-// A pinned host buffer of T, grown on demand.
-template <typename T>
-class PinnedBuffer {
- public:
-  T* get(size_t n) {
-    if (n > cap_) {
-      void* p = nullptr;
-      FP4MOE_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 64) * sizeof(T)));
-      ptr_.reset(p);
-      cap_ = std::max<size_t>(n, 64);
-    }
-    return static_cast<T*>(ptr_.get());
-  }
-
- private:
-  std::unique_ptr<void, PinnedDeleter> ptr_;
-  size_t cap_ = 0;
-};
-
-// A device buffer of T, grown on demand (contents not kept).
-template <typename T>
-T* grow(DeviceBuffer& b, size_t n) {
-  if (b.bytes() < n * sizeof(T)) b = DeviceBuffer(n * sizeof(T));
-  return b.as<T>();
-}
-
-DeviceBuffer upload_f32(const std::vector<float>& v) { return DeviceBuffer::from_host(v); }
+using gpu_step::CublasDeleter;
+using gpu_step::EventDeleter;
+using gpu_step::PinnedBuffer;
+using gpu_step::StreamDeleter;
 
 class Glm4MoeCudaModel final : public CausalLM {
  public:
@@ -136,12 +97,10 @@ class Glm4MoeCudaModel final : public CausalLM {
   int64_t weight_bytes_ = 0;
   std::string description_;
   // Scratch for max_T_ tokens.
-  DeviceBuffer resid_, h_, x_, q_, k_, v_, attn_, gate_, up_, act_, logits_, workspace_, err_;
-  DeviceBuffer ints_, argmax_;
-  PinnedBuffer<int32_t> h_ints_, h_argmax_;
-  PinnedBuffer<float> h_logits_;
-  PinnedBuffer<int32_t> h_offsets_;
-  PinnedBuffer<uint32_t> h_err_;
+  DeviceBuffer resid_, h_, x_, q_, k_, v_, attn_, gate_, up_, act_, workspace_;
+  DeviceBuffer ints_;
+  PinnedBuffer<int32_t> h_ints_;
+  std::unique_ptr<gpu_step::StepOutputs> out_;  // lm_head outputs, error flag, expert counts
   std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
 };
 
@@ -191,15 +150,15 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     GpuLayer& L = layers_[static_cast<size_t>(l)];
     L.prefix = "model.layers." + std::to_string(l);
     const std::string a = L.prefix + ".self_attn.";
-    L.input_norm = upload_f32(load_vector_f32(store, L.prefix + ".input_layernorm.weight", H));
-    L.post_norm = upload_f32(load_vector_f32(store, L.prefix + ".post_attention_layernorm.weight", H));
+    L.input_norm = DeviceBuffer::from_host(load_vector_f32(store, L.prefix + ".input_layernorm.weight", H));
+    L.post_norm = DeviceBuffer::from_host(load_vector_f32(store, L.prefix + ".post_attention_layernorm.weight", H));
     L.attn.q = GpuLinear::upload(moe::load_linear(store, a + "q_proj", n_q, H, cfg_.attention_bias), max_T_, a + "q_proj", fp4);
     L.attn.k = GpuLinear::upload(moe::load_linear(store, a + "k_proj", n_kv, H, cfg_.attention_bias), max_T_, a + "k_proj", fp4);
     L.attn.v = GpuLinear::upload(moe::load_linear(store, a + "v_proj", n_kv, H, cfg_.attention_bias), max_T_, a + "v_proj", fp4);
     L.attn.o = GpuLinear::upload(moe::load_linear(store, a + "o_proj", H, n_q, false), max_T_, a + "o_proj", fp4);
     if (cfg_.use_qk_norm) {
-      L.attn.q_norm = upload_f32(load_vector_f32(store, a + "q_norm.weight", D));
-      L.attn.k_norm = upload_f32(load_vector_f32(store, a + "k_norm.weight", D));
+      L.attn.q_norm = DeviceBuffer::from_host(load_vector_f32(store, a + "q_norm.weight", D));
+      L.attn.k_norm = DeviceBuffer::from_host(load_vector_f32(store, a + "k_norm.weight", D));
     }
     desc << "  " << L.prefix << ": q " << L.attn.q.describe() << ", k " << L.attn.k.describe() << ", v "
          << L.attn.v.describe() << ", o " << L.attn.o.describe() << "; ";
@@ -222,23 +181,24 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
       desc << "MoE " << L.moe->describe();
     } else {
       const moe::GatedMlp m = moe::GatedMlp::load(store, L.prefix + ".mlp", H, cfg_.intermediate_size);
-      L.gate = GpuLinear::upload(m.gate, max_T_, L.prefix + ".mlp.gate_proj", fp4);
-      L.up = GpuLinear::upload(m.up, max_T_, L.prefix + ".mlp.up_proj", fp4);
-      L.down = GpuLinear::upload(m.down, max_T_, L.prefix + ".mlp.down_proj", fp4);
-      weight_bytes_ += L.gate->device_bytes() + L.up->device_bytes() + L.down->device_bytes();
-      desc << "dense MLP gate " << L.gate->describe() << ", up " << L.up->describe() << ", down " << L.down->describe();
+      L.mlp = gpu_step::GpuDenseMlp{GpuLinear::upload(m.gate, max_T_, L.prefix + ".mlp.gate_proj", fp4),
+                                    GpuLinear::upload(m.up, max_T_, L.prefix + ".mlp.up_proj", fp4),
+                                    GpuLinear::upload(m.down, max_T_, L.prefix + ".mlp.down_proj", fp4)};
+      weight_bytes_ += L.mlp->gate.device_bytes() + L.mlp->up.device_bytes() + L.mlp->down.device_bytes();
+      desc << "dense MLP gate " << L.mlp->gate.describe() << ", up " << L.mlp->up.describe() << ", down "
+           << L.mlp->down.describe();
     }
     desc << "\n";
     L.k_cache = DeviceBuffer(cache_bytes);
     L.v_cache = DeviceBuffer(cache_bytes);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
   }
-  final_norm_ = upload_f32(load_vector_f32(store, "model.norm.weight", H));
+  final_norm_ = DeviceBuffer::from_host(load_vector_f32(store, "model.norm.weight", H));
   {
     kernels::cpu::LinearWeight lm = cfg_.tie_word_embeddings
                                         ? kernels::cpu::LinearWeight::from_bf16(V, H, load_matrix_bf16(store, "model.embed_tokens.weight", V, H))
                                         : moe::load_linear(store, "lm_head", V, H, false);
-    lm_head_ = GpuLinear::upload(lm, kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
+    lm_head_ = GpuLinear::upload(lm, gpu_step::StepOutputs::kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
     if (!cfg_.tie_word_embeddings) weight_bytes_ += lm_head_.device_bytes();
   }
   progress.advance(layer_bytes.back());
@@ -255,7 +215,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
 
   int64_t inter = 1;
   for (const GpuLayer& L : layers_) {
-    if (L.gate) inter = std::max(inter, L.gate->out_features());
+    if (L.mlp) inter = std::max(inter, L.mlp->gate.out_features());
   }
   const auto bf16s = [](int64_t n) { return static_cast<size_t>(n) * 2; };
   resid_ = DeviceBuffer(bf16s(max_T_ * H));
@@ -268,10 +228,8 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   gate_ = DeviceBuffer(bf16s(max_T_ * inter));
   up_ = DeviceBuffer(bf16s(max_T_ * inter));
   act_ = DeviceBuffer(bf16s(max_T_ * inter));
-  logits_ = DeviceBuffer(static_cast<size_t>(kLogitRowsPerPass * V) * 4);
+  out_ = std::make_unique<gpu_step::StepOutputs>(V);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
-  err_ = DeviceBuffer(4);
-  FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
   for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
     cudaEvent_t e = nullptr;
     FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
@@ -298,7 +256,7 @@ void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, cons
   bf16* resid = resid_.as<bf16>();
   bf16* h = h_.as<bf16>();
   bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
-  uint32_t* err = err_.as<uint32_t>();
+  uint32_t* err = out_->error_flag();
 
   FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l].get(), st));
   if (l == 0) {
@@ -348,83 +306,20 @@ void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, cons
   if (L.moe) {
     L.moe->forward(h, T, x, st);
   } else {
-    const int64_t I = L.gate->out_features();
-    L.gate->forward(cb, h, T, gate_.as<bf16>(), st);
-    L.up->forward(cb, h, T, up_.as<bf16>(), st);
-    cuda::moe::swiglu(gate_.as<bf16>(), up_.as<bf16>(), I, T, I, act_.as<bf16>(), st);
-    L.down->forward(cb, act_.as<bf16>(), T, x, st);
+    L.mlp->forward(cb, h, T, gate_.as<bf16>(), up_.as<bf16>(), act_.as<bf16>(), x, st);
   }
 }
 
 void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  struct Chunk {
-    GpuKvState* state;
-    int64_t row0, n, pos0;
-  };
-  std::vector<Chunk> chunks;
-  std::unordered_set<const KvState*> seen;
-  int64_t T = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SeqChunk& sc = batch[i];
-    auto* st = dynamic_cast<GpuKvState*>(sc.state);
-    FP4MOE_CHECK(st != nullptr && st->owner() == this)
-        << "batch entry " << i << ": the KV state was not created by this model's new_state()";
-    FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
-    FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
-    for (size_t j = 0; j < sc.tokens.size(); ++j) {
-      FP4MOE_CHECK(sc.tokens[j] >= 0 && sc.tokens[j] < V) << "batch entry " << i << ": token id " << sc.tokens[j]
-                                                          << " at index " << j << " is outside the vocabulary [0, " << V << ")";
-    }
-    const int64_t n = static_cast<int64_t>(sc.tokens.size());
-    FP4MOE_CHECK(st->length() + n <= n_positions_)
-        << "batch entry " << i << ": positions up to " << st->length() + n - 1 << " exceed max_position_embeddings "
-        << n_positions_;
-    chunks.push_back({st, T, n, st->length()});
-    T += n;
-  }
-  if (chunks.empty()) return;
-  FP4MOE_CHECK(T <= max_T_) << "GPU forward step of " << T << " tokens exceeds the model's max_tokens_per_step "
-                            << max_T_ << " (GpuOptions; the server sets it from --max-prefill-tokens)";
-  const int64_t S = static_cast<int64_t>(chunks.size());
-
-  // KV blocks for the new tokens (all or nothing).
-  std::vector<int64_t> added(chunks.size(), 0);
-  try {
-    for (size_t i = 0; i < chunks.size(); ++i) added[i] = chunks[i].state->reserve(chunks[i].n);
-  } catch (...) {
-    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
-    throw;
-  }
+  const gpu_step::StepBatch step = gpu_step::plan_step(batch, this, V, n_positions_, max_T_);
+  if (step.chunks.empty()) return;
+  const int64_t T = step.n_tokens, S = static_cast<int64_t>(step.chunks.size());
+  const std::vector<int64_t> added = gpu_step::reserve_blocks(step.chunks);  // all or nothing
   try {
     // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] | tables [S, maxb] | rows [R]
-    int64_t max_blocks = 1, max_q = 0, max_len = 0;
-    bool decode_only = true;
-    for (const Chunk& c : chunks) {
-      max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(c.state->blocks().size()));
-      max_q = std::max(max_q, c.n);
-      max_len = std::max(max_len, c.pos0 + c.n);
-      decode_only = decode_only && c.n == 1;
-    }
-    // Token rows through the lm_head, in batch order: the chunks that want logits (all rows or the
-    // last) or only the argmax of their last row. n_logit_rows of them are copied to the host.
-    std::vector<int32_t> rows;
-    std::vector<uint8_t> row_logits;
-    int64_t n_logit_rows = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const Chunk& c = chunks[i];
-      if (batch[i].logits != nullptr) {
-        for (int64_t r = batch[i].all_logits ? c.row0 : c.row0 + c.n - 1; r < c.row0 + c.n; ++r) {
-          rows.push_back(static_cast<int32_t>(r));
-          row_logits.push_back(1);
-          ++n_logit_rows;
-        }
-      } else if (batch[i].argmax != nullptr) {
-        rows.push_back(static_cast<int32_t>(c.row0 + c.n - 1));
-        row_logits.push_back(0);
-      }
-    }
-    const int64_t R = static_cast<int64_t>(rows.size());
+    const int64_t max_blocks = gpu_step::max_blocks(step.chunks);
+    const int64_t R = static_cast<int64_t>(step.rows.size());
     const size_t n_ints = static_cast<size_t>(3 * T + (S + 1) + S + S * max_blocks + R);
     int32_t* hi = h_ints_.get(n_ints);
     int32_t* h_tok = hi;
@@ -434,24 +329,10 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
     int32_t* h_len = h_qs + S + 1;
     int32_t* h_tab = h_len + S;
     int32_t* h_rows = h_tab + S * max_blocks;
-    h_qs[0] = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const Chunk& c = chunks[i];
-      for (int64_t j = 0; j < c.n; ++j) {
-        h_tok[c.row0 + j] = batch[i].tokens[static_cast<size_t>(j)];
-        h_pos[c.row0 + j] = static_cast<int32_t>(c.pos0 + j);
-        h_slot[c.row0 + j] = c.state->slot(c.pos0 + j);
-      }
-      h_qs[i + 1] = static_cast<int32_t>(c.row0 + c.n);
-      h_len[i] = static_cast<int32_t>(c.pos0 + c.n);
-      const std::vector<int32_t>& b = c.state->blocks();
-      for (int64_t j = 0; j < max_blocks; ++j) {
-        h_tab[static_cast<int64_t>(i) * max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
-      }
-    }
-    std::copy(rows.begin(), rows.end(), h_rows);
+    gpu_step::fill_step_ints(batch, step, max_blocks, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
+    std::copy(step.rows.begin(), step.rows.end(), h_rows);
     cudaStream_t st = stream_.get();
-    int32_t* di = grow<int32_t>(ints_, n_ints);
+    auto* di = static_cast<int32_t*>(gpu_step::grow_bytes(ints_, n_ints * 4));
     FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
     const int32_t* d_tok = di;
     const int32_t* d_pos = d_tok + T;
@@ -461,92 +342,34 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
     const int32_t* d_tab = d_len + S;
     const int32_t* d_rows = d_tab + S * max_blocks;
 
-    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), err_.as<uint32_t>(), st);
+    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), out_->error_flag(), st);
     std::vector<size_t> moe_layers;
+    std::vector<const int32_t*> moe_offsets;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      run_layer(l, T, d_pos, d_slot, d_qs, d_len, d_tab, max_blocks, S, max_q, max_len, decode_only);
-      if (layers_[l].moe) moe_layers.push_back(l);
+      run_layer(l, T, d_pos, d_slot, d_qs, d_len, d_tab, max_blocks, S, step.max_q_len, step.max_seq_len,
+                step.decode_only);
+      if (layers_[l].moe) {
+        moe_layers.push_back(l);
+        moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
+      }
     }
     FP4MOE_CUDA_CHECK(cudaEventRecord(events_.back().get(), st));
     // Per-expert token counts of every MoE layer, copied without a sync (read after the one below).
-    const int64_t E = moe_cfg_.n_experts;
-    int32_t* h_off = nullptr;
-    if (trace != nullptr && !moe_layers.empty()) {
-      h_off = h_offsets_.get(moe_layers.size() * static_cast<size_t>(E + 1));
-      for (size_t m = 0; m < moe_layers.size(); ++m) {
-        // The offsets buffer is per layer, so each copy reads its own layer's step.
-        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_off + m * static_cast<size_t>(E + 1),
-                                          layers_[moe_layers[m]].moe->device_expert_offsets(),
-                                          static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, st));
-      }
-    }
+    if (trace != nullptr) out_->copy_expert_offsets(moe_offsets, moe_cfg_.n_experts, st);
     // Final norm (adds the last MLP output into the residual), then the wanted rows through lm_head.
     cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T, H, H, cfg_.rms_norm_eps,
                         h_.as<bf16>(), st);
-    float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(n_logit_rows, 1) * V));
-    int32_t* d_argmax = grow<int32_t>(argmax_, static_cast<size_t>(std::max<int64_t>(R, 1)));
-    int64_t logit_row = 0;  // rows copied so far
-    for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
-      const int64_t n = std::min(kLogitRowsPerPass, R - r0);
-      cuda::moe::gather_rows(h_.as<bf16>(), d_rows + r0, n, H, x_.as<bf16>(), st);
-      lm_head_.forward_f32(cublas_.get(), x_.as<bf16>(), n, logits_.as<float>(), st);
-      cuda::argmax_rows(logits_.as<float>(), n, V, V, d_argmax + r0, st);
-      for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
-        if (!row_logits[static_cast<size_t>(r0 + a)]) {
-          ++a;
-          continue;
-        }
-        int64_t b = a;
-        while (b < n && row_logits[static_cast<size_t>(r0 + b)]) ++b;
-        FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
-                                          static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, st));
-        logit_row += b - a;
-        a = b;
-      }
-    }
-    int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(R, 1)));
-    if (R > 0) FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, d_argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, st));
-    uint32_t* h_err = h_err_.get(1);
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_err, err_.as<uint32_t>(), 4, cudaMemcpyDeviceToHost, st));
-    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
-    if (*h_err != 0) {
-      FP4MOE_CUDA_CHECK(cudaMemsetAsync(err_.as<uint32_t>(), 0, 4, st));
-      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(st));
-      FP4MOE_FAIL() << "GPU forward step of " << T << " tokens: " << cuda::describe_device_errors(*h_err);
-    }
-    int64_t r = 0, lr = 0;  // row, logits row
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (batch[i].logits != nullptr) {
-        const int64_t n = batch[i].all_logits ? chunks[i].n : 1;
-        std::copy_n(h_logits + lr * V, n * V, batch[i].logits);
-        if (batch[i].argmax != nullptr) *batch[i].argmax = h_argmax[r + n - 1];
-        r += n;
-        lr += n;
-      } else if (batch[i].argmax != nullptr) {
-        *batch[i].argmax = h_argmax[r];
-        ++r;
-      }
-    }
+    out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), d_rows, step, H, x_.as<bf16>(), st);
+    out_->finish(batch, step, moe_layers, trace, st);
     if (trace != nullptr) {
-      for (size_t m = 0; m < moe_layers.size(); ++m) {
-        MoeLayerTrace t;
-        t.layer = static_cast<int64_t>(moe_layers[m]);
-        const int32_t* o = h_off + m * static_cast<size_t>(E + 1);
-        for (int64_t e = 0; e < E; ++e) t.tokens_per_expert.push_back(o[e + 1] - o[e]);
-        trace->moe_layers.push_back(std::move(t));
-      }
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        float ms_attn = 0.0f, ms_mlp = 0.0f;
-        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_attn, events_[2 * l].get(), events_[2 * l + 1].get()));
-        FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_mlp, events_[2 * l + 1].get(), events_[2 * l + 2].get()));
-        trace->layer_times.push_back({static_cast<int64_t>(l), "attention", ms_attn * 1e-3});
-        trace->layer_times.push_back({static_cast<int64_t>(l), layers_[l].moe ? "moe" : "mlp", ms_mlp * 1e-3});
-      }
+      std::vector<bool> is_moe;
+      for (const GpuLayer& L : layers_) is_moe.push_back(L.moe.has_value());
+      gpu_step::trace_layer_times(events_, is_moe, trace);
     }
-    for (const Chunk& c : chunks) c.state->commit(c.n);
+    for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
   } catch (...) {
     cudaStreamSynchronize(stream_.get());
-    for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+    gpu_step::rollback_blocks(step.chunks, added);
     throw;
   }
 }

@@ -1,0 +1,221 @@
+// The shared pieces of the GPU models' forward step (see gpu_step.h). Tested through
+// tests/model/test_gpu_model.cpp.
+#include "model/cuda/gpu_step.h"
+
+#include <cublas_v2.h>
+
+#include <unordered_set>
+
+#include "core/error.h"
+#include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/norm_rope.h"
+
+namespace fp4moe::model::gpu_step {
+
+using bf16 = __nv_bfloat16;
+
+void CublasDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
+
+void* grow_bytes(cuda::DeviceBuffer& b, size_t n) {
+  n = std::max<size_t>(n, 4);
+  if (b.bytes() < n) b = cuda::DeviceBuffer(n);
+  return b.as<uint8_t>();
+}
+
+StepBatch plan_step(std::span<const SeqChunk> batch, const void* owner, int64_t vocab, int64_t n_positions,
+                    int64_t max_tokens) {
+  StepBatch s;
+  std::unordered_set<const KvState*> seen;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqChunk& sc = batch[i];
+    auto* st = dynamic_cast<GpuKvState*>(sc.state);
+    FP4MOE_CHECK(st != nullptr && st->owner() == owner)
+        << "batch entry " << i << ": the KV state was not created by this model's new_state()";
+    FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
+    FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
+    for (size_t j = 0; j < sc.tokens.size(); ++j) {
+      FP4MOE_CHECK(sc.tokens[j] >= 0 && sc.tokens[j] < vocab) << "batch entry " << i << ": token id " << sc.tokens[j]
+                                                              << " at index " << j << " is outside the vocabulary [0, "
+                                                              << vocab << ")";
+    }
+    const int64_t n = static_cast<int64_t>(sc.tokens.size());
+    FP4MOE_CHECK(st->length() + n <= n_positions)
+        << "batch entry " << i << ": positions up to " << st->length() + n - 1 << " exceed max_position_embeddings "
+        << n_positions;
+    s.chunks.push_back({st, s.n_tokens, n, st->length()});
+    s.n_tokens += n;
+    s.max_q_len = std::max(s.max_q_len, n);
+    s.max_seq_len = std::max(s.max_seq_len, st->length() + n);
+    s.decode_only = s.decode_only && n == 1;
+  }
+  FP4MOE_CHECK(s.n_tokens <= max_tokens) << "GPU forward step of " << s.n_tokens
+                                         << " tokens exceeds the model's max_tokens_per_step " << max_tokens
+                                         << " (GpuOptions; the server sets it from --max-prefill-tokens)";
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Chunk& c = s.chunks[i];
+    if (batch[i].logits != nullptr) {
+      for (int64_t r = batch[i].all_logits ? c.row0 : c.row0 + c.n - 1; r < c.row0 + c.n; ++r) {
+        s.rows.push_back(static_cast<int32_t>(r));
+        s.row_logits.push_back(1);
+        ++s.n_logit_rows;
+      }
+    } else if (batch[i].argmax != nullptr) {
+      s.rows.push_back(static_cast<int32_t>(c.row0 + c.n - 1));
+      s.row_logits.push_back(0);
+    }
+  }
+  return s;
+}
+
+std::vector<int64_t> reserve_blocks(const std::vector<Chunk>& chunks) {
+  std::vector<int64_t> added(chunks.size(), 0);
+  try {
+    for (size_t i = 0; i < chunks.size(); ++i) added[i] = chunks[i].state->reserve(chunks[i].n);
+  } catch (...) {
+    rollback_blocks(chunks, added);
+    throw;
+  }
+  return added;
+}
+
+void rollback_blocks(const std::vector<Chunk>& chunks, const std::vector<int64_t>& added) {
+  for (size_t i = 0; i < chunks.size(); ++i) chunks[i].state->rollback(added[i]);
+}
+
+int64_t max_blocks(const std::vector<Chunk>& chunks) {
+  int64_t m = 1;
+  for (const Chunk& c : chunks) m = std::max<int64_t>(m, static_cast<int64_t>(c.state->blocks().size()));
+  return m;
+}
+
+void fill_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, int64_t max_blocks, int32_t* tokens,
+                    int32_t* positions, int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables) {
+  q_start[0] = 0;
+  for (size_t i = 0; i < step.chunks.size(); ++i) {
+    const Chunk& c = step.chunks[i];
+    for (int64_t j = 0; j < c.n; ++j) {
+      tokens[c.row0 + j] = batch[i].tokens[static_cast<size_t>(j)];
+      positions[c.row0 + j] = static_cast<int32_t>(c.pos0 + j);
+      slots[c.row0 + j] = c.state->slot(c.pos0 + j);
+    }
+    q_start[i + 1] = static_cast<int32_t>(c.row0 + c.n);
+    seq_lens[i] = static_cast<int32_t>(c.pos0 + c.n);
+    const std::vector<int32_t>& b = c.state->blocks();
+    for (int64_t j = 0; j < max_blocks; ++j) {
+      tables[static_cast<int64_t>(i) * max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
+    }
+  }
+}
+
+void GpuDenseMlp::forward(cublasContext* cublas, const bf16* h, int64_t n_tokens, bf16* gate_buf, bf16* up_buf,
+                          bf16* act, bf16* out, cudaStream_t stream) const {
+  const int64_t I = gate.out_features();
+  gate.forward(cublas, h, n_tokens, gate_buf, stream);
+  up.forward(cublas, h, n_tokens, up_buf, stream);
+  cuda::moe::swiglu(gate_buf, up_buf, I, n_tokens, I, act, stream);
+  down.forward(cublas, act, n_tokens, out, stream);
+}
+
+StepOutputs::StepOutputs(int64_t vocab)
+    : vocab_(vocab),
+      logits_(static_cast<size_t>(kLogitRowsPerPass * vocab) * 4),
+      err_(4) {
+  FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
+}
+
+void StepOutputs::copy_expert_offsets(const std::vector<const int32_t*>& d_offsets, int64_t n_experts,
+                                      cudaStream_t stream) {
+  n_experts_ = n_experts;
+  offsets_copied_ = !d_offsets.empty();
+  if (!offsets_copied_) return;
+  const size_t per = static_cast<size_t>(n_experts + 1);
+  int32_t* h = h_offsets_.get(d_offsets.size() * per);
+  for (size_t m = 0; m < d_offsets.size(); ++m) {
+    // Each MoE layer has its own offsets buffer, so each copy reads its own layer's step.
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h + m * per, d_offsets[m], per * 4, cudaMemcpyDeviceToHost, stream));
+  }
+}
+
+void StepOutputs::run_lm_head(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
+                              const StepBatch& step, int64_t hidden, bf16* scratch, cudaStream_t stream) {
+  const int64_t V = vocab_, R = static_cast<int64_t>(step.rows.size());
+  float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(step.n_logit_rows, 1) * V));
+  auto* d_argmax = static_cast<int32_t*>(grow_bytes(argmax_, static_cast<size_t>(std::max<int64_t>(R, 1)) * 4));
+  int64_t logit_row = 0;  // rows copied so far
+  for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
+    const int64_t n = std::min(kLogitRowsPerPass, R - r0);
+    cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
+    lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
+    cuda::argmax_rows(logits_.as<float>(), n, V, V, d_argmax + r0, stream);
+    for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
+      if (!step.row_logits[static_cast<size_t>(r0 + a)]) {
+        ++a;
+        continue;
+      }
+      int64_t b = a;
+      while (b < n && step.row_logits[static_cast<size_t>(r0 + b)]) ++b;
+      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
+                                        static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, stream));
+      logit_row += b - a;
+      a = b;
+    }
+  }
+  int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(R, 1)));
+  if (R > 0) {
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, d_argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, stream));
+  }
+}
+
+void StepOutputs::finish(std::span<const SeqChunk> batch, const StepBatch& step, const std::vector<size_t>& moe_layers,
+                         ForwardTrace* trace, cudaStream_t stream) {
+  uint32_t* h_err = h_err_.get(1);
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_err, err_.as<uint32_t>(), 4, cudaMemcpyDeviceToHost, stream));
+  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (*h_err != 0) {
+    FP4MOE_CUDA_CHECK(cudaMemsetAsync(err_.as<uint32_t>(), 0, 4, stream));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    FP4MOE_FAIL() << "GPU forward step of " << step.n_tokens << " tokens: " << cuda::describe_device_errors(*h_err);
+  }
+  const int64_t V = vocab_;
+  const float* h_logits = h_logits_.get(0);
+  const int32_t* h_argmax = h_argmax_.get(0);
+  int64_t r = 0, lr = 0;  // row, logits row
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].logits != nullptr) {
+      const int64_t n = batch[i].all_logits ? step.chunks[i].n : 1;
+      std::copy_n(h_logits + lr * V, n * V, batch[i].logits);
+      if (batch[i].argmax != nullptr) *batch[i].argmax = h_argmax[r + n - 1];
+      r += n;
+      lr += n;
+    } else if (batch[i].argmax != nullptr) {
+      *batch[i].argmax = h_argmax[r];
+      ++r;
+    }
+  }
+  if (trace != nullptr && offsets_copied_) {
+    const size_t per = static_cast<size_t>(n_experts_ + 1);
+    const int32_t* h_off = h_offsets_.get(0);
+    for (size_t m = 0; m < moe_layers.size(); ++m) {
+      MoeLayerTrace t;
+      t.layer = static_cast<int64_t>(moe_layers[m]);
+      const int32_t* o = h_off + m * per;
+      for (int64_t e = 0; e < n_experts_; ++e) t.tokens_per_expert.push_back(o[e + 1] - o[e]);
+      trace->moe_layers.push_back(std::move(t));
+    }
+  }
+  offsets_copied_ = false;
+}
+
+void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
+                       const std::vector<bool>& is_moe, ForwardTrace* trace) {
+  for (size_t l = 0; l < is_moe.size(); ++l) {
+    float ms_attn = 0.0f, ms_mlp = 0.0f;
+    FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_attn, events[2 * l].get(), events[2 * l + 1].get()));
+    FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_mlp, events[2 * l + 1].get(), events[2 * l + 2].get()));
+    trace->layer_times.push_back({static_cast<int64_t>(l), "attention", ms_attn * 1e-3});
+    trace->layer_times.push_back({static_cast<int64_t>(l), is_moe[l] ? "moe" : "mlp", ms_mlp * 1e-3});
+  }
+}
+
+}  // namespace fp4moe::model::gpu_step
