@@ -27,14 +27,8 @@ namespace fp4moe::dist {
 namespace {
 
 using cuda::gpu_test::device_alloc;
+using cuda::gpu_test::download;
 using cuda::gpu_test::upload;
-
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n > 0) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
 
 std::unique_ptr<NcclCommunicator> make_world_of_one() {
   const auto dir = std::filesystem::temp_directory_path() / ("fp4moe_nccl_" + std::to_string(::getpid()));

@@ -44,13 +44,8 @@ namespace {
 
 using gpu_test::device_alloc;
 using gpu_test::upload;
+using gpu_test::download;
 
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
 
 struct SeqSpec {
   int64_t seq_len;  // keys cached, this step's included

@@ -30,14 +30,9 @@ namespace fp4moe::cuda {
 namespace {
 
 using gpu_test::upload;
+using gpu_test::download;
+using gpu_test::bf;
 
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 TEST(CudaLayerNorm, MatchesCpu) {
   SKIP_WITHOUT_GPU();

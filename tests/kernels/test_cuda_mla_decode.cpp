@@ -38,26 +38,12 @@ namespace {
 
 using gpu_test::device_alloc;
 using gpu_test::upload;
+using gpu_test::random_bf16;
+using gpu_test::to_f32;
+using gpu_test::download;
+using gpu_test::cbf;
+using gpu_test::bf;
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng, float sd) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
-std::vector<float> to_f32(const uint16_t* p, size_t n) {
-  std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) f[i] = bf16_to_f32(p[i]);
-  return f;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-const __nv_bfloat16* cbf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
-__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 struct MlaCase {
   std::string name;

@@ -41,25 +41,11 @@ namespace {
 
 using gpu_test::device_alloc;
 using gpu_test::upload;
+using gpu_test::random_bf16;
+using gpu_test::to_f32;
+using gpu_test::download;
+using gpu_test::bf;
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
-std::vector<float> to_f32(const std::vector<uint16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
-  return f;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 uint32_t read_flag(const uint32_t* d) { return download(d, 1)[0]; }
 gpu_test::DevicePtr<uint32_t> zero_flag() {
   auto f = device_alloc<uint32_t>(1);

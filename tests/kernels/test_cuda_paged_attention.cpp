@@ -43,6 +43,10 @@ namespace {
 
 using gpu_test::device_alloc;
 using gpu_test::upload;
+using gpu_test::random_bf16;
+using gpu_test::download;
+using gpu_test::cbf;
+using gpu_test::bf;
 
 struct SeqSpec {
   int64_t cached;  // tokens already in the cache
@@ -57,23 +61,6 @@ struct AttnCase {
   DecodeSplit forced_split{};  // the default (0 x 0, "not planned"): plan_decode_split for 132 SMs
 };
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) FP4MOE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-template <typename T>
-const __nv_bfloat16* cbf(const T* p) {
-  return reinterpret_cast<const __nv_bfloat16*>(p);
-}
-__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 // Runs one case end to end (append, attention) and checks both against the CPU.
 void run_case(const AttnCase& c, std::mt19937_64& rng) {
