@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The GPU model (--device cuda) on the GPU machine in one call: builds the CLI and the GPU model /
 # ops / MoE tests, runs them, a compute-sanitizer memcheck of a short model run, bench-one-batch on
-# a GLM-4.5-shaped dummy model (NVFP4 W4A16 vs the BF16 cuBLAS peer, same run), and a serve +
-# bench-serving smoke test against `fp4moe serve --device cuda`. Logs to $OUT.
+# a dummy preset (NVFP4 W4A16 vs the BF16 cuBLAS peer, same run), and serve + bench-serving +
+# analyze against `fp4moe serve --device cuda` on that preset with NVFP4 and with BF16 weights.
+# Logs to $OUT.
+#   FP4MOE_PRESET   the dummy preset (default glm45-air-shard; glm5-shard, glm5-small)
+#   FP4MOE_STAGES   which of "tests sanitizer one-batch serve golden-serve" to run (default all)
+#   FP4MOE_CONCURRENCY  bench-serving concurrencies (default "1 16 64")
+#   FP4MOE_EXTRA_TESTS  more test binaries to build and run
 # Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
 # command `bash scripts/gpu_model_check.sh`.
 set -uo pipefail
@@ -13,6 +18,9 @@ sysroot="$PWD/.carry/sysroot/usr"
 export FP4MOE_SHARED="$PWD/.carry/shared"
 export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
+preset="${FP4MOE_PRESET:-glm45-air-shard}"
+stages=" ${FP4MOE_STAGES:-tests sanitizer one-batch serve golden-serve} "
+has() { [[ "$stages" == *" $1 "* ]]; }
 step() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
@@ -25,55 +33,60 @@ tests=(test_gpu_model test_gpu_kv_cache test_cuda_ops test_cuda_ops_host test_gp
 cmake --build build-gpu -j "$(nproc)" --target fp4moe "${tests[@]}" -- -k 0 > "$out/build.log" 2>&1 \
   || { status=1; grep -E "^FAILED|error" "$out/build.log" | head -20; }
 
-# FP4MOE_BENCH_ONLY=1: skip the tests and the sanitizer (after a gpu_check.sh run on the same tree).
-if [ "${FP4MOE_BENCH_ONLY:-0}" = 1 ]; then tests=(); fi
+has tests || tests=()
 step "tests"
 for name in "${tests[@]}"; do
   t=$(find build-gpu/tests -name "$name" -type f -perm -u+x | head -1)
   [ -n "$t" ] || { echo "$name: not built"; status=1; continue; }
   if "$t" > "$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; fi
   echo "$name: $r ($(grep -c '^\[       OK' "$out/$name.log") ok, $(grep -c '^\[  SKIPPED' "$out/$name.log") skipped)"
-  grep -E "cosine|argmax|Failure|FAILED  \]|error" "$out/$name.log" | head -20
+  grep -E "cosine|argmax|selections|Failure|FAILED  \]|error" "$out/$name.log" | head -30
 done
 
-step "compute-sanitizer memcheck (GPU model, prefill/decode/batching on the NVFP4 golden model)"
-t=$(find build-gpu/tests -name test_gpu_model -type f | head -1)
-if [ "${FP4MOE_BENCH_ONLY:-0}" = 1 ]; then
-  echo "skipped (FP4MOE_BENCH_ONLY)"
-elif [ -n "$t" ] && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
-    --gtest_filter='*PrefillDecodeAndBatching*/1:*ShortKvPool*/1' > "$out/sanitizer.log" 2>&1; then
-  echo "memcheck test_gpu_model: clean"
-else
-  echo "memcheck test_gpu_model: FAILED"; tail -30 "$out/sanitizer.log"; status=1
+if has sanitizer; then
+  step "compute-sanitizer memcheck (GPU models, prefill/decode/batching on the NVFP4 golden models)"
+  t=$(find build-gpu/tests -name test_gpu_model -type f | head -1)
+  if [ -n "$t" ] && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
+      --gtest_filter='*PrefillDecodeAndBatching*/1:*ShortKvPool*/1' > "$out/sanitizer.log" 2>&1; then
+    echo "memcheck test_gpu_model: clean ($(grep -c '^\[       OK' "$out/sanitizer.log") tests)"
+  else
+    echo "memcheck test_gpu_model: FAILED"; tail -30 "$out/sanitizer.log"; status=1
+  fi
 fi
 
 fp4moe=build-gpu/fp4moe
-step "bench-one-batch --device cuda: golden glm4_moe_tiny_nvfp4"
-"$fp4moe" bench-one-batch --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
-  --batch-size 1,16 --input-len 64 --output-len 16 2>&1 | tail -6 || status=1
+if has one-batch; then
+  step "bench-one-batch --device cuda: golden glm4_moe_tiny_nvfp4"
+  "$fp4moe" bench-one-batch --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
+    --batch-size 1,16 --input-len 64 --output-len 16 2>&1 | tail -6 || status=1
+  step "bench-one-batch: the $preset preset, dummy NVFP4 (W4A16 kernels vs the BF16 cuBLAS peer)"
+  for peer in "" "--bf16-peer"; do
+    echo "--- ${peer:-nvfp4 w4a16}"
+    "$fp4moe" bench-one-batch --device cuda --model "$preset" --load-format dummy --dummy-weights nvfp4 $peer \
+      --batch-size 1,16,64,256 --input-len 128 --output-len 16 2>&1 | tail -8 || status=1
+  done
+fi
 
-step "bench-one-batch: the glm45-air-shard preset (GLM-4.5-Air widths, 1 dense + 3 MoE layers of 32 experts), dummy NVFP4"
-cfg=glm45-air-shard
-for peer in "" "--bf16-peer"; do
-  echo "--- ${peer:-nvfp4 w4a16}"
-  "$fp4moe" bench-one-batch --device cuda --model "$cfg" --load-format dummy --dummy-weights nvfp4 $peer \
-    --batch-size 1,16,64,256 --input-len 128 --output-len 16 2>&1 | tail -8 || status=1
-done
+if has serve; then
+  for w in nvfp4 bf16; do
+    step "serve --device cuda + bench-serving + analyze ($preset, dummy $w weights)"
+    "$fp4moe" serve --device cuda --model "$preset" --load-format dummy --dummy-weights $w \
+      --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --max-running-requests 256 --port 30112 \
+      > "$out/serve_$w.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 400); do curl -sf localhost:30112/health > /dev/null && break; sleep 0.5; done
+    for c in ${FP4MOE_CONCURRENCY:-1 16 64}; do
+      echo "--- $w, concurrency $c"
+      "$fp4moe" bench-serving --url http://localhost:30112 --num-prompts $((c * 3)) --max-concurrency $c \
+        --input-len 128 --output-len 64 --output-file "$out/bench_serving_${w}_c$c.json" 2>&1 \
+        | grep -E "Successful|Output token throughput|Median TTFT|Median TPOT|P99 TPOT" | head -8
+    done
+    "$fp4moe" analyze --url http://localhost:30112 --model "$preset" --weights $w 2>&1 | tee "$out/analyze_$w.txt" | tail -40
+    kill -TERM $pid; wait $pid; tail -2 "$out/serve_$w.log"
+  done
+fi
 
-step "serve --device cuda + bench-serving + analyze (glm45-air-shard, dummy NVFP4)"
-"$fp4moe" serve --device cuda --model "$cfg" --load-format dummy --dummy-weights nvfp4 --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" \
-  --max-running-requests 64 --port 30112 > "$out/serve_dummy.log" 2>&1 &
-pid=$!
-for i in $(seq 1 300); do curl -sf localhost:30112/health > /dev/null && break; sleep 0.5; done
-for c in 1 16 64; do
-  echo "--- concurrency $c"
-  "$fp4moe" bench-serving --url http://localhost:30112 --num-prompts $((c * 3)) --max-concurrency $c \
-    --input-len 128 --output-len 64 2>&1 | grep -E "Successful|Output token throughput|Median TTFT|Median TPOT|P99 TPOT" | head -8
-done
-"$fp4moe" analyze --url http://localhost:30112 --model "$cfg" --weights nvfp4 2>&1 | tail -40
-kill -TERM $pid; wait $pid; tail -2 "$out/serve_dummy.log"
-
-[ "${FP4MOE_BENCH_ONLY:-0}" = 1 ] && { step "done (status $status)"; exit $status; }
+has golden-serve || { step "done (status $status)"; exit $status; }
 step "serve --device cuda + bench-serving (golden glm4_moe_tiny_nvfp4)"
 "$fp4moe" serve --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
   --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --port 30111 > "$out/serve.log" 2>&1 &

@@ -89,4 +89,30 @@ KeySelection dsa_select_topk(const IndexerDims& dims, const float* q, const floa
   return sel;
 }
 
+void check_key_selection(const KeySelection& keys, std::span<const int64_t> q_pos, int64_t index_topk,
+                         const std::string& what) {
+  const auto n_q = static_cast<int64_t>(q_pos.size());
+  FP4MOE_CHECK(keys.n_queries() == n_q && keys.offsets.front() == 0 &&
+               keys.offsets.back() == static_cast<int64_t>(keys.idx.size()))
+      << what << ": a selection of " << keys.n_queries() << " key lists (offsets end at "
+      << (keys.offsets.empty() ? 0 : keys.offsets.back()) << " for " << keys.idx.size() << " keys) for " << n_q
+      << " queries";
+  for (int64_t i = 0; i < n_q; ++i) {
+    const int64_t pos = q_pos[static_cast<size_t>(i)];
+    const int64_t want = std::min(index_topk, pos + 1);
+    FP4MOE_CHECK(keys.offsets[static_cast<size_t>(i) + 1] >= keys.offsets[static_cast<size_t>(i)])
+        << what << ": query " << i << " has decreasing offsets";
+    const std::span<const int32_t> k = keys.keys_of(i);
+    FP4MOE_CHECK(static_cast<int64_t>(k.size()) == want)
+        << what << ": query " << i << " (position " << pos << ") has " << k.size() << " keys, needs min(index_topk "
+        << index_topk << ", position + 1) = " << want;
+    for (size_t j = 0; j < k.size(); ++j) {
+      FP4MOE_CHECK(k[j] >= 0 && k[j] <= pos && (j == 0 || k[j] > k[j - 1]))
+          << what << ": query " << i << " (position " << pos << ") key " << j << " is " << k[j]
+          << (j > 0 ? " after " + std::to_string(k[j - 1]) : std::string())
+          << " (keys must be ascending, distinct, in 0.." << pos << ")";
+    }
+  }
+}
+
 }  // namespace fp4moe::model

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "model/mla.h"
@@ -53,5 +55,11 @@ void dsa_index_scores(const IndexerDims& dims, const float* q, const float* w, c
 // causal keys the result is still an explicit (not dense) selection.
 KeySelection dsa_select_topk(const IndexerDims& dims, const float* q, const float* w, const int64_t* q_pos,
                              int64_t n_q, const IndexerKeyCache& cache);
+
+// Throws (naming `what`, the query and the numbers) unless `keys` is a selection the indexer could
+// have made for these queries: one list per query, exactly min(index_topk, q_pos[i] + 1) keys,
+// ascending, distinct, each in 0..q_pos[i].
+void check_key_selection(const KeySelection& keys, std::span<const int64_t> q_pos, int64_t index_topk,
+                         const std::string& what);
 
 }  // namespace fp4moe::model

@@ -93,6 +93,7 @@ class Glm5Model final : public GlmMoeDsaModel {
   void forward(std::span<const SeqChunk> batch, ForwardTrace* trace) override;
   void set_linear_observer(LinearInputObserver observer) override;
   void set_dsa_observer(DsaSelectionObserver observer) override { dsa_observer_ = std::move(observer); }
+  void set_dsa_selection_override(DsaSelectionOverride source) override { dsa_override_ = std::move(source); }
   size_t weight_bytes() const override;
   std::string describe() const override;
 
@@ -125,6 +126,7 @@ class Glm5Model final : public GlmMoeDsaModel {
   std::vector<Glm5Layer> layers_;
   LinearInputObserver observer_;
   DsaSelectionObserver dsa_observer_;
+  DsaSelectionOverride dsa_override_;
 };
 
 Glm5Model::Glm5Model(const ModelConfig& c, const format::TensorStore& store, const LoadOptions& options)
@@ -292,6 +294,12 @@ void Glm5Model::attention(const Glm5Layer& L, std::span<const SeqChunk> batch, c
       for (int64_t r = r0; r < r1; ++r) kc.append(ik.data() + r * c.index_head_dim);
       shared_sel[ci] = dsa_select_topk(idx_dims_, iq.data() + r0 * c.index_n_heads * c.index_head_dim,
                                        iw.data() + r0 * c.index_n_heads, q_pos.data(), r1 - r0, kc);
+      if (dsa_override_) {
+        shared_sel[ci] = dsa_override_(L.index, ci, q_pos);
+        check_key_selection(shared_sel[ci], q_pos, c.index_topk,
+                            "layer " + std::to_string(L.index) + " chunk " + std::to_string(ci) +
+                                ": the DSA selection override");
+      }
     } else {
       FP4MOE_CHECK(shared_sel[ci].n_queries() == r1 - r0)
           << "layer " << L.index << " is a \"shared\" DSA layer but no earlier full layer selected keys";

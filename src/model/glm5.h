@@ -42,10 +42,20 @@ std::vector<WeightSpec> glm_moe_dsa_manifest(const ModelConfig& config);
 using DsaSelectionObserver = std::function<void(int64_t layer, size_t chunk, std::span<const int64_t> q_pos,
                                                 const KeySelection& keys, bool reused)>;
 
-// The GLM-5 model class, exposed for the selection observer; everything else is in CausalLM.
+// Replaces the indexer's choice on "full" layers: given the layer, the chunk and its query
+// positions, the keys each query attends to instead (checked by check_key_selection: exactly
+// min(index_topk, pos + 1) distinct ascending keys <= pos per query). For tests that separate the
+// top-k selection from everything else: a bf16 GPU forward pinned to the f32 CPU model's selections
+// must match the golden logits even where bf16 rounding flips a near-tie of the index scores.
+using DsaSelectionOverride =
+    std::function<KeySelection(int64_t layer, size_t chunk, std::span<const int64_t> q_pos)>;
+
+// The GLM-5 model class (CPU and GPU), exposed for the selection hooks; everything else is in
+// CausalLM. Both hooks are for tests and statistics: on the GPU they synchronize the stream.
 class GlmMoeDsaModel : public CausalLM {
  public:
   virtual void set_dsa_observer(DsaSelectionObserver observer) = 0;
+  virtual void set_dsa_selection_override(DsaSelectionOverride source) = 0;
 };
 
 }  // namespace fp4moe::model

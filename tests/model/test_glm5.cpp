@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -231,6 +232,77 @@ TEST_P(Glm5Golden, DsaSelectionIsSparseAndMatters) {
   std::printf("[glm5] %s dense-attention logits vs golden: %.3g (sparse path must matter: > %.3g)\n",
               GetParam().c_str(), e, kTol);
   EXPECT_GT(e, kTol);
+}
+
+// set_dsa_selection_override: its own selections give the same logits bit for bit; another valid
+// selection (the first min(top-k, pos + 1) keys) changes the sparse positions only; a selection the
+// indexer could not make (a key count off by one, a key past the query) is refused with the numbers
+// and leaves the state as it was.
+TEST_P(Glm5Golden, SelectionOverrideIsUsedAndChecked) {
+  auto* dsa = dynamic_cast<GlmMoeDsaModel*>(lm_.get());
+  ASSERT_NE(dsa, nullptr);
+  const int64_t V = g_.vocab, N = g_.greedy_len, topk = cfg_.index_topk;
+  SelectionLog sel;
+  dsa->set_dsa_observer(log_into(sel));
+  auto st = lm_->new_state();
+  const std::vector<float> own = lm_->forward_one(*st, greedy(0), true);
+  dsa->set_dsa_observer({});
+  auto from = [](auto pick) {
+    return [pick](int64_t layer, size_t, std::span<const int64_t> q_pos) {
+      KeySelection k;
+      k.offsets.push_back(0);
+      for (int64_t p : q_pos) {
+        const std::vector<int32_t> keys = pick(layer, p);
+        k.idx.insert(k.idx.end(), keys.begin(), keys.end());
+        k.offsets.push_back(static_cast<int64_t>(k.idx.size()));
+      }
+      return k;
+    };
+  };
+  dsa->set_dsa_selection_override(from([&](int64_t layer, int64_t p) { return sel.at({layer, p}); }));
+  auto s1 = lm_->new_state();
+  EXPECT_EQ(lm_->forward_one(*s1, greedy(0), true), own);
+
+  auto first_keys = [&](int64_t, int64_t p) {
+    std::vector<int32_t> k(static_cast<size_t>(std::min(topk, p + 1)));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int32_t>(i);
+    return k;
+  };
+  dsa->set_dsa_selection_override(from(first_keys));
+  auto s2 = lm_->new_state();
+  const std::vector<float> other = lm_->forward_one(*s2, greedy(0), true);
+  EXPECT_LE(rel_err(other.data(), own.data(), topk * V), 1e-6) << "positions before the first sparse query";
+  EXPECT_GT(rel_err(other.data() + topk * V, own.data() + topk * V, (N - topk) * V), kTol);
+
+  const std::pair<std::function<std::vector<int32_t>(int64_t, int64_t)>, std::string> bad[] = {
+      {[&](int64_t l, int64_t p) {
+         auto k = first_keys(l, p);
+         if (p == N - 1) k.pop_back();
+         return k;
+       },
+       "(position " + std::to_string(N - 1) + ") has " + std::to_string(topk - 1) + " keys, needs min(index_topk " +
+           std::to_string(topk) + ", position + 1) = " + std::to_string(topk)},
+      {[&](int64_t l, int64_t p) {
+         auto k = first_keys(l, p);
+         if (p == N - 1) k.back() = static_cast<int32_t>(N);
+         return k;
+       },
+       "key " + std::to_string(topk - 1) + " is " + std::to_string(N) + " after " + std::to_string(topk - 2) +
+           " (keys must be ascending, distinct, in 0.." + std::to_string(N - 1) + ")"}};
+  for (const auto& [pick, want] : bad) {
+    dsa->set_dsa_selection_override(from(pick));
+    auto s3 = lm_->new_state();
+    lm_->forward_one(*s3, greedy(0).subspan(0, 4), false);
+    try {
+      lm_->forward_one(*s3, greedy(0).subspan(4), false);
+      ADD_FAILURE() << "an impossible selection was used";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the DSA selection override"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s3->length(), 4);
+  }
+  dsa->set_dsa_selection_override({});
 }
 
 TEST_P(Glm5Golden, FailedStepLeavesStatesUnchanged) {

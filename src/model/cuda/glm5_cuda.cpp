@@ -39,6 +39,7 @@
 #include "model/cuda/gpu_models.h"
 #include "model/cuda/gpu_step.h"
 #include "model/dsa_indexer.h"
+#include "model/glm5.h"
 #include "model/mla.h"
 #include "model/ops.h"
 #include "model/weights.h"
@@ -90,7 +91,7 @@ struct StepPlan {
   int64_t n_selected = 0;
 };
 
-class Glm5CudaModel final : public CausalLM {
+class Glm5CudaModel final : public GlmMoeDsaModel {
  public:
   Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options);
   ~Glm5CudaModel() override {
@@ -108,6 +109,8 @@ class Glm5CudaModel final : public CausalLM {
   }
   size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
   std::string describe() const override { return description_; }
+  void set_dsa_observer(DsaSelectionObserver observer) override { dsa_observer_ = std::move(observer); }
+  void set_dsa_selection_override(DsaSelectionOverride source) override { dsa_override_ = std::move(source); }
 
  private:
   // Device pointers of one step's host ints (see forward()).
@@ -116,6 +119,21 @@ class Glm5CudaModel final : public CausalLM {
     int64_t max_blocks, n_seqs, n_tokens, max_q_len, max_seq_len;
   };
   void run_layer(size_t l, const StepInts& s, const StepPlan& plan);
+  // The selection hooks (tests): after layer l's selection (full layers, DSA steps) replace it with
+  // the override's and report it to the observer; both synchronize the stream.
+  void selection_hooks(size_t l, const StepPlan& plan);
+
+  // Host copy of the step's rows for the hooks: per chunk its first row and query positions, the
+  // CSR offsets of the selection (DSA steps) and the last full layer's selected keys.
+  struct HostStep {
+    std::vector<int64_t> row0;
+    std::vector<std::vector<int64_t>> q_pos;
+    std::vector<int32_t> sel_offsets;
+    std::vector<int32_t> sel_idx;
+  };
+  HostStep host_step_;
+  DsaSelectionObserver dsa_observer_;
+  DsaSelectionOverride dsa_override_;
 
   ModelConfig cfg_;
   moe::MoeConfig moe_cfg_;
@@ -428,6 +446,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
       cuda::dsa_index_select_topk(ia, idx_, dsa_workspace_.as<float>(), st);
     }
   }
+  selection_hooks(l, plan);
 
   // MLA, absorbed: q_lat rows, attention over the latent cache, W_UV, o_proj.
   float* q_lat = q_lat_.as<float>();
@@ -467,6 +486,51 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     L.moe->forward(h, T, x, st);
   } else {
     L.mlp->forward(cb, h, T, gate_.as<bf16>(), up_.as<bf16>(), act_.as<bf16>(), x, st);
+  }
+}
+
+void Glm5CudaModel::selection_hooks(size_t l, const StepPlan& plan) {
+  if (!dsa_observer_ && !dsa_override_) return;
+  const bool full = layers_[l].indexer.has_value();
+  HostStep& hs = host_step_;
+  const auto layer = static_cast<int64_t>(l);
+  if (full && plan.dsa) {
+    const size_t n = static_cast<size_t>(plan.n_selected);
+    hs.sel_idx.resize(n);
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(hs.sel_idx.data(), sel_idx_.as<int32_t>(), n * 4, cudaMemcpyDeviceToHost,
+                                      stream_.get()));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    if (dsa_override_) {
+      for (size_t ci = 0; ci < hs.q_pos.size(); ++ci) {
+        const KeySelection keys = dsa_override_(layer, ci, hs.q_pos[ci]);
+        check_key_selection(keys, hs.q_pos[ci], cfg_.index_topk,
+                            "layer " + std::to_string(l) + " chunk " + std::to_string(ci) +
+                                ": the DSA selection override");
+        // Same per-query counts as the step's offsets (both min(index_topk, pos + 1)).
+        std::copy(keys.idx.begin(), keys.idx.end(),
+                  hs.sel_idx.begin() + hs.sel_offsets[static_cast<size_t>(hs.row0[ci])]);
+      }
+      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(sel_idx_.as<int32_t>(), hs.sel_idx.data(), n * 4, cudaMemcpyHostToDevice,
+                                        stream_.get()));
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    }
+  }
+  if (!dsa_observer_) return;
+  for (size_t ci = 0; ci < hs.q_pos.size(); ++ci) {
+    const std::vector<int64_t>& q_pos = hs.q_pos[ci];
+    KeySelection keys;
+    keys.offsets.push_back(0);
+    for (size_t i = 0; i < q_pos.size(); ++i) {
+      if (plan.dsa) {  // the selection the attention used (this layer's or the last full layer's)
+        const size_t row = static_cast<size_t>(hs.row0[ci]) + i;
+        keys.idx.insert(keys.idx.end(), hs.sel_idx.begin() + hs.sel_offsets[row],
+                        hs.sel_idx.begin() + hs.sel_offsets[row + 1]);
+      } else {  // every query keeps all its causal keys (the CPU reports that explicitly, too)
+        for (int64_t k = 0; k <= q_pos[i]; ++k) keys.idx.push_back(static_cast<int32_t>(k));
+      }
+      keys.offsets.push_back(static_cast<int64_t>(keys.idx.size()));
+    }
+    dsa_observer_(layer, ci, q_pos, keys, !full);
   }
 }
 
@@ -548,6 +612,17 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
     s.max_q_len = step.max_q_len;
     s.max_seq_len = max_len;
 
+    if (dsa_observer_ || dsa_override_) {
+      host_step_.row0.clear();
+      host_step_.q_pos.clear();
+      for (const gpu_step::Chunk& c : step.chunks) {
+        host_step_.row0.push_back(c.row0);
+        std::vector<int64_t> pos(static_cast<size_t>(c.n));
+        for (int64_t i = 0; i < c.n; ++i) pos[static_cast<size_t>(i)] = c.pos0 + i;
+        host_step_.q_pos.push_back(std::move(pos));
+      }
+      host_step_.sel_offsets = sel_offsets;
+    }
     cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), out_->error_flag(), st);
     std::vector<size_t> moe_layers;
     std::vector<const int32_t*> moe_offsets;
