@@ -2,6 +2,7 @@
 // RAII device buffers, bf16 test data and copies back.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 
@@ -39,6 +41,19 @@ DevicePtr<T> device_alloc(size_t count) {
   FP4MOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
   return DevicePtr<T>(static_cast<T*>(p));
 }
+
+// A cuBLAS handle for the test (default stream).
+class CublasHandle {
+ public:
+  CublasHandle() { FP4MOE_CUBLAS_CHECK(cublasCreate(&h_)); }
+  ~CublasHandle() { cublasDestroy(h_); }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
 
 // A device copy of `host`.
 template <typename T>

@@ -37,6 +37,7 @@ namespace fp4moe::cuda {
 namespace {
 
 using gpu_test::device_alloc;
+using gpu_test::CublasHandle;
 using gpu_test::upload;
 using gpu_test::random_bf16;
 using gpu_test::to_f32;
@@ -134,10 +135,12 @@ void run_case(const MlaCase& c, std::mt19937_64& rng) {
   const size_t ws = mla_decode_workspace_bytes(n_seqs, dims, split);
   auto dws = device_alloc<float>(ws / 4);
   auto dout = device_alloc<uint16_t>(static_cast<size_t>(n_seqs * d.n_heads * vd));
-  mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n_seqs, dqlat.get(), nullptr);
+  const CublasHandle cublas;
+  mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n_seqs, dqlat.get(), cublas.get(), nullptr);
   mla_decode_attention(dqlat.get(), cache, dtable.get(), max_blocks, dlens.get(), n_seqs, dims, split,
                        ws ? dws.get() : nullptr, dlat.get(), flag.get(), nullptr);
-  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_seqs, bf(dout.get()), nullptr);
+  auto dpws = device_alloc<char>(mla_project_v_workspace_bytes(n_seqs, dims));
+  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_seqs, dpws.get(), bf(dout.get()), cublas.get(), nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   const uint32_t flags = download(flag.get(), 1)[0];
   ASSERT_EQ(flags, 0u) << what << ": device errors " << describe_device_errors(flags);

@@ -42,6 +42,7 @@ namespace fp4moe::cuda {
 namespace {
 
 using gpu_test::device_alloc;
+using gpu_test::CublasHandle;
 using gpu_test::upload;
 using gpu_test::random_bf16;
 using gpu_test::to_f32;
@@ -172,9 +173,11 @@ void run_case(const PrefillCase& c, std::mt19937_64& rng) {
   }
   a.latent = dlat.get();
   a.error_flag = flag.get();
-  mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n_tokens, dqlat.get(), nullptr);  // rows = tokens
+  const CublasHandle cublas;
+  mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n_tokens, dqlat.get(), cublas.get(), nullptr);  // rows = tokens
   mla_prefill_attention(a, dims, split, ws ? dws.get() : nullptr, nullptr);
-  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_tokens, bf(dout.get()), nullptr);
+  auto dpws = device_alloc<char>(mla_project_v_workspace_bytes(n_tokens, dims));
+  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_tokens, dpws.get(), bf(dout.get()), cublas.get(), nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   const uint32_t flags = download(flag.get(), 1)[0];
   if (c.corrupt) {

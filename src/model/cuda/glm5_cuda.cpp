@@ -154,7 +154,7 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   int64_t weight_bytes_ = 0;
   std::string description_;
   // Scratch for max_T_ tokens.
-  DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, attn_, ik_, iq_, iw_, gate_, up_, act_;
+  DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, proj_ws_, attn_, ik_, iq_, iw_, gate_, up_, act_;
   // Grown per step: ints, argmax rows, the DSA selection and workspaces.
   DeviceBuffer ints_, sel_idx_, dsa_workspace_, attn_workspace_;
   PinnedBuffer<int32_t> h_ints_;
@@ -351,6 +351,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   ckv_ = DeviceBuffer(bf16s(latent_w));
   q_lat_ = DeviceBuffer(f32s(heads * latent_w));
   latent_ = DeviceBuffer(f32s(heads * R));
+  proj_ws_ = DeviceBuffer(cuda::mla_project_v_workspace_bytes(max_T_, mla_));
   attn_ = DeviceBuffer(bf16s(heads * c.v_head_dim));
   ik_ = DeviceBuffer(bf16s(c.index_head_dim));
   iq_ = DeviceBuffer(bf16s(c.index_n_heads * c.index_head_dim));
@@ -452,7 +453,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   float* q_lat = q_lat_.as<float>();
   float* latent = latent_.as<float>();
   float* ws = plan.split.n_splits > 1 ? attn_workspace_.as<float>() : nullptr;
-  cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, st);
+  cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, cb, st);
   if (plan.decode_kernel) {
     // One query row per sequence (T == n_seqs), dense causal over all of its keys.
     cuda::mla_decode_attention(q_lat, cache, s.tables, s.max_blocks, s.seq_lens, s.n_seqs, mla_, plan.split, ws,
@@ -477,7 +478,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     pa.error_flag = err;
     cuda::mla_prefill_attention(pa, mla_, plan.split, ws, st);
   }
-  cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, attn_.as<bf16>(), st);
+  cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st);
   L.o.forward(cb, attn_.as<bf16>(), T, x, st);
   FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l + 1].get(), st));
 

@@ -1,7 +1,6 @@
 // MLA absorbed-form decode kernels (see mla_decode.h).
-//   mla_absorb_q_kernel:  CTA (128 latent dims, head); thread r sums q_nope[s,h,x] * W_UK_h[x][r] over x
-//                         in order for each sequence (W rows read coalesced); the CTA of dims [0, 128)
-//                         also copies q_pe as f32.
+//   mla_absorb_q:         cuBLAS strided-batched GEMM over heads (bf16 in, f32 out) + mla_copy_q_pe_kernel
+//                         (thread per q_pe element, as f32).
 //   mla_decode_attention_kernel<RPL> (rank = 32 * RPL): CTA (16-head chunk, sequence, key split), 4
 //                         warps x 4 heads. The 16 q_lat rows sit in shared memory (f32); the CTA walks its
 //                         keys 32 at a time, copying each key's [c_kv | k_pe] row (bf16 pairs) through the
@@ -9,7 +8,8 @@
 //                         per head (dot over rank + rope), does the online softmax with shuffles, and adds
 //                         p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
 //   split merge:          split_merge_kernel.cuh (warp per (sequence, head) -> latent; shared).
-//   mla_project_v_kernel: warp per (head, output dim) and sequence: W_UV_h[x] . latent[s,h], warp-reduced.
+//   mla_project_v:        mla_split_bf16_kernel (latent -> hi, lo bf16), two cuBLAS strided-batched GEMMs
+//                         over heads into f32, mla_round_bf16_kernel (f32 -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -28,7 +29,7 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMlaThreads = kMlaWarps * 32;
-constexpr int kAbsorbThreads = 128;
+constexpr int kElementwiseThreads = 256;
 
 struct MlaParams {
   const float* q_lat;
@@ -164,48 +165,40 @@ __global__ void __launch_bounds__(kMlaThreads) mla_decode_attention_kernel(const
   }
 }
 
-__global__ void __launch_bounds__(kAbsorbThreads)
-    mla_absorb_q_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv_b, int64_t n_seqs,
-                        int n_heads, int rank, int nope, int rope, int v_dim, float* __restrict__ q_lat) {
-  const int r = static_cast<int>(blockIdx.x) * kAbsorbThreads + static_cast<int>(threadIdx.x);
-  const int h = blockIdx.y;
-  const int qk = nope + rope;
-  const int W = rank + rope;
-  const __nv_bfloat16* w_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * rank;  // [nope, rank]
-  for (int64_t s = 0; s < n_seqs; ++s) {
-    const __nv_bfloat16* qh = q + (s * n_heads + h) * qk;
-    float* out = q_lat + (s * n_heads + h) * W;
-    if (r < rank) {
-      float acc = 0.0f;
-      for (int x = 0; x < nope; ++x) {
-        acc = fmaf(__bfloat162float(qh[x]), __bfloat162float(w_uk[static_cast<int64_t>(x) * rank + r]), acc);
-      }
-      out[r] = acc;
-    }
-    if (blockIdx.x == 0) {
-      for (int x = threadIdx.x; x < rope; x += kAbsorbThreads) out[rank + x] = __bfloat162float(qh[nope + x]);
-    }
+__global__ void __launch_bounds__(kElementwiseThreads)
+    mla_copy_q_pe_kernel(const __nv_bfloat16* __restrict__ q, int64_t n_rows, int n_heads, int rank, int nope, int rope,
+                         float* __restrict__ q_lat) {
+  const int64_t total = n_rows * n_heads * rope;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t row_head = i / rope;  // s * n_heads + h
+    const int64_t x = i % rope;
+    q_lat[row_head * (rank + rope) + rank + x] = __bfloat162float(q[row_head * (nope + rope) + nope + x]);
   }
 }
 
-constexpr int kProjectWarps = 4;
-
-__global__ void __launch_bounds__(kProjectWarps * 32)
-    mla_project_v_kernel(const float* __restrict__ latent, const __nv_bfloat16* __restrict__ kv_b, int64_t n_seqs,
-                         int n_heads, int rank, int nope, int v_dim, __nv_bfloat16* __restrict__ out) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kProjectWarps + threadIdx.x / 32;  // h * v_dim + x
-  if (o >= static_cast<int64_t>(n_heads) * v_dim) return;
-  const int h = static_cast<int>(o / v_dim);
-  const int x = static_cast<int>(o % v_dim);
-  const __nv_bfloat16* w = kv_b + (static_cast<int64_t>(h) * (nope + v_dim) + nope + x) * rank;  // W_UV_h[x]
-  for (int64_t s = 0; s < n_seqs; ++s) {
-    const float* lat = latent + (s * n_heads + h) * rank;
-    float acc = 0.0f;
-    for (int r = lane; r < rank; r += 32) acc = fmaf(__bfloat162float(w[r]), lat[r], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) out[s * n_heads * v_dim + o] = __float2bfloat16_rn(acc);
+__global__ void __launch_bounds__(kElementwiseThreads)
+    mla_split_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ hi,
+                          __nv_bfloat16* __restrict__ lo) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = x[i];
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi[i] = h;
+    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
   }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    mla_round_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ y) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    y[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+unsigned elementwise_blocks(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 1, 4096));
 }
 
 __global__ void __launch_bounds__(256)
@@ -279,16 +272,24 @@ void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __
 }
 
 void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                  float* q_lat, cudaStream_t stream) {
+                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream) {
   check_dims("mla_absorb_q", dims);
   FP4MOE_CHECK(n_seqs >= 0) << "mla_absorb_q: n_seqs=" << n_seqs;
   if (n_seqs == 0) return;
-  FP4MOE_CHECK(q != nullptr && kv_b != nullptr && q_lat != nullptr) << "mla_absorb_q: null pointer";
-  const dim3 grid(static_cast<unsigned>((dims.kv_lora_rank + kAbsorbThreads - 1) / kAbsorbThreads),
-                  static_cast<unsigned>(dims.n_heads));
-  mla_absorb_q_kernel<<<grid, kAbsorbThreads, 0, stream>>>(q, kv_b, n_seqs, dims.n_heads, dims.kv_lora_rank,
-                                                           dims.qk_nope_head_dim, dims.qk_rope_head_dim,
-                                                           dims.v_head_dim, q_lat);
+  FP4MOE_CHECK(q != nullptr && kv_b != nullptr && q_lat != nullptr && cublas != nullptr)
+      << "mla_absorb_q: null pointer or cuBLAS handle";
+  const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, rope = dims.qk_rope_head_dim;
+  const int64_t qk = nope + rope, W = R + rope, rows_per_head = nope + dims.v_head_dim;
+  // Column-major view per head h: q_lat_h^T [R, n] = W_UK_h^T [R, nope] x q_nope_h^T [nope, n].
+  const float one = 1.0f, zero = 0.0f;
+  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  FP4MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(R), static_cast<int>(n_seqs), static_cast<int>(nope), &one,
+      kv_b, CUDA_R_16BF, static_cast<int>(R), rows_per_head * R, q, CUDA_R_16BF, static_cast<int>(H * qk), qk, &zero,
+      q_lat, CUDA_R_32F, static_cast<int>(H * W), W, static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const int64_t n_pe = n_seqs * H * rope;
+  mla_copy_q_pe_kernel<<<elementwise_blocks(n_pe), kElementwiseThreads, 0, stream>>>(
+      q, n_seqs, static_cast<int>(H), static_cast<int>(R), static_cast<int>(nope), static_cast<int>(rope), q_lat);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -363,17 +364,55 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   }
 }
 
+namespace {
+// [hi bf16 | lo bf16 | f32 out], each part 256-byte aligned.
+struct ProjectVWorkspace {
+  size_t hi = 0, lo = 0, out = 0, bytes = 0;
+  ProjectVWorkspace(int64_t n_seqs, const MlaDecodeDims& d) {
+    const auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+    const auto n_lat = static_cast<size_t>(n_seqs) * d.n_heads * d.kv_lora_rank;
+    lo = align(n_lat * 2);
+    out = lo + align(n_lat * 2);
+    bytes = out + align(static_cast<size_t>(n_seqs) * d.n_heads * d.v_head_dim * 4);
+  }
+};
+}  // namespace
+
+size_t mla_project_v_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims) {
+  FP4MOE_CHECK(n_seqs >= 0) << "mla_project_v_workspace_bytes: n_seqs=" << n_seqs;
+  return ProjectVWorkspace(n_seqs, dims).bytes;
+}
+
 void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                   __nv_bfloat16* out, cudaStream_t stream) {
+                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream) {
   check_dims("mla_project_v", dims);
   FP4MOE_CHECK(n_seqs >= 0) << "mla_project_v: n_seqs=" << n_seqs;
   if (n_seqs == 0) return;
-  FP4MOE_CHECK(latent != nullptr && kv_b != nullptr && out != nullptr) << "mla_project_v: null pointer";
-  const int64_t n_out = static_cast<int64_t>(dims.n_heads) * dims.v_head_dim;
-  const auto blocks = static_cast<unsigned>((n_out + kProjectWarps - 1) / kProjectWarps);
-  mla_project_v_kernel<<<blocks, kProjectWarps * 32, 0, stream>>>(latent, kv_b, n_seqs, dims.n_heads,
-                                                                  dims.kv_lora_rank, dims.qk_nope_head_dim,
-                                                                  dims.v_head_dim, out);
+  FP4MOE_CHECK(latent != nullptr && kv_b != nullptr && out != nullptr && workspace != nullptr && cublas != nullptr)
+      << "mla_project_v: null pointer, workspace (" << mla_project_v_workspace_bytes(n_seqs, dims)
+      << " B) or cuBLAS handle";
+  const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, V = dims.v_head_dim;
+  const ProjectVWorkspace ws(n_seqs, dims);
+  auto* base = static_cast<char*>(workspace);
+  auto* hi = reinterpret_cast<__nv_bfloat16*>(base + ws.hi);
+  auto* lo = reinterpret_cast<__nv_bfloat16*>(base + ws.lo);
+  auto* acc = reinterpret_cast<float*>(base + ws.out);
+  const int64_t n_lat = n_seqs * H * R;
+  mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent, n_lat, hi, lo);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+  // Column-major view per head h: out_h^T [V, n] = (W_UV_h stored [V rows of R])^T-op x latent_h^T [R, n].
+  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  const float one = 1.0f, zero = 0.0f;
+  const __nv_bfloat16* w_uv = kv_b + nope * R;
+  for (int part = 0; part < 2; ++part) {
+    FP4MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(V), static_cast<int>(n_seqs), static_cast<int>(R), &one,
+        w_uv, CUDA_R_16BF, static_cast<int>(R), (nope + V) * R, part == 0 ? hi : lo, CUDA_R_16BF,
+        static_cast<int>(H * R), R, part == 0 ? &zero : &one, acc, CUDA_R_32F, static_cast<int>(H * V), V,
+        static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  const int64_t n_out = n_seqs * H * V;
+  mla_round_bf16_kernel<<<elementwise_blocks(n_out), kElementwiseThreads, 0, stream>>>(acc, n_out, out);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

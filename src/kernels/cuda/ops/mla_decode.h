@@ -19,6 +19,7 @@
 // tests/kernels/test_cuda_ops_host.cpp (layout and split planning).
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -86,9 +87,10 @@ void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __
                            cudaStream_t stream);
 
 // Step 1: q [n_seqs, n_heads, nope + rope] bf16, kv_b [n_heads * (nope + v), rank] bf16 ->
-// q_lat [n_seqs, n_heads, rank + rope] f32.
+// q_lat [n_seqs, n_heads, rank + rope] f32. One cuBLAS strided-batched GEMM over the heads
+// (q_nope_h [n_seqs, nope] x W_UK_h [nope, rank], bf16 in, f32 accumulate and out) and a copy of q_pe.
 void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                  float* q_lat, cudaStream_t stream);
+                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream);
 
 // Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split).
 void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
@@ -96,8 +98,12 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
                           const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
                           cudaStream_t stream);
 
-// Step 3: out [n_seqs, n_heads * v] bf16 (the o_proj input).
+// Step 3: out [n_seqs, n_heads * v] bf16 (the o_proj input). The f32 latent is split into two bf16
+// parts (hi = bf16(latent), lo = bf16(latent - hi): ~2^-17 relative together), and two cuBLAS
+// strided-batched GEMMs over the heads (latent_h [n_seqs, rank] x W_UV_h^T, f32 accumulate) sum
+// into an f32 scratch that is rounded to bf16 once. workspace: mla_project_v_workspace_bytes.
+size_t mla_project_v_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims);
 void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                   __nv_bfloat16* out, cudaStream_t stream);
+                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream);
 
 }  // namespace fp4moe::cuda
