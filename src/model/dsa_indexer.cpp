@@ -92,7 +92,7 @@ KeySelection dsa_select_topk(const IndexerDims& dims, const float* q, const floa
 void check_key_selection(const KeySelection& keys, std::span<const int64_t> q_pos, int64_t index_topk,
                          const std::string& what) {
   const auto n_q = static_cast<int64_t>(q_pos.size());
-  FP4MOE_CHECK(keys.n_queries() == n_q && keys.offsets.front() == 0 &&
+  FP4MOE_CHECK(keys.n_queries() == n_q && !keys.offsets.empty() && keys.offsets.front() == 0 &&
                keys.offsets.back() == static_cast<int64_t>(keys.idx.size()))
       << what << ": a selection of " << keys.n_queries() << " key lists (offsets end at "
       << (keys.offsets.empty() ? 0 : keys.offsets.back()) << " for " << keys.idx.size() << " keys) for " << n_q

@@ -292,13 +292,14 @@ void Glm5Model::attention(const Glm5Layer& L, std::span<const SeqChunk> batch, c
     if (L.full_indexer) {
       IndexerKeyCache& kc = st.index[static_cast<size_t>(L.index)];
       for (int64_t r = r0; r < r1; ++r) kc.append(ik.data() + r * c.index_head_dim);
-      shared_sel[ci] = dsa_select_topk(idx_dims_, iq.data() + r0 * c.index_n_heads * c.index_head_dim,
-                                       iw.data() + r0 * c.index_n_heads, q_pos.data(), r1 - r0, kc);
       if (dsa_override_) {
         shared_sel[ci] = dsa_override_(L.index, ci, q_pos);
         check_key_selection(shared_sel[ci], q_pos, c.index_topk,
                             "layer " + std::to_string(L.index) + " chunk " + std::to_string(ci) +
                                 ": the DSA selection override");
+      } else {
+        shared_sel[ci] = dsa_select_topk(idx_dims_, iq.data() + r0 * c.index_n_heads * c.index_head_dim,
+                                         iw.data() + r0 * c.index_n_heads, q_pos.data(), r1 - r0, kc);
       }
     } else {
       FP4MOE_CHECK(shared_sel[ci].n_queries() == r1 - r0)

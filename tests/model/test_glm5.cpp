@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/dsa_selection_log.h"
 #include "model/glm5.h"
 #include "model/ops.h"
 #include "model/registry.h"
@@ -27,6 +28,11 @@
 
 namespace fp4moe::model {
 namespace {
+
+using dsa_test::log_into;
+using dsa_test::pinned_to;
+using dsa_test::selection_from;
+using dsa_test::SelectionLog;
 
 struct Golden {
   int64_t n_seq = 0, prompt_len = 0, greedy_len = 0, vocab = 0;
@@ -150,19 +156,6 @@ TEST_P(Glm5Golden, GreedyDecodeThroughCacheMatchesGolden) {
   }
 }
 
-// Records every DSA selection of a forward: (layer, absolute position) -> keys.
-using SelectionLog = std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>>;
-
-DsaSelectionObserver log_into(SelectionLog& log) {
-  return [&log](int64_t layer, size_t, std::span<const int64_t> q_pos, const KeySelection& keys, bool) {
-    ASSERT_EQ(keys.n_queries(), static_cast<int64_t>(q_pos.size()));
-    for (size_t i = 0; i < q_pos.size(); ++i) {
-      auto k = keys.keys_of(static_cast<int64_t>(i));
-      log[{layer, q_pos[i]}] = std::vector<int32_t>(k.begin(), k.end());
-    }
-  };
-}
-
 TEST_P(Glm5Golden, PrefillThenDecodeEqualsFullForward) {
   auto* dsa = dynamic_cast<GlmMoeDsaModel*>(lm_.get());
   ASSERT_NE(dsa, nullptr);
@@ -247,19 +240,7 @@ TEST_P(Glm5Golden, SelectionOverrideIsUsedAndChecked) {
   auto st = lm_->new_state();
   const std::vector<float> own = lm_->forward_one(*st, greedy(0), true);
   dsa->set_dsa_observer({});
-  auto from = [](auto pick) {
-    return [pick](int64_t layer, size_t, std::span<const int64_t> q_pos) {
-      KeySelection k;
-      k.offsets.push_back(0);
-      for (int64_t p : q_pos) {
-        const std::vector<int32_t> keys = pick(layer, p);
-        k.idx.insert(k.idx.end(), keys.begin(), keys.end());
-        k.offsets.push_back(static_cast<int64_t>(k.idx.size()));
-      }
-      return k;
-    };
-  };
-  dsa->set_dsa_selection_override(from([&](int64_t layer, int64_t p) { return sel.at({layer, p}); }));
+  dsa->set_dsa_selection_override(pinned_to(sel));
   auto s1 = lm_->new_state();
   EXPECT_EQ(lm_->forward_one(*s1, greedy(0), true), own);
 
@@ -268,7 +249,7 @@ TEST_P(Glm5Golden, SelectionOverrideIsUsedAndChecked) {
     for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<int32_t>(i);
     return k;
   };
-  dsa->set_dsa_selection_override(from(first_keys));
+  dsa->set_dsa_selection_override(selection_from(first_keys));
   auto s2 = lm_->new_state();
   const std::vector<float> other = lm_->forward_one(*s2, greedy(0), true);
   EXPECT_LE(rel_err(other.data(), own.data(), topk * V), 1e-6) << "positions before the first sparse query";
@@ -290,7 +271,7 @@ TEST_P(Glm5Golden, SelectionOverrideIsUsedAndChecked) {
        "key " + std::to_string(topk - 1) + " is " + std::to_string(N) + " after " + std::to_string(topk - 2) +
            " (keys must be ascending, distinct, in 0.." + std::to_string(N - 1) + ")"}};
   for (const auto& [pick, want] : bad) {
-    dsa->set_dsa_selection_override(from(pick));
+    dsa->set_dsa_selection_override(selection_from(pick));
     auto s3 = lm_->new_state();
     lm_->forward_one(*s3, greedy(0).subspan(0, 4), false);
     try {

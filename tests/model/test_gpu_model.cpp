@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,6 +43,7 @@
 #include "model/config.h"
 #include "model/glm5.h"
 #include "model/registry.h"
+#include "model/dsa_selection_log.h"
 #include "model/golden_data.h"
 #include "testing/testing.h"
 
@@ -51,6 +51,9 @@ namespace fp4moe::model {
 namespace {
 
 using golden::Golden;
+using dsa_test::log_into;
+using dsa_test::pinned_to;
+using dsa_test::SelectionLog;
 using golden::read_golden;
 
 double cosine(const float* a, const float* b, int64_t n) {
@@ -120,20 +123,6 @@ LoadOptions gpu_options(bool nvfp4_kernels = true, int64_t kv_tokens = 4096) {
 // selections (everything else in the forward must then meet the bf16 tolerance), and the GPU's own
 // selections are compared with the CPU's separately (GpuGlm5.SparseSelection...: key overlap).
 
-// (layer, query position) -> the keys it attends to, from "full" layers.
-using SelectionLog = std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>>;
-
-DsaSelectionObserver log_into(SelectionLog& log) {
-  return [&log](int64_t layer, size_t, std::span<const int64_t> q_pos, const KeySelection& keys, bool reused) {
-    if (reused) return;
-    ASSERT_EQ(keys.n_queries(), static_cast<int64_t>(q_pos.size()));
-    for (size_t i = 0; i < q_pos.size(); ++i) {
-      const auto k = keys.keys_of(static_cast<int64_t>(i));
-      log[{layer, q_pos[i]}] = std::vector<int32_t>(k.begin(), k.end());
-    }
-  };
-}
-
 // The f32 CPU model's selections over one whole sequence (a prefix of it selects the same keys).
 SelectionLog cpu_selections(const std::filesystem::path& dir, std::span<const int32_t> ids) {
   LoadOptions o;
@@ -143,24 +132,10 @@ SelectionLog cpu_selections(const std::filesystem::path& dir, std::span<const in
   EXPECT_NE(dsa, nullptr);
   SelectionLog log;
   if (dsa == nullptr) return log;
-  dsa->set_dsa_observer(log_into(log));
+  dsa->set_dsa_observer(log_into(log, /*include_reused=*/false));
   auto st = cpu->new_state();
   cpu->forward_one(*st, ids, false);
   return log;
-}
-
-DsaSelectionOverride pinned_to(const SelectionLog& log) {
-  return [&log](int64_t layer, size_t, std::span<const int64_t> q_pos) {
-    KeySelection keys;
-    keys.offsets.push_back(0);
-    for (int64_t p : q_pos) {
-      const auto it = log.find({layer, p});
-      FP4MOE_CHECK(it != log.end()) << "no CPU selection logged for layer " << layer << " position " << p;
-      keys.idx.insert(keys.idx.end(), it->second.begin(), it->second.end());
-      keys.offsets.push_back(static_cast<int64_t>(keys.idx.size()));
-    }
-    return keys;
-  };
 }
 
 class GpuGolden : public ::testing::TestWithParam<std::string> {
@@ -454,7 +429,7 @@ TEST(GpuGlm5, SparseSelectionAgreesWithCpuAndDenseCopyMatchesCpu) {
   const SelectionLog cpu_sel = cpu_selections(dir, ids);
 
   SelectionLog gpu_sel;
-  dsa->set_dsa_observer(log_into(gpu_sel));
+  dsa->set_dsa_observer(log_into(gpu_sel, /*include_reused=*/false));
   auto s0 = sparse_gpu->new_state();
   const std::vector<float> own = sparse_gpu->forward_one(*s0, ids, true);
   dsa->set_dsa_observer({});
@@ -584,7 +559,7 @@ TEST(GpuGlm5, SharedIndexerLayersAndSparseDecodeMatchCpu) {
     auto* cpu_dsa = dynamic_cast<GlmMoeDsaModel*>(cpu.get());
     auto* gpu_dsa = dynamic_cast<GlmMoeDsaModel*>(gpu.get());
     ASSERT_TRUE(cpu_dsa != nullptr && gpu_dsa != nullptr);
-    cpu_dsa->set_dsa_observer(log_into(cpu_sel));
+    cpu_dsa->set_dsa_observer(log_into(cpu_sel, /*include_reused=*/false));
     auto cs = cpu->new_state();
     const std::vector<float> ref = cpu->forward_one(*cs, ids, true);
     gpu_dsa->set_dsa_selection_override(pinned_to(cpu_sel));
@@ -592,7 +567,7 @@ TEST(GpuGlm5, SharedIndexerLayersAndSparseDecodeMatchCpu) {
     const std::vector<float> pinned = gpu->forward_one(*ps, ids, true);
     gpu_dsa->set_dsa_selection_override({});
     expect_close_rows(pinned, ref, V, name + " GPU full forward (CPU's selections) vs CPU");
-    gpu_dsa->set_dsa_observer(log_into(gpu_sel));
+    gpu_dsa->set_dsa_observer(log_into(gpu_sel, /*include_reused=*/false));
     auto gs = gpu->new_state();
     const std::vector<float> full = gpu->forward_one(*gs, ids, true);
     gpu_dsa->set_dsa_observer({});
