@@ -5,7 +5,10 @@
 # analyze against `fp4moe serve --device cuda` on that preset with NVFP4 and with BF16 weights.
 # Logs to $OUT.
 #   FP4MOE_PRESET   the dummy preset (default glm45-air-shard; glm5-shard, glm5-small)
-#   FP4MOE_STAGES   which of "tests sanitizer one-batch serve golden-serve" to run (default all)
+#   FP4MOE_STAGES   which of "tests sanitizer initcheck one-batch serve golden-serve" to run (default all
+#                   but initcheck)
+#   FP4MOE_SERVE_VARIANTS  weights served in the serve stage (default "nvfp4 bf16"; "nvfp4-eager" is
+#                   NVFP4 with --disable-cuda-graph)
 #   FP4MOE_CONCURRENCY  bench-serving concurrencies (default "1 16 64")
 #   FP4MOE_EXTRA_TESTS  more test binaries to build and run
 # Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
@@ -54,35 +57,49 @@ if has sanitizer; then
   fi
 fi
 
+if has initcheck; then
+  step "compute-sanitizer initcheck (GPU models on the NVFP4 golden models)"
+  t=$(find build-gpu/tests -name test_gpu_model -type f | head -1)
+  if [ -n "$t" ] && timeout 300 compute-sanitizer --tool initcheck --check-bulk-copy yes --error-exitcode 9 "$t" \
+      --gtest_filter='*PrefillDecodeAndBatching*/1:*PrefillDecodeAndBatching*/3' > "$out/initcheck.log" 2>&1; then
+    echo "initcheck test_gpu_model: clean ($(grep -c '^\[       OK' "$out/initcheck.log") tests)"
+  else
+    echo "initcheck test_gpu_model: FAILED"; grep -E "Uninitialized|at 0x|by thread|in |Host Frame" "$out/initcheck.log" | head -40
+    status=1
+  fi
+fi
+
 fp4moe=build-gpu/fp4moe
 if has one-batch; then
   step "bench-one-batch --device cuda: golden glm4_moe_tiny_nvfp4"
   "$fp4moe" bench-one-batch --device cuda --model "$FP4MOE_SHARED/golden/models/glm4_moe_tiny_nvfp4" \
     --batch-size 1,16 --input-len 64 --output-len 16 2>&1 | tail -6 || status=1
-  step "bench-one-batch: the $preset preset, dummy NVFP4 (W4A16 kernels vs the BF16 cuBLAS peer)"
-  for peer in "" "--bf16-peer"; do
-    echo "--- ${peer:-nvfp4 w4a16}"
+  step "bench-one-batch: the $preset preset, dummy NVFP4 (W4A16 kernels with and without CUDA graphs vs the BF16 cuBLAS peer)"
+  for peer in "" "--disable-cuda-graph" "--bf16-peer"; do
+    echo "--- ${peer:-nvfp4 w4a16, cuda graphs}"
     "$fp4moe" bench-one-batch --device cuda --model "$preset" --load-format dummy --dummy-weights nvfp4 $peer \
       --batch-size 1,16,64,256 --input-len 128 --output-len 16 2>&1 | tail -8 || status=1
   done
 fi
 
 if has serve; then
-  for w in nvfp4 bf16; do
-    step "serve --device cuda + bench-serving + analyze ($preset, dummy $w weights)"
-    "$fp4moe" serve --device cuda --model "$preset" --load-format dummy --dummy-weights $w \
+  for variant in ${FP4MOE_SERVE_VARIANTS:-nvfp4 bf16}; do
+    w=${variant%-eager}
+    extra=""; [ "$variant" = "$w" ] || extra="--disable-cuda-graph"
+    step "serve --device cuda + bench-serving + analyze ($preset, dummy $w weights $extra)"
+    "$fp4moe" serve --device cuda --model "$preset" --load-format dummy --dummy-weights $w $extra \
       --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --max-running-requests 256 --port 30112 \
-      > "$out/serve_$w.log" 2>&1 &
+      > "$out/serve_$variant.log" 2>&1 &
     pid=$!
     for i in $(seq 1 400); do curl -sf localhost:30112/health > /dev/null && break; sleep 0.5; done
     for c in ${FP4MOE_CONCURRENCY:-1 16 64}; do
-      echo "--- $w, concurrency $c"
+      echo "--- $variant, concurrency $c"
       "$fp4moe" bench-serving --url http://localhost:30112 --num-prompts $((c * 3)) --max-concurrency $c \
-        --input-len 128 --output-len 64 --output-file "$out/bench_serving_${w}_c$c.json" 2>&1 \
+        --input-len 128 --output-len 64 --output-file "$out/bench_serving_${variant}_c$c.json" 2>&1 \
         | grep -E "Successful|Output token throughput|Median TTFT|Median TPOT|P99 TPOT" | head -8
     done
-    "$fp4moe" analyze --url http://localhost:30112 --model "$preset" --weights $w 2>&1 | tee "$out/analyze_$w.txt" | tail -40
-    kill -TERM $pid; wait $pid; tail -2 "$out/serve_$w.log"
+    "$fp4moe" analyze --url http://localhost:30112 --model "$preset" --weights $w 2>&1 | tee "$out/analyze_$variant.txt" | tail -40
+    kill -TERM $pid; wait $pid; tail -2 "$out/serve_$variant.log"
   done
 fi
 

@@ -68,6 +68,7 @@ struct LayerTiming {
 struct ForwardTrace {
   std::vector<MoeLayerTrace> moe_layers;   // appended in layer order, one per MoE layer per step
   std::vector<LayerTiming> layer_times;    // appended in layer order, attention then mlp/moe per layer
+  int64_t cuda_graph_steps = 0;            // steps that ran as a captured CUDA graph (GPU models)
 };
 
 // Sees the f32 input of every Linear the forward runs (calibration for `fp4moe quantize`):

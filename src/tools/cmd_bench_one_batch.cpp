@@ -4,7 +4,12 @@
 // latency and throughput, median decode step latency and decode throughput, as a table or JSON.
 //
 //   fp4moe bench-one-batch [--model DIR [--load-format dummy]] [--batch-size 1,4,16]
-//       [--input-len 64] [--output-len 16] [--warmup 1] [--seed S] [--json]
+//       [--input-len 64] [--output-len 16] [--warmup 1] [--seed S] [--breakdown] [--json]
+//
+// --breakdown traces the decode steps (ForwardTrace: per-layer attention / mlp / moe times from the
+// model's events) and prints, per batch size, where the mean step goes: attention, dense MLP and MoE
+// layers summed over layers, and the rest (embedding, final norm, lm_head, the host's share and the
+// sync), with how many steps ran as CUDA graphs.
 //
 // Without --model it runs the embedded default model (engine/default_model.h).
 // Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
@@ -41,7 +46,8 @@ struct BenchArgs {
   int64_t warmup = 1;
   uint64_t seed = 0;
   bool json = false;
-  std::string device = "cpu";
+  bool breakdown = false;
+  DeviceArgs device;
   bool bf16_peer = false;
 };
 
@@ -73,10 +79,14 @@ struct Row {
   int64_t batch = 0;
   double prefill_s = 0, decode_median_s = 0, decode_total_s = 0;
   int64_t decode_steps = 0;
+  // --breakdown: per decode step on average (seconds), and the steps that ran as CUDA graphs.
+  double attention_s = 0, mlp_s = 0, moe_s = 0;
+  int64_t graph_steps = 0;
 };
 
 // One static batch: prefill, then decode steps; returns the timings.
-Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, std::mt19937_64& rng) {
+Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, bool breakdown,
+              std::mt19937_64& rng) {
   const int64_t V = lm.vocab_size();
   std::vector<std::unique_ptr<model::KvState>> states;
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
@@ -107,9 +117,21 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
       if (!model_argmax) next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
       chunks[static_cast<size_t>(b)].tokens = std::span<const int32_t>(&next[static_cast<size_t>(b)], 1);
     }
+    model::ForwardTrace trace;
     t0 = now_s();
-    lm.forward(chunks);
+    lm.forward(chunks, breakdown ? &trace : nullptr);
     steps.push_back(now_s() - t0);
+    for (const model::LayerTiming& t : trace.layer_times) {  // sub-parts ("moe.routed_down", ...) are inside "moe"
+      if (t.part == "attention") r.attention_s += t.seconds;
+      if (t.part == "mlp") r.mlp_s += t.seconds;
+      if (t.part == "moe") r.moe_s += t.seconds;
+    }
+    r.graph_steps += trace.cuda_graph_steps;
+  }
+  if (output_len > 0) {
+    r.attention_s /= static_cast<double>(output_len);
+    r.mlp_s /= static_cast<double>(output_len);
+    r.moe_s /= static_cast<double>(output_len);
   }
   r.decode_steps = output_len;
   for (double s : steps) r.decode_total_s += s;
@@ -120,6 +142,10 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
   return r;
 }
 
+double mean_step(const Row& r) {
+  return r.decode_steps > 0 ? r.decode_total_s / static_cast<double>(r.decode_steps) : 0.0;
+}
+
 void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
   FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
@@ -128,7 +154,7 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<model::CausalLM> lm;
   std::string model_name;
   if (a.model_dir.empty()) {
-    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model is built for the cpu only;"
+    FP4MOE_CHECK(a.device.device == "cpu") << "--device " << a.device.device << ": the embedded default model is built for the cpu only;"
                                     << " pass --model DIR or a preset (--load-format dummy) for the GPU";
     lm = engine::make_default_model(a.seed);
     model_name = engine::kDefaultModelName;
@@ -150,10 +176,10 @@ void run_bench(const BenchArgs& a) {
       << "--input-len " << a.input_len << " + --output-len " << a.output_len << " = " << a.input_len + a.output_len
       << " exceeds the model's max_position_embeddings " << max_pos;
   std::mt19937_64 rng(a.seed);
-  for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, sizes.front(), std::min<int64_t>(a.input_len, 8), 1, rng);
+  for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, sizes.front(), std::min<int64_t>(a.input_len, 8), 1, false, rng);
 
   std::vector<Row> rows;
-  for (int64_t B : sizes) rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, rng));
+  for (int64_t B : sizes) rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, a.breakdown, rng));
 
   if (a.json) {
     nlohmann::json j;
@@ -170,6 +196,11 @@ void run_bench(const BenchArgs& a) {
            {"median_decode_latency_s", r.decode_median_s},
            {"median_decode_throughput_tok_s", r.decode_median_s > 0 ? r.batch / r.decode_median_s : 0.0},
            {"total_latency_s", r.prefill_s + r.decode_total_s}});
+      if (a.breakdown) {
+        j["results"].back()["decode_breakdown_s"] = {{"attention", r.attention_s}, {"mlp", r.mlp_s}, {"moe", r.moe_s},
+                                                     {"rest", mean_step(r) - r.attention_s - r.mlp_s - r.moe_s}};
+        j["results"].back()["cuda_graph_steps"] = r.graph_steps;
+      }
     }
     fmt::print("{}\n", j.dump());
     return;
@@ -183,6 +214,16 @@ void run_bench(const BenchArgs& a) {
     fmt::print("{:>6} {:>12.2f} {:>14.1f} {:>14.2f} {:>14.1f} {:>12.3f}\n", r.batch, r.prefill_s * 1e3,
                r.prefill_s > 0 ? prefill_tok / r.prefill_s : 0.0, r.decode_median_s * 1e3,
                r.decode_median_s > 0 ? r.batch / r.decode_median_s : 0.0, r.prefill_s + r.decode_total_s);
+  }
+  if (!a.breakdown) return;
+  fmt::print("decode step breakdown (mean per step, ms; layer parts from the model's events, summed over layers):\n");
+  fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "batch", "step", "attention", "mlp", "moe", "rest",
+             "graph steps");
+  for (const Row& r : rows) {
+    const double step = mean_step(r);
+    fmt::print("{:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>6}/{:<5}\n", r.batch, step * 1e3,
+               r.attention_s * 1e3, r.mlp_s * 1e3, r.moe_s * 1e3, (step - r.attention_s - r.mlp_s - r.moe_s) * 1e3,
+               r.graph_steps, r.decode_steps);
   }
 }
 
@@ -200,9 +241,11 @@ void register_bench_one_batch_command(CLI::App& app) {
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
   cmd->add_option("--warmup", args->warmup, "Warm-up runs before measuring (default 1)");
   cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
-  cmd->add_option("--device", args->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
+  add_device_options(*cmd, args->device);
   cmd->add_flag("--bf16-peer", args->bf16_peer,
                 "cuda: run NVFP4 weights dequantized to BF16 through cuBLAS (the 16-bit path, for comparison)");
+  cmd->add_flag("--breakdown", args->breakdown,
+                "Trace the decode steps: mean time in attention, MLP, MoE and the rest (lm_head, host, sync)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench(*args); });
 }

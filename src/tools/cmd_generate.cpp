@@ -53,7 +53,7 @@ struct GenerateArgs {
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
   uint64_t dummy_seed = 0;
-  std::string device = "cpu";
+  DeviceArgs device;
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -234,7 +234,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");
-  cmd->add_option("--device", args->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
+  add_device_options(*cmd, args->device);
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -50,7 +50,7 @@ struct ServeArgs {
   std::string served_model_name;
   std::string host = "127.0.0.1";
   int port = 30000;
-  std::string device = "cpu";
+  DeviceArgs device;
   engine::EngineOptions engine;
   std::string schedule_policy = "fcfs";
   std::string load_format = "auto";
@@ -76,7 +76,7 @@ Loaded load(const ServeArgs& a) {
   Loaded l;
   if (a.model_dir.empty()) {
     FP4MOE_CHECK(a.tokenizer_path.empty()) << "--tokenizer-path " << a.tokenizer_path << " needs --model";
-    FP4MOE_CHECK(a.device == "cpu") << "--device " << a.device << ": the embedded default model is built for the cpu only;"
+    FP4MOE_CHECK(a.device.device == "cpu") << "--device " << a.device.device << ": the embedded default model is built for the cpu only;"
                                     << " pass --model DIR or a preset (--load-format dummy) for the GPU";
     l.model = engine::make_default_model(a.seed);
     l.tokenizer = engine::make_default_tokenizer();
@@ -108,7 +108,8 @@ Loaded load(const ServeArgs& a) {
 nlohmann::json launch_args(const ServeArgs& a) {
   return {{"model_path", a.model_dir.empty() ? std::string("(embedded default)") : a.model_dir},
           {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
-          {"device", a.device},
+          {"device", a.device.device},
+          {"cuda_graph_max_bs", a.device.disable_cuda_graph ? 0 : a.device.cuda_graph_max_bs},
           {"load_format", a.load_format},
           {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
@@ -116,7 +117,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
 }
 
 void run_serve(ServeArgs a) {
-  model::parse_device(a.device);  // a bad value fails before the socket opens
+  model::parse_device(a.device.device);  // a bad value fails before the socket opens
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
@@ -208,7 +209,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
-  cmd->add_option("--device", a->device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
+  add_device_options(*cmd, a->device);
   cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
   cmd->add_option("--max-total-tokens", a->engine.max_total_tokens, "KV cache capacity in tokens (default 32768)");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");

@@ -1,5 +1,7 @@
-// --device (see device_option.h).
+// --device and the CUDA graph options (see device_option.h).
 #include "tools/device_option.h"
+
+#include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #ifdef FP4MOE_HAVE_CUDA
@@ -8,15 +10,25 @@
 
 namespace fp4moe::tools {
 
-void apply_device_option(const std::string& device, int64_t max_tokens_per_step, int64_t kv_tokens,
-                         int64_t page_size, model::LoadOptions& options) {
-  options.device = model::parse_device(device);
+void add_device_options(CLI::App& cmd, DeviceArgs& args) {
+  cmd.add_option("--device", args.device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
+  cmd.add_option("--cuda-graph-max-bs", args.cuda_graph_max_bs,
+                 "cuda: decode steps of up to this many sequences run as CUDA graphs, captured per padded batch "
+                 "size on first use (default " + std::to_string(DeviceArgs{}.cuda_graph_max_bs) + "; 0 = off)");
+  cmd.add_flag("--disable-cuda-graph", args.disable_cuda_graph, "cuda: run every step eagerly (--cuda-graph-max-bs 0)");
+}
+
+void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
+                         model::LoadOptions& options) {
+  options.device = model::parse_device(args.device);
   if (options.device == model::Device::kCpu) return;
+  FP4MOE_CHECK(args.cuda_graph_max_bs >= 0) << "--cuda-graph-max-bs " << args.cuda_graph_max_bs << " must be >= 0";
 #ifdef FP4MOE_HAVE_CUDA
   model::register_gpu_models();
   options.gpu.max_tokens_per_step = max_tokens_per_step;
   options.gpu.kv_tokens = kv_tokens;
   options.gpu.page_size = page_size;
+  options.gpu.cuda_graph_max_bs = args.disable_cuda_graph ? 0 : args.cuda_graph_max_bs;
 #else
   (void)max_tokens_per_step;
   (void)kv_tokens;

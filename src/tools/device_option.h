@@ -1,18 +1,35 @@
-// The --device option shared by `fp4moe serve`, `generate` and `bench-one-batch`: "cpu" (default)
-// or "cuda" (the GPU models of model/cuda/gpu_models.h, registered here; a build without CUDA
-// refuses naming the option). Tested by tests/tools/test_device_option.cpp and the GPU e2e runs.
+// The device options shared by `fp4moe serve`, `generate` and `bench-one-batch`: --device "cpu"
+// (default) or "cuda" (the GPU models of model/cuda/gpu_models.h, registered here; a build without
+// CUDA refuses naming the option), and for cuda --cuda-graph-max-bs N (decode steps of up to N
+// sequences run as captured CUDA graphs, SGLang's option; 0 or --disable-cuda-graph: eager).
+// Tested by tests/tools/test_device_option.cpp and the GPU e2e runs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "model/registry.h"
 
+namespace CLI {
+class App;
+}
+
 namespace fp4moe::tools {
 
-// Sets options.device from `device` (fails naming the value) and, for cuda, registers the GPU
+struct DeviceArgs {
+  std::string device = "cpu";
+  int64_t cuda_graph_max_bs = model::GpuOptions{}.cuda_graph_max_bs;
+  bool disable_cuda_graph = false;
+};
+
+// Adds --device, --cuda-graph-max-bs and --disable-cuda-graph to `cmd`.
+void add_device_options(CLI::App& cmd, DeviceArgs& args);
+
+// Sets options.device from args.device (fails naming the value) and, for cuda, registers the GPU
 // models and sizes them: max_tokens_per_step tokens in one forward, kv_tokens of KV cache in
-// blocks of page_size.
-void apply_device_option(const std::string& device, int64_t max_tokens_per_step, int64_t kv_tokens,
-                         int64_t page_size, model::LoadOptions& options);
+// blocks of page_size, CUDA graphs up to args.cuda_graph_max_bs sequences (fails naming a negative
+// value; 0 when disabled).
+void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
+                         model::LoadOptions& options);
 
 }  // namespace fp4moe::tools

@@ -36,6 +36,22 @@ TEST(BenchOneBatch, TablePrintsEveryBatchSize) {
   EXPECT_NE(out.find("\n     2 "), std::string::npos) << out;
 }
 
+// --breakdown on the CPU default model (it reports attention and mlp/moe per layer): the parts are
+// positive and sum to at most the mean step; no CUDA graphs on the CPU.
+TEST(BenchOneBatch, BreakdownSplitsTheDecodeStep) {
+  std::string out;
+  ASSERT_EQ(run("--batch-size 2 --input-len 4 --output-len 3 --breakdown --json", &out), 0) << out;
+  const auto r = nlohmann::json::parse(out.substr(out.find('{')))["results"][0];
+  const auto& b = r["decode_breakdown_s"];
+  EXPECT_GT(b["attention"].get<double>(), 0.0) << r.dump();
+  EXPECT_GT(b["mlp"].get<double>() + b["moe"].get<double>(), 0.0) << r.dump();
+  EXPECT_GE(b["rest"].get<double>(), 0.0) << r.dump();
+  EXPECT_EQ(r["cuda_graph_steps"], 0);
+  ASSERT_EQ(run("--batch-size 2 --input-len 4 --output-len 2 --breakdown", &out), 0) << out;
+  EXPECT_NE(out.find("decode step breakdown"), std::string::npos) << out;
+  EXPECT_NE(out.find("graph steps"), std::string::npos) << out;
+}
+
 TEST(BenchOneBatch, BadInputNamesTheOption) {
   std::string out;
   EXPECT_NE(run("--batch-size 2,x", &out), 0);

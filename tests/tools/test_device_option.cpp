@@ -1,7 +1,10 @@
-// --device (tools/device_option.h): cpu leaves the CPU path, cuda sets the device and the GPU sizes
+// --device and the CUDA graph options (tools/device_option.h): cpu leaves the CPU path, cuda sets the
+// device, the GPU sizes and the graph batch limit
 // (and registers the GPU models, so a GLM-4.5 architecture gains a GPU factory while GLM-5 still has
 // none), anything else fails naming the value. No GPU needed: nothing is loaded.
 #include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
 
 #include <string>
 
@@ -12,26 +15,50 @@
 namespace fp4moe::tools {
 namespace {
 
+DeviceArgs on(const std::string& device, int64_t graph_max_bs = 256, bool disable_graph = false) {
+  return DeviceArgs{device, graph_max_bs, disable_graph};
+}
+
 TEST(DeviceOption, CpuCudaAndBadValues) {
   model::LoadOptions o;
-  apply_device_option("cpu", 100, 200, 16, o);
+  apply_device_option(on("cpu"), 100, 200, 16, o);
   EXPECT_EQ(o.device, model::Device::kCpu);
   try {
-    apply_device_option("gpu", 100, 200, 16, o);
+    apply_device_option(on("gpu"), 100, 200, 16, o);
     FAIL() << "--device gpu accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device \"gpu\" is not one of: cpu, cuda"), std::string::npos) << e.what();
   }
 #ifdef FP4MOE_HAVE_CUDA
-  apply_device_option("cuda", 4112, 32768, 32, o);
+  apply_device_option(on("cuda", 48), 4112, 32768, 32, o);
   EXPECT_EQ(o.device, model::Device::kCuda);
   EXPECT_EQ(o.gpu.max_tokens_per_step, 4112);
   EXPECT_EQ(o.gpu.kv_tokens, 32768);
   EXPECT_EQ(o.gpu.page_size, 32);
+  EXPECT_EQ(o.gpu.cuda_graph_max_bs, 48);
   EXPECT_EQ(std::string(model::to_string(o.device)), "cuda");
+  apply_device_option(on("cuda", 48, /*disable_graph=*/true), 4112, 32768, 32, o);
+  EXPECT_EQ(o.gpu.cuda_graph_max_bs, 0);
 #else
-  EXPECT_THROW(apply_device_option("cuda", 1, 1, 16, o), Error);
+  EXPECT_THROW(apply_device_option(on("cuda"), 1, 1, 16, o), Error);
 #endif
+}
+
+TEST(DeviceOption, CudaGraphFlagsParseAndNegativeMaxBsFails) {
+  CLI::App app;
+  DeviceArgs a;
+  add_device_options(app, a);
+  app.parse("--cuda-graph-max-bs 64 --device cuda", /*program_name_included=*/false);
+  EXPECT_EQ(a.device, "cuda");
+  EXPECT_EQ(a.cuda_graph_max_bs, 64);
+  EXPECT_FALSE(a.disable_cuda_graph);
+  model::LoadOptions o;
+  try {
+    apply_device_option(on("cuda", -1), 100, 200, 16, o);
+    FAIL() << "--cuda-graph-max-bs -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cuda-graph-max-bs -1 must be >= 0"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

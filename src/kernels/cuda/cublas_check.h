@@ -17,3 +17,16 @@
         << cublasGetStatusString(fp4moe_cublas_st_) << ") in `" << #call << "` at " << __FILE__ << ":" \
         << __LINE__;                                                                                    \
   } while (0)
+
+namespace fp4moe::cuda {
+
+// Binds `stream` to `handle` unless it already is: cublasSetStream resets a workspace given with
+// cublasSetWorkspace to cuBLAS's default pool, and a CUDA graph capture must not make cuBLAS
+// allocate one (the GPU models bind their stream and a fixed workspace once, see gpu_step.h).
+inline void cublas_bind_stream(cublasHandle_t handle, cudaStream_t stream) {
+  cudaStream_t current = nullptr;
+  FP4MOE_CUBLAS_CHECK(cublasGetStream(handle, &current));
+  if (current != stream) FP4MOE_CUBLAS_CHECK(cublasSetStream(handle, stream));
+}
+
+}  // namespace fp4moe::cuda

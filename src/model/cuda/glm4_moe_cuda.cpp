@@ -77,9 +77,13 @@ class Glm4MoeCudaModel final : public CausalLM {
 
  private:
   int64_t kv_bytes_per_token() const { return 2 * cfg_.num_hidden_layers * cfg_.num_key_value_heads * cfg_.head_dim * 2; }
-  void run_layer(size_t l, int64_t T, const int32_t* d_pos, const int32_t* d_slots, const int32_t* d_q_start,
-                 const int32_t* d_seq_lens, const int32_t* d_tables, int64_t max_blocks, int64_t n_seqs,
-                 int64_t max_q_len, int64_t max_seq_len, bool decode_only);
+  // Device pointers of one step's host ints (see forward()) and the step's shape as run.
+  struct StepInts {
+    const int32_t *pos, *slots, *q_start, *seq_lens, *tables, *rows;
+    int64_t max_blocks, n_seqs, n_tokens, max_q_len, max_seq_len;
+    bool decode_only;
+  };
+  void run_layer(size_t l, const StepInts& s);
 
   ModelConfig cfg_;
   moe::MoeConfig moe_cfg_;
@@ -102,6 +106,9 @@ class Glm4MoeCudaModel final : public CausalLM {
   PinnedBuffer<int32_t> h_ints_;
   std::unique_ptr<gpu_step::StepOutputs> out_;  // lm_head outputs, error flag, expert counts
   std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
+  DeviceBuffer cublas_workspace_;
+  std::unique_ptr<gpu_step::DecodeGraphs> graphs_;  // captured decode steps
+  bool graphs_capturable_ = false;                  // every MoE layer is (the BF16 one syncs)
 };
 
 Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store,
@@ -129,6 +136,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   cublasHandle_t h = nullptr;
   FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
   cublas_.reset(h);
+  gpu_step::bind_cublas(h, s, cublas_workspace_);
   int dev = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -228,7 +236,11 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   gate_ = DeviceBuffer(bf16s(max_T_ * inter));
   up_ = DeviceBuffer(bf16s(max_T_ * inter));
   act_ = DeviceBuffer(bf16s(max_T_ * inter));
-  out_ = std::make_unique<gpu_step::StepOutputs>(V);
+  out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
+  graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
+                                   [](const GpuLayer& L) { return !L.moe || L.moe->capturable(); });
+  graphs_ = std::make_unique<gpu_step::DecodeGraphs>(
+      std::min({gopt_.cuda_graph_max_bs, max_T_, gpu_step::StepOutputs::kLogitRowsPerPass}));
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
   for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
     cudaEvent_t e = nullptr;
@@ -238,16 +250,16 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   desc << "  lm_head " << lm_head_.describe() << (cfg_.tie_word_embeddings ? " (tied)" : "") << "\n";
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
        << cache_bytes * 2 * layers_.size() << " B), max " << max_T_ << " tokens per step\n";
+  desc << "  " << gpu_step::describe_graphs(*graphs_, graphs_capturable_) << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, const int32_t* d_slots,
-                                 const int32_t* d_q_start, const int32_t* d_seq_lens, const int32_t* d_tables,
-                                 int64_t max_blocks, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len,
-                                 bool decode_only) {
+void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
   GpuLayer& L = layers_[l];
+  const int64_t T = s.n_tokens, n_seqs = s.n_seqs, max_blocks = s.max_blocks, max_seq_len = s.max_seq_len;
+  const int32_t *d_pos = s.pos, *d_slots = s.slots, *d_seq_lens = s.seq_lens, *d_tables = s.tables;
   cudaStream_t st = stream_.get();
   cublasHandle_t cb = cublas_.get();
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
@@ -258,7 +270,7 @@ void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, cons
   bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
   uint32_t* err = out_->error_flag();
 
-  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l].get(), st));
+  gpu_step::record_event(events_[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, eps, h, st);
   } else {
@@ -292,15 +304,15 @@ void Glm4MoeCudaModel::run_layer(size_t l, int64_t T, const int32_t* d_pos, cons
   args.scale = 1.0f / std::sqrt(static_cast<float>(D));
   args.out = attn_.as<bf16>();
   args.error_flag = err;
-  if (decode_only) {
+  if (s.decode_only) {
     cuda::DecodeSplit split = cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, n_sms_);
     split = cuda::cap_decode_split(split, n_seqs, nh, D, max_seq_len, workspace_.bytes());
     cuda::paged_attention_decode_bf16(args, split, workspace_.as<float>(), st);
   } else {
-    cuda::paged_attention_prefill_bf16(args, d_q_start, T, max_q_len, st);
+    cuda::paged_attention_prefill_bf16(args, s.q_start, T, s.max_q_len, st);
   }
   L.attn.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l + 1].get(), st));
+  gpu_step::record_event(events_[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, eps, h, st);
   if (L.moe) {
@@ -317,54 +329,89 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
   const int64_t T = step.n_tokens, S = static_cast<int64_t>(step.chunks.size());
   const std::vector<int64_t> added = gpu_step::reserve_blocks(step.chunks);  // all or nothing
   try {
-    // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] | tables [S, maxb] | rows [R]
     const int64_t max_blocks = gpu_step::max_blocks(step.chunks);
     const int64_t R = static_cast<int64_t>(step.rows.size());
-    const size_t n_ints = static_cast<size_t>(3 * T + (S + 1) + S + S * max_blocks + R);
+    // A decode step whose every row goes through the lm_head runs as a captured graph of its padded
+    // shape (gpu_step::DecodeGraphs): S_run sequences, tables of mb_run blocks, the attention split
+    // planned for mb_run pages of keys.
+    const int64_t gbs = step.decode_only && R == S && graphs_capturable_ ? graphs_->batch_bucket(S) : 0;
+    const int64_t S_run = gbs > 0 ? gbs : S, T_run = gbs > 0 ? gbs : T, R_run = gbs > 0 ? gbs : R;
+    const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
+    const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : step.max_seq_len;
+
+    // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] | tables [S, maxb] | rows [R]
+    const size_t n_ints = static_cast<size_t>(3 * T_run + (S_run + 1) + S_run + S_run * mb_run + R_run);
     int32_t* hi = h_ints_.get(n_ints);
     int32_t* h_tok = hi;
-    int32_t* h_pos = h_tok + T;
-    int32_t* h_slot = h_pos + T;
-    int32_t* h_qs = h_slot + T;
-    int32_t* h_len = h_qs + S + 1;
-    int32_t* h_tab = h_len + S;
-    int32_t* h_rows = h_tab + S * max_blocks;
-    gpu_step::fill_step_ints(batch, step, max_blocks, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
+    int32_t* h_pos = h_tok + T_run;
+    int32_t* h_slot = h_pos + T_run;
+    int32_t* h_qs = h_slot + T_run;
+    int32_t* h_len = h_qs + S_run + 1;
+    int32_t* h_tab = h_len + S_run;
+    int32_t* h_rows = h_tab + S_run * mb_run;
+    gpu_step::fill_step_ints(batch, step, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
+    gpu_step::pad_decode_ints(S, S_run, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
     std::copy(step.rows.begin(), step.rows.end(), h_rows);
+    for (int64_t r = R; r < R_run; ++r) h_rows[r] = static_cast<int32_t>(r);
     cudaStream_t st = stream_.get();
-    auto* di = static_cast<int32_t*>(gpu_step::grow_bytes(ints_, n_ints * 4));
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
-    const int32_t* d_tok = di;
-    const int32_t* d_pos = d_tok + T;
-    const int32_t* d_slot = d_pos + T;
-    const int32_t* d_qs = d_slot + T;
-    const int32_t* d_len = d_qs + S + 1;
-    const int32_t* d_tab = d_len + S;
-    const int32_t* d_rows = d_tab + S * max_blocks;
-
-    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), out_->error_flag(), st);
+    const auto ints_at = [&](const int32_t* di) {
+      StepInts s;
+      s.pos = di + T_run;
+      s.slots = s.pos + T_run;
+      s.q_start = s.slots + T_run;
+      s.seq_lens = s.q_start + S_run + 1;
+      s.tables = s.seq_lens + S_run;
+      s.rows = s.tables + S_run * mb_run;
+      s.max_blocks = mb_run;
+      s.n_seqs = S_run;
+      s.n_tokens = T_run;
+      s.max_q_len = step.max_q_len;
+      s.max_seq_len = len_run;
+      s.decode_only = step.decode_only;
+      return s;
+    };
+    // Embedding, the layers and the final norm (adds the last MLP output into the residual).
+    const auto body = [&](const int32_t* di) {
+      const StepInts s = ints_at(di);
+      cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
+      for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s);
+      gpu_step::record_event(events_.back().get(), st);
+      cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
+                          h_.as<bf16>(), st);
+    };
+    const auto lm_head_pass = [&](const int32_t* di) {
+      out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, R_run, H, x_.as<bf16>(), st);
+    };
+    const bool launched = gbs > 0 && graphs_->launch(gbs, mb_run, hi, n_ints, st, [&](const int32_t* di) {
+      body(di);
+      lm_head_pass(di);
+    });
+    if (!launched) {
+      auto* di = static_cast<int32_t*>(gpu_step::grow_bytes(ints_, n_ints * 4));
+      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
+      body(di);
+      if (gbs > 0) {
+        lm_head_pass(di);
+      } else {
+        out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, step, H, x_.as<bf16>(), st);
+      }
+    }
+    if (gbs > 0) out_->copy_outputs(step, st);
     std::vector<size_t> moe_layers;
     std::vector<const int32_t*> moe_offsets;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      run_layer(l, T, d_pos, d_slot, d_qs, d_len, d_tab, max_blocks, S, step.max_q_len, step.max_seq_len,
-                step.decode_only);
-      if (layers_[l].moe) {
-        moe_layers.push_back(l);
-        moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
-      }
+      if (!layers_[l].moe) continue;
+      moe_layers.push_back(l);
+      moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
     }
-    FP4MOE_CUDA_CHECK(cudaEventRecord(events_.back().get(), st));
-    // Per-expert token counts of every MoE layer, copied without a sync (read after the one below).
+    // Per-expert token counts of every MoE layer, copied without a sync (read after the one in finish).
     if (trace != nullptr) out_->copy_expert_offsets(moe_offsets, moe_cfg_.n_experts, st);
-    // Final norm (adds the last MLP output into the residual), then the wanted rows through lm_head.
-    cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T, H, H, cfg_.rms_norm_eps,
-                        h_.as<bf16>(), st);
-    out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), d_rows, step, H, x_.as<bf16>(), st);
     out_->finish(batch, step, moe_layers, trace, st);
     if (trace != nullptr) {
       std::vector<bool> is_moe;
       for (const GpuLayer& L : layers_) is_moe.push_back(L.moe.has_value());
       gpu_step::trace_layer_times(events_, is_moe, trace);
+      if (launched) ++trace->cuda_graph_steps;
     }
     for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
   } catch (...) {

@@ -160,6 +160,9 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   PinnedBuffer<int32_t> h_ints_;
   std::unique_ptr<gpu_step::StepOutputs> out_;  // lm_head outputs, error flag, expert counts
   std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
+  DeviceBuffer cublas_workspace_;
+  std::unique_ptr<gpu_step::DecodeGraphs> graphs_;  // captured decode steps
+  bool graphs_capturable_ = false;                  // every MoE layer is (the BF16 one syncs)
 };
 
 Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options)
@@ -213,6 +216,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   cublasHandle_t h = nullptr;
   FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
   cublas_.reset(h);
+  gpu_step::bind_cublas(h, s, cublas_workspace_);
   int dev = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -359,7 +363,11 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   gate_ = DeviceBuffer(bf16s(inter));
   up_ = DeviceBuffer(bf16s(inter));
   act_ = DeviceBuffer(bf16s(inter));
-  out_ = std::make_unique<gpu_step::StepOutputs>(V);
+  out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
+  graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
+                                   [](const Glm5GpuLayer& L) { return !L.moe || L.moe->capturable(); });
+  graphs_ = std::make_unique<gpu_step::DecodeGraphs>(
+      std::min({gopt_.cuda_graph_max_bs, max_T_, gpu_step::StepOutputs::kLogitRowsPerPass}));
   for (int64_t i = 0; i < 2 * c.num_hidden_layers + 1; ++i) {
     cudaEvent_t e = nullptr;
     FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
@@ -369,6 +377,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent "
        << latent_w << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total
        << " B), max " << max_T_ << " tokens per step\n";
+  desc << "  " << gpu_step::describe_graphs(*graphs_, graphs_capturable_) << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -389,7 +398,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   const float* cos = cos_.as<float>();
   const float* sin = sin_.as<float>();
 
-  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l].get(), st));
+  gpu_step::record_event(events_[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   } else {
@@ -480,7 +489,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   }
   cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st);
   L.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  FP4MOE_CUDA_CHECK(cudaEventRecord(events_[2 * l + 1].get(), st));
+  gpu_step::record_event(events_[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   if (L.moe) {
@@ -545,14 +554,21 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
   try {
     const int64_t max_blocks = gpu_step::max_blocks(step.chunks);
     const int64_t max_len = step.max_seq_len;
-    const bool decode_only = step.decode_only;
     const int64_t R = static_cast<int64_t>(step.rows.size());
 
     // The step's attention plan. DSA selection only when some query has more causal keys than
     // index_topk (else every query keeps all of them: dense, as the CPU's explicit full selection).
     StepPlan plan;
     plan.dsa = max_len > cfg_.index_topk;
-    plan.decode_kernel = decode_only && !plan.dsa;
+    plan.decode_kernel = step.decode_only && !plan.dsa;
+    // A dense decode step whose every row goes through the lm_head runs as a captured graph of its
+    // padded shape (gpu_step::DecodeGraphs), unless the selection hooks (tests) want the host.
+    const bool hooks = dsa_observer_ || dsa_override_;
+    const int64_t gbs = plan.decode_kernel && !hooks && R == S && graphs_capturable_ ? graphs_->batch_bucket(S) : 0;
+    const int64_t S_run = gbs > 0 ? gbs : S, T_run = gbs > 0 ? gbs : T, R_run = gbs > 0 ? gbs : R;
+    const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
+    const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : max_len;  // keys the split is planned for
+
     std::vector<int32_t> h_qs_v(static_cast<size_t>(S + 1)), h_len_v(static_cast<size_t>(S));
     h_qs_v[0] = 0;
     for (size_t i = 0; i < step.chunks.size(); ++i) {
@@ -565,55 +581,63 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       plan.n_selected = sel_offsets.back();
     }
     if (plan.decode_kernel) {
-      plan.split = cuda::plan_mla_decode_split(S, mla_.n_heads, max_len, n_sms_);
-      plan.attn_workspace = cuda::mla_decode_workspace_bytes(S, mla_, plan.split);
+      plan.split = cuda::plan_mla_decode_split(S_run, mla_.n_heads, len_run, n_sms_);
+      plan.attn_workspace = cuda::mla_decode_workspace_bytes(S_run, mla_, plan.split);
     } else {
       const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;
       plan.split = cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_);
       plan.attn_workspace = cuda::mla_prefill_workspace_bytes(T, mla_, plan.split);
     }
-    // Grown while the stream is idle (the previous step ended with a sync).
-    if (plan.split.n_splits > 1) grow_bytes(attn_workspace_, plan.attn_workspace);
+    // Grown while the stream is idle (the previous step ended with a sync); a graph that baked in
+    // the old buffer is dropped.
+    if (plan.split.n_splits > 1 && attn_workspace_.bytes() < plan.attn_workspace) {
+      grow_bytes(attn_workspace_, plan.attn_workspace);
+      graphs_->clear();
+    }
     if (plan.dsa) {
       grow_bytes(sel_idx_, static_cast<size_t>(plan.n_selected) * 4);
       grow_bytes(dsa_workspace_, cuda::dsa_index_workspace_bytes(T, max_len));
     }
 
     // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] |
-    // tables [S, maxb] | rows [R] | sel_offsets [T+1 when DSA]
+    // tables [S, maxb] | rows [R] | sel_offsets [T+1 when DSA], all of the step as run (padded to
+    // S_run sequences of one token and tables of mb_run blocks for a graph).
     const size_t n_sel_ints = sel_offsets.size();
-    const size_t n_ints = static_cast<size_t>(3 * T + (S + 1) + S + S * max_blocks + R) + n_sel_ints;
+    const size_t n_ints =
+        static_cast<size_t>(3 * T_run + (S_run + 1) + S_run + S_run * mb_run + R_run) + n_sel_ints;
     int32_t* hi = h_ints_.get(n_ints);
     int32_t* h_tok = hi;
-    int32_t* h_pos = h_tok + T;
-    int32_t* h_slot = h_pos + T;
-    int32_t* h_qs = h_slot + T;
-    int32_t* h_len = h_qs + S + 1;
-    int32_t* h_tab = h_len + S;
-    int32_t* h_rows = h_tab + S * max_blocks;
-    int32_t* h_sel = h_rows + R;
-    gpu_step::fill_step_ints(batch, step, max_blocks, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
+    int32_t* h_pos = h_tok + T_run;
+    int32_t* h_slot = h_pos + T_run;
+    int32_t* h_qs = h_slot + T_run;
+    int32_t* h_len = h_qs + S_run + 1;
+    int32_t* h_tab = h_len + S_run;
+    int32_t* h_rows = h_tab + S_run * mb_run;
+    int32_t* h_sel = h_rows + R_run;
+    gpu_step::fill_step_ints(batch, step, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
+    gpu_step::pad_decode_ints(S, S_run, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
     std::copy(step.rows.begin(), step.rows.end(), h_rows);
+    for (int64_t r = R; r < R_run; ++r) h_rows[r] = static_cast<int32_t>(r);
     std::copy(sel_offsets.begin(), sel_offsets.end(), h_sel);
     cudaStream_t st = stream_.get();
-    auto* di = static_cast<int32_t*>(grow_bytes(ints_, n_ints * 4));
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
-    StepInts s;
-    const int32_t* d_tok = di;
-    s.pos = d_tok + T;
-    s.slots = s.pos + T;
-    s.q_start = s.slots + T;
-    s.seq_lens = s.q_start + S + 1;
-    s.tables = s.seq_lens + S;
-    const int32_t* d_rows = s.tables + S * max_blocks;
-    s.sel_offsets = plan.dsa ? d_rows + R : nullptr;
-    s.max_blocks = max_blocks;
-    s.n_seqs = S;
-    s.n_tokens = T;
-    s.max_q_len = step.max_q_len;
-    s.max_seq_len = max_len;
+    const auto ints_at = [&](const int32_t* di) {
+      StepInts s;
+      s.pos = di + T_run;
+      s.slots = s.pos + T_run;
+      s.q_start = s.slots + T_run;
+      s.seq_lens = s.q_start + S_run + 1;
+      s.tables = s.seq_lens + S_run;
+      s.sel_offsets = plan.dsa ? s.tables + S_run * mb_run + R_run : nullptr;
+      s.max_blocks = mb_run;
+      s.n_seqs = S_run;
+      s.n_tokens = T_run;
+      s.max_q_len = step.max_q_len;
+      s.max_seq_len = len_run;
+      return s;
+    };
+    const auto rows_at = [&](const int32_t* di) { return di + 3 * T_run + (S_run + 1) + S_run + S_run * mb_run; };
 
-    if (dsa_observer_ || dsa_override_) {
+    if (hooks) {
       host_step_.row0.clear();
       host_step_.q_pos.clear();
       for (const gpu_step::Chunk& c : step.chunks) {
@@ -624,28 +648,49 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       }
       host_step_.sel_offsets = sel_offsets;
     }
-    cuda::embedding_bf16(embed_.as<bf16>(), V, H, d_tok, T, resid_.as<bf16>(), out_->error_flag(), st);
+    // Embedding, the layers and the final norm (which adds the last MLP output into the residual),
+    // reading the step's ints from `di`: run eagerly or captured.
+    const auto body = [&](const int32_t* di) {
+      const StepInts s = ints_at(di);
+      cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
+      for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s, plan);
+      gpu_step::record_event(events_.back().get(), st);
+      cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
+                          h_.as<bf16>(), st);
+    };
+    const auto lm_head_pass = [&](const int32_t* di) {
+      out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), rows_at(di), R_run, H, x_.as<bf16>(), st);
+    };
+    const bool launched = gbs > 0 && graphs_->launch(gbs, mb_run, hi, n_ints, st, [&](const int32_t* di) {
+      body(di);
+      lm_head_pass(di);
+    });
+    if (!launched) {
+      auto* di = static_cast<int32_t*>(grow_bytes(ints_, n_ints * 4));
+      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
+      body(di);
+      if (gbs > 0) {
+        lm_head_pass(di);
+      } else {
+        out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), rows_at(di), step, H, x_.as<bf16>(), st);
+      }
+    }
+    if (gbs > 0) out_->copy_outputs(step, st);
     std::vector<size_t> moe_layers;
     std::vector<const int32_t*> moe_offsets;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      run_layer(l, s, plan);
-      if (layers_[l].moe) {
-        moe_layers.push_back(l);
-        moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
-      }
+      if (!layers_[l].moe) continue;
+      moe_layers.push_back(l);
+      moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
     }
-    FP4MOE_CUDA_CHECK(cudaEventRecord(events_.back().get(), st));
-    // Per-expert token counts of every MoE layer, copied without a sync (read after the one below).
+    // Per-expert token counts of every MoE layer, copied without a sync (read after the one in finish).
     if (trace != nullptr) out_->copy_expert_offsets(moe_offsets, moe_cfg_.n_experts, st);
-    // Final norm (adds the last MLP output into the residual), then the wanted rows through lm_head.
-    cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T, H, H, cfg_.rms_norm_eps,
-                        h_.as<bf16>(), st);
-    out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), d_rows, step, H, x_.as<bf16>(), st);
     out_->finish(batch, step, moe_layers, trace, st);
     if (trace != nullptr) {
       std::vector<bool> is_moe;
       for (const Glm5GpuLayer& L : layers_) is_moe.push_back(L.moe.has_value());
       gpu_step::trace_layer_times(events_, is_moe, trace);
+      if (launched) ++trace->cuda_graph_steps;
     }
     for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
   } catch (...) {

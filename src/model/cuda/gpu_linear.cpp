@@ -104,7 +104,7 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
         cuda::sm90::w4a16_default_config(m), stream);
   } else {
     const float alpha = 1.0f, beta = 0.0f;
-    FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    cuda::cublas_bind_stream(cublas, stream);
     // Column-major view: Y^T [out, m] = W [out, in] (stored [in, out] col-major, so OP_T) x X^T [in, m].
     FP4MOE_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
                                      static_cast<int>(in_), &alpha, bf16_.as<__nv_bfloat16>(), CUDA_R_16BF,
@@ -121,7 +121,7 @@ void GpuLinear::forward_f32(cublasContext* cublas, const __nv_bfloat16* x, int64
   FP4MOE_CHECK(m >= 0 && m <= max_rows_) << name_ << ": " << m << " rows outside [0, " << max_rows_ << "] (max_rows)";
   if (m == 0) return;
   const float alpha = 1.0f, beta = 0.0f;
-  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  cuda::cublas_bind_stream(cublas, stream);
   FP4MOE_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
                                    static_cast<int>(in_), &alpha, bf16_.as<__nv_bfloat16>(), CUDA_R_16BF,
                                    static_cast<int>(in_), x, CUDA_R_16BF, static_cast<int>(in_), &beta, y, CUDA_R_32F,

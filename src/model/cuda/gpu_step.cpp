@@ -4,9 +4,11 @@
 
 #include <cublas_v2.h>
 
+#include <cstdio>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/norm_rope.h"
@@ -117,9 +119,10 @@ void GpuDenseMlp::forward(cublasContext* cublas, const bf16* h, int64_t n_tokens
   down.forward(cublas, act, n_tokens, out, stream);
 }
 
-StepOutputs::StepOutputs(int64_t vocab)
+StepOutputs::StepOutputs(int64_t vocab, int64_t max_rows)
     : vocab_(vocab),
       logits_(static_cast<size_t>(kLogitRowsPerPass * vocab) * 4),
+      argmax_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * 4),
       err_(4) {
   FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
 }
@@ -137,34 +140,68 @@ void StepOutputs::copy_expert_offsets(const std::vector<const int32_t*>& d_offse
   }
 }
 
+void StepOutputs::lm_head_pass(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
+                               int64_t n, int64_t hidden, bf16* scratch, cudaStream_t stream) {
+  FP4MOE_CHECK(n >= 0 && n <= kLogitRowsPerPass) << "lm_head pass of " << n << " rows (at most " << kLogitRowsPerPass << ")";
+  FP4MOE_CHECK(static_cast<size_t>(n) * 4 <= argmax_.bytes()) << "lm_head pass of " << n << " rows exceeds the "
+                                                              << argmax_.bytes() / 4 << " argmax rows sized at load";
+  if (n == 0) return;
+  cuda::moe::gather_rows(h, d_rows, n, hidden, scratch, stream);
+  lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
+  cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>(), stream);
+}
+
+void StepOutputs::copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row,
+                                   cudaStream_t stream) {
+  const int64_t V = vocab_;
+  float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(step.n_logit_rows, 1) * V));
+  for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
+    if (!step.row_logits[static_cast<size_t>(r0 + a)]) {
+      ++a;
+      continue;
+    }
+    int64_t b = a;
+    while (b < n && step.row_logits[static_cast<size_t>(r0 + b)]) ++b;
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
+                                      static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, stream));
+    logit_row += b - a;
+    a = b;
+  }
+}
+
+void StepOutputs::copy_argmax(int64_t n_rows, cudaStream_t stream) {
+  int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(n_rows, 1)));
+  if (n_rows > 0) {
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, argmax_.as<int32_t>(), static_cast<size_t>(n_rows) * 4,
+                                      cudaMemcpyDeviceToHost, stream));
+  }
+}
+
 void StepOutputs::run_lm_head(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
                               const StepBatch& step, int64_t hidden, bf16* scratch, cudaStream_t stream) {
-  const int64_t V = vocab_, R = static_cast<int64_t>(step.rows.size());
-  float* h_logits = h_logits_.get(static_cast<size_t>(std::max<int64_t>(step.n_logit_rows, 1) * V));
-  auto* d_argmax = static_cast<int32_t*>(grow_bytes(argmax_, static_cast<size_t>(std::max<int64_t>(R, 1)) * 4));
+  const int64_t R = static_cast<int64_t>(step.rows.size());
   int64_t logit_row = 0;  // rows copied so far
+  if (R > kLogitRowsPerPass) {  // the argmax of each pass lands at its rows' offset
+    FP4MOE_CHECK(static_cast<size_t>(R) * 4 <= argmax_.bytes())
+        << "lm_head over " << R << " rows exceeds the " << argmax_.bytes() / 4 << " argmax rows sized at load";
+  }
   for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
     const int64_t n = std::min(kLogitRowsPerPass, R - r0);
     cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
     lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
-    cuda::argmax_rows(logits_.as<float>(), n, V, V, d_argmax + r0, stream);
-    for (int64_t a = 0; a < n;) {  // copy each run of rows that want logits
-      if (!step.row_logits[static_cast<size_t>(r0 + a)]) {
-        ++a;
-        continue;
-      }
-      int64_t b = a;
-      while (b < n && step.row_logits[static_cast<size_t>(r0 + b)]) ++b;
-      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_logits + logit_row * V, logits_.as<float>() + a * V,
-                                        static_cast<size_t>((b - a) * V) * 4, cudaMemcpyDeviceToHost, stream));
-      logit_row += b - a;
-      a = b;
-    }
+    cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0, stream);
+    copy_pass_logits(step, r0, n, logit_row, stream);
   }
-  int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(R, 1)));
-  if (R > 0) {
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, d_argmax, static_cast<size_t>(R) * 4, cudaMemcpyDeviceToHost, stream));
-  }
+  copy_argmax(R, stream);
+}
+
+void StepOutputs::copy_outputs(const StepBatch& step, cudaStream_t stream) {
+  const int64_t R = static_cast<int64_t>(step.rows.size());
+  FP4MOE_CHECK(R <= kLogitRowsPerPass) << "copy_outputs after one lm_head pass: " << R << " rows > "
+                                       << kLogitRowsPerPass;
+  int64_t logit_row = 0;
+  copy_pass_logits(step, 0, R, logit_row, stream);
+  copy_argmax(R, stream);
 }
 
 void StepOutputs::finish(std::span<const SeqChunk> batch, const StepBatch& step, const std::vector<size_t>& moe_layers,
@@ -205,6 +242,112 @@ void StepOutputs::finish(std::span<const SeqChunk> batch, const StepBatch& step,
     }
   }
   offsets_copied_ = false;
+}
+
+void record_event(CUevent_st* event, cudaStream_t stream) {
+  // cudaEventRecordExternal is only legal inside a capture (outside it: cudaErrorIllegalState).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FP4MOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    FP4MOE_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
+  } else {
+    FP4MOE_CUDA_CHECK(cudaEventRecord(event, stream));
+  }
+}
+
+void bind_cublas(cublasContext* cublas, cudaStream_t stream, cuda::DeviceBuffer& workspace) {
+  workspace = cuda::DeviceBuffer(kCublasWorkspaceBytes);
+  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  FP4MOE_CUBLAS_CHECK(cublasSetWorkspace(cublas, workspace.as<void>(), kCublasWorkspaceBytes));
+}
+
+struct DecodeGraphs::Graph {
+  cuda::DeviceBuffer ints;
+  size_t n_ints = 0;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+DecodeGraphs::DecodeGraphs(int64_t max_bs) : max_bs_(std::max<int64_t>(max_bs, 0)) {
+  for (int64_t b : {1, 2, 4, 8}) {
+    if (b <= max_bs_) buckets_.push_back(b);
+  }
+  for (int64_t b = 16; b < max_bs_ + 8; b += 8) buckets_.push_back(std::min(b, max_bs_));
+  buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
+}
+
+DecodeGraphs::~DecodeGraphs() = default;
+
+int64_t DecodeGraphs::batch_bucket(int64_t n_seqs) const {
+  if (!enabled() || n_seqs < 1) return 0;
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), n_seqs);
+  return it == buckets_.end() ? 0 : *it;
+}
+
+int64_t DecodeGraphs::table_bucket(int64_t max_blocks) {
+  int64_t b = 1;
+  while (b < max_blocks) b *= 2;
+  return b;
+}
+
+void DecodeGraphs::clear() { graphs_.clear(); }
+
+bool DecodeGraphs::launch(int64_t bs, int64_t tb, const int32_t* host_ints, size_t n_ints, cudaStream_t stream,
+                          const std::function<void(const int32_t* d_ints)>& record) {
+  std::unique_ptr<Graph>& slot = graphs_[{bs, tb}];
+  if (slot == nullptr || slot->n_ints != n_ints) {
+    auto g = std::make_unique<Graph>();
+    g->ints = cuda::DeviceBuffer(n_ints * 4);
+    g->n_ints = n_ints;
+    cudaGraph_t graph = nullptr;
+    std::string failure;
+    FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      record(g->ints.as<int32_t>());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (failure.empty() && end != cudaSuccess) failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    if (failure.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+      if (inst != cudaSuccess) failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!failure.empty()) {
+      (void)cudaGetLastError();  // capture errors are not sticky; clear the last-error slot
+      graphs_.clear();
+      disabled_reason_ = "capturing the decode step of batch " + std::to_string(bs) + " failed: " + failure;
+      std::fprintf(stderr, "fp4moe: CUDA graphs off, decode steps run eagerly (%s)\n", disabled_reason_.c_str());
+      return false;
+    }
+    slot = std::move(g);
+  }
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(slot->ints.as<int32_t>(), host_ints, n_ints * 4, cudaMemcpyHostToDevice, stream));
+  FP4MOE_CUDA_CHECK(cudaGraphLaunch(slot->exec, stream));
+  return true;
+}
+
+std::string describe_graphs(const DecodeGraphs& graphs, bool capturable) {
+  if (!capturable) return "CUDA graphs: off (a BF16 MoE layer reads its expert offsets on the host)";
+  if (graphs.batch_buckets().empty()) return "CUDA graphs: off (--cuda-graph-max-bs 0)";
+  std::string s = "CUDA graphs: decode batches";
+  for (int64_t b : graphs.batch_buckets()) s += " " + std::to_string(b);
+  return s + " (captured on first use)";
+}
+
+void pad_decode_ints(int64_t n_seqs, int64_t padded, int64_t max_blocks, int32_t* tokens, int32_t* positions,
+                     int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables) {
+  for (int64_t i = n_seqs; i < padded; ++i) {
+    tokens[i] = 0;
+    positions[i] = 0;
+    slots[i] = -1;
+    q_start[i + 1] = static_cast<int32_t>(i + 1);
+    seq_lens[i] = 0;
+    std::fill_n(tables + i * max_blocks, max_blocks, -1);
+  }
 }
 
 void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,

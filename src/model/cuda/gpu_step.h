@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
@@ -100,11 +104,14 @@ struct GpuDenseMlp {
 };
 
 // The step's outputs. Per step: copy_expert_offsets (optional), run_lm_head, then finish (the one sync).
+// A captured decode step (DecodeGraphs) runs lm_head_pass inside its graph and copy_outputs after it.
 class StepOutputs {
  public:
   static constexpr int64_t kLogitRowsPerPass = 256;  // lm_head rows per f32 logits pass
 
-  explicit StepOutputs(int64_t vocab);
+  // max_rows: the most rows one step sends through the lm_head (the device argmax buffer is sized
+  // once, so a captured graph's pointer to it stays valid).
+  StepOutputs(int64_t vocab, int64_t max_rows);
   uint32_t* error_flag() const { return err_.as<uint32_t>(); }
 
   // Copies each MoE layer's expert offsets [E + 1] to the host, asynchronously (traces).
@@ -113,12 +120,23 @@ class StepOutputs {
   // through the lm_head (f32, cuBLAS), their argmax on the device, and the logits rows the host wants.
   void run_lm_head(cublasContext* cublas, const GpuLinear& lm_head, const __nv_bfloat16* h, const int32_t* d_rows,
                    const StepBatch& step, int64_t hidden, __nv_bfloat16* scratch, cudaStream_t stream);
+  // One pass of run_lm_head without the copies: rows d_rows[0, n) (n <= kLogitRowsPerPass) -> the
+  // f32 logits [n, V] and the argmax of each on the device. Capturable.
+  void lm_head_pass(cublasContext* cublas, const GpuLinear& lm_head, const __nv_bfloat16* h, const int32_t* d_rows,
+                    int64_t n, int64_t hidden, __nv_bfloat16* scratch, cudaStream_t stream);
+  // After one lm_head_pass over at least the step's rows (step.rows.size() <= kLogitRowsPerPass):
+  // copies the logits rows and argmaxes the step wants to the host (asynchronously; finish reads them).
+  void copy_outputs(const StepBatch& step, cudaStream_t stream);
   // Synchronizes, fails naming the device errors (and clears the flag), writes the logits and
   // argmaxes into the batch, and appends the per-expert counts of `moe_layers` to the trace.
   void finish(std::span<const SeqChunk> batch, const StepBatch& step, const std::vector<size_t>& moe_layers,
               ForwardTrace* trace, cudaStream_t stream);
 
  private:
+  // Copies the rows [r0, r0 + n) of the last pass that want logits, after `logit_row` rows copied before.
+  void copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row, cudaStream_t stream);
+  void copy_argmax(int64_t n_rows, cudaStream_t stream);
+
   int64_t vocab_;
   cuda::DeviceBuffer logits_, argmax_, err_;
   PinnedBuffer<float> h_logits_;
@@ -127,6 +145,66 @@ class StepOutputs {
   int64_t n_experts_ = 0;
   bool offsets_copied_ = false;
 };
+
+// cudaEventRecord that also works inside a stream capture (an external event record node), so the
+// per-layer times of a captured decode step can be read as those of an eager one.
+void record_event(CUevent_st* event, cudaStream_t stream);
+
+// Binds the model's stream and a fixed cuBLAS workspace of kCublasWorkspaceBytes to `cublas` (once,
+// at construction: the GEMM calls keep the binding, see cuda::cublas_bind_stream), so that cuBLAS
+// never allocates while a decode step is being captured.
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+void bind_cublas(cublasContext* cublas, cudaStream_t stream, cuda::DeviceBuffer& workspace);
+
+// Captured decode steps (issue #7, `--cuda-graph-max-bs`). A decode-only step of S sequences runs as
+// the CUDA graph of its key: the batch bucket (the smallest of 1, 2, 4, 8, 16, 24, ... (multiples of
+// 8) >= S, up to max_bs) and the table bucket (block tables padded to a power of two >= the longest,
+// which also fixes the attention's key split). The S_pad - S padding sequences are empty: token 0,
+// position 0, KV slot -1 (not written), seq_len 0 (the attention kernels write zeros) and their rows
+// go through the lm_head unread. A graph is captured the first time its key is met (from the same
+// code as the eager step) and owns its input ints: the host stages them, one copy uploads them
+// before the launch. A capture that fails (a call that cannot be captured) turns graphs off for the
+// model with the reason (warning on stderr) and the step runs eagerly, so no request is lost.
+// Models call clear() when they reallocate a buffer a graph baked in.
+class DecodeGraphs {
+ public:
+  explicit DecodeGraphs(int64_t max_bs = 0);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  bool enabled() const { return max_bs_ > 0 && disabled_reason_.empty(); }
+  // The padded batch size of n_seqs sequences, 0 when graphs are off or n_seqs > max_bs.
+  int64_t batch_bucket(int64_t n_seqs) const;
+  static int64_t table_bucket(int64_t max_blocks);  // next power of two >= max(max_blocks, 1)
+  const std::vector<int64_t>& batch_buckets() const { return buckets_; }
+
+  // Uploads `host_ints` [n_ints] to the graph's input buffer and launches the graph of (bs, tb) on
+  // `stream`, first capturing record(d_ints) when the key is new (record issues the step's device
+  // work, reading its inputs from d_ints). False when the capture failed: graphs are then off
+  // (disabled_reason()) and nothing was launched.
+  bool launch(int64_t bs, int64_t tb, const int32_t* host_ints, size_t n_ints, cudaStream_t stream,
+              const std::function<void(const int32_t* d_ints)>& record);
+  void clear();
+  size_t n_captured() const { return graphs_.size(); }
+  const std::string& disabled_reason() const { return disabled_reason_; }
+
+ private:
+  struct Graph;
+  int64_t max_bs_ = 0;
+  std::vector<int64_t> buckets_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs_;
+  std::string disabled_reason_;
+};
+
+// "CUDA graphs: decode batches 1, 2, 4, 8, 16, ..., 256 (captured on first use)", or why they are off.
+std::string describe_graphs(const DecodeGraphs& graphs, bool capturable);
+
+// The padding rows of a captured decode step: rows [S, S_pad) of tokens / positions / slots (0, 0,
+// -1), q_start (one row each), seq_lens (0), block tables (-1), each array laid out for S_pad
+// sequences as fill_step_ints lays out S.
+void pad_decode_ints(int64_t n_seqs, int64_t padded, int64_t max_blocks, int32_t* tokens, int32_t* positions,
+                     int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables);
 
 // Appends "attention" and "mlp"/"moe" times per layer from events [2 * layers + 1] (event 2l at the
 // layer's start, 2l + 1 after its attention, the last after the last layer) to the trace.

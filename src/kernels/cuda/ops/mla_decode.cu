@@ -282,7 +282,7 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
   const int64_t qk = nope + rope, W = R + rope, rows_per_head = nope + dims.v_head_dim;
   // Column-major view per head h: q_lat_h^T [R, n] = W_UK_h^T [R, nope] x q_nope_h^T [nope, n].
   const float one = 1.0f, zero = 0.0f;
-  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  cublas_bind_stream(cublas, stream);
   FP4MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(R), static_cast<int>(n_seqs), static_cast<int>(nope), &one,
       kv_b, CUDA_R_16BF, static_cast<int>(R), rows_per_head * R, q, CUDA_R_16BF, static_cast<int>(H * qk), qk, &zero,
@@ -401,7 +401,7 @@ void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDeco
   mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent, n_lat, hi, lo);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
   // Column-major view per head h: out_h^T [V, n] = (W_UV_h stored [V rows of R])^T-op x latent_h^T [R, n].
-  FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  cublas_bind_stream(cublas, stream);
   const float one = 1.0f, zero = 0.0f;
   const __nv_bfloat16* w_uv = kv_b + nope * R;
   for (int part = 0; part < 2; ++part) {
