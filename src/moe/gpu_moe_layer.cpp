@@ -17,6 +17,7 @@
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/nvfp4_dequant.h"
+#include "kernels/cuda/sm90/w4a16_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 
 namespace fp4moe::moe {
@@ -391,7 +392,7 @@ GpuMoeScratchPlan GpuMoeLayer::scratch_plan() const {
   p.inter = cfg_.moe_intermediate;
   p.has_shared = has_shared_;
   p.shared_inter = has_shared_ ? cfg_.shared_intermediate() : 0;
-  p.bf16_gate_up = gemm_ == GpuExpertGemm::kBf16Cublas;
+  p.bf16_gate_up = gemm_ == GpuExpertGemm::kBf16Cublas || dequant_reachable_;
   return p;
 }
 
@@ -410,6 +411,7 @@ void GpuMoeLayer::allocate_scratch() {
       check_nvfp4_gemm(shared_.down, false, T, what + " shared down");
     }
   }
+  dequant_reachable_ = gemm_ == GpuExpertGemm::kNvfp4W4A16 && gpu_moe_dequant_path(T, K, E);
   const GpuMoeScratchPlan plan = scratch_plan();
   const GpuMoeScratchPlan::Sizes c = plan.capacity();
   auto bytes = [](int64_t elems, size_t elem_bytes) { return static_cast<size_t>(elems) * elem_bytes; };
@@ -429,7 +431,11 @@ void GpuMoeLayer::allocate_scratch() {
     shared_act_ = DeviceBuffer(bytes(c.shared_act, 2));
     shared_out_ = DeviceBuffer(bytes(c.shared_out, 2));
   }
-  if (gemm_ == GpuExpertGemm::kBf16Cublas) {
+  if (dequant_reachable_) {
+    const int64_t Is = has_shared_ ? cfg_.shared_intermediate() : 0;
+    w_scratch_ = DeviceBuffer(static_cast<size_t>(std::max(2 * I * H, 2 * Is * H)) * 2);
+  }
+  if (gemm_ == GpuExpertGemm::kBf16Cublas || dequant_reachable_) {
     cublasHandle_t h = nullptr;
     FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
     cublas_.reset(h);
@@ -455,30 +461,53 @@ int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
   return cuda::sm90::w4a16_default_config(tpe);
 }
 
-// NVFP4: act = SwiGLU(x W_gate_up^T) in one GEMM (the kSwiGlu epilogue), out = act W_down^T.
-// BF16: gu = x W_gate_up^T per expert (cuBLAS), act = swiglu(gu), out = act W_down^T per expert.
+bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const {
+  if (!dequant_reachable_ || !gpu_moe_dequant_path(n_tokens, cfg_.top_k, cfg_.n_experts)) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FP4MOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+// W4A16: act = SwiGLU(x W_gate_up^T) in one GEMM (the kSwiGlu epilogue), out = act W_down^T.
+// cuBLAS (the BF16 peer, or NVFP4 dequantized expert by expert into w_scratch_): gu = x W_gate_up^T
+// per expert, act = swiglu(gu), out = act W_down^T per expert.
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-                          const int32_t* h_offsets, int config_id, __nv_bfloat16* gu, __nv_bfloat16* act,
-                          __nv_bfloat16* out, cudaStream_t stream) {
+                          const int32_t* h_offsets, int config_id, bool dequant, __nv_bfloat16* gu,
+                          __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) {
   const int64_t H = w.hidden, I = w.inter;
-  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
+  if (gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant) {
     cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.gate_up, true, x, m, d_offsets, act), config_id, stream);
     cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.down, false, act, m, d_offsets, out), config_id, stream);
     return;
   }
+  // Expert e's bf16 weight: the peer's stack, or the dequantization (stream-ordered reuse of one buffer).
+  auto weight = [&](const GpuLinearStack& s, int64_t e, bool gate_up) -> const __nv_bfloat16* {
+    if (!dequant) return s.bf16.as<__nv_bfloat16>() + e * s.n * s.k;
+    cuda::sm90::W4A16DequantArgs a;
+    a.codes = s.packed.as<uint8_t>();
+    a.scales = s.scales.as<uint8_t>();
+    a.global_scales = s.global_scales.as<float>();
+    a.global_scales_up = gate_up && !s.global_scales_up.empty() ? s.global_scales_up.as<float>() : nullptr;
+    a.expert = e;
+    a.n = s.n;
+    a.k = s.k;
+    a.gate_up = gate_up;
+    a.out = w_scratch_.as<__nv_bfloat16>();
+    cuda::sm90::w4a16_dequant_expert(a, stream);
+    return a.out;
+  };
   cublasHandle_t h = cublas_.get();
   FP4MOE_CUBLAS_CHECK(cublasSetStream(h, stream));
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
     if (rows == 0) continue;
-    cublas_bf16_gemm(h, w.gate_up.bf16.as<__nv_bfloat16>() + e * 2 * I * H, x + r0 * H, rows, 2 * I, H,
-                     gu + r0 * 2 * I);
+    cublas_bf16_gemm(h, weight(w.gate_up, e, true), x + r0 * H, rows, 2 * I, H, gu + r0 * 2 * I);
   }
   cuda::moe::swiglu(gu, gu + I, 2 * I, m, I, act, stream);
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
     if (rows == 0) continue;
-    cublas_bf16_gemm(h, w.down.bf16.as<__nv_bfloat16>() + e * H * I, act + r0 * I, rows, H, I, out + r0 * H);
+    cublas_bf16_gemm(h, weight(w.down, e, false), act + r0 * I, rows, H, I, out + r0 * H);
   }
 }
 
@@ -511,19 +540,21 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
                            offsets_.as<int32_t>(), row_token_.as<int32_t>(), entry_of_.as<int32_t>(),
                            shared_offsets_.as<int32_t>(), stream);
   const int32_t* h_offsets = nullptr;
-  if (gemm_ == GpuExpertGemm::kBf16Cublas) {  // the peer's one host sync (see the header)
+  const bool dequant = use_dequant_path(T, stream);
+  if (gemm_ == GpuExpertGemm::kBf16Cublas || dequant) {  // the cuBLAS paths' one host sync (see the header)
     FP4MOE_CUDA_CHECK(cudaMemcpyAsync(host_offsets_.get(), offsets_.as<int32_t>(), static_cast<size_t>(E + 1) * 4,
                                       cudaMemcpyDeviceToHost, stream));
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     h_offsets = host_offsets_.get();
   }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, xp_.as<__nv_bfloat16>(), stream);
-  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T),
+  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T), dequant,
           gu_.as<__nv_bfloat16>(), act_.as<__nv_bfloat16>(), down_out_.as<__nv_bfloat16>(), stream);
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
     run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
-            shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(), shared_out_.as<__nv_bfloat16>(), stream);
+            dequant && T >= kNvfp4DequantMinRows, shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(),
+            shared_out_.as<__nv_bfloat16>(), stream);
   }
   cuda::moe::combine(down_out_.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
                      has_shared_ ? shared_out_.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);

@@ -96,7 +96,10 @@ class GpuMoeLayer {
                            const GpuDummyRouting& routing, uint64_t seed);
 
   // y[n_tokens, H] = MoE(x[n_tokens, H]), bf16 device pointers (16 B aligned), 0 <= n_tokens <= max_tokens.
-  // Asynchronous on `stream` (kBf16Cublas: synchronizes once, see above).
+  // Asynchronous on `stream` (kBf16Cublas: synchronizes once, see above). NVFP4 at prefill sizes
+  // (gpu_moe_dequant_path: >= kNvfp4DequantMinRows rows per expert on average, not while the stream
+  // is being captured) dequantizes each expert's weights to BF16 (w4a16_dequant_expert) and runs the
+  // peer's cuBLAS GEMMs, with the same one host sync: the W4A16 GEMM is the faster one below that.
   void forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream);
 
   // What the last forward decided, copied to the host (synchronizes the device; for tests and benches).
@@ -117,6 +120,10 @@ class GpuMoeLayer {
   GpuExpertGemm gemm() const { return gemm_; }
   int64_t max_tokens() const { return max_tokens_; }
   bool capturable() const { return gemm_ == GpuExpertGemm::kNvfp4W4A16; }
+  // Whether forward(n_tokens) (outside a capture) dequantizes the NVFP4 experts and runs cuBLAS.
+  bool dequant_path(int64_t n_tokens) const {
+    return dequant_reachable_ && gpu_moe_dequant_path(n_tokens, cfg_.top_k, cfg_.n_experts);
+  }
   // Bytes one routed expert's weights occupy as the GEMMs read them (NVFP4: kernel-layout codes +
   // e4m3 scales, padding included, + global scale; BF16: 2 B per weight); the shared expert's (0
   // without one).
@@ -139,9 +146,13 @@ class GpuMoeLayer {
   GpuMoeLayer() = default;
   void allocate_scratch();
   GpuMoeScratchPlan scratch_plan() const;
+  // dequant: an NVFP4 layer's prefill path (each expert's weights dequantized into w_scratch_, then
+  // cuBLAS, as the kBf16Cublas peer); needs h_offsets.
   void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-               const int32_t* h_offsets, int config_id, __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out,
-               cudaStream_t stream);
+               const int32_t* h_offsets, int config_id, bool dequant, __nv_bfloat16* gu, __nv_bfloat16* act,
+               __nv_bfloat16* out, cudaStream_t stream);
+  // Whether forward(n_tokens) on `stream` takes the NVFP4 dequantized path (never while capturing).
+  bool use_dequant_path(int64_t n_tokens, cudaStream_t stream) const;
 
   MoeConfig cfg_;
   std::shared_ptr<const tune::ConfigChooser> chooser_;
@@ -159,8 +170,10 @@ class GpuMoeLayer {
   cuda::DeviceBuffer logits_, topk_idx_, topk_w_, offsets_, row_token_, entry_of_, shared_offsets_;
   cuda::DeviceBuffer xp_, act_, down_out_;                  // [R, H], [R, I], [R, H]
   cuda::DeviceBuffer shared_act_, shared_out_;              // [T, Is], [T, H]
-  cuda::DeviceBuffer gu_, shared_gu_;  // kBf16Cublas only: [R, 2I], [T, 2Is] (NVFP4: SwiGLU epilogue)
-  // kBf16Cublas only.
+  cuda::DeviceBuffer gu_, shared_gu_;  // cuBLAS gate_up outputs: [R, 2I], [T, 2Is] (W4A16: SwiGLU epilogue)
+  bool dequant_reachable_ = false;     // NVFP4 and max_tokens reaches gpu_moe_dequant_path
+  cuda::DeviceBuffer w_scratch_;       // the dequantized path: one expert's bf16 gate_up or down
+  // kBf16Cublas and the dequantized path.
   struct CublasDestroy {
     void operator()(cublasContext* h) const;
   };

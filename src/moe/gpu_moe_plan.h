@@ -35,10 +35,23 @@ inline int64_t gpu_moe_tokens_per_expert(int64_t n_tokens, int64_t top_k, int64_
   return std::max<int64_t>(1, (rows + n_experts - 1) / n_experts);
 }
 
+// Rows per expert (the routed experts' mean, or the rows of a dense Linear / the shared expert) from
+// which an NVFP4 GEMM dequantizes the weights to BF16 (cuda::sm90::w4a16_dequant_expert) and runs
+// cuBLAS instead of the W4A16 grouped GEMM. The dequantization costs ~2.56 B of HBM traffic per
+// weight (~23 us per GLM-5 expert on an H200); the W4A16 GEMM runs at ~0.27x cuBLAS at prefill
+// sizes (BENCHMARKS.md), so it loses beyond ~70 rows per expert; 128 leaves margin for ragged
+// experts. Only eager steps take that path (it reads the expert offsets on the host); decode steps
+// stay on the W4A16 GEMM, below the threshold and capturable.
+inline constexpr int64_t kNvfp4DequantMinRows = 128;
+inline bool gpu_moe_dequant_path(int64_t n_tokens, int64_t top_k, int64_t n_experts) {
+  return n_experts >= 1 && (n_tokens * top_k + n_experts - 1) / n_experts >= kNvfp4DequantMinRows;
+}
+
 // The scratch of a GpuMoeLayer for T = max_tokens (R = T * top_k routed rows) and the elements each
-// kernel of forward(n_tokens) writes into it. `bf16_gate_up`: the kBf16Cublas peer, whose gate_up
-// GEMM writes [R, 2I] (and [T, 2Is] for the shared expert) before the swiglu kernel; the NVFP4 path
-// has the SwiGLU in the GEMM's epilogue and writes act [R, I] directly (no gate_up buffers).
+// kernel of forward(n_tokens) writes into it. `bf16_gate_up`: the cuBLAS GEMMs (the kBf16Cublas peer,
+// and the NVFP4 layer's dequantized prefill path when max_tokens can reach it), whose gate_up writes
+// [R, 2I] (and [T, 2Is] for the shared expert) before the swiglu kernel; the W4A16 GEMM has the
+// SwiGLU in its epilogue and writes act [R, I] directly.
 struct GpuMoeScratchPlan {
   int64_t max_tokens = 0, top_k = 0, n_experts = 0, hidden = 0, inter = 0, shared_inter = 0;
   bool has_shared = false;

@@ -42,6 +42,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/sm90/w4a16_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda_test_util.h"
 #include "testing/testing.h"
@@ -50,6 +51,7 @@ namespace fp4moe::cuda::sm90 {
 namespace {
 
 using gpu_test::DevicePtr;
+using gpu_test::download;
 using gpu_test::upload;
 
 // One grouped problem on the host.
@@ -312,6 +314,98 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   EXPECT_LE(ref2 > 0 ? err2 / ref2 : 0, 1e-5) << what;
   std::printf("[w4a16] %s: %lld outputs checked, NMSE %.3g\n", what.c_str(), static_cast<long long>(n_checked),
               ref2 > 0 ? err2 / ref2 : 0.0);
+}
+
+// w4a16_dequant_expert (the prefill path's NVFP4 -> BF16): every expert of a random stack (K = 208:
+// a padded last chunk; zero scales in some blocks; every code value) against the host formula
+// bf16_rn(f32(e2m1 x e4m3) x gs), bit for bit (compared as floats: a zero-scale block gives +0 where
+// e2m1 x 0 could be -0); the gate_up stack (w4a16_repack_gate_up) comes back de-interleaved, gate rows
+// then up rows, each with its own global scale.
+TEST(W4A16Dequant, EveryExpertMatchesTheHostFormula) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0xDE0ull);
+  const int64_t E = 3, I = 24, K = 208;
+  Problem gate = make_problem(rng, E, I, K, {0, 0, 0}), up = make_problem(rng, E, I, K, {0, 0, 0});
+  for (size_t i = 0; i < gate.scales.size(); i += 37) gate.scales[i] = 0;  // some zero-scale blocks
+  auto reference = [&](const Problem& p, int64_t e, int64_t r, int64_t c) {
+    const size_t w = static_cast<size_t>((e * p.n + r) * p.k + c);
+    const uint8_t code = (p.packed[w / 2] >> (4 * (w % 2))) & 0xF;
+    const float prod = format::e2m1_to_f32(code) * format::e4m3_to_f32(p.scales[w / 16]);  // exact
+    return bf16_to_f32(f32_to_bf16(prod * p.global_scales[static_cast<size_t>(e)]));
+  };
+  int64_t checked = 0, mismatches = 0;
+  auto expect_rows = [&](const std::vector<uint16_t>& got, int64_t row0, const Problem& p, int64_t e,
+                         const std::string& what) {
+    for (int64_t r = 0; r < p.n; ++r) {
+      for (int64_t c = 0; c < K; ++c) {
+        const float g = bf16_to_f32(got[static_cast<size_t>((row0 + r) * K + c)]), want = reference(p, e, r, c);
+        ++checked;
+        if (g != want && ++mismatches <= 5) ADD_FAILURE() << what << " expert " << e << " row " << r << " col " << c
+                                                          << ": " << g << " != " << want;
+      }
+    }
+  };
+  std::vector<uint8_t> codes_kl, scales_kl;
+  {  // plain stack: the gate problem as an n = 24 weight
+    w4a16_repack(gate.packed.data(), gate.scales.data(), E, I, K, codes_kl, scales_kl);
+    auto d_codes = upload(codes_kl);
+    auto d_scales = upload(scales_kl);
+    auto d_gs = upload(gate.global_scales);
+    auto d_out = gpu_test::device_alloc<__nv_bfloat16>(static_cast<size_t>(I * K));
+    for (int64_t e = 0; e < E; ++e) {
+      W4A16DequantArgs a;
+      a.codes = d_codes.get();
+      a.scales = d_scales.get();
+      a.global_scales = d_gs.get();
+      a.expert = e;
+      a.n = I;
+      a.k = K;
+      a.out = d_out.get();
+      w4a16_dequant_expert(a, nullptr);
+      FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto bits = download(reinterpret_cast<const uint16_t*>(d_out.get()), static_cast<size_t>(I * K));
+      expect_rows(bits, 0, gate, e, "plain");
+    }
+  }
+  {  // gate_up: 2 I rows interleaved by 8 in the kernel layout -> gate rows, then up rows
+    w4a16_repack_gate_up(gate.packed.data(), gate.scales.data(), up.packed.data(), up.scales.data(), E, I, K, codes_kl,
+                         scales_kl);
+    auto d_codes = upload(codes_kl);
+    auto d_scales = upload(scales_kl);
+    auto d_gs = upload(gate.global_scales);
+    auto d_gs_up = upload(up.global_scales);
+    auto d_out = gpu_test::device_alloc<__nv_bfloat16>(static_cast<size_t>(2 * I * K));
+    for (int64_t e = 0; e < E; ++e) {
+      W4A16DequantArgs a;
+      a.codes = d_codes.get();
+      a.scales = d_scales.get();
+      a.global_scales = d_gs.get();
+      a.global_scales_up = d_gs_up.get();
+      a.expert = e;
+      a.n = 2 * I;
+      a.k = K;
+      a.gate_up = true;
+      a.out = d_out.get();
+      w4a16_dequant_expert(a, nullptr);
+      FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto bits = download(reinterpret_cast<const uint16_t*>(d_out.get()), static_cast<size_t>(2 * I * K));
+      expect_rows(bits, 0, gate, e, "gate_up (gate rows)");
+      expect_rows(bits, I, up, e, "gate_up (up rows)");
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << checked;
+  W4A16DequantArgs bad;
+  bad.codes = bad.scales = codes_kl.data();
+  bad.global_scales = gate.global_scales.data();
+  bad.out = reinterpret_cast<__nv_bfloat16*>(codes_kl.data());
+  bad.n = 24;
+  bad.k = 200;
+  try {
+    w4a16_dequant_expert(bad, nullptr);
+    FAIL() << "k = 200 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k=200 (k must be a positive multiple of 16"), std::string::npos) << e.what();
+  }
 }
 
 TEST(W4A16Gpu, SwiGluEpilogueEveryConfig) {

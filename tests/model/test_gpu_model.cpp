@@ -39,6 +39,7 @@
 #include "kernels/cuda/moe/device_buffer.h"
 #include "model/cuda/gpu_linear.h"
 #include "model/cuda/gpu_models.h"
+#include "moe/gpu_moe_plan.h"
 #include "moe/weights.h"
 #include "core/dtype.h"
 #include "model/config.h"
@@ -328,7 +329,8 @@ TEST_P(GpuGolden, ShortKvPoolRefusesWithNumbersAndKeepsServing) {
 
 // GpuLinear alone: both paths (W4A16 kernels, BF16 cuBLAS from the dequantized weight) and the
 // f32-output lm_head path vs kernels::cpu::linear_forward on the same bf16 inputs, random NVFP4 and
-// BF16 weights with and without bias, 1..300 rows: cosine >= 0.9999 per row.
+// BF16 weights with and without bias, 1..300 rows: cosine >= 0.9999 per row. NVFP4 Linears also run
+// with a dequantization scratch: 300 rows then take the prefill path (bf16 weights + cuBLAS).
 TEST(GpuLinear, BothPathsMatchTheCpuLinear) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fp4moe::testing::test_seed());
@@ -346,8 +348,12 @@ TEST(GpuLinear, BothPathsMatchTheCpuLinear) {
           for (size_t i = 0; i < xb.size(); ++i) xf[i] = bf16_to_f32(xb[i]);
           kernels::cpu::linear_forward(w, xf.data(), m, ref.data());
           cuda::DeviceBuffer dx = cuda::DeviceBuffer::from_host(xb), dy(static_cast<size_t>(m * out) * 4);
-          for (bool fp4 : {true, false}) {
-            const GpuLinear g = GpuLinear::upload(w, 512, "test", fp4);
+          for (int variant : {0, 1, 2}) {  // W4A16 (NVFP4 weights), + dequantization scratch, BF16 cuBLAS
+            const bool fp4 = variant < 2;
+            GpuLinear g = GpuLinear::upload(w, 512, "test", fp4);
+            if (variant == 1) share_dequant_scratch({&g});
+            const bool nvfp4 = g.path() == GpuLinear::Path::kNvfp4W4A16;
+            EXPECT_EQ(g.dequant_path(m), variant == 1 && nvfp4 && m >= moe::kNvfp4DequantMinRows) << g.describe();
             g.forward(h, dx.as<__nv_bfloat16>(), m, dy.as<__nv_bfloat16>(), nullptr);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             const std::vector<uint16_t> yb = dy.to_host<uint16_t>(static_cast<size_t>(m * out));

@@ -402,22 +402,29 @@ double compare_with_cpu(const MoeLayer& cpu, const LayerRun& got, const std::vec
 void check_layer(const MoeConfig& cfg, uint64_t seed) {
   SCOPED_TRACE(cfg.to_string() + " seed " + std::to_string(seed));
   const MoeLayer cpu = MoeLayer::random(cfg, WeightFormat::kNVFP4, seed);
-  const std::vector<int64_t> token_counts = {1, 7, 64, 300};
+  // 600 tokens reach the NVFP4 layer's dequantized prefill path (>= kNvfp4DequantMinRows rows per
+  // expert) where top_k / E >= 128 / 600.
+  const std::vector<int64_t> token_counts = {1, 7, 64, 300, 600};
   for (GpuExpertGemm gemm : {GpuExpertGemm::kNvfp4W4A16, GpuExpertGemm::kBf16Cublas}) {
-    GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 300);
+    GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 600);
     if (gemm == GpuExpertGemm::kNvfp4W4A16) {  // random gate/up scales differ: the separate-scale epilogue runs
       EXPECT_NE(g.describe().find("swiglu-epilogue (gs gate != up)"), std::string::npos) << g.describe();
     }
     for (int64_t n : token_counts) {
       const auto xb = random_bf16(static_cast<size_t>(n * cfg.hidden), seed * 31 + n);
       const LayerRun got = run_gpu(g, xb, n);
-      compare_with_cpu(cpu, got, to_f32(xb), n, std::string(gpu_expert_gemm_name(gemm)) + " " + g.describe());
+      const bool dequant = g.dequant_path(n);
+      EXPECT_EQ(dequant, gemm == GpuExpertGemm::kNvfp4W4A16 && gpu_moe_dequant_path(n, cfg.top_k, cfg.n_experts));
+      compare_with_cpu(cpu, got, to_f32(xb), n,
+                       std::string(gpu_expert_gemm_name(gemm)) + (dequant ? " (dequantized to bf16 + cuBLAS) " : " ") +
+                           g.describe());
     }
   }
 }
 
 TEST(Layer, GlmStyleSigmoidWithSharedExpert) {
   SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(gpu_moe_dequant_path(600, 4, 16));  // this config runs the dequantized path at 600 tokens
   check_layer(make_config(256, 128, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), testing::test_seed());
 }
 

@@ -236,6 +236,18 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   gate_ = DeviceBuffer(bf16s(max_T_ * inter));
   up_ = DeviceBuffer(bf16s(max_T_ * inter));
   act_ = DeviceBuffer(bf16s(max_T_ * inter));
+  {  // one dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h)
+    std::vector<GpuLinear*> linears;
+    for (GpuLayer& L : layers_) {
+      for (GpuLinear* g : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) linears.push_back(g);
+      if (L.mlp) {
+        for (GpuLinear* g : {&L.mlp->gate, &L.mlp->up, &L.mlp->down}) linears.push_back(g);
+      }
+    }
+    const auto scratch = share_dequant_scratch(linears);
+    if (scratch) desc << "  prefill: NVFP4 Linears of >= " << moe::kNvfp4DequantMinRows
+                      << " rows dequantize to bf16 + cuBLAS (scratch " << scratch->bytes() << " B)\n";
+  }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
                                    [](const GpuLayer& L) { return !L.moe || L.moe->capturable(); });

@@ -363,6 +363,21 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   gate_ = DeviceBuffer(bf16s(inter));
   up_ = DeviceBuffer(bf16s(inter));
   act_ = DeviceBuffer(bf16s(inter));
+  {  // one dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h)
+    std::vector<GpuLinear*> linears;
+    for (Glm5GpuLayer& L : layers_) {
+      for (GpuLinear* g : {&L.q_a, &L.q_b, &L.kv_a, &L.o}) linears.push_back(g);
+      if (L.indexer) {
+        for (GpuLinear* g : {&L.indexer->wq_b, &L.indexer->wk, &L.indexer->weights_proj}) linears.push_back(g);
+      }
+      if (L.mlp) {
+        for (GpuLinear* g : {&L.mlp->gate, &L.mlp->up, &L.mlp->down}) linears.push_back(g);
+      }
+    }
+    const auto scratch = share_dequant_scratch(linears);
+    if (scratch) desc << "  prefill: NVFP4 Linears of >= " << moe::kNvfp4DequantMinRows
+                      << " rows dequantize to bf16 + cuBLAS (scratch " << scratch->bytes() << " B)\n";
+  }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
                                    [](const Glm5GpuLayer& L) { return !L.moe || L.moe->capturable(); });

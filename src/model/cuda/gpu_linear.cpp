@@ -11,8 +11,10 @@
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/linear_ops.h"
+#include "kernels/cuda/sm90/w4a16_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
+#include "moe/gpu_moe_plan.h"
 
 namespace fp4moe::model {
 
@@ -97,17 +99,30 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
                         cudaStream_t stream) const {
   FP4MOE_CHECK(m >= 0 && m <= max_rows_) << name_ << ": " << m << " rows outside [0, " << max_rows_ << "] (max_rows)";
   if (m == 0) return;
-  if (path_ == Path::kNvfp4W4A16) {
+  const bool dequant = dequant_path(m);  // no host sync: capturable, as the W4A16 path
+  if (path_ == Path::kNvfp4W4A16 && !dequant) {
     cuda::set_single_group_offsets(offsets_.as<int32_t>(), m, stream);
     cuda::sm90::w4a16_grouped_gemm(
         w4a16_args(packed_, scales_, global_scale_, offsets_.as<int32_t>(), x, m, out_, in_, y),
         cuda::sm90::w4a16_default_config(m), stream);
   } else {
+    const __nv_bfloat16* w = bf16_.as<__nv_bfloat16>();
+    if (dequant) {
+      cuda::sm90::W4A16DequantArgs a;
+      a.codes = packed_.as<uint8_t>();
+      a.scales = scales_.as<uint8_t>();
+      a.global_scales = global_scale_.as<float>();
+      a.n = out_;
+      a.k = in_;
+      a.out = dequant_scratch_->as<__nv_bfloat16>();
+      cuda::sm90::w4a16_dequant_expert(a, stream);
+      w = a.out;
+    }
     const float alpha = 1.0f, beta = 0.0f;
     cuda::cublas_bind_stream(cublas, stream);
     // Column-major view: Y^T [out, m] = W [out, in] (stored [in, out] col-major, so OP_T) x X^T [in, m].
     FP4MOE_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
-                                     static_cast<int>(in_), &alpha, bf16_.as<__nv_bfloat16>(), CUDA_R_16BF,
+                                     static_cast<int>(in_), &alpha, w, CUDA_R_16BF,
                                      static_cast<int>(in_), x, CUDA_R_16BF, static_cast<int>(in_), &beta, y,
                                      CUDA_R_16BF, static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
@@ -133,6 +148,24 @@ int64_t GpuLinear::device_bytes() const {
                         ? static_cast<int64_t>(packed_.bytes() + scales_.bytes() + global_scale_.bytes())
                         : static_cast<int64_t>(bf16_.bytes());
   return w + (has_bias_ ? out_ * 4 : 0);
+}
+
+bool GpuLinear::dequant_path(int64_t m) const {
+  return path_ == Path::kNvfp4W4A16 && m >= moe::kNvfp4DequantMinRows && dequant_scratch_ != nullptr &&
+         dequant_scratch_->bytes() >= static_cast<size_t>(out_ * in_) * 2;
+}
+
+std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears) {
+  int64_t elems = 0;
+  for (const GpuLinear* l : linears) {
+    if (l->path_ == GpuLinear::Path::kNvfp4W4A16) elems = std::max(elems, l->out_ * l->in_);
+  }
+  if (elems == 0) return nullptr;
+  auto scratch = std::make_shared<cuda::DeviceBuffer>(static_cast<size_t>(elems) * 2);
+  for (GpuLinear* l : linears) {
+    if (l->path_ == GpuLinear::Path::kNvfp4W4A16) l->dequant_scratch_ = scratch;
+  }
+  return scratch;
 }
 
 std::string GpuLinear::describe() const {

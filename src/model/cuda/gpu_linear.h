@@ -3,6 +3,9 @@
 //     run through sm90_nvfp4_w4a16_grouped_gemm with expert offsets {0, m} (set by a kernel, so a
 //     captured CUDA graph replays its own m);
 //   - BF16 (or F32, rounded to bf16) weights run through cublasGemmEx (bf16 in, f32 accumulate).
+// An NVFP4 Linear with a dequantization scratch (share_dequant_scratch) runs steps of at least
+// moe::kNvfp4DequantMinRows rows (prefill, large decode batches) as w4a16_dequant_expert into the
+// scratch + cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there.
 // A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
 // dequantized weight; describe() says which path each Linear took. The f32 bias is added by
 // add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).
@@ -14,7 +17,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/moe/device_buffer.h"
@@ -44,6 +49,8 @@ class GpuLinear {
   Path path() const { return path_; }
   int64_t device_bytes() const;  // weight + scales (+ bias) as stored on the device
   std::string describe() const;  // "q_proj nvfp4_w4a16 [4096, 6144] +bias"
+  // Whether forward(m) dequantizes to the scratch and runs cuBLAS.
+  bool dequant_path(int64_t m) const;
 
  private:
   std::string name_;
@@ -54,6 +61,13 @@ class GpuLinear {
   mutable cuda::DeviceBuffer offsets_;  // kNvfp4W4A16: {0, m}
   cuda::DeviceBuffer bias_;     // f32 [out] or empty
   bool has_bias_ = false;
+  std::shared_ptr<cuda::DeviceBuffer> dequant_scratch_;  // kNvfp4W4A16: bf16 [out, in] at least, shared
+
+  friend std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears);
 };
+
+// One bf16 scratch for the largest NVFP4 Linear of `linears`, given to each NVFP4 one (they run one
+// at a time on the model's stream); nullptr when none is NVFP4.
+std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears);
 
 }  // namespace fp4moe::model
