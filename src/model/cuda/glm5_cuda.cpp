@@ -375,7 +375,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
       }
     }
     const auto scratch = share_dequant_scratch(linears);
-    if (scratch) desc << "  prefill: NVFP4 Linears of >= " << moe::kNvfp4DequantMinRows
+    if (scratch) desc << "  prefill: NVFP4 Linears of >= " << kLinearDequantMinRows
                       << " rows dequantize to bf16 + cuBLAS (scratch " << scratch->bytes() << " B)\n";
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);

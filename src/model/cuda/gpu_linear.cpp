@@ -14,7 +14,6 @@
 #include "kernels/cuda/sm90/w4a16_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
-#include "moe/gpu_moe_plan.h"
 
 namespace fp4moe::model {
 
@@ -151,7 +150,7 @@ int64_t GpuLinear::device_bytes() const {
 }
 
 bool GpuLinear::dequant_path(int64_t m) const {
-  return path_ == Path::kNvfp4W4A16 && m >= moe::kNvfp4DequantMinRows && dequant_scratch_ != nullptr &&
+  return path_ == Path::kNvfp4W4A16 && m >= kLinearDequantMinRows && dequant_scratch_ != nullptr &&
          dequant_scratch_->bytes() >= static_cast<size_t>(out_ * in_) * 2;
 }
 

@@ -4,8 +4,8 @@
 //     captured CUDA graph replays its own m);
 //   - BF16 (or F32, rounded to bf16) weights run through cublasGemmEx (bf16 in, f32 accumulate).
 // An NVFP4 Linear with a dequantization scratch (share_dequant_scratch) runs steps of at least
-// moe::kNvfp4DequantMinRows rows (prefill, large decode batches) as w4a16_dequant_expert into the
-// scratch + cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there.
+// kLinearDequantMinRows rows (prefill chunks) as w4a16_dequant_expert into the scratch +
+// cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there.
 // A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
 // dequantized weight; describe() says which path each Linear took. The f32 bias is added by
 // add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).
@@ -27,6 +27,12 @@
 struct cublasContext;
 
 namespace fp4moe::model {
+
+// Rows from which an NVFP4 Linear dequantizes and runs cuBLAS. Decode batches stay on the W4A16 GEMM:
+// the dequantization re-reads and rewrites the whole weight every step (2.56 B per weight), and with
+// the switch at 128 rows the glm5-shard decode step at batch 256 went from 12.93 to 13.89 ms on the
+// H200 (BENCHMARKS.md, fifth session), while prefill chunks of 8192+ tokens gained (217 -> 160 ms).
+inline constexpr int64_t kLinearDequantMinRows = 512;
 
 class GpuLinear {
  public:

@@ -1,7 +1,7 @@
 // NVFP4 weights in the W4A16 kernel layout (w4a16_weight_layout.h) -> row-major BF16 on the device,
 // one expert at a time: the operand of a BF16 cuBLAS GEMM where that beats the W4A16 grouped GEMM
-// (prefill: many tokens per expert / rows per Linear; the GPU MoE layer and GpuLinear switch at
-// moe::kNvfp4DequantMinRows, moe/gpu_moe_plan.h). Exact up to the global scale:
+// (prefill: many tokens per expert / rows per Linear; the GPU MoE layer switches at
+// moe::kNvfp4DequantMinRows rows per expert, GpuLinear at model::kLinearDequantMinRows rows). Exact up to the global scale:
 //   out[r][k] = bf16_rn(f32(e2m1 x e4m3) x gs)
 // (e2m1 x e4m3 has at most 6 significant bits, so the only roundings are the f32 product with the
 // per-expert global scale and the bf16 round to nearest even). The GEMM result then equals the
