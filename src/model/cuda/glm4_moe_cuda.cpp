@@ -241,18 +241,15 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     for (GpuLayer& L : layers_) {
       for (GpuLinear* g : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) linears.push_back(g);
       if (L.mlp) {
-        for (GpuLinear* g : {&L.mlp->gate, &L.mlp->up, &L.mlp->down}) linears.push_back(g);
+        for (GpuLinear* g : L.mlp->linears()) linears.push_back(g);
       }
     }
-    const auto scratch = share_dequant_scratch(linears);
-    if (scratch) desc << "  prefill: NVFP4 Linears of >= " << kLinearDequantMinRows
-                      << " rows dequantize to bf16 + cuBLAS (scratch " << scratch->bytes() << " B)\n";
+    desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
                                    [](const GpuLayer& L) { return !L.moe || L.moe->capturable(); });
-  graphs_ = std::make_unique<gpu_step::DecodeGraphs>(
-      std::min({gopt_.cuda_graph_max_bs, max_T_, gpu_step::StepOutputs::kLogitRowsPerPass}));
+  graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
   for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
     cudaEvent_t e = nullptr;
@@ -351,29 +348,19 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
     const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
     const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : step.max_seq_len;
 
-    // Host staging: tokens [T] | positions [T] | slots [T] | q_start [S+1] | seq_lens [S] | tables [S, maxb] | rows [R]
-    const size_t n_ints = static_cast<size_t>(3 * T_run + (S_run + 1) + S_run + S_run * mb_run + R_run);
+    const gpu_step::StepIntsLayout lay{T_run, S_run, mb_run, R_run, 0};  // the step's ints as run
+    const size_t n_ints = lay.size();
     int32_t* hi = h_ints_.get(n_ints);
-    int32_t* h_tok = hi;
-    int32_t* h_pos = h_tok + T_run;
-    int32_t* h_slot = h_pos + T_run;
-    int32_t* h_qs = h_slot + T_run;
-    int32_t* h_len = h_qs + S_run + 1;
-    int32_t* h_tab = h_len + S_run;
-    int32_t* h_rows = h_tab + S_run * mb_run;
-    gpu_step::fill_step_ints(batch, step, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
-    gpu_step::pad_decode_ints(S, S_run, mb_run, h_tok, h_pos, h_slot, h_qs, h_len, h_tab);
-    std::copy(step.rows.begin(), step.rows.end(), h_rows);
-    for (int64_t r = R; r < R_run; ++r) h_rows[r] = static_cast<int32_t>(r);
+    gpu_step::stage_step_ints(batch, step, lay, {}, hi);
     cudaStream_t st = stream_.get();
     const auto ints_at = [&](const int32_t* di) {
       StepInts s;
-      s.pos = di + T_run;
-      s.slots = s.pos + T_run;
-      s.q_start = s.slots + T_run;
-      s.seq_lens = s.q_start + S_run + 1;
-      s.tables = s.seq_lens + S_run;
-      s.rows = s.tables + S_run * mb_run;
+      s.pos = di + lay.positions();
+      s.slots = di + lay.slots();
+      s.q_start = di + lay.q_start();
+      s.seq_lens = di + lay.seq_lens();
+      s.tables = di + lay.tables();
+      s.rows = di + lay.rows();
       s.max_blocks = mb_run;
       s.n_seqs = S_run;
       s.n_tokens = T_run;
@@ -394,37 +381,20 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
     const auto lm_head_pass = [&](const int32_t* di) {
       out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, R_run, H, x_.as<bf16>(), st);
     };
-    const bool launched = gbs > 0 && graphs_->launch(gbs, mb_run, hi, n_ints, st, [&](const int32_t* di) {
-      body(di);
-      lm_head_pass(di);
-    });
-    if (!launched) {
-      auto* di = static_cast<int32_t*>(gpu_step::grow_bytes(ints_, n_ints * 4));
-      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, hi, n_ints * 4, cudaMemcpyHostToDevice, st));
-      body(di);
-      if (gbs > 0) {
-        lm_head_pass(di);
-      } else {
-        out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, step, H, x_.as<bf16>(), st);
-      }
-    }
-    if (gbs > 0) out_->copy_outputs(step, st);
-    std::vector<size_t> moe_layers;
-    std::vector<const int32_t*> moe_offsets;
+    gpu_step::StepWork work;
+    work.body = body;
+    work.lm_head_pass = lm_head_pass;
+    work.run_lm_head = [&](const int32_t* di) {
+      out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, step, H, x_.as<bf16>(), st);
+    };
+    const bool graph = gpu_step::run_step(*graphs_, gbs, mb_run, hi, n_ints, ints_, work, st);
+    std::vector<std::pair<size_t, const int32_t*>> moe;
+    std::vector<bool> is_moe;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      if (!layers_[l].moe) continue;
-      moe_layers.push_back(l);
-      moe_offsets.push_back(layers_[l].moe->device_expert_offsets());
+      is_moe.push_back(layers_[l].moe.has_value());
+      if (layers_[l].moe) moe.emplace_back(l, layers_[l].moe->device_expert_offsets());
     }
-    // Per-expert token counts of every MoE layer, copied without a sync (read after the one in finish).
-    if (trace != nullptr) out_->copy_expert_offsets(moe_offsets, moe_cfg_.n_experts, st);
-    out_->finish(batch, step, moe_layers, trace, st);
-    if (trace != nullptr) {
-      std::vector<bool> is_moe;
-      for (const GpuLayer& L : layers_) is_moe.push_back(L.moe.has_value());
-      gpu_step::trace_layer_times(events_, is_moe, trace);
-      if (launched) ++trace->cuda_graph_steps;
-    }
+    gpu_step::finish_step(*out_, batch, step, gbs > 0, graph, moe, moe_cfg_.n_experts, is_moe, events_, trace, st);
     for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
   } catch (...) {
     cudaStreamSynchronize(stream_.get());

@@ -167,6 +167,12 @@ std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuL
   return scratch;
 }
 
+std::string describe_dequant_scratch(const std::shared_ptr<cuda::DeviceBuffer>& scratch) {
+  if (scratch == nullptr) return "";
+  return "  prefill: NVFP4 Linears of >= " + std::to_string(kLinearDequantMinRows) +
+         " rows dequantize to bf16 + cuBLAS (scratch " + std::to_string(scratch->bytes()) + " B)\n";
+}
+
 std::string GpuLinear::describe() const {
   std::ostringstream os;
   os << (path_ == Path::kNvfp4W4A16 ? "nvfp4_w4a16" : "bf16_cublas") << " [" << out_ << ", " << in_ << "]"

@@ -91,8 +91,15 @@ int64_t max_blocks(const std::vector<Chunk>& chunks) {
   return m;
 }
 
-void fill_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, int64_t max_blocks, int32_t* tokens,
-                    int32_t* positions, int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables) {
+void stage_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, const StepIntsLayout& l,
+                     std::span<const int32_t> extra, int32_t* out) {
+  const auto S = static_cast<int64_t>(step.chunks.size()), R = static_cast<int64_t>(step.rows.size());
+  FP4MOE_CHECK(l.n_seqs >= S && l.n_tokens >= step.n_tokens && l.n_tokens - step.n_tokens == l.n_seqs - S &&
+               l.n_rows >= R && l.n_extra == static_cast<int64_t>(extra.size()))
+      << "stage_step_ints: layout of " << l.n_tokens << " tokens / " << l.n_seqs << " sequences / " << l.n_rows
+      << " rows for a step of " << step.n_tokens << " / " << S << " / " << R << " (padding is one token a sequence)";
+  int32_t *tokens = out, *positions = out + l.positions(), *slots = out + l.slots(), *q_start = out + l.q_start(),
+          *seq_lens = out + l.seq_lens(), *tables = out + l.tables(), *rows = out + l.rows();
   q_start[0] = 0;
   for (size_t i = 0; i < step.chunks.size(); ++i) {
     const Chunk& c = step.chunks[i];
@@ -104,10 +111,22 @@ void fill_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, int6
     q_start[i + 1] = static_cast<int32_t>(c.row0 + c.n);
     seq_lens[i] = static_cast<int32_t>(c.pos0 + c.n);
     const std::vector<int32_t>& b = c.state->blocks();
-    for (int64_t j = 0; j < max_blocks; ++j) {
-      tables[static_cast<int64_t>(i) * max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
+    for (int64_t j = 0; j < l.max_blocks; ++j) {
+      tables[static_cast<int64_t>(i) * l.max_blocks + j] = j < static_cast<int64_t>(b.size()) ? b[static_cast<size_t>(j)] : -1;
     }
   }
+  for (int64_t i = S; i < l.n_seqs; ++i) {  // padding: one empty token each, after the step's tokens
+    const int64_t t = step.n_tokens + (i - S);
+    tokens[t] = 0;
+    positions[t] = 0;
+    slots[t] = -1;
+    q_start[i + 1] = static_cast<int32_t>(t + 1);
+    seq_lens[i] = 0;
+    std::fill_n(tables + i * l.max_blocks, l.max_blocks, -1);
+  }
+  std::copy(step.rows.begin(), step.rows.end(), rows);
+  for (int64_t r = R; r < l.n_rows; ++r) rows[r] = static_cast<int32_t>(r);
+  std::copy(extra.begin(), extra.end(), out + l.extra());
 }
 
 void GpuDenseMlp::forward(cublasContext* cublas, const bf16* h, int64_t n_tokens, bf16* gate_buf, bf16* up_buf,
@@ -280,6 +299,11 @@ DecodeGraphs::DecodeGraphs(int64_t max_bs) : max_bs_(std::max<int64_t>(max_bs, 0
 
 DecodeGraphs::~DecodeGraphs() = default;
 
+std::unique_ptr<DecodeGraphs> DecodeGraphs::for_model(int64_t cuda_graph_max_bs, int64_t max_tokens_per_step) {
+  return std::make_unique<DecodeGraphs>(
+      std::min({cuda_graph_max_bs, max_tokens_per_step, StepOutputs::kLogitRowsPerPass}));
+}
+
 int64_t DecodeGraphs::batch_bucket(int64_t n_seqs) const {
   if (!enabled() || n_seqs < 1) return 0;
   const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), n_seqs);
@@ -330,24 +354,46 @@ bool DecodeGraphs::launch(int64_t bs, int64_t tb, const int32_t* host_ints, size
   return true;
 }
 
+bool run_step(DecodeGraphs& graphs, int64_t bs, int64_t table_bucket, const int32_t* host_ints, size_t n_ints,
+              cuda::DeviceBuffer& ints, const StepWork& work, cudaStream_t stream) {
+  const bool graph = bs > 0 && graphs.launch(bs, table_bucket, host_ints, n_ints, stream, [&](const int32_t* di) {
+    work.body(di);
+    work.lm_head_pass(di);
+  });
+  if (graph) return true;
+  auto* di = static_cast<int32_t*>(grow_bytes(ints, n_ints * 4));
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(di, host_ints, n_ints * 4, cudaMemcpyHostToDevice, stream));
+  work.body(di);
+  (bs > 0 ? work.lm_head_pass : work.run_lm_head)(di);
+  return false;
+}
+
+void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBatch& step, bool padded, bool graph,
+                 const std::vector<std::pair<size_t, const int32_t*>>& moe, int64_t n_experts,
+                 const std::vector<bool>& is_moe, const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
+                 ForwardTrace* trace, cudaStream_t stream) {
+  if (padded) out.copy_outputs(step, stream);
+  std::vector<size_t> moe_layers;
+  std::vector<const int32_t*> moe_offsets;
+  for (const auto& [layer, offsets] : moe) {
+    moe_layers.push_back(layer);
+    moe_offsets.push_back(offsets);
+  }
+  // Per-expert token counts of every MoE layer, copied without a sync (read after the one in finish).
+  if (trace != nullptr) out.copy_expert_offsets(moe_offsets, n_experts, stream);
+  out.finish(batch, step, moe_layers, trace, stream);
+  if (trace != nullptr) {
+    trace_layer_times(events, is_moe, trace);
+    if (graph) ++trace->cuda_graph_steps;
+  }
+}
+
 std::string describe_graphs(const DecodeGraphs& graphs, bool capturable) {
   if (!capturable) return "CUDA graphs: off (a BF16 MoE layer reads its expert offsets on the host)";
   if (graphs.batch_buckets().empty()) return "CUDA graphs: off (--cuda-graph-max-bs 0)";
   std::string s = "CUDA graphs: decode batches";
   for (int64_t b : graphs.batch_buckets()) s += " " + std::to_string(b);
   return s + " (captured on first use)";
-}
-
-void pad_decode_ints(int64_t n_seqs, int64_t padded, int64_t max_blocks, int32_t* tokens, int32_t* positions,
-                     int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables) {
-  for (int64_t i = n_seqs; i < padded; ++i) {
-    tokens[i] = 0;
-    positions[i] = 0;
-    slots[i] = -1;
-    q_start[i + 1] = static_cast<int32_t>(i + 1);
-    seq_lens[i] = 0;
-    std::fill_n(tables + i * max_blocks, max_blocks, -1);
-  }
 }
 
 void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,

@@ -91,14 +91,32 @@ std::vector<int64_t> reserve_blocks(const std::vector<Chunk>& chunks);
 void rollback_blocks(const std::vector<Chunk>& chunks, const std::vector<int64_t>& added);
 int64_t max_blocks(const std::vector<Chunk>& chunks);  // >= 1
 
-// The ints both models stage: tokens [T], positions [T], slots [T], q_start [S + 1], seq_lens [S],
-// block tables [S, max_blocks] (-1 padded).
-void fill_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, int64_t max_blocks, int32_t* tokens,
-                    int32_t* positions, int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables);
+// The host ints of one step as run (padded to n_seqs sequences and tables of max_blocks blocks for a
+// graph), in one buffer uploaded with one copy: tokens [T] | positions [T] | slots [T] |
+// q_start [S + 1] | seq_lens [S] | tables [S, max_blocks] (-1 padded) | rows [R] (the lm_head's) |
+// extra [n_extra] (GLM-5: the DSA selection offsets).
+struct StepIntsLayout {
+  int64_t n_tokens = 0, n_seqs = 0, max_blocks = 0, n_rows = 0, n_extra = 0;
+  int64_t positions() const { return n_tokens; }
+  int64_t slots() const { return 2 * n_tokens; }
+  int64_t q_start() const { return 3 * n_tokens; }
+  int64_t seq_lens() const { return q_start() + n_seqs + 1; }
+  int64_t tables() const { return seq_lens() + n_seqs; }
+  int64_t rows() const { return tables() + n_seqs * max_blocks; }
+  int64_t extra() const { return rows() + n_rows; }
+  size_t size() const { return static_cast<size_t>(extra() + n_extra); }
+};
+
+// Writes `step` into out[layout.size()]: its chunks, then layout.n_seqs - chunks padding sequences
+// (empty: token 0, position 0, slot -1, one q row, seq_len 0, tables -1), the step's lm_head rows then
+// padding rows up to layout.n_rows (each its own index), and `extra`.
+void stage_step_ints(std::span<const SeqChunk> batch, const StepBatch& step, const StepIntsLayout& layout,
+                     std::span<const int32_t> extra, int32_t* out);
 
 // down(silu(gate(h)) * up(h)) with the given scratch ([T, I] each).
 struct GpuDenseMlp {
   GpuLinear gate, up, down;
+  std::vector<GpuLinear*> linears() { return {&gate, &up, &down}; }
   void forward(cublasContext* cublas, const __nv_bfloat16* h, int64_t n_tokens, __nv_bfloat16* gate_buf,
                __nv_bfloat16* up_buf, __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) const;
 };
@@ -160,8 +178,8 @@ void bind_cublas(cublasContext* cublas, cudaStream_t stream, cuda::DeviceBuffer&
 // the CUDA graph of its key: the batch bucket (the smallest of 1, 2, 4, 8, 16, 24, ... (multiples of
 // 8) >= S, up to max_bs) and the table bucket (block tables padded to a power of two >= the longest,
 // which also fixes the attention's key split). The S_pad - S padding sequences are empty: token 0,
-// position 0, KV slot -1 (not written), seq_len 0 (the attention kernels write zeros) and their rows
-// go through the lm_head unread. A graph is captured the first time its key is met (from the same
+// position 0, KV slot -1 (not written), seq_len 0 (the attention kernels write zeros; stage_step_ints)
+// and their rows go through the lm_head unread. A graph is captured the first time its key is met (from the same
 // code as the eager step) and owns its input ints: the host stages them, one copy uploads them
 // before the launch. A capture that fails (a call that cannot be captured) turns graphs off for the
 // model with the reason (warning on stderr) and the step runs eagerly, so no request is lost.
@@ -172,6 +190,9 @@ class DecodeGraphs {
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // The graphs of a model: batches up to min(cuda_graph_max_bs, max_tokens_per_step, one lm_head pass).
+  static std::unique_ptr<DecodeGraphs> for_model(int64_t cuda_graph_max_bs, int64_t max_tokens_per_step);
 
   bool enabled() const { return max_bs_ > 0 && disabled_reason_.empty(); }
   // The padded batch size of n_seqs sequences, 0 when graphs are off or n_seqs > max_bs.
@@ -197,14 +218,29 @@ class DecodeGraphs {
   std::string disabled_reason_;
 };
 
+// A step's device work, in the pieces run_step needs: `body` issues embedding .. final norm reading
+// the step's ints from d_ints; `lm_head_pass` the single capturable lm_head pass of a padded decode
+// step; `run_lm_head` the eager lm_head (passes and copies) of any other step.
+struct StepWork {
+  std::function<void(const int32_t* d_ints)> body, lm_head_pass, run_lm_head;
+};
+
+// Runs the work: as the graph of (bs, table_bucket) when bs > 0 (captured first when new); when bs
+// is 0, or the capture failed, eagerly after uploading host_ints into `ints` (a padded step keeps
+// its single lm_head pass). Returns whether a graph ran.
+bool run_step(DecodeGraphs& graphs, int64_t bs, int64_t table_bucket, const int32_t* host_ints, size_t n_ints,
+              cuda::DeviceBuffer& ints, const StepWork& work, cudaStream_t stream);
+
+// After run_step: copies a padded step's outputs (padded = bs > 0), the MoE layers' per-expert counts
+// for a trace (`moe`: layer index and device offsets [E + 1] each), then StepOutputs::finish (the one
+// sync, the delivery) and the per-layer times and graph count into the trace.
+void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBatch& step, bool padded, bool graph,
+                 const std::vector<std::pair<size_t, const int32_t*>>& moe, int64_t n_experts,
+                 const std::vector<bool>& is_moe, const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
+                 ForwardTrace* trace, cudaStream_t stream);
+
 // "CUDA graphs: decode batches 1, 2, 4, 8, 16, ..., 256 (captured on first use)", or why they are off.
 std::string describe_graphs(const DecodeGraphs& graphs, bool capturable);
-
-// The padding rows of a captured decode step: rows [S, S_pad) of tokens / positions / slots (0, 0,
-// -1), q_start (one row each), seq_lens (0), block tables (-1), each array laid out for S_pad
-// sequences as fill_step_ints lays out S.
-void pad_decode_ints(int64_t n_seqs, int64_t padded, int64_t max_blocks, int32_t* tokens, int32_t* positions,
-                     int32_t* slots, int32_t* q_start, int32_t* seq_lens, int32_t* tables);
 
 // Appends "attention" and "mlp"/"moe" times per layer from events [2 * layers + 1] (event 2l at the
 // layer's start, 2l + 1 after its attention, the last after the last layer) to the trace.
