@@ -23,12 +23,22 @@
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/split_merge.h"
 #include "model/ops.h"
 #include "testing/testing.h"
 
 namespace fp4moe::cuda {
 namespace {
+
+// The grid of the grid-stride kernels (launch_grid.h): ceil(work / per CTA), at least 1, capped.
+TEST(LaunchGrid, CeilAtLeastOneAndCapped) {
+  EXPECT_EQ(grid_stride_ctas(0, 256), 1);
+  EXPECT_EQ(grid_stride_ctas(256, 256), 1);
+  EXPECT_EQ(grid_stride_ctas(257, 256), 2);
+  EXPECT_EQ(grid_stride_ctas(int64_t{1} << 40, 1, 4096), 4096);
+  EXPECT_EQ(grid_stride_ctas(int64_t{1} << 40, 256), kGridStrideMaxCtas);
+}
 
 TEST(AttentionRowTiling, GroupsOfGlmAndEdges) {
   const AttentionRowTiling glm45 = attention_row_tiling(96, 8);  // GLM-4.5: group 12

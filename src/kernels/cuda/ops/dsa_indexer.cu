@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
 
 namespace fp4moe::cuda {
@@ -336,7 +337,7 @@ void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, c
   FP4MOE_CHECK(k != nullptr && slots != nullptr && cache.k != nullptr && error_flag != nullptr)
       << "dsa_index_cache_append: null pointer for tokens=" << n_tokens;
   const int64_t total = n_tokens * cache.head_dim;
-  const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, int64_t{1} << 20));
+  const int grid = grid_stride_ctas(total, 256);
   const int64_t n_slots = cache.n_blocks * cache.page_size;
   if (cache.dtype == DType::kBF16) {
     dsa_index_cache_append_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -197,9 +198,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-unsigned elementwise_blocks(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 1, 4096));
-}
+int elementwise_blocks(int64_t n) { return grid_stride_ctas(n, kElementwiseThreads, 4096); }
 
 __global__ void __launch_bounds__(256)
     mla_cache_append_kernel(const __nv_bfloat16* __restrict__ c_kv, int64_t c_stride,

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
 
 namespace fp4moe::cuda {
@@ -23,7 +24,7 @@ namespace {
 constexpr int kCta = 256;
 constexpr int kWarps = kCta / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride beyond this many CTAs
+constexpr int64_t kMaxGrid = kGridStrideMaxCtas;  // grid-stride beyond this many CTAs
 
 // kThreadsPerRow = 32: a warp per row (rows are warp-uniform, no __syncthreads); 256: a CTA per row.
 template <int kThreadsPerRow>
@@ -155,9 +156,7 @@ __global__ void __launch_bounds__(kCta)
   }
 }
 
-int grid_for(int64_t work, int64_t per_cta) {
-  return static_cast<int>(std::clamp<int64_t>((work + per_cta - 1) / per_cta, 1, kMaxGrid));
-}
+int grid_for(int64_t work, int64_t per_cta) { return grid_stride_ctas(work, per_cta, kMaxGrid); }
 
 template <typename T>
 void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,

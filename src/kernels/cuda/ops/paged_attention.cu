@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -312,7 +313,7 @@ void kv_cache_append_bf16(const __nv_bfloat16* k, int64_t k_stride, const __nv_b
                                                            << " is not 4-byte aligned (bf16 pairs)";
   }
   const int64_t total = n_tokens * row_elems / 2;
-  const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, int64_t{1} << 20));
+  const int grid = grid_stride_ctas(total, 256);
   kv_cache_append_kernel<<<grid, 256, 0, stream>>>(k, k_stride, v, v_stride, n_tokens, slots, cache.n_slots(),
                                                    row_elems, cache.k, cache.v, error_flag);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
