@@ -85,6 +85,9 @@ class HttpServer {
   int listen_fd_ = -1;
   std::atomic<bool> shutting_down_{false};
 
+  // Hands the engine's per-request events to the HTTP threads off the inference thread (see the .cpp).
+  std::shared_ptr<class OutputDispatcher> dispatcher_;
+
   mutable std::mutex mu_;
   std::shared_ptr<engine::Engine> engine_;
   std::shared_ptr<const engine::ChatTemplate> chat_template_;
