@@ -380,6 +380,7 @@ struct Engine::Impl {
         for (int64_t c : t.tokens_per_expert) stats.expert_step_tokens.observe(static_cast<double>(c));
       }
       if (!trace.layer_times.empty()) ++stats.layer_timed_steps_total;
+      stats.cuda_graph_steps_total += static_cast<uint64_t>(trace.cuda_graph_steps);
       stats.layer_seconds.clear();
       for (const auto& [key, seconds] : layer_seconds) stats.layer_seconds.push_back({key.first, key.second, seconds});
     }

@@ -209,6 +209,7 @@ struct EngineStats {
   };
   std::vector<LayerPartSeconds> layer_seconds;
   uint64_t layer_timed_steps_total = 0;
+  uint64_t cuda_graph_steps_total = 0;  // steps the model ran as a captured CUDA graph (ForwardTrace)
 };
 
 class Engine {

@@ -129,6 +129,7 @@ Measured read_measured(const PromText& p) {
   m.forward_seconds = p.value(P + "forward_seconds_total");
   m.step_seconds = p.get(P + "step_seconds_total").value_or(0.0);
   m.timed_steps = p.get(P + "layer_timed_steps_total").value_or(0.0);
+  m.graph_steps = p.get(P + "cuda_graph_steps_total").value_or(0.0);
   const double dsum = p.get(P + "decode_batch_size_sum").value_or(0.0);
   const double dcount = p.get(P + "decode_batch_size_count").value_or(0.0);
   m.decode_batch_mean = dcount > 0 ? dsum / dcount : 0.0;
@@ -188,6 +189,7 @@ Analysis analyze(const Measured& m, const model::ModelConfig& cfg, WeightFormat 
   a.shared_intermediate = cfg.n_shared_experts * cfg.moe_intermediate_size;
   a.steps = m.steps;
   a.timed_steps = m.timed_steps;
+  a.graph_steps = m.graph_steps;
   a.tokens_per_step = m.forward_tokens / m.steps;
   a.decode_batch_mean = m.decode_batch_mean;
   a.measured_tokens_per_s = m.forward_seconds > 0 ? m.forward_tokens / m.forward_seconds : 0.0;
@@ -325,8 +327,10 @@ std::string format_analysis(const Analysis& a) {
                    a.top_k, a.hidden, a.moe_intermediate, a.shared_intermediate, to_string(a.weights),
                    bytes_per_weight(a.weights));
   o += fmt::format("rooflines: HBM {} GB/s, tensor {} TFLOP/s\n", a.roofline.hbm_gbps, a.roofline.peak_tflops);
-  o += fmt::format("steps {} (with layer times: {}), tokens/step {}, mean decode batch {}, forward {} tokens/s\n\n",
-                   a.steps, a.timed_steps, f(a.tokens_per_step, 2), f(a.decode_batch_mean, 2), f(a.measured_tokens_per_s));
+  o += fmt::format("steps {} (with layer times: {}, as CUDA graphs: {}), tokens/step {}, mean decode batch {}, forward {} "
+                   "tokens/s\n\n",
+                   a.steps, a.timed_steps, a.graph_steps, f(a.tokens_per_step, 2), f(a.decode_batch_mean, 2),
+                   f(a.measured_tokens_per_s));
   if (a.step_ms >= 0) {
     o.insert(o.size() - 1, fmt::format("engine step {} ms, of which outside the forward (scheduling, sampling, "
                                        "streaming, bookkeeping) {} ms = {:.1f}%\n",
@@ -442,6 +446,7 @@ nlohmann::json analysis_json(const Analysis& a) {
          {"shared_intermediate", a.shared_intermediate},
          {"steps", a.steps},
          {"timed_steps", a.timed_steps},
+         {"graph_steps", a.graph_steps},
          {"tokens_per_step", a.tokens_per_step},
          {"decode_batch_mean", a.decode_batch_mean},
          {"measured_tokens_per_s", a.measured_tokens_per_s},

@@ -59,6 +59,7 @@ struct Measured {
   double forward_seconds = 0;     // forward_seconds_total
   double step_seconds = 0;        // step_seconds_total (0 when absent): engine steps incl. the forward
   double timed_steps = 0;         // layer_timed_steps_total (0: the model reported no layer times)
+  double graph_steps = 0;         // cuda_graph_steps_total (0 when absent)
   double decode_batch_mean = 0;   // decode_batch_size _sum / _count (0 when no decode step yet)
   struct MoeLayer {
     int64_t layer = 0;
@@ -123,7 +124,7 @@ struct Analysis {
   WeightFormat weights = WeightFormat::kNvfp4;
   Roofline roofline;
   int64_t n_experts = 0, top_k = 0, hidden = 0, moe_intermediate = 0, shared_intermediate = 0;
-  double steps = 0, timed_steps = 0, tokens_per_step = 0, decode_batch_mean = 0;
+  double steps = 0, timed_steps = 0, graph_steps = 0, tokens_per_step = 0, decode_batch_mean = 0;
   double measured_tokens_per_s = 0;  // forward_tokens / forward_seconds
   // Engine time per step outside the model forward (scheduling, sampling, streaming, bookkeeping):
   // (step_seconds - forward_seconds) / steps, and as a fraction of the step; -1 without step_seconds.

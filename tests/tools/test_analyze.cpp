@@ -114,6 +114,7 @@ fp4moe:forward_tokens_total 40
 fp4moe:forward_seconds_total 0.5
 fp4moe:step_seconds_total 0.55
 fp4moe:layer_timed_steps_total 10
+fp4moe:cuda_graph_steps_total 7
 fp4moe:decode_batch_size_sum 36
 fp4moe:decode_batch_size_count 9
 fp4moe:moe_expert_tokens_total{layer="1",expert="0"} 40
@@ -239,6 +240,7 @@ TEST(Analyze, HandComputedNumbers) {
 
   // The tables and the JSON carry the same numbers.
   const std::string text = format_analysis(a);
+  EXPECT_NE(text.find("steps 10 (with layer times: 10, as CUDA graphs: 7)"), std::string::npos) << text;
   EXPECT_NE(text.find("routed gate_up"), std::string::npos) << text;
   EXPECT_NE(text.find("tok/s ceiling"), std::string::npos) << text;
   EXPECT_NE(text.find("8 (x2)"), std::string::npos) << text;
@@ -246,6 +248,7 @@ TEST(Analyze, HandComputedNumbers) {
   EXPECT_EQ(j["schema"], "fp4moe.analyze.v1");
   EXPECT_DOUBLE_EQ(j["layers"][0]["tokens_per_expert"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j["step_token_fraction"]["1-7"].get<double>(), 0.9);
+  EXPECT_DOUBLE_EQ(j["graph_steps"].get<double>(), 7.0);
 }
 
 TEST(Analyze, Bf16WeightsAndCompute) {

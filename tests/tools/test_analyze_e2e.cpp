@@ -53,6 +53,8 @@ TEST(AnalyzeE2E, ServerMetricsThenAnalyze) {
   ASSERT_TRUE(m.count("fp4moe:layer_timed_steps_total"));
   EXPECT_GT(m.at("fp4moe:layer_timed_steps_total"), 0);
   EXPECT_EQ(m.at("fp4moe:layer_timed_steps_total"), m.at("fp4moe:forward_steps_total"));
+  ASSERT_TRUE(m.count("fp4moe:cuda_graph_steps_total"));
+  EXPECT_EQ(m.at("fp4moe:cuda_graph_steps_total"), 0);  // the CPU backend captures nothing
   // The default model: layer 0 dense, layers 1-2 MoE (default_model.h).
   for (const char* series : {"fp4moe:layer_seconds_total{layer=\"0\",part=\"attention\"}",
                              "fp4moe:layer_seconds_total{layer=\"1\",part=\"attention\"}",
