@@ -9,7 +9,8 @@
 // --breakdown traces the decode steps (ForwardTrace: per-layer attention / mlp / moe times from the
 // model's events) and prints, per batch size, where the mean step goes: attention, dense MLP and MoE
 // layers summed over layers, and the rest (embedding, final norm, lm_head, the host's share and the
-// sync), with how many steps ran as CUDA graphs.
+// sync), with how many steps ran as CUDA graphs. The traced steps include the trace's own copies
+// (per-expert counts), as the server's steps do; compare step times with and without it accordingly.
 //
 // Without --model it runs the embedded default model (engine/default_model.h).
 // Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
@@ -176,12 +177,12 @@ void run_bench(const BenchArgs& a) {
       << "--input-len " << a.input_len << " + --output-len " << a.output_len << " = " << a.input_len + a.output_len
       << " exceeds the model's max_position_embeddings " << max_pos;
   std::mt19937_64 rng(a.seed);
-  // Each batch size is warmed up with its own shapes first (prefill of input_len tokens, two decode
-  // steps): the first use of a GEMM shape loads its kernels (cuBLAS, CUDA lazy loading) and captures
-  // its CUDA graphs, which would otherwise land in the one timed prefill.
+  // Each batch size is warmed up with its own shapes first (the same prefill and decode steps): the
+  // first use of a GEMM shape loads its kernels (cuBLAS, CUDA lazy loading) and the first step of a
+  // batch / block-table bucket captures its CUDA graph, which would otherwise land in timed steps.
   std::vector<Row> rows;
   for (int64_t B : sizes) {
-    for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, B, a.input_len, std::min<int64_t>(a.output_len, 2), false, rng);
+    for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, B, a.input_len, a.output_len, false, rng);
     rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, a.breakdown, rng));
   }
 

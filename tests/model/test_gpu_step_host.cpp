@@ -30,6 +30,9 @@ TEST(DecodeGraphsHost, BatchAndTableBuckets) {
   EXPECT_EQ(g->batch_bucket(0), 0);
   // Capped by max_tokens_per_step; a cap off the grid of 8 is itself a bucket.
   EXPECT_EQ(DecodeGraphs::for_model(256, 20)->batch_buckets(), (std::vector<int64_t>{1, 2, 4, 8, 16, 20}));
+  EXPECT_EQ(DecodeGraphs::for_model(6, 4096)->batch_buckets(), (std::vector<int64_t>{1, 2, 4, 6}));  // 5, 6 too
+  EXPECT_EQ(DecodeGraphs::for_model(6, 4096)->batch_bucket(5), 6);
+  EXPECT_EQ(DecodeGraphs::for_model(3, 4096)->batch_buckets(), (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(DecodeGraphs::for_model(0, 4096)->batch_bucket(1), 0);  // --cuda-graph-max-bs 0: off
   EXPECT_FALSE(DecodeGraphs::for_model(0, 4096)->enabled());
   EXPECT_EQ(DecodeGraphs::table_bucket(0), 1);

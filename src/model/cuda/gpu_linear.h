@@ -70,8 +70,6 @@ class GpuLinear {
   std::shared_ptr<cuda::DeviceBuffer> dequant_scratch_;  // kNvfp4W4A16: bf16 [out, in] at least, shared
 
   friend std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears);
-// The model description's line for it ("" without one).
-std::string describe_dequant_scratch(const std::shared_ptr<cuda::DeviceBuffer>& scratch);
 };
 
 // One bf16 scratch for the largest NVFP4 Linear of `linears`, given to each NVFP4 one (they run one

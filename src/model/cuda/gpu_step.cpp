@@ -294,6 +294,7 @@ DecodeGraphs::DecodeGraphs(int64_t max_bs) : max_bs_(std::max<int64_t>(max_bs, 0
     if (b <= max_bs_) buckets_.push_back(b);
   }
   for (int64_t b = 16; b < max_bs_ + 8; b += 8) buckets_.push_back(std::min(b, max_bs_));
+  if (max_bs_ > 0 && (buckets_.empty() || buckets_.back() < max_bs_)) buckets_.push_back(max_bs_);  // e.g. 6
   buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
 }
 
