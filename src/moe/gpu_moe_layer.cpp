@@ -553,7 +553,8 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
     run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
-            dequant && T >= kNvfp4DequantMinRows, shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(),
+            dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 128, top_k <= E */,
+            shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(),
             shared_out_.as<__nv_bfloat16>(), stream);
   }
   cuda::moe::combine(down_out_.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),

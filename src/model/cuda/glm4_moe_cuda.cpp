@@ -108,7 +108,7 @@ class Glm4MoeCudaModel final : public CausalLM {
   std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
   DeviceBuffer cublas_workspace_;
   std::unique_ptr<gpu_step::DecodeGraphs> graphs_;  // captured decode steps
-  bool graphs_capturable_ = false;                  // every MoE layer is (the BF16 one syncs)
+  gpu_step::MoeLayerList moe_layers_;               // fixed at load
 };
 
 Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store,
@@ -247,8 +247,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
-  graphs_capturable_ = std::all_of(layers_.begin(), layers_.end(),
-                                   [](const GpuLayer& L) { return !L.moe || L.moe->capturable(); });
+  moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
   for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
@@ -259,7 +258,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   desc << "  lm_head " << lm_head_.describe() << (cfg_.tie_word_embeddings ? " (tied)" : "") << "\n";
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
        << cache_bytes * 2 * layers_.size() << " B), max " << max_T_ << " tokens per step\n";
-  desc << "  " << gpu_step::describe_graphs(*graphs_, graphs_capturable_) << "\n";
+  desc << "  " << gpu_step::describe_graphs(*graphs_, moe_layers_.capturable) << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -343,7 +342,7 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
     // A decode step whose every row goes through the lm_head runs as a captured graph of its padded
     // shape (gpu_step::DecodeGraphs): S_run sequences, tables of mb_run blocks, the attention split
     // planned for mb_run pages of keys.
-    const int64_t gbs = step.decode_only && R == S && graphs_capturable_ ? graphs_->batch_bucket(S) : 0;
+    const int64_t gbs = step.decode_only && R == S && moe_layers_.capturable ? graphs_->batch_bucket(S) : 0;
     const int64_t S_run = gbs > 0 ? gbs : S, T_run = gbs > 0 ? gbs : T, R_run = gbs > 0 ? gbs : R;
     const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
     const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : step.max_seq_len;
@@ -370,7 +369,8 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
       return s;
     };
     // Embedding, the layers and the final norm (adds the last MLP output into the residual).
-    const auto body = [&](const int32_t* di) {
+    gpu_step::StepWork work;
+    work.body = [&](const int32_t* di) {
       const StepInts s = ints_at(di);
       cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
       for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s);
@@ -378,23 +378,14 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
       cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
                           h_.as<bf16>(), st);
     };
-    const auto lm_head_pass = [&](const int32_t* di) {
+    work.lm_head_pass = [&](const int32_t* di) {
       out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, R_run, H, x_.as<bf16>(), st);
     };
-    gpu_step::StepWork work;
-    work.body = body;
-    work.lm_head_pass = lm_head_pass;
     work.run_lm_head = [&](const int32_t* di) {
       out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, step, H, x_.as<bf16>(), st);
     };
     const bool graph = gpu_step::run_step(*graphs_, gbs, mb_run, hi, n_ints, ints_, work, st);
-    std::vector<std::pair<size_t, const int32_t*>> moe;
-    std::vector<bool> is_moe;
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      is_moe.push_back(layers_[l].moe.has_value());
-      if (layers_[l].moe) moe.emplace_back(l, layers_[l].moe->device_expert_offsets());
-    }
-    gpu_step::finish_step(*out_, batch, step, gbs > 0, graph, moe, moe_cfg_.n_experts, is_moe, events_, trace, st);
+    gpu_step::finish_step(*out_, batch, step, gbs > 0, graph, moe_layers_, moe_cfg_.n_experts, events_, trace, st);
     for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
   } catch (...) {
     cudaStreamSynchronize(stream_.get());

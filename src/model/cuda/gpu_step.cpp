@@ -159,15 +159,20 @@ void StepOutputs::copy_expert_offsets(const std::vector<const int32_t*>& d_offse
   }
 }
 
+void StepOutputs::compute_pass(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
+                               int64_t r0, int64_t n, int64_t hidden, bf16* scratch, cudaStream_t stream) {
+  FP4MOE_CHECK(n >= 0 && n <= kLogitRowsPerPass) << "lm_head pass of " << n << " rows (at most " << kLogitRowsPerPass << ")";
+  FP4MOE_CHECK(static_cast<size_t>(r0 + n) * 4 <= argmax_.bytes())
+      << "lm_head over " << r0 + n << " rows exceeds the " << argmax_.bytes() / 4 << " argmax rows sized at load";
+  if (n == 0) return;
+  cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
+  lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
+  cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0, stream);
+}
+
 void StepOutputs::lm_head_pass(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
                                int64_t n, int64_t hidden, bf16* scratch, cudaStream_t stream) {
-  FP4MOE_CHECK(n >= 0 && n <= kLogitRowsPerPass) << "lm_head pass of " << n << " rows (at most " << kLogitRowsPerPass << ")";
-  FP4MOE_CHECK(static_cast<size_t>(n) * 4 <= argmax_.bytes()) << "lm_head pass of " << n << " rows exceeds the "
-                                                              << argmax_.bytes() / 4 << " argmax rows sized at load";
-  if (n == 0) return;
-  cuda::moe::gather_rows(h, d_rows, n, hidden, scratch, stream);
-  lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
-  cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>(), stream);
+  compute_pass(cublas, lm_head, h, d_rows, 0, n, hidden, scratch, stream);
 }
 
 void StepOutputs::copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row,
@@ -200,15 +205,9 @@ void StepOutputs::run_lm_head(cublasContext* cublas, const GpuLinear& lm_head, c
                               const StepBatch& step, int64_t hidden, bf16* scratch, cudaStream_t stream) {
   const int64_t R = static_cast<int64_t>(step.rows.size());
   int64_t logit_row = 0;  // rows copied so far
-  if (R > kLogitRowsPerPass) {  // the argmax of each pass lands at its rows' offset
-    FP4MOE_CHECK(static_cast<size_t>(R) * 4 <= argmax_.bytes())
-        << "lm_head over " << R << " rows exceeds the " << argmax_.bytes() / 4 << " argmax rows sized at load";
-  }
-  for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {
+  for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {  // the argmax of each pass lands at its rows' offset
     const int64_t n = std::min(kLogitRowsPerPass, R - r0);
-    cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
-    lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
-    cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0, stream);
+    compute_pass(cublas, lm_head, h, d_rows, r0, n, hidden, scratch, stream);
     copy_pass_logits(step, r0, n, logit_row, stream);
   }
   copy_argmax(R, stream);
@@ -370,21 +369,15 @@ bool run_step(DecodeGraphs& graphs, int64_t bs, int64_t table_bucket, const int3
 }
 
 void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBatch& step, bool padded, bool graph,
-                 const std::vector<std::pair<size_t, const int32_t*>>& moe, int64_t n_experts,
-                 const std::vector<bool>& is_moe, const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
-                 ForwardTrace* trace, cudaStream_t stream) {
+                 const MoeLayerList& moe, int64_t n_experts,
+                 const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, ForwardTrace* trace,
+                 cudaStream_t stream) {
   if (padded) out.copy_outputs(step, stream);
-  std::vector<size_t> moe_layers;
-  std::vector<const int32_t*> moe_offsets;
-  for (const auto& [layer, offsets] : moe) {
-    moe_layers.push_back(layer);
-    moe_offsets.push_back(offsets);
-  }
   // Per-expert token counts of every MoE layer, copied without a sync (read after the one in finish).
-  if (trace != nullptr) out.copy_expert_offsets(moe_offsets, n_experts, stream);
-  out.finish(batch, step, moe_layers, trace, stream);
+  if (trace != nullptr) out.copy_expert_offsets(moe.offsets, n_experts, stream);
+  out.finish(batch, step, moe.layers, trace, stream);
   if (trace != nullptr) {
-    trace_layer_times(events, is_moe, trace);
+    trace_layer_times(events, moe.is_moe, trace);
     if (graph) ++trace->cuda_graph_steps;
   }
 }

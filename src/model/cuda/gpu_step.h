@@ -152,6 +152,9 @@ class StepOutputs {
 
  private:
   // Copies the rows [r0, r0 + n) of the last pass that want logits, after `logit_row` rows copied before.
+  // Rows d_rows[r0, r0 + n) (n <= kLogitRowsPerPass) -> logits_ [n, V], their argmax at argmax_[r0..].
+  void compute_pass(cublasContext* cublas, const GpuLinear& lm_head, const __nv_bfloat16* h, const int32_t* d_rows,
+                    int64_t r0, int64_t n, int64_t hidden, __nv_bfloat16* scratch, cudaStream_t stream);
   void copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row, cudaStream_t stream);
   void copy_argmax(int64_t n_rows, cudaStream_t stream);
 
@@ -231,13 +234,38 @@ struct StepWork {
 bool run_step(DecodeGraphs& graphs, int64_t bs, int64_t table_bucket, const int32_t* host_ints, size_t n_ints,
               cuda::DeviceBuffer& ints, const StepWork& work, cudaStream_t stream);
 
+// A model's MoE layers, fixed at load: which layers are MoE (per-layer times), their device expert
+// offsets [E + 1] (per-expert counts for traces; each buffer lives as long as its layer) and whether
+// every one can be captured in a graph (the BF16 layer reads its offsets on the host).
+struct MoeLayerList {
+  std::vector<bool> is_moe;             // [layers]
+  std::vector<size_t> layers;           // the MoE layers' indices
+  std::vector<const int32_t*> offsets;  // and their device expert offsets
+  bool capturable = true;
+
+  // Layer: any struct with `std::optional<moe::GpuMoeLayer> moe`.
+  template <typename Layer>
+  static MoeLayerList of(const std::vector<Layer>& model_layers) {
+    MoeLayerList m;
+    for (size_t l = 0; l < model_layers.size(); ++l) {
+      const auto& moe = model_layers[l].moe;
+      m.is_moe.push_back(moe.has_value());
+      if (!moe) continue;
+      m.layers.push_back(l);
+      m.offsets.push_back(moe->device_expert_offsets());
+      m.capturable = m.capturable && moe->capturable();
+    }
+    return m;
+  }
+};
+
 // After run_step: copies a padded step's outputs (padded = bs > 0), the MoE layers' per-expert counts
-// for a trace (`moe`: layer index and device offsets [E + 1] each), then StepOutputs::finish (the one
-// sync, the delivery) and the per-layer times and graph count into the trace.
+// for a trace, then StepOutputs::finish (the one sync, the delivery) and the per-layer times and
+// graph count into the trace.
 void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBatch& step, bool padded, bool graph,
-                 const std::vector<std::pair<size_t, const int32_t*>>& moe, int64_t n_experts,
-                 const std::vector<bool>& is_moe, const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
-                 ForwardTrace* trace, cudaStream_t stream);
+                 const MoeLayerList& moe, int64_t n_experts,
+                 const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, ForwardTrace* trace,
+                 cudaStream_t stream);
 
 // "CUDA graphs: decode batches 1, 2, 4, 8, 16, ..., 256 (captured on first use)", or why they are off.
 std::string describe_graphs(const DecodeGraphs& graphs, bool capturable);
