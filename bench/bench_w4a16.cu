@@ -8,7 +8,9 @@
 // `fp4moe bench gemm` (which also covers Zipf routing and the autotuned choice): CUDA events
 // around each launch, 5 warm-ups, median of 30; weight sets rotate so the bytes touched between two
 // launches of a set exceed 3x the L2.
-// Run: bench_w4a16 [--tokens 1,2,8] [--runs 30]. Needs a Hopper GPU; exits non-zero on errors.
+// --shape E,N,K (repeatable) replaces the two shard shapes, e.g. --shape 1,6144,16384 for a dense
+// E = 1 Linear (GLM-5's o_proj). Run: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30].
+// Needs a Hopper GPU; exits non-zero on errors.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,7 +32,12 @@ namespace {
 using namespace fp4moe;
 constexpr double kBf16PeakFlops = 780e12;  // H200 cuBLAS BF16 measured on the device machine (H200.md)
 
-int run(const std::vector<int64_t>& tokens_list, int runs) {
+struct Shape {
+  std::string name;
+  tune::GemmShape shape;
+};
+
+int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_list, int runs) {
   std::string why;
   if (!cuda::cuda_device_available(&why)) {
     std::fprintf(stderr, "bench_w4a16: no usable GPU: %s\n", why.c_str());
@@ -42,11 +49,6 @@ int run(const std::vector<int64_t>& tokens_list, int runs) {
   const double hbm_bps = tune::measure_copy_bandwidth();
   std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s; BF16 peak used: %.0f TFLOP/s\n",
               hbm_bps / 1e12, kBf16PeakFlops / 1e12);
-  struct Shape {
-    const char* name;
-    tune::GemmShape shape;
-  };
-  const Shape shapes[] = {{"gate_up", {32, 4096, 6144}}, {"down", {32, 6144, 2048}}};
   const int64_t max_tokens = *std::max_element(tokens_list.begin(), tokens_list.end());
   std::printf("%-8s %6s %6s %5s | %-28s %9s %9s %7s %7s %7s %9s | %9s %7s\n", "shape", "N", "K", "tok/e", "best config",
               "time us", "TFLOP/s", "GB/s", "%HBM", "%bf16pk", "dflt us", "cuBLAS us", "speedup");
@@ -73,7 +75,7 @@ int run(const std::vector<int64_t>& tokens_list, int runs) {
       const double flops = 2.0 * static_cast<double>(ours.m_total()) * static_cast<double>(g.n) * static_cast<double>(g.k);
       const double gbps = ours.weight_bytes() / (best_us * 1e-6) / 1e9;
       const double tflops = flops / (best_us * 1e-6) / 1e12;
-      std::printf("%-8s %6lld %6lld %5lld | %-28s %9.1f %9.1f %7.0f %6.1f%% %6.2f%% %9.1f | %9.1f %6.2fx\n", s.name,
+      std::printf("%-8s %6lld %6lld %5lld | %-28s %9.1f %9.1f %7.0f %6.1f%% %6.2f%% %9.1f | %9.1f %6.2fx\n", s.name.c_str(),
                   static_cast<long long>(g.n), static_cast<long long>(g.k), static_cast<long long>(tokens),
                   cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(best_cfg)).c_str(), best_us, tflops, gbps,
                   100.0 * gbps * 1e9 / hbm_bps, 100.0 * tflops * 1e12 / kBf16PeakFlops, default_us, cublas_us,
@@ -88,19 +90,30 @@ int run(const std::vector<int64_t>& tokens_list, int runs) {
 int main(int argc, char** argv) {
   try {
     std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    std::vector<Shape> shapes;
     int runs = 30;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--tokens" && i + 1 < argc) {
         tokens = fp4moe::tune::parse_positive_list(argv[++i], "--tokens");
+      } else if (arg == "--shape" && i + 1 < argc) {
+        const std::vector<int64_t> enk = fp4moe::tune::parse_positive_list(argv[++i], "--shape");
+        if (enk.size() != 3) {
+          std::fprintf(stderr, "bench_w4a16: --shape %s: want E,N,K (3 numbers, got %zu)\n", argv[i], enk.size());
+          return 2;
+        }
+        char name[32];
+        std::snprintf(name, sizeof(name), "E%lld", static_cast<long long>(enk[0]));
+        shapes.push_back({name, {enk[0], enk[1], enk[2]}});
       } else if (arg == "--runs" && i + 1 < argc) {
         runs = std::max(1, std::atoi(argv[++i]));
       } else {
-        std::fprintf(stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--runs 30]\n");
+        std::fprintf(stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30]\n");
         return 2;
       }
     }
-    return run(tokens, runs);
+    if (shapes.empty()) shapes = {{"gate_up", {32, 4096, 6144}}, {"down", {32, 6144, 2048}}};
+    return run(shapes, tokens, runs);
   } catch (const fp4moe::Error& e) {
     std::fprintf(stderr, "bench_w4a16: %s\n", e.what());
     return 1;

@@ -16,6 +16,10 @@ void add_device_options(CLI::App& cmd, DeviceArgs& args) {
                  "cuda: decode steps of up to this many sequences run as CUDA graphs, captured per padded batch "
                  "size on first use (default " + std::to_string(DeviceArgs{}.cuda_graph_max_bs) + "; 0 = off)");
   cmd.add_flag("--disable-cuda-graph", args.disable_cuda_graph, "cuda: run every step eagerly (--cuda-graph-max-bs 0)");
+  cmd.add_option("--decode-split-min-keys", args.decode_split_min_keys,
+                 "cuda: decode attention splits each sequence's keys into parts of at least this many keys "
+                 "(split-K, so a small batch fills the GPU; default " +
+                     std::to_string(DeviceArgs{}.decode_split_min_keys) + ")");
 }
 
 void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
@@ -23,12 +27,15 @@ void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, in
   options.device = model::parse_device(args.device);
   if (options.device == model::Device::kCpu) return;
   FP4MOE_CHECK(args.cuda_graph_max_bs >= 0) << "--cuda-graph-max-bs " << args.cuda_graph_max_bs << " must be >= 0";
+  FP4MOE_CHECK(args.decode_split_min_keys >= 1)
+      << "--decode-split-min-keys " << args.decode_split_min_keys << " must be >= 1";
 #ifdef FP4MOE_HAVE_CUDA
   model::register_gpu_models();
   options.gpu.max_tokens_per_step = max_tokens_per_step;
   options.gpu.kv_tokens = kv_tokens;
   options.gpu.page_size = page_size;
   options.gpu.cuda_graph_max_bs = args.disable_cuda_graph ? 0 : args.cuda_graph_max_bs;
+  options.gpu.decode_split_min_keys = args.decode_split_min_keys;
 #else
   (void)max_tokens_per_step;
   (void)kv_tokens;

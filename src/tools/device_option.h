@@ -1,7 +1,8 @@
 // The device options shared by `fp4moe serve`, `generate` and `bench-one-batch`: --device "cpu"
 // (default) or "cuda" (the GPU models of model/cuda/gpu_models.h, registered here; a build without
 // CUDA refuses naming the option), and for cuda --cuda-graph-max-bs N (decode steps of up to N
-// sequences run as captured CUDA graphs, SGLang's option; 0 or --disable-cuda-graph: eager).
+// sequences run as captured CUDA graphs, SGLang's option; 0 or --disable-cuda-graph: eager) and
+// --decode-split-min-keys N (the decode attention kernels' split-K granularity).
 // Tested by tests/tools/test_device_option.cpp and the GPU e2e runs.
 #pragma once
 
@@ -20,15 +21,16 @@ struct DeviceArgs {
   std::string device = "cpu";
   int64_t cuda_graph_max_bs = model::GpuOptions{}.cuda_graph_max_bs;
   bool disable_cuda_graph = false;
+  int64_t decode_split_min_keys = model::GpuOptions{}.decode_split_min_keys;
 };
 
-// Adds --device, --cuda-graph-max-bs and --disable-cuda-graph to `cmd`.
+// Adds --device, --cuda-graph-max-bs, --disable-cuda-graph and --decode-split-min-keys to `cmd`.
 void add_device_options(CLI::App& cmd, DeviceArgs& args);
 
 // Sets options.device from args.device (fails naming the value) and, for cuda, registers the GPU
 // models and sizes them: max_tokens_per_step tokens in one forward, kv_tokens of KV cache in
 // blocks of page_size, CUDA graphs up to args.cuda_graph_max_bs sequences (fails naming a negative
-// value; 0 when disabled).
+// value; 0 when disabled) and decode attention split-K parts of at least args.decode_split_min_keys keys.
 void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
                          model::LoadOptions& options);
 

@@ -11,8 +11,8 @@
 //     position sets kDeviceErrorRopePosition and leaves that token unchanged;
 //   - embedding_bf16: exact rows, vectorized and not; an out-of-range id writes zeros and sets the flag;
 //   - add_bias_bf16 / set_single_group_offsets (linear_ops.h): bit for bit bf16(y + b), {0, n};
-//   - argmax_rows (f32 and bf16 logits): equal to model::argmax (the sampler's greedy rule: lowest
-//     index on ties) on rows with many ties, -inf, NaNs (incl. at index 0), vocab 151552 and odd sizes.
+//   - argmax_rows (f32 and bf16 logits, one CTA per row and split into column parts): equal to
+//     model::argmax (the sampler's greedy rule: lowest index on ties) on rows with many ties, -inf, NaNs (incl. at index 0), vocab 151552 and odd sizes.
 // Label gpu; without a usable GPU every case skips with the reason.
 // Run: test_cuda_ops (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <cuda_bf16.h>
@@ -256,7 +256,8 @@ TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {
   struct Case {
     int64_t rows, cols, stride;
   };
-  for (const Case c : {Case{1, 1, 1}, Case{17, 151552, 151552}, Case{5, 300, 301}, Case{64, 1000, 1024}}) {
+  for (const Case c : {Case{1, 1, 1}, Case{17, 151552, 151552}, Case{5, 300, 301}, Case{64, 1000, 1024},
+                       Case{1, 154880, 154880}, Case{2, 9000, 9001}, Case{600, 20000, 20000}}) {
     std::vector<float> x(static_cast<size_t>(c.rows * c.stride), 7.0f);  // padding would win if read
     for (int64_t r = 0; r < c.rows; ++r) {
       float* row = x.data() + r * c.stride;
@@ -280,14 +281,26 @@ TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {
     auto outb = device_alloc<int32_t>(static_cast<size_t>(c.rows));
     argmax_rows(dx.get(), c.rows, c.cols, c.stride, out.get(), nullptr);
     argmax_rows(bf(dxb.get()), c.rows, c.cols, c.stride, outb.get(), nullptr);
+    // The split path (column parts + merge): workspace poisoned so stale candidates would show.
+    auto ws = device_alloc<ArgmaxCandidate>(static_cast<size_t>(kArgmaxWorkspaceCandidates));
+    FP4MOE_CUDA_CHECK(cudaMemset(ws.get(), 0x7f, kArgmaxWorkspaceCandidates * sizeof(ArgmaxCandidate)));
+    auto outs = device_alloc<int32_t>(static_cast<size_t>(c.rows));
+    argmax_rows(dx.get(), c.rows, c.cols, c.stride, outs.get(), ws.get(), nullptr);
     FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<int32_t> got = download(out.get(), static_cast<size_t>(c.rows));
     const std::vector<int32_t> gotb = download(outb.get(), static_cast<size_t>(c.rows));
+    const std::vector<int32_t> gots = download(outs.get(), static_cast<size_t>(c.rows));
+    const int64_t parts = argmax_split_parts(c.rows, c.cols);
     for (int64_t r = 0; r < c.rows; ++r) {
       const int64_t ref = model::argmax(x.data() + r * c.stride, c.cols);
       ASSERT_EQ(got[static_cast<size_t>(r)], ref) << "f32 rows=" << c.rows << " cols=" << c.cols << " row " << r;
       ASSERT_EQ(gotb[static_cast<size_t>(r)], ref) << "bf16 rows=" << c.rows << " cols=" << c.cols << " row " << r;
+      ASSERT_EQ(gots[static_cast<size_t>(r)], ref)
+          << "f32 split into " << parts << " parts, rows=" << c.rows << " cols=" << c.cols << " row " << r;
     }
+    if (parts > 1) EXPECT_LE(c.rows * parts, kArgmaxWorkspaceCandidates);  // one CTA per row needs none
+    if (c.rows == 1 && c.cols == 154880) EXPECT_EQ(parts, 37);  // GLM-5's vocabulary at batch 1: 37 CTAs
+    if (c.rows == 600) EXPECT_EQ(parts, 1);
   }
 }
 

@@ -15,8 +15,9 @@
 namespace fp4moe::tools {
 namespace {
 
-DeviceArgs on(const std::string& device, int64_t graph_max_bs = 256, bool disable_graph = false) {
-  return DeviceArgs{device, graph_max_bs, disable_graph};
+DeviceArgs on(const std::string& device, int64_t graph_max_bs = 256, bool disable_graph = false,
+              int64_t split_min_keys = 32) {
+  return DeviceArgs{device, graph_max_bs, disable_graph, split_min_keys};
 }
 
 TEST(DeviceOption, CpuCudaAndBadValues) {
@@ -37,8 +38,10 @@ TEST(DeviceOption, CpuCudaAndBadValues) {
   EXPECT_EQ(o.gpu.page_size, 32);
   EXPECT_EQ(o.gpu.cuda_graph_max_bs, 48);
   EXPECT_EQ(std::string(model::to_string(o.device)), "cuda");
-  apply_device_option(on("cuda", 48, /*disable_graph=*/true), 4112, 32768, 32, o);
+  EXPECT_EQ(o.gpu.decode_split_min_keys, 32);
+  apply_device_option(on("cuda", 48, /*disable_graph=*/true, 256), 4112, 32768, 32, o);
   EXPECT_EQ(o.gpu.cuda_graph_max_bs, 0);
+  EXPECT_EQ(o.gpu.decode_split_min_keys, 256);
 #else
   EXPECT_THROW(apply_device_option(on("cuda"), 1, 1, 16, o), Error);
 #endif
@@ -48,11 +51,18 @@ TEST(DeviceOption, CudaGraphFlagsParseAndNegativeMaxBsFails) {
   CLI::App app;
   DeviceArgs a;
   add_device_options(app, a);
-  app.parse("--cuda-graph-max-bs 64 --device cuda", /*program_name_included=*/false);
+  app.parse("--cuda-graph-max-bs 64 --device cuda --decode-split-min-keys 128", /*program_name_included=*/false);
   EXPECT_EQ(a.device, "cuda");
   EXPECT_EQ(a.cuda_graph_max_bs, 64);
   EXPECT_FALSE(a.disable_cuda_graph);
+  EXPECT_EQ(a.decode_split_min_keys, 128);
   model::LoadOptions o;
+  try {
+    apply_device_option(on("cuda", 8, false, 0), 100, 200, 16, o);
+    FAIL() << "--decode-split-min-keys 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--decode-split-min-keys 0 must be >= 1"), std::string::npos) << e.what();
+  }
   try {
     apply_device_option(on("cuda", -1), 100, 200, 16, o);
     FAIL() << "--cuda-graph-max-bs -1 accepted";

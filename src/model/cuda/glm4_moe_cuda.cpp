@@ -313,7 +313,7 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
   args.out = attn_.as<bf16>();
   args.error_flag = err;
   if (s.decode_only) {
-    cuda::DecodeSplit split = cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, n_sms_);
+    cuda::DecodeSplit split = cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, n_sms_, gopt_.decode_split_min_keys);
     split = cuda::cap_decode_split(split, n_seqs, nh, D, max_seq_len, workspace_.bytes());
     cuda::paged_attention_decode_bf16(args, split, workspace_.as<float>(), st);
   } else {

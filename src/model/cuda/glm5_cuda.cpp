@@ -592,7 +592,7 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       plan.n_selected = sel_offsets.back();
     }
     if (plan.decode_kernel) {
-      plan.split = cuda::plan_mla_decode_split(S_run, mla_.n_heads, len_run, n_sms_);
+      plan.split = cuda::plan_mla_decode_split(S_run, mla_.n_heads, len_run, n_sms_, gopt_.decode_split_min_keys);
       plan.attn_workspace = cuda::mla_decode_workspace_bytes(S_run, mla_, plan.split);
     } else {
       const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;

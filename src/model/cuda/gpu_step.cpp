@@ -142,6 +142,7 @@ StepOutputs::StepOutputs(int64_t vocab, int64_t max_rows)
     : vocab_(vocab),
       logits_(static_cast<size_t>(kLogitRowsPerPass * vocab) * 4),
       argmax_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * 4),
+      argmax_parts_(static_cast<size_t>(cuda::kArgmaxWorkspaceCandidates) * sizeof(cuda::ArgmaxCandidate)),
       err_(4) {
   FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
 }
@@ -167,7 +168,8 @@ void StepOutputs::compute_pass(cublasContext* cublas, const GpuLinear& lm_head, 
   if (n == 0) return;
   cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
   lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
-  cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0, stream);
+  cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0,
+                    argmax_parts_.as<cuda::ArgmaxCandidate>(), stream);
 }
 
 void StepOutputs::lm_head_pass(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,

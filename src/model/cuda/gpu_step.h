@@ -159,7 +159,7 @@ class StepOutputs {
   void copy_argmax(int64_t n_rows, cudaStream_t stream);
 
   int64_t vocab_;
-  cuda::DeviceBuffer logits_, argmax_, err_;
+  cuda::DeviceBuffer logits_, argmax_, argmax_parts_, err_;  // argmax_parts_: the split argmax's candidates
   PinnedBuffer<float> h_logits_;
   PinnedBuffer<int32_t> h_argmax_, h_offsets_;
   PinnedBuffer<uint32_t> h_err_;

@@ -4,8 +4,10 @@
 //              re-reading what the same thread wrote, so y may alias x.
 //   rope:      one thread per (token, head, rotated pair), grid-stride.
 //   embedding: one 128-thread CTA per token (grid-stride), 16-byte copies when dim % 8 == 0.
-//   argmax:    one 256-thread CTA per row; (value, index) pairs reduced with xor shuffles, then
-//              across the 8 warps in shared memory.
+//   argmax:    one 256-thread CTA per row, or per (row, column part) with a second one-warp-per-row
+//              kernel over the parts' candidates; (value, index) pairs reduced with xor shuffles,
+//              then across the 8 warps in shared memory, in the order argmax_beats defines (the
+//              result does not depend on how the row is cut).
 // Tested by tests/kernels/test_cuda_ops.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda/ops/norm_rope.h"
@@ -123,6 +125,72 @@ __global__ void __launch_bounds__(kEmbedCta)
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// The best non-NaN candidate of x[begin, end) over the CTA; valid in thread 0. Ends with a barrier
+// (warp_best is reused).
+template <typename T>
+__device__ ArgmaxCandidate argmax_cta(const T* __restrict__ x, int64_t begin, int64_t end,
+                                      ArgmaxCandidate* warp_best) {
+  ArgmaxCandidate best = argmax_identity();
+  for (int64_t i = begin + threadIdx.x; i < end; i += kCta) {
+    const ArgmaxCandidate c{to_f32(x[i]), static_cast<int32_t>(i)};
+    if (!isnan(c.value) && argmax_beats(c, best)) best = c;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o), __shfl_xor_sync(kFullMask, best.index, o)};
+    if (argmax_beats(other, best)) best = other;
+  }
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < kWarps; ++k) {
+      if (argmax_beats(warp_best[k], best)) best = warp_best[k];
+    }
+  }
+  __syncthreads();
+  return best;
+}
+
+// The CPU loop starts from index 0 and only a strictly larger value replaces it: a NaN at 0 is
+// never replaced, and an all-NaN row (identity left) also gives 0.
+template <typename T>
+__device__ __forceinline__ int32_t argmax_result(const T* __restrict__ row, ArgmaxCandidate best) {
+  return (isnan(to_f32(row[0])) || best.index == 0x7fffffff) ? 0 : best.index;
+}
+
+// grid (parts, rows): part p of row r -> parts_out[r * parts + p].
+template <typename T>
+__global__ void __launch_bounds__(kCta)
+    argmax_part_kernel(const T* __restrict__ logits, int64_t n_cols, int64_t row_stride, int64_t cols_per_part,
+                       ArgmaxCandidate* __restrict__ parts_out) {
+  __shared__ ArgmaxCandidate warp_best[kWarps];
+  const int64_t row = blockIdx.y, part = blockIdx.x;
+  const int64_t begin = part * cols_per_part, end = min(begin + cols_per_part, n_cols);
+  const ArgmaxCandidate best = argmax_cta(logits + row * row_stride, begin, end, warp_best);
+  if (threadIdx.x == 0) parts_out[row * gridDim.x + part] = best;
+}
+
+// One warp per row over its `parts` candidates.
+template <typename T>
+__global__ void __launch_bounds__(kCta)
+    argmax_merge_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t row_stride, int64_t parts,
+                        const ArgmaxCandidate* __restrict__ parts_in, int32_t* __restrict__ out) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= n_rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  ArgmaxCandidate best = argmax_identity();
+  for (int64_t p = lane; p < parts; p += 32) {
+    const ArgmaxCandidate c = parts_in[row * parts + p];
+    if (argmax_beats(c, best)) best = c;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o), __shfl_xor_sync(kFullMask, best.index, o)};
+    if (argmax_beats(other, best)) best = other;
+  }
+  if (lane == 0) out[row] = argmax_result(logits + row * row_stride, best);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kCta)
     argmax_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
@@ -130,29 +198,8 @@ __global__ void __launch_bounds__(kCta)
   __shared__ ArgmaxCandidate warp_best[kWarps];
   for (int64_t row = blockIdx.x; row < n_rows; row += gridDim.x) {
     const T* x = logits + row * row_stride;
-    ArgmaxCandidate best = argmax_identity();
-    for (int64_t i = threadIdx.x; i < n_cols; i += kCta) {
-      const ArgmaxCandidate c{to_f32(x[i]), static_cast<int32_t>(i)};
-      if (!isnan(c.value) && argmax_beats(c, best)) best = c;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o),
-                                  __shfl_xor_sync(kFullMask, best.index, o)};
-      if (argmax_beats(other, best)) best = other;
-    }
-    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int k = 1; k < kWarps; ++k) {
-        if (argmax_beats(warp_best[k], best)) best = warp_best[k];
-      }
-      // The CPU loop starts from index 0 and only a strictly larger value replaces it: a NaN at 0
-      // is never replaced, and an all-NaN row (identity left) also gives 0.
-      const bool nan0 = isnan(to_f32(x[0]));
-      out[row] = (nan0 || best.index == 0x7fffffff) ? 0 : best.index;
-    }
-    __syncthreads();  // warp_best is rewritten by the next row
+    const ArgmaxCandidate best = argmax_cta(x, 0, n_cols, warp_best);
+    if (threadIdx.x == 0) out[row] = argmax_result(x, best);
   }
 }
 
@@ -160,13 +207,23 @@ int grid_for(int64_t work, int64_t per_cta) { return grid_stride_ctas(work, per_
 
 template <typename T>
 void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
-                   int32_t* out, cudaStream_t stream) {
+                   int32_t* out, ArgmaxCandidate* workspace, cudaStream_t stream) {
   FP4MOE_CHECK(n_rows >= 0 && n_cols >= 1 && n_cols <= 0x7ffffffe && row_stride >= n_cols)
       << what << ": rows=" << n_rows << ", cols=" << n_cols << ", row_stride=" << row_stride
       << " (need cols in [1, 2^31 - 2] and row_stride >= cols)";
   if (n_rows == 0) return;
   FP4MOE_CHECK(logits != nullptr && out != nullptr) << what << ": null pointer for rows=" << n_rows;
-  argmax_kernel<T><<<grid_for(n_rows, 1), kCta, 0, stream>>>(logits, n_rows, n_cols, row_stride, out);
+  const int64_t parts = workspace != nullptr ? argmax_split_parts(n_rows, n_cols) : 1;
+  if (parts == 1) {
+    argmax_kernel<T><<<grid_for(n_rows, 1), kCta, 0, stream>>>(logits, n_rows, n_cols, row_stride, out);
+  } else {
+    const int64_t cols_per_part = (n_cols + parts - 1) / parts;
+    argmax_part_kernel<T><<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(n_rows)), kCta, 0, stream>>>(
+        logits, n_cols, row_stride, cols_per_part, workspace);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    argmax_merge_kernel<T><<<static_cast<unsigned>((n_rows + kWarps - 1) / kWarps), kCta, 0, stream>>>(
+        logits, n_rows, row_stride, parts, workspace, out);
+  }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -232,12 +289,25 @@ void embedding_bf16(const __nv_bfloat16* table, int64_t vocab, int64_t dim, cons
 
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
                  cudaStream_t stream) {
-  argmax_launch("argmax_rows(f32)", logits, n_rows, n_cols, row_stride, out, stream);
+  argmax_launch("argmax_rows(f32)", logits, n_rows, n_cols, row_stride, out, nullptr, stream);
+}
+
+int64_t argmax_split_parts(int64_t n_rows, int64_t n_cols) {
+  if (n_rows <= 0) return 1;
+  const int64_t by_cols = n_cols / kArgmaxMinColsPerPart;
+  const int64_t by_workspace = kArgmaxWorkspaceCandidates / n_rows;
+  const int64_t parts = std::min({by_cols, by_workspace, kArgmaxMaxParts});
+  return parts >= 2 ? parts : 1;
+}
+
+void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
+                 ArgmaxCandidate* workspace, cudaStream_t stream) {
+  argmax_launch("argmax_rows(f32, split)", logits, n_rows, n_cols, row_stride, out, workspace, stream);
 }
 
 void argmax_rows(const __nv_bfloat16* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
                  cudaStream_t stream) {
-  argmax_launch("argmax_rows(bf16)", logits, n_rows, n_cols, row_stride, out, stream);
+  argmax_launch("argmax_rows(bf16)", logits, n_rows, n_cols, row_stride, out, nullptr, stream);
 }
 
 }  // namespace fp4moe::cuda

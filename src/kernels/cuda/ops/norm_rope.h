@@ -44,7 +44,7 @@ void rope_bf16(__nv_bfloat16* x, int64_t n_tokens, int64_t n_heads, int64_t toke
 void embedding_bf16(const __nv_bfloat16* table, int64_t vocab, int64_t dim, const int32_t* ids,
                     int64_t n_tokens, __nv_bfloat16* out, uint32_t* error_flag, cudaStream_t stream);
 
-// out[r] = argmax of logits[r * row_stride + 0 .. n_cols), n_cols >= 1.
+// out[r] = argmax of logits[r * row_stride + 0 .. n_cols), n_cols >= 1. One CTA per row.
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
                  cudaStream_t stream);
 void argmax_rows(const __nv_bfloat16* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
@@ -63,5 +63,17 @@ __host__ __device__ inline bool argmax_beats(ArgmaxCandidate a, ArgmaxCandidate 
 // The start of the reduction: loses to every non-NaN value (an index past any vocabulary, so a
 // real -inf at any index beats it).
 __host__ __device__ inline ArgmaxCandidate argmax_identity() { return {-INFINITY, 0x7fffffff}; }
+
+// argmax_rows (f32) with each row cut into argmax_split_parts(n_rows, n_cols) column ranges, one CTA each
+// (a few rows of a 150k vocabulary fill the GPU instead of a few SMs), their candidates reduced by a
+// second kernel. `workspace` holds kArgmaxWorkspaceCandidates candidates (4 KB; any n_rows, n_cols).
+inline constexpr int64_t kArgmaxWorkspaceCandidates = 512;
+inline constexpr int64_t kArgmaxMinColsPerPart = 4096;
+inline constexpr int64_t kArgmaxMaxParts = 64;
+// Parts per row: 1 once the rows alone give 512 CTAs or a row has < 2 x 4096 columns; at most 64,
+// and n_rows x parts <= kArgmaxWorkspaceCandidates.
+int64_t argmax_split_parts(int64_t n_rows, int64_t n_cols);
+void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
+                 ArgmaxCandidate* workspace, cudaStream_t stream);
 
 }  // namespace fp4moe::cuda
