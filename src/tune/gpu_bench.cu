@@ -128,6 +128,8 @@ struct W4A16Workload::Impl {
   size_t packed_bytes = 0, scale_bytes = 0;
   std::vector<DeviceBytes> packed, scales;
   DeviceBytes x, y, global_scales, offsets;
+  DeviceBytes splitk;  // E = 1: the split-K workspace GpuLinear gives a dense Linear
+  size_t splitk_bytes = 0;
 };
 
 W4A16Workload::W4A16Workload(const GemmShape& shape, int64_t max_m_total) : impl_(std::make_unique<Impl>()) {
@@ -161,6 +163,10 @@ W4A16Workload::W4A16Workload(const GemmShape& shape, int64_t max_m_total) : impl
   s.global_scales = device_bytes(gs.size() * sizeof(float), "global scales");
   FP4MOE_CUDA_CHECK(cudaMemcpy(s.global_scales.get(), gs.data(), gs.size() * sizeof(float), cudaMemcpyHostToDevice));
   s.offsets = device_bytes(static_cast<size_t>(shape.n_experts + 1) * sizeof(int32_t), "expert offsets");
+  if (shape.n_experts == 1 && rows > 0) {
+    s.splitk_bytes = static_cast<size_t>(cuda::sm90::kW4A16MaxSplitK) * rows * static_cast<size_t>(shape.n) * 4;
+    s.splitk = device_bytes(s.splitk_bytes, "split-K workspace");
+  }
   set_counts(std::vector<int32_t>(static_cast<size_t>(shape.n_experts), 0));
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -190,6 +196,8 @@ void W4A16Workload::launch(int config_id, int set) {
   a.n = s.shape.n;
   a.k = s.shape.k;
   a.n_experts = s.shape.n_experts;
+  a.splitk_workspace = s.splitk_bytes > 0 ? as<float>(s.splitk) : nullptr;
+  a.splitk_workspace_bytes = s.splitk_bytes;
   cuda::sm90::w4a16_grouped_gemm(a, config_id, nullptr);
 }
 

@@ -35,7 +35,8 @@ double measure_copy_bandwidth();
 // shape, with enough weight sets to defeat the L2. Filled with deterministic random values.
 class W4A16Workload {
  public:
-  // Buffers for up to max_m_total token rows in all.
+  // Buffers for up to max_m_total token rows in all. E = 1 (a dense Linear) also gets the split-K
+  // workspace GpuLinear passes (w4a16_splitk_plan), so E = 1 timings are the model's.
   W4A16Workload(const GemmShape& shape, int64_t max_m_total);
   ~W4A16Workload();
   W4A16Workload(const W4A16Workload&) = delete;

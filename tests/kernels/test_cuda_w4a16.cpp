@@ -7,7 +7,9 @@
 //   * edges: one token in total, empty first/last experts, token counts not a multiple of the
 //     tile, skewed routing (one expert with 300 tokens), N not a multiple of the weight tile,
 //     K = 64 x odd (a partial last K stage), K = 16 x odd (padded chunks), rows outside every
-//     expert range left untouched, the same launch twice gives the same bits.
+//     expert range left untouched, the same launch twice gives the same bits;
+//   * split-K of dense Linears (E = 1, long K, few CTAs): parts of whole scale groups, a partial
+//     last part, a workspace smaller than the plan wants.
 // Weights go through w4a16_repack (checkpoint -> kernel layout) as a loader does.
 // Error bound per output (bf16 output rounding + f32 accumulation), with S = sum_k |x_k w_k|:
 //   |y - ref| <= 2^-8 |ref| + K * 2^-22 * S
@@ -105,7 +107,8 @@ Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t
 }
 
 // Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
-std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1) {
+// splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs.
+std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, size_t splitk_bytes = 0) {
   auto d_x = upload(p.x);
   auto d_off = upload(p.offsets);
   std::vector<uint8_t> codes_kl, scales_kl;  // the kernel layout, as a loader makes it once
@@ -126,6 +129,12 @@ std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1) 
   a.n = p.n;
   a.k = p.k;
   a.n_experts = p.n_experts;
+  DevicePtr<float> d_ws;
+  if (splitk_bytes > 0) {
+    d_ws = upload(std::vector<float>(splitk_bytes / sizeof(float), std::nanf("")));
+    a.splitk_workspace = d_ws.get();
+    a.splitk_workspace_bytes = splitk_bytes;
+  }
   for (int r = 0; r < repeats; ++r) w4a16_grouped_gemm(a, config_id, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
@@ -221,9 +230,9 @@ void check_against_reference(const Problem& p, const std::vector<uint16_t>& y, i
 }
 
 void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
-                   int config_id, int64_t extra_rows = 0) {
+                   int config_id, int64_t extra_rows = 0, size_t splitk_bytes = 0) {
   const Problem p = make_problem(rng, n_experts, n, k, counts, extra_rows);
-  const std::vector<uint16_t> y = run_gpu(p, config_id);
+  const std::vector<uint16_t> y = run_gpu(p, config_id, 1, splitk_bytes);
   check_against_reference(p, y, config_id, rng());
 }
 
@@ -488,6 +497,25 @@ TEST(W4A16Gpu, KSixteenTimesOdd) {
     run_and_check(rng, 3, 64, 1040, {2, 0, 19}, cfg);  // 16 x 65: 17 chunks, 3 scale groups
     run_and_check(rng, 2, 24, 48, {5, 1}, cfg);        // 16 x 3, N = 24 (half a row tile)
   }
+}
+
+// Split-K (w4a16_splitk_plan): a dense Linear with few CTAs and a long K is cut into K parts on
+// grid.z whose f32 sums a second kernel adds up. Parts of 4 scale groups (K = 16384: 8 parts), a
+// K of 3 groups with a partial last one (3 parts of one group), a workspace that holds only two
+// parts, rows past the expert ranges left unwritten by the reduction, and the same bits twice.
+TEST(W4A16Gpu, SplitKMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0x5B1ull);
+  const size_t big = size_t{64} << 20;
+  for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8")}) {
+    for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big);
+    run_and_check(rng, 1, 520, 1040, {3}, cfg, 0, big);
+    run_and_check(rng, 1, 1024, 4096, {7}, cfg, 0, size_t{2} * 7 * 1024 * 4);  // room for 2 parts
+    run_and_check(rng, 2, 256, 2048, {3, 0}, cfg, /*extra_rows=*/4, big);
+  }
+  const Problem p = make_problem(rng, 1, 768, 8192, {9});
+  const int cfg = w4a16_config_id("w4a16_stream_m64n16_d8");
+  EXPECT_TRUE(run_gpu(p, cfg, 1, big) == run_gpu(p, cfg, 2, big)) << p.describe(cfg) << ": split-K outputs differ";
 }
 
 TEST(W4A16Gpu, EmptyBatchLaunchesNothing) {

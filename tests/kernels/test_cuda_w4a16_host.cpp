@@ -683,6 +683,55 @@ TEST(W4A16Configs, NamesRoundTrip) {
   expect_throw([] { w4a16_config(-1); });
 }
 
+// The split-K plan (no GPU): GLM-5's o_proj (N = 6144, K = 16384: 32 scale groups) at one token
+// is 96 CTAs of 64 rows -> ceil(4 x 132 / 96) = 6 parts of ceil(32 / 6) = 6 groups, i.e. 6 parts;
+// no split for the pipeline configs, the SwiGLU epilogue, no workspace, a full grid, one group, or
+// a workspace without room for two parts; the workspace caps the parts.
+TEST(W4A16Configs, SplitKPlan) {
+  W4A16GroupedGemmArgs a;
+  a.m_total = 1;
+  a.n = 6144;
+  a.k = 16384;
+  a.n_experts = 1;
+  float* ws = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced
+  a.splitk_workspace = ws;
+  a.splitk_workspace_bytes = size_t{1} << 30;
+  const W4A16Config& stream = w4a16_config(w4a16_config_id("w4a16_stream_m64n8_d8"));
+  W4A16SplitK s = w4a16_splitk_plan(a, stream, 132);
+  EXPECT_EQ(s.parts, 6);
+  EXPECT_EQ(s.groups_per_part, 6);
+  EXPECT_EQ(w4a16_splitk_plan(a, w4a16_config(w4a16_config_id("w4a16_swapab_m64n8k256_s4")), 132).parts, 1);
+  a.epilogue = W4A16Epilogue::kSwiGlu;
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  a.epilogue = W4A16Epilogue::kNone;
+  a.splitk_workspace_bytes = 3 * 6144 * 4;  // room for 3 planes of [1, 6144] f32
+  s = w4a16_splitk_plan(a, stream, 132);
+  EXPECT_EQ(s.parts, 3);
+  EXPECT_EQ(s.groups_per_part, 11);  // 32 groups: 11 + 11 + 10
+  a.splitk_workspace_bytes = 6144 * 4;
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  a.splitk_workspace_bytes = size_t{1} << 30;
+  a.k = 512;  // one scale group: nothing to split
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  a.k = 16384;
+  a.n_experts = 32;  // the MoE down GEMM at 8 tokens per expert: 32 x 96 CTAs fill the GPU
+  a.m_total = 256;
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  a.splitk_workspace = nullptr;
+  a.n_experts = 1;
+  a.m_total = 1;
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  // Never more than kW4A16MaxSplitK parts, never an empty part.
+  a.splitk_workspace = ws;
+  for (int64_t k = 512; k <= 65536; k += 512) {
+    a.k = k;
+    s = w4a16_splitk_plan(a, stream, 132);
+    ASSERT_LE(s.parts, kW4A16MaxSplitK) << k;
+    ASSERT_LT(static_cast<int64_t>(s.parts - 1) * s.groups_per_part, w4a16_k_groups(k)) << k;
+    ASSERT_GE(static_cast<int64_t>(s.parts) * s.groups_per_part, w4a16_k_groups(k)) << k;
+  }
+}
+
 TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   struct Case {
     int64_t tokens;

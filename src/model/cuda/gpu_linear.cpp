@@ -101,9 +101,12 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
   const bool dequant = dequant_path(m);  // no host sync: capturable, as the W4A16 path
   if (path_ == Path::kNvfp4W4A16 && !dequant) {
     cuda::set_single_group_offsets(offsets_.as<int32_t>(), m, stream);
-    cuda::sm90::w4a16_grouped_gemm(
-        w4a16_args(packed_, scales_, global_scale_, offsets_.as<int32_t>(), x, m, out_, in_, y),
-        cuda::sm90::w4a16_default_config(m), stream);
+    auto a = w4a16_args(packed_, scales_, global_scale_, offsets_.as<int32_t>(), x, m, out_, in_, y);
+    if (dequant_scratch_ != nullptr) {  // idle below kLinearDequantMinRows rows: the split-K partial sums
+      a.splitk_workspace = dequant_scratch_->as<float>();
+      a.splitk_workspace_bytes = dequant_scratch_->bytes();
+    }
+    cuda::sm90::w4a16_grouped_gemm(a, cuda::sm90::w4a16_default_config(m), stream);
   } else {
     const __nv_bfloat16* w = bf16_.as<__nv_bfloat16>();
     if (dequant) {

@@ -5,7 +5,9 @@
 //   - BF16 (or F32, rounded to bf16) weights run through cublasGemmEx (bf16 in, f32 accumulate).
 // An NVFP4 Linear with a dequantization scratch (share_dequant_scratch) runs steps of at least
 // kLinearDequantMinRows rows (prefill chunks) as w4a16_dequant_expert into the scratch +
-// cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there.
+// cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there. Below that the
+// same scratch is the W4A16 GEMM's split-K workspace (w4a16_splitk_plan: a long-K Linear at decode
+// fills the GPU with K parts instead of out / 64 CTAs).
 // A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
 // dequantized weight; describe() says which path each Linear took. The f32 bias is added by
 // add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).

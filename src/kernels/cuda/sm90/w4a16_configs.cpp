@@ -78,15 +78,37 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
   auto misaligned = [](const void* p, uintptr_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
   FP4MOE_CHECK(!misaligned(a.x, 16) && !misaligned(a.w_packed, 16) && !misaligned(a.y, 16) &&
                !misaligned(a.w_scales, 16) && !misaligned(a.expert_offsets, 4) &&
-               !misaligned(a.w_global_scales, 4))
+               !misaligned(a.w_global_scales, 4) && !misaligned(a.splitk_workspace, 16))
       << what << ": x " << static_cast<const void*>(a.x) << ", w_packed "
       << static_cast<const void*>(a.w_packed) << ", w_scales " << static_cast<const void*>(a.w_scales) << " and y "
-      << static_cast<const void*>(a.y) << " must be 16 B aligned, expert_offsets and w_global_scales 4 B aligned "
+      << static_cast<const void*>(a.y) << " (and a split-K workspace " << static_cast<const void*>(a.splitk_workspace)
+      << ") must be 16 B aligned, expert_offsets and w_global_scales 4 B aligned "
       << "(cp.async / vector accesses)";
   const int64_t grid_x = a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
   const int64_t grid_y = (a.n + c.block_w - 1) / c.block_w;
   FP4MOE_CHECK(grid_x <= std::numeric_limits<int32_t>::max() && grid_y <= 65535)
       << what << ": grid " << grid_x << " x " << grid_y << " exceeds CUDA's limits (2^31-1 x 65535)";
+}
+
+W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& c, int n_sms) {
+  W4A16SplitK s;
+  const int64_t k_groups = w4a16_k_groups(a.k);
+  s.groups_per_part = static_cast<int>(k_groups);
+  if (c.kind != W4A16Kind::kStream || a.epilogue != W4A16Epilogue::kNone || a.splitk_workspace == nullptr ||
+      a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
+    return s;
+  }
+  const int64_t ctas = (a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total)) *
+                       ((a.n + c.block_w - 1) / c.block_w);
+  const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
+  int64_t parts = std::min<int64_t>({(target + ctas - 1) / ctas, kW4A16MaxSplitK, k_groups});
+  const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));
+  parts = std::min<int64_t>(parts, static_cast<int64_t>(a.splitk_workspace_bytes) / plane_bytes);
+  if (parts < 2) return s;
+  const int64_t per = (k_groups + parts - 1) / parts;  // whole groups; no part left empty
+  s.groups_per_part = static_cast<int>(per);
+  s.parts = static_cast<int>((k_groups + per - 1) / per);
+  return s;
 }
 
 int w4a16_default_config(int64_t tokens_per_expert) {

@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
@@ -50,19 +51,18 @@ struct KernelParams {
   int32_t m_total, n, k, n_experts;
   int32_t row_tiles, k_chunks, k_groups;
   int32_t n_out;  // columns of y: n, or n / 2 with kSwiGlu
+  int32_t groups_per_part;  // kStream split-K: scale groups per K part (blockIdx.z); k_groups when unsplit
+  float* partial;           // split-K: f32 [parts, m_total, n] (nullptr: unsplit, y written directly)
 };
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ptx::cp_async_16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::mma_bf16_m16n8k16;
+using ptx::smem_u32;
 
-// 16 B global -> shared copy; zero-fills the destination when !valid (src-size 0 reads nothing).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
-}
 // 4 or 8 B copy (the scale bytes of a stage's chunks); zero-fills when !valid.
 template <int kBytes>
 __device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
@@ -70,21 +70,6 @@ __device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bo
   const int src_size = valid ? kBytes : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
                : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// D = A x B + D, m16n8k16, bf16 inputs, f32 accumulators (PTX fragment layouts).
-__device__ __forceinline__ void mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 struct WorkItem {
@@ -178,16 +163,22 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // Codes of chunk kc -> ring slot kc % STAGES (zero-filled past K), one commit group per chunk.
+  // This CTA's K part (split-K: blockIdx.z): scale groups [kg0, kg1), chunks [kc0, kc_end).
+  const int kg0 = static_cast<int>(blockIdx.z) * p.groups_per_part;
+  const int kg1 = min(kg0 + p.groups_per_part, p.k_groups);
+  const int kc0 = kg0 * static_cast<int>(kW4A16ScaleGroup);
+  const int kc_end = min(kg1 * static_cast<int>(kW4A16ScaleGroup), p.k_chunks);
+
+  // Codes of chunk kc -> ring slot kc % STAGES (zero-filled past the part), one commit group per chunk.
   auto load_codes = [&](int kc) {
-    const bool ok = kc < p.k_chunks;
+    const bool ok = kc < kc_end;
     const void* src = ok ? static_cast<const void*>(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
     cp_async_16(ring + (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes, src, ok);
     cp_async_commit();
   };
   uint4 xq[kXAhead][kNTiles][2];
   auto load_x = [&](int kc, uint4 (&xx)[kNTiles][2]) {
-    const bool x_in_k = kc < p.k_chunks && kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0
+    const bool x_in_k = kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0
 #pragma unroll
     for (uint32_t j = 0; j < kNTiles; ++j) {
       const bool ok = xvalid[j] && x_in_k;
@@ -203,17 +194,17 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
   }
 #pragma unroll
-  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(static_cast<int>(d));
+  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(kc0 + static_cast<int>(d));
 #pragma unroll
-  for (uint32_t d = 0; d < kXAhead; ++d) load_x(static_cast<int>(d), xq[d]);
-  uint4 sg = __ldg(reinterpret_cast<const uint4*>(scales));
-  uint4 sg_next = p.k_groups > 1 ? __ldg(reinterpret_cast<const uint4*>(scales + kW4A16TileBytes)) : zero;
+  for (uint32_t d = 0; d < kXAhead; ++d) load_x(kc0 + static_cast<int>(d), xq[d]);
+  uint4 sg = __ldg(reinterpret_cast<const uint4*>(scales + kg0 * kW4A16TileBytes));
+  uint4 sg_next = kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales + (kg0 + 1) * kW4A16TileBytes)) : zero;
 
-  for (int kg = 0; kg < p.k_groups; ++kg) {
+  for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
-      if (kc < p.k_chunks) {
+      if (kc < kc_end) {
         // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc landed
         // (this lane's copy: the lane reads back only its own 16 B).
         cp_async_wait<static_cast<int>(STAGES) - 2>();
@@ -235,7 +226,7 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
       }
     }
     sg = sg_next;
-    if (kg + 2 < p.k_groups) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
+    if (kg + 2 < kg1) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
   }
   cp_async_wait<0>();  // the copies past K are zero-size; drain before the warp leaves
 
@@ -265,7 +256,12 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
         const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
         const int row = row0 + 8 * (i >> 1);
         if (tok < item.rows && row < p.n) {
-          p.y[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = __float2bfloat16_rn(acc[nt][i] * f);
+          const int64_t at = static_cast<int64_t>(item.row_begin + tok) * p.n + row;
+          if (p.partial != nullptr) {  // split-K: this part's f32 sum, added up by w4a16_splitk_reduce_kernel
+            p.partial[static_cast<int64_t>(blockIdx.z) * p.m_total * p.n + at] = acc[nt][i] * f;
+          } else {
+            p.y[at] = __float2bfloat16_rn(acc[nt][i] * f);
+          }
         }
       }
     }
@@ -421,6 +417,33 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
 }
 
+// Split-K: y[r, :] = bf16(sum over parts, in part order, of partial[part, r, :]) for the rows of the
+// expert ranges [offsets[0], offsets[E]) (the rows the parts wrote), 4 outputs a thread.
+__global__ void __launch_bounds__(256)
+    w4a16_splitk_reduce_kernel(const float* __restrict__ partial, int parts, const int32_t* __restrict__ offsets,
+                               int32_t n_experts, int32_t m_total, int32_t n, __nv_bfloat16* __restrict__ y) {
+  const int r0 = min(max(__ldg(offsets), 0), m_total);
+  const int r1 = min(max(__ldg(offsets + n_experts), r0), m_total);
+  const int64_t quads = static_cast<int64_t>(r1 - r0) * n / 4;
+  const int64_t plane = static_cast<int64_t>(m_total) * n;
+  const int64_t base = static_cast<int64_t>(r0) * n;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = base + 4 * q;
+    float4 sum = *reinterpret_cast<const float4*>(partial + at);
+    for (int part = 1; part < parts; ++part) {
+      const float4 v = *reinterpret_cast<const float4*>(partial + part * plane + at);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y + at);
+    out[0] = __floats2bfloat162_rn(sum.x, sum.y);
+    out[1] = __floats2bfloat162_rn(sum.z, sum.w);
+  }
+}
+
 using LaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
 
 template <int I, bool SWIGLU>
@@ -459,17 +482,32 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
   w4a16_check_config(c, static_cast<uint32_t>(optin));
 
   const bool swiglu = args.epilogue == W4A16Epilogue::kSwiGlu;
-  const KernelParams p{args.x, args.expert_offsets, args.w_packed, args.w_scales, args.w_global_scales,
+  int n_sms = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+  const W4A16SplitK split = w4a16_splitk_plan(args, c, n_sms);
+  KernelParams p{args.x, args.expert_offsets, args.w_packed, args.w_scales, args.w_global_scales,
                        args.w_global_scales_up != nullptr ? args.w_global_scales_up : args.w_global_scales, args.y,
                        static_cast<int32_t>(args.m_total), static_cast<int32_t>(args.n),
                        static_cast<int32_t>(args.k), static_cast<int32_t>(args.n_experts),
                        static_cast<int32_t>(w4a16_row_tiles(args.n)), static_cast<int32_t>(w4a16_k_chunks(args.k)),
                        static_cast<int32_t>(w4a16_k_groups(args.k)),
-                       static_cast<int32_t>(swiglu ? args.n / 2 : args.n)};
+                       static_cast<int32_t>(swiglu ? args.n / 2 : args.n),
+                       static_cast<int32_t>(split.groups_per_part),
+                       split.parts > 1 ? args.splitk_workspace : nullptr};
   const int64_t grid_x = args.m_total / c.block_t + std::min<int64_t>(args.n_experts, args.m_total);
   const int64_t grid_y = (args.n + c.block_w - 1) / c.block_w;
-  (swiglu ? kLaunchTableSwiGlu : kLaunchTable)[static_cast<size_t>(config_id)](p, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
-                                               stream);
+  (swiglu ? kLaunchTableSwiGlu : kLaunchTable)[static_cast<size_t>(config_id)](
+      p, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), static_cast<unsigned>(split.parts)),
+      stream);
+  if (split.parts > 1) {
+    const int64_t quads = args.m_total * args.n / 4;
+    const int blocks = static_cast<int>(std::min<int64_t>((quads + 255) / 256, 4096));
+    w4a16_splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(args.splitk_workspace, split.parts, args.expert_offsets,
+                                                          static_cast<int32_t>(args.n_experts),
+                                                          static_cast<int32_t>(args.m_total),
+                                                          static_cast<int32_t>(args.n), args.y);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace fp4moe::cuda::sm90

@@ -61,7 +61,25 @@ struct W4A16GroupedGemmArgs {
   __nv_bfloat16* y = nullptr;             // [m_total, n] or [m_total, n / 2] (kSwiGlu), 16 B aligned;
                                           // rows outside every expert range are not written
   int64_t m_total = 0, n = 0, k = 0, n_experts = 0;
+  // Optional split-K workspace (f32, 16 B aligned; see w4a16_splitk_plan). nullptr: never split.
+  float* splitk_workspace = nullptr;
+  size_t splitk_workspace_bytes = 0;
 };
+
+// Split-K of a kStream launch with the plain epilogue: when the (token tile x row block) grid has
+// fewer CTAs than kW4A16SplitKTargetCtasPerSm x SMs (a dense E = 1 Linear at decode: GLM-5's o_proj,
+// N = 6144, is 96 CTAs of 64 rows, each streaming all of K = 16384), K is cut into `parts` ranges of
+// whole scale groups (512 K each) on grid.z; each part writes its f32 products to the workspace
+// [parts, m_total, n] and w4a16_splitk_reduce_kernel sums the parts in order (deterministic) into y.
+// parts = 1 (no split) for kPipeline configs, the SwiGLU epilogue, no workspace, or a grid that
+// fills the GPU already; parts <= kW4A16MaxSplitK and the workspace must hold them.
+inline constexpr int kW4A16MaxSplitK = 8;
+inline constexpr int kW4A16SplitKTargetCtasPerSm = 4;
+struct W4A16SplitK {
+  int parts = 1;
+  int groups_per_part = 0;  // scale groups per part (all of them when parts == 1)
+};
+W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& args, const W4A16Config& c, int n_sms);
 
 // The shipped configurations, in kW4A16Configs order (the config id is the index).
 int w4a16_num_configs();
