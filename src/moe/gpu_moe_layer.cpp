@@ -323,7 +323,8 @@ GpuMoeLayer::GpuMoeLayer(GpuMoeLayer&&) noexcept = default;
 GpuMoeLayer& GpuMoeLayer::operator=(GpuMoeLayer&&) noexcept = default;
 GpuMoeLayer::~GpuMoeLayer() = default;
 
-GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens) {
+GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens,
+                                  std::shared_ptr<GpuMoeWorkspace> share) {
   const MoeConfig& cfg = layer.config();
   FP4MOE_CHECK(max_tokens >= 1) << layer.prefix() << ": GpuMoeLayer max_tokens=" << max_tokens << " must be >= 1";
   FP4MOE_CHECK(!layer.router().has_bias()) << layer.prefix() << ".gate: a router bias is not supported on the GPU ("
@@ -344,7 +345,7 @@ GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int
     g.shared_ = upload_mlps({&*layer.shared()}, gemm, cfg.hidden, cfg.shared_intermediate(),
                             layer.prefix() + ".shared_experts", g.separate_up_scales_);
   }
-  g.allocate_scratch();
+  g.allocate_scratch(std::move(share));
   // The uploads above are pageable cudaMemcpy calls, which may return before their DMA lands and are
   // not ordered with a cudaStreamNonBlocking stream: finish them before a forward can read them.
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -352,7 +353,8 @@ GpuMoeLayer GpuMoeLayer::from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int
 }
 
 GpuMoeLayer GpuMoeLayer::dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t max_tokens,
-                               const GpuDummyRouting& routing, uint64_t seed) {
+                               const GpuDummyRouting& routing, uint64_t seed,
+                               std::shared_ptr<GpuMoeWorkspace> share) {
   cfg.validate();
   FP4MOE_CHECK(cfg.scoring == ScoringFunc::kSigmoid && cfg.correction_bias)
       << "GpuMoeLayer::dummy: the routing is forced through e_score_correction_bias, so the config must be the "
@@ -379,7 +381,7 @@ GpuMoeLayer GpuMoeLayer::dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t
     g.shared_ = dummy_mlps(gemm, 1, cfg.hidden, cfg.shared_intermediate(), seed * 16 + 2);
   }
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
-  g.allocate_scratch();
+  g.allocate_scratch(std::move(share));
   return g;
 }
 
@@ -396,7 +398,7 @@ GpuMoeScratchPlan GpuMoeLayer::scratch_plan() const {
   return p;
 }
 
-void GpuMoeLayer::allocate_scratch() {
+void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
   const int64_t T = max_tokens_, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden, I = cfg_.moe_intermediate;
   const int64_t R = T * K;
   FP4MOE_CHECK(H % 8 == 0 && I % 8 == 0 && E <= cuda::moe::kMaxDispatchExperts && R <= 0x7fffffff)
@@ -422,18 +424,28 @@ void GpuMoeLayer::allocate_scratch() {
   row_token_ = DeviceBuffer(bytes(c.rows, 4));
   entry_of_ = DeviceBuffer(bytes(c.rows, 4));
   shared_offsets_ = DeviceBuffer(2 * 4);
-  xp_ = DeviceBuffer(bytes(c.xp, 2));
-  act_ = DeviceBuffer(bytes(c.act, 2));
-  down_out_ = DeviceBuffer(bytes(c.down_out, 2));
-  if (c.gu > 0) gu_ = DeviceBuffer(bytes(c.gu, 2));
-  if (has_shared_) {
-    if (c.shared_gu > 0) shared_gu_ = DeviceBuffer(bytes(c.shared_gu, 2));
-    shared_act_ = DeviceBuffer(bytes(c.shared_act, 2));
-    shared_out_ = DeviceBuffer(bytes(c.shared_out, 2));
-  }
-  if (dequant_reachable_) {
-    const int64_t Is = has_shared_ ? cfg_.shared_intermediate() : 0;
-    w_scratch_ = DeviceBuffer(static_cast<size_t>(std::max(2 * I * H, 2 * Is * H)) * 2);
+  const int64_t Is = has_shared_ ? cfg_.shared_intermediate() : 0;
+  const size_t w_scratch_bytes = dequant_reachable_ ? static_cast<size_t>(std::max(2 * I * H, 2 * Is * H)) * 2 : 0;
+  const struct {
+    DeviceBuffer GpuMoeWorkspace::*buf;
+    size_t bytes;
+  } need[] = {{&GpuMoeWorkspace::xp, bytes(c.xp, 2)},
+              {&GpuMoeWorkspace::act, bytes(c.act, 2)},
+              {&GpuMoeWorkspace::down_out, bytes(c.down_out, 2)},
+              {&GpuMoeWorkspace::gu, bytes(c.gu, 2)},
+              {&GpuMoeWorkspace::shared_gu, bytes(c.shared_gu, 2)},
+              {&GpuMoeWorkspace::shared_act, bytes(c.shared_act, 2)},
+              {&GpuMoeWorkspace::shared_out, bytes(c.shared_out, 2)},
+              {&GpuMoeWorkspace::w_scratch, w_scratch_bytes}};
+  bool fits = share != nullptr;
+  for (const auto& n : need) fits = fits && ((*share).*n.buf).bytes() >= n.bytes;
+  if (fits) {
+    ws_ = std::move(share);
+  } else {
+    ws_ = std::make_shared<GpuMoeWorkspace>();
+    for (const auto& n : need) {
+      if (n.bytes > 0) (*ws_).*n.buf = DeviceBuffer(n.bytes);
+    }
   }
   if (gemm_ == GpuExpertGemm::kBf16Cublas || dequant_reachable_) {
     cublasHandle_t h = nullptr;
@@ -469,7 +481,7 @@ bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const 
 }
 
 // W4A16: act = SwiGLU(x W_gate_up^T) in one GEMM (the kSwiGlu epilogue), out = act W_down^T.
-// cuBLAS (the BF16 peer, or NVFP4 dequantized expert by expert into w_scratch_): gu = x W_gate_up^T
+// cuBLAS (the BF16 peer, or NVFP4 dequantized expert by expert into ws_->w_scratch): gu = x W_gate_up^T
 // per expert, act = swiglu(gu), out = act W_down^T per expert.
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
                           const int32_t* h_offsets, int config_id, bool dequant, __nv_bfloat16* gu,
@@ -492,7 +504,7 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
     a.n = s.n;
     a.k = s.k;
     a.gate_up = gate_up;
-    a.out = w_scratch_.as<__nv_bfloat16>();
+    a.out = ws_->w_scratch.as<__nv_bfloat16>();
     cuda::sm90::w4a16_dequant_expert(a, stream);
     return a.out;
   };
@@ -525,13 +537,13 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
   check_fits(offsets_, wr.offsets, 4, "dispatch_plan -> offsets");
   check_fits(row_token_, wr.rows, 4, "dispatch_plan -> row_token");
   check_fits(entry_of_, wr.rows, 4, "dispatch_plan -> entry_of");
-  check_fits(xp_, wr.xp, 2, "gather_rows -> xp");
-  check_fits(gu_, wr.gu, 2, "gate_up (cuBLAS) -> gu");
-  check_fits(act_, wr.act, 2, "SwiGLU -> act");
-  check_fits(down_out_, wr.down_out, 2, "down -> down_out");
-  check_fits(shared_gu_, wr.shared_gu, 2, "shared gate_up (cuBLAS) -> shared_gu");
-  check_fits(shared_act_, wr.shared_act, 2, "shared SwiGLU -> shared_act");
-  check_fits(shared_out_, wr.shared_out, 2, "shared down -> shared_out");
+  check_fits(ws_->xp, wr.xp, 2, "gather_rows -> xp");
+  check_fits(ws_->gu, wr.gu, 2, "gate_up (cuBLAS) -> gu");
+  check_fits(ws_->act, wr.act, 2, "SwiGLU -> act");
+  check_fits(ws_->down_out, wr.down_out, 2, "down -> down_out");
+  check_fits(ws_->shared_gu, wr.shared_gu, 2, "shared gate_up (cuBLAS) -> shared_gu");
+  check_fits(ws_->shared_act, wr.shared_act, 2, "shared SwiGLU -> shared_act");
+  check_fits(ws_->shared_out, wr.shared_out, 2, "shared down -> shared_out");
 
   cuda::moe::router_logits(x, router_w_.as<float>(), T, H, static_cast<int>(E), logits_.as<float>(), stream);
   cuda::moe::route_topk(route_, logits_.as<float>(), route_.has_bias ? bias_.as<float>() : nullptr, T,
@@ -547,18 +559,18 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     h_offsets = host_offsets_.get();
   }
-  cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, xp_.as<__nv_bfloat16>(), stream);
-  run_mlp(routed_, xp_.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T), dequant,
-          gu_.as<__nv_bfloat16>(), act_.as<__nv_bfloat16>(), down_out_.as<__nv_bfloat16>(), stream);
+  cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
+  run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T), dequant,
+          ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(), stream);
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
     run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
             dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 128, top_k <= E */,
-            shared_gu_.as<__nv_bfloat16>(), shared_act_.as<__nv_bfloat16>(),
-            shared_out_.as<__nv_bfloat16>(), stream);
+            ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
+            ws_->shared_out.as<__nv_bfloat16>(), stream);
   }
-  cuda::moe::combine(down_out_.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
-                     has_shared_ ? shared_out_.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);
+  cuda::moe::combine(ws_->down_out.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
+                     has_shared_ ? ws_->shared_out.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);
 }
 
 GpuMoeLayer::Routing GpuMoeLayer::download_routing(int64_t n_tokens) const {

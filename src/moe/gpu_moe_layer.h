@@ -79,6 +79,16 @@ struct GpuDummyRouting {
   double logit_sd = 1.0;
 };
 
+// The big transient buffers of forward(): gathered rows, the gate_up / SwiGLU / down outputs, the
+// shared expert's, and the dequantized path's bf16 expert weights. All MoE layers of a model run one
+// after another on the model's stream and none reads them after its forward, so the layers share
+// one set (GpuMoeLayer::workspace() passed to the next layer's from_cpu / dummy): at GLM-5 widths
+// and 4352 tokens a step that is ~1.1 GB once instead of per layer. Per layer stay the small
+// routing buffers, incl. the expert offsets a step's trace copies after all layers ran.
+struct GpuMoeWorkspace {
+  cuda::DeviceBuffer xp, act, down_out, gu, shared_act, shared_out, shared_gu, w_scratch;
+};
+
 class GpuMoeLayer {
  public:
   GpuMoeLayer(GpuMoeLayer&&) noexcept;
@@ -88,12 +98,16 @@ class GpuMoeLayer {
   // Uploads `layer` (kNvfp4W4A16: its experts must be NVFP4 without bias; kBf16Cublas: any format,
   // dequantized to BF16). Throws naming the part and the numbers, including the GEMM's refusal of a
   // shape (e.g. k % 64 != 0).
-  static GpuMoeLayer from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens);
+  // `share`: another layer's workspace(), used when each of its buffers is large enough (else this
+  // layer allocates its own).
+  static GpuMoeLayer from_cpu(const MoeLayer& layer, GpuExpertGemm gemm, int64_t max_tokens,
+                              std::shared_ptr<GpuMoeWorkspace> share = nullptr);
   // Dummy weights made on the device from `seed` (NVFP4 codes/scales hashed; the BF16 layer holds
   // the exact dequantization of hashed NVFP4 weights of the same distribution). cfg must be the
   // sigmoid family with a correction bias (the routing is forced through it, see GpuDummyRouting).
   static GpuMoeLayer dummy(const MoeConfig& cfg, GpuExpertGemm gemm, int64_t max_tokens,
-                           const GpuDummyRouting& routing, uint64_t seed);
+                           const GpuDummyRouting& routing, uint64_t seed,
+                           std::shared_ptr<GpuMoeWorkspace> share = nullptr);
 
   // y[n_tokens, H] = MoE(x[n_tokens, H]), bf16 device pointers (16 B aligned), 0 <= n_tokens <= max_tokens.
   // Asynchronous on `stream` (kBf16Cublas: synchronizes once, see above). NVFP4 at prefill sizes
@@ -117,6 +131,8 @@ class GpuMoeLayer {
   const int32_t* device_expert_offsets() const { return offsets_.as<int32_t>(); }
 
   const MoeConfig& config() const { return cfg_; }
+  // The transient buffers this layer uses (shared with the layers that were given it).
+  const std::shared_ptr<GpuMoeWorkspace>& workspace() const { return ws_; }
   GpuExpertGemm gemm() const { return gemm_; }
   int64_t max_tokens() const { return max_tokens_; }
   bool capturable() const { return gemm_ == GpuExpertGemm::kNvfp4W4A16; }
@@ -144,7 +160,7 @@ class GpuMoeLayer {
 
  private:
   GpuMoeLayer() = default;
-  void allocate_scratch();
+  void allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share);
   GpuMoeScratchPlan scratch_plan() const;
   // dequant: an NVFP4 layer's prefill path (each expert's weights dequantized into w_scratch_, then
   // cuBLAS, as the kBf16Cublas peer); needs h_offsets.
@@ -168,11 +184,11 @@ class GpuMoeLayer {
 
   // Scratch for max_tokens (T) tokens, R = T * top_k rows.
   cuda::DeviceBuffer logits_, topk_idx_, topk_w_, offsets_, row_token_, entry_of_, shared_offsets_;
-  cuda::DeviceBuffer xp_, act_, down_out_;                  // [R, H], [R, I], [R, H]
-  cuda::DeviceBuffer shared_act_, shared_out_;              // [T, Is], [T, H]
-  cuda::DeviceBuffer gu_, shared_gu_;  // cuBLAS gate_up outputs: [R, 2I], [T, 2Is] (W4A16: SwiGLU epilogue)
+  // ws_: xp [R, H], act [R, I], down_out [R, H], shared_act [T, Is], shared_out [T, H], the cuBLAS
+  // gate_up outputs gu [R, 2I] and shared_gu [T, 2Is] (W4A16: SwiGLU epilogue, none), and w_scratch,
+  // the dequantized path's one expert's bf16 gate_up or down.
+  std::shared_ptr<GpuMoeWorkspace> ws_;
   bool dequant_reachable_ = false;     // NVFP4 and max_tokens reaches gpu_moe_dequant_path
-  cuda::DeviceBuffer w_scratch_;       // the dequantized path: one expert's bf16 gate_up or down
   // kBf16Cublas and the dequantized path.
   struct CublasDestroy {
     void operator()(cublasContext* h) const;

@@ -154,6 +154,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
   const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
   layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
+  std::shared_ptr<moe::GpuMoeWorkspace> moe_ws;  // one set of MoE transient buffers for every layer
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     GpuLayer& L = layers_[static_cast<size_t>(l)];
     L.prefix = "model.layers." + std::to_string(l);
@@ -177,13 +178,14 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
       std::optional<moe::GpuMoeLayer> g;
       if (fp4 && experts_fp4) {
         try {
-          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_);
+          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_, moe_ws);
         } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
           desc << "(W4A16 refused: " << e.what() << ") ";
         }
       }
-      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_);
+      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_, moe_ws);
       L.moe = std::move(*g);
+      moe_ws = L.moe->workspace();
       weight_bytes_ += L.moe->routed_expert_bytes() * moe_cfg_.n_experts + L.moe->shared_expert_bytes() +
                        moe_cfg_.n_experts * H * 4;
       desc << "MoE " << L.moe->describe();

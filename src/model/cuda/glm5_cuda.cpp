@@ -240,6 +240,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   const size_t index_cache_bytes = static_cast<size_t>(pool_tokens * c.index_head_dim) * 2;
   size_t cache_bytes_total = 0;
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  std::shared_ptr<moe::GpuMoeWorkspace> moe_ws;  // one set of MoE transient buffers for every layer
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     Glm5GpuLayer& L = layers_[static_cast<size_t>(l)];
     L.prefix = "model.layers." + std::to_string(l);
@@ -295,13 +296,14 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
       std::optional<moe::GpuMoeLayer> g;
       if (fp4 && experts_fp4) {
         try {
-          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_);
+          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_, moe_ws);
         } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
           desc << "(W4A16 refused: " << e.what() << ") ";
         }
       }
-      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_);
+      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_, moe_ws);
       L.moe = std::move(*g);
+      moe_ws = L.moe->workspace();
       weight_bytes_ += L.moe->routed_expert_bytes() * moe_cfg_.n_experts + L.moe->shared_expert_bytes() +
                        moe_cfg_.n_experts * H * 4;
       desc << "MoE " << L.moe->describe();
@@ -596,7 +598,10 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       plan.attn_workspace = cuda::mla_decode_workspace_bytes(S_run, mla_, plan.split);
     } else {
       const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;
-      plan.split = cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_);
+      // A DSA decode step (one query per sequence) splits like a dense decode step.
+      plan.split = step.decode_only
+                       ? cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_, gopt_.decode_split_min_keys)
+                       : cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_);
       plan.attn_workspace = cuda::mla_prefill_workspace_bytes(T, mla_, plan.split);
     }
     // Grown while the stream is idle (the previous step ended with a sync); a graph that baked in
