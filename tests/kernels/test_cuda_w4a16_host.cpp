@@ -732,6 +732,34 @@ TEST(W4A16Configs, SplitKPlan) {
   }
 }
 
+// The grid covers every work item: for any split of m_total tokens over E experts, the token tiles
+// sum_e ceil(m_e / block_t) never exceed grid.x (empty experts cost no tile), and grid.y covers N.
+TEST(W4A16Configs, GridCoversEveryTokenTile) {
+  std::mt19937 rng(20261203);
+  for (int id = 0; id < w4a16_num_configs(); ++id) {
+    const W4A16Config& c = w4a16_config(id);
+    for (int trial = 0; trial < 200; ++trial) {
+      const int64_t E = 1 + static_cast<int64_t>(rng() % 64);
+      std::vector<int64_t> m(static_cast<size_t>(E), 0);
+      int64_t total = 0, tiles = 0;
+      for (auto& me : m) {
+        me = (rng() % 3 == 0) ? 0 : static_cast<int64_t>(rng() % 300);
+        total += me;
+        tiles += (me + c.block_t - 1) / c.block_t;
+      }
+      W4A16GroupedGemmArgs a;
+      a.m_total = total;
+      a.n_experts = E;
+      a.n = 8 * (1 + static_cast<int64_t>(rng() % 1000));
+      const W4A16Grid g = w4a16_grid(a, c);
+      ASSERT_GE(g.x, tiles) << w4a16_config_name(c) << " E " << E << " m_total " << total;
+      ASSERT_GE(g.y * c.block_w, a.n);
+      ASSERT_LT((g.y - 1) * c.block_w, a.n);
+      ASSERT_EQ(g.ctas(), g.x * g.y);
+    }
+  }
+}
+
 TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   struct Case {
     int64_t tokens;

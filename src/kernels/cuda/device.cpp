@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <string_view>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -94,6 +96,24 @@ bool cuda_device_available(std::string* why) {
   }
   if (why != nullptr) why->clear();
   return true;
+}
+
+DeviceLimits current_device_limits() {
+  static std::mutex mutex;
+  static std::unordered_map<int, DeviceLimits> cache;
+  int device = 0;
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceLimits d;
+  d.device = device;
+  int optin = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  d.smem_optin_per_block = static_cast<uint32_t>(optin);
+  cache.emplace(device, d);
+  return d;
 }
 
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {

@@ -3,6 +3,7 @@
 // Tested by tests/kernels/test_cuda_nvfp4.cpp (which skips, printing the reason, without a GPU).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fp4moe::cuda {
@@ -16,6 +17,16 @@ bool cuda_device_available(std::string* why = nullptr);
 
 // "device 0 (NVIDIA H200, sm_90, 132 SMs, 140 GiB)", or what went wrong asking.
 std::string cuda_device_description(int device);
+
+// What the launchers check a launch against, for the current device: queried once per device and
+// cached (a cudaDeviceGetAttribute pair on every launch is host time inside each decode step).
+// Throws fp4moe::Error when the query fails.
+struct DeviceLimits {
+  int device = 0;
+  int sm_count = 0;
+  uint32_t smem_optin_per_block = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+};
+DeviceLimits current_device_limits();
 
 // The compute capabilities (major*10+minor) the kernels were compiled for, e.g. "90".
 const char* cuda_built_sm_list();

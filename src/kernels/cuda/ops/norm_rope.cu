@@ -125,6 +125,16 @@ __global__ void __launch_bounds__(kEmbedCta)
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// The warp's best candidate (argmax_beats order), in every lane.
+__device__ __forceinline__ ArgmaxCandidate warp_argmax(ArgmaxCandidate best) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o), __shfl_xor_sync(kFullMask, best.index, o)};
+    if (argmax_beats(other, best)) best = other;
+  }
+  return best;
+}
+
 // The best non-NaN candidate of x[begin, end) over the CTA; valid in thread 0. Ends with a barrier
 // (warp_best is reused).
 template <typename T>
@@ -135,11 +145,7 @@ __device__ ArgmaxCandidate argmax_cta(const T* __restrict__ x, int64_t begin, in
     const ArgmaxCandidate c{to_f32(x[i]), static_cast<int32_t>(i)};
     if (!isnan(c.value) && argmax_beats(c, best)) best = c;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o), __shfl_xor_sync(kFullMask, best.index, o)};
-    if (argmax_beats(other, best)) best = other;
-  }
+  best = warp_argmax(best);
   if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -183,11 +189,7 @@ __global__ void __launch_bounds__(kCta)
     const ArgmaxCandidate c = parts_in[row * parts + p];
     if (argmax_beats(c, best)) best = c;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const ArgmaxCandidate other{__shfl_xor_sync(kFullMask, best.value, o), __shfl_xor_sync(kFullMask, best.index, o)};
-    if (argmax_beats(other, best)) best = other;
-  }
+  best = warp_argmax(best);
   if (lane == 0) out[row] = argmax_result(logits + row * row_stride, best);
 }
 

@@ -84,10 +84,14 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
       << static_cast<const void*>(a.y) << " (and a split-K workspace " << static_cast<const void*>(a.splitk_workspace)
       << ") must be 16 B aligned, expert_offsets and w_global_scales 4 B aligned "
       << "(cp.async / vector accesses)";
-  const int64_t grid_x = a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
-  const int64_t grid_y = (a.n + c.block_w - 1) / c.block_w;
-  FP4MOE_CHECK(grid_x <= std::numeric_limits<int32_t>::max() && grid_y <= 65535)
-      << what << ": grid " << grid_x << " x " << grid_y << " exceeds CUDA's limits (2^31-1 x 65535)";
+  const W4A16Grid grid = w4a16_grid(a, c);
+  FP4MOE_CHECK(grid.x <= std::numeric_limits<int32_t>::max() && grid.y <= 65535)
+      << what << ": grid " << grid.x << " x " << grid.y << " exceeds CUDA's limits (2^31-1 x 65535)";
+}
+
+W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
+  return W4A16Grid{a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total),
+                   (a.n + c.block_w - 1) / c.block_w};
 }
 
 W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& c, int n_sms) {
@@ -98,8 +102,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
       a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
     return s;
   }
-  const int64_t ctas = (a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total)) *
-                       ((a.n + c.block_w - 1) / c.block_w);
+  const int64_t ctas = w4a16_grid(a, c).ctas();
   const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
   int64_t parts = std::min<int64_t>({(target + ctas - 1) / ctas, kW4A16MaxSplitK, k_groups});
   const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));

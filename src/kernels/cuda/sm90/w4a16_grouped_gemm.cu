@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
@@ -476,15 +477,11 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
   const W4A16Config& c = w4a16_config(config_id);
   w4a16_check_problem(args, c);
   if (args.m_total == 0) return;
-  int device = 0, optin = 0;
-  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  w4a16_check_config(c, static_cast<uint32_t>(optin));
+  const DeviceLimits limits = current_device_limits();
+  w4a16_check_config(c, limits.smem_optin_per_block);
 
   const bool swiglu = args.epilogue == W4A16Epilogue::kSwiGlu;
-  int n_sms = 0;
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
-  const W4A16SplitK split = w4a16_splitk_plan(args, c, n_sms);
+  const W4A16SplitK split = w4a16_splitk_plan(args, c, limits.sm_count);
   KernelParams p{args.x, args.expert_offsets, args.w_packed, args.w_scales, args.w_global_scales,
                        args.w_global_scales_up != nullptr ? args.w_global_scales_up : args.w_global_scales, args.y,
                        static_cast<int32_t>(args.m_total), static_cast<int32_t>(args.n),
@@ -494,10 +491,9 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
                        static_cast<int32_t>(swiglu ? args.n / 2 : args.n),
                        static_cast<int32_t>(split.groups_per_part),
                        split.parts > 1 ? args.splitk_workspace : nullptr};
-  const int64_t grid_x = args.m_total / c.block_t + std::min<int64_t>(args.n_experts, args.m_total);
-  const int64_t grid_y = (args.n + c.block_w - 1) / c.block_w;
+  const W4A16Grid grid = w4a16_grid(args, c);
   (swiglu ? kLaunchTableSwiGlu : kLaunchTable)[static_cast<size_t>(config_id)](
-      p, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), static_cast<unsigned>(split.parts)),
+      p, dim3(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(split.parts)),
       stream);
   if (split.parts > 1) {
     const int64_t quads = args.m_total * args.n / 4;

@@ -105,6 +105,15 @@ void w4a16_check_config(const W4A16Config& c, uint32_t smem_limit);
 // and the grid within CUDA's limits. Needs no GPU.
 void w4a16_check_problem(const W4A16GroupedGemmArgs& args, const W4A16Config& c);
 
+// The launch grid of config `c` over `args` (one definition for the check, the split-K plan and the
+// launcher): x = m_total / block_t + min(E, m_total) work items (token tiles over all experts; an
+// upper bound, surplus CTAs exit), y = ceil(n / block_w) weight-row tiles. grid.z is the split-K part.
+struct W4A16Grid {
+  int64_t x = 0, y = 0;
+  int64_t ctas() const { return x * y; }
+};
+W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& args, const W4A16Config& c);
+
 // Checks (as above, against the current device's opt-in limit) and launches on `stream`.
 // m_total == 0 launches nothing. Launch errors throw fp4moe::Error.
 void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStream_t stream);
