@@ -167,7 +167,10 @@ void run_bench(const BenchArgs& a) {
     opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
     opts.seed = a.seed;
     const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
-    apply_device_option(a.device, max_b * a.input_len, max_b * (a.input_len + a.output_len + 1), 16, opts);
+    // Every sequence holds whole pages: size the KV pool per sequence rounded up to the page.
+    constexpr int64_t kPage = 16;
+    const int64_t pages_per_seq = (a.input_len + a.output_len + 1 + kPage - 1) / kPage;
+    apply_device_option(a.device, max_b * a.input_len, max_b * pages_per_seq * kPage, kPage, opts);
     opts.gpu.nvfp4_kernels = !a.bf16_peer;
     lm = model::load_model(a.model_dir, opts);
     model_name = a.model_dir;
