@@ -58,6 +58,7 @@ struct IndexCase {
   int64_t page_size;
   std::vector<SeqSpec> seqs;
   DType cache_dtype;
+  int64_t chunk_tokens = 0;  // > 0: a workspace of this many query tokens per sequence (chunked)
 };
 
 // f32 values stored as the cache dtype (bf16 values are already bf16-exact).
@@ -219,7 +220,9 @@ void run_case(const IndexCase& c, std::mt19937_64& rng) {
   const int64_t n_selected = offsets.back();
   auto didx = device_alloc<int32_t>(static_cast<size_t>(n_selected));
   FP4MOE_CUDA_CHECK(cudaMemset(didx.get(), 0xff, static_cast<size_t>(std::max<int64_t>(n_selected, 1)) * 4));
-  const size_t ws = dsa_index_workspace_bytes(n_tokens, max_seq_len);
+  const size_t ws = c.chunk_tokens > 0
+                       ? static_cast<size_t>(n_seqs * c.chunk_tokens * max_seq_len) * sizeof(float)
+                       : dsa_index_workspace_bytes(n_seqs, max_q_len, max_seq_len);
   auto dws = device_alloc<float>(ws / 4);
   DsaIndexerArgs a;
   a.q = reinterpret_cast<const __nv_bfloat16*>(dq.get());
@@ -238,8 +241,8 @@ void run_case(const IndexCase& c, std::mt19937_64& rng) {
   a.sel_idx = didx.get();
   a.error_flag = flag.get();
   const DsaIndexerDims dims{nh, hd, d.index_topk, scale, wscale};
-  const std::string what = c.name + " [" + dsa_index_plan(dims, n_seqs, max_q_len, max_seq_len).to_string() + "]";
-  dsa_index_select_topk(a, dims, dws.get(), nullptr);
+  const std::string what = c.name + " [" + dsa_index_plan(dims, n_seqs, max_q_len, max_seq_len, ws).to_string() + "]";
+  dsa_index_select_topk(a, dims, dws.get(), ws, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   const uint32_t flags = download(flag.get(), 1)[0];
   ASSERT_EQ(flags, 0u) << what << ": device errors " << describe_device_errors(flags);
@@ -300,6 +303,17 @@ TEST(CudaDsaIndexer, Glm5DimsMatchesCpu) {
        DType::kBF16},
       {"glm5 indexer, top-2048, decode, f32 cache", kGlm5, 64, {{2049, 1}, {3000, 1}, {5, 1}, {2048, 1}},
        DType::kF32},
+  });
+}
+
+// A workspace smaller than the step's queries: the indexer runs in chunks of query tokens (3 and 7
+// tokens per sequence here: 44 chunks over 130 prompt tokens, 6 over 40), same selections.
+TEST(CudaDsaIndexer, ChunkedWorkspaceMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  run_cases({
+      {"glm5_tiny indexer, 3-token chunks", kTiny, 16, kPrefill, DType::kBF16, 3},
+      {"glm5 indexer, top-64, 7-token chunks", kGlm5Top64, 64, {{300, 40}, {64, 64}, {17, 5}, {1, 1}},
+       DType::kBF16, 7},
   });
 }
 

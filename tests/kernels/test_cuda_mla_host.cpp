@@ -251,8 +251,30 @@ TEST(DsaIndexPlan, GridsSmemAndRefusals) {
   EXPECT_EQ(p.score_smem_bytes, 16512);
   EXPECT_EQ(p.select_grid_x, 40u);
   EXPECT_EQ(p.select_grid_y, 3u);
-  EXPECT_EQ(p.to_string(), "scores 40x3x12 CTAs (16512 B smem), select 40x3");
-  EXPECT_EQ(dsa_index_workspace_bytes(100, 3000), 100u * 3000u * 4u);
+  EXPECT_EQ(p.to_string(), "scores 40x3x12 CTAs (16512 B smem), select 40x3, 1 chunk of 40 tokens");
+  EXPECT_EQ(dsa_index_workspace_bytes(3, 40, 3000), 3u * 40u * 3000u * 4u);  // within the budget
+
+  // The workspace cap: 8,192 prompt tokens at 131,072 tokens of context would be 4 GiB of scores;
+  // the budget (256 MiB) holds 512 query tokens of one sequence, so 16 chunks.
+  EXPECT_EQ(dsa_index_chunk_tokens(1, 8192, 131072, kDsaWorkspaceBudgetBytes), 512);
+  EXPECT_EQ(dsa_index_workspace_bytes(1, 8192, 131072), kDsaWorkspaceBudgetBytes);
+  const DsaIndexPlan big = dsa_index_plan(glm5, 1, 8192, 131072);
+  EXPECT_EQ(big.chunk_tokens, 512);
+  EXPECT_EQ(big.n_chunks, 16);
+  EXPECT_EQ(big.score_grid_x, 512u);
+  // Never less than one token per sequence (then over the budget), never more than max_q_len.
+  EXPECT_EQ(dsa_index_chunk_tokens(256, 1, 131072, kDsaWorkspaceBudgetBytes), 1);
+  EXPECT_EQ(dsa_index_workspace_bytes(256, 1, 131072), size_t{256} * 131072 * 4);
+  EXPECT_EQ(dsa_index_chunk_tokens(3, 5, 100, size_t{1} << 30), 5);
+  EXPECT_EQ(dsa_index_chunk_tokens(0, 5, 100, 1024), 0);
+  // A given workspace of 2 tokens of 3 sequences x 3,000 keys (+100 B): 3 chunks over 5 tokens.
+  const DsaIndexPlan small = dsa_index_plan(glm5, 3, 5, 3000, 3u * 3000u * 4u * 2u + 100u);
+  EXPECT_EQ(small.chunk_tokens, 2);
+  EXPECT_EQ(small.n_chunks, 3);
+  EXPECT_NE(error_of([&] { dsa_index_plan(glm5, 3, 5, 3000, 1000); })
+                .find("a score workspace of 1000 B cannot hold one query per sequence (3 sequences x 3000 keys x "
+                      "4 B = 36000 B)"),
+            std::string::npos);
 
   DsaIndexerDims bad = glm5;
   bad.head_dim = 96;

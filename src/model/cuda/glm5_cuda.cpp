@@ -466,7 +466,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
       ia.n_selected = plan.n_selected;
       ia.sel_idx = sel_idx_.as<int32_t>();
       ia.error_flag = err;
-      cuda::dsa_index_select_topk(ia, idx_, dsa_workspace_.as<float>(), st);
+      cuda::dsa_index_select_topk(ia, idx_, dsa_workspace_.as<float>(), dsa_workspace_.bytes(), st);
     }
   }
   selection_hooks(l, plan);
@@ -612,7 +612,7 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
     }
     if (plan.dsa) {
       grow_bytes(sel_idx_, static_cast<size_t>(plan.n_selected) * 4);
-      grow_bytes(dsa_workspace_, cuda::dsa_index_workspace_bytes(T, max_len));
+      grow_bytes(dsa_workspace_, cuda::dsa_index_workspace_bytes(S, step.max_q_len, max_len));
     }
 
     // The step's ints as run (padded for a graph), the DSA selection offsets after them.

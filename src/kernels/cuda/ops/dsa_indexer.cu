@@ -62,8 +62,9 @@ struct IndexParams {
   const int32_t* q_start;
   const int32_t* sel_offsets;
   int32_t* sel_idx;
-  float* scores;
+  float* scores;  // this chunk's rows: [n_seqs, gridDim.x, max_seq_len]
   uint32_t* error_flag;
+  int64_t tok_begin;  // the chunk's first query token (within each sequence)
   int64_t n_blocks;
   int64_t max_blocks_per_seq;
   int64_t max_seq_len;
@@ -83,9 +84,14 @@ struct IndexQuery {
   int64_t row;
   int64_t pos;
 };
+
+// The chunk's workspace row of CTA (blockIdx.x, blockIdx.y): [n_seqs, gridDim.x] rows.
+__device__ __forceinline__ int64_t chunk_ws_row() {
+  return static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+}
 __device__ __forceinline__ bool index_query(const IndexParams& p, bool report, IndexQuery* q) {
   const int s = blockIdx.y;
-  const int64_t tok = blockIdx.x;
+  const int64_t tok = p.tok_begin + blockIdx.x;
   const int64_t q_begin = p.q_start[s];
   const int64_t q_len = p.q_start[s + 1] - q_begin;
   if (tok >= q_len) return false;
@@ -125,7 +131,7 @@ __global__ void __launch_bounds__(kDsaScoreWarps * 32) dsa_index_scores_kernel(c
 
   const T* cache = static_cast<const T*>(p.cache);
   const int32_t* table = p.block_table + static_cast<int64_t>(blockIdx.y) * p.max_blocks_per_seq;
-  float* out = p.scores + qr.row * p.max_seq_len;
+  float* out = p.scores + chunk_ws_row() * p.max_seq_len;
   for (int64_t t = t_begin + warp; t < t_end; t += kDsaScoreWarps) {
     const int64_t blk = table[t / p.page_size];
     if (blk < 0 || blk >= p.n_blocks) {  // warp-uniform
@@ -175,7 +181,8 @@ __device__ __forceinline__ int block_exclusive_count(bool flag, int* warp_counts
   return before;
 }
 
-__global__ void __launch_bounds__(kDsaSelectThreads) dsa_select_topk_kernel(const IndexParams p) {
+// (minimum 4 CTAs per SM: up to 64 registers; without it ptxas kept 32 and spilled)
+__global__ void __launch_bounds__(kDsaSelectThreads, 4) dsa_select_topk_kernel(const IndexParams p) {
   __shared__ uint32_t hist[256];
   __shared__ int warp_counts[kSelectWarps];
   __shared__ uint32_t s_prefix;
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(kDsaSelectThreads) dsa_select_topk_kernel(cons
     for (int64_t t = threadIdx.x; t < n; t += kDsaSelectThreads) out[t] = static_cast<int32_t>(t);
     return;
   }
-  const float* sc = p.scores + qr.row * p.max_seq_len;
+  const float* sc = p.scores + chunk_ws_row() * p.max_seq_len;
 
   // Radix select: after the passes, `prefix` is the k-th largest key and `remaining` keys equal to
   // it are taken (all keys above it are).
@@ -268,7 +275,8 @@ void check_cache(const char* what, const DsaIndexCacheView& c) {
 std::string DsaIndexPlan::to_string() const {
   return "scores " + std::to_string(score_grid_x) + "x" + std::to_string(score_grid_y) + "x" +
          std::to_string(score_grid_z) + " CTAs (" + std::to_string(score_smem_bytes) + " B smem), select " +
-         std::to_string(select_grid_x) + "x" + std::to_string(select_grid_y);
+         std::to_string(select_grid_x) + "x" + std::to_string(select_grid_y) + ", " + std::to_string(n_chunks) +
+         (n_chunks == 1 ? " chunk of " : " chunks of ") + std::to_string(chunk_tokens) + " tokens";
 }
 
 std::vector<int32_t> dsa_selection_offsets(std::span<const int32_t> seq_lens, std::span<const int32_t> q_start,
@@ -299,7 +307,8 @@ std::vector<int32_t> dsa_selection_offsets(std::span<const int32_t> seq_lens, st
   return offsets;
 }
 
-DsaIndexPlan dsa_index_plan(const DsaIndexerDims& d, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len) {
+DsaIndexPlan dsa_index_plan(const DsaIndexerDims& d, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len,
+                            size_t workspace_bytes) {
   const char* what = "dsa_index_select_topk";
   FP4MOE_CHECK(d.n_heads >= 1 && (d.head_dim == 32 || d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256) &&
                d.index_topk >= 1 && d.scale > 0.0f && d.weight_scale > 0.0f)
@@ -314,17 +323,30 @@ DsaIndexPlan dsa_index_plan(const DsaIndexerDims& d, int64_t n_seqs, int64_t max
       << what << ": max_seq_len " << max_seq_len << " (>= max_q_len " << max_q_len << ", <= " << kDsaMaxKeys
       << " = 65535 key chunks x " << kDsaKeysPerCta << ")";
   DsaIndexPlan plan;
-  plan.score_grid_x = plan.select_grid_x = static_cast<unsigned>(std::max<int64_t>(max_q_len, 1));
+  plan.chunk_tokens = std::max<int64_t>(dsa_index_chunk_tokens(n_seqs, max_q_len, max_seq_len, workspace_bytes), 1);
+  plan.n_chunks = max_q_len > 0 ? (max_q_len + plan.chunk_tokens - 1) / plan.chunk_tokens : 0;
+  const size_t per_token = static_cast<size_t>(n_seqs) * static_cast<size_t>(max_seq_len) * sizeof(float);
+  FP4MOE_CHECK(max_seq_len <= d.index_topk || max_q_len == 0 || workspace_bytes >= per_token)
+      << what << ": a score workspace of " << workspace_bytes << " B cannot hold one query per sequence ("
+      << n_seqs << " sequences x " << max_seq_len << " keys x 4 B = " << per_token << " B)";
+  plan.score_grid_x = plan.select_grid_x = static_cast<unsigned>(plan.chunk_tokens);
   plan.score_grid_y = plan.select_grid_y = static_cast<unsigned>(std::max<int64_t>(n_seqs, 1));
   plan.score_grid_z = static_cast<unsigned>(std::max<int64_t>((max_seq_len + kDsaKeysPerCta - 1) / kDsaKeysPerCta, 1));
   plan.score_smem_bytes = dsa_score_smem_layout(d.n_heads, d.head_dim).total_bytes;
   return plan;
 }
 
-size_t dsa_index_workspace_bytes(int64_t n_tokens, int64_t max_seq_len) {
-  FP4MOE_CHECK(n_tokens >= 0 && max_seq_len >= 0)
-      << "dsa_index_workspace_bytes: n_tokens=" << n_tokens << ", max_seq_len=" << max_seq_len;
-  return static_cast<size_t>(n_tokens) * static_cast<size_t>(max_seq_len) * sizeof(float);
+int64_t dsa_index_chunk_tokens(int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len, size_t workspace_bytes) {
+  FP4MOE_CHECK(n_seqs >= 0 && max_q_len >= 0 && max_seq_len >= 0)
+      << "dsa_index_chunk_tokens: n_seqs=" << n_seqs << ", max_q_len=" << max_q_len << ", max_seq_len=" << max_seq_len;
+  if (n_seqs == 0 || max_q_len == 0 || max_seq_len == 0) return 0;
+  const size_t per_token = static_cast<size_t>(n_seqs) * static_cast<size_t>(max_seq_len) * sizeof(float);
+  return std::clamp<int64_t>(static_cast<int64_t>(workspace_bytes / per_token), 1, max_q_len);
+}
+
+size_t dsa_index_workspace_bytes(int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len, size_t budget_bytes) {
+  const int64_t chunk = dsa_index_chunk_tokens(n_seqs, max_q_len, max_seq_len, budget_bytes);
+  return static_cast<size_t>(n_seqs) * static_cast<size_t>(chunk) * static_cast<size_t>(max_seq_len) * sizeof(float);
 }
 
 void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, const int32_t* slots,
@@ -352,7 +374,7 @@ void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, c
 }
 
 void dsa_index_select_topk(const DsaIndexerArgs& a, const DsaIndexerDims& dims, float* workspace,
-                           cudaStream_t stream) {
+                           size_t workspace_bytes, cudaStream_t stream) {
   const char* what = "dsa_index_select_topk";
   check_cache(what, a.cache);
   FP4MOE_CHECK(a.cache.head_dim == dims.head_dim && a.max_blocks_per_seq >= 1 && a.n_tokens >= 0 &&
@@ -360,14 +382,15 @@ void dsa_index_select_topk(const DsaIndexerArgs& a, const DsaIndexerDims& dims, 
       << what << ": cache head_dim " << a.cache.head_dim << ", indexer head_dim " << dims.head_dim
       << "; max_blocks_per_seq=" << a.max_blocks_per_seq << ", n_tokens=" << a.n_tokens << ", max_q_len="
       << a.max_q_len << " (<= n_tokens), n_selected=" << a.n_selected;
-  const DsaIndexPlan plan = dsa_index_plan(dims, a.n_seqs, a.max_q_len, a.max_seq_len);
-  if (a.n_seqs == 0 || a.n_tokens == 0 || a.max_q_len == 0) return;
   const bool any_scored = a.max_seq_len > dims.index_topk;
+  const DsaIndexPlan plan =
+      dsa_index_plan(dims, a.n_seqs, a.max_q_len, a.max_seq_len, any_scored ? workspace_bytes : ~size_t{0});
+  if (a.n_seqs == 0 || a.n_tokens == 0 || a.max_q_len == 0) return;
   FP4MOE_CHECK(a.q != nullptr && a.w != nullptr && a.cache.k != nullptr && a.block_table != nullptr &&
                a.seq_lens != nullptr && a.q_start != nullptr && a.sel_offsets != nullptr && a.sel_idx != nullptr &&
                a.error_flag != nullptr && (workspace != nullptr || !any_scored))
       << what << ": null pointer (q, w, cache, block_table, seq_lens, q_start, sel_offsets, sel_idx, error_flag, or "
-      << "the workspace of " << dsa_index_workspace_bytes(a.n_tokens, a.max_seq_len) << " B)";
+      << "the score workspace of " << workspace_bytes << " B)";
 
   IndexParams p{};
   p.q = a.q;
@@ -390,16 +413,24 @@ void dsa_index_select_topk(const DsaIndexerArgs& a, const DsaIndexerDims& dims, 
   p.head_dim = dims.head_dim;
   p.scale = dims.scale;
   p.weight_scale = dims.weight_scale;
-  if (any_scored) {
-    if (a.cache.dtype == DType::kBF16) {
-      launch_scores_t<__nv_bfloat16>(p, plan, stream);
-    } else {
-      launch_scores_t<float>(p, plan, stream);
+  // Chunk c scores query tokens [c x chunk, (c + 1) x chunk) of every sequence into the workspace;
+  // its select pass reads them (same stream) before chunk c + 1 overwrites them.
+  for (int64_t c = 0; c < plan.n_chunks; ++c) {
+    DsaIndexPlan chunk = plan;
+    p.tok_begin = c * plan.chunk_tokens;
+    chunk.score_grid_x = chunk.select_grid_x =
+        static_cast<unsigned>(std::min<int64_t>(plan.chunk_tokens, a.max_q_len - p.tok_begin));
+    if (any_scored) {
+      if (a.cache.dtype == DType::kBF16) {
+        launch_scores_t<__nv_bfloat16>(p, chunk, stream);
+      } else {
+        launch_scores_t<float>(p, chunk, stream);
+      }
+      FP4MOE_CUDA_CHECK(cudaGetLastError());
     }
+    dsa_select_topk_kernel<<<dim3(chunk.select_grid_x, chunk.select_grid_y), kDsaSelectThreads, 0, stream>>>(p);
     FP4MOE_CUDA_CHECK(cudaGetLastError());
   }
-  dsa_select_topk_kernel<<<dim3(plan.select_grid_x, plan.select_grid_y), kDsaSelectThreads, 0, stream>>>(p);
-  FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace fp4moe::cuda

@@ -21,7 +21,7 @@
 //   block_table / seq_lens / q_start as in mla_prefill.h (seq_lens include this step's tokens)
 //   sel_offsets [n_tokens + 1] int32 (dsa_selection_offsets, uploaded), sel_idx [n_selected] int32:
 //           the CSR that mla_prefill_attention takes
-//   workspace f32 [n_tokens, max_seq_len] scores (dsa_index_workspace_bytes)
+//   workspace f32 [n_seqs, chunk_tokens, max_seq_len] scores of one chunk of queries (see the cap below)
 // Limits (refused by the host, naming the numbers; dsa_index_plan): head_dim 32, 64, 128 or 256;
 // (n_heads * head_dim + n_heads) * 4 B of q/w in shared memory <= 48 KiB; max_seq_len <= 65535 * 256
 // keys (grid.z); n_seqs <= 65535. Any index_topk >= 1 (the radix select has no key-count limit).
@@ -96,18 +96,36 @@ FP4MOE_ATTN_HD constexpr DsaScoreSmemLayout dsa_score_smem_layout(int n_heads, i
 }
 static_assert(dsa_score_smem_layout(32, 128).total_bytes == 16512, "GLM-5: 32 x 128 q + 32 w");
 
-// The launch of both kernels: score grid (max_q_len, n_seqs, key chunks), select grid (max_q_len,
-// n_seqs), the score CTA's shared memory. Fails (naming the numbers) outside the limits above.
+// The score workspace is capped: the queries run in chunks of `chunk_tokens` query tokens per
+// sequence (token j of every sequence in chunk j / chunk_tokens), each chunk's scores in rows
+// [n_seqs, chunk_tokens, max_seq_len] f32 that its select pass reads before the next chunk is scored.
+// kDsaWorkspaceBudgetBytes is what a model allocates (one 8,192-token prefill at 128k tokens of
+// context would otherwise need 4 GiB); a chunk is one token at least, so the workspace is
+// max(budget, n_seqs x max_seq_len x 4 B) at most.
+inline constexpr size_t kDsaWorkspaceBudgetBytes = size_t{256} << 20;
+
+// Query tokens per sequence and chunk for a workspace of `workspace_bytes`: min(max_q_len,
+// workspace_bytes / (n_seqs x max_seq_len x 4)), at least 1 (0 when there is nothing to score).
+int64_t dsa_index_chunk_tokens(int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len, size_t workspace_bytes);
+
+// The workspace a step needs with the budget: n_seqs x chunk_tokens x max_seq_len x 4 B.
+size_t dsa_index_workspace_bytes(int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len,
+                                 size_t budget_bytes = kDsaWorkspaceBudgetBytes);
+
+// The launches of both kernels per chunk: score grid (chunk_tokens, n_seqs, key chunks), select grid
+// (chunk_tokens, n_seqs), the score CTA's shared memory; n_chunks = ceil(max_q_len / chunk_tokens).
+// Fails (naming the numbers) outside the limits above, or when the workspace cannot hold one token
+// of every sequence.
 struct DsaIndexPlan {
   unsigned score_grid_x = 0, score_grid_y = 0, score_grid_z = 0;
   int score_smem_bytes = 0;
   unsigned select_grid_x = 0, select_grid_y = 0;
-  std::string to_string() const;  // "scores 40x3x2 CTAs (16512 B smem), select 40x3"
+  int64_t chunk_tokens = 0;
+  int64_t n_chunks = 0;
+  std::string to_string() const;  // "scores 40x3x2 CTAs (16512 B smem), select 40x3, 1 chunk of 40 tokens"
 };
-DsaIndexPlan dsa_index_plan(const DsaIndexerDims& dims, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len);
-
-// f32 score workspace: [n_tokens, max_seq_len].
-size_t dsa_index_workspace_bytes(int64_t n_tokens, int64_t max_seq_len);
+DsaIndexPlan dsa_index_plan(const DsaIndexerDims& dims, int64_t n_seqs, int64_t max_q_len, int64_t max_seq_len,
+                            size_t workspace_bytes = kDsaWorkspaceBudgetBytes);
 
 // ---- the radix select's arithmetic (host+device; the CPU tests emulate the kernel with them) ----
 
@@ -160,10 +178,11 @@ struct DsaIndexerArgs {
   uint32_t* error_flag = nullptr;
 };
 
-// Scores (into workspace, dsa_index_workspace_bytes(n_tokens, max_seq_len) bytes) and selects.
+// Scores (into workspace, workspace_bytes of it: dsa_index_workspace_bytes(n_seqs, max_q_len,
+// max_seq_len) or any size that holds one token per sequence) and selects, chunk by chunk.
 // A seq_len above max_seq_len or the block table, or below q_len, sets kDeviceErrorSeqLen; offsets
 // that do not hold min(index_topk, pos + 1) keys set kDeviceErrorKeySelection.
 void dsa_index_select_topk(const DsaIndexerArgs& args, const DsaIndexerDims& dims, float* workspace,
-                           cudaStream_t stream);
+                           size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace fp4moe::cuda
