@@ -124,6 +124,23 @@ std::vector<double> truncated_probs(const std::vector<float>& z, const SamplingP
 
 }  // namespace
 
+TokenId sample_from(const float* z, int64_t vocab, const SamplingParams& params, double u) {
+  if (params.greedy()) return argmax_token(z, vocab);
+  const std::vector<double> prob = truncated_probs(std::vector<float>(z, z + vocab), params);
+  double x = u;
+  TokenId last_kept = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double pi = prob[static_cast<size_t>(i)];
+    if (pi <= 0.0) continue;
+    last_kept = static_cast<TokenId>(i);
+    x -= pi;
+    if (x < 0.0) return static_cast<TokenId>(i);
+  }
+  return last_kept;  // rounding left a sliver of mass at the end
+}
+
+double Sampler::next_uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
 std::vector<double> Sampler::distribution(const float* logits) const {
   std::vector<float> z;
   penalized(logits, z);
@@ -137,22 +154,7 @@ SampleResult Sampler::sample(const float* logits) {
   if (params_.greedy()) {
     r.id = argmax_token(z.data(), vocab_);
   } else {
-    const std::vector<double> prob = truncated_probs(z, params_);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    double x = u(rng_);
-    r.id = -1;
-    TokenId last_kept = 0;
-    for (int64_t i = 0; i < vocab_; ++i) {
-      const double pi = prob[static_cast<size_t>(i)];
-      if (pi <= 0.0) continue;
-      last_kept = static_cast<TokenId>(i);
-      x -= pi;
-      if (x < 0.0) {
-        r.id = static_cast<TokenId>(i);
-        break;
-      }
-    }
-    if (r.id < 0) r.id = last_kept;  // rounding left a sliver of mass at the end
+    r.id = sample_from(z.data(), vocab_, params_, next_uniform());
   }
   if (params_.logprobs || params_.top_logprobs > 0) {
     const float mx = *std::max_element(z.begin(), z.end());

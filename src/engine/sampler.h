@@ -74,6 +74,9 @@ class Sampler {
   SampleResult sample(const float* logits);
   // Records an emitted output token (penalties count it from now on).
   void accept(TokenId id);
+  // The uniform [0, 1) draw a sampled step uses (sample() takes one per non-greedy step); a model that
+  // samples on the device (model::SeqChunk::sample) is given this draw instead, so seeds reproduce.
+  double next_uniform();
 
   // The probabilities the draw uses (after penalties, temperature, top-k/p, min-p; zeros outside
   // the kept set); for tests. Greedy: one-hot at the argmax.
@@ -91,5 +94,12 @@ class Sampler {
 
 // Greedy with the lowest index on ties (the reference forward's argmax).
 TokenId argmax_token(const float* logits, int64_t vocab);
+
+// The draw of Sampler::sample on logits z that already carry the penalties: greedy -> argmax_token;
+// else the truncated distribution (temperature, top-k, top-p, min-p as above) and the first token
+// in id order at which u in [0, 1) runs out of cumulative probability (the last kept token with
+// nonzero probability when rounding leaves a sliver). The reference of the GPU sampling kernel
+// (cuda::sample_rows).
+TokenId sample_from(const float* z, int64_t vocab, const SamplingParams& params, double u);
 
 }  // namespace fp4moe::engine
