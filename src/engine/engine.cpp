@@ -279,7 +279,8 @@ struct Engine::Impl {
     // One forward over every chunk.
     std::vector<model::SeqChunk> chunks;
     std::vector<std::vector<float>> logits(plan.size());
-    std::vector<int32_t> argmax(plan.size(), -1);  // model-side greedy tokens (SeqChunk::argmax)
+    std::vector<int32_t> argmax(plan.size(), -1);  // model-side tokens (SeqChunk::argmax, greedy or sampled)
+    std::vector<model::DeviceSampling> device_draws(plan.size());
     const bool model_argmax = model->supports_argmax();
     chunks.reserve(plan.size());
     StepInfo info;
@@ -297,11 +298,13 @@ struct Engine::Impl {
         info.n_prefill_tokens += plan[i].n_tokens;
       }
       const bool last = r->kv_length() + plan[i].n_tokens == r->n_all_tokens();
-      const bool want_argmax = last && model_argmax && !r->sampling.needs_logits();
+      const bool device_draw = last && model_argmax && opt().device_sampling && r->sampling.device_samplable();
+      const bool want_argmax = (last && model_argmax && !r->sampling.needs_logits()) || device_draw;
       if (last && !want_argmax) logits[i].resize(static_cast<size_t>(vocab));
+      if (device_draw) device_draws[i] = r->device_sampling();
       chunks.push_back({r->kv.get(), r->tokens_from(r->kv_length(), plan[i].n_tokens),
                         last && !want_argmax ? logits[i].data() : nullptr, false,
-                        want_argmax ? &argmax[i] : nullptr});
+                        want_argmax ? &argmax[i] : nullptr, device_draw ? &device_draws[i] : nullptr});
       n_tokens += plan[i].n_tokens;
     }
     model::ForwardTrace trace;

@@ -84,6 +84,10 @@ struct EngineOptions {
   int64_t max_queued_requests = 1024;       // waiting-queue bound (submit rejects with kQueueFull)
   int64_t context_length = 0;               // max prompt + generated tokens; 0 = model's max_position_embeddings
   SchedulePolicy schedule_policy = SchedulePolicy::kFcfs;
+  // Temperature / top-k / top-p / min-p draws by a model that supports them (the GPU models: a token
+  // instead of a vocab-wide f32 row per request crosses PCIe); false: every sampled request's logits
+  // come to the host (engine::Sampler). Penalties and logprobs always sample on the host.
+  bool device_sampling = true;
   std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
 
   void validate() const;  // fails naming the field and its value

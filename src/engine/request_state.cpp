@@ -89,10 +89,22 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
 
 RequestOutput RequestState::on_argmax(TokenId id_chosen, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                                       int64_t context_length) {
-  FP4MOE_CHECK(!sampling.needs_logits()) << "request " << id << ": a model-side argmax for sampling that needs logits";
+  FP4MOE_CHECK(!sampling.needs_logits() || sampling.device_samplable())
+      << "request " << id << ": a model-chosen token for sampling that needs logits (penalties or logprobs)";
   SampleResult s;
   s.id = id_chosen;
   return on_sampled(s, now, eos_ids, context_length);
+}
+
+model::DeviceSampling RequestState::device_sampling() {
+  FP4MOE_CHECK(sampling.device_samplable()) << "request " << id << ": its sampling cannot run on the device";
+  model::DeviceSampling d;
+  d.u = sampler_.next_uniform();
+  d.temperature = sampling.temperature;
+  d.top_p = sampling.top_p;
+  d.min_p = sampling.min_p;
+  d.top_k = sampling.top_k;
+  return d;
 }
 
 RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point now, const std::vector<TokenId>& eos_ids,

@@ -47,9 +47,13 @@ class RequestState {
   // (token, logprobs, text). Sets finish_reason() when the request is done.
   RequestOutput on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                           int64_t context_length);
-  // The same for a token chosen by the model (SeqChunk::argmax; only when !sampling.needs_logits()).
+  // The same for a token chosen by the model (SeqChunk::argmax: when !sampling.needs_logits(), or a
+  // device draw, SeqChunk::sample, when sampling.device_samplable()).
   RequestOutput on_argmax(TokenId id, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                           int64_t context_length);
+  // The knobs and this step's uniform draw for a device draw (takes the draw from the request's
+  // generator, as a host sample would).
+  model::DeviceSampling device_sampling();
   const std::optional<FinishReason>& finish_reason() const { return finish_reason_; }
 
   // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.

@@ -52,6 +52,12 @@ struct SamplingParams {
     return !greedy() || logprobs || top_logprobs > 0 || repetition_penalty != 1.0 || frequency_penalty != 0.0 ||
            presence_penalty != 0.0;
   }
+  // True when a model can draw the token itself (model::SeqChunk::sample: temperature, top-k/p,
+  // min-p on the device, given next_uniform()): not greedy, no penalties, no logprobs.
+  bool device_samplable() const {
+    return !greedy() && !logprobs && top_logprobs == 0 && repetition_penalty == 1.0 && frequency_penalty == 0.0 &&
+           presence_penalty == 0.0;
+  }
 };
 
 struct TokenLogprob {

@@ -37,6 +37,15 @@ class KvState {
   virtual size_t bytes() const = 0;         // memory held by the cache
 };
 
+// A token drawn on the device from the last token's logits (engine::sample_from given u; no penalties).
+struct DeviceSampling {
+  double u = 0.0;            // the request's uniform draw in [0, 1)
+  double temperature = 1.0;  // > 0
+  double top_p = 1.0;
+  double min_p = 0.0;
+  int64_t top_k = -1;        // <= 0: off
+};
+
 // One sequence's share of a batched forward step.
 struct SeqChunk {
   KvState* state = nullptr;           // created by this model's new_state()
@@ -47,6 +56,9 @@ struct SeqChunk {
   // wins: engine::argmax_token) of the last token's logits here. Only for models whose
   // supports_argmax() is true (the GPU models: an int instead of a vocab-wide f32 row crosses PCIe).
   int32_t* argmax = nullptr;
+  // With `argmax` set (and no logits): draw the token with these knobs instead of the argmax (the GPU
+  // models: cuda::sample_rows), written to *argmax. Only for models whose supports_argmax() is true.
+  const DeviceSampling* sample = nullptr;
 };
 
 // Per-layer routing statistics of one forward step (for MoE layers only).

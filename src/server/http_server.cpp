@@ -567,6 +567,7 @@ void HttpServer::install_routes() {
       info["chunked_prefill_size"] = o.chunked_prefill_size;
       info["max_prefill_tokens"] = o.max_prefill_tokens;
       info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
+      info["device_sampling"] = o.device_sampling;
       info["max_queued_requests"] = o.max_queued_requests;
       info["schedule_policy"] = engine::to_string(o.schedule_policy);
       info["context_length"] = engine->context_length();

@@ -222,6 +222,10 @@ void register_serve_command(CLI::App& app) {
                   "Waiting-queue bound; beyond it requests get 503 + Retry-After (default 1024)");
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs (default)");
+  cmd->add_flag_callback(
+      "--disable-device-sampling", [a] { a->engine.device_sampling = false; },
+      "Sample temperature / top-k / top-p / min-p requests on the host from copied logits rows (default: on the "
+      "GPU with --device cuda)");
   cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 #include "model/causal_lm.h"
 
 namespace fp4moe::testing {
@@ -48,6 +49,7 @@ class ScriptedModel : public model::CausalLM {
   bool supports_argmax() const override { return argmax_supported; }
   bool argmax_supported = false;  // answer SeqChunk::argmax like a GPU model (tests of that path)
   int64_t argmax_answers = 0;     // how many argmax-only rows it answered
+  int64_t sample_answers = 0;     // how many device draws (SeqChunk::sample) it answered
   std::unique_ptr<model::KvState> new_state() const override { return std::make_unique<ScriptedState>(); }
 
   void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
@@ -59,11 +61,22 @@ class ScriptedModel : public model::CausalLM {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         s->tokens.push_back(c.tokens[i]);
         FP4MOE_CHECK(c.argmax == nullptr || argmax_supported) << "argmax asked of a model without supports_argmax()";
+        FP4MOE_CHECK(c.sample == nullptr || c.argmax != nullptr) << "a device draw without an argmax slot";
         if (c.argmax != nullptr && i + 1 == c.tokens.size()) {
           std::vector<float> row(static_cast<size_t>(config_.vocab_size));
           fill_logits(s->tokens, row.data());
-          *c.argmax = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-          ++argmax_answers;
+          if (c.sample != nullptr) {  // as a GPU model draws: engine::sample_from given the request's u
+            engine::SamplingParams p;
+            p.temperature = c.sample->temperature;
+            p.top_k = c.sample->top_k;
+            p.top_p = c.sample->top_p;
+            p.min_p = c.sample->min_p;
+            *c.argmax = engine::sample_from(row.data(), config_.vocab_size, p, c.sample->u);
+            ++sample_answers;
+          } else {
+            *c.argmax = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+            ++argmax_answers;
+          }
         }
         const bool want = c.logits && (c.all_logits || i + 1 == c.tokens.size());
         if (!want) continue;

@@ -120,7 +120,9 @@ TEST(Scheduler, ConcurrentEqualsAlone) {
 }
 
 // A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or
-// penalties take that path, the others still get logits, and every output equals the logits path.
+// penalties take that path, seeded temperature / top-k requests are drawn by the model
+// (SeqChunk::sample with the request's own uniform draw), the others still get logits, and every
+// output equals the logits path's (the host sampler's).
 TEST(Scheduler, ModelSideArgmaxForPlainGreedyEqualsLogitsPath) {
   const auto cases = mixed_cases(testing::test_seed(), 12);
   auto m = std::make_unique<ScriptedModel>();
@@ -136,14 +138,37 @@ TEST(Scheduler, ModelSideArgmaxForPlainGreedyEqualsLogitsPath) {
   const std::vector<TokenId> p{1, 2, 3};
   const RequestId lp = h.submit(p, with_logprobs);
   h.engine.run_until_idle();
-  int64_t plain_greedy_tokens = 0;
+  int64_t plain_greedy_tokens = 0, drawn_tokens = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(h.results.at(ids[i]).ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
-    if (!cases[i].sp.needs_logits()) plain_greedy_tokens += static_cast<int64_t>(h.results.at(ids[i]).ids.size());
+    const auto n = static_cast<int64_t>(h.results.at(ids[i]).ids.size());
+    if (!cases[i].sp.needs_logits()) plain_greedy_tokens += n;
+    if (cases[i].sp.device_samplable()) drawn_tokens += n;
   }
   EXPECT_EQ(h.results.at(lp).ids, alone(p, with_logprobs));
   EXPECT_GT(plain_greedy_tokens, 0);
+  EXPECT_GT(drawn_tokens, 0);
   EXPECT_EQ(raw->argmax_answers, plain_greedy_tokens);  // exactly the plain greedy tokens came as argmax
+  EXPECT_EQ(raw->sample_answers, drawn_tokens);         // and the sampled ones as device draws
+}
+
+// --disable-device-sampling (EngineOptions::device_sampling = false): sampled requests get their
+// logits rows on the host again, same tokens.
+TEST(Scheduler, DeviceSamplingOffSamplesOnTheHost) {
+  const auto cases = mixed_cases(testing::test_seed() + 7, 9);
+  auto m = std::make_unique<ScriptedModel>();
+  m->argmax_supported = true;
+  ScriptedModel* raw = m.get();
+  EngineOptions o;
+  o.device_sampling = false;
+  Harness h(o, std::move(m));
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) ids.push_back(h.submit(c.prompt, c.sp));
+  h.engine.run_until_idle();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(h.results.at(ids[i]).ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
+  }
+  EXPECT_EQ(raw->sample_answers, 0);
 }
 
 TEST(Scheduler, ChunkedPrefillEqualsUnchunked) {

@@ -46,6 +46,7 @@
 #include "model/registry.h"
 #include "model/dsa_selection_log.h"
 #include "model/golden_data.h"
+#include "engine/sampler.h"
 #include "testing/testing.h"
 
 namespace fp4moe::model {
@@ -305,6 +306,73 @@ TEST_P(GpuGolden, PrefillDecodeAndBatchingAgreeWithOneFullForward) {
   auto a2 = lm->new_state();
   const std::vector<float> la2 = lm->forward_one(*a2, a_hist, false);
   EXPECT_EQ(am_a, argmax_of(la2.data(), V));
+}
+
+// SeqChunk::sample (the engine's --device cuda default for temperature / top-k / top-p / min-p): the
+// model draws on the device. Twin states fed the same tokens in the same batch shapes return their
+// logits instead, and engine::sample_from on those logits with the same knobs and u must give the
+// device's token: decode-only steps of two sequences (a CUDA graph on GLM-4.5; DSA steps run eagerly)
+// and steps with a prefill chunk beside them (eager, the lm_head passes of run_lm_head).
+TEST_P(GpuGolden, DeviceSamplingEqualsTheHostDrawOnTheSameLogits) {
+  auto lm = load_model(dir_, gpu_options());
+  const int64_t V = golden_.vocab;
+  const auto& ids = golden_.greedy_ids[0];
+  std::mt19937_64 rng(testing::test_seed());
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const DeviceSampling knobs[] = {{0.0, 1.0, 1.0, 0.0, -1}, {0.0, 0.7, 0.9, 0.0, 20}, {0.0, 1.3, 0.95, 0.05, -1},
+                                  {0.0, 0.5, 1.0, 0.0, 5}};
+  const auto host_draw = [&](const float* logits, const DeviceSampling& d) {
+    engine::SamplingParams p;
+    p.temperature = d.temperature;
+    p.top_k = d.top_k;
+    p.top_p = d.top_p;
+    p.min_p = d.min_p;
+    return engine::sample_from(logits, V, p, d.u);
+  };
+  std::unique_ptr<KvState> dev[2], host[2];
+  int64_t len[2] = {8, 13};
+  for (int s = 0; s < 2; ++s) {
+    dev[s] = lm->new_state();
+    host[s] = lm->new_state();
+    const std::span<const int32_t> prompt(ids.data(), static_cast<size_t>(len[s]));
+    lm->forward_one(*dev[s], prompt, false);
+    lm->forward_one(*host[s], prompt, false);
+  }
+  int64_t draws = 0;
+  for (int step = 0; step < 6; ++step) {
+    const bool with_prefill = step % 2 == 1;
+    DeviceSampling d[2];
+    int32_t tok[2] = {-1, -1}, fresh_tok = -1;
+    std::vector<float> l[2] = {std::vector<float>(static_cast<size_t>(V)), std::vector<float>(static_cast<size_t>(V))};
+    std::vector<float> fresh_logits(static_cast<size_t>(V));
+    const int32_t in[2] = {ids[static_cast<size_t>(len[0])], ids[static_cast<size_t>(len[1])]};
+    for (int s = 0; s < 2; ++s) {
+      d[s] = knobs[(step + s) % 4];
+      d[s].u = unit(rng);
+    }
+    auto fresh_dev = lm->new_state(), fresh_host = lm->new_state();
+    const std::span<const int32_t> fresh_prompt(ids.data(), 5);
+    std::vector<SeqChunk> dev_step = {{dev[0].get(), std::span<const int32_t>(&in[0], 1), nullptr, false, &tok[0], &d[0]},
+                                      {dev[1].get(), std::span<const int32_t>(&in[1], 1), nullptr, false, &tok[1], &d[1]}};
+    std::vector<SeqChunk> host_step = {{host[0].get(), std::span<const int32_t>(&in[0], 1), l[0].data(), false},
+                                       {host[1].get(), std::span<const int32_t>(&in[1], 1), l[1].data(), false}};
+    if (with_prefill) {
+      dev_step.push_back({fresh_dev.get(), fresh_prompt, nullptr, false, &fresh_tok});
+      host_step.push_back({fresh_host.get(), fresh_prompt, fresh_logits.data(), false});
+    }
+    lm->forward(dev_step);
+    lm->forward(host_step);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(tok[s], host_draw(l[s].data(), d[s]))
+          << "step " << step << (with_prefill ? " (with a prefill chunk)" : " (decode only)") << ", sequence " << s
+          << ": T " << d[s].temperature << ", top_k " << d[s].top_k << ", top_p " << d[s].top_p << ", min_p "
+          << d[s].min_p << ", u " << d[s].u;
+      ++draws;
+      ++len[s];
+    }
+    if (with_prefill) EXPECT_EQ(fresh_tok, argmax_of(fresh_logits.data(), V)) << "step " << step;
+  }
+  EXPECT_EQ(draws, 12);
 }
 
 TEST_P(GpuGolden, ShortKvPoolRefusesWithNumbersAndKeepsServing) {

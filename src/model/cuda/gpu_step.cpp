@@ -36,6 +36,8 @@ StepBatch plan_step(std::span<const SeqChunk> batch, const void* owner, int64_t 
         << "batch entry " << i << ": the KV state was not created by this model's new_state()";
     FP4MOE_CHECK(seen.insert(st).second) << "batch entry " << i << ": the same KV state appears twice in one step";
     FP4MOE_CHECK(!sc.tokens.empty()) << "batch entry " << i << ": no tokens";
+    FP4MOE_CHECK(sc.sample == nullptr || (sc.argmax != nullptr && sc.logits == nullptr))
+        << "batch entry " << i << ": device sampling writes to `argmax` and returns no logits";
     for (size_t j = 0; j < sc.tokens.size(); ++j) {
       FP4MOE_CHECK(sc.tokens[j] >= 0 && sc.tokens[j] < vocab) << "batch entry " << i << ": token id " << sc.tokens[j]
                                                               << " at index " << j << " is outside the vocabulary [0, "
@@ -65,6 +67,10 @@ StepBatch plan_step(std::span<const SeqChunk> batch, const void* owner, int64_t 
     } else if (batch[i].argmax != nullptr) {
       s.rows.push_back(static_cast<int32_t>(c.row0 + c.n - 1));
       s.row_logits.push_back(0);
+      if (batch[i].sample != nullptr) {
+        s.sample_rows.push_back(static_cast<int64_t>(s.rows.size()) - 1);
+        s.samples.push_back(*batch[i].sample);
+      }
     }
   }
   return s;
@@ -143,7 +149,8 @@ StepOutputs::StepOutputs(int64_t vocab, int64_t max_rows)
       logits_(static_cast<size_t>(kLogitRowsPerPass * vocab) * 4),
       argmax_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * 4),
       argmax_parts_(static_cast<size_t>(cuda::kArgmaxWorkspaceCandidates) * sizeof(cuda::ArgmaxCandidate)),
-      err_(4) {
+      err_(4),
+      sample_specs_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * sizeof(cuda::SampleSpec)) {
   FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
 }
 
@@ -203,13 +210,45 @@ void StepOutputs::copy_argmax(int64_t n_rows, cudaStream_t stream) {
   }
 }
 
+void StepOutputs::upload_samples(const StepBatch& step, cudaStream_t stream) {
+  const size_t n = step.samples.size();
+  if (n == 0) return;
+  FP4MOE_CHECK(n * sizeof(cuda::SampleSpec) <= sample_specs_.bytes())
+      << n << " sampled rows exceed the " << sample_specs_.bytes() / sizeof(cuda::SampleSpec) << " sized at load";
+  cuda::SampleSpec* h = h_sample_specs_.get(n);
+  for (size_t i = 0; i < n; ++i) {
+    const DeviceSampling& d = step.samples[i];
+    const int64_t r = step.sample_rows[i];
+    h[i].u = d.u;
+    h[i].temperature = d.temperature;
+    h[i].top_p = d.top_p;
+    h[i].min_p = d.min_p;
+    h[i].top_k = static_cast<int32_t>(std::clamp<int64_t>(d.top_k, -1, INT32_MAX));
+    h[i].row = static_cast<int32_t>(r % kLogitRowsPerPass);  // its row in the pass's logits
+    h[i].out = static_cast<int32_t>(r);                       // its token in argmax_
+  }
+  FP4MOE_CUDA_CHECK(cudaMemcpyAsync(sample_specs_.as<void>(), h, n * sizeof(cuda::SampleSpec),
+                                    cudaMemcpyHostToDevice, stream));
+}
+
+void StepOutputs::sample_pass(const StepBatch& step, int64_t r0, int64_t n, cudaStream_t stream) {
+  const auto& rows = step.sample_rows;
+  const auto first = std::lower_bound(rows.begin(), rows.end(), r0);
+  const auto last = std::lower_bound(first, rows.end(), r0 + n);
+  if (first == last) return;
+  cuda::sample_rows(logits_.as<float>(), vocab_, vocab_, sample_specs_.as<cuda::SampleSpec>() + (first - rows.begin()),
+                    last - first, argmax_.as<int32_t>(), stream);
+}
+
 void StepOutputs::run_lm_head(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
                               const StepBatch& step, int64_t hidden, bf16* scratch, cudaStream_t stream) {
   const int64_t R = static_cast<int64_t>(step.rows.size());
+  upload_samples(step, stream);
   int64_t logit_row = 0;  // rows copied so far
   for (int64_t r0 = 0; r0 < R; r0 += kLogitRowsPerPass) {  // the argmax of each pass lands at its rows' offset
     const int64_t n = std::min(kLogitRowsPerPass, R - r0);
     compute_pass(cublas, lm_head, h, d_rows, r0, n, hidden, scratch, stream);
+    sample_pass(step, r0, n, stream);
     copy_pass_logits(step, r0, n, logit_row, stream);
   }
   copy_argmax(R, stream);
@@ -219,6 +258,8 @@ void StepOutputs::copy_outputs(const StepBatch& step, cudaStream_t stream) {
   const int64_t R = static_cast<int64_t>(step.rows.size());
   FP4MOE_CHECK(R <= kLogitRowsPerPass) << "copy_outputs after one lm_head pass: " << R << " rows > "
                                        << kLogitRowsPerPass;
+  upload_samples(step, stream);  // the graph drew the argmaxes; the sampled rows are drawn after it
+  sample_pass(step, 0, R, stream);
   int64_t logit_row = 0;
   copy_pass_logits(step, 0, R, logit_row, stream);
   copy_argmax(R, stream);

@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe/device_buffer.h"
+#include "kernels/cuda/ops/sampling.h"
 #include "model/causal_lm.h"
 #include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
@@ -79,6 +80,9 @@ struct StepBatch {
   std::vector<int32_t> rows;
   std::vector<uint8_t> row_logits;
   int64_t n_logit_rows = 0;
+  // Rows (indices into `rows`, ascending) whose token is sampled on the device, and how.
+  std::vector<int64_t> sample_rows;
+  std::vector<DeviceSampling> samples;
 };
 
 // Checks the batch (states of `owner`, distinct, non-empty, ids in the vocabulary, positions within
@@ -157,9 +161,15 @@ class StepOutputs {
                     int64_t r0, int64_t n, int64_t hidden, __nv_bfloat16* scratch, cudaStream_t stream);
   void copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row, cudaStream_t stream);
   void copy_argmax(int64_t n_rows, cudaStream_t stream);
+  // The step's device-sampling specs to the device (once a step, before the passes).
+  void upload_samples(const StepBatch& step, cudaStream_t stream);
+  // After pass [r0, r0 + n) is in logits_: draws its sampled rows' tokens over their argmax.
+  void sample_pass(const StepBatch& step, int64_t r0, int64_t n, cudaStream_t stream);
 
   int64_t vocab_;
   cuda::DeviceBuffer logits_, argmax_, argmax_parts_, err_;  // argmax_parts_: the split argmax's candidates
+  cuda::DeviceBuffer sample_specs_;                           // [max rows] cuda::SampleSpec
+  PinnedBuffer<cuda::SampleSpec> h_sample_specs_;
   PinnedBuffer<float> h_logits_;
   PinnedBuffer<int32_t> h_argmax_, h_offsets_;
   PinnedBuffer<uint32_t> h_err_;
