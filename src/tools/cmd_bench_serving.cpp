@@ -8,7 +8,8 @@
 //                                                       # optional "output_len"
 //   ... --max-concurrency 1,4,16,64 --output-file runs.jsonl --plot latency.svg
 //
-// Each request is a streaming POST /generate (ignore_eos, greedy) so the output length is fixed; TTFT
+// Each request is a streaming POST /generate (ignore_eos; greedy, or --temperature / --top-p / --top-k
+// with a per-request seed) so the output length is fixed; TTFT
 // is the time to the first streamed token, ITL each gap between token-carrying chunks, TPOT
 // (E2E - TTFT) / (output tokens - 1). Several --max-concurrency values run one after another; each
 // run appends one JSON line to --output-file and is one point of the --plot SVG (output tokens/s vs
@@ -54,6 +55,9 @@ struct BenchArgs {
   std::string output_file;
   std::string plot;
   double timeout_s = 600;
+  double temperature = 0.0;  // 0: greedy; > 0 with top_p / top_k: sampled (seeded per request)
+  double top_p = 1.0;
+  int64_t top_k = -1;
 };
 
 struct Prompt {
@@ -155,10 +159,17 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   return out;
 }
 
-RequestResult send_one(const std::string& url, double timeout_s, const Prompt& p) {
+RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   RequestResult r;
+  const std::string& url = a.url;
+  const double timeout_s = a.timeout_s;
   json body = p.body_prompt;
-  body["sampling_params"] = {{"max_new_tokens", p.output_len}, {"temperature", 0.0}, {"ignore_eos", true}};
+  body["sampling_params"] = {{"max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", true}};
+  if (a.temperature > 0.0) {
+    body["sampling_params"]["top_p"] = a.top_p;
+    body["sampling_params"]["top_k"] = a.top_k;
+    body["sampling_params"]["seed"] = seed;
+  }
   body["stream"] = true;
   server::HttpClient client(url, timeout_s);
   const auto t0 = Clock::now();
@@ -201,7 +212,7 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
   const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
   for (int64_t w = 0; w < n_workers; ++w) {
     workers.emplace_back([&] {
-      for (size_t i = next++; i < prompts.size(); i = next++) results[i] = send_one(a.url, a.timeout_s, prompts[i]);
+      for (size_t i = next++; i < prompts.size(); i = next++) results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
     });
   }
   for (auto& t : workers) t.join();
@@ -396,6 +407,9 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
+  cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)");
+  cmd->add_option("--top-p", a->top_p, "top_p of sampled requests (default 1)");
+  cmd->add_option("--top-k", a->top_k, "top_k of sampled requests (default -1: off)");
   cmd->callback([a] { run_bench(*a); });
 }
 
