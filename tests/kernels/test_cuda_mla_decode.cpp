@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <string>
@@ -145,6 +146,48 @@ void run_case(const MlaCase& c, std::mt19937_64& rng) {
   const uint32_t flags = download(flag.get(), 1)[0];
   ASSERT_EQ(flags, 0u) << what << ": device errors " << describe_device_errors(flags);
   const std::vector<uint16_t> got = download(dout.get(), static_cast<size_t>(n_seqs * d.n_heads * vd));
+
+  // The attention step alone, at f32 accuracy: the latent from the GPU's own q_lat, against an f64
+  // softmax over the same keys (q and the probabilities enter the tensor cores as hi + lo bf16, 16
+  // significant bits). Bound: 2^-14 relative to each row's largest |latent| (measured ~1e-6).
+  {
+    const std::vector<float> qlat = download(dqlat.get(), static_cast<size_t>(n_seqs * d.n_heads * W));
+    const std::vector<float> lat = download(dlat.get(), static_cast<size_t>(n_seqs * d.n_heads * rank));
+    double worst = 0;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const int64_t len = c.seq_lens[static_cast<size_t>(s)];
+      for (int h = 0; h < d.n_heads; ++h) {
+        const float* qr = qlat.data() + (s * d.n_heads + h) * W;
+        std::vector<double> sc(static_cast<size_t>(len)), lref(static_cast<size_t>(rank), 0.0);
+        double mx = -1e300, sum = 0;
+        for (int64_t p = 0; p < len; ++p) {
+          double dot = 0;
+          for (int x = 0; x < W; ++x) dot += static_cast<double>(qr[x]) * bf16_to_f32(rows[static_cast<size_t>(s)][static_cast<size_t>(p * W + x)]);
+          sc[static_cast<size_t>(p)] = dot * d.softmax_scale();
+          mx = std::max(mx, sc[static_cast<size_t>(p)]);
+        }
+        for (int64_t p = 0; p < len; ++p) {
+          const double e = std::exp(sc[static_cast<size_t>(p)] - mx);
+          sum += e;
+          for (int x = 0; x < rank; ++x) lref[static_cast<size_t>(x)] += e * bf16_to_f32(rows[static_cast<size_t>(s)][static_cast<size_t>(p * W + x)]);
+        }
+        double row_max = 0;
+        for (int x = 0; x < rank; ++x) {
+          lref[static_cast<size_t>(x)] = len > 0 ? lref[static_cast<size_t>(x)] / sum : 0.0;
+          row_max = std::max(row_max, std::fabs(lref[static_cast<size_t>(x)]));
+        }
+        for (int x = 0; x < rank; ++x) {
+          const double err = std::fabs(lat[static_cast<size_t>((s * d.n_heads + h) * rank + x)] - lref[static_cast<size_t>(x)]);
+          worst = std::max(worst, err / (row_max + 1e-30));
+          ASSERT_LE(err, std::ldexp(row_max, -14) + 1e-30)
+              << what << ": latent seq " << s << " head " << h << " dim " << x << " gpu "
+              << lat[static_cast<size_t>((s * d.n_heads + h) * rank + x)] << " f64 " << lref[static_cast<size_t>(x)];
+        }
+      }
+    }
+    std::printf("[mla_decode] %s: latent vs f64 attention, worst |err| / row max |latent| = %.3g\n", what.c_str(),
+                worst);
+  }
 
   const std::vector<float> kv_b_f = to_f32(kv_b.data(), kv_b.size());
   for (int64_t s = 0; s < n_seqs; ++s) {

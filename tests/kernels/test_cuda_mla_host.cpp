@@ -1,8 +1,8 @@
 // CPU-only checks of the host side of the GPU MLA prefill and DSA indexer kernels (no GPU needed):
 //   - mla_prefill.h: every CTA of random prefill grids walked with mla_prefill_cta (each (query row,
 //     head) computed exactly once per split), the splits' key-list ranges (mla_split_key_range)
-//     partitioning each list exactly for planned and forced splits, the shared-memory carve (GLM-5:
-//     74,112 B, int64 row offsets 8-byte aligned for every supported rank/rope), plan_mla_prefill_split
+//     partitioning each list exactly for planned and forced splits (the shared-memory carve is
+//     mla_decode's, tested in test_cuda_ops_host), plan_mla_prefill_split
 //     (one split for a big prefill, several for a DSA decode step) and its workspace size;
 //   - dsa_indexer.h: dsa_selection_offsets (values and error messages), dsa_ordered_key (unsigned
 //     order == float order, -0 == +0), the kernel's radix select emulated on the CPU with the same
@@ -99,27 +99,6 @@ TEST(MlaPrefillGeometry, SplitsPartitionEveryKeyList) {
       }
     }
     ASSERT_EQ(next, n_keys) << split.to_string();
-  }
-}
-
-TEST(MlaPrefillGeometry, SmemLayout) {
-  const MlaPrefillSmemLayout glm5 = mla_prefill_smem_layout(512, 64);
-  EXPECT_EQ(glm5.base.total_bytes, 73856);
-  EXPECT_EQ(glm5.rows_offset, 73856);
-  EXPECT_EQ(glm5.rows_bytes, 256);
-  EXPECT_EQ(glm5.total_bytes, 74112);
-  const MlaPrefillSmemLayout tiny = mla_prefill_smem_layout(32, 16);
-  EXPECT_EQ(tiny.base.q_bytes, 16 * 48 * 4);
-  EXPECT_EQ(tiny.base.k_stride_words, 25);
-  EXPECT_EQ(tiny.total_bytes, 16 * 48 * 4 + 32 * 25 * 4 + 256);
-  for (int rank : {32, 64, 128, 256, 512}) {
-    for (int rope = 2; rope <= 128; rope += 2) {
-      const MlaPrefillSmemLayout l = mla_prefill_smem_layout(rank, rope);
-      EXPECT_EQ(l.rows_offset % 8, 0) << rank << "/" << rope;
-      EXPECT_EQ(l.base.k_offset % 16, 0) << rank << "/" << rope;
-      EXPECT_EQ(l.base.k_stride_words % 2, 1) << rank << "/" << rope;
-      EXPECT_LE(l.total_bytes, 227 * 1024) << rank << "/" << rope;  // sm_90 opt-in
-    }
   }
 }
 

@@ -337,20 +337,23 @@ TEST(PagedAttentionGpuCases, DecodeSplitsAreValidLaunches) {
 }
 
 TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
-  const MlaSmemLayout tiny = mla_smem_layout(32, 16);  // glm5_tiny: 48 wide, 24 words -> odd 25
-  EXPECT_EQ(tiny.k_stride_words, 25);
-  EXPECT_EQ(tiny.total_bytes, 16 * 48 * 4 + 32 * 25 * 4);
-  const MlaSmemLayout glm5 = mla_smem_layout(512, 64);  // 576 wide, 288 words -> 289
-  EXPECT_EQ(glm5.k_stride_words, 289);
-  EXPECT_EQ(glm5.k_offset, 36864);
-  EXPECT_EQ(glm5.total_bytes, 73856);
-  EXPECT_EQ(mla_smem_layout(64, 66).k_stride_words, 65);  // 65 words: already odd
+  // The tensor-core decode kernel's layout: bf16 rows padded by 16 B (an odd number of 16 B pieces,
+  // so ldmatrix's 8 row addresses hit 8 bank groups), two key tiles, 4 x 16 x 32 f32 scores, then
+  // the third bf16 part of the q fragments (4 warps x 9 steps x 32 lanes x 16 B).
+  const MlaMmaSmemLayout mma_glm5 = mla_mma_smem_layout(512, 64);
+  EXPECT_EQ(mma_glm5.row_bytes, 1168);
+  EXPECT_EQ(mma_glm5.scores_offset, 2 * 32 * 1168);
+  EXPECT_EQ(mma_glm5.q_part3_offset, 2 * 32 * 1168 + 8192);
+  EXPECT_EQ(mma_glm5.total_bytes, 101376);
+  EXPECT_EQ(mla_mma_smem_layout(32, 16).total_bytes, 2 * 32 * 112 + 8192 + 18432);  // glm5_tiny
   for (int rank : {32, 64, 128, 256, 512}) {
-    for (int rope = 2; rope <= 128; rope += 2) {
-      const MlaSmemLayout l = mla_smem_layout(rank, rope);
-      ASSERT_EQ(l.k_stride_words % 2, 1) << rank << "+" << rope;
-      ASSERT_GE(2 * l.k_stride_words, l.width) << rank << "+" << rope;
-      ASSERT_EQ(l.k_offset % 16, 0) << rank << "+" << rope;
+    for (int rope = 16; rope <= kMlaMaxRope; rope += 16) {
+      const MlaMmaSmemLayout l = mla_mma_smem_layout(rank, rope);
+      ASSERT_EQ((l.row_bytes / 16) % 2, 1) << rank << "+" << rope;
+      ASSERT_EQ(l.scores_offset % 16, 0) << rank << "+" << rope;
+      ASSERT_LE((l.width / 16 + kMlaWarps - 1) / kMlaWarps, kMlaMaxQStepsPerWarp) << rank << "+" << rope;
+      ASSERT_EQ(l.q_part3_offset % 16, 0) << rank << "+" << rope;
+      ASSERT_LE(2 * (l.total_bytes + 1024), 233472) << rank << "+" << rope;  // 2 CTAs per SM
     }
   }
   // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 66 wanted, capped at 64 splits.

@@ -1,12 +1,8 @@
 // MLA absorbed-form decode kernels (see mla_decode.h).
 //   mla_absorb_q:         cuBLAS strided-batched GEMM over heads (bf16 in, f32 out) + mla_copy_q_pe_kernel
 //                         (thread per q_pe element, as f32).
-//   mla_decode_attention_kernel<RPL> (rank = 32 * RPL): CTA (16-head chunk, sequence, key split), 4
-//                         warps x 4 heads. The 16 q_lat rows sit in shared memory (f32); the CTA walks its
-//                         keys 32 at a time, copying each key's [c_kv | k_pe] row (bf16 pairs) through the
-//                         block table into a tile with an odd word stride; each warp scores one key per lane
-//                         per head (dot over rank + rope), does the online softmax with shuffles, and adds
-//                         p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
+//   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
+//                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
 //   split merge:          split_merge_kernel.cuh (warp per (sequence, head) -> latent; shared).
 //   mla_project_v:        mla_split_bf16_kernel (latent -> hi, lo bf16), two cuBLAS strided-batched GEMMs
 //                         over heads into f32, mla_round_bf16_kernel (f32 -> bf16 out).
@@ -23,13 +19,12 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
+#include "kernels/cuda/ops/mla_mma_attention.cuh"
 
 namespace fp4moe::cuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kMlaThreads = kMlaWarps * 32;
 constexpr int kElementwiseThreads = 256;
 
 struct MlaParams {
@@ -53,117 +48,41 @@ struct MlaParams {
   float scale;
 };
 
-template <int RPL>
-__global__ void __launch_bounds__(kMlaThreads) mla_decode_attention_kernel(const MlaParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const MlaSmemLayout L = mla_smem_layout(p.rank, p.rope);
-  float* q_s = reinterpret_cast<float*>(smem);
-  uint32_t* k_s = reinterpret_cast<uint32_t*>(smem + L.k_offset);
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+// Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x
+// (mla_mma_attention.cuh does the attention).
+template <int NTW>
+__global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_kernel(const MlaParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
   const int chunk = blockIdx.x;
   const int s = blockIdx.y;
   const int split = blockIdx.z;
-  const int W = L.width;
-  const int half_w = W / 2;  // bf16 pairs per cache row
-
   const int64_t seq_len = p.seq_lens[s];
   if (seq_len < 0 || seq_len > p.max_blocks_per_seq * p.page_size || seq_len > p.max_keys) {
     if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
     return;  // CTA-uniform
   }
-  for (int i = threadIdx.x; i < kMlaHeadsPerCta * W; i += kMlaThreads) {
-    const int r = i / W;
-    const int head = chunk * kMlaHeadsPerCta + r;
-    q_s[i] = head < p.n_heads ? p.q_lat[(static_cast<int64_t>(s) * p.n_heads + head) * W + i % W] : 0.0f;
-  }
-
-  // Slot i of warp w is head chunk * 16 + i * 4 + w.
-  float m[kMlaRowsPerWarp], l[kMlaRowsPerWarp], acc[kMlaRowsPerWarp][RPL];
-#pragma unroll
-  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-#pragma unroll
-    for (int a = 0; a < RPL; ++a) acc[i][a] = 0.0f;
-  }
   // Every head of a decode query sees keys 0..seq_len-1; this split walks [begin, end).
   const int64_t begin64 = static_cast<int64_t>(split) * p.keys_per_split;
   const int64_t end64 = min(begin64 + p.keys_per_split, seq_len);
   const bool any_key = end64 > begin64;
-  const int key_begin = any_key ? static_cast<int>(begin64) : 0;  // keys < seq_len fit 32 bits
-  const int key_end = any_key ? static_cast<int>(end64) : 0;
   const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
-
-  for (int k0 = key_begin; k0 < key_end; k0 += kAttnKeysPerTile) {
-    __syncthreads();  // the previous tile is consumed (and q_s is written before the first)
-    for (int i = threadIdx.x; i < kAttnKeysPerTile * half_w; i += kMlaThreads) {
-      const int j = i / half_w;
-      const int w = i % half_w;
-      const int key = k0 + j;
-      uint32_t v = 0;
-      if (key < key_end) {
-        const int64_t blk = table[key / p.page_size];
-        if (blk < 0 || blk >= p.n_blocks) {
-          atomicOr(p.error_flag, kDeviceErrorKvBlock);
-        } else {
-          v = reinterpret_cast<const uint32_t*>(p.cache + (blk * p.page_size + key % p.page_size) * W)[w];
-        }
-      }
-      k_s[j * L.k_stride_words + w] = v;
-    }
-    __syncthreads();
-    const int n_valid = min(kAttnKeysPerTile, key_end - k0);
-#pragma unroll
-    for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-      const int r = i * kMlaWarps + warp;
-      if (chunk * kMlaHeadsPerCta + r >= p.n_heads) continue;  // warp-uniform
-      float score = -INFINITY;
-      if (lane < n_valid) {
-        const float2* qr = reinterpret_cast<const float2*>(q_s + r * W);
-        const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(k_s + lane * L.k_stride_words);
-        float dot = 0.0f;
-#pragma unroll 8
-        for (int w = 0; w < half_w; ++w) {
-          const float2 qq = qr[w];
-          const float2 kk = __bfloat1622float2(kr[w]);
-          dot = fmaf(qq.x, kk.x, dot);
-          dot = fmaf(qq.y, kk.y, dot);
-        }
-        score = dot * p.scale;  // as the CPU: (q_abs . c_kv + q_pe . k_pe) * scale
-      }
-      const float m_new = fmaxf(m[i], warp_max(score));  // lane 0 always holds a key: finite
-      const float prob = score == -INFINITY ? 0.0f : expf(score - m_new);
-      const float corr = expf(m[i] - m_new);
-      l[i] = l[i] * corr + warp_sum(prob);
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) acc[i][a] *= corr;
-      for (int j = 0; j < n_valid; ++j) {
-        const float pj = __shfl_sync(kFullMask, prob, j);
-        const __nv_bfloat16* c = reinterpret_cast<const __nv_bfloat16*>(k_s + j * L.k_stride_words);
-#pragma unroll
-        for (int a = 0; a < RPL; ++a) acc[i][a] = fmaf(pj, __bfloat162float(c[lane + 32 * a]), acc[i][a]);
-      }
-      m[i] = m_new;
-    }
-  }
-
-#pragma unroll
-  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-    const int head = chunk * kMlaHeadsPerCta + i * kMlaWarps + warp;
-    if (head >= p.n_heads) continue;
-    const int64_t row = static_cast<int64_t>(s) * p.n_heads + head;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    if (p.n_splits == 1) {
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) p.latent[row * p.rank + lane + 32 * a] = acc[i][a] * inv;
-    } else {
-      const int64_t prow = row * p.n_splits + split;
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) p.part_o[prow * p.rank + lane + 32 * a] = acc[i][a] * inv;
-      if (lane == 0) p.part_lse[prow] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
-    }
-  }
+  const int W = p.rank + p.rope;
+  const int page_size = p.page_size;
+  const int64_t n_blocks = p.n_blocks;
+  uint32_t* error_flag = p.error_flag;
+  const auto row_of = [=](int key) { return mla_mma::cache_row(table, key, page_size, n_blocks, W, error_flag); };
+  mla_mma::Args a;
+  a.q = p.q_lat + static_cast<int64_t>(s) * p.n_heads * W;
+  a.cache = p.cache;
+  a.n_heads = p.n_heads;
+  a.h0 = chunk * kMlaHeadsPerCta;
+  a.rank = p.rank;
+  a.rope = p.rope;
+  a.key_begin = any_key ? static_cast<int>(begin64) : 0;  // keys < seq_len fit 32 bits
+  a.key_end = any_key ? static_cast<int>(end64) : 0;
+  a.scale = p.scale;
+  mla_mma::set_output(a, p.latent, p.part_o, p.part_lse, static_cast<int64_t>(s) * p.n_heads, p.rank, p.n_splits, split);
+  mla_mma::attend<NTW>(a, row_of, smem);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -240,7 +159,7 @@ void launch_mla_attention(const MlaParams& p, dim3 grid, int smem_bytes, cudaStr
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_attention_kernel<RPL>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   }
-  mla_decode_attention_kernel<RPL><<<grid, kMlaThreads, smem_bytes, stream>>>(p);
+  mla_decode_attention_kernel<RPL><<<grid, mla_mma::kThreads, smem_bytes, stream>>>(p);
 }
 
 }  // namespace
@@ -315,15 +234,20 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   FP4MOE_CHECK(q_lat != nullptr && cache.kv != nullptr && block_table != nullptr && seq_lens != nullptr &&
                latent != nullptr && error_flag != nullptr)
       << "mla_decode_attention: null pointer (q_lat, cache, block_table, seq_lens, latent or error_flag)";
-  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 4 == 0)
-      << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " is not 4-byte aligned";
-  const MlaSmemLayout layout = mla_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
+  FP4MOE_CHECK(dims.latent_width() % 16 == 0 && dims.qk_rope_head_dim <= kMlaMaxRope)
+      << "mla_decode_attention: kv_lora_rank " << dims.kv_lora_rank << " + rope " << dims.qk_rope_head_dim << " = "
+      << dims.latent_width() << " must be a multiple of 16 (whole k16 tensor-core steps), rope <= " << kMlaMaxRope
+      << " (the q fragments a warp holds)";
+  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 16 == 0 && reinterpret_cast<uintptr_t>(q_lat) % 8 == 0)
+      << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " (16 B) or q_lat "
+      << static_cast<const void*>(q_lat) << " (8 B) is misaligned";
+  const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
   int device = 0, optin = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   FP4MOE_CHECK(layout.total_bytes <= optin)
-      << "mla_decode_attention: shared memory q " << layout.q_bytes << " + K tile " << layout.k_bytes << " = "
-      << layout.total_bytes << " B > " << optin << " B (opt-in limit of device " << device << ")";
+      << "mla_decode_attention: shared memory 2 key tiles x " << layout.tile_bytes << " + scores "
+      << layout.scores_bytes << " = " << layout.total_bytes << " B > " << optin << " B (opt-in limit of device " << device << ")";
 
   MlaParams p{};
   p.q_lat = q_lat;

@@ -12,9 +12,14 @@
 //   q      [n_seqs, n_heads, nope + rope] bf16, q_pe already rotated (interleaved RoPE for GLM-5)
 //   cache  [n_blocks, page_size, rank + rope] bf16: per token [c_kv (after kv_a_layernorm) | k_pe (rotated)]
 //   block_table / seq_lens as in paged_attention.h (seq_len 0: a padded entry, zeros out)
-// kv_lora_rank 32, 64, 128, 256 or 512 (a lane owns rank / 32 latent dims); rope even, <= 128.
-// The attention CTA takes 16 heads of one sequence and one key split; its shared memory is
-// mla_smem_layout() (73,856 B at rank 512 + rope 64: above 48 KiB, so the launcher opts in).
+// kv_lora_rank 32, 64, 128, 256 or 512; rope even, <= 128 (the attention: <= 64 and rank + rope a
+// multiple of 16). The attention CTA takes 16 heads of one sequence and one key split on BF16 tensor
+// cores (mma.sync m16n8k16, f32 accumulation): q and the probabilities enter as three bf16 parts each
+// (their f32 values, so the result is f32-accurate; the cache is bf16 already). Warp w scores the
+// 32-key tile over k16 steps w, w + 4, ... of q . [c_kv | k_pe], the four partial tiles are summed
+// through shared memory, every warp runs the same online softmax, and warp w accumulates latent
+// dims [w rank / 4, (w + 1) rank / 4). Shared memory: mla_mma_smem_layout() (101,376 B at rank 512
+// + rope 64: above 48 KiB, so the launcher opts in); mla_prefill.h's kernel is the same CTA.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp (GPU vs model::mla_attention_absorbed) and
 // tests/kernels/test_cuda_ops_host.cpp (layout and split planning).
 #pragma once
@@ -49,30 +54,42 @@ struct MlaCacheView {
 };
 
 inline constexpr int kMlaWarps = 4;
-inline constexpr int kMlaRowsPerWarp = 4;
-inline constexpr int kMlaHeadsPerCta = kMlaWarps * kMlaRowsPerWarp;  // 16
+inline constexpr int kMlaHeadsPerCta = 16;  // one m16 MMA tile of heads per CTA
 
-// Shared memory of the attention CTA: 16 q_lat rows f32, then a 32-key tile of cache rows whose
-// stride (in 4-byte words) is made odd so lane j's reads of row j hit 32 different banks.
-struct MlaSmemLayout {
-  int width = 0;           // rank + rope (bf16 per cache row, floats per q row)
-  int k_stride_words = 0;  // width / 2, +1 when even
-  int q_bytes = 0;
-  int k_offset = 0;
-  int k_bytes = 0;
+// Shared memory of the attention CTA (mla_decode_attention and mla_prefill_attention, tensor
+// cores): two 32-key tiles of cache rows in bf16 (cp.async double buffer), each row padded by 16 B
+// so that ldmatrix's eight row addresses fall in eight different 16 B bank groups (row_bytes / 16
+// is odd), then the four warps' partial score tiles (16 heads x 32 keys f32 each; every warp sums
+// the same four in the same order), then the third bf16 part of each warp's q fragments. Needs
+// (rank + rope) % 16 == 0 (whole k16 MMA steps).
+// Largest k16 steps of q one warp holds (three bf16 parts): width <= rank + kMlaMaxRope.
+inline constexpr int kMlaMaxRope = 64;
+inline constexpr int kMlaMaxQStepsPerWarp = 9;
+
+struct MlaMmaSmemLayout {
+  int width = 0;      // rank + rope
+  int row_bytes = 0;  // width * 2 + 16
+  int tile_bytes = 0;
+  int scores_offset = 0;
+  int scores_bytes = 0;
+  int q_part3_offset = 0;  // the third bf16 part of each warp's q fragments: [warp][step][lane] x 16 B
+  int q_part3_bytes = 0;
   int total_bytes = 0;
 };
-FP4MOE_ATTN_HD constexpr MlaSmemLayout mla_smem_layout(int kv_lora_rank, int rope_dim) {
-  MlaSmemLayout l;
+FP4MOE_ATTN_HD constexpr MlaMmaSmemLayout mla_mma_smem_layout(int kv_lora_rank, int rope_dim) {
+  MlaMmaSmemLayout l;
   l.width = kv_lora_rank + rope_dim;
-  l.k_stride_words = l.width / 2 + ((l.width / 2) % 2 == 0 ? 1 : 0);
-  l.q_bytes = kMlaHeadsPerCta * l.width * 4;
-  l.k_offset = l.q_bytes;  // a multiple of 64
-  l.k_bytes = kAttnKeysPerTile * l.k_stride_words * 4;
-  l.total_bytes = l.k_offset + l.k_bytes;
+  l.row_bytes = l.width * 2 + 16;
+  l.tile_bytes = kAttnKeysPerTile * l.row_bytes;
+  l.scores_offset = 2 * l.tile_bytes;
+  l.scores_bytes = kMlaWarps * kMlaHeadsPerCta * kAttnKeysPerTile * 4;
+  l.q_part3_offset = l.scores_offset + l.scores_bytes;
+  l.q_part3_bytes = kMlaWarps * kMlaMaxQStepsPerWarp * 32 * 16;
+  l.total_bytes = l.q_part3_offset + l.q_part3_bytes;
   return l;
 }
-static_assert(mla_smem_layout(512, 64).total_bytes == 16 * 576 * 4 + 32 * 289 * 4, "GLM-5: 73,856 B");
+static_assert(mla_mma_smem_layout(512, 64).total_bytes == 2 * 32 * 1168 + 8192 + 18432,
+              "GLM-5: 101,376 B (2 CTAs per SM)");
 
 // Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each), like plan_decode_split.
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,

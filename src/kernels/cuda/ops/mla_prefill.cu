@@ -1,16 +1,12 @@
 // MLA absorbed-form attention for many queries per sequence (see mla_prefill.h).
-//   mla_prefill_attention_kernel<RPL> (rank = 32 * RPL): CTA (token x 16-head chunk, sequence, key
-//       split), 4 warps x 4 heads, exactly mla_decode's CTA except for where its keys come from: the
-//       query's key list is 0..pos (dense) or its DSA selection, and the split walks list indices
-//       [split * keys_per_split, ...). Per 32-key tile, warp 0 turns the tile's list entries into
-//       cache-row offsets (through the block table; checks causality and the block id), then the CTA
-//       copies the rows' bf16 pairs into a tile with an odd word stride; each warp scores one key per
-//       lane per head (dot over rank + rope), does the online softmax with shuffles and adds
-//       p_j * c_kv_j to its heads' latent accumulators (lane owns dims lane + 32a).
+//   mla_prefill_attention_kernel<NTW> (rank = 32 * NTW): CTA (token x 16-head chunk, sequence, key
+//       split), mla_decode's tensor-core CTA (mla_mma_attention.cuh) over the query's key list:
+//       0..pos (dense) or its DSA selection, the split walking list indices [split * keys_per_split,
+//       ...); each list entry is checked (causality, block id) when its row is fetched.
 //   split merge:              split_merge_kernel.cuh (warp per (token, head) -> latent; shared).
 // Performance notes: a CTA reads its keys once per 16 heads of ONE token, so dense prefill re-reads
-// the cache per token (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the K tile
-// is the next step for long dense prefill). Tested by tests/kernels/test_cuda_mla_prefill.cpp.
+// the cache per token from L2 (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the
+// K tile is the next step for long dense prefill). Tested by tests/kernels/test_cuda_mla_prefill.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda/ops/mla_prefill.h"
 
@@ -19,13 +15,12 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/mla_mma_attention.cuh"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
 
 namespace fp4moe::cuda {
 
 namespace {
-
-constexpr int kThreads = kMlaWarps * 32;
 
 struct PrefillParams {
   const float* q_lat;
@@ -53,21 +48,13 @@ struct PrefillParams {
   float scale;
 };
 
-template <int RPL>
-__global__ void __launch_bounds__(kThreads) mla_prefill_attention_kernel(const PrefillParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const MlaPrefillSmemLayout L = mla_prefill_smem_layout(p.rank, p.rope);
-  float* q_s = reinterpret_cast<float*>(smem);
-  uint32_t* k_s = reinterpret_cast<uint32_t*>(smem + L.base.k_offset);
-  int64_t* row_s = reinterpret_cast<int64_t*>(smem + L.rows_offset);
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+template <int NTW>
+__global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_prefill_attention_kernel(const PrefillParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
   const MlaPrefillCta cta = mla_prefill_cta(blockIdx.x, p.n_chunks);
-  const int chunk = cta.chunk;
   const int s = blockIdx.y;
   const int split = blockIdx.z;
-  const int W = L.base.width;
-  const int half_w = W / 2;  // bf16 pairs per cache row
+  const int W = p.rank + p.rope;
 
   const int64_t q_begin = p.q_start[s];
   const int64_t q_len = p.q_start[s + 1] - q_begin;
@@ -93,112 +80,36 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_attention_kernel(const P
     if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
     return;  // CTA-uniform: the splits do not cover this key list
   }
-
-  for (int i = threadIdx.x; i < kMlaHeadsPerCta * W; i += kThreads) {
-    const int r = i / W;
-    const int head = chunk * kMlaHeadsPerCta + r;
-    q_s[i] = head < p.n_heads ? p.q_lat[(row * p.n_heads + head) * W + i % W] : 0.0f;
-  }
-
-  // Slot i of warp w is head chunk * 16 + i * 4 + w.
-  float m[kMlaRowsPerWarp], l[kMlaRowsPerWarp], acc[kMlaRowsPerWarp][RPL];
-#pragma unroll
-  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-#pragma unroll
-    for (int a = 0; a < RPL; ++a) acc[i][a] = 0.0f;
-  }
   int64_t begin64 = 0, end64 = 0;
   mla_split_key_range(n_keys, split, p.keys_per_split, &begin64, &end64);
   // List indices are below n_keys <= pos + 1 <= seq_len (int32), so 32-bit from here; an empty range
   // (a split past this list's end, whose begin may not fit 32 bits) becomes [0, 0).
   const bool any_key = end64 > begin64;
-  const int key_begin = any_key ? static_cast<int>(begin64) : 0;
-  const int key_end = any_key ? static_cast<int>(end64) : 0;
   const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
-  const bool sparse = p.sel_offsets != nullptr;
-  const int32_t* sel = sparse ? p.sel_idx + off0 : nullptr;  // read only when n_keys > 0
-
-  for (int k0 = key_begin; k0 < key_end; k0 += kAttnKeysPerTile) {
-    __syncthreads();  // the previous tile is consumed (and q_s is written before the first)
-    if (threadIdx.x < kAttnKeysPerTile) {
-      const int j = k0 + static_cast<int>(threadIdx.x);  // list index
-      int64_t base = -1;
-      if (j < key_end) {
-        const int64_t key = sparse ? static_cast<int64_t>(sel[j]) : static_cast<int64_t>(j);
-        if (key < 0 || key > pos) {
-          atomicOr(p.error_flag, kDeviceErrorKeySelection);
-        } else {
-          const int64_t blk = table[key / p.page_size];
-          if (blk < 0 || blk >= p.n_blocks) {
-            atomicOr(p.error_flag, kDeviceErrorKvBlock);
-          } else {
-            base = (blk * p.page_size + key % p.page_size) * W;
-          }
-        }
-      }
-      row_s[threadIdx.x] = base;
+  const int32_t* sel = p.sel_offsets != nullptr ? p.sel_idx + off0 : nullptr;  // read only when n_keys > 0
+  const int page_size = p.page_size;
+  const int64_t n_blocks = p.n_blocks;
+  uint32_t* error_flag = p.error_flag;
+  const auto row_of = [=](int j) -> int64_t {  // list index -> cache row offset (elements), -1 refused
+    const int64_t key = sel != nullptr ? static_cast<int64_t>(sel[j]) : static_cast<int64_t>(j);
+    if (key < 0 || key > pos) {
+      atomicOr(error_flag, kDeviceErrorKeySelection);
+      return -1;
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < kAttnKeysPerTile * half_w; i += kThreads) {
-      const int j = i / half_w;
-      const int w = i % half_w;
-      const int64_t base = row_s[j];
-      k_s[j * L.base.k_stride_words + w] = base >= 0 ? reinterpret_cast<const uint32_t*>(p.cache + base)[w] : 0u;
-    }
-    __syncthreads();
-    const int n_valid = min(kAttnKeysPerTile, key_end - k0);
-#pragma unroll
-    for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-      const int r = i * kMlaWarps + warp;
-      if (chunk * kMlaHeadsPerCta + r >= p.n_heads) continue;  // warp-uniform
-      float score = -INFINITY;
-      if (lane < n_valid) {
-        const float2* qr = reinterpret_cast<const float2*>(q_s + r * W);
-        const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(k_s + lane * L.base.k_stride_words);
-        float dot = 0.0f;
-#pragma unroll 8
-        for (int w = 0; w < half_w; ++w) {
-          const float2 qq = qr[w];
-          const float2 kk = __bfloat1622float2(kr[w]);
-          dot = fmaf(qq.x, kk.x, dot);
-          dot = fmaf(qq.y, kk.y, dot);
-        }
-        score = dot * p.scale;  // as the CPU: (q_abs . c_kv + q_pe . k_pe) * scale
-      }
-      const float m_new = fmaxf(m[i], warp_max(score));  // lane 0 always holds a key: finite
-      const float prob = score == -INFINITY ? 0.0f : expf(score - m_new);
-      const float corr = expf(m[i] - m_new);
-      l[i] = l[i] * corr + warp_sum(prob);
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) acc[i][a] *= corr;
-      for (int j = 0; j < n_valid; ++j) {
-        const float pj = __shfl_sync(kWarpFullMask, prob, j);
-        const __nv_bfloat16* c = reinterpret_cast<const __nv_bfloat16*>(k_s + j * L.base.k_stride_words);
-#pragma unroll
-        for (int a = 0; a < RPL; ++a) acc[i][a] = fmaf(pj, __bfloat162float(c[lane + 32 * a]), acc[i][a]);
-      }
-      m[i] = m_new;
-    }
-  }
-
-#pragma unroll
-  for (int i = 0; i < kMlaRowsPerWarp; ++i) {
-    const int head = chunk * kMlaHeadsPerCta + i * kMlaWarps + warp;
-    if (head >= p.n_heads) continue;
-    const int64_t out_row = row * p.n_heads + head;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    if (p.n_splits == 1) {
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) p.latent[out_row * p.rank + lane + 32 * a] = acc[i][a] * inv;
-    } else {
-      const int64_t prow = out_row * p.n_splits + split;
-#pragma unroll
-      for (int a = 0; a < RPL; ++a) p.part_o[prow * p.rank + lane + 32 * a] = acc[i][a] * inv;
-      if (lane == 0) p.part_lse[prow] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
-    }
-  }
+    return mla_mma::cache_row(table, key, page_size, n_blocks, W, error_flag);
+  };
+  mla_mma::Args a;
+  a.q = p.q_lat + row * p.n_heads * W;
+  a.cache = p.cache;
+  a.n_heads = p.n_heads;
+  a.h0 = cta.chunk * kMlaHeadsPerCta;
+  a.rank = p.rank;
+  a.rope = p.rope;
+  a.key_begin = any_key ? static_cast<int>(begin64) : 0;
+  a.key_end = any_key ? static_cast<int>(end64) : 0;
+  a.scale = p.scale;
+  mla_mma::set_output(a, p.latent, p.part_o, p.part_lse, row * p.n_heads, p.rank, p.n_splits, split);
+  mla_mma::attend<NTW>(a, row_of, smem);
 }
 
 template <int RPL>
@@ -207,7 +118,7 @@ void launch(const PrefillParams& p, dim3 grid, int smem_bytes, cudaStream_t stre
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_prefill_attention_kernel<RPL>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   }
-  mla_prefill_attention_kernel<RPL><<<grid, kThreads, smem_bytes, stream>>>(p);
+  mla_prefill_attention_kernel<RPL><<<grid, mla_mma::kThreads, smem_bytes, stream>>>(p);
 }
 
 }  // namespace
@@ -243,19 +154,24 @@ void mla_prefill_attention(const MlaPrefillArgs& a, const MlaDecodeDims& dims, c
       << what << ": null pointer (q_lat, cache, block_table, seq_lens, q_start, latent or error_flag)";
   FP4MOE_CHECK(a.sel_offsets == nullptr || a.n_selected == 0 || a.sel_idx != nullptr)
       << what << ": selection offsets without sel_idx for " << a.n_selected << " selected keys";
-  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 4 == 0)
-      << what << ": cache base " << static_cast<const void*>(cache.kv) << " is not 4-byte aligned";
+  FP4MOE_CHECK(dims.latent_width() % 16 == 0 && dims.qk_rope_head_dim <= kMlaMaxRope)
+      << what << ": kv_lora_rank " << dims.kv_lora_rank << " + rope " << dims.qk_rope_head_dim << " = "
+      << dims.latent_width() << " must be a multiple of 16 (whole k16 tensor-core steps), rope <= " << kMlaMaxRope
+      << " (the q fragments a warp holds)";
+  FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 16 == 0 && reinterpret_cast<uintptr_t>(a.q_lat) % 8 == 0)
+      << what << ": cache base " << static_cast<const void*>(cache.kv) << " (16 B) or q_lat "
+      << static_cast<const void*>(a.q_lat) << " (8 B) is misaligned";
   const int n_chunks = (dims.n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
   const int64_t grid_x = a.max_q_len * n_chunks;
   FP4MOE_CHECK(grid_x <= INT32_MAX) << what << ": " << grid_x << " CTAs along x for max_q_len " << a.max_q_len
                                     << " x " << n_chunks << " head chunks (> " << INT32_MAX << ")";
-  const MlaPrefillSmemLayout layout = mla_prefill_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
+  const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
   int device = 0, optin = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   FP4MOE_CHECK(layout.total_bytes <= optin)
-      << what << ": shared memory q " << layout.base.q_bytes << " + K tile " << layout.base.k_bytes
-      << " + row offsets " << layout.rows_bytes << " = " << layout.total_bytes << " B > " << optin
+      << what << ": shared memory 2 key tiles x " << layout.tile_bytes << " + scores " << layout.scores_bytes
+      << " = " << layout.total_bytes << " B > " << optin
       << " B (opt-in limit of device " << device << ")";
 
   PrefillParams p{};

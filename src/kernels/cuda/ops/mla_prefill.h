@@ -16,8 +16,8 @@
 //   q_start [n_seqs + 1] int32: sequence s's queries are rows q_start[s] .. q_start[s+1) (q_start[0]
 //           = 0, q_start[n_seqs] = n_tokens), at positions seq_len - q_len .. seq_len - 1
 //   latent  [n_tokens, n_heads, rank] f32 (mla_project_v input)
-// The CTA is mla_decode's: 16 heads of ONE query token x one split of that token's key list; its
-// shared memory is mla_decode's carve plus 32 cache-row offsets (mla_prefill_smem_layout).
+// The CTA is mla_decode's (tensor cores, mla_mma_smem_layout): 16 heads of ONE query token x one
+// split of that token's key list; rank + rope must be a multiple of 16.
 // Split-K over the key list (like decode) is optional: plan_mla_prefill_split picks 1 split for a
 // big prefill and more for few tokens (a DSA decode step); workspace and merge as in decode.
 //
@@ -50,25 +50,6 @@ namespace fp4moe::cuda {
 // (set by mla_prefill_attention; the DSA indexer sets it when its offsets do not hold
 // min(index_topk, pos + 1) keys).
 
-
-// Shared memory of the prefill CTA: mla_smem_layout (16 q_lat rows f32 + a 32-key tile with an odd
-// word stride), then the 32 tile keys' element offsets into the cache (int64, -1: not loaded).
-struct MlaPrefillSmemLayout {
-  MlaSmemLayout base;
-  int rows_offset = 0;  // 8-byte aligned: base.total_bytes is a multiple of 64 (q rows 64 * width B)
-  int rows_bytes = 0;
-  int total_bytes = 0;
-};
-FP4MOE_ATTN_HD constexpr MlaPrefillSmemLayout mla_prefill_smem_layout(int kv_lora_rank, int rope_dim) {
-  MlaPrefillSmemLayout l;
-  l.base = mla_smem_layout(kv_lora_rank, rope_dim);
-  l.rows_offset = l.base.total_bytes;
-  l.rows_bytes = kAttnKeysPerTile * 8;
-  l.total_bytes = l.rows_offset + l.rows_bytes;
-  return l;
-}
-static_assert(mla_prefill_smem_layout(512, 64).total_bytes == 73856 + 256, "GLM-5: 74,112 B");
-static_assert(mla_prefill_smem_layout(32, 16).rows_offset % 8 == 0, "int64 row offsets aligned");
 
 // grid.x = token * n_chunks + chunk (token within its sequence's q chunk, chunk of 16 heads).
 struct MlaPrefillCta {

@@ -1,0 +1,323 @@
+// The tensor-core core of MLA attention in the absorbed form, shared by the decode kernel
+// (mla_decode.cu: keys 0..seq_len-1 of a sequence) and the prefill / DSA kernel (mla_prefill.cu:
+// a query token's causal prefix or its DSA selection). One CTA of kMlaWarps warps attends 16 heads
+// of one query row to a list of keys (list indices [key_begin, key_end); `row_of(j)` gives the
+// cache element offset of list entry j's [c_kv | k_pe] row, or -1 after flagging why):
+//   - the keys come 32 at a time into a cp.async double buffer of bf16 rows (mla_mma_smem_layout;
+//     4 threads per key, one row lookup each), zeros past the list and for refused rows;
+//   - warp w scores the tile over k16 steps w, w + 4, ... (mma.sync m16n8k16, f32 accumulation)
+//     with q as three bf16 parts (split_bf16x2<3>: the f32 q itself, so scores carry
+//     only f32 accumulation error; with two parts the score error grows with |q . k| and the GLM-5
+//     golden checks moved);
+//   - the four partial 16 x 32 score tiles are summed in shared memory in warp order, so every warp
+//     holds the same scores and runs the same online softmax (scores x scale, as the CPU);
+//   - warp w adds P (hi + lo bf16, from the score accumulators) x c_kv over latent dims
+//     [w rank / 4, (w + 1) rank / 4) (ldmatrix.trans of the same tile).
+// The result (divided by the softmax sum; zeros for an empty list) goes to out + head * out_head_stride
+// (f32, rank wide) and, when lse != nullptr (a split of the list), m + log(l) to lse[head * lse_head_stride]
+// (-inf for an empty split).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda/ptx.cuh"
+
+namespace fp4moe::cuda::mla_mma {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = kMlaWarps * 32;
+
+struct Args {
+  const float* q;        // q_lat of this query row: [n_heads, rank + rope] f32 (8 B aligned)
+  const __nv_bfloat16* cache;
+  int n_heads;
+  int h0;                // first head of this CTA (a multiple of 16)
+  int rank;
+  int rope;
+  int key_begin, key_end;  // list indices this CTA walks
+  float scale;
+  float* out;            // latent of head 0 of this row (and split)
+  int64_t out_head_stride;
+  float* lse;            // split: log-sum-exp of head 0 (nullptr when the list is not split)
+  int64_t lse_head_stride;
+};
+
+// The cache element offset of token `key`'s row through a sequence's block table, or -1 after
+// flagging kDeviceErrorKvBlock for a block id outside [0, n_blocks).
+__device__ __forceinline__ int64_t cache_row(const int32_t* table, int64_t key, int page_size, int64_t n_blocks,
+                                             int width, uint32_t* error_flag) {
+  const int64_t blk = table[key / page_size];
+  if (blk < 0 || blk >= n_blocks) {
+    atomicOr(error_flag, kDeviceErrorKvBlock);
+    return -1;
+  }
+  return (blk * page_size + key % page_size) * width;
+}
+
+// Where a query row's result goes: latent [rows, n_heads, rank] directly (one split), or the split
+// workspace part_o [rows, n_heads, n_splits, rank] + part_lse [rows, n_heads, n_splits] that the
+// merge kernel combines. row0 = query row x n_heads (head 0 of the row).
+__device__ __forceinline__ void set_output(Args& a, float* latent, float* part_o, float* part_lse, int64_t row0,
+                                           int rank, int n_splits, int split) {
+  if (n_splits == 1) {
+    a.out = latent + row0 * rank;
+    a.out_head_stride = rank;
+    a.lse = nullptr;
+    a.lse_head_stride = 0;
+  } else {
+    a.out = part_o + (row0 * n_splits + split) * rank;
+    a.out_head_stride = static_cast<int64_t>(n_splits) * rank;
+    a.lse = part_lse + row0 * n_splits + split;
+    a.lse_head_stride = n_splits;
+  }
+}
+
+// f32 {x0, x1} as three bf16x2 parts, each the rounding of what the ones before left: x0 = p[0].x +
+// p[1].x + p[2].x to within 2^-25 |x0| (8 + 8 + 8 of f32's 24 significant bits), so MMAs over the
+// three parts multiply by the f32 value itself (bf16 x bf16 products are exact in f32).
+template <int kParts = 3>
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t p[kParts]) {
+#pragma unroll
+  for (int i = 0; i < kParts; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    p[i] = *reinterpret_cast<const uint32_t*>(&h);
+    x0 -= hf.x;  // exact (Sterbenz): hf is x rounded to 8 bits
+    x1 -= hf.y;
+  }
+}
+
+// NTW = rank / 32: the n8 tiles of latent dims each warp accumulates (rank / 4 dims per warp).
+// Called by all kThreads threads of the CTA (it has barriers; CTA-uniform arguments); smem holds
+// mla_mma_smem_layout(rank, rope).total_bytes.
+template <int NTW, class RowOf>
+__device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsigned char* smem) {
+  const MlaMmaSmemLayout L = mla_mma_smem_layout(p.rank, p.rope);
+  // q k16 steps one warp holds at most: (rank + the largest rope, kMlaMaxRope) / 16 over 4 warps.
+  constexpr int kQSteps = ((32 * NTW + kMlaMaxRope) / 16 + kMlaWarps - 1) / kMlaWarps;
+  static_assert(kQSteps <= kMlaMaxQStepsPerWarp, "q fragments per warp");
+  // P in [0, 1] as hi + lo (16 significant bits; its error is not scaled up like the scores' is).
+  constexpr int kPParts = 2;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int W = L.width;
+  const int n_ksteps = W / 16;
+  const int h0 = p.h0;
+  const int key_end = p.key_end;
+  const int n_tiles = max(key_end - p.key_begin, 0) / kAttnKeysPerTile +
+                      (max(key_end - p.key_begin, 0) % kAttnKeysPerTile != 0 ? 1 : 0);
+  const uint32_t tiles_u32 = ptx::smem_u32(smem);
+  float4* scores = reinterpret_cast<float4*>(smem + L.scores_offset);  // [warp][n-tile][lane]
+
+  // List entries k0 .. k0 + 31 -> tile buffer `buf` (zeros past key_end and for refused rows), one
+  // commit group. Thread i copies 16 B pieces i % 4, i % 4 + 4, ... of entry k0 + i / 4.
+  static_assert(kThreads == 4 * kAttnKeysPerTile, "four threads per key of a tile");
+  const int pieces = W / 8;
+  auto load_tile = [&](int k0, int buf) {
+    const int j = static_cast<int>(threadIdx.x) / 4, sub = static_cast<int>(threadIdx.x) % 4;
+    const int entry = k0 + j;
+    const int64_t row = entry < key_end ? row_of(entry) : -1;
+    const uint32_t dst = tiles_u32 + buf * L.tile_bytes + j * L.row_bytes;
+    for (int piece = sub; piece < pieces; piece += 4) {
+      const bool ok = row >= 0;
+      ptx::cp_async_16(dst + piece * 16, ok ? static_cast<const void*>(p.cache + row + piece * 8) : p.cache, ok);
+    }
+    ptx::cp_async_commit();
+  };
+  if (n_tiles > 0) load_tile(p.key_begin, 0);
+
+  // q fragments (3 bf16 parts) of this warp's k16 steps ks = warp + 4 i: rows g, g + 8 of the chunk.
+  // The first two parts stay in registers; the third goes to this lane's 16 B slots in shared
+  // memory (read back by the same lane: no barrier), which keeps rank 512 within 255 registers.
+  uint32_t qf[kQSteps][2][4];
+  uint4* q_part3 = reinterpret_cast<uint4*>(smem + L.q_part3_offset) + warp * kMlaMaxQStepsPerWarp * 32 + lane;
+#pragma unroll
+  for (int i = 0; i < kQSteps; ++i) {
+    const int ks = warp + 4 * i;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = h0 + g + 8 * r;
+      float2 lo_k = make_float2(0.0f, 0.0f), hi_k = make_float2(0.0f, 0.0f);
+      if (ks < n_ksteps && head < p.n_heads) {
+        const float* q = p.q + static_cast<int64_t>(head) * W + 16 * ks + 2 * t;
+        lo_k = *reinterpret_cast<const float2*>(q);
+        hi_k = *reinterpret_cast<const float2*>(q + 8);
+      }
+      uint32_t plo[3], phi[3];
+      split_bf16x2<3>(lo_k.x, lo_k.y, plo);
+      split_bf16x2<3>(hi_k.x, hi_k.y, phi);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        qf[i][part][r] = plo[part];
+        qf[i][part][2 + r] = phi[part];
+      }
+      reinterpret_cast<uint32_t*>(&q_part3[i * 32])[r] = plo[2];
+      reinterpret_cast<uint32_t*>(&q_part3[i * 32])[2 + r] = phi[2];
+    }
+  }
+
+  float o[NTW][4];
+#pragma unroll
+  for (int n = 0; n < NTW; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+  const int dim0 = warp * (p.rank / 4);
+  const int mq = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses row mr of matrix mq
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int k0 = p.key_begin + it * kAttnKeysPerTile;
+    const int buf = it & 1;
+    if (it + 1 < n_tiles) {
+      load_tile(k0 + kAttnKeysPerTile, buf ^ 1);  // its buffer's last readers passed the barrier below
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile `it` visible to every warp
+    const uint32_t tile = tiles_u32 + buf * L.tile_bytes;
+
+    // Partial scores over this warp's k16 steps: 16 heads x 32 keys (n-tiles of 8 keys).
+    float sc[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQSteps; ++i) {
+      const int ks = warp + 4 * i;
+      if (ks >= n_ksteps) break;  // warp-uniform
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        // Matrices: keys of n-tile 2 np + (mq >> 1), dims 16 ks + 8 (mq & 1): b0/b1 of two n-tiles.
+        uint32_t b[4];
+        const int key = 16 * np + 8 * (mq >> 1) + mr;
+        ptx::ldmatrix_x4(b, tile + key * L.row_bytes + (16 * ks + 8 * (mq & 1)) * 2);
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+          ptx::mma_bf16_m16n8k16(sc[2 * np], qf[i][part], b);
+          ptx::mma_bf16_m16n8k16(sc[2 * np + 1], qf[i][part], b + 2);
+        }
+        const uint4 q3 = q_part3[i * 32];
+        const uint32_t a3[4] = {q3.x, q3.y, q3.z, q3.w};
+        ptx::mma_bf16_m16n8k16(sc[2 * np], a3, b);
+        ptx::mma_bf16_m16n8k16(sc[2 * np + 1], a3, b + 2);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) scores[(warp * 4 + n) * 32 + lane] = make_float4(sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      float4 sum = scores[n * 32 + lane];
+#pragma unroll
+      for (int w = 1; w < kMlaWarps; ++w) {
+        const float4 v = scores[(w * 4 + n) * 32 + lane];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      sc[n][0] = sum.x;
+      sc[n][1] = sum.y;
+      sc[n][2] = sum.z;
+      sc[n][3] = sum.w;
+    }
+
+    // Online softmax per head row (r = 0: row g in c0, c1; r = 1: row g + 8 in c2, c3), as the CPU:
+    // (q . k) * scale, keys past the split's end masked.
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = k0 + 8 * n + 2 * t + e;
+          const float v = key < key_end ? sc[n][2 * r + e] * p.scale : -INFINITY;
+          sc[n][2 * r + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m_row[r], mx);  // key k0 < key_end: finite
+      corr[r] = expf(m_row[r] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = sc[n][2 * r + e];
+          const float pr = v == -INFINITY ? 0.0f : expf(v - m_new);
+          sc[n][2 * r + e] = pr;
+          sum += pr;
+        }
+      }
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      l_row[r] = l_row[r] * corr[r] + sum;
+      m_row[r] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < NTW; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+
+    // latent += P [16 x 32] x c_kv [32 x this warp's dims]; P's A fragments come straight from the
+    // score accumulators (k16 step kk = n-tiles 2 kk, 2 kk + 1), as hi + lo bf16.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t pf[kPParts][4], tmp[kPParts];
+      split_bf16x2<kPParts>(sc[2 * kk][0], sc[2 * kk][1], tmp);
+      for (int part = 0; part < kPParts; ++part) pf[part][0] = tmp[part];
+      split_bf16x2<kPParts>(sc[2 * kk][2], sc[2 * kk][3], tmp);
+      for (int part = 0; part < kPParts; ++part) pf[part][1] = tmp[part];
+      split_bf16x2<kPParts>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], tmp);
+      for (int part = 0; part < kPParts; ++part) pf[part][2] = tmp[part];
+      split_bf16x2<kPParts>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], tmp);
+      for (int part = 0; part < kPParts; ++part) pf[part][3] = tmp[part];
+      // .trans matrices: keys 16 kk + 8 (mq & 1) + mr, dims of n-tile (2 np + (mq >> 1)).
+      const int key = 16 * kk + 8 * (mq & 1) + mr;
+      if constexpr (NTW == 1) {
+        uint32_t b[2];
+        ptx::ldmatrix_x2_trans(b, tile + key * L.row_bytes + dim0 * 2);
+        for (int part = 0; part < kPParts; ++part) ptx::mma_bf16_m16n8k16(o[0], pf[part], b);
+      } else {
+#pragma unroll
+        for (int np = 0; np < NTW / 2; ++np) {
+          uint32_t b[4];
+          ptx::ldmatrix_x4_trans(b, tile + key * L.row_bytes + (dim0 + 16 * np + 8 * (mq >> 1)) * 2);
+#pragma unroll
+          for (int part = 0; part < kPParts; ++part) {
+            ptx::mma_bf16_m16n8k16(o[2 * np], pf[part], b);
+            ptx::mma_bf16_m16n8k16(o[2 * np + 1], pf[part], b + 2);
+          }
+        }
+      }
+    }
+    __syncthreads();  // scores and this tile's buffer are rewritten by later iterations
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = h0 + g + 8 * r;
+    if (head >= p.n_heads) continue;
+    const float inv = l_row[r] > 0.0f ? 1.0f / l_row[r] : 0.0f;
+    float* dst = p.out + head * p.out_head_stride;
+#pragma unroll
+    for (int n = 0; n < NTW; ++n) {
+      *reinterpret_cast<float2*>(dst + dim0 + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && warp == 0 && t == 0) {
+      p.lse[head * p.lse_head_stride] = l_row[r] > 0.0f ? m_row[r] + logf(l_row[r]) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace fp4moe::cuda::mla_mma
