@@ -17,6 +17,7 @@
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
@@ -242,9 +243,9 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
       << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " (16 B) or q_lat "
       << static_cast<const void*>(q_lat) << " (8 B) is misaligned";
   const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
-  int device = 0, optin = 0;
-  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const DeviceLimits limits = current_device_limits();
+  const int optin = static_cast<int>(limits.smem_optin_per_block);
+  const int device = limits.device;
   FP4MOE_CHECK(layout.total_bytes <= optin)
       << "mla_decode_attention: shared memory 2 key tiles x " << layout.tile_bytes << " + scores "
       << layout.scores_bytes << " = " << layout.total_bytes << " B > " << optin << " B (opt-in limit of device " << device << ")";

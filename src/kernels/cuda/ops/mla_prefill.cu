@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -166,9 +167,9 @@ void mla_prefill_attention(const MlaPrefillArgs& a, const MlaDecodeDims& dims, c
   FP4MOE_CHECK(grid_x <= INT32_MAX) << what << ": " << grid_x << " CTAs along x for max_q_len " << a.max_q_len
                                     << " x " << n_chunks << " head chunks (> " << INT32_MAX << ")";
   const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
-  int device = 0, optin = 0;
-  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const DeviceLimits limits = current_device_limits();
+  const int optin = static_cast<int>(limits.smem_optin_per_block);
+  const int device = limits.device;
   FP4MOE_CHECK(layout.total_bytes <= optin)
       << what << ": shared memory 2 key tiles x " << layout.tile_bytes << " + scores " << layout.scores_bytes
       << " = " << layout.total_bytes << " B > " << optin
