@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <string>
@@ -186,6 +187,60 @@ void run_case(const PrefillCase& c, std::mt19937_64& rng) {
   }
   ASSERT_EQ(flags, 0u) << what << ": device errors " << describe_device_errors(flags);
   const std::vector<uint16_t> got = download(dout.get(), static_cast<size_t>(n_tokens * d.n_heads * vd));
+
+  // The attention step alone, at f32 accuracy: each query row's latent from the GPU's own q_lat,
+  // against an f64 softmax over the same key list. Bound: 2^-14 of the row's largest |latent|.
+  {
+    const std::vector<float> qlat = download(dqlat.get(), static_cast<size_t>(n_tokens * d.n_heads * W));
+    const std::vector<float> lat = download(dlat.get(), static_cast<size_t>(n_tokens * d.n_heads * rank));
+    double worst = 0;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      for (int64_t i = q_start[static_cast<size_t>(s)]; i < q_start[static_cast<size_t>(s) + 1]; ++i) {
+        std::vector<int64_t> keys;
+        if (c.topk != kDense) {
+          for (int32_t o = sel_offsets[static_cast<size_t>(i)]; o < sel_offsets[static_cast<size_t>(i) + 1]; ++o) {
+            keys.push_back(sel_idx[static_cast<size_t>(o)]);
+          }
+        } else {
+          for (int64_t p = 0; p <= pos[static_cast<size_t>(i)]; ++p) keys.push_back(p);
+        }
+        for (int h = 0; h < d.n_heads; ++h) {
+          const float* qr = qlat.data() + (i * d.n_heads + h) * W;
+          std::vector<double> sc(keys.size()), lref(static_cast<size_t>(rank), 0.0);
+          double mx = -1e300, sum = 0;
+          for (size_t k = 0; k < keys.size(); ++k) {
+            const uint16_t* kr = rows[static_cast<size_t>(s)].data() + keys[k] * W;
+            double dot = 0;
+            for (int x = 0; x < W; ++x) dot += static_cast<double>(qr[x]) * bf16_to_f32(kr[x]);
+            sc[k] = dot * d.softmax_scale();
+            mx = std::max(mx, sc[k]);
+          }
+          for (size_t k = 0; k < keys.size(); ++k) {
+            const uint16_t* kr = rows[static_cast<size_t>(s)].data() + keys[k] * W;
+            const double e = std::exp(sc[k] - mx);
+            sum += e;
+            for (int x = 0; x < rank; ++x) lref[static_cast<size_t>(x)] += e * bf16_to_f32(kr[x]);
+          }
+          double row_max = 0;
+          for (double& v : lref) {
+            v /= sum;
+            row_max = std::max(row_max, std::fabs(v));
+          }
+          for (int x = 0; x < rank; ++x) {
+            const double g = lat[static_cast<size_t>((i * d.n_heads + h) * rank + x)];
+            const double err = std::fabs(g - lref[static_cast<size_t>(x)]);
+            worst = std::max(worst, err / (row_max + 1e-30));
+            ASSERT_LE(err, std::ldexp(row_max, -14) + 1e-30)
+                << what << ": latent of query row " << i << " (pos " << pos[static_cast<size_t>(i)] << ", "
+                << keys.size() << " keys) head " << h << " dim " << x << " gpu " << g << " f64 "
+                << lref[static_cast<size_t>(x)];
+          }
+        }
+      }
+    }
+    std::printf("[mla_prefill] %s: latent vs f64 attention, worst |err| / row max |latent| = %.3g\n", what.c_str(),
+                worst);
+  }
 
   const std::vector<float> kv_b_f = to_f32(kv_b.data(), kv_b.size());
   for (int64_t s = 0; s < n_seqs; ++s) {
