@@ -31,6 +31,31 @@ __device__ __forceinline__ double weight(float z, float mx, double temperature) 
   return (isnan(z) || z == -INFINITY) ? 0.0 : exp((static_cast<double>(z) - static_cast<double>(mx)) / temperature);
 }
 
+// A thread's pending histogram update: consecutive hits on one bin are summed in registers and
+// added with one shared atomic when the bin changes (most logits share the top digits, so a plain
+// atomic per element serializes on one or two bins).
+struct BinRun {
+  uint32_t bin = 0xffffffffu;
+  uint32_t n = 0;
+  double mass = 0.0;
+  __device__ __forceinline__ void add(uint32_t d, double m, uint32_t* hist_n, double* hist_m) {
+    if (d != bin) {
+      flush(hist_n, hist_m);
+      bin = d;
+    }
+    ++n;
+    mass += m;
+  }
+  __device__ __forceinline__ void flush(uint32_t* hist_n, double* hist_m) {
+    if (n > 0) {
+      atomicAdd(&hist_n[bin], n);
+      if (hist_m != nullptr) atomicAdd(&hist_m[bin], mass);
+    }
+    n = 0;
+    mass = 0.0;
+  }
+};
+
 struct Shared {
   union {
     cub::BlockReduce<float, kT>::TempStorage rf;
@@ -56,10 +81,12 @@ __device__ void select_nth(const float* z, int64_t V, int64_t n, Shared& s, uint
   for (int shift = 24; shift >= 0; shift -= 8) {
     if (threadIdx.x < 256) s.hist_n[threadIdx.x] = 0;
     __syncthreads();
+    BinRun run;
     for (int64_t i = threadIdx.x; i < V; i += kT) {
       const uint32_t u = key_of(z[i]);
-      if ((u & mask) == prefix) atomicAdd(&s.hist_n[(u >> shift) & 255u], 1u);
+      if ((u & mask) == prefix) run.add((u >> shift) & 255u, 0.0, s.hist_n, nullptr);
     }
+    run.flush(s.hist_n, nullptr);
     __syncthreads();
     if (threadIdx.x == 0) {
       int64_t n_greater = 0;
@@ -91,15 +118,13 @@ __device__ int64_t top_p_keep(const float* z, int64_t V, float mx, double temper
       s.hist_m[threadIdx.x] = 0.0;
     }
     __syncthreads();
+    BinRun run;
     for (int64_t i = threadIdx.x; i < V; i += kT) {
       const float zi = z[i];
       const uint32_t u = key_of(zi);
-      if (u > Kk && (u & mask) == prefix) {
-        const uint32_t d = (u >> shift) & 255u;
-        atomicAdd(&s.hist_n[d], 1u);
-        atomicAdd(&s.hist_m[d], weight(zi, mx, temperature));
-      }
+      if (u > Kk && (u & mask) == prefix) run.add((u >> shift) & 255u, weight(zi, mx, temperature), s.hist_n, s.hist_m);
     }
+    run.flush(s.hist_n, s.hist_m);
     __syncthreads();
     if (threadIdx.x == 0) {
       if (Kk != 0 && (Kk & mask) == prefix) {  // the rk tied tokens of the top-k boundary
