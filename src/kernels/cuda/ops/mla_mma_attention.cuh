@@ -101,7 +101,7 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   constexpr int kQSteps = ((32 * NTW + kMlaMaxRope) / 16 + kMlaWarps - 1) / kMlaWarps;
   static_assert(kQSteps <= kMlaMaxQStepsPerWarp, "q fragments per warp");
   // P in [0, 1] as hi + lo (16 significant bits; its error is not scaled up like the scores' is).
-  constexpr int kPParts = 2;
+  constexpr int kPParts = 3;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane >> 2, t = lane & 3;
