@@ -148,8 +148,8 @@ void run_case(const MlaCase& c, std::mt19937_64& rng) {
   const std::vector<uint16_t> got = download(dout.get(), static_cast<size_t>(n_seqs * d.n_heads * vd));
 
   // The attention step alone, at f32 accuracy: the latent from the GPU's own q_lat, against an f64
-  // softmax over the same keys (q and the probabilities enter the tensor cores as hi + lo bf16, 16
-  // significant bits). Bound: 2^-14 relative to each row's largest |latent| (measured ~1e-6).
+  // softmax over the same keys (q and the probabilities enter the tensor cores as three bf16 parts:
+  // their f32 values). Bound: 2^-14 relative to each row's largest |latent|.
   {
     const std::vector<float> qlat = download(dqlat.get(), static_cast<size_t>(n_seqs * d.n_heads * W));
     const std::vector<float> lat = download(dlat.get(), static_cast<size_t>(n_seqs * d.n_heads * rank));

@@ -11,7 +11,7 @@
 //     golden checks moved);
 //   - the four partial 16 x 32 score tiles are summed in shared memory in warp order, so every warp
 //     holds the same scores and runs the same online softmax (scores x scale, as the CPU);
-//   - warp w adds P (hi + lo bf16, from the score accumulators) x c_kv over latent dims
+//   - warp w adds P (three bf16 parts, from the score accumulators) x c_kv over latent dims
 //     [w rank / 4, (w + 1) rank / 4) (ldmatrix.trans of the same tile).
 // The result (divided by the softmax sum; zeros for an empty list) goes to out + head * out_head_stride
 // (f32, rank wide) and, when lse != nullptr (a split of the list), m + log(l) to lse[head * lse_head_stride]
@@ -100,7 +100,7 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   // q k16 steps one warp holds at most: (rank + the largest rope, kMlaMaxRope) / 16 over 4 warps.
   constexpr int kQSteps = ((32 * NTW + kMlaMaxRope) / 16 + kMlaWarps - 1) / kMlaWarps;
   static_assert(kQSteps <= kMlaMaxQStepsPerWarp, "q fragments per warp");
-  // P in [0, 1] as hi + lo (16 significant bits; its error is not scaled up like the scores' is).
+  // P as three bf16 parts too (f32-exact; with hi + lo, 2^-17 relative, the GLM-5 golden checks moved).
   constexpr int kPParts = 3;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -270,7 +270,7 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
     }
 
     // latent += P [16 x 32] x c_kv [32 x this warp's dims]; P's A fragments come straight from the
-    // score accumulators (k16 step kk = n-tiles 2 kk, 2 kk + 1), as hi + lo bf16.
+    // score accumulators (k16 step kk = n-tiles 2 kk, 2 kk + 1), as kPParts bf16 parts.
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       uint32_t pf[kPParts][4], tmp[kPParts];
