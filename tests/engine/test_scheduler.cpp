@@ -137,7 +137,13 @@ TEST(Scheduler, ModelSideArgmaxForPlainGreedyEqualsLogitsPath) {
   with_logprobs.logprobs = true;  // greedy, but needs the logits
   const std::vector<TokenId> p{1, 2, 3};
   const RequestId lp = h.submit(p, with_logprobs);
+  SamplingParams penalized = greedy(6);
+  penalized.temperature = 0.9;
+  penalized.repetition_penalty = 1.3;  // sampled, but the penalty needs the logits on the host
+  penalized.seed = 11;
+  const RequestId pen = h.submit(p, penalized);
   h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(pen).ids, alone(p, penalized));
   int64_t plain_greedy_tokens = 0, drawn_tokens = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(h.results.at(ids[i]).ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
