@@ -33,6 +33,7 @@
 #include "model/registry.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
+#include "tune/tune_cache.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -52,25 +53,6 @@ struct BenchArgs {
   bool bf16_peer = false;
 };
 
-std::vector<int64_t> parse_sizes(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    FP4MOE_CHECK(used == item.size() && !item.empty() && v >= 1)
-        << "--batch-size entry \"" << item << "\" is not a positive integer";
-    out.push_back(v);
-  }
-  FP4MOE_CHECK(!out.empty()) << "--batch-size is empty";
-  return out;
-}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -151,7 +133,7 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
   FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
   FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";
-  const std::vector<int64_t> sizes = parse_sizes(a.batch_sizes);
+  const std::vector<int64_t> sizes = tune::parse_positive_list(a.batch_sizes, "--batch-size");
   std::unique_ptr<model::CausalLM> lm;
   std::string model_name;
   if (a.model_dir.empty()) {

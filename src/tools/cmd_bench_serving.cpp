@@ -36,6 +36,7 @@
 #include "core/file.h"
 #include "server/http_client.h"
 #include "tools/commands.h"
+#include "tune/tune_cache.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -95,25 +96,6 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
-std::vector<int64_t> parse_concurrency(const std::string& s, int64_t num_prompts) {
-  if (s.empty()) return {num_prompts};
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    FP4MOE_CHECK(used == item.size() && v >= 1) << "--max-concurrency entry \"" << item << "\" is not a positive integer";
-    out.push_back(v);
-  }
-  FP4MOE_CHECK(!out.empty()) << "--max-concurrency \"" << s << "\" is empty";
-  return out;
-}
 
 std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   std::vector<Prompt> out;
@@ -358,7 +340,9 @@ std::string render_plot(const std::vector<json>& runs) {
 void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
-  const std::vector<int64_t> levels = parse_concurrency(a.max_concurrency, a.num_prompts);
+  const std::vector<int64_t> levels = a.max_concurrency.empty()
+                                          ? std::vector<int64_t>{a.num_prompts}
+                                          : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
   server::HttpClient client(a.url, 30);
   auto info = client.get("/get_server_info");
   FP4MOE_CHECK(info.status == 200) << a.url << "/get_server_info answered " << info.status << " " << info.error << " "
