@@ -77,6 +77,34 @@ void Sampler::penalized(const float* logits, std::vector<float>& out) const {
 namespace {
 
 // Probabilities after temperature, top-k, top-p and min-p (zeros outside the kept set, renormalized).
+// The order (probability desc, id asc: a stable sort by probability) only as far as the truncation
+// reads it: `order` holds the first n tokens of that order, n grown by doubling (each a partial sort
+// of the whole row, so ~V log n work instead of V log V; plain temperature sampling sorts nothing).
+class OrderPrefix {
+ public:
+  explicit OrderPrefix(const std::vector<double>& prob) : prob_(prob), all_(prob.size()) {
+    std::iota(all_.begin(), all_.end(), 0);
+  }
+  // The i-th token of the order (i < size of the row).
+  int32_t at(size_t i) {
+    if (i >= sorted_) grow(i + 1);
+    return all_[i];
+  }
+
+ private:
+  void grow(size_t need) {
+    const size_t n = std::min(all_.size(), std::max({need, 2 * sorted_, size_t{64}}));
+    std::partial_sort(all_.begin(), all_.begin() + static_cast<std::ptrdiff_t>(n), all_.end(), [&](int32_t a, int32_t b) {
+      return prob_[static_cast<size_t>(a)] > prob_[static_cast<size_t>(b)] ||
+             (prob_[static_cast<size_t>(a)] == prob_[static_cast<size_t>(b)] && a < b);
+    });
+    sorted_ = n;
+  }
+  const std::vector<double>& prob_;
+  std::vector<int32_t> all_;
+  size_t sorted_ = 0;
+};
+
 std::vector<double> truncated_probs(const std::vector<float>& z, const SamplingParams& p) {
   const size_t V = z.size();
   std::vector<double> prob(V, 0.0);
@@ -91,34 +119,38 @@ std::vector<double> truncated_probs(const std::vector<float>& z, const SamplingP
     sum += prob[i];
   }
   for (double& x : prob) x /= sum;
-  std::vector<int32_t> order(V);
-  std::iota(order.begin(), order.end(), 0);
-  // Most likely first; ties by the lower id so the kept set is deterministic.
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
   size_t keep = V;
   if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  if (keep == V && p.top_p >= 1.0 && p.min_p <= 0.0) return prob;  // nothing truncated: every token, as is
+  OrderPrefix order(prob);
   if (p.top_p < 1.0) {
+    // The top-k set's mass: in order within the top-k prefix, in id order for the whole row (no
+    // sort needed; the sums differ from an in-order sum only in the last bits).
     double kept_mass = 0.0;
-    for (size_t i = 0; i < keep; ++i) kept_mass += prob[static_cast<size_t>(order[i])];
+    if (keep == V) {
+      for (double x : prob) kept_mass += x;
+    } else {
+      for (size_t i = 0; i < keep; ++i) kept_mass += prob[static_cast<size_t>(order.at(i))];
+    }
     double cum = 0.0;
     size_t n = 0;
     while (n < keep) {
-      cum += prob[static_cast<size_t>(order[n])] / kept_mass;
+      cum += prob[static_cast<size_t>(order.at(n))] / kept_mass;
       ++n;
       if (cum >= p.top_p - 1e-12) break;
     }
     keep = n;
   }
   if (p.min_p > 0.0) {
-    const double floor = p.min_p * prob[static_cast<size_t>(order[0])];
+    const double floor = p.min_p * prob[static_cast<size_t>(order.at(0))];
     size_t n = 1;
-    while (n < keep && prob[static_cast<size_t>(order[n])] >= floor) ++n;
+    while (n < keep && prob[static_cast<size_t>(order.at(n))] >= floor) ++n;
     keep = n;
   }
   std::vector<double> out(V, 0.0);
   double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += prob[static_cast<size_t>(order[i])];
-  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = prob[static_cast<size_t>(order[i])] / kept;
+  for (size_t i = 0; i < keep; ++i) kept += prob[static_cast<size_t>(order.at(i))];
+  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order.at(i))] = prob[static_cast<size_t>(order.at(i))] / kept;
   return out;
 }
 

@@ -27,7 +27,7 @@ std::vector<double> softmax(const std::vector<float>& z, double T) {
   const float mx = *std::max_element(z.begin(), z.end());
   std::vector<double> p(z.size());
   double s = 0;
-  for (size_t i = 0; i < z.size(); ++i) s += p[i] = std::exp((z[i] - mx) / T);
+  for (size_t i = 0; i < z.size(); ++i) s += p[i] = std::exp((static_cast<double>(z[i]) - mx) / T);
   for (double& x : p) x /= s;
   return p;
 }
@@ -106,6 +106,63 @@ TEST(Sampler, TopKTopPMinPSupportSets) {
   for (int i = 0; i < 500; ++i) {
     const int32_t id = s.sample(z.data()).id;
     EXPECT_TRUE(std::binary_search(allowed.begin(), allowed.end(), id)) << "id " << id;
+  }
+}
+
+// The definition, with the whole row stably sorted by probability: the sampler sorts only the
+// prefix its truncation reads, and must keep the same tokens with the same probabilities.
+std::vector<double> full_sort_truncation(const std::vector<float>& z, const SamplingParams& sp) {
+  const std::vector<double> p = softmax(z, sp.temperature);
+  const std::vector<int32_t> o = by_prob(p);
+  size_t keep = p.size();
+  if (sp.top_k > 0) keep = std::min(keep, static_cast<size_t>(sp.top_k));
+  if (sp.top_p < 1.0) {
+    double mass = 0, cum = 0;
+    for (size_t i = 0; i < keep; ++i) mass += p[static_cast<size_t>(o[i])];
+    size_t n = 0;
+    while (n < keep) {
+      cum += p[static_cast<size_t>(o[n++])] / mass;
+      if (cum >= sp.top_p - 1e-12) break;
+    }
+    keep = n;
+  }
+  if (sp.min_p > 0.0) {
+    size_t n = 1;
+    while (n < keep && p[static_cast<size_t>(o[n])] >= sp.min_p * p[static_cast<size_t>(o[0])]) ++n;
+    keep = n;
+  }
+  std::vector<double> out(p.size(), 0.0);
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += p[static_cast<size_t>(o[i])];
+  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(o[i])] = p[static_cast<size_t>(o[i])] / kept;
+  return out;
+}
+
+TEST(Sampler, PrefixSortKeepsTheFullSortsDistribution) {
+  std::mt19937_64 rng(testing::test_seed());
+  const int64_t top_ks[] = {-1, 1, 3, 40, 700};
+  const double top_ps[] = {1.0, 0.97, 0.8, 0.3};
+  const double min_ps[] = {0.0, 0.02, 0.4};
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t V = trial % 3 == 0 ? 5000 : 257;
+    std::vector<float> z = random_logits(V, rng());
+    if (trial % 2 == 1) {  // many exact ties: the boundaries fall inside tied groups
+      for (float& v : z) v = std::round(v);
+    }
+    SamplingParams sp;
+    sp.temperature = 0.4 + 0.3 * static_cast<double>(trial % 4);
+    sp.top_k = top_ks[rng() % 5];
+    sp.top_p = top_ps[rng() % 4];
+    sp.min_p = min_ps[rng() % 3];
+    if (sp.greedy()) continue;
+    const std::vector<double> want = full_sort_truncation(z, sp);
+    const std::vector<double> got = Sampler(sp, V, 1).distribution(z.data());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i] > 0.0, want[i] > 0.0) << "trial " << trial << " token " << i << " (top_k " << sp.top_k
+                                             << ", top_p " << sp.top_p << ", min_p " << sp.min_p << ")";
+      ASSERT_NEAR(got[i], want[i], 1e-12 * std::max(1.0, want[i])) << "trial " << trial << " token " << i;
+    }
   }
 }
 
