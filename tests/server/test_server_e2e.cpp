@@ -345,10 +345,11 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   const json ij = parse(info.body);
   for (const char* k : {"max_running_requests", "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens",
                         "num_continuous_decode_steps", "max_queued_requests", "schedule_policy", "context_length",
-                        "vocab_size", "internal_states", "served_model_name"}) {
+                        "vocab_size", "internal_states", "served_model_name", "device_sampling"}) {
     EXPECT_TRUE(ij.contains(k)) << k;
   }
   EXPECT_EQ(ij["context_length"], 512);
+  EXPECT_EQ(ij["device_sampling"], true);  // the default (the CPU model has no device to draw on)
 
   // Greedy /generate with a stop token: it ends at that token with finish_reason stop.
   json body = {{"input_ids", {72, 101, 108, 108, 111}}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}},
@@ -586,6 +587,24 @@ TEST(ServerE2E, QueueFullGets503WithRetryAfter) {
   EXPECT_EQ(n_other.load(), 0);
   HttpClient c(srv.url(), kTimeout);
   EXPECT_EQ(c.post("/generate", json{{"text", "x"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump()).status, 200);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+// --disable-device-sampling: reported by /get_server_info; seeded sampled requests still repeat.
+TEST(ServerE2E, DisableDeviceSamplingFlag) {
+  ServerProcess srv(FP4MOE_CLI, {"--disable-device-sampling"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), kTimeout);
+  auto info = c.get("/get_server_info");
+  ASSERT_EQ(info.status, 200);
+  EXPECT_EQ(parse(info.body)["device_sampling"], false);
+  const json body = {{"text", "seeded"},
+                     {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0.8}, {"top_p", 0.9}, {"seed", 7}}}};
+  auto a = c.post("/generate", body.dump());
+  auto b = c.post("/generate", body.dump());
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(parse(a.body)["output_ids"], parse(b.body)["output_ids"]);
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
