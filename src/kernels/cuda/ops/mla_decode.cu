@@ -212,6 +212,16 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
+MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int rope_dim) {
+  const MlaMmaSmemLayout layout = mla_mma_smem_layout(kv_lora_rank, rope_dim);
+  const DeviceLimits limits = current_device_limits();
+  FP4MOE_CHECK(static_cast<uint32_t>(layout.total_bytes) <= limits.smem_optin_per_block)
+      << what << ": shared memory 2 key tiles x " << layout.tile_bytes << " + scores " << layout.scores_bytes
+      << " + q parts " << layout.q_part3_bytes << " = " << layout.total_bytes << " B > "
+      << limits.smem_optin_per_block << " B (opt-in limit of device " << limits.device << ")";
+  return layout;
+}
+
 void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
                           int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs, const MlaDecodeDims& dims,
                           const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
@@ -242,13 +252,8 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 16 == 0 && reinterpret_cast<uintptr_t>(q_lat) % 8 == 0)
       << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " (16 B) or q_lat "
       << static_cast<const void*>(q_lat) << " (8 B) is misaligned";
-  const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
-  const DeviceLimits limits = current_device_limits();
-  const int optin = static_cast<int>(limits.smem_optin_per_block);
-  const int device = limits.device;
-  FP4MOE_CHECK(layout.total_bytes <= optin)
-      << "mla_decode_attention: shared memory 2 key tiles x " << layout.tile_bytes << " + scores "
-      << layout.scores_bytes << " = " << layout.total_bytes << " B > " << optin << " B (opt-in limit of device " << device << ")";
+  const MlaMmaSmemLayout layout =
+      mla_mma_smem_checked("mla_decode_attention", dims.kv_lora_rank, dims.qk_rope_head_dim);
 
   MlaParams p{};
   p.q_lat = q_lat;

@@ -91,6 +91,10 @@ FP4MOE_ATTN_HD constexpr MlaMmaSmemLayout mla_mma_smem_layout(int kv_lora_rank, 
 static_assert(mla_mma_smem_layout(512, 64).total_bytes == 2 * 32 * 1168 + 8192 + 18432,
               "GLM-5: 101,376 B (2 CTAs per SM)");
 
+// The layout for (rank, rope), after checking it against the current device's opt-in limit per
+// block: throws naming `what`, the byte breakdown and the limit. Shared by both MLA launchers.
+MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int rope_dim);
+
 // Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each), like plan_decode_split.
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                   int64_t min_keys_per_split = 256);

@@ -14,7 +14,6 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -166,14 +165,7 @@ void mla_prefill_attention(const MlaPrefillArgs& a, const MlaDecodeDims& dims, c
   const int64_t grid_x = a.max_q_len * n_chunks;
   FP4MOE_CHECK(grid_x <= INT32_MAX) << what << ": " << grid_x << " CTAs along x for max_q_len " << a.max_q_len
                                     << " x " << n_chunks << " head chunks (> " << INT32_MAX << ")";
-  const MlaMmaSmemLayout layout = mla_mma_smem_layout(dims.kv_lora_rank, dims.qk_rope_head_dim);
-  const DeviceLimits limits = current_device_limits();
-  const int optin = static_cast<int>(limits.smem_optin_per_block);
-  const int device = limits.device;
-  FP4MOE_CHECK(layout.total_bytes <= optin)
-      << what << ": shared memory 2 key tiles x " << layout.tile_bytes << " + scores " << layout.scores_bytes
-      << " = " << layout.total_bytes << " B > " << optin
-      << " B (opt-in limit of device " << device << ")";
+  const MlaMmaSmemLayout layout = mla_mma_smem_checked(what, dims.kv_lora_rank, dims.qk_rope_head_dim);
 
   PrefillParams p{};
   p.q_lat = a.q_lat;
