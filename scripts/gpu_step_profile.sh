@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where a GPU decode step's time goes, kernel by kernel (one device call): Nsight Compute times every
-# kernel of two eager bench-one-batch runs that differ only in --output-len (A and A + 2), so the
+# kernel of two eager bench-one-batch runs (--warmup 0) that differ only in --output-len (A and A + 2), so the
 # per-kernel difference is exactly two decode steps; prints the kernels by time per step with their
 # launch counts. Needs build-gpu (scripts/gpu_model_check.sh builds it) or builds fp4moe itself.
 #   FP4MOE_PRESET (glm5-shard), FP4MOE_BATCH (64), FP4MOE_INPUT_LEN (1024), FP4MOE_WEIGHTS (nvfp4)
@@ -22,7 +22,7 @@ preset="${FP4MOE_PRESET:-glm5-shard}" batch="${FP4MOE_BATCH:-64}" len="${FP4MOE_
 for n in 1 3; do
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     build-gpu/fp4moe bench-one-batch --device cuda --model "$preset" --load-format dummy \
-    --dummy-weights "${FP4MOE_WEIGHTS:-nvfp4}" --disable-cuda-graph --batch-size "$batch" --input-len "$len" \
+    --dummy-weights "${FP4MOE_WEIGHTS:-nvfp4}" --disable-cuda-graph --warmup 0 --batch-size "$batch" --input-len "$len" \
     --output-len "$n" > "$out/ncu_out$n.csv" 2> "$out/ncu_out$n.err" || { tail -5 "$out/ncu_out$n.err"; exit 1; }
 done
 python3 - "$out/ncu_out1.csv" "$out/ncu_out3.csv" <<'EOF'

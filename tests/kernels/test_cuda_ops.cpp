@@ -1,7 +1,8 @@
 // GPU model kernels of kernels/cuda/ops/norm_rope.h against their CPU references (model/ops.h), on
 // fresh random bf16 inputs (the CPU gets the same bf16 values as f32):
-//   - rms_norm_bf16 with and without the fused residual add, dims 32..6144 incl. odd ones, 1/17/300
-//     rows, a row stride > dim, and y aliasing x: the written residual must equal bf16(x + r) bit
+//   - rms_norm_bf16 with and without the fused residual add, dims 32..8200 incl. odd ones (the
+//     16 B register-held path for dims 1032..8192 in multiples of 8, and past it), 1/17/300 rows, a
+//     row stride > dim, and y aliasing x: the written residual must equal bf16(x + r) bit
 //     for bit; y within 2^-8 * |ref| + 1e-6 of model::rms_norm (one bf16 rounding, 2^-9 relative,
 //     plus f32 sum-order differences far below it);
 //   - rope_bf16 NeoX partial (GLM-4.5: first half of a 128-dim head) and interleaved (GLM-5: the 64
@@ -62,7 +63,8 @@ TEST(CudaRmsNorm, MatchesCpu) {
   };
   const Case cases[] = {{1, 32, 32, false, false},     {17, 128, 128, true, false},  {300, 128, 160, false, true},
                         {5, 999, 1001, true, false},    {3, 1025, 1025, true, true},  {17, 5120, 5120, true, false},
-                        {2, 6144, 6144, false, false},  {300, 6144, 6144, true, true}, {4, 1, 1, true, false}};
+                        {2, 6144, 6144, false, false},  {300, 6144, 6144, true, true}, {4, 1, 1, true, false},
+                        {5, 2048, 2056, true, false},   {3, 8192, 8192, true, true},  {2, 8200, 8200, true, false}};
   const float eps = 1e-5f;
   for (const Case& c : cases) {
     const std::string what = "rows=" + std::to_string(c.rows) + " dim=" + std::to_string(c.dim) + " stride=" +

@@ -500,22 +500,26 @@ TEST(W4A16Gpu, KSixteenTimesOdd) {
 }
 
 // Split-K (w4a16_splitk_plan): a dense Linear with few CTAs and a long K is cut into K parts on
-// grid.z whose f32 sums a second kernel adds up. Parts of 4 scale groups (K = 16384: 8 parts), a
+// grid.z whose f32 sums a second kernel adds up, in both kernels. Parts of 4 scale groups (K = 16384: 8 parts), a
 // K of 3 groups with a partial last one (3 parts of one group), a workspace that holds only two
 // parts, rows past the expert ranges left unwritten by the reduction, and the same bits twice.
 TEST(W4A16Gpu, SplitKMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(testing::test_seed() ^ 0x5B1ull);
   const size_t big = size_t{64} << 20;
-  for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8")}) {
+  for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8"),
+                  w4a16_config_id("w4a16_swapab_m64n8k256_s4"), w4a16_config_id("w4a16_swapab_m128n32k128_s4"),
+                  w4a16_config_id("w4a16_swapab_m128n64k128_s4")}) {
     for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big);
+    if (w4a16_config(cfg).block_t >= 32) run_and_check(rng, 1, 1024, 6144, {64}, cfg, 0, big);
     run_and_check(rng, 1, 520, 1040, {3}, cfg, 0, big);
     run_and_check(rng, 1, 1024, 4096, {7}, cfg, 0, size_t{2} * 7 * 1024 * 4);  // room for 2 parts
     run_and_check(rng, 2, 256, 2048, {3, 0}, cfg, /*extra_rows=*/4, big);
   }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});
-  const int cfg = w4a16_config_id("w4a16_stream_m64n16_d8");
-  EXPECT_TRUE(run_gpu(p, cfg, 1, big) == run_gpu(p, cfg, 2, big)) << p.describe(cfg) << ": split-K outputs differ";
+  for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4")}) {
+    EXPECT_TRUE(run_gpu(p, cfg, 1, big) == run_gpu(p, cfg, 2, big)) << p.describe(cfg) << ": split-K outputs differ";
+  }
 }
 
 TEST(W4A16Gpu, EmptyBatchLaunchesNothing) {

@@ -1,7 +1,9 @@
 // RMSNorm (+ fused residual add), RoPE, embedding lookup and argmax on the GPU (see norm_rope.h).
 //   rms_norm:  one warp per row for dim <= 1024 (8 rows per 256-thread CTA), else one 256-thread CTA
-//              per row (GLM-4.5 H = 5120: 20 elements a thread); two passes over the row, the second
-//              re-reading what the same thread wrote, so y may alias x.
+//              per row: with dim % 8 == 0 and 16 B aligned rows (up to dim 8192) 16 B accesses and the
+//              row held in registers between the two passes (GLM-5 H = 6144: 3 pieces of 8 a thread),
+//              otherwise element by element, the second pass re-reading what the same thread wrote;
+//              either way y may alias x.
 //   rope:      one thread per (token, head, rotated pair), grid-stride.
 //   embedding: one 128-thread CTA per token (grid-stride), 16-byte copies when dim % 8 == 0.
 //   argmax:    one 256-thread CTA per row, or per (row, column part) with a second one-warp-per-row
@@ -66,6 +68,70 @@ __global__ void __launch_bounds__(kCta)
   for (int64_t i = t; i < dim; i += kThreadsPerRow) {
     const float s = __bfloat162float(residual != nullptr ? residual[base + i] : x[base + i]);
     y[base + i] = __float2bfloat16_rn(__fmul_rn(w[i], __fmul_rn(s, inv)));  // w * (x * inv)
+  }
+}
+
+// One 256-thread CTA per row with 16 B accesses: thread i holds 8-element pieces i, i + 256, ..
+// (kVecs of them, dim / 8 <= kVecs x 256) in registers between the two passes, so the row is read
+// once (x, residual) and written once (residual, y); all loads of a thread precede its stores, so y
+// may alias x. Same per-element arithmetic as rms_norm_kernel.
+template <int kVecs>
+__global__ void __launch_bounds__(kCta)
+    rms_norm_vec_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* __restrict__ w,
+                        int64_t dim, int64_t row_stride, float eps, __nv_bfloat16* y) {
+  __shared__ float warp_partial[kWarps];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * row_stride;
+  const int n_vec = static_cast<int>(dim / 8);
+  uint4 v[kVecs];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kCta;
+    if (i >= n_vec) break;
+    v[j] = *reinterpret_cast<const uint4*>(x + base + 8 * i);
+    if (residual != nullptr) {
+      const uint4 r = *reinterpret_cast<const uint4*>(residual + base + 8 * i);
+      __nv_bfloat162* xv = reinterpret_cast<__nv_bfloat162*>(&v[j]);
+      const __nv_bfloat162* rv = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 a = __bfloat1622float2(xv[e]), b = __bfloat1622float2(rv[e]);
+        xv[e] = __floats2bfloat162_rn(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
+      }
+      *reinterpret_cast<uint4*>(residual + base + 8 * i) = v[j];
+    }
+    const __nv_bfloat162* sv = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(sv[e]);
+      ss = __fmaf_rn(f.x, f.x, ss);
+      ss = __fmaf_rn(f.y, f.y, ss);
+    }
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) ss += warp_partial[k];
+  const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kCta;
+    if (i >= n_vec) break;
+    const float4 w0 = __ldg(reinterpret_cast<const float4*>(w + 8 * i));
+    const float4 w1 = __ldg(reinterpret_cast<const float4*>(w + 8 * i + 4));
+    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const __nv_bfloat162* sv = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+    uint4 out;
+    __nv_bfloat162* ov = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(sv[e]);
+      ov[e] = __floats2bfloat162_rn(__fmul_rn(wv[2 * e], __fmul_rn(f.x, inv)),
+                                    __fmul_rn(wv[2 * e + 1], __fmul_rn(f.y, inv)));
+    }
+    *reinterpret_cast<uint4*>(y + base + 8 * i) = out;
   }
 }
 
@@ -247,6 +313,18 @@ void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float*
   } else {
     FP4MOE_CHECK(n_rows <= kMaxGrid) << "rms_norm_bf16: " << n_rows << " rows of dim " << dim << " > " << kMaxGrid
                                      << " CTAs (split the call)";
+    auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    const int64_t vecs = (dim / 8 + kCta - 1) / kCta;
+    if (dim % 8 == 0 && row_stride % 8 == 0 && vecs <= 4 && aligned16(x) && aligned16(y) && aligned16(w) &&
+        (residual == nullptr || aligned16(residual))) {
+      using Kernel = void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, float,
+                              __nv_bfloat16*);
+      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<1>, rms_norm_vec_kernel<2>, rms_norm_vec_kernel<3>,
+                                  rms_norm_vec_kernel<4>};
+      kVec[vecs - 1]<<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, dim, row_stride, eps, y);
+      FP4MOE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     rms_norm_kernel<kCta><<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride,
                                                                           eps, y);
   }

@@ -98,11 +98,15 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   W4A16SplitK s;
   const int64_t k_groups = w4a16_k_groups(a.k);
   s.groups_per_part = static_cast<int>(k_groups);
-  if (c.kind != W4A16Kind::kStream || a.epilogue != W4A16Epilogue::kNone || a.splitk_workspace == nullptr ||
-      a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
+  if (a.epilogue != W4A16Epilogue::kNone || a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 ||
+      n_sms < 1) {
     return s;
   }
-  const int64_t ctas = w4a16_grid(a, c).ctas();
+  // The CTAs that do work: the grid's x is an upper bound over any token split; one expert has
+  // exactly ceil(m_total / block_t) token tiles.
+  const W4A16Grid grid = w4a16_grid(a, c);
+  const int64_t items = a.n_experts == 1 ? (a.m_total + c.block_t - 1) / c.block_t : grid.x;
+  const int64_t ctas = items * grid.y;
   const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
   int64_t parts = std::min<int64_t>({(target + ctas - 1) / ctas, kW4A16MaxSplitK, k_groups});
   const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));

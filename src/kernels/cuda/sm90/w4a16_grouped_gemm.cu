@@ -295,7 +295,12 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   const int rt0 = static_cast<int>(blockIdx.y * kRowTiles);
   const __nv_bfloat16* x_rows = p.x + static_cast<int64_t>(item.row_begin) * p.k;
   const int64_t tile0 = static_cast<int64_t>(item.expert) * p.row_tiles + rt0;
-  const int n_ktiles = (p.k_chunks + static_cast<int>(kChunks) - 1) / static_cast<int>(kChunks);
+  // This CTA's K part (split-K: blockIdx.z): slices [kt0, kt0 + n_ktiles) of whole scale groups (a
+  // slice of kChunks chunks never straddles a group, so parts never share a slice).
+  const int kg0 = static_cast<int>(blockIdx.z) * p.groups_per_part;
+  const int kc_end = min((kg0 + p.groups_per_part) * static_cast<int>(kW4A16ScaleGroup), p.k_chunks);
+  const int kt0 = kg0 * static_cast<int>(kW4A16ScaleGroup / kChunks);
+  const int n_ktiles = (kc_end + static_cast<int>(kChunks) - 1) / static_cast<int>(kChunks) - kt0;
   const uint32_t smem_base = smem_u32(smem);
 
   // Issues the copies of K slice `kt` (chunks kt * kChunks ..) into stage `slot` (no commit).
@@ -346,18 +351,19 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
 
 #pragma unroll
   for (uint32_t s = 0; s + 1 < STAGES; ++s) {
-    if (static_cast<int>(s) < n_ktiles) load_stage(s, static_cast<int>(s));
-    cp_async_commit();  // always commit, so that group i holds slice i
+    if (static_cast<int>(s) < n_ktiles) load_stage(s, kt0 + static_cast<int>(s));
+    cp_async_commit();  // always commit, so that group i holds slice kt0 + i
   }
 
-  for (int kt = 0; kt < n_ktiles; ++kt) {
-    cp_async_wait<static_cast<int>(STAGES) - 2>();  // slice kt has landed (this thread's copies)
-    __syncthreads();                                // ... everyone's; slot (kt-1) % S is free
-    const int next = kt + static_cast<int>(STAGES) - 1;
-    if (next < n_ktiles) load_stage(static_cast<uint32_t>(next) % STAGES, next);
+  for (int i = 0; i < n_ktiles; ++i) {
+    cp_async_wait<static_cast<int>(STAGES) - 2>();  // slice kt0 + i has landed (this thread's copies)
+    __syncthreads();                                // ... everyone's; slot (i-1) % S is free
+    const int next = i + static_cast<int>(STAGES) - 1;
+    if (next < n_ktiles) load_stage(static_cast<uint32_t>(next) % STAGES, kt0 + next);
     cp_async_commit();
 
-    const uint32_t slot = static_cast<uint32_t>(kt) % STAGES;
+    const int kt = kt0 + i;
+    const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
     const uint8_t* x_tile = smem + kXOff + slot * kStride;
     const uint8_t* w_tile = smem + kWOff + slot * kStride + warp * kChunks * kW4A16TileBytes + lane * 16;
     const uint8_t* s_tile = smem + kSOff + slot * kStride + (warp * 32 + lane) * 2 * kChunks;
@@ -386,6 +392,20 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   const float f = epilogue_scale(p.global_scales, item.expert);
   uint8_t* epi = smem + kEpiOff;
   const uint32_t g = lane >> 2, t = lane & 3u;
+  if (!SWIGLU && p.partial != nullptr) {  // split-K: this part's f32 sums, added up by w4a16_splitk_reduce_kernel
+    float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
+    const int row0 = (rt0 + static_cast<int>(warp)) * 16 + static_cast<int>(g);
+#pragma unroll
+    for (uint32_t j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int tok = static_cast<int>(j * 8 + 2 * t) + (q & 1);
+        const int row = row0 + 8 * (q >> 1);
+        if (tok < item.rows && row < p.n) part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[j][q] * f;
+      }
+    }
+    return;
+  }
   auto put = [&](uint32_t tk, uint32_t col, float v) {
     *reinterpret_cast<__nv_bfloat16*>(epi + tk * kEpiRow + col * 2) = __float2bfloat16_rn(v);
   };
