@@ -359,7 +359,10 @@ TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
   // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 66 wanted, capped at 64 splits.
   const DecodeSplit one = plan_mla_decode_split(1, 64, 32768, 132);
   EXPECT_EQ(one.to_string(), "64 splits x 512 keys");
-  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 2);  // 256 CTAs: want ceil(264 / 256) = 2
+  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 1);  // 256 CTAs: floor(264 / 256) = 1, one wave
+  EXPECT_EQ(plan_mla_decode_split(16, 64, 32768, 132).n_splits, 4);  // 64 CTAs x 4 = 256 <= 264 slots
+  EXPECT_EQ(plan_mla_decode_split(100, 64, 32768, 132).n_splits, 1);  // 400 CTAs: more than one wave already
+  EXPECT_EQ(plan_decode_split(64, 96, 8, 32768, 132).n_splits, 1);  // GQA: 64 x 8 x 1 = 512 CTAs >= 264
   const MlaDecodeDims dims{64, 512, 192, 64, 256, 0.07f};
   EXPECT_EQ(mla_decode_workspace_bytes(2, dims, DecodeSplit{1, 64}), 0u);
   EXPECT_EQ(mla_decode_workspace_bytes(2, dims, DecodeSplit{3, 64}), 384u * 512 * 4 + 384u * 4);

@@ -175,6 +175,9 @@ TEST(RouterKernel, MatchesCpuRoute) {
   check_router_kernel(make_config(64, 64, 8, 2, 1, 1, ScoringFunc::kSoftmax, false, 1.0f, 0.0f, 0), 33, seed + 5);
   // The Layer.GlmStyle routing config (E=16 top-4, fill 0) with many tokens per block.
   check_router_kernel(make_config(64, 64, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), 300, seed + 6);
+  // Past the warp-per-token kernel (E <= 256, n_group <= 32): the thread-per-token one, grouped.
+  check_router_kernel(make_config(64, 64, 384, 8, 8, 4, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), 100, seed + 7);
+  check_router_kernel(make_config(64, 64, 256, 8, 64, 8, ScoringFunc::kSigmoid, true, 1.0f, -INFINITY, 1), 50, seed + 8);
 }
 
 // router_logits vs a double-precision CPU sum of the same bf16 x and f32 weights: |diff| <= 1e-5 x

@@ -95,7 +95,9 @@ static_assert(mla_mma_smem_layout(512, 64).total_bytes == 2 * 32 * 1168 + 8192 +
 // block: throws naming `what`, the byte breakdown and the limit. Shared by both MLA launchers.
 MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int rope_dim);
 
-// Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each), like plan_decode_split.
+// Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each): as many as fit
+// the GPU's 2 CTAs per SM once (floor(2 n_sms / CTAs), at least 1; the shared-memory layout allows
+// 2 per SM), each split >= min_keys_per_split keys, at most kMaxDecodeSplits.
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                   int64_t min_keys_per_split = 256);
 // f32 workspace of mla_decode_attention's split path (0 for one split): [n_seqs, n_heads, n_splits, rank] + lse.
