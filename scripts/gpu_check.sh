@@ -5,6 +5,7 @@
 # Prepare first, here:  scripts/device_prepare.sh   (dependencies + golden data into .carry/)
 # Device call: carry [".carry", "third_party"], command `bash scripts/gpu_check.sh`.
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)
+#   FP4MOE_TARGETS build only these targets (default all; e.g. the sanitizer's test binaries)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/out}"
@@ -28,7 +29,9 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
   -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 \
   || { cat "$out/configure.log"; exit 1; }
 # -k 0: build everything that can be built, so one broken target does not hide the other results.
-if ! cmake --build build-gpu -j "$jobs" -- -k 0 > "$out/build.log" 2>&1; then
+targets=()
+for t in ${FP4MOE_TARGETS:-}; do targets+=(--target "$t"); done
+if ! cmake --build build-gpu -j "$jobs" "${targets[@]}" -- -k 0 > "$out/build.log" 2>&1; then
   status=1
   echo "BUILD FAILURES:"; grep -E "^FAILED|error" "$out/build.log" | head -20
 fi

@@ -107,8 +107,10 @@ Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t
 }
 
 // Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
-// splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs.
-std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, size_t splitk_bytes = 0) {
+// splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs. null_offsets (one expert
+// over all rows, as GpuLinear calls it): expert_offsets = nullptr.
+std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, size_t splitk_bytes = 0,
+                              bool null_offsets = false) {
   auto d_x = upload(p.x);
   auto d_off = upload(p.offsets);
   std::vector<uint8_t> codes_kl, scales_kl;  // the kernel layout, as a loader makes it once
@@ -120,7 +122,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, 
   auto d_y = upload(y);
   W4A16GroupedGemmArgs a;
   a.x = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
-  a.expert_offsets = d_off.get();
+  a.expert_offsets = null_offsets ? nullptr : d_off.get();
   a.w_packed = d_packed.get();
   a.w_scales = d_scales.get();
   a.w_global_scales = d_gs.get();
@@ -230,9 +232,9 @@ void check_against_reference(const Problem& p, const std::vector<uint16_t>& y, i
 }
 
 void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
-                   int config_id, int64_t extra_rows = 0, size_t splitk_bytes = 0) {
+                   int config_id, int64_t extra_rows = 0, size_t splitk_bytes = 0, bool null_offsets = false) {
   const Problem p = make_problem(rng, n_experts, n, k, counts, extra_rows);
-  const std::vector<uint16_t> y = run_gpu(p, config_id, 1, splitk_bytes);
+  const std::vector<uint16_t> y = run_gpu(p, config_id, 1, splitk_bytes, null_offsets);
   check_against_reference(p, y, config_id, rng());
 }
 
@@ -500,7 +502,8 @@ TEST(W4A16Gpu, KSixteenTimesOdd) {
 }
 
 // Split-K (w4a16_splitk_plan): a dense Linear with few CTAs and a long K is cut into K parts on
-// grid.z whose f32 sums a second kernel adds up, in both kernels. Parts of 4 scale groups (K = 16384: 8 parts), a
+// grid.z whose f32 sums a second kernel adds up, in both kernels (mostly called as GpuLinear does:
+// no expert offsets, one expert over all rows). Parts of 4 scale groups (K = 16384: 8 parts), a
 // K of 3 groups with a partial last one (3 parts of one group), a workspace that holds only two
 // parts, rows past the expert ranges left unwritten by the reduction, and the same bits twice.
 TEST(W4A16Gpu, SplitKMatchesReference) {
@@ -510,8 +513,9 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8"),
                   w4a16_config_id("w4a16_swapab_m64n8k256_s4"), w4a16_config_id("w4a16_swapab_m128n32k128_s4"),
                   w4a16_config_id("w4a16_swapab_m128n64k128_s4")}) {
-    for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big);
-    if (w4a16_config(cfg).block_t >= 32) run_and_check(rng, 1, 1024, 6144, {64}, cfg, 0, big);
+    for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big, /*null_offsets=*/m != 5);
+    if (w4a16_config(cfg).block_t >= 32) run_and_check(rng, 1, 1024, 6144, {64}, cfg, 0, big, true);
+    run_and_check(rng, 1, 200, 1040, {37}, cfg, 0, 0, true);  // no offsets, no split: 37 rows, ragged N
     run_and_check(rng, 1, 520, 1040, {3}, cfg, 0, big);
     run_and_check(rng, 1, 1024, 4096, {7}, cfg, 0, size_t{2} * 7 * 1024 * 4);  // room for 2 parts
     run_and_check(rng, 2, 256, 2048, {3, 0}, cfg, /*extra_rows=*/4, big);

@@ -893,6 +893,12 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   a.expert_offsets = reinterpret_cast<const int32_t*>(buf + 2);
   msg = expect_throw([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("expert_offsets and w_global_scales 4 B aligned"), std::string::npos) << msg;
+  a.expert_offsets = nullptr;  // only a single expert may leave its offsets out
+  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  EXPECT_NE(msg.find("expert_offsets may be null only for one expert (rows [0, M_total))"), std::string::npos) << msg;
+  a.n_experts = 1;
+  EXPECT_NO_THROW(w4a16_check_problem(a, c));
+  a.n_experts = 2;
   a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
   a.w_scales = nullptr;
   msg = expect_throw([&] { w4a16_check_problem(a, c); });

@@ -59,7 +59,7 @@ GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::
     ids.insert(cuda::sm90::w4a16_default_config(max_rows));
     try {
       for (int id : ids) {
-        const auto a = w4a16_args(dummy, dummy, dummy, dummy.as<int32_t>(), dummy.as<__nv_bfloat16>(), max_rows,
+        const auto a = w4a16_args(dummy, dummy, dummy, nullptr, dummy.as<__nv_bfloat16>(), max_rows,
                                   g.out_, g.in_, dummy.as<__nv_bfloat16>());
         cuda::sm90::w4a16_check_problem(a, cuda::sm90::w4a16_config(id));
       }
@@ -74,7 +74,6 @@ GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::
     g.packed_ = DeviceBuffer::from_host(codes_k);
     g.scales_ = DeviceBuffer::from_host(scales_k);
     g.global_scale_ = DeviceBuffer::from_host(std::vector<float>{w.global_scale});
-    g.offsets_ = DeviceBuffer(2 * sizeof(int32_t));
   } else {
     g.path_ = Path::kBf16Cublas;
     std::vector<uint16_t> b;
@@ -100,8 +99,8 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
   if (m == 0) return;
   const bool dequant = dequant_path(m);  // no host sync: capturable, as the W4A16 path
   if (path_ == Path::kNvfp4W4A16 && !dequant) {
-    cuda::set_single_group_offsets(offsets_.as<int32_t>(), m, stream);
-    auto a = w4a16_args(packed_, scales_, global_scale_, offsets_.as<int32_t>(), x, m, out_, in_, y);
+    // No expert offsets: one expert over rows [0, m), m a kernel argument (captured graphs replay theirs).
+    auto a = w4a16_args(packed_, scales_, global_scale_, nullptr, x, m, out_, in_, y);
     if (dequant_scratch_ != nullptr) {  // idle below kLinearDequantMinRows rows: the split-K partial sums
       a.splitk_workspace = dequant_scratch_->as<float>();
       a.splitk_workspace_bytes = dequant_scratch_->bytes();

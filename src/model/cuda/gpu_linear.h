@@ -66,7 +66,6 @@ class GpuLinear {
   int64_t out_ = 0, in_ = 0, max_rows_ = 0;
   cuda::DeviceBuffer bf16_;     // kBf16Cublas: [out, in]
   cuda::DeviceBuffer packed_, scales_, global_scale_;  // kNvfp4W4A16
-  mutable cuda::DeviceBuffer offsets_;  // kNvfp4W4A16: {0, m}
   cuda::DeviceBuffer bias_;     // f32 [out] or empty
   bool has_bias_ = false;
   std::shared_ptr<cuda::DeviceBuffer> dequant_scratch_;  // kNvfp4W4A16: bf16 [out, in] at least, shared

@@ -25,13 +25,6 @@ __global__ void add_bias_kernel(__nv_bfloat16* y, const float* __restrict__ bias
   }
 }
 
-__global__ void set_offsets_kernel(int32_t* offsets, int32_t n_rows) {
-  if (threadIdx.x == 0) {
-    offsets[0] = 0;
-    offsets[1] = n_rows;
-  }
-}
-
 }  // namespace
 
 void add_bias_bf16(__nv_bfloat16* y, const float* bias, int64_t n_rows, int64_t n_cols, int64_t ld,
@@ -42,13 +35,6 @@ void add_bias_bf16(__nv_bfloat16* y, const float* bias, int64_t n_rows, int64_t 
   if (n_rows == 0 || n_cols == 0) return;
   const int64_t blocks = std::min(kMaxGrid, (n_rows * n_cols + kCta - 1) / kCta);
   add_bias_kernel<<<static_cast<unsigned>(blocks), kCta, 0, stream>>>(y, bias, n_rows, n_cols, ld);
-  FP4MOE_CUDA_CHECK(cudaGetLastError());
-}
-
-void set_single_group_offsets(int32_t* offsets, int64_t n_rows, cudaStream_t stream) {
-  FP4MOE_CHECK(offsets != nullptr && n_rows >= 0 && n_rows <= INT32_MAX)
-      << "set_single_group_offsets: n_rows=" << n_rows << " outside [0, 2^31) or null offsets";
-  set_offsets_kernel<<<1, 32, 0, stream>>>(offsets, static_cast<int32_t>(n_rows));
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -68,10 +68,11 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
   FP4MOE_CHECK(a.m_total >= 0 && a.m_total <= std::numeric_limits<int32_t>::max())
       << what << ": M_total=" << a.m_total << " must be in [0, 2^31) (int32 expert offsets)";
   if (a.m_total == 0) return;
-  FP4MOE_CHECK(a.x != nullptr && a.expert_offsets != nullptr && a.w_packed != nullptr &&
+  FP4MOE_CHECK(a.expert_offsets != nullptr || a.n_experts == 1)
+      << what << ": expert_offsets may be null only for one expert (rows [0, M_total))";
+  FP4MOE_CHECK(a.x != nullptr && a.w_packed != nullptr &&
                a.w_scales != nullptr && a.w_global_scales != nullptr && a.y != nullptr)
-      << what << ": null pointer (x " << static_cast<const void*>(a.x) << ", expert_offsets "
-      << static_cast<const void*>(a.expert_offsets) << ", w_packed "
+      << what << ": null pointer (x " << static_cast<const void*>(a.x) << ", w_packed "
       << static_cast<const void*>(a.w_packed) << ", w_scales " << static_cast<const void*>(a.w_scales)
       << ", w_global_scales " << static_cast<const void*>(a.w_global_scales) << ", y "
       << static_cast<const void*>(a.y) << ")";

@@ -81,9 +81,16 @@ struct WorkItem {
 
 // Work item `work` (expert order, token tiles of block_t within an expert). False when `work` is
 // past the last tile. Offsets are clamped to [0, m_total] so that bad offsets cannot make the
-// kernel read or write out of bounds. Every lane of the calling warp gets the same answer.
+// kernel read or write out of bounds; no offsets (a dense Linear, E = 1): rows [0, m_total). Every
+// lane of the calling warp gets the same answer.
 template <int BLOCK_T>
 __device__ __forceinline__ bool find_work(const KernelParams& p, int work, WorkItem& out) {
+  if (p.offsets == nullptr) {
+    out.expert = 0;
+    out.row_begin = work * BLOCK_T;
+    out.rows = min(BLOCK_T, p.m_total - out.row_begin);
+    return out.row_begin < p.m_total;
+  }
   const int lane = static_cast<int>(threadIdx.x & 31u);
   int remaining = work;
   for (int base = 0; base < p.n_experts; base += 32) {
@@ -439,12 +446,13 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
 }
 
 // Split-K: y[r, :] = bf16(sum over parts, in part order, of partial[part, r, :]) for the rows of the
-// expert ranges [offsets[0], offsets[E]) (the rows the parts wrote), 4 outputs a thread.
+// expert ranges [offsets[0], offsets[E]) (all rows without offsets: the rows the parts wrote), 4
+// outputs a thread.
 __global__ void __launch_bounds__(256)
     w4a16_splitk_reduce_kernel(const float* __restrict__ partial, int parts, const int32_t* __restrict__ offsets,
                                int32_t n_experts, int32_t m_total, int32_t n, __nv_bfloat16* __restrict__ y) {
-  const int r0 = min(max(__ldg(offsets), 0), m_total);
-  const int r1 = min(max(__ldg(offsets + n_experts), r0), m_total);
+  const int r0 = offsets == nullptr ? 0 : min(max(__ldg(offsets), 0), m_total);
+  const int r1 = offsets == nullptr ? m_total : min(max(__ldg(offsets + n_experts), r0), m_total);
   const int64_t quads = static_cast<int64_t>(r1 - r0) * n / 4;
   const int64_t plane = static_cast<int64_t>(m_total) * n;
   const int64_t base = static_cast<int64_t>(r0) * n;

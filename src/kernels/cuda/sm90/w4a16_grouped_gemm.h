@@ -52,7 +52,10 @@ enum class W4A16Epilogue { kNone, kSwiGlu };
 // All pointers are device memory, row-major, experts stacked:
 struct W4A16GroupedGemmArgs {
   const __nv_bfloat16* x = nullptr;       // [m_total, k] permuted activations (16 B aligned)
-  const int32_t* expert_offsets = nullptr;  // [n_experts + 1], nondecreasing, offsets[E] <= m_total
+  const int32_t* expert_offsets = nullptr;  // [n_experts + 1], nondecreasing, offsets[E] <= m_total;
+                                            // nullptr with n_experts == 1: rows [0, m_total) (a dense
+                                            // Linear; m_total is a kernel argument, so a captured
+                                            // graph replays its own count)
   const uint8_t* w_packed = nullptr;      // codes in the kernel layout (w4a16_repack), 16 B aligned
   const uint8_t* w_scales = nullptr;      // scales in the kernel layout (w4a16_repack), 16 B aligned
   const float* w_global_scales = nullptr; // [n_experts] weight_scale_2 (kSwiGlu: of gate_proj)
