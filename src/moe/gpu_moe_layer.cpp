@@ -488,8 +488,16 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
                           __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) {
   const int64_t H = w.hidden, I = w.inter;
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant) {
-    cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.gate_up, true, x, m, d_offsets, act), config_id, stream);
-    cuda::sm90::w4a16_grouped_gemm(nvfp4_args(w.down, false, act, m, d_offsets, out), config_id, stream);
+    // The dequantized path's weight scratch is idle here: the split-K workspace (w4a16_splitk_plan
+    // splits only launches with few CTAs, e.g. the shared expert at decode; none when it is absent).
+    for (const bool gate_up : {true, false}) {
+      auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
+      if (ws_->w_scratch.bytes() > 0) {
+        a.splitk_workspace = ws_->w_scratch.as<float>();
+        a.splitk_workspace_bytes = ws_->w_scratch.bytes();
+      }
+      cuda::sm90::w4a16_grouped_gemm(a, config_id, stream);
+    }
     return;
   }
   // Expert e's bf16 weight: the peer's stack, or the dequantization (stream-ordered reuse of one buffer).

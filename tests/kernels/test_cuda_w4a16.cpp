@@ -244,7 +244,7 @@ void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k
 // accumulations of g and u (S_g, S_u = sum_k |x_k w_k|):
 //   |h - ref| <= 2^-8 |ref| + K 2^-22 (|u| S_g + |silu(g)| S_u) + 1e-30
 void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter, int64_t k,
-                          const std::vector<int32_t>& counts, int config_id) {
+                          const std::vector<int32_t>& counts, int config_id, size_t splitk_bytes = 0) {
   const Problem gate = make_problem(rng, n_experts, inter, k, counts);
   Problem up = make_problem(rng, n_experts, inter, k, counts);
   up.x = gate.x;
@@ -272,6 +272,12 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   a.n = 2 * inter;
   a.k = k;
   a.n_experts = n_experts;
+  DevicePtr<float> d_ws;
+  if (splitk_bytes > 0) {  // poisoned with NaNs
+    d_ws = upload(std::vector<float>(splitk_bytes / sizeof(float), std::nanf("")));
+    a.splitk_workspace = d_ws.get();
+    a.splitk_workspace_bytes = splitk_bytes;
+  }
   w4a16_grouped_gemm(a, config_id, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
@@ -519,6 +525,12 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
     run_and_check(rng, 1, 520, 1040, {3}, cfg, 0, big);
     run_and_check(rng, 1, 1024, 4096, {7}, cfg, 0, size_t{2} * 7 * 1024 * 4);  // room for 2 parts
     run_and_check(rng, 2, 256, 2048, {3, 0}, cfg, /*extra_rows=*/4, big);
+  }
+  // The SwiGLU epilogue split too (MoE's shared expert: one expert, 2I rows): the reduction applies it.
+  for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4")}) {
+    run_and_check_swiglu(rng, 1, 512, 6144, {64}, cfg, big);
+    run_and_check_swiglu(rng, 1, 520, 2064, {5}, cfg, big);  // K = 16 x 129: a partial last group
+    run_and_check_swiglu(rng, 2, 256, 4096, {3, 0}, cfg, big);
   }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4")}) {

@@ -686,7 +686,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
 // The split-K plan (no GPU): GLM-5's o_proj (N = 6144, K = 16384: 32 scale groups) at one token
 // is 96 CTAs of 64 rows -> ceil(4 x 132 / 96) = 6 parts of ceil(32 / 6) = 6 groups, i.e. 6 parts;
 // the same for a pipelined 64-row tile, and at 64 tokens the 128 x 64 pipelined tile (48 CTAs) makes
-// 8 parts of 4 groups; no split for the SwiGLU epilogue, no workspace, a full grid, one group, or a
+// 8 parts of 4 groups, also with the SwiGLU epilogue; no split for no workspace, a full grid, one group, or a
 // workspace without room for two parts; the workspace caps the parts.
 TEST(W4A16Configs, SplitKPlan) {
   W4A16GroupedGemmArgs a;
@@ -707,8 +707,8 @@ TEST(W4A16Configs, SplitKPlan) {
   EXPECT_EQ(s.parts, 8);
   EXPECT_EQ(s.groups_per_part, 4);
   a.m_total = 1;
-  a.epilogue = W4A16Epilogue::kSwiGlu;
-  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
+  a.epilogue = W4A16Epilogue::kSwiGlu;  // split the same way; the reduction applies the SwiGLU
+  EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 6);
   a.epilogue = W4A16Epilogue::kNone;
   a.splitk_workspace_bytes = 3 * 6144 * 4;  // room for 3 planes of [1, 6144] f32
   s = w4a16_splitk_plan(a, stream, 132);

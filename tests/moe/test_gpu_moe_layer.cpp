@@ -24,7 +24,9 @@
 //                  rounds act once, in the GEMM's epilogue, not gate/up first), which
 //                  propagates to ~2.6e-3 rms relative at y, NMSE ~7e-6; the BF16 peer also rounds
 //                  its weights (~3e-6 more). 1e-4 leaves ~10x margin while a wrong expert, a
-//                  swapped gate/up or a missing scale gives NMSE >= 1e-2.
+//                  swapped gate/up or a missing scale gives NMSE >= 1e-2. SharedExpertSplitK: H =
+//                  1024 (two scale groups) so the shared expert's gate_up is split over K at
+//                  decode sizes, the reduction applying the SwiGLU.
 //   Golden         the MoE blocks of glm4_moe_tiny_nvfp4 and glm5_tiny_nvfp4: moe_in (rounded to
 //                  bf16) -> GPU vs the CPU layer on the same input (same bound and near-tie rule),
 //                  and vs golden moe_out: cosine >= 0.999 per token where the expert sets equal
@@ -61,6 +63,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe/device_buffer.h"
 #include "kernels/cuda/moe/moe_kernels.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda_test_util.h"
 #include "moe/dispatch.h"
 #include "moe/gpu_moe_layer.h"
@@ -423,6 +426,24 @@ void check_layer(const MoeConfig& cfg, uint64_t seed) {
                            g.describe());
     }
   }
+}
+
+// H = 1024 is two scale groups: at decode sizes the shared expert's gate_up (one expert, 256 rows,
+// 4 CTAs) is split over K with the SwiGLU applied by the reduction (the split-K workspace is the
+// dequantized path's idle weight scratch, which max_tokens 600 allocates).
+TEST(Layer, SharedExpertSplitK) {
+  SKIP_WITHOUT_GPU();
+  const MoeConfig cfg = make_config(1024, 128, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1);
+  cuda::sm90::W4A16GroupedGemmArgs a;
+  a.m_total = 7;
+  a.n = 2 * cfg.shared_intermediate();
+  a.k = cfg.hidden;
+  a.n_experts = 1;
+  a.epilogue = cuda::sm90::W4A16Epilogue::kSwiGlu;
+  a.splitk_workspace = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced
+  a.splitk_workspace_bytes = size_t{1} << 26;
+  ASSERT_EQ(cuda::sm90::w4a16_splitk_plan(a, cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(7)), 132).parts, 2);
+  check_layer(cfg, testing::test_seed() + 1);
 }
 
 TEST(Layer, GlmStyleSigmoidWithSharedExpert) {

@@ -99,8 +99,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   W4A16SplitK s;
   const int64_t k_groups = w4a16_k_groups(a.k);
   s.groups_per_part = static_cast<int>(k_groups);
-  if (a.epilogue != W4A16Epilogue::kNone || a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 ||
-      n_sms < 1) {
+  if (a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
     return s;
   }
   // The CTAs that do work: the grid's x is an upper bound over any token split; one expert has

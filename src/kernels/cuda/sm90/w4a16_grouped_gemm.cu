@@ -241,8 +241,22 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   // C fragment: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1). kSwiGlu: row g is gate row 8 rt + g
   // and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
   const float f = epilogue_scale(p.global_scales, item.expert);
-  if constexpr (SWIGLU) {
-    const float fu = epilogue_scale(p.global_scales_up, item.expert);
+  const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
+  if (p.partial != nullptr) {  // split-K: this part's f32 sums per weight row (SwiGLU: rows g + 8 are up)
+    float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
+    const int row0 = rt * 16 + static_cast<int>(g);
+#pragma unroll
+    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
+        const int row = row0 + 8 * (i >> 1);
+        if (tok < item.rows && row < p.n) {
+          part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[nt][i] * (i >> 1 ? fu : f);
+        }
+      }
+    }
+  } else if constexpr (SWIGLU) {
     const int col = rt * 8 + static_cast<int>(g);
 #pragma unroll
     for (uint32_t nt = 0; nt < kNTiles; ++nt) {
@@ -263,14 +277,7 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
       for (int i = 0; i < 4; ++i) {
         const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
         const int row = row0 + 8 * (i >> 1);
-        if (tok < item.rows && row < p.n) {
-          const int64_t at = static_cast<int64_t>(item.row_begin + tok) * p.n + row;
-          if (p.partial != nullptr) {  // split-K: this part's f32 sum, added up by w4a16_splitk_reduce_kernel
-            p.partial[static_cast<int64_t>(blockIdx.z) * p.m_total * p.n + at] = acc[nt][i] * f;
-          } else {
-            p.y[at] = __float2bfloat16_rn(acc[nt][i] * f);
-          }
-        }
+        if (tok < item.rows && row < p.n) p.y[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = __float2bfloat16_rn(acc[nt][i] * f);
       }
     }
   }
@@ -399,7 +406,8 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   const float f = epilogue_scale(p.global_scales, item.expert);
   uint8_t* epi = smem + kEpiOff;
   const uint32_t g = lane >> 2, t = lane & 3u;
-  if (!SWIGLU && p.partial != nullptr) {  // split-K: this part's f32 sums, added up by w4a16_splitk_reduce_kernel
+  const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
+  if (p.partial != nullptr) {  // split-K: this part's f32 sums per weight row (SwiGLU: rows g + 8 are up)
     float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
     const int row0 = (rt0 + static_cast<int>(warp)) * 16 + static_cast<int>(g);
 #pragma unroll
@@ -408,7 +416,9 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
       for (int q = 0; q < 4; ++q) {
         const int tok = static_cast<int>(j * 8 + 2 * t) + (q & 1);
         const int row = row0 + 8 * (q >> 1);
-        if (tok < item.rows && row < p.n) part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[j][q] * f;
+        if (tok < item.rows && row < p.n) {
+          part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[j][q] * (q >> 1 ? fu : f);
+        }
       }
     }
     return;
@@ -420,7 +430,6 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   for (uint32_t j = 0; j < kNTiles; ++j) {
     const uint32_t tok = j * 8 + 2 * t;
     if constexpr (SWIGLU) {
-      const float fu = epilogue_scale(p.global_scales_up, item.expert);
       put(tok, warp * 8 + g, swiglu(acc[j][0] * f, acc[j][2] * fu));
       put(tok + 1, warp * 8 + g, swiglu(acc[j][1] * f, acc[j][3] * fu));
     } else {
@@ -445,31 +454,54 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
 }
 
-// Split-K: y[r, :] = bf16(sum over parts, in part order, of partial[part, r, :]) for the rows of the
-// expert ranges [offsets[0], offsets[E]) (all rows without offsets: the rows the parts wrote), 4
-// outputs a thread.
+// The sum over parts, in part order, of partial[part, at .. at + 3].
+__device__ __forceinline__ float4 splitk_sum4(const float* __restrict__ partial, int parts, int64_t plane, int64_t at) {
+  float4 sum = *reinterpret_cast<const float4*>(partial + at);
+  for (int part = 1; part < parts; ++part) {
+    const float4 v = *reinterpret_cast<const float4*>(partial + part * plane + at);
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  return sum;
+}
+
+// Split-K: for the rows of the expert ranges [offsets[0], offsets[E]) (all rows without offsets: the
+// rows the parts wrote), y[r, c] = bf16(s[r, c]) with s the sum over parts, in part order, of
+// partial[part, r, :]; SwiGLU: y [rows, n / 2], y[r, c] = bf16(silu(s[r, gate row]) x s[r, up row]),
+// the rows of w4a16_repack_gate_up (gate 16 (c / 8) + c % 8, up 8 rows after). 4 outputs a thread.
+template <bool SWIGLU>
 __global__ void __launch_bounds__(256)
     w4a16_splitk_reduce_kernel(const float* __restrict__ partial, int parts, const int32_t* __restrict__ offsets,
                                int32_t n_experts, int32_t m_total, int32_t n, __nv_bfloat16* __restrict__ y) {
   const int r0 = offsets == nullptr ? 0 : min(max(__ldg(offsets), 0), m_total);
   const int r1 = offsets == nullptr ? m_total : min(max(__ldg(offsets + n_experts), r0), m_total);
-  const int64_t quads = static_cast<int64_t>(r1 - r0) * n / 4;
+  const int n_out = SWIGLU ? n / 2 : n;
+  const int64_t quads = static_cast<int64_t>(r1 - r0) * n_out / 4;
   const int64_t plane = static_cast<int64_t>(m_total) * n;
-  const int64_t base = static_cast<int64_t>(r0) * n;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t at = base + 4 * q;
-    float4 sum = *reinterpret_cast<const float4*>(partial + at);
-    for (int part = 1; part < parts; ++part) {
-      const float4 v = *reinterpret_cast<const float4*>(partial + part * plane + at);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+    const int64_t o = static_cast<int64_t>(r0) * n_out + 4 * q;  // first of the 4 outputs
+    float v[4];
+    if constexpr (SWIGLU) {
+      const int64_t r = o / n_out, c = o % n_out;  // c % 4 == 0: the 4 share a gate/up row tile
+      const int64_t gate = r * n + 16 * (c / 8) + c % 8;
+      const float4 sg = splitk_sum4(partial, parts, plane, gate), su = splitk_sum4(partial, parts, plane, gate + 8);
+      v[0] = swiglu(sg.x, su.x);
+      v[1] = swiglu(sg.y, su.y);
+      v[2] = swiglu(sg.z, su.z);
+      v[3] = swiglu(sg.w, su.w);
+    } else {
+      const float4 s = splitk_sum4(partial, parts, plane, o);
+      v[0] = s.x;
+      v[1] = s.y;
+      v[2] = s.z;
+      v[3] = s.w;
     }
-    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y + at);
-    out[0] = __floats2bfloat162_rn(sum.x, sum.y);
-    out[1] = __floats2bfloat162_rn(sum.z, sum.w);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y + o);
+    out[0] = __floats2bfloat162_rn(v[0], v[1]);
+    out[1] = __floats2bfloat162_rn(v[2], v[3]);
   }
 }
 
@@ -524,12 +556,11 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
       p, dim3(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(split.parts)),
       stream);
   if (split.parts > 1) {
-    const int64_t quads = args.m_total * args.n / 4;
+    const int64_t quads = args.m_total * (swiglu ? args.n / 2 : args.n) / 4;
     const int blocks = static_cast<int>(std::min<int64_t>((quads + 255) / 256, 4096));
-    w4a16_splitk_reduce_kernel<<<blocks, 256, 0, stream>>>(args.splitk_workspace, split.parts, args.expert_offsets,
-                                                          static_cast<int32_t>(args.n_experts),
-                                                          static_cast<int32_t>(args.m_total),
-                                                          static_cast<int32_t>(args.n), args.y);
+    (swiglu ? w4a16_splitk_reduce_kernel<true> : w4a16_splitk_reduce_kernel<false>)<<<blocks, 256, 0, stream>>>(
+        args.splitk_workspace, split.parts, args.expert_offsets, static_cast<int32_t>(args.n_experts),
+        static_cast<int32_t>(args.m_total), static_cast<int32_t>(args.n), args.y);
     FP4MOE_CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -69,13 +69,15 @@ struct W4A16GroupedGemmArgs {
   size_t splitk_workspace_bytes = 0;
 };
 
-// Split-K of a launch with the plain epilogue (either kernel): when the (token tile x row block)
+// Split-K of a launch (either kernel, either epilogue): when the (token tile x row block)
 // grid has fewer working CTAs than kW4A16SplitKTargetCtasPerSm x SMs (a dense E = 1 Linear at
 // decode: GLM-5's o_proj, N = 6144, is 96 CTAs of 64 rows, each streaming all of K = 16384; at 64
 // tokens the pipelined 128-row tile makes it 48), K is cut into `parts` ranges of whole scale
 // groups (512 K each) on grid.z; each part writes its f32 products to the workspace [parts,
-// m_total, n] and w4a16_splitk_reduce_kernel sums the parts in order (deterministic) into y.
-// parts = 1 (no split) for the SwiGLU epilogue, no workspace, or a grid that fills the GPU already;
+// m_total, n] (f32 per weight row; SwiGLU: up rows scaled by their global scale) and
+// w4a16_splitk_reduce_kernel sums the parts in order (deterministic) into y, applying the SwiGLU
+// there (MoE's shared expert at decode: one expert's 2I rows make few CTAs).
+// parts = 1 (no split) for no workspace, or a grid that fills the GPU already;
 // parts <= kW4A16MaxSplitK and the workspace must hold them. The same CTA target serves both kernels:
 // capping the pipelined 128 x 64 tile (1 CTA per SM) at one wave measured slower on the H200 (o_proj
 // at 64 tokens: 2 parts 101 us, 8 parts 74 us, unsplit 173 us).
