@@ -7,12 +7,7 @@
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)
 #   FP4MOE_TARGETS build only these targets (default all; e.g. the sanitizer's test binaries)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-sysroot="$PWD/.carry/sysroot/usr"
-export FP4MOE_SHARED="$PWD/.carry/shared"
-export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/device_env.sh"
 jobs=$(nproc)
 status=0
 step() { echo "=== $* ($(date +%T))"; }
@@ -24,10 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvcc --version | tail -2
 
 step "configure + build"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
-  -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
-  -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 \
-  || { cat "$out/configure.log"; exit 1; }
+gpu_configure build-gpu || exit 1
 # -k 0: build everything that can be built, so one broken target does not hide the other results.
 targets=()
 for t in ${FP4MOE_TARGETS:-}; do targets+=(--target "$t"); done

@@ -14,12 +14,7 @@
 # Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
 # command `bash scripts/gpu_model_check.sh`.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-sysroot="$PWD/.carry/sysroot/usr"
-export FP4MOE_SHARED="$PWD/.carry/shared"
-export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/device_env.sh"
 status=0
 preset="${FP4MOE_PRESET:-glm45-air-shard}"
 stages=" ${FP4MOE_STAGES:-tests sanitizer one-batch serve golden-serve} "
@@ -28,9 +23,7 @@ step() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step "build"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
-  -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
-  -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+gpu_configure build-gpu || exit 1
 tests=(test_gpu_model test_gpu_kv_cache test_cuda_ops test_cuda_ops_host test_gpu_moe_layer test_cuda_paged_attention
        ${FP4MOE_EXTRA_TESTS:-})
 cmake --build build-gpu -j "$(nproc)" --target fp4moe "${tests[@]}" -- -k 0 > "$out/build.log" 2>&1 \

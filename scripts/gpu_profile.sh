@@ -7,18 +7,12 @@
 # (bench_w4a16 times every shipped config in kW4A16Configs order, 5 warm-ups + --runs launches each,
 # so launch 6*i is config i's first launch with --runs 1). Reports go to $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-sysroot="$PWD/.carry/sysroot/usr"
-export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/device_env.sh"
 bench_args=() ncu_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do bench_args+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 ncu_args=("$@")
-cmake -S . -B build-prof -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON \
-  -DCMAKE_PREFIX_PATH="$sysroot" -DCMAKE_INCLUDE_PATH="$sysroot/include" \
-  -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+gpu_configure build-prof || exit 1
 cmake --build build-prof -j "$(nproc)" --target bench_w4a16 test_cuda_w4a16 > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
 t=$(find build-prof/tests -name test_cuda_w4a16 -type f | head -1)
 FP4MOE_SHARED="$PWD/.carry/shared" "$t" --gtest_filter="${FP4MOE_GTEST_FILTER:-*}" > "$out/test.log" 2>&1

@@ -6,16 +6,9 @@
 #   FP4MOE_PRESET (glm5-shard), FP4MOE_BATCH (64), FP4MOE_INPUT_LEN (1024), FP4MOE_WEIGHTS (nvfp4)
 # Device call: carry [".carry", "third_party"], command `bash scripts/gpu_step_profile.sh`.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-sysroot="$PWD/.carry/sysroot/usr"
-export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export FP4MOE_SHARED="$PWD/.carry/shared"
+source "$(dirname "$0")/device_env.sh"
 if [ ! -x build-gpu/fp4moe ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON -DCMAKE_PREFIX_PATH="$sysroot" \
-    -DCMAKE_INCLUDE_PATH="$sysroot/include" -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" \
-    > "$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+  gpu_configure build-gpu || exit 1
   cmake --build build-gpu -j "$(nproc)" --target fp4moe > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head; exit 1; }
 fi
 preset="${FP4MOE_PRESET:-glm5-shard}" batch="${FP4MOE_BATCH:-64}" len="${FP4MOE_INPUT_LEN:-1024}"

@@ -3,15 +3,9 @@
 # shard GEMM shapes into a fresh cache, then times `fp4moe bench gemm` (which reads the cache and
 # prints tuned/default per row) and `fp4moe bench moe --tuned` on the shard. Logs in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-sysroot="$PWD/.carry/sysroot/usr"
-export FP4MOE_SHARED="$PWD/.carry/shared"
-export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/device_env.sh"
 export FP4MOE_TUNE_CACHE="$out/tune.json"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON -DCMAKE_PREFIX_PATH="$sysroot" \
-  -DCMAKE_INCLUDE_PATH="$sysroot/include" -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" > "$out/configure.log" 2>&1 || exit 1
+gpu_configure build-gpu || exit 1
 cmake --build build-gpu -j "$(nproc)" --target fp4moe test_bench_moe_gpu > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head; exit 1; }
 "$(find build-gpu/tests -name test_bench_moe_gpu -type f | head -1)" 2>&1 | tail -3
 shapes=32,4096,6144,32,6144,2048

@@ -1,0 +1,17 @@
+# Sourced by the device scripts (gpu_*.sh): the environment of a run on the GPU machine, which has
+# no package access and gets its dependencies from scripts/device_prepare.sh's git-ignored .carry/.
+#   out            $OUT (the folder the device tool brings back) or ./out
+#   sysroot        the unpacked Debian dev packages; their libraries on LD_LIBRARY_PATH
+#   FP4MOE_SHARED  the copy of ../shared (golden data, specs)
+#   gpu_configure DIR   CMake configure of a Release CUDA build in DIR against the sysroot (log in $out)
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-$PWD/out}"
+mkdir -p "$out"
+sysroot="$PWD/.carry/sysroot/usr"
+export FP4MOE_SHARED="$PWD/.carry/shared"
+export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_configure() {
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP4MOE_CUDA=ON -DCMAKE_PREFIX_PATH="$sysroot" \
+    -DCMAKE_INCLUDE_PATH="$sysroot/include" -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" \
+    > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; return 1; }
+}
