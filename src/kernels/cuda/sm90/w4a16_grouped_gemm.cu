@@ -133,6 +133,27 @@ __device__ __forceinline__ float epilogue_scale(const float* global_scales, int 
 // SwiGLU of one (gate, up) accumulator pair, f32: silu(g) * u (moe/mlp.cpp's formula).
 __device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
 
+// Split-K: a warp's f32 sums of its row tile `row_tile` (C fragment: rows 16 row_tile + g (+8), tokens
+// 8 nt + 2 t (+1)) into this part's plane of the workspace, x f (rows g) and fu (rows g + 8: with the
+// SwiGLU epilogue the up rows), for w4a16_splitk_reduce_kernel.
+template <uint32_t kNTiles>
+__device__ __forceinline__ void store_partial(const KernelParams& p, const WorkItem& item, int row_tile, uint32_t lane,
+                                              const float (&acc)[kNTiles][4], float f, float fu) {
+  float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
+  const int row0 = row_tile * 16 + static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
+#pragma unroll
+  for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = static_cast<int>(nt * 8) + 2 * t + (i & 1);
+      const int row = row0 + 8 * (i >> 1);
+      if (tok < item.rows && row < p.n) {
+        part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[nt][i] * (i >> 1 ? fu : f);
+      }
+    }
+  }
+}
+
 // ---- kStream: per-warp code rings, no barrier ----------------------------------------------------
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
@@ -242,20 +263,8 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   // and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
   const float f = epilogue_scale(p.global_scales, item.expert);
   const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
-  if (p.partial != nullptr) {  // split-K: this part's f32 sums per weight row (SwiGLU: rows g + 8 are up)
-    float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
-    const int row0 = rt * 16 + static_cast<int>(g);
-#pragma unroll
-    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
-        const int row = row0 + 8 * (i >> 1);
-        if (tok < item.rows && row < p.n) {
-          part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[nt][i] * (i >> 1 ? fu : f);
-        }
-      }
-    }
+  if (p.partial != nullptr) {
+    store_partial<kNTiles>(p, item, rt, lane, acc, f, fu);
   } else if constexpr (SWIGLU) {
     const int col = rt * 8 + static_cast<int>(g);
 #pragma unroll
@@ -407,20 +416,8 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   uint8_t* epi = smem + kEpiOff;
   const uint32_t g = lane >> 2, t = lane & 3u;
   const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
-  if (p.partial != nullptr) {  // split-K: this part's f32 sums per weight row (SwiGLU: rows g + 8 are up)
-    float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
-    const int row0 = (rt0 + static_cast<int>(warp)) * 16 + static_cast<int>(g);
-#pragma unroll
-    for (uint32_t j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = static_cast<int>(j * 8 + 2 * t) + (q & 1);
-        const int row = row0 + 8 * (q >> 1);
-        if (tok < item.rows && row < p.n) {
-          part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[j][q] * (q >> 1 ? fu : f);
-        }
-      }
-    }
+  if (p.partial != nullptr) {
+    store_partial<kNTiles>(p, item, rt0 + static_cast<int>(warp), lane, acc, f, fu);
     return;
   }
   auto put = [&](uint32_t tk, uint32_t col, float v) {
