@@ -739,7 +739,7 @@ TEST(W4A16Configs, SplitKPlan) {
 }
 
 // The grid covers every work item: for any split of m_total tokens over E experts, the token tiles
-// sum_e ceil(m_e / block_t) never exceed grid.x (empty experts cost no tile), and grid.y covers N.
+// sum_e ceil(m_e / block_t) never exceed grid.x (empty experts cost no tile; one expert: exactly), and grid.y covers N.
 TEST(W4A16Configs, GridCoversEveryTokenTile) {
   std::mt19937 rng(20261203);
   for (int id = 0; id < w4a16_num_configs(); ++id) {
@@ -759,6 +759,9 @@ TEST(W4A16Configs, GridCoversEveryTokenTile) {
       a.n = 8 * (1 + static_cast<int64_t>(rng() % 1000));
       const W4A16Grid g = w4a16_grid(a, c);
       ASSERT_GE(g.x, tiles) << w4a16_config_name(c) << " E " << E << " m_total " << total;
+      if (E == 1) {
+        ASSERT_EQ(g.x, tiles) << w4a16_config_name(c) << ": one expert's grid is exact";
+      }
       ASSERT_GE(g.y * c.block_w, a.n);
       ASSERT_LT((g.y - 1) * c.block_w, a.n);
       ASSERT_EQ(g.ctas(), g.x * g.y);

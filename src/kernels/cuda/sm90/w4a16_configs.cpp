@@ -91,8 +91,9 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
 }
 
 W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
-  return W4A16Grid{a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total),
-                   (a.n + c.block_w - 1) / c.block_w};
+  const int64_t items = a.n_experts == 1 ? (a.m_total + c.block_t - 1) / c.block_t
+                                         : a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
+  return W4A16Grid{items, (a.n + c.block_w - 1) / c.block_w};
 }
 
 W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& c, int n_sms) {
@@ -102,11 +103,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   if (a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
     return s;
   }
-  // The CTAs that do work: the grid's x is an upper bound over any token split; one expert has
-  // exactly ceil(m_total / block_t) token tiles.
-  const W4A16Grid grid = w4a16_grid(a, c);
-  const int64_t items = a.n_experts == 1 ? (a.m_total + c.block_t - 1) / c.block_t : grid.x;
-  const int64_t ctas = items * grid.y;
+  const int64_t ctas = w4a16_grid(a, c).ctas();
   const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
   int64_t parts = std::min<int64_t>({(target + ctas - 1) / ctas, kW4A16MaxSplitK, k_groups});
   const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));

@@ -115,7 +115,8 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& args, const W4A16Config& c)
 
 // The launch grid of config `c` over `args` (one definition for the check, the split-K plan and the
 // launcher): x = m_total / block_t + min(E, m_total) work items (token tiles over all experts; an
-// upper bound, surplus CTAs exit), y = ceil(n / block_w) weight-row tiles. grid.z is the split-K part.
+// upper bound, surplus CTAs exit), exactly ceil(m_total / block_t) for one expert; y = ceil(n /
+// block_w) weight-row tiles. grid.z is the split-K part.
 struct W4A16Grid {
   int64_t x = 0, y = 0;
   int64_t ctas() const { return x * y; }
