@@ -30,6 +30,24 @@ constexpr int kWarps = kCta / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kMaxGrid = kGridStrideMaxCtas;  // grid-stride beyond this many CTAs
 
+// The arithmetic both RMSNorm kernels share (model::rms_norm's; IEEE div and sqrt, no fast-math):
+// inv = 1 / sqrt(ss / dim + eps) and y = w * (s * inv).
+__device__ __forceinline__ float rms_inv(float ss, int64_t dim, float eps) {
+  return 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
+}
+__device__ __forceinline__ float rms_scale(float w, float s, float inv) { return __fmul_rn(w, __fmul_rn(s, inv)); }
+
+// The sum of every thread's `v` over the CTA (warp sums, then warp 0..7 in order); all threads get it.
+__device__ __forceinline__ float cta_sum(float v, float (&warp_partial)[kWarps]) {
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) s += warp_partial[k];
+  return s;
+}
+
 // kThreadsPerRow = 32: a warp per row (rows are warp-uniform, no __syncthreads); 256: a CTA per row.
 template <int kThreadsPerRow>
 __global__ void __launch_bounds__(kCta)
@@ -55,19 +73,15 @@ __global__ void __launch_bounds__(kCta)
     }
     ss = __fmaf_rn(s, s, ss);
   }
-  ss = warp_sum(ss);
   if constexpr (kThreadsPerRow == kCta) {
-    if (t % 32 == 0) warp_partial[t / 32] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) ss += warp_partial[k];
+    ss = cta_sum(ss, warp_partial);
+  } else {
+    ss = warp_sum(ss);
   }
-  // model::rms_norm: inv = 1 / sqrt(ss / dim + eps) (IEEE div and sqrt: no fast-math here).
-  const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
+  const float inv = rms_inv(ss, dim, eps);
   for (int64_t i = t; i < dim; i += kThreadsPerRow) {
     const float s = __bfloat162float(residual != nullptr ? residual[base + i] : x[base + i]);
-    y[base + i] = __float2bfloat16_rn(__fmul_rn(w[i], __fmul_rn(s, inv)));  // w * (x * inv)
+    y[base + i] = __float2bfloat16_rn(rms_scale(w[i], s, inv));
   }
 }
 
@@ -108,13 +122,7 @@ __global__ void __launch_bounds__(kCta)
       ss = __fmaf_rn(f.y, f.y, ss);
     }
   }
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kWarps; ++k) ss += warp_partial[k];
-  const float inv = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
+  const float inv = rms_inv(cta_sum(ss, warp_partial), dim, eps);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int i = static_cast<int>(threadIdx.x) + j * kCta;
@@ -128,8 +136,7 @@ __global__ void __launch_bounds__(kCta)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __bfloat1622float2(sv[e]);
-      ov[e] = __floats2bfloat162_rn(__fmul_rn(wv[2 * e], __fmul_rn(f.x, inv)),
-                                    __fmul_rn(wv[2 * e + 1], __fmul_rn(f.y, inv)));
+      ov[e] = __floats2bfloat162_rn(rms_scale(wv[2 * e], f.x, inv), rms_scale(wv[2 * e + 1], f.y, inv));
     }
     *reinterpret_cast<uint4*>(y + base + 8 * i) = out;
   }
