@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kRouteWarpsPerCta * kWarp)
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = lane + kWarp * j;
-    v[j] = e < E ? route_sigmoid(row[e]) + (p.has_bias ? bias[e] : 0.0f) : 0.0f;
+    v[j] = e < E ? route_sigmoid_choice(p, row[e], bias, e) : 0.0f;
   }
   if (p.n_group > 1) {
     const int per_group = E / p.n_group;
@@ -180,10 +180,8 @@ __global__ void __launch_bounds__(kRouteWarpsPerCta * kWarp)
   float sum = 0.0f;
   for (int s = 0; s < p.top_k; ++s) sum += __shfl_sync(0xffffffffu, w, s);
   if (lane < p.top_k) {
-    float out = p.norm_topk_prob ? w / (sum + 1e-20f) : w;
-    out *= p.routed_scaling_factor;
     topk_idx[static_cast<int64_t>(t) * p.top_k + lane] = my_pick;
-    topk_weights[static_cast<int64_t>(t) * p.top_k + lane] = out;
+    topk_weights[static_cast<int64_t>(t) * p.top_k + lane] = route_final_weight(p, w, sum);
   }
 }
 

@@ -44,6 +44,18 @@ FP4MOE_ROUTE_HD bool route_ranks_before(float a, int ia, float b, int ib) { retu
 
 FP4MOE_ROUTE_HD float route_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// The sigmoid router's choice value of expert e: sigmoid(logit) + its correction bias.
+FP4MOE_ROUTE_HD float route_sigmoid_choice(const RouteParams& p, float logit, const float* bias, int e) {
+  return route_sigmoid(logit) + (p.has_bias ? bias[e] : 0.0f);
+}
+
+// A pick's final weight from its unbiased score w and the sum over the top_k picks: / sum (+ 1e-20
+// for the sigmoid router) when norm_topk_prob, then x routed_scaling_factor.
+FP4MOE_ROUTE_HD float route_final_weight(const RouteParams& p, float w, float sum) {
+  if (p.norm_topk_prob) w /= p.sigmoid ? sum + 1e-20f : sum;
+  return w * p.routed_scaling_factor;
+}
+
 // Sum of the two largest values of the group (exactly the CPU loop; one expert: its value).
 FP4MOE_ROUTE_HD float route_group_score(const float* choice, int stride, int first, int per_group) {
   if (per_group == 1) return choice[first * stride];
@@ -69,7 +81,7 @@ FP4MOE_ROUTE_HD void route_token(const RouteParams& p, const float* logits, cons
   const int n_experts = p.n_experts;
   if (p.sigmoid) {
     for (int e = 0; e < n_experts; ++e) {
-      choice[e * stride] = route_sigmoid(logits[e]) + (p.has_bias ? bias[e] : 0.0f);
+      choice[e * stride] = route_sigmoid_choice(p, logits[e], bias, e);
     }
     const int per_group = n_experts / p.n_group;
     uint64_t groups_on = 0;
@@ -128,11 +140,7 @@ FP4MOE_ROUTE_HD void route_token(const RouteParams& p, const float* logits, cons
     w[s] = p.sigmoid ? route_sigmoid(logits[idx[s]]) : choice[idx[s] * stride];
     sum += w[s];
   }
-  if (p.norm_topk_prob) {
-    const float denom = p.sigmoid ? sum + 1e-20f : sum;
-    for (int s = 0; s < p.top_k; ++s) w[s] /= denom;
-  }
-  for (int s = 0; s < p.top_k; ++s) w[s] *= p.routed_scaling_factor;
+  for (int s = 0; s < p.top_k; ++s) w[s] = route_final_weight(p, w[s], sum);
 }
 
 }  // namespace fp4moe::cuda::moe
