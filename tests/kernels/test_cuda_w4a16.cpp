@@ -106,6 +106,15 @@ Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t
   return p;
 }
 
+// bytes > 0: a split-K workspace of that size for `a`, poisoned with NaNs (owned by the result).
+DevicePtr<float> attach_splitk_workspace(W4A16GroupedGemmArgs& a, size_t bytes) {
+  if (bytes == 0) return {};
+  DevicePtr<float> ws = upload(std::vector<float>(bytes / sizeof(float), std::nanf("")));
+  a.splitk_workspace = ws.get();
+  a.splitk_workspace_bytes = bytes;
+  return ws;
+}
+
 // Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
 // splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs. null_offsets (one expert
 // over all rows, as GpuLinear calls it): expert_offsets = nullptr.
@@ -131,12 +140,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, 
   a.n = p.n;
   a.k = p.k;
   a.n_experts = p.n_experts;
-  DevicePtr<float> d_ws;
-  if (splitk_bytes > 0) {
-    d_ws = upload(std::vector<float>(splitk_bytes / sizeof(float), std::nanf("")));
-    a.splitk_workspace = d_ws.get();
-    a.splitk_workspace_bytes = splitk_bytes;
-  }
+  const DevicePtr<float> d_ws = attach_splitk_workspace(a, splitk_bytes);
   for (int r = 0; r < repeats; ++r) w4a16_grouped_gemm(a, config_id, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
@@ -272,12 +276,7 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   a.n = 2 * inter;
   a.k = k;
   a.n_experts = n_experts;
-  DevicePtr<float> d_ws;
-  if (splitk_bytes > 0) {  // poisoned with NaNs
-    d_ws = upload(std::vector<float>(splitk_bytes / sizeof(float), std::nanf("")));
-    a.splitk_workspace = d_ws.get();
-    a.splitk_workspace_bytes = splitk_bytes;
-  }
+  const DevicePtr<float> d_ws = attach_splitk_workspace(a, splitk_bytes);
   w4a16_grouped_gemm(a, config_id, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
