@@ -20,6 +20,11 @@ if(NOT FP4MOE_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
+    # The wgmma W4A16 kernel takes its MMA atoms from CuTe (the pinned CUTLASS headers).
+    if(NOT FP4MOE_CUTLASS_INCLUDE)
+      message(FATAL_ERROR "fp4moe: the CUDA kernels need the CUTLASS/CuTe headers ${FP4MOE_CUTLASS_VERSION}: run "
+                          "scripts/setup.sh (third_party/cutlass), pass -DCUTLASS_DIR=..., or -DFP4MOE_CUDA=OFF")
+    endif()
     set(FP4MOE_HAVE_CUDA ON)
     set(FP4MOE_CUDA_GENCODE "-gencode=arch=compute_90a,code=sm_90a")
     message(STATUS "fp4moe: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${FP4MOE_CUDA_GENCODE})")

@@ -145,8 +145,9 @@ SmemCheck check_ours(const TileCandidate& c, const GpuSpec& gpu) {
   out.stages = static_cast<int>(c.ours.stages);
   out.bytes = l.total_bytes();
   out.stage_bytes = l.stage_stride;
-  out.epilogue_bytes = l.epilogue_bytes;
-  out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // tail padding
+  // kWgmma's epilogue tile reuses the stages (no bytes of its own); its A tiles are the overhead.
+  out.epilogue_bytes = c.ours.kind == W4A16Kind::kWgmma ? 0 : l.epilogue_bytes;
+  out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // tail padding / A tiles
   out.breakdown = group_regions(l.layout);
   out.fits = refusal.empty();
   if (!out.fits) {

@@ -32,6 +32,26 @@
 //    Once:
 //      epilogue  block_t rows x (block_w x 2 + 16) B   bf16 output tile, token-major, rows padded
 //                                                      by 16 B so the transposed writes spread over banks
+//  * kWgmma (prefill, and dense Linears at 64 tokens: past the H200's ridge point): Hopper wgmma
+//    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of 64 weight rows each.
+//    Each warp dequantizes its own 16 weight rows (the same registers as the mma.sync kernels) and
+//    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
+//    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by cp.async.
+//      block_w 128 (2 warpgroups); block_t (tokens, the wgmma N) 32, 64, 128 or 256; block_k 64
+//      (one chunk per stage and barrier); stages 3..8 (stages - 2 chunks in flight: the slot of
+//      chunk i - 2 is refilled once every warpgroup's wgmma of chunk i - 2 has completed).
+//    Name: "w4a16_wgmma_m<block_w>n<block_t>_s<stages>".
+//    Per stage (x_tile 1024 B aligned, the 128B-swizzle atom; stage_stride a multiple of 1024):
+//      x_tile    block_t rows x 128 B (64 bf16), 16 B unit u of row r at r x 128 + (u ^ (r & 7)) x 16
+//      w_tiles   block_w / 16 row tiles x 512 B of codes (the kernel weight layout; a lane copies and
+//                reads back only its own 16 B)
+//    Once:
+//      a_tiles   kWgmmaABuffers x block_w rows x 128 B bf16, the same swizzle (the dequantized weights;
+//                3 buffers: the one chunk i writes was last read by the wgmma of chunk i - 3, which
+//                every warp waited for before the previous barrier)
+//    Scales come through registers (a lane's 16 B per 8 chunks, one group ahead). The epilogue tile
+//    (block_t rows x (block_w x 2 + 16) B) reuses the stage region from offset 0 after the main loop
+//    (every copy drained, every wgmma done), so it adds no bytes; check() requires it to fit there.
 // Header-only constexpr, host + device; depends only on plan/smem_layout.h. Tested by
 // tests/plan/test_layouts.cpp (offsets pinned per shipped config) and
 // tests/kernels/test_cuda_w4a16_host.cpp (the kernel's carve against the planner's sizing).
@@ -45,7 +65,7 @@ namespace fp4moe::plan {
 
 inline constexpr uint32_t kSm90SmemOptinBytes = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
-enum class W4A16Kind : uint32_t { kPipeline = 0, kStream = 1 };
+enum class W4A16Kind : uint32_t { kPipeline = 0, kStream = 1, kWgmma = 2 };
 
 struct W4A16Config {
   uint32_t block_w = 128;  // weight rows per CTA (MMA M)
@@ -60,10 +80,33 @@ struct W4A16Config {
 
 // Activation chunks a kStream lane keeps in registers ahead of use.
 inline constexpr uint32_t kW4A16StreamXAhead = 4;
+// kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
+inline constexpr uint32_t kWgmmaABuffers = 3;
+inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
+
+// kWgmma tiles (x_tile, a_tiles): byte offset of 16 B unit `unit16` (0..7: k = 8 unit16 .. + 7) of row
+// `row`, K-major, 128B-swizzled (the wgmma canonical layout, CuTe's Layout_K_SW128_Atom for bf16; the
+// tile base is 1024 B aligned). Checked against CuTe by tests/kernels/test_wgmma_layout_host.cpp.
+FP4MOE_HD constexpr uint32_t w4a16_wgmma_swizzle(uint32_t row, uint32_t unit16) {
+  return row * 128 + ((unit16 ^ (row & 7u)) << 4);
+}
+
+// The wgmma shared-memory matrix descriptor of such a tile at shared address `addr` (+ 32 B per k16
+// step inside the 128 B row): start address >> 4 in bits 0..13, leading byte offset 1 (unused by
+// swizzled K-major layouts), stride byte offset 1024 >> 4 (8 rows of 128 B to the next 8) in bits
+// 32..45, base offset 0, layout type 1 (SWIZZLE_128B) in bits 62..63 (PTX ISA "Matrix Descriptor
+// Format"; checked against CuTe's GmmaDescriptor by tests/kernels/test_wgmma_layout_host.cpp).
+FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{kWgmmaSwizzleAtom >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
 
 // Registers per thread a config is compiled for (kStream: the activation ring of 4 chunks x 32 B
 // per 8 tokens plus ~48 for the rest; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
+  // kWgmma: the accumulators (block_t / 2 f32 a thread) plus ~64 for the rest; one CTA per SM
+  // (smem), so up to 255.
+  if (c.kind == W4A16Kind::kWgmma) return c.block_t / 2 + 64 > 255 ? 255 : c.block_t / 2 + 64;
   if (c.kind != W4A16Kind::kStream) return 64;
   return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
 }
@@ -92,6 +135,7 @@ struct W4A16Layout {
   uint32_t x_tile_bytes = 0, w_tiles_bytes = 0, w_scales_bytes = 0;      // one stage
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
   uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's ring at ring_offset + w * ring_warp_bytes
+  uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
@@ -109,6 +153,19 @@ struct W4A16Layout {
       if (c.block_t != 8 && c.block_t != 16) return "stream: block_t (tokens, MMA N) must be 8 or 16";
       if (c.block_k != 64) return "stream: block_k must be 64 (one chunk per step)";
       if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
+      return nullptr;
+    }
+    if (c.kind == W4A16Kind::kWgmma) {
+      if (c.block_w != 128) return "wgmma: block_w (weight rows per CTA) must be 128 (two warpgroups of m64)";
+      if (c.block_t != 32 && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
+        return "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
+      }
+      if (c.block_k != 64) return "wgmma: block_k must be 64 (one chunk per stage)";
+      if (c.stages < 3 || c.stages > 8) return "wgmma: stages must be 3..8";
+      // The epilogue tile reuses the stage region (see the file comment).
+      if (c.block_t * (c.block_w * 2 + kEpilogueRowPad) > c.stages * (c.block_t * 128 + c.block_w * 32)) {
+        return "wgmma: the epilogue tile must fit in the stage region it reuses";
+      }
       return nullptr;
     }
     if (c.kind != W4A16Kind::kPipeline) return "unknown kind";
@@ -130,6 +187,24 @@ struct W4A16Layout {
       out.ring_warp_bytes = c.stages * 512;
       out.ring_offset = out.layout.add("code rings (per warp, e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes, 128,
                                        RegionKind::kStageOperand);
+      return out;
+    }
+    if (c.kind == W4A16Kind::kWgmma) {
+      SmemLayout& l = out.layout;
+      out.x_tile_bytes = c.block_t * 128;
+      out.w_tiles_bytes = c.block_w * 32;
+      for (uint32_t s = 0; s < c.stages; ++s) {
+        const uint32_t x = l.add("stage x_tile (bf16 activations, 128B-swizzled)", out.x_tile_bytes, kWgmmaSwizzleAtom,
+                                 RegionKind::kStageOperand);
+        l.add("stage w_tiles (nvfp4 e2m1, kernel layout)", out.w_tiles_bytes, 128, RegionKind::kStageOperand);
+        if (s == 1) out.stage_stride = x;
+      }
+      out.a_tile_bytes = c.block_w * 128;
+      out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
+                                 kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+      out.w_tiles_offset = out.x_tile_bytes;
+      out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
+      out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;  // at offset 0, inside the stages
       return out;
     }
     out.x_tile_bytes = c.block_t * c.block_k * 2;
@@ -176,6 +251,9 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 32, 128, 4},              // w4a16_swapab_m128n32k128_s4
     {128, 64, 128, 4},              // w4a16_swapab_m128n64k128_s4
     {64, 64, 128, 4},               // w4a16_swapab_m64n64k128_s4
+    {128, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s5
+    {128, 128, 64, 5, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s5
+    {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

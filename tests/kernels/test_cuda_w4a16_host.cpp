@@ -598,6 +598,22 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       EXPECT_EQ(sum, check.bytes) << name;
       continue;
     }
+    if (c.kind == W4A16Kind::kWgmma) {
+      // sm90_nvfp4_w4a16_wgmma_kernel<block_t, stages> carves with wgmma_config(block_t, stages) =
+      // W4A16Config{128, block_t, 64, stages, kWgmma}: x_tile / w_tiles per stage, then the A tiles.
+      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{128, c.block_t, 64, c.stages, W4A16Kind::kWgmma});
+      ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
+      for (uint32_t s = 0; s < c.stages; ++s) {
+        EXPECT_EQ(planned.regions[2 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
+        EXPECT_EQ(planned.regions[2 * s + 1].offset, kernel.w_tiles_offset + s * kernel.stage_stride) << name << " stage " << s;
+      }
+      EXPECT_EQ(planned.regions[2 * c.stages].offset, kernel.a_tiles_offset) << name;
+      EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
+      EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
+      EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
+      EXPECT_EQ(check.overhead_bytes, plan::kWgmmaABuffers * kernel.a_tile_bytes) << name;
+      continue;
+    }
     const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
     ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
     for (uint32_t s = 0; s < c.stages; ++s) {
@@ -621,9 +637,10 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 // (m128*_d8) or 4 warps x 16 x 512 = 32768 B (m64*_d16), the others 4 x 8 x 512 = 16384 B: all
 // fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
 // (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
-// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not: 2 refusals.
+// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not, nor do the three wgmma
+// configs (110592, 151552 and 196608 B): 5 refusals.
 // On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
-// 32768 B ones and all 5 pipeline ones (54400 B and up) are refused, 9 in all.
+// 32768 B ones, all 5 pipeline ones (54400 B and up) and the 3 wgmma ones are refused, 12 in all.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
@@ -646,7 +663,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
   ASSERT_EQ(ada.smem_optin_per_block, 101376u);
   EXPECT_EQ(check_refusals_agree(ada),
-            (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4"}));
+            (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
+                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4"}));
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
@@ -654,7 +672,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
             (std::vector<std::string>{"w4a16_stream_m64n8_d16", "w4a16_stream_m128n8_d8", "w4a16_stream_m64n16_d16",
                                       "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
-                                      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4"}));
+                                      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
+                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -670,7 +689,8 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_stream_m64n8_d8",       "w4a16_stream_m64n8_d16",      "w4a16_stream_m128n8_d8",
       "w4a16_stream_m64n16_d8",      "w4a16_stream_m64n16_d16",     "w4a16_stream_m128n16_d8",
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
-      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4"};
+      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n64_s5",
+      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -679,7 +699,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
             std::string::npos)
       << msg;
   const std::string msg_id = expect_throw([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (11 configs, ids 0..10)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (14 configs, ids 0..13)"), std::string::npos) << msg_id;
   expect_throw([] { w4a16_config(-1); });
 }
 

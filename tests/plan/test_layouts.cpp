@@ -89,6 +89,14 @@ constexpr Pinned kPinned[] = {
     // m64n64k128_s4: x 64*128*2 = 16384, w 64*128/2 = 4096, s 64*128/16 = 512, stride 20992;
     // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
+    // kWgmma, per stage x_tile = block_t x 128 (1024 B aligned), w_tiles = 128 rows x 32 B = 4096; the
+    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages; the epilogue (block_t x 272) at 0, inside
+    // the stages, adding nothing. m128n64_s5: stride 8192 + 4096 = 12288, a_tiles at 61440, total 110592.
+    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110592, 0},
+    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, total 151552; epilogue 34816.
+    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151552, 0},
+    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, total 196608; epilogue 69632.
+    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196608, 0},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -121,6 +129,27 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(p.total, c.n_warps() * c.stages * 512) << name;
       EXPECT_FALSE(l.fits(p.total - 1)) << name;
       EXPECT_TRUE(l.fits(p.total)) << name;
+      expect_well_formed(l.layout, name);
+      continue;
+    }
+    if (c.kind == W4A16Kind::kWgmma) {
+      // x_tile, w_tiles per stage, then the a_tiles; every wgmma tile on a 1024 B swizzle atom.
+      ASSERT_EQ(l.layout.n_regions, static_cast<int>(2 * c.stages + 1)) << name;
+      for (uint32_t s = 0; s < c.stages; ++s) {
+        EXPECT_EQ(l.x_tile(s), s * p.stage_stride) << name << " stage " << s;
+        EXPECT_EQ(l.x_tile(s) % 1024, 0u) << name << " stage " << s;
+        EXPECT_EQ(l.layout.regions[2 * s].offset, l.x_tile(s)) << name << " stage " << s;
+        EXPECT_EQ(l.layout.regions[2 * s + 1].offset, l.w_tiles(s)) << name << " stage " << s;
+      }
+      EXPECT_EQ(l.w_tiles(0), p.x_tile) << name;
+      EXPECT_EQ(l.a_tiles_offset, c.stages * p.stage_stride) << name;
+      EXPECT_EQ(l.a_tiles_offset % 1024, 0u) << name;
+      EXPECT_EQ(l.a_tile_bytes, 128u * 128u) << name;
+      EXPECT_EQ(l.layout.offset_of("a_tiles (bf16 dequantized weights, 128B-swizzled)"), l.a_tiles_offset) << name;
+      EXPECT_EQ(l.a_tiles_offset + kWgmmaABuffers * l.a_tile_bytes, p.total) << name;
+      EXPECT_LE(p.epilogue_bytes, c.stages * p.stage_stride) << name << ": the epilogue must fit in the stages";
+      EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kPadding), 0u) << name;
+      EXPECT_EQ(l.config.n_threads(), 256u) << name;
       expect_well_formed(l.layout, name);
       continue;
     }
@@ -199,6 +228,13 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
   EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32767),
             "config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
             "32767 B (the device's opt-in limit per block) by 1 B");
+  // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[11]),
+            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 = 110592 B (epilogue 17408 reuses the stages)");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[13], 101376),
+            "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 = "
+            "196608 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in limit per "
+            "block) by 95232 B");
   EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
             "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16");
 }
@@ -228,6 +264,16 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   // An invalid stream config has no region (it cannot be built, so nothing is sized).
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 3, kS}).layout.n_regions, 0);
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);
+  constexpr W4A16Kind kW = W4A16Kind::kWgmma;
+  EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kW}).invalid_reason, nullptr);    // block_w 64 (one warpgroup)
+  EXPECT_NE(W4A16Layout::make({128, 48, 64, 4, kW}).invalid_reason, nullptr);   // block_t 48
+  EXPECT_NE(W4A16Layout::make({128, 64, 128, 4, kW}).invalid_reason, nullptr);  // block_k 128
+  EXPECT_NE(W4A16Layout::make({128, 64, 64, 2, kW}).invalid_reason, nullptr);   // 2 stages: nothing in flight
+  EXPECT_NE(W4A16Layout::make({128, 64, 64, 9, kW}).invalid_reason, nullptr);   // 9 stages
+  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 3, kW}).invalid_reason, nullptr);
+  // 256 tokens x 3 stages: the epilogue (256 x 272 = 69632) fits 3 x 36864; 8 stages do not fit sm_90.
+  EXPECT_EQ(W4A16Layout::make({128, 256, 64, 3, kW}).invalid_reason, nullptr);
+  EXPECT_FALSE(W4A16Layout::make({128, 256, 64, 8, kW}).fits(kSm90SmemOptinBytes));
   EXPECT_FALSE(W4A16Layout::make({64, 8, 64, 3, kS}).fits(UINT32_MAX));
 }
 

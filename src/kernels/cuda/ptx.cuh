@@ -24,6 +24,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Makes this thread's shared-memory writes (st.shared, and cp.async copies it has waited for) visible
+// to the async proxy, i.e. to wgmma reading shared memory; a barrier then publishes them to the CTA.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // D = A x B + D, m16n8k16, bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(

@@ -1,0 +1,182 @@
+// Device pieces shared by the W4A16 kernels' translation units (w4a16_grouped_gemm.cu: kStream and
+// kPipeline; w4a16_wgmma.cu: kWgmma): the kernel parameters, the work-item search over the expert
+// offsets, the epilogue arithmetic, the split-K partial store and the shared-memory output tile.
+// Included only by .cu files of this folder.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/ptx.cuh"
+#include "kernels/cuda/sm90/w4a16_weight_layout.h"
+
+namespace fp4moe::cuda::sm90::w4a16_detail {
+
+struct KernelParams {
+  const __nv_bfloat16* x;
+  const int32_t* offsets;
+  const uint8_t* w_codes;   // kernel layout
+  const uint8_t* w_scales;  // kernel layout
+  const float* global_scales;
+  const float* global_scales_up;  // kSwiGlu: the up half's (== global_scales when shared)
+  __nv_bfloat16* y;
+  int32_t m_total, n, k, n_experts;
+  int32_t row_tiles, k_chunks, k_groups;
+  int32_t n_out;  // columns of y: n, or n / 2 with kSwiGlu
+  int32_t groups_per_part;  // kStream split-K: scale groups per K part (blockIdx.z); k_groups when unsplit
+  float* partial;           // split-K: f32 [parts, m_total, n] (nullptr: unsplit, y written directly)
+};
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+using ptx::cp_async_16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::mma_bf16_m16n8k16;
+using ptx::smem_u32;
+
+// 4 or 8 B copy (the scale bytes of a stage's chunks); zero-fills when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 B");
+  const int src_size = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
+               : "memory");
+}
+
+struct WorkItem {
+  int expert = 0;
+  int row_begin = 0;  // first token row of the tile
+  int rows = 0;       // valid token rows in the tile, 1..block_t
+};
+
+// Work item `work` (expert order, token tiles of block_t within an expert). False when `work` is
+// past the last tile. Offsets are clamped to [0, m_total] so that bad offsets cannot make the
+// kernel read or write out of bounds; no offsets (a dense Linear, E = 1): rows [0, m_total). Every
+// lane of the calling warp gets the same answer.
+template <int BLOCK_T>
+__device__ __forceinline__ bool find_work(const KernelParams& p, int work, WorkItem& out) {
+  if (p.offsets == nullptr) {
+    out.expert = 0;
+    out.row_begin = work * BLOCK_T;
+    out.rows = min(BLOCK_T, p.m_total - out.row_begin);
+    return out.row_begin < p.m_total;
+  }
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  int remaining = work;
+  for (int base = 0; base < p.n_experts; base += 32) {
+    const int e = base + lane;
+    int start = 0, end = 0;
+    if (e < p.n_experts) {
+      start = min(max(__ldg(p.offsets + e), 0), p.m_total);
+      end = min(max(__ldg(p.offsets + e + 1), start), p.m_total);
+    }
+    const int tiles = (end - start + BLOCK_T - 1) / BLOCK_T;
+    int incl = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(kFullMask, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int total = __shfl_sync(kFullMask, incl, 31);
+    if (remaining < total) {
+      // The first expert whose inclusive count passes `remaining` has tiles > 0.
+      const unsigned hit = __ballot_sync(kFullMask, incl > remaining);
+      const int src = __ffs(static_cast<int>(hit)) - 1;
+      const int before = __shfl_sync(kFullMask, incl - tiles, src);
+      const int e_start = __shfl_sync(kFullMask, start, src);
+      const int e_end = __shfl_sync(kFullMask, end, src);
+      out.expert = base + src;
+      out.row_begin = e_start + (remaining - before) * BLOCK_T;
+      out.rows = min(BLOCK_T, e_end - out.row_begin);
+      return true;
+    }
+    remaining -= total;
+  }
+  return false;
+}
+
+// Epilogue factors: the A registers carry 2^-8 (kW4A16AccShift).
+__device__ __forceinline__ float epilogue_scale(const float* global_scales, int expert) {
+  return __ldg(global_scales + expert) * static_cast<float>(1 << kW4A16AccShift);
+}
+
+// SwiGLU of one (gate, up) accumulator pair, f32: silu(g) * u (moe/mlp.cpp's formula).
+__device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+
+// Split-K: a warp's f32 sums of its row tile `row_tile` (C fragment: rows 16 row_tile + g (+8), tokens
+// 8 nt + 2 t (+1)) into this part's plane of the workspace, x f (rows g) and fu (rows g + 8: with the
+// SwiGLU epilogue the up rows), for w4a16_splitk_reduce_kernel.
+template <uint32_t kNTiles>
+__device__ __forceinline__ void store_partial(const KernelParams& p, const WorkItem& item, int row_tile, uint32_t lane,
+                                              const float (&acc)[kNTiles][4], float f, float fu) {
+  float* part = p.partial + static_cast<int64_t>(blockIdx.z) * p.m_total * p.n;
+  const int row0 = row_tile * 16 + static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
+#pragma unroll
+  for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = static_cast<int>(nt * 8) + 2 * t + (i & 1);
+      const int row = row0 + 8 * (i >> 1);
+      if (tok < item.rows && row < p.n) {
+        part[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = acc[nt][i] * (i >> 1 ? fu : f);
+      }
+    }
+  }
+}
+
+// The end of both shared-memory kernels (kPipeline, kWgmma): warp `warp` of the CTA holds the C
+// fragments of row tile rt0 + warp (rows g / g + 8 = weight rows, columns 2t, 2t + 1 = tokens of
+// n8 tile j). Split-K: the f32 parts go to the workspace. Otherwise the tile goes token-major through
+// shared memory at `epi` (BLOCK_T rows of kEpiRow bytes; the caller has made it free) and out with
+// 16 B stores; kSwiGlu: silu(gate row g) * up row g + 8 -> column 8 warp + g.
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU>
+__device__ __forceinline__ void write_output_tile(const KernelParams& p, const WorkItem& item, int rt0, uint32_t tid,
+                                                  const float (&acc)[BLOCK_T / 8][4], uint8_t* epi) {
+  constexpr uint32_t kNTiles = BLOCK_T / 8;
+  constexpr uint32_t kOutCols = SWIGLU ? BLOCK_W / 2 : BLOCK_W;
+  const uint32_t lane = tid & 31u, warp = tid >> 5;
+  const float f = epilogue_scale(p.global_scales, item.expert);
+  const uint32_t g = lane >> 2, t = lane & 3u;
+  const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
+  if (p.partial != nullptr) {
+    store_partial<kNTiles>(p, item, rt0 + static_cast<int>(warp), lane, acc, f, fu);
+    return;
+  }
+  auto put = [&](uint32_t tk, uint32_t col, float v) {
+    *reinterpret_cast<__nv_bfloat16*>(epi + tk * kEpiRow + col * 2) = __float2bfloat16_rn(v);
+  };
+#pragma unroll
+  for (uint32_t j = 0; j < kNTiles; ++j) {
+    const uint32_t tok = j * 8 + 2 * t;
+    if constexpr (SWIGLU) {
+      put(tok, warp * 8 + g, swiglu(acc[j][0] * f, acc[j][2] * fu));
+      put(tok + 1, warp * 8 + g, swiglu(acc[j][1] * f, acc[j][3] * fu));
+    } else {
+      const uint32_t wr = warp * 16 + g;
+      put(tok, wr, acc[j][0] * f);
+      put(tok + 1, wr, acc[j][1] * f);
+      put(tok, wr + 8, acc[j][2] * f);
+      put(tok + 1, wr + 8, acc[j][3] * f);
+    }
+  }
+  __syncthreads();
+  const int64_t n0 = static_cast<int64_t>(rt0) * (SWIGLU ? 8 : 16);
+  constexpr uint32_t kOutChunks = BLOCK_T * kOutCols / 8;  // 16 B = 8 outputs
+#pragma unroll
+  for (uint32_t i = tid; i < kOutChunks; i += kThreads) {
+    const uint32_t r = i / (kOutCols / 8), c = i % (kOutCols / 8);
+    const int64_t n = n0 + c * 8;
+    if (static_cast<int>(r) < item.rows && n < p.n_out) {
+      *reinterpret_cast<uint4*>(p.y + static_cast<int64_t>(item.row_begin + static_cast<int>(r)) * p.n_out + n) =
+          *reinterpret_cast<const uint4*>(epi + r * kEpiRow + c * 16);
+    }
+  }
+}
+
+// Launches config `config_id` (a kWgmma config of kW4A16Configs) on `grid` (w4a16_wgmma.cu).
+void launch_wgmma(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream);
+
+}  // namespace fp4moe::cuda::sm90::w4a16_detail
