@@ -273,7 +273,11 @@ std::string arch_mismatch(KernelFamily family, const GpuSpec& gpu) {
 
 SmemCheck check_smem(const TileCandidate& c, const GpuSpec& gpu, const CutlassRules& rules) {
   SmemCheck out = c.family == KernelFamily::kSm90W4A16 ? check_ours(c, gpu) : check_cutlass(c, gpu, rules);
-  const std::string arch = arch_mismatch(c.family, gpu);
+  std::string arch = arch_mismatch(c.family, gpu);
+  if (arch.empty() && c.family == KernelFamily::kSm90W4A16 && c.ours.kind == W4A16Kind::kWgmma &&
+      (gpu.sm != 90 || !gpu.has(kWgmma))) {
+    arch = "wgmma tiles need sm_90a (wgmma.mma_async); " + gpu.name + " is " + gpu.sm_name();
+  }
   if (!arch.empty()) {
     out.fits = false;
     out.rule = "arch";

@@ -113,19 +113,29 @@ TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
     EXPECT_EQ(check.stages, static_cast<int>(k.stages)) << name;
     EXPECT_EQ(check.bytes, l.total_bytes()) << name;
     EXPECT_EQ(check.stage_bytes, l.stage_stride) << name;
-    EXPECT_EQ(check.epilogue_bytes, l.epilogue_bytes) << name;
+    // kWgmma's epilogue tile lives inside the stages: no bytes of its own.
+    EXPECT_EQ(check.epilogue_bytes, k.kind == W4A16Kind::kWgmma ? 0u : l.epilogue_bytes) << name;
     EXPECT_EQ(check.summary, w4a16_smem_summary(k)) << name;
     EXPECT_EQ(describe(candidate_layout(c, h200, kCutlass420)), describe(l.layout)) << name;
   }
 }
 
-// On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped configs over it
-// are rejected with the byte breakdown, by the computation the launcher refuses them with.
+// On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped mma.sync configs over
+// it are rejected with the byte breakdown, by the computation the launcher refuses them with; the
+// three wgmma configs by the architecture (sm_89 has no wgmma).
 TEST(Planner, OursRejectionSnapshot) {
   const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("rtx-4090"), {});
   EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   ASSERT_TRUE(p.chosen.has_value()) << p.error;
-  ASSERT_EQ(p.rejected.size(), 2u);
+  ASSERT_EQ(p.rejected.size(), 5u);
+  for (size_t i = 2; i < 5; ++i) {
+    EXPECT_EQ(p.rejected[i].rule, "arch") << p.rejected[i].message;
+    EXPECT_NE(p.rejected[i].message.find("sm90_nvfp4_w4a16_grouped_gemm wgmma tiles need sm_90a (wgmma.mma_async); "
+                                         "rtx-4090 is sm_89"),
+              std::string::npos)
+        << p.rejected[i].message;
+  }
+  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n64_s5");
   EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
   const Rejection& r = p.rejected[1];
   EXPECT_EQ(r.rule, "smem-opt-in");
