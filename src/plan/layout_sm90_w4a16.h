@@ -33,11 +33,14 @@
 //      epilogue  block_t rows x (block_w x 2 + 16) B   bf16 output tile, token-major, rows padded
 //                                                      by 16 B so the transposed writes spread over banks
 //  * kWgmma (prefill, and dense Linears at 64 tokens: past the H200's ridge point): Hopper wgmma
-//    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of 64 weight rows each.
+//    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of block_w / 2 weight
+//    rows each (1 or 2 m64 blocks: m64 block j of the CTA is warpgroup j % 2's, its warp w's rows
+//    are row tile j / 2 x 8 + ... see w4a16_wgmma.cu; warp w owns row tiles w and w + 8).
 //    Each warp dequantizes its own 16 weight rows (the same registers as the mma.sync kernels) and
 //    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
 //    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by cp.async.
-//      block_w 128 (2 warpgroups); block_t (tokens, the wgmma N) 32, 64, 128 or 256; block_k 64
+//      block_w 128 or 256; block_t (tokens, the wgmma N) 32, 64, 128 or 256 (block_w / 128 x block_t
+//      <= 256: the accumulators); block_k 64
 //      (one chunk per stage and barrier); stages 3..8 (stages - 2 chunks in flight: the slot of
 //      chunk i - 2 is refilled once every warpgroup's wgmma of chunk i - 2 has completed).
 //    Name: "w4a16_wgmma_m<block_w>n<block_t>_s<stages>".
@@ -74,7 +77,8 @@ struct W4A16Config {
   uint32_t stages = 4;     // pipeline stages (kStream: code ring depth in chunks)
   W4A16Kind kind = W4A16Kind::kPipeline;
 
-  FP4MOE_HD constexpr uint32_t n_warps() const { return block_w / 16; }
+  // One m16 row tile per warp; kWgmma: always two warpgroups (block_w / 128 row tiles per warp).
+  FP4MOE_HD constexpr uint32_t n_warps() const { return kind == W4A16Kind::kWgmma ? 8 : block_w / 16; }
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
@@ -106,7 +110,10 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: the accumulators (block_t / 2 f32 a thread) plus ~64 for the rest; one CTA per SM
   // (smem), so up to 255.
-  if (c.kind == W4A16Kind::kWgmma) return c.block_t / 2 + 64 > 255 ? 255 : c.block_t / 2 + 64;
+  if (c.kind == W4A16Kind::kWgmma) {
+    const uint32_t acc = c.block_w / 128 * c.block_t / 2;
+    return acc + 64 > 255 ? 255 : acc + 64;
+  }
   if (c.kind != W4A16Kind::kStream) return 64;
   return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
 }
@@ -156,9 +163,14 @@ struct W4A16Layout {
       return nullptr;
     }
     if (c.kind == W4A16Kind::kWgmma) {
-      if (c.block_w != 128) return "wgmma: block_w (weight rows per CTA) must be 128 (two warpgroups of m64)";
+      if (c.block_w != 128 && c.block_w != 256) {
+        return "wgmma: block_w (weight rows per CTA) must be 128 or 256 (two warpgroups of 1 or 2 m64 blocks)";
+      }
       if (c.block_t != 32 && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
         return "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
+      }
+      if (c.block_w / 128 * c.block_t > 256) {
+        return "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
       }
       if (c.block_k != 64) return "wgmma: block_k must be 64 (one chunk per stage)";
       if (c.stages < 3 || c.stages > 8) return "wgmma: stages must be 3..8";
@@ -254,6 +266,8 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s5
     {128, 128, 64, 5, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s5
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
+    {256, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s5
+    {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

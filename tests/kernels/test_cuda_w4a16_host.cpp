@@ -599,9 +599,9 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       continue;
     }
     if (c.kind == W4A16Kind::kWgmma) {
-      // sm90_nvfp4_w4a16_wgmma_kernel<block_t, stages> carves with wgmma_config(block_t, stages) =
-      // W4A16Config{128, block_t, 64, stages, kWgmma}: x_tile / w_tiles per stage, then the A tiles.
-      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{128, c.block_t, 64, c.stages, W4A16Kind::kWgmma});
+      // sm90_nvfp4_w4a16_wgmma_kernel<block_w, block_t, stages> carves with wgmma_config(block_w, block_t,
+      // stages) = W4A16Config{block_w, block_t, 64, stages, kWgmma}: x_tile / w_tiles per stage, then the A tiles.
+      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kWgmma});
       ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
       for (uint32_t s = 0; s < c.stages; ++s) {
         EXPECT_EQ(planned.regions[2 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
@@ -637,10 +637,10 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 // (m128*_d8) or 4 warps x 16 x 512 = 32768 B (m64*_d16), the others 4 x 8 x 512 = 16384 B: all
 // fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
 // (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
-// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the three wgmma configs are
-// rejected by the architecture (sm_89 has no wgmma; they would not fit either): 5 refusals.
+// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the five wgmma configs are
+// rejected by the architecture (sm_89 has no wgmma; they would not fit either): 7 refusals.
 // On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
-// 32768 B ones, all 5 pipeline ones (54400 B and up) and the 3 wgmma ones are refused, 12 in all.
+// 32768 B ones, all 5 pipeline ones (54400 B and up) and the 5 wgmma ones are refused, 14 in all.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
@@ -668,7 +668,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   ASSERT_EQ(ada.smem_optin_per_block, 101376u);
   EXPECT_EQ(check_refusals_agree(ada),
             (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
-                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4"}));
+                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
@@ -677,7 +678,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
                                       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
-                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4"}));
+                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -694,7 +696,8 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_stream_m64n16_d8",      "w4a16_stream_m64n16_d16",     "w4a16_stream_m128n16_d8",
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n64_s5",
-      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4"};
+      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",     "w4a16_wgmma_m256n64_s5",
+      "w4a16_wgmma_m256n128_s4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -703,7 +706,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
             std::string::npos)
       << msg;
   const std::string msg_id = expect_throw([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (14 configs, ids 0..13)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (16 configs, ids 0..15)"), std::string::npos) << msg_id;
   expect_throw([] { w4a16_config(-1); });
 }
 
@@ -753,13 +756,31 @@ TEST(W4A16Configs, SplitKPlan) {
   EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
   // Never more than kW4A16MaxSplitK parts, never an empty part.
   a.splitk_workspace = ws;
+  const W4A16Config& wgmma = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
   for (int64_t k = 512; k <= 65536; k += 512) {
     a.k = k;
-    s = w4a16_splitk_plan(a, stream, 132);
-    ASSERT_LE(s.parts, kW4A16MaxSplitK) << k;
-    ASSERT_LT(static_cast<int64_t>(s.parts - 1) * s.groups_per_part, w4a16_k_groups(k)) << k;
-    ASSERT_GE(static_cast<int64_t>(s.parts) * s.groups_per_part, w4a16_k_groups(k)) << k;
+    for (const W4A16Config* c : {&stream, &wgmma}) {
+      s = w4a16_splitk_plan(a, *c, 132);
+      ASSERT_LE(s.parts, kW4A16MaxSplitK) << k;
+      ASSERT_LT(static_cast<int64_t>(s.parts - 1) * s.groups_per_part, w4a16_k_groups(k)) << k;
+      ASSERT_GE(static_cast<int64_t>(s.parts) * s.groups_per_part, w4a16_k_groups(k)) << k;
+    }
   }
+  // The wgmma kind fills whole waves: o_proj (N = 6144, K = 16384: 32 groups) at 64 tokens on the
+  // m128n64 tile (2 resident CTAs per SM: 264) is 48 CTAs; cost = waves x (groups per part + 1):
+  // 1 part 1 x 33, 4 parts (192 CTAs) 1 x 9, 5 parts (240 CTAs, 7 groups each: ceil(32 / 7) = 5) 1 x 8,
+  // 6 parts (288 CTAs) 2 x 7, 8 parts 2 x 5: 5 parts of 7 groups.
+  a.k = 16384;
+  a.m_total = 64;
+  s = w4a16_splitk_plan(a, wgmma, 132);
+  EXPECT_EQ(s.parts, 5);
+  EXPECT_EQ(s.groups_per_part, 7);
+  // A grid of whole waves already (E = 32 experts x 32 row blocks at 64 tokens each): no split.
+  a.n_experts = 32;
+  a.n = 4096;
+  a.k = 6144;
+  a.m_total = 32 * 64;
+  EXPECT_EQ(w4a16_splitk_plan(a, wgmma, 132).parts, 1);
 }
 
 // The grid covers every work item: for any split of m_total tokens over E experts, the token tiles

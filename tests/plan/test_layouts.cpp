@@ -97,6 +97,11 @@ constexpr Pinned kPinned[] = {
     {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151552, 0},
     // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, total 196608; epilogue 69632.
     {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196608, 0},
+    // m256n64_s5: w_tiles 256 x 32 = 8192, stride 8192 + 8192 = 16384, a_tiles 3 x 256 x 128 = 98304 at
+    // 81920, total 180224; epilogue 64 x (512 + 16) = 33792.
+    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180224, 0},
+    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, total 196608; epilogue 128 x 528 = 67584.
+    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196608, 0},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -144,7 +149,7 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(l.w_tiles(0), p.x_tile) << name;
       EXPECT_EQ(l.a_tiles_offset, c.stages * p.stage_stride) << name;
       EXPECT_EQ(l.a_tiles_offset % 1024, 0u) << name;
-      EXPECT_EQ(l.a_tile_bytes, 128u * 128u) << name;
+      EXPECT_EQ(l.a_tile_bytes, c.block_w * 128u) << name;
       EXPECT_EQ(l.layout.offset_of("a_tiles (bf16 dequantized weights, 128B-swizzled)"), l.a_tiles_offset) << name;
       EXPECT_EQ(l.a_tiles_offset + kWgmmaABuffers * l.a_tile_bytes, p.total) << name;
       EXPECT_LE(p.epilogue_bytes, c.stages * p.stage_stride) << name << ": the epilogue must fit in the stages";
@@ -266,6 +271,9 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);
   constexpr W4A16Kind kW = W4A16Kind::kWgmma;
   EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kW}).invalid_reason, nullptr);    // block_w 64 (one warpgroup)
+  EXPECT_NE(W4A16Layout::make({256, 256, 64, 3, kW}).invalid_reason, nullptr);  // 256 f32 accumulators a thread
+  EXPECT_EQ(W4A16Layout::make({256, 128, 64, 3, kW}).invalid_reason, nullptr);
+  EXPECT_EQ(W4A16Config({256, 128, 64, 3, kW}).n_threads(), 256u);  // two warpgroups, 2 row tiles a warp
   EXPECT_NE(W4A16Layout::make({128, 48, 64, 4, kW}).invalid_reason, nullptr);   // block_t 48
   EXPECT_NE(W4A16Layout::make({128, 64, 128, 4, kW}).invalid_reason, nullptr);  // block_k 128
   EXPECT_NE(W4A16Layout::make({128, 64, 64, 2, kW}).invalid_reason, nullptr);   // 2 stages: nothing in flight

@@ -104,10 +104,26 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
     return s;
   }
   const int64_t ctas = w4a16_grid(a, c).ctas();
-  const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
-  int64_t parts = std::min<int64_t>({(target + ctas - 1) / ctas, kW4A16MaxSplitK, k_groups});
   const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));
-  parts = std::min<int64_t>(parts, static_cast<int64_t>(a.splitk_workspace_bytes) / plane_bytes);
+  const int64_t max_parts = std::min<int64_t>({kW4A16MaxSplitK, k_groups, static_cast<int64_t>(a.splitk_workspace_bytes) / plane_bytes});
+  int64_t parts = 1;
+  if (c.kind == W4A16Kind::kWgmma) {
+    // 1-2 resident CTAs per SM, each a long chain of K chunks: the fewest waves x groups per CTA (+1
+    // for the prologue, epilogue and partial store), i.e. whole waves rather than a ragged last one.
+    const int64_t resident = static_cast<int64_t>(w4a16_ctas_per_sm(c, W4A16Layout::make(c).total_bytes())) * n_sms;
+    int64_t best_cost = -1;
+    for (int64_t p = 1; p <= max_parts; ++p) {
+      const int64_t per = (k_groups + p - 1) / p, used = (k_groups + per - 1) / per;
+      const int64_t cost = (ctas * used + resident - 1) / resident * (per + 1);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        parts = used;
+      }
+    }
+  } else {
+    const int64_t target = static_cast<int64_t>(kW4A16SplitKTargetCtasPerSm) * n_sms;
+    parts = std::min<int64_t>((target + ctas - 1) / ctas, max_parts);
+  }
   if (parts < 2) return s;
   const int64_t per = (k_groups + parts - 1) / parts;  // whole groups; no part left empty
   s.groups_per_part = static_cast<int>(per);

@@ -299,7 +299,9 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   }
   cp_async_wait<0>();  // only empty groups remain; drain them before the CTA exits
 
-  write_output_tile<BLOCK_W, BLOCK_T, kThreads, kEpiRow, SWIGLU>(p, item, rt0, tid, acc, smem + kEpiOff);
+  // One m-block: acc is acc[0] of write_output_tile's [kMB][n8 tiles][4].
+  write_output_tile<BLOCK_W, BLOCK_T, kThreads, kEpiRow, SWIGLU>(
+      p, item, rt0, tid, reinterpret_cast<const float(&)[1][kNTiles][4]>(acc), smem + kEpiOff);
 }
 
 // The sum over parts, in part order, of partial[part, at .. at + 3].

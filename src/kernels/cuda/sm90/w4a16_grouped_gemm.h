@@ -77,6 +77,9 @@ struct W4A16GroupedGemmArgs {
 // m_total, n] (f32 per weight row; SwiGLU: up rows scaled by their global scale) and
 // w4a16_splitk_reduce_kernel sums the parts in order (deterministic) into y, applying the SwiGLU
 // there (MoE's shared expert at decode: one expert's 2I rows make few CTAs).
+// The wgmma kind (1-2 resident CTAs per SM) instead takes the part count that minimizes waves x
+// (groups per part + 1), so the parts fill whole waves (o_proj at 64 tokens, m128n64: 48 CTAs, 264
+// resident -> 5 parts of 7 groups in one wave, not 8 parts of 4 in 1.45 waves).
 // parts = 1 (no split) for no workspace, or a grid that fills the GPU already;
 // parts <= kW4A16MaxSplitK and the workspace must hold them. The same CTA target serves both kernels:
 // capping the pipelined 128 x 64 tile (1 CTA per SM) at one wave measured slower on the H200 (o_proj

@@ -127,14 +127,15 @@ __device__ __forceinline__ void store_partial(const KernelParams& p, const WorkI
   }
 }
 
-// The end of both shared-memory kernels (kPipeline, kWgmma): warp `warp` of the CTA holds the C
-// fragments of row tile rt0 + warp (rows g / g + 8 = weight rows, columns 2t, 2t + 1 = tokens of
-// n8 tile j). Split-K: the f32 parts go to the workspace. Otherwise the tile goes token-major through
-// shared memory at `epi` (BLOCK_T rows of kEpiRow bytes; the caller has made it free) and out with
-// 16 B stores; kSwiGlu: silu(gate row g) * up row g + 8 -> column 8 warp + g.
-template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU>
+// The end of both shared-memory kernels (kPipeline, kWgmma): warp `warp` of the CTA holds, for
+// m-block b < kMB, the C fragments of row tile rt0 + warp + 8 b (rows g / g + 8 = weight rows,
+// columns 2t, 2t + 1 = tokens of n8 tile j) in acc[b][j]. Split-K: the f32 parts go to the workspace.
+// Otherwise the tile goes token-major through shared memory at `epi` (BLOCK_T rows of kEpiRow bytes;
+// the caller has made it free) and out with 16 B stores; kSwiGlu: silu(gate row g) * up row g + 8 ->
+// column 8 x (row tile) + g.
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU, uint32_t kMB = 1>
 __device__ __forceinline__ void write_output_tile(const KernelParams& p, const WorkItem& item, int rt0, uint32_t tid,
-                                                  const float (&acc)[BLOCK_T / 8][4], uint8_t* epi) {
+                                                  const float (&acc)[kMB][BLOCK_T / 8][4], uint8_t* epi) {
   constexpr uint32_t kNTiles = BLOCK_T / 8;
   constexpr uint32_t kOutCols = SWIGLU ? BLOCK_W / 2 : BLOCK_W;
   const uint32_t lane = tid & 31u, warp = tid >> 5;
@@ -142,24 +143,29 @@ __device__ __forceinline__ void write_output_tile(const KernelParams& p, const W
   const uint32_t g = lane >> 2, t = lane & 3u;
   const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
   if (p.partial != nullptr) {
-    store_partial<kNTiles>(p, item, rt0 + static_cast<int>(warp), lane, acc, f, fu);
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) store_partial<kNTiles>(p, item, rt0 + static_cast<int>(warp + 8 * b), lane, acc[b], f, fu);
     return;
   }
   auto put = [&](uint32_t tk, uint32_t col, float v) {
     *reinterpret_cast<__nv_bfloat16*>(epi + tk * kEpiRow + col * 2) = __float2bfloat16_rn(v);
   };
 #pragma unroll
-  for (uint32_t j = 0; j < kNTiles; ++j) {
-    const uint32_t tok = j * 8 + 2 * t;
-    if constexpr (SWIGLU) {
-      put(tok, warp * 8 + g, swiglu(acc[j][0] * f, acc[j][2] * fu));
-      put(tok + 1, warp * 8 + g, swiglu(acc[j][1] * f, acc[j][3] * fu));
-    } else {
-      const uint32_t wr = warp * 16 + g;
-      put(tok, wr, acc[j][0] * f);
-      put(tok + 1, wr, acc[j][1] * f);
-      put(tok, wr + 8, acc[j][2] * f);
-      put(tok + 1, wr + 8, acc[j][3] * f);
+  for (uint32_t b = 0; b < kMB; ++b) {
+    const uint32_t rtl = warp + 8 * b;  // row tile within the CTA
+#pragma unroll
+    for (uint32_t j = 0; j < kNTiles; ++j) {
+      const uint32_t tok = j * 8 + 2 * t;
+      if constexpr (SWIGLU) {
+        put(tok, rtl * 8 + g, swiglu(acc[b][j][0] * f, acc[b][j][2] * fu));
+        put(tok + 1, rtl * 8 + g, swiglu(acc[b][j][1] * f, acc[b][j][3] * fu));
+      } else {
+        const uint32_t wr = rtl * 16 + g;
+        put(tok, wr, acc[b][j][0] * f);
+        put(tok + 1, wr, acc[b][j][1] * f);
+        put(tok, wr + 8, acc[b][j][2] * f);
+        put(tok + 1, wr + 8, acc[b][j][3] * f);
+      }
     }
   }
   __syncthreads();

@@ -2,11 +2,12 @@
 // Same API, work items, split-K and epilogues as the mma.sync kernels (w4a16_grouped_gemm.cu); the
 // shared memory is plan/layout_sm90_w4a16.h's kWgmma layout.
 //
-// One CTA = two warpgroups (256 threads) computing a 128 weight rows x block_t tokens tile of one
-// expert: warpgroup q issues wgmma.mma_async m64n<block_t>k16 (bf16 in, f32 accumulate, both operands
-// from shared memory) for weight rows 64 q .. 64 q + 63. Per 64-wide K chunk i:
+// One CTA = two warpgroups (256 threads) computing a block_w (128 or 256) weight rows x block_t tokens
+// tile of one expert: warpgroup q issues wgmma.mma_async m64n<block_t>k16 (bf16 in, f32 accumulate,
+// both operands from shared memory) for the m64 blocks q, q + 2 of the weight rows (warp w of the CTA
+// owns row tiles w and w + 8). Per 64-wide K chunk i:
 //   1. wait for this thread's copies of chunk i (cp.async groups: stages - 2 chunks ahead);
-//   2. each warp dequantizes its own row tile (16 rows, the mma.sync kernels' registers, exact:
+//   2. each warp dequantizes its own row tiles (16 rows each, the mma.sync kernels' registers, exact:
 //      w4a16_fragments.h) and stores the bf16 rows in natural K order into A buffer i % 3, 128B-swizzled
 //      (lane (g, t) holds rows g, g + 8 at k = 16 t .. 16 t + 15: two 16 B units per row), so the
 //      weight layout's K permutation never reaches the MMA;
@@ -18,9 +19,9 @@
 // A buffer i % 3 was last read by the wgmma of chunk i - 3, complete before the barrier of chunk i - 1.
 // Activations arrive by 16 B cp.async into the swizzled x tile (zero-filled past the expert's rows and
 // past K); codes by one 16 B cp.async per lane per chunk (only that lane reads them back); scales a
-// group (8 chunks) ahead in registers. The accumulator fragment of wgmma m64nN (thread (warp w, lane
-// (g, t)): rows 16 w + g (+8), columns 8 j + 2 t (+1)) is the mma.sync C fragment of row tile
-// 4 q + w, so the epilogue is the pipelined kernel's (write_output_tile).
+// group (8 chunks) ahead in registers. The accumulator fragment of wgmma m64nN (thread (warp w of the
+// warpgroup, lane (g, t)): rows 16 w + g (+8), columns 8 j + 2 t (+1)) is the mma.sync C fragment of
+// that warp's row tile, so the epilogue is the pipelined kernel's (write_output_tile).
 // Tested by tests/kernels/test_cuda_w4a16.cpp (every config); the swizzle and descriptor against CuTe
 // by tests/kernels/test_wgmma_layout_host.cpp.
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -88,20 +89,24 @@ __device__ __forceinline__ void store_shared_16(uint8_t* dst, uint32_t a, uint32
 }
 
 // The kernel's config (a function: a variable template inside __launch_bounds__ aborts nvcc 13's cicc).
-constexpr W4A16Config wgmma_config(uint32_t block_t, uint32_t stages) {
-  return W4A16Config{128, block_t, 64, stages, W4A16Kind::kWgmma};
+constexpr W4A16Config wgmma_config(uint32_t block_w, uint32_t block_t, uint32_t stages) {
+  return W4A16Config{block_w, block_t, 64, stages, W4A16Kind::kWgmma};
 }
 
-template <uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
-__global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_T, STAGES),
-                                                          W4A16Layout::make(wgmma_config(BLOCK_T, STAGES)).total_bytes()))
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
+__global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, BLOCK_T, STAGES),
+                                                          W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES)).total_bytes()))
     sm90_nvfp4_w4a16_wgmma_kernel(const KernelParams p) {
-  constexpr W4A16Layout kLayout = W4A16Layout::make(wgmma_config(BLOCK_T, STAGES));
+  constexpr W4A16Layout kLayout = W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES));
   static_assert(kLayout.valid() && kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
-  constexpr uint32_t kThreads = 256, kRowTiles = 8, kNTiles = BLOCK_T / 8, kAcc = BLOCK_T / 2;
+  // kMB m64 blocks per warpgroup; m64 block j (A rows 64 j ..) belongs to warpgroup j % 2, and its
+  // warp w (of 4) owns row tile 4 j + w = warp + 8 (j / 2) of the CTA: warp `warp` owns row tiles
+  // warp + 8 b for b < kMB.
+  constexpr uint32_t kMB = BLOCK_W / 128;
+  constexpr uint32_t kThreads = 256, kRowTiles = BLOCK_W / 16, kNTiles = BLOCK_T / 8, kAcc = BLOCK_T / 2;
   constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_tiles_offset, kStride = kLayout.stage_stride;
   constexpr uint32_t kAOff = kLayout.a_tiles_offset, kABytes = kLayout.a_tile_bytes;
-  constexpr uint32_t kWgRowBytes = 64 * 128;  // one warpgroup's 64 rows of an A tile
+  constexpr uint32_t kTileBytes = 16 * 128;  // one row tile (16 rows) of an A tile
   static_assert(kXOff % 1024 == 0 && kStride % 1024 == 0 && kAOff % 1024 == 0 && kABytes % 1024 == 0,
                 "wgmma tiles must sit on the 1024 B swizzle atom");
   using Op = typename WgmmaSS<BLOCK_T>::Op;
@@ -115,10 +120,17 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_T, S
   if (tid == 0 && (base & 1023u) != 0) __trap();  // the swizzle needs 1024 B aligned tiles
 
   const int rt0 = static_cast<int>(blockIdx.y * kRowTiles);
-  const bool rt_ok = rt0 + static_cast<int>(warp) < p.row_tiles;  // rows past N: zero codes, not stored
-  const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok ? rt0 + static_cast<int>(warp) : 0);
-  const uint8_t* codes = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
-  const uint8_t* scales = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
+  bool rt_ok[kMB];  // rows past N: zero codes and scales, never stored
+  const uint8_t* codes[kMB];
+  const uint8_t* scales[kMB];
+#pragma unroll
+  for (uint32_t b = 0; b < kMB; ++b) {
+    const int rt = rt0 + static_cast<int>(warp + 8 * b);
+    rt_ok[b] = rt < p.row_tiles;
+    const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok[b] ? rt : 0);
+    codes[b] = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
+    scales[b] = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
+  }
   const __nv_bfloat16* x_rows = p.x + static_cast<int64_t>(item.row_begin) * p.k;
 
   // This CTA's K part (split-K: blockIdx.z): scale groups [kg0, kg1), chunks kc0 .. kc0 + n_chunks - 1.
@@ -140,17 +152,22 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_T, S
       const void* src = ok ? static_cast<const void*>(x_rows + static_cast<int64_t>(r) * p.k + k) : p.x;
       cp_async_16(x_slot + w4a16_wgmma_swizzle(r, u), src, ok);
     }
-    const void* src = rt_ok ? static_cast<const void*>(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
-    cp_async_16(base + kWOff + slot * kStride + warp * kW4A16TileBytes + lane * 16, src, rt_ok);
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) {
+      const void* src = rt_ok[b] ? static_cast<const void*>(codes[b] + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
+      cp_async_16(base + kWOff + slot * kStride + (warp + 8 * b) * kW4A16TileBytes + lane * 16, src, rt_ok[b]);
+    }
   };
 
-  float acc[kNTiles][4];
+  float acc[kMB][kNTiles][4];
 #pragma unroll
-  for (uint32_t j = 0; j < kNTiles; ++j) {
+  for (uint32_t b = 0; b < kMB; ++b) {
 #pragma unroll
-    for (int v = 0; v < 4; ++v) acc[j][v] = 0.0f;
+    for (uint32_t j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[b][j][v] = 0.0f;
+    }
   }
-  float* d = &acc[0][0];
 
 #pragma unroll
   for (uint32_t s = 0; s + 2 < STAGES; ++s) {
@@ -158,11 +175,13 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_T, S
     cp_async_commit();  // always commit, so that group i holds chunk i
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 sg = rt_ok ? __ldg(reinterpret_cast<const uint4*>(scales + kg0 * kW4A16TileBytes)) : zero;
-  uint4 sg_next = rt_ok && kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales + (kg0 + 1) * kW4A16TileBytes)) : zero;
-  // This warp's row tile in A buffer 0: warpgroup wg's 64 rows, 16 rows (2 KB) per warp.
-  uint8_t* a_rows = smem + kAOff + wg * kWgRowBytes + (warp & 3u) * 2048;
-  const uint32_t a_desc_base = base + kAOff + wg * kWgRowBytes;
+  uint4 sg[kMB], sg_next[kMB];
+#pragma unroll
+  for (uint32_t b = 0; b < kMB; ++b) {
+    sg[b] = rt_ok[b] ? __ldg(reinterpret_cast<const uint4*>(scales[b] + kg0 * kW4A16TileBytes)) : zero;
+    sg_next[b] = rt_ok[b] && kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg0 + 1) * kW4A16TileBytes))
+                                           : zero;
+  }
 
   for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
@@ -172,45 +191,59 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_T, S
         const uint32_t slot = static_cast<uint32_t>(i) % STAGES, abuf = static_cast<uint32_t>(i) % kWgmmaABuffers;
         // Groups 0 .. i + STAGES - 3 are committed; at most STAGES - 3 pending: chunk i has landed.
         cp_async_wait<static_cast<int>(STAGES) - 3>();
-        const uint4 w = *reinterpret_cast<const uint4*>(smem + kWOff + slot * kStride + warp * kW4A16TileBytes + lane * 16);
-        uint32_t sc_lo, sc_hi;
-        w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
-        uint32_t a[4][4];
-        w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
-        // a[s][0] / a[s][2]: row g at k = 16 t + 4 s + {0, 1} / {2, 3}; a[s][1] / a[s][3]: row g + 8.
-        uint8_t* at = a_rows + abuf * kABytes;
-        store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t), a[0][0], a[0][2], a[1][0], a[1][2]);
-        store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t + 1), a[2][0], a[2][2], a[3][0], a[3][2]);
-        store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t), a[0][1], a[0][3], a[1][1], a[1][3]);
-        store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t + 1), a[2][1], a[2][3], a[3][1], a[3][3]);
+#pragma unroll
+        for (uint32_t b = 0; b < kMB; ++b) {
+          const uint32_t rtl = warp + 8 * b;
+          const uint4 w = *reinterpret_cast<const uint4*>(smem + kWOff + slot * kStride + rtl * kW4A16TileBytes + lane * 16);
+          uint32_t sc_lo, sc_hi;
+          w4a16_chunk_scales(sg[b], j, sc_lo, sc_hi);
+          uint32_t a[4][4];
+          w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
+          // a[s][0] / a[s][2]: row g at k = 16 t + 4 s + {0, 1} / {2, 3}; a[s][1] / a[s][3]: row g + 8.
+          uint8_t* at = smem + kAOff + abuf * kABytes + rtl * kTileBytes;
+          store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t), a[0][0], a[0][2], a[1][0], a[1][2]);
+          store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t + 1), a[2][0], a[2][2], a[3][0], a[3][2]);
+          store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t), a[0][1], a[0][3], a[1][1], a[1][3]);
+          store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t + 1), a[2][1], a[2][3], a[3][1], a[3][3]);
+        }
         ptx::fence_proxy_async_shared();  // this thread's A stores and landed copies -> the async proxy
         __syncthreads();
         if (i + static_cast<int>(STAGES) - 2 < n_chunks) load_stage(i + static_cast<int>(STAGES) - 2);
         cp_async_commit();
 
-        const uint64_t desc_a = w4a16_wgmma_desc(a_desc_base + abuf * kABytes);
         const uint64_t desc_b = w4a16_wgmma_desc(base + kXOff + slot * kStride);
-        fence_accumulators<kAcc>(d);
+#pragma unroll
+        for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
         cute::warpgroup_arrive();
 #pragma unroll
         for (uint32_t s = 0; s < 4; ++s) {
-          // k16 step s: 32 B further along the 128 B rows (descriptor address units of 16 B).
-          wgmma_ss<Op>(desc_a + 2 * s, desc_b + 2 * s, d, std::make_index_sequence<kAcc>{});
+#pragma unroll
+          for (uint32_t b = 0; b < kMB; ++b) {
+            // m64 block 2 b + wg: A rows 64 (2 b + wg) .. (row tiles 8 b + 4 wg ..); k16 step s is 32 B
+            // further along the 128 B rows (descriptor address units of 16 B).
+            const uint64_t desc_a = w4a16_wgmma_desc(base + kAOff + abuf * kABytes + (2 * b + wg) * 4 * kTileBytes);
+            wgmma_ss<Op>(desc_a + 2 * s, desc_b + 2 * s, &acc[b][0][0], std::make_index_sequence<kAcc>{});
+          }
         }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<1>();
-        fence_accumulators<kAcc>(d);
+#pragma unroll
+        for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
       }
     }
-    sg = sg_next;
-    if (rt_ok && kg + 2 < kg1) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) {
+      sg[b] = sg_next[b];
+      if (rt_ok[b] && kg + 2 < kg1) sg_next[b] = __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg + 2) * kW4A16TileBytes));
+    }
   }
   cute::warpgroup_wait<0>();
-  fence_accumulators<kAcc>(d);
+#pragma unroll
+  for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
   cp_async_wait<0>();  // only empty groups remain
   __syncthreads();     // every wgmma and every copy is done: the stage region becomes the epilogue tile
 
-  write_output_tile<128, BLOCK_T, kThreads, kLayout.epilogue_row_bytes, SWIGLU>(p, item, rt0, tid, acc, smem);
+  write_output_tile<BLOCK_W, BLOCK_T, kThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB>(p, item, rt0, tid, acc, smem);
 }
 
 using WgmmaLaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
@@ -220,7 +253,7 @@ void launch_one(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   constexpr W4A16Config c = kW4A16Configs[I];
   if constexpr (c.kind == W4A16Kind::kWgmma) {
     constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-    auto kernel = sm90_nvfp4_w4a16_wgmma_kernel<c.block_t, c.stages, SWIGLU>;
+    auto kernel = sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;
     FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
     kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
     FP4MOE_CUDA_CHECK(cudaGetLastError());
