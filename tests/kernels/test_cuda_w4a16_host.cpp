@@ -822,11 +822,12 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   const Case cases[] = {{1, "w4a16_stream_m64n8_d8"},         {8, "w4a16_stream_m64n8_d8"},
                         {9, "w4a16_stream_m64n16_d8"},        {16, "w4a16_stream_m64n16_d8"},
                         {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
-                        {33, "w4a16_swapab_m128n64k128_s4"},  {500, "w4a16_swapab_m128n64k128_s4"}};
+                        {33, "w4a16_wgmma_m256n64_s5"},       {64, "w4a16_wgmma_m256n64_s5"},
+                        {65, "w4a16_wgmma_m256n128_s4"},      {500, "w4a16_wgmma_m256n128_s4"}};
   for (const Case& cs : cases) {
     const W4A16Config& c = w4a16_config(w4a16_default_config(cs.tokens));
     EXPECT_EQ(w4a16_config_name(c), cs.name) << cs.tokens << " tokens per expert";
-    EXPECT_GE(c.block_t, static_cast<uint32_t>(std::min<int64_t>(cs.tokens, 64))) << cs.tokens << " tokens per expert";
+    EXPECT_GE(c.block_t, static_cast<uint32_t>(std::min<int64_t>(cs.tokens, 128))) << cs.tokens << " tokens per expert";
   }
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
@@ -835,7 +836,8 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   // The decode defaults' rings: 4 warps x 8 chunks x 512 B = 16384 B each.
   EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 16384u);
   EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 16384u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 64u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 128u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
 }
 
 // 128x64x256, 6 stages: x_tile 64*256*2 = 32768, w_tiles 128*256/2 = 16384, w_scales
