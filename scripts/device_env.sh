@@ -4,6 +4,8 @@
 #   sysroot        the unpacked Debian dev packages; their libraries on LD_LIBRARY_PATH
 #   FP4MOE_SHARED  the copy of ../shared (golden data, specs)
 #   gpu_configure DIR   CMake configure of a Release CUDA build in DIR against the sysroot (log in $out)
+#   step MSG            prints "=== MSG (HH:MM:SS)", the stage markers of the logs
+#   has STAGE           true when STAGE is in the script's $stages (" a b c ", from FP4MOE_STAGES)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-$PWD/out}"
 mkdir -p "$out"
@@ -15,3 +17,5 @@ gpu_configure() {
     -DCMAKE_INCLUDE_PATH="$sysroot/include" -DCMAKE_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu" \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; return 1; }
 }
+step() { echo "=== $* ($(date +%T))"; }
+has() { [[ "$stages" == *" $1 "* ]]; }

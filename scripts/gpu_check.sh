@@ -10,9 +10,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 jobs=$(nproc)
 status=0
-step() { echo "=== $* ($(date +%T))"; }
 stages=" ${FP4MOE_STAGES:-tests sanitizer bench} "
-has() { [[ "$stages" == *" $1 "* ]]; }
 
 step "GPU"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"

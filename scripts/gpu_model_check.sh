@@ -18,8 +18,6 @@ source "$(dirname "$0")/device_env.sh"
 status=0
 preset="${FP4MOE_PRESET:-glm45-air-shard}"
 stages=" ${FP4MOE_STAGES:-tests sanitizer one-batch serve golden-serve} "
-has() { [[ "$stages" == *" $1 "* ]]; }
-step() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step "build"

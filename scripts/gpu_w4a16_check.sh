@@ -11,8 +11,6 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 status=0
 stages=" ${FP4MOE_STAGES:-tests sanitizer bench} "
-has() { [[ "$stages" == *" $1 "* ]]; }
-step() { echo "=== $* ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step "build"
