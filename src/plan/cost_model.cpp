@@ -13,6 +13,11 @@ constexpr double kBf16Bytes = 2.0;
 
 }  // namespace
 
+double kernel_mma_efficiency(const TileCandidate& c) {
+  if (c.family != KernelFamily::kSm90W4A16) return 1.0;
+  return c.ours.kind == W4A16Kind::kWgmma ? kWgmmaEfficiency : kMmaSyncEfficiency;
+}
+
 CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const GpuSpec& gpu) {
   CostEstimate e;
   const double m = std::max(1.0, std::ceil(p.m));
@@ -31,7 +36,7 @@ CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const G
   const bool fp4_mma = c.family != KernelFamily::kSm90W4A16;
   const double peak_tflops = fp4_mma && gpu.fp4_dense_tflops > 0 ? gpu.fp4_dense_tflops : gpu.bf16_dense_tflops;
   const double act_bytes = fp4_mma ? kNvfp4BytesPerElement : kBf16Bytes;
-  const double per_sm_flops = peak_tflops * 1e12 / n_sms;
+  const double per_sm_flops = kernel_mma_efficiency(c) * peak_tflops * 1e12 / n_sms;
   const double per_sm_feed = kL2FeedFactor * gpu.hbm_gbps * 1e9 / n_sms;
 
   const double tile_flops = 2.0 * tok * wt * k;

@@ -3,13 +3,15 @@
 //
 //   tiles      = groups x ceil(m / token_tile) x ceil(n / weight_tile)     (m: tokens per group)
 //   waves      = ceil(tiles / n_sms)                    (one CTA per SM: these tiles fill the SMEM)
-//   tile_time  = max(2 x token_tile x weight_tile x K / (peak / n_sms),     (MMA, padded tile)
+//   tile_time  = max(2 x token_tile x weight_tile x K / (eff x peak / n_sms), (MMA, padded tile)
 //                    tile operand bytes / (kL2FeedFactor x HBM / n_sms))    (feeding SMEM from L2)
 //   mem_time   = (weights + scales + activations + outputs) / HBM       (re-reads hit L2: feed term)
 //   time       = max(waves x tile_time, mem_time)
 // Ranking: time; ties (both HBM-bound) go to the smaller on-chip time waves x tile_time, then to
 // less padding waste, then to more SMEM margin.
 //
+// eff = kernel_mma_efficiency: the fraction of the tensor peak a kernel kind reaches when MMA-bound
+// (measured on the H200 for ours, BENCHMARKS.md ninth session; 1 for the CUTLASS families).
 // Padding waste (rows of the token tile with no token) raises the MMA term; small tiles raise the
 // feed term; so swap-AB / small-N tiles win when an expert has 1-64 tokens and big tiles win when
 // it has hundreds. Tested by tests/plan/test_planner.cpp.
@@ -26,6 +28,13 @@ namespace fp4moe::plan {
 // L2 -> SMEM bandwidth available to the SMs, as a multiple of HBM bandwidth (Hopper/Blackwell L2
 // delivers roughly 2-3x HBM; the planner only needs the ratio between candidates).
 inline constexpr double kL2FeedFactor = 2.5;
+
+// The fraction of the BF16 tensor peak ours reaches when MMA-bound (H200, bench_w4a16 at 256-512 tokens
+// per expert): the mma.sync tiles (16 weight rows a warp, activations re-read by every warp) ~0.25, the
+// wgmma tiles ~0.55. The CUTLASS families: 1 (their tiles are what the peak is measured with).
+inline constexpr double kMmaSyncEfficiency = 0.25;
+inline constexpr double kWgmmaEfficiency = 0.55;
+double kernel_mma_efficiency(const TileCandidate& c);
 
 // One grouped GEMM: n_groups independent [m x K] x [K x n] products (one per active expert).
 struct GemmProblem {
