@@ -83,9 +83,14 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
   EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
   EXPECT_DOUBLE_EQ(plans[2].chosen->cost.padding_waste, 0.0);
-  // 128 tokens per expert: a token tile of at least 64.
+  // 128 tokens per expert: a token tile of at least 64, on the wgmma tiles (0.55 of the peak when
+  // MMA-bound against the mma.sync tiles' 0.25: kernel_mma_efficiency).
   EXPECT_GE(plans[4].chosen->candidate.token_tile(), 64u);
   EXPECT_GE(plans[5].chosen->candidate.token_tile(), 64u);
+  EXPECT_EQ(plans[4].chosen->candidate.ours.kind, W4A16Kind::kWgmma) << plans[4].chosen->candidate.to_string();
+  EXPECT_EQ(plans[5].chosen->candidate.ours.kind, W4A16Kind::kWgmma) << plans[5].chosen->candidate.to_string();
+  EXPECT_DOUBLE_EQ(kernel_mma_efficiency(plans[4].chosen->candidate), kWgmmaEfficiency);
+  EXPECT_DOUBLE_EQ(kernel_mma_efficiency(plans[0].chosen->candidate), kMmaSyncEfficiency);
   // Ranked is sorted and holds only fitting candidates.
   for (const GemmPlan& p : plans) {
     for (size_t i = 1; i < p.ranked.size(); ++i) EXPECT_LE(p.ranked[i - 1].cost.time_us, p.ranked[i].cost.time_us);
