@@ -34,9 +34,9 @@
 //                                                      by 16 B so the transposed writes spread over banks
 //  * kWgmma (prefill, and dense Linears at 64 tokens: past the H200's ridge point): Hopper wgmma
 //    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of block_w / 2 weight
-//    rows each (1 or 2 m64 blocks: m64 block j of the CTA is warpgroup j % 2's, its warp w's rows
-//    are row tile j / 2 x 8 + ... see w4a16_wgmma.cu; warp w owns row tiles w and w + 8).
-//    Each warp dequantizes its own 16 weight rows (the same registers as the mma.sync kernels) and
+//    rows each (1 or 2 m64 blocks: m64 block j, rows 64 j .., is warpgroup j % 2's; warp w of the CTA
+//    owns row tiles w and, with 256 rows, w + 8). Each warp dequantizes its own row tiles (16 rows
+//    each, the same registers as the mma.sync kernels) and
 //    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
 //    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by cp.async.
 //      block_w 128 or 256; block_t (tokens, the wgmma N) 32, 64, 128 or 256 (block_w / 128 x block_t
@@ -108,8 +108,8 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
 // Registers per thread a config is compiled for (kStream: the activation ring of 4 chunks x 32 B
 // per 8 tokens plus ~48 for the rest; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
-  // kWgmma: the accumulators (block_t / 2 f32 a thread) plus ~64 for the rest; one CTA per SM
-  // (smem), so up to 255.
+  // kWgmma: the accumulators (block_w / 128 x block_t / 2 f32 a thread) plus ~64 for the rest, at
+  // most 255 (1-2 CTAs of 256 threads per SM).
   if (c.kind == W4A16Kind::kWgmma) {
     const uint32_t acc = c.block_w / 128 * c.block_t / 2;
     return acc + 64 > 255 ? 255 : acc + 64;
