@@ -1,8 +1,10 @@
-// sm90_nvfp4_w4a16_grouped_gemm: the kernels and their launcher (API in w4a16_grouped_gemm.h, the
-// weight layout in w4a16_weight_layout.h, register-level pieces in w4a16_fragments.h, shared memory
-// and configs in plan/layout_sm90_w4a16.h, the description the planner sizes the configs with).
+// sm90_nvfp4_w4a16_grouped_gemm: the mma.sync kernels and the launcher of all three kinds (API in
+// w4a16_grouped_gemm.h, the weight layout in w4a16_weight_layout.h, register-level pieces in
+// w4a16_fragments.h, shared memory and configs in plan/layout_sm90_w4a16.h, the description the planner
+// sizes the configs with; the wgmma kernel in w4a16_wgmma.cu, the pieces both files use in
+// w4a16_kernel_common.cuh).
 //
-// Both kernels: one CTA computes a block_w (weight rows) x block_t (tokens) output tile of one
+// Both mma.sync kernels: one CTA computes a block_w (weight rows) x block_t (tokens) output tile of one
 // expert over the whole K; warp w owns the 16 weight rows of row tile blockIdx.y * (block_w / 16) + w
 // (one m16 MMA tile) and all block_t tokens (block_t / 8 n8 tiles). blockIdx.x picks the work item:
 // the (expert, token tile) pairs in expert order, found on the device by a warp-wide prefix sum

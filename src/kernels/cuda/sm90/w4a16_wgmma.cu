@@ -14,7 +14,8 @@
 //   3. fence.proxy.async (generic-proxy writes -> the wgmma's async proxy), __syncthreads;
 //   4. refill the stage slot of chunk i - 2 (every warp waited for the wgmma of chunk i - 2 before
 //      this barrier) with chunk i + stages - 2;
-//   5. four wgmmas (k16 steps: descriptors + 32 B), commit, wait until at most one group is pending,
+//   5. per k16 step (descriptors + 32 B) one wgmma per m64 block of the warpgroup, commit, wait until
+//      at most one group is pending,
 //      so the MMAs of chunk i overlap the dequantization of chunk i + 1.
 // A buffer i % 3 was last read by the wgmma of chunk i - 3, complete before the barrier of chunk i - 1.
 // Activations arrive by 16 B cp.async into the swizzled x tile (zero-filled past the expert's rows and
