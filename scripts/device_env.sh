@@ -1,14 +1,22 @@
 # Sourced by the device scripts (gpu_*.sh): the environment of a run on the GPU machine, which has
 # no package access and gets its dependencies from scripts/device_prepare.sh's git-ignored .carry/.
-#   out            $OUT (the folder the device tool brings back) or ./out
+#   out            this script's log folder, device-logs/<script> (git-ignored). The device tool brings
+#                  back at most 8 files from $OUT, so the logs are packed into one file,
+#                  $OUT/logs-<script>.tgz, when the script exits (also when `timeout` stops it: TERM and
+#                  INT exit through the EXIT trap; a SIGKILL loses them). Without $OUT they stay put.
 #   sysroot        the unpacked Debian dev packages; their libraries on LD_LIBRARY_PATH
 #   FP4MOE_SHARED  the copy of ../shared (golden data, specs)
 #   gpu_configure DIR   CMake configure of a Release CUDA build in DIR against the sysroot (log in $out)
 #   step MSG            prints "=== MSG (HH:MM:SS)", the stage markers of the logs
 #   has STAGE           true when STAGE is in the script's $stages (" a b c ", from FP4MOE_STAGES)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out="${OUT:-$PWD/out}"
+script_name="$(basename "$0" .sh)"
+out="$PWD/device-logs/$script_name"
+rm -rf "$out"
 mkdir -p "$out"
+pack_logs() { [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && tar czf "$OUT/logs-$script_name.tgz" -C "$out" .; }; }
+trap pack_logs EXIT
+trap 'exit 143' TERM INT
 sysroot="$PWD/.carry/sysroot/usr"
 export FP4MOE_SHARED="$PWD/.carry/shared"
 export LD_LIBRARY_PATH="$sysroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (an H200) in one call: builds fp4moe from source with CUDA (sm_90a), runs the
 # whole test suite (GPU tests included), the GPU tests under compute-sanitizer (memcheck, racecheck),
-# and the benchmarks. Logs go to $OUT (or ./out) for BENCHMARKS.md.
+# and the benchmarks. Logs: $OUT/logs-gpu_check.tgz (scripts/device_env.sh) for BENCHMARKS.md.
 # Prepare first, here:  scripts/device_prepare.sh   (dependencies + golden data into .carry/)
 # Device call: carry [".carry", "third_party"], command `bash scripts/gpu_check.sh`.
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)

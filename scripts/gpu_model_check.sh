@@ -3,7 +3,7 @@
 # ops / MoE tests, runs them, a compute-sanitizer memcheck of a short model run, bench-one-batch on
 # a dummy preset (NVFP4 W4A16 vs the BF16 cuBLAS peer, same run), and serve + bench-serving +
 # analyze against `fp4moe serve --device cuda` on that preset with NVFP4 and with BF16 weights.
-# Logs to $OUT.
+# Logs: $OUT/logs-gpu_model_check.tgz (scripts/device_env.sh).
 #   FP4MOE_PRESET   the dummy preset (default glm45-air-shard; glm5-shard, glm5-small)
 #   FP4MOE_STAGES   which of "tests sanitizer initcheck one-batch serve golden-serve" to run (default all
 #                   but initcheck)

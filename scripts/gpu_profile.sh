@@ -5,7 +5,7 @@
 #   bash scripts/gpu_profile.sh [bench args] -- [ncu args]
 # e.g. bash scripts/gpu_profile.sh --tokens 1 --runs 1 -- --launch-skip 18 --launch-count 1
 # (bench_w4a16 times every shipped config in kW4A16Configs order, 5 warm-ups + --runs launches each,
-# so launch 6*i is config i's first launch with --runs 1). Reports go to $OUT.
+# so launch 6*i is config i's first launch with --runs 1). Reports: $OUT/logs-gpu_profile.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 bench_args=() ncu_args=()

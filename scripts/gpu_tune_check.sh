@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: builds fp4moe and the bench-moe GPU test, runs the test, autotunes the GLM-5
 # shard GEMM shapes into a fresh cache, then times `fp4moe bench gemm` (which reads the cache and
-# prints tuned/default per row) and `fp4moe bench moe --tuned` on the shard. Logs in $OUT.
+# prints tuned/default per row) and `fp4moe bench moe --tuned` on the shard. Logs: $OUT/logs-gpu_tune_check.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 export FP4MOE_TUNE_CACHE="$out/tune.json"

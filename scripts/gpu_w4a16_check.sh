@@ -3,7 +3,7 @@
 # bench_w4a16, runs test_wgmma_layout_host, test_cuda_w4a16_host and test_cuda_w4a16 (every config
 # against the f64 reference), compute-sanitizer memcheck + racecheck on the every-config cases, and
 # bench_w4a16 (cuBLAS BF16 peer in the same process) on GLM-5's dense Linears at 16 / 64 tokens and on
-# the expert shard at 16..512 tokens per expert. Logs to $OUT.
+# the expert shard at 16..512 tokens per expert. Logs: $OUT/logs-gpu_w4a16_check.tgz.
 # Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
 # command `bash scripts/gpu_w4a16_check.sh`.
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run (default all)
