@@ -12,7 +12,8 @@
 // scale bytes (w4a16_scale_byte: B x 0x00100010 + 0x75007500) as the kernels form them; the
 // random e4m3 scales are forced to include zero blocks (whose codes the repack zeroes), the
 // smallest and largest subnormal (0x01, 0x07) and the largest normal (0x7E, 448). Also: the
-// pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales.
+// pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales; and the wgmma
+// kernel's A tile (w4a16_wgmma_a_stores) holds the dequantized weights in natural K order.
 // Run: test_cuda_w4a16_emulation_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
 
@@ -394,6 +395,67 @@ void check_scale_slices(uint64_t seed) {
         w4a16_chunk_scales(group, j0 + kcl, want_lo, want_hi);
         EXPECT_EQ(lo, want_lo) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
         EXPECT_EQ(hi, want_hi) << "BLOCK_K " << BLOCK_K << " lane " << lane << " chunk " << kc0 + kcl;
+      }
+    }
+  }
+}
+
+// kWgmma (w4a16_wgmma.cu): each lane's dequantized chunk goes into its warp's row tile of the A tile
+// through w4a16_wgmma_a_stores. The 32 lanes' 16 B stores must cover the row tile's 2 KB exactly once;
+// read back with the wgmma operand layout (row r, k at w4a16_wgmma_swizzle(r, k / 8) + 2 (k % 8), CuTe's
+// Layout_K_SW128_Atom: test_wgmma_layout_host), element (r, k) must be e2m1 x e4m3 x 2^-8 of weight row
+// 16 rt + r at K = 64 kc + k (natural order; 0 past K), and D = A x X^T summed over the chunks must be the
+// f64 dot products (2 experts x 2 row tiles x 2 token tiles; K = 208: a partial last chunk, and 1040).
+TEST(W4A16Emulation, WgmmaATileHoldsTheWeightsInNaturalKOrder) {
+  for (const auto& [k, chunks, groups] : {std::array<int64_t, 3>{208, 4, 1}, std::array<int64_t, 3>{1040, 17, 3}}) {
+    const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x3C3Cull ^ static_cast<uint64_t>(k), k, chunks, groups);
+    for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
+      for (int64_t rt = 0; rt < p.row_tiles; ++rt) {
+        double d[2][16][8] = {};
+        const int64_t tile = e * p.row_tiles + rt;
+        for (int64_t kc = 0; kc < p.k_chunks; ++kc) {
+          std::vector<uint8_t> a_tile(16 * 128, 0xFF);
+          std::vector<int> stores(16 * 128 / 16, 0);
+          for (uint32_t lane = 0; lane < 32; ++lane) {
+            uint4 codes, group;
+            std::memcpy(&codes, &p.kcodes[static_cast<size_t>((tile * p.k_chunks + kc) * 512 + lane * 16)], 16);
+            std::memcpy(&group, &p.kscales[static_cast<size_t>((tile * p.k_groups + kc / 8) * 512 + lane * 16)], 16);
+            uint32_t sc_lo, sc_hi;
+            w4a16_chunk_scales(group, static_cast<uint32_t>(kc % 8), sc_lo, sc_hi);
+            uint32_t a[4][4];
+            w4a16_chunk_fragments(codes, sc_lo, sc_hi, a);
+            const W4A16WgmmaStores st = w4a16_wgmma_a_stores(a, lane);
+            for (int q = 0; q < 4; ++q) {
+              ASSERT_EQ(st.offset[q] % 16, 0u);
+              ASSERT_LT(st.offset[q], a_tile.size());
+              std::memcpy(&a_tile[st.offset[q]], &st.value[q], 16);
+              ++stores[st.offset[q] / 16];
+            }
+          }
+          for (size_t u = 0; u < stores.size(); ++u) ASSERT_EQ(stores[u], 1) << "16 B unit " << u << " of the row tile";
+          for (uint32_t r = 0; r < 16; ++r) {
+            for (uint32_t kk = 0; kk < 64; ++kk) {
+              uint16_t bits;
+              std::memcpy(&bits, &a_tile[plan::w4a16_wgmma_swizzle(r, kk / 8) + 2 * (kk % 8)], 2);
+              const float got = bf16_to_f32(bits);
+              const int64_t row = rt * 16 + r, kg = kc * 64 + kk;
+              const double want =
+                  kg < p.k ? std::ldexp(static_cast<double>(format::e2m1_to_f32(static_cast<uint8_t>(p.w.code(e, row, kg)))) *
+                                            format::e4m3_to_f32(p.w.scale(e, row, kg)),
+                                        -kW4A16AccShift)
+                           : 0.0;
+              ASSERT_EQ(static_cast<double>(got), want) << "expert " << e << " row " << row << " k " << kg;
+              for (int nt = 0; nt < 2; ++nt) {
+                for (int n = 0; n < 8; ++n) {
+                  const int64_t tok = nt * 8 + n;
+                  const double xv = kg < p.k ? bf16_to_f32(p.x[static_cast<size_t>(tok * p.k + kg)]) : 0.0;
+                  d[nt][r][n] += static_cast<double>(got) * xv;
+                }
+              }
+            }
+          }
+        }
+        for (int nt = 0; nt < 2; ++nt) expect_tile_exact(p, e, rt, nt, d[nt], "wgmma A tile");
       }
     }
   }

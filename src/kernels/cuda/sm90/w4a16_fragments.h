@@ -29,7 +29,8 @@
 #endif
 
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
-#include "plan/smem_layout.h"  // FP4MOE_HD
+#include "plan/layout_sm90_w4a16.h"  // w4a16_wgmma_swizzle
+#include "plan/smem_layout.h"         // FP4MOE_HD
 
 // `#pragma unroll` in device code only (host compilers warn about it).
 #if defined(__CUDA_ARCH__)
@@ -119,6 +120,29 @@ FP4MOE_HD inline void w4a16_chunk_fragments(const uint4& codes, uint32_t sc_lo, 
     a[s][2] = w4a16_mul_pairs(raw[2], sc_lo);
     a[s][3] = w4a16_mul_pairs(raw[3], sc_hi);
   }
+}
+
+// kWgmma (w4a16_wgmma.cu): where lane (g, t) stores its dequantized chunk a[4][4] (as
+// w4a16_chunk_fragments builds it) in its warp's row tile of an A tile: 16 rows x 128 B of bf16 in
+// natural K order, 128B-swizzled (plan::w4a16_wgmma_swizzle; a row tile starts on an 8-row boundary,
+// so the offsets are relative to it). a[s][0] / a[s][2] hold row g at k = 16 t + 4 s + {0, 1} / {2, 3},
+// a[s][1] / a[s][3] row g + 8: each row's k = 16 t .. 16 t + 15 are two 16 B units, 2 t and 2 t + 1.
+struct W4A16WgmmaStores {
+  uint32_t offset[4];  // bytes from the row tile's start
+  uint4 value[4];
+};
+FP4MOE_HD inline W4A16WgmmaStores w4a16_wgmma_a_stores(const uint32_t a[4][4], uint32_t lane) {
+  const uint32_t g = lane >> 2, t = lane & 3u;
+  W4A16WgmmaStores s;
+  s.offset[0] = plan::w4a16_wgmma_swizzle(g, 2 * t);
+  s.value[0] = uint4{a[0][0], a[0][2], a[1][0], a[1][2]};
+  s.offset[1] = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
+  s.value[1] = uint4{a[2][0], a[2][2], a[3][0], a[3][2]};
+  s.offset[2] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t);
+  s.value[2] = uint4{a[0][1], a[0][3], a[1][1], a[1][3]};
+  s.offset[3] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t + 1);
+  s.value[3] = uint4{a[2][1], a[2][3], a[3][1], a[3][3]};
+  return s;
 }
 
 // B registers of the 4 MMA steps from the 32 activation bytes at k = 16 t .. 16 t + 15 of a chunk

@@ -72,10 +72,11 @@ struct WgmmaSS<256> {
   using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 
-// One wgmma m64nNk16: d (N / 2 f32 a thread) += A(desc_a) x B(desc_b)^T.
+// One wgmma m64nNk16: d (N / 2 f32 a thread) = A(desc_a) x B(desc_b)^T (+ d unless `first`).
 template <class Op, size_t... I>
-__device__ __forceinline__ void wgmma_ss(uint64_t desc_a, uint64_t desc_b, float* d, std::index_sequence<I...>) {
-  Op::fma(desc_a, desc_b, d[I]...);
+__device__ __forceinline__ void wgmma_ss(uint64_t desc_a, uint64_t desc_b, float* d, bool first,
+                                         std::index_sequence<I...>) {
+  Op::fma(desc_a, desc_b, d[I]..., first ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
 }
 
 // Keeps the compiler from moving accumulator registers while a wgmma may still write them.
@@ -83,10 +84,6 @@ template <size_t N>
 __device__ __forceinline__ void fence_accumulators(float* d) {
 #pragma unroll
   for (size_t i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
-}
-
-__device__ __forceinline__ void store_shared_16(uint8_t* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  *reinterpret_cast<uint4*>(dst) = make_uint4(a, b, c, d);
 }
 
 // The kernel's config (a function: a variable template inside __launch_bounds__ aborts nvcc 13's cicc).
@@ -116,7 +113,6 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   WorkItem item;
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;  // the whole CTA
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, wg = warp >> 2;
-  const uint32_t g = lane >> 2, t = lane & 3u;
   const uint32_t base = smem_u32(smem);
   if (tid == 0 && (base & 1023u) != 0) __trap();  // the swizzle needs 1024 B aligned tiles
 
@@ -160,15 +156,11 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
     }
   };
 
+  // Not zero-filled: the first wgmma of each m64 block overwrites them (scale-d 0). Zeroing them with
+  // ordinary instructions makes ptxas serialize every wgmma (C7515: non-wgmma instructions defining
+  // accumulators while a wgmma may be in flight, here across the loop's wait_group 1). n_chunks >= 1:
+  // the split-K plan leaves no part empty and K > 0.
   float acc[kMB][kNTiles][4];
-#pragma unroll
-  for (uint32_t b = 0; b < kMB; ++b) {
-#pragma unroll
-    for (uint32_t j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[b][j][v] = 0.0f;
-    }
-  }
 
 #pragma unroll
   for (uint32_t s = 0; s + 2 < STAGES; ++s) {
@@ -200,12 +192,11 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
           w4a16_chunk_scales(sg[b], j, sc_lo, sc_hi);
           uint32_t a[4][4];
           w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
-          // a[s][0] / a[s][2]: row g at k = 16 t + 4 s + {0, 1} / {2, 3}; a[s][1] / a[s][3]: row g + 8.
+          // Rows g and g + 8 of the row tile in natural K order (w4a16_wgmma_a_stores).
           uint8_t* at = smem + kAOff + abuf * kABytes + rtl * kTileBytes;
-          store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t), a[0][0], a[0][2], a[1][0], a[1][2]);
-          store_shared_16(at + w4a16_wgmma_swizzle(g, 2 * t + 1), a[2][0], a[2][2], a[3][0], a[3][2]);
-          store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t), a[0][1], a[0][3], a[1][1], a[1][3]);
-          store_shared_16(at + w4a16_wgmma_swizzle(g + 8, 2 * t + 1), a[2][1], a[2][3], a[3][1], a[3][3]);
+          const W4A16WgmmaStores st = w4a16_wgmma_a_stores(a, lane);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(at + st.offset[q]) = st.value[q];
         }
         ptx::fence_proxy_async_shared();  // this thread's A stores and landed copies -> the async proxy
         __syncthreads();
@@ -213,8 +204,9 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
         cp_async_commit();
 
         const uint64_t desc_b = w4a16_wgmma_desc(base + kXOff + slot * kStride);
-#pragma unroll
-        for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
+        // No register fence on the accumulators inside the loop: the wgmma of chunk i - 1 is still in
+        // flight here, and any non-wgmma instruction defining its accumulators makes ptxas serialize
+        // every wgmma (C7515). Only the wgmma asm statements touch them until the final wait.
         cute::warpgroup_arrive();
 #pragma unroll
         for (uint32_t s = 0; s < 4; ++s) {
@@ -223,13 +215,12 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
             // m64 block 2 b + wg: A rows 64 (2 b + wg) .. (row tiles 8 b + 4 wg ..); k16 step s is 32 B
             // further along the 128 B rows (descriptor address units of 16 B).
             const uint64_t desc_a = w4a16_wgmma_desc(base + kAOff + abuf * kABytes + (2 * b + wg) * 4 * kTileBytes);
-            wgmma_ss<Op>(desc_a + 2 * s, desc_b + 2 * s, &acc[b][0][0], std::make_index_sequence<kAcc>{});
+            wgmma_ss<Op>(desc_a + 2 * s, desc_b + 2 * s, &acc[b][0][0], i == 0 && s == 0,
+                         std::make_index_sequence<kAcc>{});
           }
         }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<1>();
-#pragma unroll
-        for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
       }
     }
 #pragma unroll
