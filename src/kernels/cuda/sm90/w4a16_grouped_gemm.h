@@ -70,7 +70,7 @@ struct W4A16GroupedGemmArgs {
   size_t splitk_workspace_bytes = 0;
 };
 
-// Split-K of a launch (either kernel, either epilogue): when the (token tile x row block)
+// Split-K of a launch (every kernel kind, either epilogue): when the (token tile x row block)
 // grid has fewer working CTAs than kW4A16SplitKTargetCtasPerSm x SMs (a dense E = 1 Linear at
 // decode: GLM-5's o_proj, N = 6144, is 96 CTAs of 64 rows, each streaming all of K = 16384; at 64
 // tokens the pipelined 128-row tile makes it 48), K is cut into `parts` ranges of whole scale
@@ -82,7 +82,7 @@ struct W4A16GroupedGemmArgs {
 // (groups per part + 1), so the parts fill whole waves (o_proj at 64 tokens, m128n64: 48 CTAs, 264
 // resident -> 5 parts of 7 groups in one wave, not 8 parts of 4 in 1.45 waves).
 // parts = 1 (no split) for no workspace, or a grid that fills the GPU already;
-// parts <= kW4A16MaxSplitK and the workspace must hold them. The same CTA target serves both kernels:
+// parts <= kW4A16MaxSplitK and the workspace must hold them. The same CTA target serves both mma.sync kernels:
 // capping the pipelined 128 x 64 tile (1 CTA per SM) at one wave measured slower on the H200 (o_proj
 // at 64 tokens: 2 parts 101 us, 8 parts 74 us, unsplit 173 us).
 inline constexpr int kW4A16MaxSplitK = 8;
