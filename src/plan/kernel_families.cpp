@@ -253,13 +253,17 @@ std::vector<TileCandidate> family_candidates(KernelFamily family, bool finalize)
   return out;
 }
 
-std::string arch_mismatch(KernelFamily family, const GpuSpec& gpu) {
+std::string arch_mismatch(const TileCandidate& c, const GpuSpec& gpu) {
   std::ostringstream os;
-  switch (family) {
+  switch (c.family) {
     case KernelFamily::kSm90W4A16:
       // mma.sync m16n8k16 BF16 and cp.async: sm_80 features (the build's FP4MOE_CUDA_GENCODE decides
-      // which archs the binary carries; the planner answers what would fit).
-      if (gpu.sm < 80 || !gpu.has(kMmaSync)) os << "needs mma.sync BF16 + cp.async (sm_80+); " << gpu.name << " is " << gpu.sm_name();
+      // which archs the binary carries; the planner answers what would fit); the wgmma tiles sm_90a.
+      if (gpu.sm < 80 || !gpu.has(kMmaSync)) {
+        os << "needs mma.sync BF16 + cp.async (sm_80+); " << gpu.name << " is " << gpu.sm_name();
+      } else if (c.ours.kind == W4A16Kind::kWgmma && (gpu.sm != 90 || !gpu.has(kWgmma))) {
+        os << "wgmma tiles need sm_90a (wgmma.mma_async); " << gpu.name << " is " << gpu.sm_name();
+      }
       break;
     case KernelFamily::kCutlassSm120:
       if (gpu.sm != 120 && gpu.sm != 121) os << "is built for sm_120/sm_121 (mma.sync block-scaled FP4); " << gpu.name << " is " << gpu.sm_name();
@@ -273,11 +277,7 @@ std::string arch_mismatch(KernelFamily family, const GpuSpec& gpu) {
 
 SmemCheck check_smem(const TileCandidate& c, const GpuSpec& gpu, const CutlassRules& rules) {
   SmemCheck out = c.family == KernelFamily::kSm90W4A16 ? check_ours(c, gpu) : check_cutlass(c, gpu, rules);
-  std::string arch = arch_mismatch(c.family, gpu);
-  if (arch.empty() && c.family == KernelFamily::kSm90W4A16 && c.ours.kind == W4A16Kind::kWgmma &&
-      (gpu.sm != 90 || !gpu.has(kWgmma))) {
-    arch = "wgmma tiles need sm_90a (wgmma.mma_async); " + gpu.name + " is " + gpu.sm_name();
-  }
+  const std::string arch = arch_mismatch(c, gpu);
   if (!arch.empty()) {
     out.fits = false;
     out.rule = "arch";

@@ -81,8 +81,9 @@ std::string describe(const SmemLayout& layout);
 // The layout a candidate is sized with on `gpu` (the one behind check_smem's numbers).
 SmemLayout candidate_layout(const TileCandidate& c, const GpuSpec& gpu, const CutlassRules& rules);
 
-// The arch requirement of a family, or an empty string when the GPU has it.
-std::string arch_mismatch(KernelFamily family, const GpuSpec& gpu);
+// The arch requirement of a candidate (its family's; ours' wgmma tiles also need wgmma), or an empty
+// string when the GPU has it.
+std::string arch_mismatch(const TileCandidate& c, const GpuSpec& gpu);
 
 // FlashInfer's global tactic index of a CUTLASS SM120 candidate (GEMM1 tactics first, then GEMM2),
 // or -1 for other families. See kernel_families.cpp for the order and what is verified of it.
