@@ -145,9 +145,10 @@ SmemCheck check_ours(const TileCandidate& c, const GpuSpec& gpu) {
   out.stages = static_cast<int>(c.ours.stages);
   out.bytes = l.total_bytes();
   out.stage_bytes = l.stage_stride;
-  // kWgmma's epilogue tile reuses the stages (no bytes of its own); its A tiles are the overhead.
-  out.epilogue_bytes = c.ours.kind == W4A16Kind::kWgmma ? 0 : l.epilogue_bytes;
-  out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // tail padding / A tiles
+  // The wgmma kinds' epilogue tile reuses the stages (no bytes of its own); kWgmma's A tiles and
+  // kWgmmaRs's mbarriers are the overhead.
+  out.epilogue_bytes = w4a16_is_wgmma(c.ours.kind) ? 0 : l.epilogue_bytes;
+  out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // padding / A tiles / barriers
   out.breakdown = group_regions(l.layout);
   out.fits = refusal.empty();
   if (!out.fits) {
@@ -261,7 +262,7 @@ std::string arch_mismatch(const TileCandidate& c, const GpuSpec& gpu) {
       // which archs the binary carries; the planner answers what would fit); the wgmma tiles sm_90a.
       if (gpu.sm < 80 || !gpu.has(kMmaSync)) {
         os << "needs mma.sync BF16 + cp.async (sm_80+); " << gpu.name << " is " << gpu.sm_name();
-      } else if (c.ours.kind == W4A16Kind::kWgmma && (gpu.sm != 90 || !gpu.has(kWgmma))) {
+      } else if (w4a16_is_wgmma(c.ours.kind) && (gpu.sm != 90 || !gpu.has(kWgmma))) {
         os << "wgmma tiles need sm_90a (wgmma.mma_async); " << gpu.name << " is " << gpu.sm_name();
       }
       break;

@@ -107,7 +107,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   const int64_t plane_bytes = a.m_total * a.n * static_cast<int64_t>(sizeof(float));
   const int64_t max_parts = std::min<int64_t>({kW4A16MaxSplitK, k_groups, static_cast<int64_t>(a.splitk_workspace_bytes) / plane_bytes});
   int64_t parts = 1;
-  if (c.kind == W4A16Kind::kWgmma) {
+  if (w4a16_is_wgmma(c.kind)) {
     // 1-2 resident CTAs per SM, each a long chain of K chunks: the fewest waves x groups per CTA (+1
     // for the prologue, epilogue and partial store), i.e. whole waves rather than a ragged last one.
     const int64_t resident = static_cast<int64_t>(w4a16_ctas_per_sm(c, W4A16Layout::make(c).total_bytes())) * n_sms;

@@ -364,6 +364,8 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   constexpr W4A16Config c = kW4A16Configs[I];
   if constexpr (c.kind == W4A16Kind::kWgmma) {
     launch_wgmma(I, SWIGLU, p, grid, stream);  // w4a16_wgmma.cu
+  } else if constexpr (c.kind == W4A16Kind::kWgmmaRs) {
+    launch_wgmma_rs(I, SWIGLU, p, grid, stream);  // w4a16_wgmma_rs.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
     constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
     auto kernel = sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;

@@ -42,6 +42,7 @@ using plan::w4a16_ctas_per_sm;
 using plan::w4a16_smem_summary;
 using plan::W4A16Config;
 using plan::W4A16Kind;
+using plan::w4a16_is_wgmma;
 using plan::kW4A16StreamXAhead;
 using plan::W4A16Layout;
 
