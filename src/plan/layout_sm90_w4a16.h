@@ -108,10 +108,15 @@ inline constexpr uint32_t kW4A16StreamXAhead = 4;
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
 inline constexpr uint32_t kWgmmaABuffers = 3;
 inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
-// kWgmmaRs: registers a thread after setmaxnreg (multiples of 8; 2 x 128 x 232 + 128 x 48 = 65536).
-inline constexpr uint32_t kWgmmaRsConsumerRegs = 232;
-inline constexpr uint32_t kWgmmaRsProducerRegs = 48;
-static_assert(2 * 128 * kWgmmaRsConsumerRegs + 128 * kWgmmaRsProducerRegs <= 65536, "setmaxnreg budgets exceed the SM's registers");
+// kWgmmaRs: registers a thread after setmaxnreg (multiples of 8). setmaxnreg only moves registers
+// inside the CTA's launch allocation (384 threads x 168, __launch_bounds__(384, 1)): a consumer's
+// setmaxnreg.inc waits until the producer's .dec has freed enough, so the two budgets must add up to
+// at most that allocation, or the consumers wait forever (2 x 128 x 224 + 128 x 56 = 64512).
+inline constexpr uint32_t kWgmmaRsLaunchRegs = 65536 / 384 / 8 * 8;  // 168
+inline constexpr uint32_t kWgmmaRsConsumerRegs = 224;
+inline constexpr uint32_t kWgmmaRsProducerRegs = 56;
+static_assert(2 * 128 * kWgmmaRsConsumerRegs + 128 * kWgmmaRsProducerRegs <= 384 * kWgmmaRsLaunchRegs,
+              "setmaxnreg budgets exceed the CTA's launch allocation: the consumers' setmaxnreg.inc would never return");
 
 // kWgmma tiles (x_tile, a_tiles): byte offset of 16 B unit `unit16` (0..7: k = 8 unit16 .. + 7) of row
 // `row`, K-major, 128B-swizzled (the wgmma canonical layout, CuTe's Layout_K_SW128_Atom for bf16; the
@@ -152,7 +157,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   // kWgmmaRs: one CTA per SM; the consumers raise their share with setmaxnreg (kWgmmaRsConsumerRegs).
-  if (c.kind == W4A16Kind::kWgmmaRs) return 65536 / c.n_threads() / 8 * 8;
+  if (c.kind == W4A16Kind::kWgmmaRs) return kWgmmaRsLaunchRegs;
   if (c.kind != W4A16Kind::kStream) return 64;
   return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
 }

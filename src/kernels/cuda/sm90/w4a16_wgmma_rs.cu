@@ -4,7 +4,8 @@
 //
 // One CTA = three warpgroups (384 threads) computing block_w (128 or 256) weight rows x block_t tokens
 // of one expert:
-//  * warpgroup 0, the producer (setmaxnreg down to kWgmmaRsProducerRegs): per 64-wide K chunk i it
+//  * warpgroup 0, the producer (setmaxnreg down to kWgmmaRsProducerRegs; the consumers' increase must fit
+//    in what it frees, plan/layout_sm90_w4a16.h): per 64-wide K chunk i it
 //    waits until slot i % stages is empty (the slot's "empty" mbarrier, from round 1 on), copies the
 //    chunk's activations (token row r: 32 pairs of bf16, 4 B cp.async each, lane = pair, to
 //    plan::w4a16_rs_x_offset: the K permutation of the A registers, see below; zero-filled past K,
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(full + slot);
     }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // leave no copy of this thread in flight
     return;  // the consumers finish alone (named barrier kEpilogueBarrier)
   }
 
