@@ -400,6 +400,17 @@ void check_scale_slices(uint64_t seed) {
   }
 }
 
+// The A registers lane `lane` dequantizes for chunk kc of kernel-layout tile `tile` (expert x row tile),
+// from its 16 B of codes and of the chunk's scale group, as the wgmma kernels do.
+void lane_chunk_fragments(const EmuProblem& p, int64_t tile, int64_t kc, uint32_t lane, uint32_t a[4][4]) {
+  uint4 codes, group;
+  std::memcpy(&codes, &p.kcodes[static_cast<size_t>((tile * p.k_chunks + kc) * 512 + lane * 16)], 16);
+  std::memcpy(&group, &p.kscales[static_cast<size_t>((tile * p.k_groups + kc / 8) * 512 + lane * 16)], 16);
+  uint32_t sc_lo, sc_hi;
+  w4a16_chunk_scales(group, static_cast<uint32_t>(kc % 8), sc_lo, sc_hi);
+  w4a16_chunk_fragments(codes, sc_lo, sc_hi, a);
+}
+
 // kWgmma (w4a16_wgmma.cu): each lane's dequantized chunk goes into its warp's row tile of the A tile
 // through w4a16_wgmma_a_stores. The 32 lanes' 16 B stores must cover the row tile's 2 KB exactly once;
 // read back with the wgmma operand layout (row r, k at w4a16_wgmma_swizzle(r, k / 8) + 2 (k % 8), CuTe's
@@ -417,13 +428,8 @@ TEST(W4A16Emulation, WgmmaATileHoldsTheWeightsInNaturalKOrder) {
           std::vector<uint8_t> a_tile(16 * 128, 0xFF);
           std::vector<int> stores(16 * 128 / 16, 0);
           for (uint32_t lane = 0; lane < 32; ++lane) {
-            uint4 codes, group;
-            std::memcpy(&codes, &p.kcodes[static_cast<size_t>((tile * p.k_chunks + kc) * 512 + lane * 16)], 16);
-            std::memcpy(&group, &p.kscales[static_cast<size_t>((tile * p.k_groups + kc / 8) * 512 + lane * 16)], 16);
-            uint32_t sc_lo, sc_hi;
-            w4a16_chunk_scales(group, static_cast<uint32_t>(kc % 8), sc_lo, sc_hi);
             uint32_t a[4][4];
-            w4a16_chunk_fragments(codes, sc_lo, sc_hi, a);
+            lane_chunk_fragments(p, tile, kc, lane, a);
             const W4A16WgmmaStores st = w4a16_wgmma_a_stores(a, lane);
             for (int q = 0; q < 4; ++q) {
               ASSERT_EQ(st.offset[q] % 16, 0u);
@@ -499,13 +505,8 @@ TEST(W4A16Emulation, WgmmaRsActivationPermutationMatchesTheRegisters) {
           };
           auto half = [](uint32_t reg, int h) { return static_cast<double>(bf16_to_f32(static_cast<uint16_t>(reg >> (16 * h)))); };
           for (uint32_t lane = 0; lane < 32; ++lane) {
-            uint4 codes, group;
-            std::memcpy(&codes, &p.kcodes[static_cast<size_t>((tile * p.k_chunks + kc) * 512 + lane * 16)], 16);
-            std::memcpy(&group, &p.kscales[static_cast<size_t>((tile * p.k_groups + kc / 8) * 512 + lane * 16)], 16);
-            uint32_t sc_lo, sc_hi;
-            w4a16_chunk_scales(group, static_cast<uint32_t>(kc % 8), sc_lo, sc_hi);
             uint32_t a[4][4];
-            w4a16_chunk_fragments(codes, sc_lo, sc_hi, a);
+            lane_chunk_fragments(p, tile, kc, lane, a);
             const uint32_t g = lane >> 2, t = lane & 3u;
             for (uint32_t st = 0; st < 4; ++st) {
               for (int h = 0; h < 2; ++h) {

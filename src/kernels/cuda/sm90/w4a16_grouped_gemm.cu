@@ -367,17 +367,12 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   } else if constexpr (c.kind == W4A16Kind::kWgmmaRs) {
     launch_wgmma_rs(I, SWIGLU, p, grid, stream);  // w4a16_wgmma_rs.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
-    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-    auto kernel = sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;
-    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
-    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
+    launch_with_smem(sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), p, grid, stream);
   } else {
-    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-    auto kernel = sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>;
-    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
-    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
+    launch_with_smem(sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>,
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), p, grid, stream);
   }
-  FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <bool SWIGLU, int... I>

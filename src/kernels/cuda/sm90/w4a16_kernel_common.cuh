@@ -7,10 +7,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <utility>
 
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
+#include "plan/layout_sm90_w4a16.h"
 
 namespace fp4moe::cuda::sm90::w4a16_detail {
 
@@ -188,6 +193,84 @@ __device__ __forceinline__ void write_output_tile(const KernelParams& p, const W
     }
   }
 }
+
+// The wgmma kinds' scales: a lane's 16 B of the scale group of each of its kMB row tiles
+// (rt_first + 8 b), the current group and the next one in registers. Row tiles past N (ok[b] false)
+// read nothing and hold zeros.
+template <uint32_t kMB>
+struct ScaleGroups {
+  const uint8_t* at[kMB];  // group 0 of row tile b, this lane's 16 B
+  bool ok[kMB];
+  uint4 cur[kMB], next[kMB];
+
+  // Groups kg0 and kg0 + 1 (< kg1) of expert `expert`'s row tiles rt_first + 8 b.
+  __device__ __forceinline__ void start(const KernelParams& p, int expert, int rt_first, uint32_t lane, int kg0, int kg1) {
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) {
+      const int rt = rt_first + static_cast<int>(8 * b);
+      ok[b] = rt < p.row_tiles;
+      const int64_t tile = static_cast<int64_t>(expert) * p.row_tiles + (ok[b] ? rt : 0);
+      at[b] = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
+      cur[b] = ok[b] ? load(b, kg0) : make_uint4(0, 0, 0, 0);
+      next[b] = ok[b] && kg0 + 1 < kg1 ? load(b, kg0 + 1) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // After group kg: the next becomes current, group kg + 2 (< kg1) is fetched.
+  __device__ __forceinline__ void advance(int kg, int kg1) {
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) {
+      cur[b] = next[b];
+      if (ok[b] && kg + 2 < kg1) next[b] = load(b, kg + 2);
+    }
+  }
+  __device__ __forceinline__ uint4 load(uint32_t b, int kg) const {
+    return __ldg(reinterpret_cast<const uint4*>(at[b] + static_cast<int64_t>(kg) * kW4A16TileBytes));
+  }
+};
+
+// Keeps the compiler from moving the N accumulator registers at d while a wgmma may still write them
+// (CuTe's warpgroup_fence_operand, for a whole fragment).
+template <size_t N>
+__device__ __forceinline__ void fence_accumulators(float* d) {
+#pragma unroll
+  for (size_t i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Launches `kernel` on `grid` x `threads` with `smem_bytes` of dynamic shared memory (opting in first).
+template <class Kernel>
+void launch_with_smem(Kernel kernel, uint32_t smem_bytes, uint32_t threads, const KernelParams& p, dim3 grid,
+                      cudaStream_t stream) {
+  FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  kernel<<<grid, threads, smem_bytes, stream>>>(p);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The launch table of one kernel kind's translation unit over every config id: entry I runs
+// Launcher<I, SWIGLU>::run(p, grid, stream) when config I is of kind KIND (only those get their
+// kernels instantiated) and fails otherwise (the dispatcher routes a config to its kind's table).
+using KindLaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
+template <plan::W4A16Kind KIND, template <int, bool> class Launcher>
+class KindLaunchTable {
+  template <int I, bool SWIGLU>
+  static void one(const KernelParams& p, dim3 grid, cudaStream_t stream) {
+    if constexpr (plan::kW4A16Configs[I].kind == KIND) {
+      Launcher<I, SWIGLU>::run(p, grid, stream);
+    } else {
+      FP4MOE_FAIL() << "sm90_nvfp4_w4a16_grouped_gemm: config id " << I << " is not of this kernel's kind";
+    }
+  }
+  template <bool SWIGLU, int... I>
+  static constexpr std::array<KindLaunchFn, sizeof...(I)> make(std::integer_sequence<int, I...>) {
+    return {&one<I, SWIGLU>...};
+  }
+
+ public:
+  static void launch(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream) {
+    static constexpr auto kPlain = make<false>(std::make_integer_sequence<int, plan::kNumW4A16Configs>{});
+    static constexpr auto kSwiGlu = make<true>(std::make_integer_sequence<int, plan::kNumW4A16Configs>{});
+    (swiglu ? kSwiGlu : kPlain)[static_cast<size_t>(config_id)](p, grid, stream);
+  }
+};
 
 // Launches config `config_id` (a kWgmma config of kW4A16Configs) on `grid` (w4a16_wgmma.cu).
 void launch_wgmma(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream);

@@ -25,15 +25,14 @@
 // that warp's row tile, so the epilogue is the pipelined kernel's (write_output_tile).
 // Tested by tests/kernels/test_cuda_w4a16.cpp (every config); the swizzle and descriptor against CuTe
 // by tests/kernels/test_wgmma_layout_host.cpp.
-#include <cute/arch/mma_sm90_gmma.hpp>
 
-#include <array>
 #include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_kernel_common.cuh"
+#include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
 
@@ -41,7 +40,6 @@ namespace fp4moe::cuda::sm90::w4a16_detail {
 
 namespace {
 
-using plan::kNumW4A16Configs;
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kWgmmaABuffers;
@@ -51,40 +49,6 @@ using plan::w4a16_wgmma_swizzle;
 using plan::W4A16Config;
 using plan::W4A16Kind;
 using plan::W4A16Layout;
-
-namespace gmma = cute::SM90::GMMA;
-template <uint32_t N>
-struct WgmmaSS;
-template <>
-struct WgmmaSS<32> {
-  using Op = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaSS<64> {
-  using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaSS<128> {
-  using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaSS<256> {
-  using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-
-// One wgmma m64nNk16: d (N / 2 f32 a thread) = A(desc_a) x B(desc_b)^T (+ d unless `first`).
-template <class Op, size_t... I>
-__device__ __forceinline__ void wgmma_ss(uint64_t desc_a, uint64_t desc_b, float* d, bool first,
-                                         std::index_sequence<I...>) {
-  Op::fma(desc_a, desc_b, d[I]..., first ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
-}
-
-// Keeps the compiler from moving accumulator registers while a wgmma may still write them.
-template <size_t N>
-__device__ __forceinline__ void fence_accumulators(float* d) {
-#pragma unroll
-  for (size_t i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
-}
 
 // The kernel's config (a function: a variable template inside __launch_bounds__ aborts nvcc 13's cicc).
 constexpr W4A16Config wgmma_config(uint32_t block_w, uint32_t block_t, uint32_t stages) {
@@ -107,7 +71,7 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   constexpr uint32_t kTileBytes = 16 * 128;  // one row tile (16 rows) of an A tile
   static_assert(kXOff % 1024 == 0 && kStride % 1024 == 0 && kAOff % 1024 == 0 && kABytes % 1024 == 0,
                 "wgmma tiles must sit on the 1024 B swizzle atom");
-  using Op = typename WgmmaSS<BLOCK_T>::Op;
+  using Op = typename WgmmaAtoms<BLOCK_T>::SS;
   extern __shared__ __align__(1024) uint8_t smem[];
 
   WorkItem item;
@@ -119,14 +83,12 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   const int rt0 = static_cast<int>(blockIdx.y * kRowTiles);
   bool rt_ok[kMB];  // rows past N: zero codes and scales, never stored
   const uint8_t* codes[kMB];
-  const uint8_t* scales[kMB];
 #pragma unroll
   for (uint32_t b = 0; b < kMB; ++b) {
     const int rt = rt0 + static_cast<int>(warp + 8 * b);
     rt_ok[b] = rt < p.row_tiles;
     const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok[b] ? rt : 0);
     codes[b] = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
-    scales[b] = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
   }
   const __nv_bfloat16* x_rows = p.x + static_cast<int64_t>(item.row_begin) * p.k;
 
@@ -167,14 +129,8 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
     if (static_cast<int>(s) < n_chunks) load_stage(static_cast<int>(s));
     cp_async_commit();  // always commit, so that group i holds chunk i
   }
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 sg[kMB], sg_next[kMB];
-#pragma unroll
-  for (uint32_t b = 0; b < kMB; ++b) {
-    sg[b] = rt_ok[b] ? __ldg(reinterpret_cast<const uint4*>(scales[b] + kg0 * kW4A16TileBytes)) : zero;
-    sg_next[b] = rt_ok[b] && kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg0 + 1) * kW4A16TileBytes))
-                                           : zero;
-  }
+  ScaleGroups<kMB> sg;
+  sg.start(p, item.expert, rt0 + static_cast<int>(warp), lane, kg0, kg1);
 
   for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
@@ -189,7 +145,7 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
           const uint32_t rtl = warp + 8 * b;
           const uint4 w = *reinterpret_cast<const uint4*>(smem + kWOff + slot * kStride + rtl * kW4A16TileBytes + lane * 16);
           uint32_t sc_lo, sc_hi;
-          w4a16_chunk_scales(sg[b], j, sc_lo, sc_hi);
+          w4a16_chunk_scales(sg.cur[b], j, sc_lo, sc_hi);
           uint32_t a[4][4];
           w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
           // Rows g and g + 8 of the row tile in natural K order (w4a16_wgmma_a_stores).
@@ -223,11 +179,7 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
         cute::warpgroup_wait<1>();
       }
     }
-#pragma unroll
-    for (uint32_t b = 0; b < kMB; ++b) {
-      sg[b] = sg_next[b];
-      if (rt_ok[b] && kg + 2 < kg1) sg_next[b] = __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg + 2) * kW4A16TileBytes));
-    }
+    sg.advance(kg, kg1);
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
@@ -238,33 +190,20 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   write_output_tile<BLOCK_W, BLOCK_T, kThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB>(p, item, rt0, tid, acc, smem);
 }
 
-using WgmmaLaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
-
+// Config I of kW4A16Configs (a kWgmma config: KindLaunchTable instantiates no other).
 template <int I, bool SWIGLU>
-void launch_one(const KernelParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr W4A16Config c = kW4A16Configs[I];
-  if constexpr (c.kind == W4A16Kind::kWgmma) {
-    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-    auto kernel = sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;
-    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
-    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
-  } else {
-    FP4MOE_FAIL() << "sm90_nvfp4_w4a16_grouped_gemm: config id " << I << " is not a wgmma config";
+struct Launch {
+  static void run(const KernelParams& p, dim3 grid, cudaStream_t stream) {
+    constexpr W4A16Config c = kW4A16Configs[I];
+    launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
+                     c.n_threads(), p, grid, stream);
   }
-}
-
-template <bool SWIGLU, int... I>
-constexpr std::array<WgmmaLaunchFn, sizeof...(I)> make_table(std::integer_sequence<int, I...>) {
-  return {&launch_one<I, SWIGLU>...};
-}
-constexpr auto kTable = make_table<false>(std::make_integer_sequence<int, kNumW4A16Configs>{});
-constexpr auto kTableSwiGlu = make_table<true>(std::make_integer_sequence<int, kNumW4A16Configs>{});
+};
 
 }  // namespace
 
 void launch_wgmma(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream) {
-  (swiglu ? kTableSwiGlu : kTable)[static_cast<size_t>(config_id)](p, grid, stream);
+  KindLaunchTable<W4A16Kind::kWgmma, Launch>::launch(config_id, swiglu, p, grid, stream);
 }
 
 }  // namespace fp4moe::cuda::sm90::w4a16_detail

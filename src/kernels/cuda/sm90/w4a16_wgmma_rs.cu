@@ -29,11 +29,9 @@
 // the shared write_output_tile (the consumers meet at named barrier 1; the producer has left).
 // Tested by tests/kernels/test_cuda_w4a16.cpp (every config); the x permutation by
 // tests/kernels/test_cuda_w4a16_emulation_host.cpp.
-#include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include <array>
 #include <type_traits>
 #include <utility>
 
@@ -41,6 +39,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_kernel_common.cuh"
+#include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
 
@@ -48,7 +47,6 @@ namespace fp4moe::cuda::sm90::w4a16_detail {
 
 namespace {
 
-using plan::kNumW4A16Configs;
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kWgmmaRsConsumerRegs;
@@ -59,36 +57,6 @@ using plan::W4A16Config;
 using plan::W4A16Kind;
 using plan::W4A16Layout;
 using Barrier = cutlass::arch::ClusterBarrier;
-
-namespace gmma = cute::SM90::GMMA;
-template <uint32_t N>
-struct WgmmaRS;
-template <>
-struct WgmmaRS<64> {
-  using Op = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRS<128> {
-  using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgmmaRS<256> {
-  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-
-// One wgmma m64nNk16: d (N / 2 f32 a thread) = A(a: this warp's m16n8k16 A fragment) x B(desc_b)^T
-// (+ d unless `first`).
-template <class Op, size_t... I>
-__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b, float* d, bool first,
-                                         std::index_sequence<I...>) {
-  Op::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., first ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
-}
-
-template <size_t N>
-__device__ __forceinline__ void fence_accumulators(float* d) {
-#pragma unroll
-  for (size_t i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
-}
 
 constexpr W4A16Config rs_config(uint32_t block_w, uint32_t block_t, uint32_t stages) {
   return W4A16Config{block_w, block_t, 64, stages, W4A16Kind::kWgmmaRs};
@@ -107,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
   constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_tiles_offset, kStride = kLayout.stage_stride;
   static_assert(kXOff % 1024 == 0 && kStride % 1024 == 0, "x tiles must sit on the 1024 B swizzle atom");
   static_assert(kRowTiles % 4 == 0 && BLOCK_T % 4 == 0, "the producer's 4 warps split row tiles and token rows evenly");
-  using Op = typename WgmmaRS<BLOCK_T>::Op;
+  using Op = typename WgmmaAtoms<BLOCK_T>::RS;
   extern __shared__ __align__(1024) uint8_t smem[];
 
   WorkItem item;
@@ -175,23 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
   // ---- consumers ----
   cutlass::arch::warpgroup_reg_alloc<kWgmmaRsConsumerRegs>();
   const uint32_t cw = warp - 4;  // consumer warp 0..7: row tiles cw + 8 b
-  bool rt_ok[kMB];
-  const uint8_t* scales[kMB];
-#pragma unroll
-  for (uint32_t b = 0; b < kMB; ++b) {
-    const int rt = rt0 + static_cast<int>(cw + 8 * b);
-    rt_ok[b] = rt < p.row_tiles;
-    const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok[b] ? rt : 0);
-    scales[b] = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
-  }
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 sg[kMB], sg_next[kMB];
-#pragma unroll
-  for (uint32_t b = 0; b < kMB; ++b) {
-    sg[b] = rt_ok[b] ? __ldg(reinterpret_cast<const uint4*>(scales[b] + kg0 * kW4A16TileBytes)) : zero;
-    sg_next[b] = rt_ok[b] && kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg0 + 1) * kW4A16TileBytes))
-                                           : zero;
-  }
+  ScaleGroups<kMB> sg;
+  sg.start(p, item.expert, rt0 + static_cast<int>(cw), lane, kg0, kg1);
 
   // Not zero-filled: the first wgmma of each m64 block overwrites them (scale-d 0); see w4a16_wgmma.cu
   // on why nothing but the wgmma may define them inside the loop (ptxas C7515).
@@ -206,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
     for (uint32_t b = 0; b < kMB; ++b) {
       const uint4 w = *reinterpret_cast<const uint4*>(smem + kWOff + slot * kStride + (cw + 8 * b) * kW4A16TileBytes + lane * 16);
       uint32_t sc_lo, sc_hi;
-      w4a16_chunk_scales(sg[b], j, sc_lo, sc_hi);
+      w4a16_chunk_scales(sg.cur[b], j, sc_lo, sc_hi);
       w4a16_chunk_fragments(w, sc_lo, sc_hi, a[buf][b]);
     }
     ptx::fence_proxy_async_shared();  // the landed cp.async copies -> the wgmma's async proxy
@@ -223,13 +176,6 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
     cute::warpgroup_wait<decltype(pending)::value>();  // chunk i - 1's wgmma done: its slot and A registers are free
     if (i >= 1 && lane == 0) Barrier::arrive(empty + static_cast<uint32_t>(i - 1) % STAGES);
   };
-  auto next_group = [&](int kg) {
-#pragma unroll
-    for (uint32_t b = 0; b < kMB; ++b) {
-      sg[b] = sg_next[b];
-      if (rt_ok[b] && kg + 2 < kg1) sg_next[b] = __ldg(reinterpret_cast<const uint4*>(scales[b] + (kg + 2) * kW4A16TileBytes));
-    }
-  };
   // Whole groups without a branch between the wgmma (ptxas can then keep one group in flight while the
   // other buffer is written: a conditional chunk makes it serialize every wgmma, C7511); the rest of a
   // last partial group (K not a multiple of 512) one chunk at a time, buffer 0, nothing left pending.
@@ -239,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       consume(g * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j), j, j & 1u, std::integral_constant<int, 1>{});
     }
-    next_group(kg0 + g);
+    sg.advance(kg0 + g, kg1);
   }
   for (int i = whole * static_cast<int>(kW4A16ScaleGroup); i < n_chunks; ++i) {
     consume(i, static_cast<uint32_t>(i) % kW4A16ScaleGroup, 0, std::integral_constant<int, 0>{});
@@ -254,33 +200,20 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
       p, item, rt0, tid - kProducerThreads, acc, smem);
 }
 
-using RsLaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
-
+// Config I of kW4A16Configs (a kWgmmaRs config: KindLaunchTable instantiates no other).
 template <int I, bool SWIGLU>
-void launch_one(const KernelParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr W4A16Config c = kW4A16Configs[I];
-  if constexpr (c.kind == W4A16Kind::kWgmmaRs) {
-    constexpr uint32_t kBytes = W4A16Layout::make(c).total_bytes();
-    auto kernel = sm90_nvfp4_w4a16_wgmma_rs_kernel<c.block_w, c.block_t, c.stages, SWIGLU>;
-    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
-    kernel<<<grid, c.n_threads(), kBytes, stream>>>(p);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
-  } else {
-    FP4MOE_FAIL() << "sm90_nvfp4_w4a16_grouped_gemm: config id " << I << " is not a wgmmars config";
+struct Launch {
+  static void run(const KernelParams& p, dim3 grid, cudaStream_t stream) {
+    constexpr W4A16Config c = kW4A16Configs[I];
+    launch_with_smem(sm90_nvfp4_w4a16_wgmma_rs_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
+                     c.n_threads(), p, grid, stream);
   }
-}
-
-template <bool SWIGLU, int... I>
-constexpr std::array<RsLaunchFn, sizeof...(I)> make_table(std::integer_sequence<int, I...>) {
-  return {&launch_one<I, SWIGLU>...};
-}
-constexpr auto kTable = make_table<false>(std::make_integer_sequence<int, kNumW4A16Configs>{});
-constexpr auto kTableSwiGlu = make_table<true>(std::make_integer_sequence<int, kNumW4A16Configs>{});
+};
 
 }  // namespace
 
 void launch_wgmma_rs(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream) {
-  (swiglu ? kTableSwiGlu : kTable)[static_cast<size_t>(config_id)](p, grid, stream);
+  KindLaunchTable<W4A16Kind::kWgmmaRs, Launch>::launch(config_id, swiglu, p, grid, stream);
 }
 
 }  // namespace fp4moe::cuda::sm90::w4a16_detail
