@@ -10,8 +10,10 @@
 //    chunk's activations (token row r: 32 pairs of bf16, 4 B cp.async each, lane = pair, to
 //    plan::w4a16_rs_x_offset: the K permutation of the A registers, see below; zero-filled past K,
 //    rows past the expert's not copied: they only feed output columns that are never stored) and its
-//    codes (a 16 B cp.async per lane and row tile) into the slot, and arrives on the slot's "full"
-//    mbarrier when its copies have landed (cp.async.mbarrier.arrive.noinc: 128 arrivals a phase).
+//    codes (a 16 B cp.async per lane and row tile) into the slot, one cp.async group per chunk; once
+//    the group of chunk i - (stages - 2) has landed (wait_group) it arrives on that slot's "full"
+//    mbarrier (128 arrivals a phase). (cp.async.mbarrier.arrive.noinc would need no wait, but
+//    compute-sanitizer's racecheck does not see it as ordering the copies before the consumers' reads.)
 //  * warpgroups 1 and 2, the consumers (setmaxnreg up to kWgmmaRsConsumerRegs): warpgroup q issues
 //    wgmma.mma_async m64n<block_t>k16 with A from registers (RS) for the m64 blocks q, q + 2 of the rows
 //    (warp w of the consumers owns row tiles w and w + 8, as in kWgmma). Per chunk: wait for the full
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
     const uint8_t* codes = p.w_codes + (static_cast<int64_t>(item.expert) * p.row_tiles + rt_first) * (tile_step / 4) + lane * 16;
     // Rows r = warp + 4 j sit at r & 7 = warp + 4 (j & 1): two swizzle phases a lane alternates between.
     const uint32_t x_dst[2] = {w4a16_rs_x_offset(warp, lane), w4a16_rs_x_offset(warp + 4, lane)};
+    constexpr int kLag = static_cast<int>(STAGES) - 2;
     for (int i = 0; i < n_chunks; ++i) {
       const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
       if (i >= static_cast<int>(STAGES)) Barrier::wait(empty + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES) - 1) & 1u);
@@ -134,9 +137,17 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
         const void* src = ok ? static_cast<const void*>(codes + m * tile_step + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
         cp_async_16(base + kWOff + slot * kStride + (warp + 4 * m) * kW4A16TileBytes + lane * 16, src, ok);
       }
-      cutlass::arch::cpasync_barrier_arrive_noinc(full + slot);
+      cp_async_commit();
+      // Chunk i - kLag has landed (this thread's copies): publish it. kLag = stages - 2 chunks stay in
+      // flight; more would deadlock (the slot this loop waits for is released by the consumers only
+      // after the chunk after it, which must have been published).
+      if (i >= kLag) {
+        cp_async_wait<kLag>();
+        Barrier::arrive(full + static_cast<uint32_t>(i - kLag) % STAGES);
+      }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // leave no copy of this thread in flight
+    cp_async_wait<0>();
+    for (int i = max(n_chunks - kLag, 0); i < n_chunks; ++i) Barrier::arrive(full + static_cast<uint32_t>(i) % STAGES);
     return;  // the consumers finish alone (named barrier kEpilogueBarrier)
   }
 
