@@ -15,7 +15,14 @@ constexpr double kBf16Bytes = 2.0;
 
 double kernel_mma_efficiency(const TileCandidate& c) {
   if (c.family != KernelFamily::kSm90W4A16) return 1.0;
-  return w4a16_is_wgmma(c.ours.kind) ? kWgmmaEfficiency : kMmaSyncEfficiency;
+  switch (c.ours.kind) {
+    case W4A16Kind::kWgmma:
+      return kWgmmaEfficiency;
+    case W4A16Kind::kWgmmaRs:
+      return kWgmmaRsEfficiency;
+    default:
+      return kMmaSyncEfficiency;
+  }
 }
 
 CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const GpuSpec& gpu) {

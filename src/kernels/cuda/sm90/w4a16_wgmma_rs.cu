@@ -12,8 +12,8 @@
 //    rows past the expert's not copied: they only feed output columns that are never stored) and its
 //    codes (a 16 B cp.async per lane and row tile) into the slot, one cp.async group per chunk; once
 //    the group of chunk i - (stages - 2) has landed (wait_group) it arrives on that slot's "full"
-//    mbarrier (128 arrivals a phase). (cp.async.mbarrier.arrive.noinc would need no wait, but
-//    compute-sanitizer's racecheck does not see it as ordering the copies before the consumers' reads.)
+//    mbarrier (128 arrivals a phase): an ordinary release the sanitizers follow (cp.async.mbarrier.
+//    arrive.noinc would need no wait).
 //  * warpgroups 1 and 2, the consumers (setmaxnreg up to kWgmmaRsConsumerRegs): warpgroup q issues
 //    wgmma.mma_async m64n<block_t>k16 with A from registers (RS) for the m64 blocks q, q + 2 of the rows
 //    (warp w of the consumers owns row tiles w and w + 8, as in kWgmma). Per chunk: wait for the full
@@ -185,6 +185,9 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<decltype(pending)::value>();  // chunk i - 1's wgmma done: its slot and A registers are free
+    // Every lane read its codes of chunk i - 1 before this point; __syncwarp orders those reads before
+    // lane 0's arrive (the producer refills the slot after it).
+    __syncwarp();
     if (i >= 1 && lane == 0) Barrier::arrive(empty + static_cast<uint32_t>(i - 1) % STAGES);
   };
   // Whole groups without a branch between the wgmma (ptxas can then keep one group in flight while the
