@@ -207,38 +207,27 @@ struct W4A16Layout {
       if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
       return nullptr;
     }
-    if (c.kind == W4A16Kind::kWgmma) {
+    if (w4a16_is_wgmma(c.kind)) {  // the same rules for both wgmma kinds, in each one's words
+      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
       if (c.block_w != 128 && c.block_w != 256) {
-        return "wgmma: block_w (weight rows per CTA) must be 128 or 256 (two warpgroups of 1 or 2 m64 blocks)";
+        return rs ? "wgmmars: block_w (weight rows per CTA) must be 128 or 256 (two consumer warpgroups of 1 or 2 m64 blocks)"
+                  : "wgmma: block_w (weight rows per CTA) must be 128 or 256 (two warpgroups of 1 or 2 m64 blocks)";
       }
-      if (c.block_t != 32 && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
-        return "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
+      if ((c.block_t != 32 || rs) && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
+        return rs ? "wgmmars: block_t (tokens, the wgmma N) must be 64, 128 or 256"
+                  : "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
       }
       if (c.block_w / 128 * c.block_t > 256) {
-        return "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
+        return rs ? "wgmmars: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)"
+                  : "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
       }
-      if (c.block_k != 64) return "wgmma: block_k must be 64 (one chunk per stage)";
-      if (c.stages < 3 || c.stages > 8) return "wgmma: stages must be 3..8";
+      if (c.block_k != 64) return rs ? "wgmmars: block_k must be 64 (one chunk per stage)" : "wgmma: block_k must be 64 (one chunk per stage)";
+      if (rs && (c.stages < 2 || c.stages > 12)) return "wgmmars: stages must be 2..12";
+      if (!rs && (c.stages < 3 || c.stages > 8)) return "wgmma: stages must be 3..8";
       // The epilogue tile reuses the stage region (see the file comment).
       if (c.block_t * (c.block_w * 2 + kEpilogueRowPad) > c.stages * (c.block_t * 128 + c.block_w * 32)) {
-        return "wgmma: the epilogue tile must fit in the stage region it reuses";
-      }
-      return nullptr;
-    }
-    if (c.kind == W4A16Kind::kWgmmaRs) {
-      if (c.block_w != 128 && c.block_w != 256) {
-        return "wgmmars: block_w (weight rows per CTA) must be 128 or 256 (two consumer warpgroups of 1 or 2 m64 blocks)";
-      }
-      if (c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
-        return "wgmmars: block_t (tokens, the wgmma N) must be 64, 128 or 256";
-      }
-      if (c.block_w / 128 * c.block_t > 256) {
-        return "wgmmars: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
-      }
-      if (c.block_k != 64) return "wgmmars: block_k must be 64 (one chunk per stage)";
-      if (c.stages < 2 || c.stages > 12) return "wgmmars: stages must be 2..12";
-      if (c.block_t * (c.block_w * 2 + kEpilogueRowPad) > c.stages * (c.block_t * 128 + c.block_w * 32)) {
-        return "wgmmars: the epilogue tile must fit in the stage region it reuses";
+        return rs ? "wgmmars: the epilogue tile must fit in the stage region it reuses"
+                  : "wgmma: the epilogue tile must fit in the stage region it reuses";
       }
       return nullptr;
     }
@@ -263,36 +252,27 @@ struct W4A16Layout {
                                        RegionKind::kStageOperand);
       return out;
     }
-    if (c.kind == W4A16Kind::kWgmmaRs) {
+    if (w4a16_is_wgmma(c.kind)) {
+      // Both wgmma kinds: per stage the activations (kWgmmaRs: in the registers' K order) and the codes;
+      // then kWgmma's A tiles or kWgmmaRs's mbarriers. The epilogue reuses the stages from offset 0.
+      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
       SmemLayout& l = out.layout;
       out.x_tile_bytes = c.block_t * 128;
       out.w_tiles_bytes = c.block_w * 32;
       for (uint32_t s = 0; s < c.stages; ++s) {
-        const uint32_t x = l.add("stage x_tile (bf16 activations, K-permuted, 128B-swizzled)", out.x_tile_bytes,
-                                 kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+        const uint32_t x = l.add(rs ? "stage x_tile (bf16 activations, K-permuted, 128B-swizzled)"
+                                    : "stage x_tile (bf16 activations, 128B-swizzled)",
+                                 out.x_tile_bytes, kWgmmaSwizzleAtom, RegionKind::kStageOperand);
         l.add("stage w_tiles (nvfp4 e2m1, kernel layout)", out.w_tiles_bytes, 128, RegionKind::kStageOperand);
         if (s == 1) out.stage_stride = x;
       }
-      if (c.stages == 1) out.stage_stride = l.total_bytes;
-      out.barriers_offset = l.add("mbarriers (full, empty per stage)", 2 * c.stages * 8, 8, RegionKind::kBarrier);
-      out.w_tiles_offset = out.x_tile_bytes;
-      out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
-      out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;  // at offset 0, inside the stages
-      return out;
-    }
-    if (c.kind == W4A16Kind::kWgmma) {
-      SmemLayout& l = out.layout;
-      out.x_tile_bytes = c.block_t * 128;
-      out.w_tiles_bytes = c.block_w * 32;
-      for (uint32_t s = 0; s < c.stages; ++s) {
-        const uint32_t x = l.add("stage x_tile (bf16 activations, 128B-swizzled)", out.x_tile_bytes, kWgmmaSwizzleAtom,
-                                 RegionKind::kStageOperand);
-        l.add("stage w_tiles (nvfp4 e2m1, kernel layout)", out.w_tiles_bytes, 128, RegionKind::kStageOperand);
-        if (s == 1) out.stage_stride = x;
+      if (rs) {
+        out.barriers_offset = l.add("mbarriers (full, empty per stage)", 2 * c.stages * 8, 8, RegionKind::kBarrier);
+      } else {
+        out.a_tile_bytes = c.block_w * 128;
+        out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
+                                   kWgmmaSwizzleAtom, RegionKind::kStageOperand);
       }
-      out.a_tile_bytes = c.block_w * 128;
-      out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
-                                 kWgmmaSwizzleAtom, RegionKind::kStageOperand);
       out.w_tiles_offset = out.x_tile_bytes;
       out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
       out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;  // at offset 0, inside the stages

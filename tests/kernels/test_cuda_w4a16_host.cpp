@@ -598,35 +598,23 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       EXPECT_EQ(sum, check.bytes) << name;
       continue;
     }
-    if (c.kind == W4A16Kind::kWgmmaRs) {
-      // sm90_nvfp4_w4a16_wgmma_rs_kernel<block_w, block_t, stages> carves with rs_config(...) =
-      // W4A16Config{block_w, block_t, 64, stages, kWgmmaRs}: x_tile / w_tiles per stage, then the mbarriers.
-      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kWgmmaRs});
+    if (plan::w4a16_is_wgmma(c.kind)) {
+      // sm90_nvfp4_w4a16_wgmma_kernel / _wgmma_rs_kernel<block_w, block_t, stages> carve with
+      // W4A16Config{block_w, block_t, 64, stages, kind} (wgmma_config / rs_config): x_tile / w_tiles per
+      // stage, then kWgmma's A tiles or kWgmmaRs's mbarriers, which are the overhead.
+      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
+      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, c.kind});
       ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
       for (uint32_t s = 0; s < c.stages; ++s) {
         EXPECT_EQ(planned.regions[2 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
         EXPECT_EQ(planned.regions[2 * s + 1].offset, kernel.w_tiles_offset + s * kernel.stage_stride) << name << " stage " << s;
       }
-      EXPECT_EQ(planned.regions[2 * c.stages].offset, kernel.barriers_offset) << name;
-      EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
-      EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
-      EXPECT_EQ(check.overhead_bytes, 16u * c.stages) << name << ": the mbarriers";
-      continue;
-    }
-    if (c.kind == W4A16Kind::kWgmma) {
-      // sm90_nvfp4_w4a16_wgmma_kernel<block_w, block_t, stages> carves with wgmma_config(block_w, block_t,
-      // stages) = W4A16Config{block_w, block_t, 64, stages, kWgmma}: x_tile / w_tiles per stage, then the A tiles.
-      const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kWgmma});
-      ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
-      for (uint32_t s = 0; s < c.stages; ++s) {
-        EXPECT_EQ(planned.regions[2 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
-        EXPECT_EQ(planned.regions[2 * s + 1].offset, kernel.w_tiles_offset + s * kernel.stage_stride) << name << " stage " << s;
-      }
-      EXPECT_EQ(planned.regions[2 * c.stages].offset, kernel.a_tiles_offset) << name;
+      EXPECT_EQ(planned.regions[2 * c.stages].offset, rs ? kernel.barriers_offset : kernel.a_tiles_offset) << name;
       EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
-      EXPECT_EQ(check.overhead_bytes, plan::kWgmmaABuffers * kernel.a_tile_bytes) << name;
+      EXPECT_EQ(check.overhead_bytes, rs ? 16u * c.stages : plan::kWgmmaABuffers * kernel.a_tile_bytes)
+          << name << (rs ? ": the mbarriers" : ": the A tiles");
       continue;
     }
     const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});

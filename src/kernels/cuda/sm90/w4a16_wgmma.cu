@@ -28,8 +28,6 @@
 
 #include <utility>
 
-#include "core/error.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_kernel_common.cuh"
 #include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"

@@ -37,8 +37,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/error.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sm90/w4a16_fragments.h"
 #include "kernels/cuda/sm90/w4a16_kernel_common.cuh"
 #include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"
@@ -162,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_nvfp4_w4a16_wgmma_rs_kernel(
   float acc[kMB][kNTiles][4];
   uint32_t a[2][kMB][4][4];  // A registers of chunk parity 0 / 1
   // Chunk i (group-local j, A buffer buf): wait until it landed, dequantize, issue its wgmma, wait until
-  // at most kPending groups are pending, release the slot of chunk i - 1.
+  // at most `pending` (0 or 1) groups are pending, release the slot of chunk i - 1.
   auto consume = [&](int i, uint32_t j, uint32_t buf, auto pending) {
     const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
     Barrier::wait(full + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES)) & 1u);
