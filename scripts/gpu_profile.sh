@@ -15,7 +15,7 @@ ncu_args=("$@")
 gpu_configure build-prof || exit 1
 cmake --build build-prof -j "$(nproc)" --target bench_w4a16 test_cuda_w4a16 > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
 t=$(find build-prof/tests -name test_cuda_w4a16 -type f | head -1)
-FP4MOE_SHARED="$PWD/.carry/shared" "$t" --gtest_filter="${FP4MOE_GTEST_FILTER:-*}" > "$out/test.log" 2>&1
+FP4MOE_SHARED="$PWD/.carry/shared" timeout "${FP4MOE_TEST_TIMEOUT:-240}" "$t" --gtest_filter="${FP4MOE_GTEST_FILTER:-*}" > "$out/test.log" 2>&1
 echo "test_cuda_w4a16 exit $?"; grep -E "^\[  (FAILED|PASSED) |Failure|NMSE" "$out/test.log" | head -40
 build-prof/bench/bench_w4a16 "${bench_args[@]}" | tee "$out/bench.txt"
 if [ ${#ncu_args[@]} -gt 0 ]; then

@@ -45,13 +45,15 @@
 //      chunk i - 2 is refilled once every warpgroup's wgmma of chunk i - 2 has completed).
 //    Name: "w4a16_wgmma_m<block_w>n<block_t>_s<stages>".
 //    Per stage (x_tile 1024 B aligned, the 128B-swizzle atom; stage_stride a multiple of 1024):
-//      x_tile    block_t rows x 128 B (64 bf16), 16 B unit u of row r at r x 128 + (u ^ (r & 7)) x 16
+//      x_tile    block_t rows x 128 B (64 bf16), 16 B unit u of row r at r x 128 + (u ^ (r & 7)) x 16:
+//                one TMA 2D tile load (box 64 k x block_t rows, SWIZZLE_128B writes exactly this)
 //      w_tiles   block_w / 16 row tiles x 512 B of codes (the kernel weight layout; a lane copies and
 //                reads back only its own 16 B)
 //    Once:
 //      a_tiles   kWgmmaABuffers x block_w rows x 128 B bf16, the same swizzle (the dequantized weights;
 //                3 buffers: the one chunk i writes was last read by the wgmma of chunk i - 3, which
 //                every warp waited for before the previous barrier)
+//      mbarriers one per stage: the x tile's TMA load has landed (expect-tx of block_t x 128 B)
 //    Scales come through registers (a lane's 16 B per 8 chunks, one group ahead). The epilogue tile
 //    (block_t rows x (block_w x 2 + 16) B) reuses the stage region from offset 0 after the main loop
 //    (every copy drained, every wgmma done), so it adds no bytes; check() requires it to fit there.
@@ -187,7 +189,7 @@ struct W4A16Layout {
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
   uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's ring at ring_offset + w * ring_warp_bytes
   uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
-  uint32_t barriers_offset = 0;                   // kWgmmaRs: full[stages] then empty[stages], 8 B each
+  uint32_t barriers_offset = 0;  // kWgmma: full[stages]; kWgmmaRs: full[stages] then empty[stages]; 8 B each
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
@@ -272,6 +274,7 @@ struct W4A16Layout {
         out.a_tile_bytes = c.block_w * 128;
         out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
                                    kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+        out.barriers_offset = l.add("mbarriers (x tile landed, per stage)", c.stages * 8, 8, RegionKind::kBarrier);
       }
       out.w_tiles_offset = out.x_tile_bytes;
       out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;

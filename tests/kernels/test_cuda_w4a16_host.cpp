@@ -601,7 +601,7 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
     if (plan::w4a16_is_wgmma(c.kind)) {
       // sm90_nvfp4_w4a16_wgmma_kernel / _wgmma_rs_kernel<block_w, block_t, stages> carve with
       // W4A16Config{block_w, block_t, 64, stages, kind} (wgmma_config / rs_config): x_tile / w_tiles per
-      // stage, then kWgmma's A tiles or kWgmmaRs's mbarriers, which are the overhead.
+      // stage, then kWgmma's A tiles and mbarriers or kWgmmaRs's mbarriers, which are the overhead.
       const bool rs = c.kind == W4A16Kind::kWgmmaRs;
       const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, c.kind});
       ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
@@ -613,8 +613,9 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
-      EXPECT_EQ(check.overhead_bytes, rs ? 16u * c.stages : plan::kWgmmaABuffers * kernel.a_tile_bytes)
-          << name << (rs ? ": the mbarriers" : ": the A tiles");
+      if (!rs) EXPECT_EQ(planned.regions[2 * c.stages + 1].offset, kernel.barriers_offset) << name;
+      EXPECT_EQ(check.overhead_bytes, rs ? 16u * c.stages : plan::kWgmmaABuffers * kernel.a_tile_bytes + 8u * c.stages)
+          << name << (rs ? ": the mbarriers" : ": the A tiles and the mbarriers");
       continue;
     }
     const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
@@ -828,8 +829,9 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   const Case cases[] = {{1, "w4a16_stream_m64n8_d8"},         {8, "w4a16_stream_m64n8_d8"},
                         {9, "w4a16_stream_m64n16_d8"},        {16, "w4a16_stream_m64n16_d8"},
                         {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
-                        {33, "w4a16_wgmma_m256n64_s5"},       {64, "w4a16_wgmma_m256n64_s5"},
-                        {65, "w4a16_wgmma_m256n128_s4"},      {500, "w4a16_wgmma_m256n128_s4"}};
+                        {33, "w4a16_wgmma_m128n64_s5"},       {64, "w4a16_wgmma_m128n64_s5"},
+                        {65, "w4a16_wgmma_m256n128_s4"},      {128, "w4a16_wgmma_m256n128_s4"},
+                        {129, "w4a16_wgmma_m128n256_s4"},     {500, "w4a16_wgmma_m128n256_s4"}};
   for (const Case& cs : cases) {
     const W4A16Config& c = w4a16_config(w4a16_default_config(cs.tokens));
     EXPECT_EQ(w4a16_config_name(c), cs.name) << cs.tokens << " tokens per expert";
@@ -842,7 +844,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   // The decode defaults' rings: 4 warps x 8 chunks x 512 B = 16384 B each.
   EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 16384u);
   EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 16384u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 128u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
 }
 

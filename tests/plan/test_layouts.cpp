@@ -90,18 +90,22 @@ constexpr Pinned kPinned[] = {
     // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
     // kWgmma, per stage x_tile = block_t x 128 (1024 B aligned), w_tiles = 128 rows x 32 B = 4096; the
-    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages; the epilogue (block_t x 272) at 0, inside
-    // the stages, adding nothing. m128n64_s5: stride 8192 + 4096 = 12288, a_tiles at 61440, total 110592.
-    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110592, 0},
-    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, total 151552; epilogue 34816.
-    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151552, 0},
-    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, total 196608; epilogue 69632.
-    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196608, 0},
+    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages, then one 8 B mbarrier per stage; the
+    // epilogue (block_t x 272) at 0, inside the stages, adding nothing. m128n64_s5: stride 8192 + 4096 =
+    // 12288, a_tiles at 61440, mbarriers at 110592, total 110632.
+    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110632, 0},
+    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, mbarriers at 151552, total 151592;
+    // epilogue 34816.
+    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151592, 0},
+    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, mbarriers at 196608, total 196640;
+    // epilogue 69632.
+    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196640, 0},
     // m256n64_s5: w_tiles 256 x 32 = 8192, stride 8192 + 8192 = 16384, a_tiles 3 x 256 x 128 = 98304 at
-    // 81920, total 180224; epilogue 64 x (512 + 16) = 33792.
-    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180224, 0},
-    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, total 196608; epilogue 128 x 528 = 67584.
-    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196608, 0},
+    // 81920, mbarriers at 180224, total 180264; epilogue 64 x (512 + 16) = 33792.
+    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180264, 0},
+    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196640;
+    // epilogue 128 x 528 = 67584.
+    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196640, 0},
     // kWgmmaRs: the same stages, no A tiles, then 2 x stages mbarriers of 8 B. m128n256_s6: 6 x 36864 =
     // 221184 + 96 = 221280; epilogue 256 x 272 = 69632 inside the stages.
     {"w4a16_wgmmars_m128n256_s6", 32768, 4096, 0, 36864, 0, 69632, 221280, 0},
@@ -162,8 +166,9 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       continue;
     }
     if (c.kind == W4A16Kind::kWgmma) {
-      // x_tile, w_tiles per stage, then the a_tiles; every wgmma tile on a 1024 B swizzle atom.
-      ASSERT_EQ(l.layout.n_regions, static_cast<int>(2 * c.stages + 1)) << name;
+      // x_tile, w_tiles per stage, then the a_tiles and the mbarriers; every wgmma tile on a 1024 B
+      // swizzle atom.
+      ASSERT_EQ(l.layout.n_regions, static_cast<int>(2 * c.stages + 2)) << name;
       for (uint32_t s = 0; s < c.stages; ++s) {
         EXPECT_EQ(l.x_tile(s), s * p.stage_stride) << name << " stage " << s;
         EXPECT_EQ(l.x_tile(s) % 1024, 0u) << name << " stage " << s;
@@ -175,7 +180,10 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(l.a_tiles_offset % 1024, 0u) << name;
       EXPECT_EQ(l.a_tile_bytes, c.block_w * 128u) << name;
       EXPECT_EQ(l.layout.offset_of("a_tiles (bf16 dequantized weights, 128B-swizzled)"), l.a_tiles_offset) << name;
-      EXPECT_EQ(l.a_tiles_offset + kWgmmaABuffers * l.a_tile_bytes, p.total) << name;
+      EXPECT_EQ(l.barriers_offset, l.a_tiles_offset + kWgmmaABuffers * l.a_tile_bytes) << name;
+      EXPECT_EQ(l.layout.offset_of("mbarriers (x tile landed, per stage)"), l.barriers_offset) << name;
+      EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kBarrier), 8u * c.stages) << name;
+      EXPECT_EQ(l.barriers_offset + 8 * c.stages, p.total) << name;
       EXPECT_LE(p.epilogue_bytes, c.stages * p.stage_stride) << name << ": the epilogue must fit in the stages";
       EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kPadding), 0u) << name;
       EXPECT_EQ(l.config.n_threads(), 256u) << name;
@@ -259,11 +267,12 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "32767 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[11]),
-            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 = 110592 B (epilogue 17408 reuses the stages)");
+            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 + mbarriers 40 = 110632 B (epilogue 17408 reuses "
+            "the stages)");
   EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[13], 101376),
-            "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 = "
-            "196608 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in limit per "
-            "block) by 95232 B");
+            "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 + "
+            "mbarriers 32 = 196640 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
+            "limit per block) by 95264 B");
   // kWgmmaRs: the stages and the mbarriers; the epilogue reuses the stages. m128n256_s6 (config 16)
   // needs 221280 B: fits the H200's 232448, not an RTX PRO 6000's 101376.
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[16]),

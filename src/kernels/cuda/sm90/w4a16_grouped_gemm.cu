@@ -368,10 +368,10 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
     launch_wgmma_rs(I, SWIGLU, p, grid, stream);  // w4a16_wgmma_rs.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
     launch_with_smem(sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
-                     W4A16Layout::make(c).total_bytes(), c.n_threads(), p, grid, stream);
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);
   } else {
     launch_with_smem(sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>,
-                     W4A16Layout::make(c).total_bytes(), c.n_threads(), p, grid, stream);
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);
   }
 }
 

@@ -236,12 +236,13 @@ __device__ __forceinline__ void fence_accumulators(float* d) {
   for (size_t i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Launches `kernel` on `grid` x `threads` with `smem_bytes` of dynamic shared memory (opting in first).
-template <class Kernel>
-void launch_with_smem(Kernel kernel, uint32_t smem_bytes, uint32_t threads, const KernelParams& p, dim3 grid,
-                      cudaStream_t stream) {
+// Launches `kernel(args...)` on `grid` x `threads` with `smem_bytes` of dynamic shared memory (opting in
+// first).
+template <class Kernel, class... Args>
+void launch_with_smem(Kernel kernel, uint32_t smem_bytes, uint32_t threads, dim3 grid, cudaStream_t stream,
+                      const Args&... args) {
   FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-  kernel<<<grid, threads, smem_bytes, stream>>>(p);
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -6,25 +6,34 @@
 // tile of one expert: warpgroup q issues wgmma.mma_async m64n<block_t>k16 (bf16 in, f32 accumulate,
 // both operands from shared memory) for the m64 blocks q, q + 2 of the weight rows (warp w of the CTA
 // owns row tiles w and w + 8). Per 64-wide K chunk i:
-//   1. wait for this thread's copies of chunk i (cp.async groups: stages - 2 chunks ahead);
+//   1. wait for this thread's code copies of chunk i (cp.async groups: stages - 2 chunks ahead) and for
+//      the chunk's activation tile (one TMA load per stage, issued by thread 0, on the stage's mbarrier);
 //   2. each warp dequantizes its own row tiles (16 rows each, the mma.sync kernels' registers, exact:
 //      w4a16_fragments.h) and stores the bf16 rows in natural K order into A buffer i % 3, 128B-swizzled
 //      (lane (g, t) holds rows g, g + 8 at k = 16 t .. 16 t + 15: two 16 B units per row), so the
 //      weight layout's K permutation never reaches the MMA;
 //   3. fence.proxy.async (generic-proxy writes -> the wgmma's async proxy), __syncthreads;
 //   4. refill the stage slot of chunk i - 2 (every warp waited for the wgmma of chunk i - 2 before
-//      this barrier) with chunk i + stages - 2;
+//      this barrier) with chunk i + stages - 2 (thread 0's TMA, every lane's codes);
 //   5. per k16 step (descriptors + 32 B) one wgmma per m64 block of the warpgroup, commit, wait until
 //      at most one group is pending,
 //      so the MMAs of chunk i overlap the dequantization of chunk i + 1.
 // A buffer i % 3 was last read by the wgmma of chunk i - 3, complete before the barrier of chunk i - 1.
-// Activations arrive by 16 B cp.async into the swizzled x tile (zero-filled past the expert's rows and
-// past K); codes by one 16 B cp.async per lane per chunk (only that lane reads them back); scales a
-// group (8 chunks) ahead in registers. The accumulator fragment of wgmma m64nN (thread (warp w of the
+// Activations arrive by TMA (cp.async.bulk.tensor, box 64 k x block_t rows of x [m_total, K], 128B
+// swizzle: the x tile's layout; zero-filled past K and past m_total; rows past the expert's own are the
+// next expert's tokens, whose output columns are never stored); codes by one 16 B cp.async per lane per
+// chunk (only that lane reads them back); scales a group (8 chunks) ahead in registers. The TMA load
+// replaces block_t x 8 / 256 cp.async per thread per chunk and their address arithmetic (Nsight
+// Compute: the cp.async version issued ~380 instructions per warp per chunk, at 34% issue use). The accumulator fragment of wgmma m64nN (thread (warp w of the
 // warpgroup, lane (g, t)): rows 16 w + g (+8), columns 8 j + 2 t (+1)) is the mma.sync C fragment of
 // that warp's row tile, so the epilogue is the pipelined kernel's (write_output_tile).
 // Tested by tests/kernels/test_cuda_w4a16.cpp (every config); the swizzle and descriptor against CuTe
 // by tests/kernels/test_wgmma_layout_host.cpp.
+
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include <utility>
 
@@ -33,6 +42,7 @@
 #include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::cuda::sm90::w4a16_detail {
 
@@ -41,6 +51,7 @@ namespace {
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kWgmmaABuffers;
+using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_wgmma_desc;
 using plan::w4a16_wgmma_swizzle;
@@ -53,10 +64,14 @@ constexpr W4A16Config wgmma_config(uint32_t block_w, uint32_t block_t, uint32_t 
   return W4A16Config{block_w, block_t, 64, stages, W4A16Kind::kWgmma};
 }
 
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+// L2 policy of the activation loads (CuTe's TMA::CacheHintSm90::EVICT_NORMAL).
+constexpr uint64_t kTmaEvictNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, BLOCK_T, STAGES),
                                                           W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES)).total_bytes()))
-    sm90_nvfp4_w4a16_wgmma_kernel(const KernelParams p) {
+    sm90_nvfp4_w4a16_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ CUtensorMap x_map) {
   constexpr W4A16Layout kLayout = W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES));
   static_assert(kLayout.valid() && kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   // kMB m64 blocks per warpgroup; m64 block j (A rows 64 j ..) belongs to warpgroup j % 2, and its
@@ -67,18 +82,29 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_tiles_offset, kStride = kLayout.stage_stride;
   constexpr uint32_t kAOff = kLayout.a_tiles_offset, kABytes = kLayout.a_tile_bytes;
   constexpr uint32_t kTileBytes = 16 * 128;  // one row tile (16 rows) of an A tile
+  constexpr uint32_t kXBytes = BLOCK_T * 128;  // one x tile: the TMA box (zero fill counts too)
+  static_assert(kXBytes == kLayout.x_tile_bytes && BLOCK_T <= 256, "the TMA box is the x tile (at most 256 rows)");
   static_assert(kXOff % 1024 == 0 && kStride % 1024 == 0 && kAOff % 1024 == 0 && kABytes % 1024 == 0,
                 "wgmma tiles must sit on the 1024 B swizzle atom");
   using Op = typename WgmmaAtoms<BLOCK_T>::SS;
   extern __shared__ __align__(1024) uint8_t smem[];
 
   WorkItem item;
-  if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;  // the whole CTA
+  // Row blocks along x, work items along y (the launcher transposes the grid): the CTAs resident at once
+  // are every row block of a few token tiles, so each tile's activations come from HBM about once.
+  if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.y), item)) return;  // the whole CTA
   const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, wg = warp >> 2;
   const uint32_t base = smem_u32(smem);
   if (tid == 0 && (base & 1023u) != 0) __trap();  // the swizzle needs 1024 B aligned tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);  // x tile of stage s landed
+  if (tid == 0) {
+#pragma unroll
+    for (uint32_t s = 0; s < STAGES; ++s) Barrier::init(full + s, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
 
-  const int rt0 = static_cast<int>(blockIdx.y * kRowTiles);
+  const int rt0 = static_cast<int>(blockIdx.x * kRowTiles);
   bool rt_ok[kMB];  // rows past N: zero codes and scales, never stored
   const uint8_t* codes[kMB];
 #pragma unroll
@@ -88,7 +114,6 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
     const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok[b] ? rt : 0);
     codes[b] = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
   }
-  const __nv_bfloat16* x_rows = p.x + static_cast<int64_t>(item.row_begin) * p.k;
 
   // This CTA's K part (split-K: blockIdx.z): scale groups [kg0, kg1), chunks kc0 .. kc0 + n_chunks - 1.
   const int kg0 = static_cast<int>(blockIdx.z) * p.groups_per_part;
@@ -96,18 +121,14 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   const int kc0 = kg0 * static_cast<int>(kW4A16ScaleGroup);
   const int n_chunks = min(kg1 * static_cast<int>(kW4A16ScaleGroup), p.k_chunks) - kc0;
 
-  // Copies chunk kc0 + i (activations, this lane's codes) into stage slot i % STAGES (no commit).
+  // Copies chunk kc0 + i (activations: thread 0's TMA; this lane's codes) into stage slot i % STAGES
+  // (no commit).
   auto load_stage = [&](int i) {
     const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
     const int kc = kc0 + i;
-    const uint32_t x_slot = base + kXOff + slot * kStride;
-#pragma unroll
-    for (uint32_t q = tid; q < BLOCK_T * 8; q += kThreads) {
-      const uint32_t r = q >> 3, u = q & 7u;
-      const int k = kc * 64 + static_cast<int>(u * 8);
-      const bool ok = static_cast<int>(r) < item.rows && k < p.k;  // K % 16 == 0: a unit is all in or all out
-      const void* src = ok ? static_cast<const void*>(x_rows + static_cast<int64_t>(r) * p.k + k) : p.x;
-      cp_async_16(x_slot + w4a16_wgmma_swizzle(r, u), src, ok);
+    if (tid == 0) {
+      Barrier::arrive_and_expect_tx(full + slot, kXBytes);
+      cute::SM90_TMA_LOAD_2D::copy(&x_map, full + slot, kTmaEvictNormal, smem + kXOff + slot * kStride, kc * 64, item.row_begin);
     }
 #pragma unroll
     for (uint32_t b = 0; b < kMB; ++b) {
@@ -136,8 +157,10 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
       const int i = (kg - kg0) * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
       if (i < n_chunks) {  // uniform over the CTA (barrier below)
         const uint32_t slot = static_cast<uint32_t>(i) % STAGES, abuf = static_cast<uint32_t>(i) % kWgmmaABuffers;
-        // Groups 0 .. i + STAGES - 3 are committed; at most STAGES - 3 pending: chunk i has landed.
+        // Groups 0 .. i + STAGES - 3 are committed; at most STAGES - 3 pending: chunk i's codes have
+        // landed; the x tile's mbarrier completes phase i / STAGES when its TMA load has.
         cp_async_wait<static_cast<int>(STAGES) - 3>();
+        Barrier::wait(full + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES)) & 1u);
 #pragma unroll
         for (uint32_t b = 0; b < kMB; ++b) {
           const uint32_t rtl = warp + 8 * b;
@@ -152,7 +175,7 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
 #pragma unroll
           for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(at + st.offset[q]) = st.value[q];
         }
-        ptx::fence_proxy_async_shared();  // this thread's A stores and landed copies -> the async proxy
+        ptx::fence_proxy_async_shared();  // this thread's A stores -> the async proxy
         __syncthreads();
         if (i + static_cast<int>(STAGES) - 2 < n_chunks) load_stage(i + static_cast<int>(STAGES) - 2);
         cp_async_commit();
@@ -182,10 +205,41 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
-  cp_async_wait<0>();  // only empty groups remain
+  cp_async_wait<0>();  // only empty groups remain (every TMA load was waited for in the loop)
   __syncthreads();     // every wgmma and every copy is done: the stage region becomes the epilogue tile
 
   write_output_tile<BLOCK_W, BLOCK_T, kThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB>(p, item, rt0, tid, acc, smem);
+}
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FP4MOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    FP4MOE_CHECK(q == cudaDriverEntryPointSuccess && f != nullptr)
+        << "sm90_nvfp4_w4a16_grouped_gemm: the CUDA driver has no cuTensorMapEncodeTiled (query result " << static_cast<int>(q)
+        << "); the wgmma configs need a CUDA 12+ driver";
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The TMA descriptor of the activations x [m_total, K] bf16 for a block_t-token x tile: box 64 k x
+// block_t rows, 128B swizzle (the x tile's layout, w4a16_wgmma_swizzle), out-of-bounds reads as zeros.
+CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.m_total)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k) * 2};  // bytes; K % 16 == 0: a multiple of 16
+  const cuuint32_t box[2] = {64, block_t};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.x), dims,
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FP4MOE_CHECK(r == CUDA_SUCCESS) << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the activations failed (CUresult "
+                                  << static_cast<int>(r) << "; x " << static_cast<const void*>(p.x) << ", M_total " << p.m_total
+                                  << ", K " << p.k << ", box 64 x " << block_t << ")";
+  return map;
 }
 
 // Config I of kW4A16Configs (a kWgmma config: KindLaunchTable instantiates no other).
@@ -193,8 +247,12 @@ template <int I, bool SWIGLU>
 struct Launch {
   static void run(const KernelParams& p, dim3 grid, cudaStream_t stream) {
     constexpr W4A16Config c = kW4A16Configs[I];
+    // grid = (work items, row blocks, K parts); the kernel wants the row blocks fastest (see above).
+    FP4MOE_CHECK(grid.x <= 65535u) << "sm90_nvfp4_w4a16_grouped_gemm (" << w4a16_config_name(c) << "): " << grid.x
+                                   << " token tiles of " << c.block_t << " exceed the grid's y limit of 65535 (M_total "
+                                   << p.m_total << "); split the batch";
     launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
-                     c.n_threads(), p, grid, stream);
+                     c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p, make_x_map(p, c.block_t));
   }
 };
 

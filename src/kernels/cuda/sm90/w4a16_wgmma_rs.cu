@@ -218,7 +218,7 @@ struct Launch {
   static void run(const KernelParams& p, dim3 grid, cudaStream_t stream) {
     constexpr W4A16Config c = kW4A16Configs[I];
     launch_with_smem(sm90_nvfp4_w4a16_wgmma_rs_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
-                     c.n_threads(), p, grid, stream);
+                     c.n_threads(), grid, stream, p);
   }
 };
 
