@@ -50,9 +50,9 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
   std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s; BF16 peak used: %.0f TFLOP/s\n",
               hbm_bps / 1e12, kBf16PeakFlops / 1e12);
   const int64_t max_tokens = *std::max_element(tokens_list.begin(), tokens_list.end());
-  std::printf("%-8s %6s %6s %5s | %-28s %9s %9s %7s %7s %7s %9s %9s %9s %9s | %9s %7s\n", "shape", "N", "K", "tok/e",
+  std::printf("%-8s %6s %6s %5s | %-28s %9s %9s %7s %7s %7s %9s %9s %9s | %9s %7s\n", "shape", "N", "K", "tok/e",
               "best config", "time us", "TFLOP/s", "GB/s", "%HBM", "%bf16pk", "dflt us", "mma.s us", "wgmma us",
-              "wgmmars us", "cuBLAS us", "speedup");
+              "cuBLAS us", "speedup");
   for (const Shape& s : shapes) {
     const tune::GemmShape& g = s.shape;
     tune::W4A16Workload ours(g, g.n_experts * max_tokens);
@@ -62,7 +62,7 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
       ours.set_counts(counts);
       peer.set_counts(counts);
       double best_us = 1e30, default_us = 0;
-      double best_mma_sync_us = 1e30, best_wgmma_us = 1e30, best_wgmma_rs_us = 1e30;  // per kernel kind
+      double best_mma_sync_us = 1e30, best_wgmma_us = 1e30;  // per kernel kind
       int best_cfg = -1;
       const int default_cfg = cuda::sm90::w4a16_default_config(tokens);
       for (int cfg = 0; cfg < cuda::sm90::w4a16_num_configs(); ++cfg) {
@@ -73,21 +73,19 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
         }
         if (cfg == default_cfg) default_us = us;
         const cuda::sm90::W4A16Kind kind = cuda::sm90::w4a16_config(cfg).kind;
-        double& kind_best = kind == cuda::sm90::W4A16Kind::kWgmma     ? best_wgmma_us
-                            : kind == cuda::sm90::W4A16Kind::kWgmmaRs ? best_wgmma_rs_us
-                                                                      : best_mma_sync_us;
+        double& kind_best = kind == cuda::sm90::W4A16Kind::kWgmma ? best_wgmma_us : best_mma_sync_us;
         kind_best = std::min(kind_best, us);
       }
       const double cublas_us = peer.time_us(timing);
       const double flops = 2.0 * static_cast<double>(ours.m_total()) * static_cast<double>(g.n) * static_cast<double>(g.k);
       const double gbps = ours.weight_bytes() / (best_us * 1e-6) / 1e9;
       const double tflops = flops / (best_us * 1e-6) / 1e12;
-      std::printf("%-8s %6lld %6lld %5lld | %-28s %9.1f %9.1f %7.0f %6.1f%% %6.2f%% %9.1f %9.1f %9.1f %9.1f | %9.1f %6.2fx\n",
+      std::printf("%-8s %6lld %6lld %5lld | %-28s %9.1f %9.1f %7.0f %6.1f%% %6.2f%% %9.1f %9.1f %9.1f | %9.1f %6.2fx\n",
                   s.name.c_str(),
                   static_cast<long long>(g.n), static_cast<long long>(g.k), static_cast<long long>(tokens),
                   cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(best_cfg)).c_str(), best_us, tflops, gbps,
                   100.0 * gbps * 1e9 / hbm_bps, 100.0 * tflops * 1e12 / kBf16PeakFlops, default_us, best_mma_sync_us,
-                  best_wgmma_us, best_wgmma_rs_us, cublas_us, cublas_us / best_us);
+                  best_wgmma_us, cublas_us, cublas_us / best_us);
     }
   }
   return 0;

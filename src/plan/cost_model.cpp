@@ -18,8 +18,6 @@ double kernel_mma_efficiency(const TileCandidate& c) {
   switch (c.ours.kind) {
     case W4A16Kind::kWgmma:
       return kWgmmaEfficiency;
-    case W4A16Kind::kWgmmaRs:
-      return kWgmmaRsEfficiency;
     default:
       return kMmaSyncEfficiency;
   }

@@ -31,12 +31,10 @@ inline constexpr double kL2FeedFactor = 2.5;
 
 // The fraction of the BF16 tensor peak ours reaches when MMA-bound (H200, bench_w4a16 at 256-512 tokens
 // per expert): the mma.sync tiles (16 weight rows a warp, activations re-read by every warp) ~0.25, the
-// wgmma tiles ~0.85 (0.80-0.88 since the eleventh session's TMA activation loads; 0.55 before), the
-// warp-specialized RS tiles ~0.27 (tenth session: limited by their producer's 4 B activation copies).
-// The CUTLASS families: 1 (their tiles are what the peak is measured with).
+// wgmma tiles ~0.85 (0.80-0.88 since the eleventh session's TMA activation loads; 0.55 before). The
+// CUTLASS families: 1 (their tiles are what the peak is measured with).
 inline constexpr double kMmaSyncEfficiency = 0.25;
 inline constexpr double kWgmmaEfficiency = 0.85;
-inline constexpr double kWgmmaRsEfficiency = 0.27;
 double kernel_mma_efficiency(const TileCandidate& c);
 
 // One grouped GEMM: n_groups independent [m x K] x [K x n] products (one per active expert).

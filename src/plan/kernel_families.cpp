@@ -145,8 +145,8 @@ SmemCheck check_ours(const TileCandidate& c, const GpuSpec& gpu) {
   out.stages = static_cast<int>(c.ours.stages);
   out.bytes = l.total_bytes();
   out.stage_bytes = l.stage_stride;
-  // The wgmma kinds' epilogue tile reuses the stages (no bytes of its own); kWgmma's A tiles and
-  // mbarriers and kWgmmaRs's mbarriers are the overhead.
+  // The wgmma kind's epilogue tile reuses the stages (no bytes of its own); its A tiles and mbarriers
+  // are the overhead.
   out.epilogue_bytes = w4a16_is_wgmma(c.ours.kind) ? 0 : l.epilogue_bytes;
   out.overhead_bytes = out.bytes - c.ours.stages * out.stage_bytes - out.epilogue_bytes;  // padding / A tiles / barriers
   out.breakdown = group_regions(l.layout);

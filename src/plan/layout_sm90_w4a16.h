@@ -57,21 +57,6 @@
 //    Scales come through registers (a lane's 16 B per 8 chunks, one group ahead). The epilogue tile
 //    (block_t rows x (block_w x 2 + 16) B) reuses the stage region from offset 0 after the main loop
 //    (every copy drained, every wgmma done), so it adds no bytes; check() requires it to fit there.
-//  * kWgmmaRs (prefill; w4a16_wgmma_rs.cu): warp-specialized, wgmma with the weights from registers
-//    (RS). Three warpgroups: a producer (warpgroup 0) copies each 64-wide K chunk's activations and
-//    codes into a ring of `stages` slots (cp.async, one "full" mbarrier per slot); two consumer
-//    warpgroups (block_w / 2 rows each, row tiles as kWgmma's) dequantize their rows straight into the
-//    wgmma A registers (the mma.sync fragments: the weight layout's K permutation stays in the
-//    registers) and release the slot on its "empty" mbarrier once their wgmma of it completed. The
-//    activations follow the same K permutation: the producer writes 4 B units (2 bf16) to where the
-//    registers' logical k expects them (w4a16_rs_x_offset), so the MMA's B tile is an ordinary
-//    K-major 128B-swizzled tile over logical k. No A tiles and no block-wide barrier in the loop.
-//      block_w 128 or 256; block_t 64, 128 or 256 (block_w / 128 x block_t <= 256); block_k 64;
-//      stages 2..12.
-//    Name: "w4a16_wgmmars_m<block_w>n<block_t>_s<stages>".
-//    Per stage: x_tile (block_t rows x 128 B, 1024 B aligned; logical k order), w_tiles (block_w / 16
-//    row tiles x 512 B). Once: the mbarriers (full[stages], empty[stages], 8 B each). The epilogue
-//    tile reuses the stage region as kWgmma's does.
 // Header-only constexpr, host + device; depends only on plan/smem_layout.h. Tested by
 // tests/plan/test_layouts.cpp (offsets pinned per shipped config) and
 // tests/kernels/test_cuda_w4a16_host.cpp (the kernel's carve against the planner's sizing).
@@ -85,10 +70,10 @@ namespace fp4moe::plan {
 
 inline constexpr uint32_t kSm90SmemOptinBytes = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
-enum class W4A16Kind : uint32_t { kPipeline = 0, kStream = 1, kWgmma = 2, kWgmmaRs = 3 };
+enum class W4A16Kind : uint32_t { kPipeline = 0, kStream = 1, kWgmma = 2 };
 
-// The kinds that issue wgmma (sm_90a only; two consumer warpgroups of m64 blocks).
-FP4MOE_HD constexpr bool w4a16_is_wgmma(W4A16Kind k) { return k == W4A16Kind::kWgmma || k == W4A16Kind::kWgmmaRs; }
+// The kind that issues wgmma (sm_90a only; two warpgroups of m64 blocks).
+FP4MOE_HD constexpr bool w4a16_is_wgmma(W4A16Kind k) { return k == W4A16Kind::kWgmma; }
 
 struct W4A16Config {
   uint32_t block_w = 128;  // weight rows per CTA (MMA M)
@@ -97,11 +82,8 @@ struct W4A16Config {
   uint32_t stages = 4;     // pipeline stages (kStream: code ring depth in chunks)
   W4A16Kind kind = W4A16Kind::kPipeline;
 
-  // One m16 row tile per warp; kWgmma: always two warpgroups (block_w / 128 row tiles per warp);
-  // kWgmmaRs: those two plus the producer warpgroup.
-  FP4MOE_HD constexpr uint32_t n_warps() const {
-    return kind == W4A16Kind::kWgmma ? 8 : kind == W4A16Kind::kWgmmaRs ? 12 : block_w / 16;
-  }
+  // One m16 row tile per warp; kWgmma: always two warpgroups (block_w / 128 row tiles per warp).
+  FP4MOE_HD constexpr uint32_t n_warps() const { return kind == W4A16Kind::kWgmma ? 8 : block_w / 16; }
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
@@ -110,15 +92,6 @@ inline constexpr uint32_t kW4A16StreamXAhead = 4;
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
 inline constexpr uint32_t kWgmmaABuffers = 3;
 inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
-// kWgmmaRs: registers a thread after setmaxnreg (multiples of 8). setmaxnreg only moves registers
-// inside the CTA's launch allocation (384 threads x 168, __launch_bounds__(384, 1)): a consumer's
-// setmaxnreg.inc waits until the producer's .dec has freed enough, so the two budgets must add up to
-// at most that allocation, or the consumers wait forever (2 x 128 x 224 + 128 x 56 = 64512).
-inline constexpr uint32_t kWgmmaRsLaunchRegs = 65536 / 384 / 8 * 8;  // 168
-inline constexpr uint32_t kWgmmaRsConsumerRegs = 224;
-inline constexpr uint32_t kWgmmaRsProducerRegs = 56;
-static_assert(2 * 128 * kWgmmaRsConsumerRegs + 128 * kWgmmaRsProducerRegs <= 384 * kWgmmaRsLaunchRegs,
-              "setmaxnreg budgets exceed the CTA's launch allocation: the consumers' setmaxnreg.inc would never return");
 
 // kWgmma tiles (x_tile, a_tiles): byte offset of 16 B unit `unit16` (0..7: k = 8 unit16 .. + 7) of row
 // `row`, K-major, 128B-swizzled (the wgmma canonical layout, CuTe's Layout_K_SW128_Atom for bf16; the
@@ -137,18 +110,6 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// kWgmmaRs x_tile: byte offset of the activation pair (4 B) at chunk-local k = 2 p, 2 p + 1 (p = 0..31)
-// of token row `row`. The consumers' A registers of k16 step s hold, for lane (g, t), the chunk's
-// k = 16 t + 4 s + {0, 1} at the step's logical k = 2 t + {0, 1} and k = 16 t + 4 s + {2, 3} at
-// 2 t + 8 + {0, 1} (w4a16_fragments.h); so pair p = 8 t + 2 s + h (h: which half of the 4) belongs at
-// logical k = 16 s + 8 h + 2 t: 16 B unit 2 s + h of the row, 4 B word t inside it. A bijection of the
-// 32 pairs of a row onto its 32 words (a warp writing one row hits 32 distinct banks). Checked by
-// tests/kernels/test_cuda_w4a16_emulation_host.cpp (emulated RS wgmma = the f32 reference).
-FP4MOE_HD constexpr uint32_t w4a16_rs_x_offset(uint32_t row, uint32_t p) {
-  const uint32_t t = p >> 3, s = (p >> 1) & 3u, h = p & 1u;
-  return w4a16_wgmma_swizzle(row, 2 * s + h) + 4 * t;
-}
-
 // Registers per thread a config is compiled for (kStream: the activation ring of 4 chunks x 32 B
 // per 8 tokens plus ~48 for the rest; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
@@ -158,8 +119,6 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     const uint32_t acc = c.block_w / 128 * c.block_t / 2;
     return acc + 64 > 255 ? 255 : acc + 64;
   }
-  // kWgmmaRs: one CTA per SM; the consumers raise their share with setmaxnreg (kWgmmaRsConsumerRegs).
-  if (c.kind == W4A16Kind::kWgmmaRs) return kWgmmaRsLaunchRegs;
   if (c.kind != W4A16Kind::kStream) return 64;
   return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
 }
@@ -189,7 +148,7 @@ struct W4A16Layout {
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
   uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's ring at ring_offset + w * ring_warp_bytes
   uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
-  uint32_t barriers_offset = 0;  // kWgmma: full[stages]; kWgmmaRs: full[stages] then empty[stages]; 8 B each
+  uint32_t barriers_offset = 0;                   // kWgmma: full[stages], 8 B each
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
@@ -209,27 +168,21 @@ struct W4A16Layout {
       if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
       return nullptr;
     }
-    if (w4a16_is_wgmma(c.kind)) {  // the same rules for both wgmma kinds, in each one's words
-      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
+    if (c.kind == W4A16Kind::kWgmma) {
       if (c.block_w != 128 && c.block_w != 256) {
-        return rs ? "wgmmars: block_w (weight rows per CTA) must be 128 or 256 (two consumer warpgroups of 1 or 2 m64 blocks)"
-                  : "wgmma: block_w (weight rows per CTA) must be 128 or 256 (two warpgroups of 1 or 2 m64 blocks)";
+        return "wgmma: block_w (weight rows per CTA) must be 128 or 256 (two warpgroups of 1 or 2 m64 blocks)";
       }
-      if ((c.block_t != 32 || rs) && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
-        return rs ? "wgmmars: block_t (tokens, the wgmma N) must be 64, 128 or 256"
-                  : "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
+      if (c.block_t != 32 && c.block_t != 64 && c.block_t != 128 && c.block_t != 256) {
+        return "wgmma: block_t (tokens, the wgmma N) must be 32, 64, 128 or 256";
       }
       if (c.block_w / 128 * c.block_t > 256) {
-        return rs ? "wgmmars: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)"
-                  : "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
+        return "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
       }
-      if (c.block_k != 64) return rs ? "wgmmars: block_k must be 64 (one chunk per stage)" : "wgmma: block_k must be 64 (one chunk per stage)";
-      if (rs && (c.stages < 2 || c.stages > 12)) return "wgmmars: stages must be 2..12";
-      if (!rs && (c.stages < 3 || c.stages > 8)) return "wgmma: stages must be 3..8";
+      if (c.block_k != 64) return "wgmma: block_k must be 64 (one chunk per stage)";
+      if (c.stages < 3 || c.stages > 8) return "wgmma: stages must be 3..8";
       // The epilogue tile reuses the stage region (see the file comment).
       if (c.block_t * (c.block_w * 2 + kEpilogueRowPad) > c.stages * (c.block_t * 128 + c.block_w * 32)) {
-        return rs ? "wgmmars: the epilogue tile must fit in the stage region it reuses"
-                  : "wgmma: the epilogue tile must fit in the stage region it reuses";
+        return "wgmma: the epilogue tile must fit in the stage region it reuses";
       }
       return nullptr;
     }
@@ -254,28 +207,22 @@ struct W4A16Layout {
                                        RegionKind::kStageOperand);
       return out;
     }
-    if (w4a16_is_wgmma(c.kind)) {
-      // Both wgmma kinds: per stage the activations (kWgmmaRs: in the registers' K order) and the codes;
-      // then kWgmma's A tiles or kWgmmaRs's mbarriers. The epilogue reuses the stages from offset 0.
-      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
+    if (c.kind == W4A16Kind::kWgmma) {
+      // Per stage the activations and the codes; then the A tiles and the mbarriers. The epilogue
+      // reuses the stages from offset 0.
       SmemLayout& l = out.layout;
       out.x_tile_bytes = c.block_t * 128;
       out.w_tiles_bytes = c.block_w * 32;
       for (uint32_t s = 0; s < c.stages; ++s) {
-        const uint32_t x = l.add(rs ? "stage x_tile (bf16 activations, K-permuted, 128B-swizzled)"
-                                    : "stage x_tile (bf16 activations, 128B-swizzled)",
-                                 out.x_tile_bytes, kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+        const uint32_t x = l.add("stage x_tile (bf16 activations, 128B-swizzled)", out.x_tile_bytes, kWgmmaSwizzleAtom,
+                                 RegionKind::kStageOperand);
         l.add("stage w_tiles (nvfp4 e2m1, kernel layout)", out.w_tiles_bytes, 128, RegionKind::kStageOperand);
         if (s == 1) out.stage_stride = x;
       }
-      if (rs) {
-        out.barriers_offset = l.add("mbarriers (full, empty per stage)", 2 * c.stages * 8, 8, RegionKind::kBarrier);
-      } else {
-        out.a_tile_bytes = c.block_w * 128;
-        out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
-                                   kWgmmaSwizzleAtom, RegionKind::kStageOperand);
-        out.barriers_offset = l.add("mbarriers (x tile landed, per stage)", c.stages * 8, 8, RegionKind::kBarrier);
-      }
+      out.a_tile_bytes = c.block_w * 128;
+      out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
+                                 kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+      out.barriers_offset = l.add("mbarriers (x tile landed, per stage)", c.stages * 8, 8, RegionKind::kBarrier);
       out.w_tiles_offset = out.x_tile_bytes;
       out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
       out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;  // at offset 0, inside the stages
@@ -330,9 +277,6 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
     {256, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s5
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
-    {128, 256, 64, 6, W4A16Kind::kWgmmaRs},  // w4a16_wgmmars_m128n256_s6
-    {256, 64, 64, 8, W4A16Kind::kWgmmaRs},   // w4a16_wgmmars_m256n64_s8
-    {256, 128, 64, 8, W4A16Kind::kWgmmaRs},  // w4a16_wgmmars_m256n128_s8
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

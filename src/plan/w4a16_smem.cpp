@@ -11,9 +11,6 @@ std::string w4a16_config_name(const W4A16Config& c) {
     return "w4a16_stream_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "_d" +
            std::to_string(c.stages);
   }
-  if (c.kind == W4A16Kind::kWgmmaRs) {
-    return "w4a16_wgmmars_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages);
-  }
   if (c.kind == W4A16Kind::kWgmma) {
     return "w4a16_wgmma_m" + std::to_string(c.block_w) + "n" + std::to_string(c.block_t) + "_s" + std::to_string(c.stages);
   }
@@ -30,11 +27,6 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
   }
   if (c.kind == W4A16Kind::kStream) {
     s << c.n_warps() << " warps x code ring (" << c.stages << " chunks x 512 B) = " << l.total_bytes() << " B";
-    return s.str();
-  }
-  if (c.kind == W4A16Kind::kWgmmaRs) {
-    s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_tiles " << l.w_tiles_bytes << ") + mbarriers "
-      << 2 * c.stages * 8 << " = " << l.total_bytes() << " B (epilogue " << l.epilogue_bytes << " reuses the stages)";
     return s.str();
   }
   if (c.kind == W4A16Kind::kWgmma) {

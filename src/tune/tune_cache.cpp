@@ -174,6 +174,7 @@ std::string layout_version(const plan::W4A16Config* configs, int n_configs) {
     mix(c.block_t);
     mix(c.block_k);
     mix(c.stages);
+    mix(plan::W4A16Layout::make(c).total_bytes());  // a kind's shared-memory layout changing (e.g. an mbarrier added)
     // The name too: it spells every field that changes the kernel (a field added to W4A16Config
     // later, such as a kernel kind, reaches the hash through it).
     for (char ch : plan::w4a16_config_name(c)) mix(static_cast<uint8_t>(ch));

@@ -467,67 +467,6 @@ TEST(W4A16Emulation, WgmmaATileHoldsTheWeightsInNaturalKOrder) {
   }
 }
 
-// kWgmmaRs (w4a16_wgmma_rs.cu): the producer copies activation pair p (k = 2 p, 2 p + 1 of a chunk) of
-// token row r to plan::w4a16_rs_x_offset(r, p), and the consumers feed the mma.sync A registers of
-// w4a16_chunk_fragments straight to wgmma (RS), which reads B as a K-major 128B-swizzled tile over logical
-// k (k16 step s: logical k 16 s .. 16 s + 15; lane (g, t)'s a0 = row g at logical 2 t, 2 t + 1, a1 = row
-// g + 8 there, a2 / a3 at 2 t + 8, 2 t + 9). The 32 pairs of a row must land on its 32 words once each,
-// and the emulated RS product summed over the chunks must be the f64 dot products.
-TEST(W4A16Emulation, WgmmaRsActivationPermutationMatchesTheRegisters) {
-  for (const auto& [k, chunks, groups] : {std::array<int64_t, 3>{208, 4, 1}, std::array<int64_t, 3>{1040, 17, 3}}) {
-    const EmuProblem p = make_emu_problem(testing::test_seed() ^ 0x5A5Aull ^ static_cast<uint64_t>(k), k, chunks, groups);
-    for (int64_t e = 0; e < EmuProblem::kExperts; ++e) {
-      for (int64_t rt = 0; rt < p.row_tiles; ++rt) {
-        double d[2][16][8] = {};
-        const int64_t tile = e * p.row_tiles + rt;
-        for (int64_t kc = 0; kc < p.k_chunks; ++kc) {
-          std::vector<uint8_t> x_tile(16 * 128, 0xFF);  // 16 token rows
-          std::vector<int> words(16 * 128 / 4, 0);
-          for (uint32_t r = 0; r < 16; ++r) {
-            for (uint32_t pair = 0; pair < 32; ++pair) {
-              const uint32_t off = plan::w4a16_rs_x_offset(r, pair);
-              ASSERT_EQ(off % 4, 0u);
-              ASSERT_GE(off, r * 128);
-              ASSERT_LT(off, (r + 1) * 128) << "pair " << pair << " left its row " << r;
-              const int64_t kg = kc * 64 + 2 * pair;
-              const uint16_t lo = kg < p.k ? p.x[static_cast<size_t>(r * p.k + kg)] : 0;
-              const uint16_t hi = kg < p.k ? p.x[static_cast<size_t>(r * p.k + kg + 1)] : 0;
-              std::memcpy(&x_tile[off], &lo, 2);
-              std::memcpy(&x_tile[off + 2], &hi, 2);
-              ++words[off / 4];
-            }
-          }
-          for (size_t w = 0; w < words.size(); ++w) ASSERT_EQ(words[w], 1) << "word " << w << " of the x tile";
-          auto b_at = [&](uint32_t n, uint32_t kl) {  // the wgmma's B(logical k kl, token n)
-            uint16_t bits;
-            std::memcpy(&bits, &x_tile[plan::w4a16_wgmma_swizzle(n, kl / 8) + 2 * (kl % 8)], 2);
-            return static_cast<double>(bf16_to_f32(bits));
-          };
-          auto half = [](uint32_t reg, int h) { return static_cast<double>(bf16_to_f32(static_cast<uint16_t>(reg >> (16 * h)))); };
-          for (uint32_t lane = 0; lane < 32; ++lane) {
-            uint32_t a[4][4];
-            lane_chunk_fragments(p, tile, kc, lane, a);
-            const uint32_t g = lane >> 2, t = lane & 3u;
-            for (uint32_t st = 0; st < 4; ++st) {
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t k_lo = 16 * st + 2 * t + static_cast<uint32_t>(h), k_hi = k_lo + 8;
-                for (int nt = 0; nt < 2; ++nt) {
-                  for (uint32_t n = 0; n < 8; ++n) {
-                    const uint32_t tok = static_cast<uint32_t>(nt) * 8 + n;
-                    d[nt][g][n] += half(a[st][0], h) * b_at(tok, k_lo) + half(a[st][2], h) * b_at(tok, k_hi);
-                    d[nt][g + 8][n] += half(a[st][1], h) * b_at(tok, k_lo) + half(a[st][3], h) * b_at(tok, k_hi);
-                  }
-                }
-              }
-            }
-          }
-        }
-        for (int nt = 0; nt < 2; ++nt) expect_tile_exact(p, e, rt, nt, d[nt], "wgmma RS");
-      }
-    }
-  }
-}
-
 TEST(W4A16Emulation, PipelineScaleSliceGivesTheChunkScales) {
   check_scale_slices<128>(testing::test_seed() ^ 0x128ull);  // 2 chunks, 4 B per lane per stage
   check_scale_slices<256>(testing::test_seed() ^ 0x256ull);  // 4 chunks, 8 B per lane per stage

@@ -599,23 +599,22 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       continue;
     }
     if (plan::w4a16_is_wgmma(c.kind)) {
-      // sm90_nvfp4_w4a16_wgmma_kernel / _wgmma_rs_kernel<block_w, block_t, stages> carve with
-      // W4A16Config{block_w, block_t, 64, stages, kind} (wgmma_config / rs_config): x_tile / w_tiles per
-      // stage, then kWgmma's A tiles and mbarriers or kWgmmaRs's mbarriers, which are the overhead.
-      const bool rs = c.kind == W4A16Kind::kWgmmaRs;
+      // sm90_nvfp4_w4a16_wgmma_kernel<block_w, block_t, stages> carves with W4A16Config{block_w,
+      // block_t, 64, stages, kWgmma} (wgmma_config): x_tile / w_tiles per stage, then the A tiles and the
+      // mbarriers, which are the overhead.
       const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, c.kind});
       ASSERT_EQ(planned.n_regions, kernel.layout.n_regions) << name;
       for (uint32_t s = 0; s < c.stages; ++s) {
         EXPECT_EQ(planned.regions[2 * s].offset, kernel.x_tile_offset + s * kernel.stage_stride) << name << " stage " << s;
         EXPECT_EQ(planned.regions[2 * s + 1].offset, kernel.w_tiles_offset + s * kernel.stage_stride) << name << " stage " << s;
       }
-      EXPECT_EQ(planned.regions[2 * c.stages].offset, rs ? kernel.barriers_offset : kernel.a_tiles_offset) << name;
+      EXPECT_EQ(planned.regions[2 * c.stages].offset, kernel.a_tiles_offset) << name;
       EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
-      if (!rs) EXPECT_EQ(planned.regions[2 * c.stages + 1].offset, kernel.barriers_offset) << name;
-      EXPECT_EQ(check.overhead_bytes, rs ? 16u * c.stages : plan::kWgmmaABuffers * kernel.a_tile_bytes + 8u * c.stages)
-          << name << (rs ? ": the mbarriers" : ": the A tiles and the mbarriers");
+      EXPECT_EQ(planned.regions[2 * c.stages + 1].offset, kernel.barriers_offset) << name;
+      EXPECT_EQ(check.overhead_bytes, plan::kWgmmaABuffers * kernel.a_tile_bytes + 8u * c.stages)
+          << name << ": the A tiles and the mbarriers";
       continue;
     }
     const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, c.block_k, c.stages});
@@ -642,9 +641,9 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 // fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
 // (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
 // m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the five wgmma configs are
-// rejected by the architecture (sm_89 has no wgmma; they would not fit either), as are the 3 wgmmars
-// ones: 10 refusals. On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit:
-// the four 32768 B ones, all 5 pipeline ones (54400 B and up) and the 8 wgmma ones are refused, 17 in all.
+// rejected by the architecture (sm_89 has no wgmma; they would not fit either): 7 refusals. On a made-up
+// GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four 32768 B ones, all 5
+// pipeline ones (54400 B and up) and the 5 wgmma ones are refused, 14 in all.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
@@ -673,8 +672,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   EXPECT_EQ(check_refusals_agree(ada),
             (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
                                       "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4", "w4a16_wgmmars_m128n256_s6",
-                                      "w4a16_wgmmars_m256n64_s8", "w4a16_wgmmars_m256n128_s8"}));
+                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
@@ -684,8 +682,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
                                       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
                                       "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4", "w4a16_wgmmars_m128n256_s6",
-                                      "w4a16_wgmmars_m256n64_s8", "w4a16_wgmmars_m256n128_s8"}));
+                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -703,8 +700,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n64_s5",
       "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",     "w4a16_wgmma_m256n64_s5",
-      "w4a16_wgmma_m256n128_s4",     "w4a16_wgmmars_m128n256_s6",   "w4a16_wgmmars_m256n64_s8",
-      "w4a16_wgmmars_m256n128_s8"};
+      "w4a16_wgmma_m256n128_s4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -713,7 +709,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
             std::string::npos)
       << msg;
   const std::string msg_id = expect_throw([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (19 configs, ids 0..18)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (16 configs, ids 0..15)"), std::string::npos) << msg_id;
   expect_throw([] { w4a16_config(-1); });
 }
 

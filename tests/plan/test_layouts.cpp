@@ -106,13 +106,6 @@ constexpr Pinned kPinned[] = {
     // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196640;
     // epilogue 128 x 528 = 67584.
     {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196640, 0},
-    // kWgmmaRs: the same stages, no A tiles, then 2 x stages mbarriers of 8 B. m128n256_s6: 6 x 36864 =
-    // 221184 + 96 = 221280; epilogue 256 x 272 = 69632 inside the stages.
-    {"w4a16_wgmmars_m128n256_s6", 32768, 4096, 0, 36864, 0, 69632, 221280, 0},
-    // m256n64_s8: 8 x 16384 = 131072 + 128 = 131200; epilogue 64 x 528 = 33792.
-    {"w4a16_wgmmars_m256n64_s8", 8192, 8192, 0, 16384, 0, 33792, 131200, 0},
-    // m256n128_s8: 8 x 24576 = 196608 + 128 = 196736; epilogue 128 x 528 = 67584.
-    {"w4a16_wgmmars_m256n128_s8", 16384, 8192, 0, 24576, 0, 67584, 196736, 0},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -145,23 +138,6 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(p.total, c.n_warps() * c.stages * 512) << name;
       EXPECT_FALSE(l.fits(p.total - 1)) << name;
       EXPECT_TRUE(l.fits(p.total)) << name;
-      expect_well_formed(l.layout, name);
-      continue;
-    }
-    if (c.kind == W4A16Kind::kWgmmaRs) {
-      // x_tile, w_tiles per stage, then the mbarriers (full[stages], empty[stages]); 3 warpgroups.
-      ASSERT_EQ(l.layout.n_regions, static_cast<int>(2 * c.stages + 1)) << name;
-      for (uint32_t s = 0; s < c.stages; ++s) {
-        EXPECT_EQ(l.x_tile(s), s * p.stage_stride) << name << " stage " << s;
-        EXPECT_EQ(l.x_tile(s) % 1024, 0u) << name << " stage " << s;
-        EXPECT_EQ(l.layout.regions[2 * s + 1].offset, l.w_tiles(s)) << name << " stage " << s;
-      }
-      EXPECT_EQ(l.barriers_offset, c.stages * p.stage_stride) << name;
-      EXPECT_EQ(l.layout.offset_of("mbarriers (full, empty per stage)"), l.barriers_offset) << name;
-      EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kBarrier), 16u * c.stages) << name;
-      EXPECT_EQ(l.barriers_offset + 16 * c.stages, p.total) << name;
-      EXPECT_LE(p.epilogue_bytes, c.stages * p.stage_stride) << name << ": the epilogue must fit in the stages";
-      EXPECT_EQ(l.config.n_threads(), 384u) << name;
       expect_well_formed(l.layout, name);
       continue;
     }
@@ -273,15 +249,6 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 + "
             "mbarriers 32 = 196640 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
             "limit per block) by 95264 B");
-  // kWgmmaRs: the stages and the mbarriers; the epilogue reuses the stages. m128n256_s6 (config 16)
-  // needs 221280 B: fits the H200's 232448, not an RTX PRO 6000's 101376.
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[16]),
-            "6 stages x (x_tile 32768 + w_tiles 4096) + mbarriers 96 = 221280 B (epilogue 69632 reuses the stages)");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[16], kSm90SmemOptinBytes), "");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[16], 101376),
-            "config w4a16_wgmmars_m128n256_s6 needs 6 stages x (x_tile 32768 + w_tiles 4096) + mbarriers 96 = "
-            "221280 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in limit per "
-            "block) by 119904 B");
   EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
             "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16");
 }
@@ -311,6 +278,7 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   // An invalid stream config has no region (it cannot be built, so nothing is sized).
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 3, kS}).layout.n_regions, 0);
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);
+  EXPECT_NE(W4A16Layout::make({128, 256, 64, 6, static_cast<W4A16Kind>(3)}).invalid_reason, nullptr);  // the RS kind, removed
   constexpr W4A16Kind kW = W4A16Kind::kWgmma;
   EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kW}).invalid_reason, nullptr);    // block_w 64 (one warpgroup)
   EXPECT_NE(W4A16Layout::make({256, 256, 64, 3, kW}).invalid_reason, nullptr);  // 256 f32 accumulators a thread
@@ -325,17 +293,6 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_EQ(W4A16Layout::make({128, 256, 64, 3, kW}).invalid_reason, nullptr);
   EXPECT_FALSE(W4A16Layout::make({128, 256, 64, 8, kW}).fits(kSm90SmemOptinBytes));
   EXPECT_FALSE(W4A16Layout::make({64, 8, 64, 3, kS}).fits(UINT32_MAX));
-  constexpr W4A16Kind kR = W4A16Kind::kWgmmaRs;
-  EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kR}).invalid_reason, nullptr);    // block_w 64
-  EXPECT_NE(W4A16Layout::make({128, 32, 64, 4, kR}).invalid_reason, nullptr);   // block_t 32
-  EXPECT_NE(W4A16Layout::make({256, 256, 64, 4, kR}).invalid_reason, nullptr);  // 256 accumulators a thread
-  EXPECT_NE(W4A16Layout::make({128, 64, 128, 4, kR}).invalid_reason, nullptr);  // block_k 128
-  EXPECT_NE(W4A16Layout::make({128, 64, 64, 1, kR}).invalid_reason, nullptr);   // 1 stage
-  EXPECT_NE(W4A16Layout::make({128, 64, 64, 13, kR}).invalid_reason, nullptr);  // 13 stages
-  EXPECT_EQ(W4A16Layout::make({128, 64, 64, 2, kR}).invalid_reason, nullptr);
-  EXPECT_EQ(W4A16Config({128, 64, 64, 2, kR}).n_threads(), 384u);  // producer + two consumer warpgroups
-  // 7 stages of m128n256 (7 x 36864 + 112 = 258160 B) do not fit sm_90.
-  EXPECT_FALSE(W4A16Layout::make({128, 256, 64, 7, kR}).fits(kSm90SmemOptinBytes));
 }
 
 TEST(CutlassLayouts, WellFormed) {

@@ -87,7 +87,6 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
   // MMA-bound against the mma.sync tiles' 0.25: kernel_mma_efficiency).
   EXPECT_GE(plans[4].chosen->candidate.token_tile(), 64u);
   EXPECT_GE(plans[5].chosen->candidate.token_tile(), 64u);
-  // (Not the warp-specialized RS tiles: measured at half the kWgmma speed, kWgmmaRsEfficiency.)
   EXPECT_EQ(plans[4].chosen->candidate.ours.kind, W4A16Kind::kWgmma) << plans[4].chosen->candidate.to_string();
   EXPECT_EQ(plans[5].chosen->candidate.ours.kind, W4A16Kind::kWgmma) << plans[5].chosen->candidate.to_string();
   EXPECT_DOUBLE_EQ(kernel_mma_efficiency(plans[4].chosen->candidate), kWgmmaEfficiency);
@@ -128,13 +127,13 @@ TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
 
 // On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped mma.sync configs over
 // it are rejected with the byte breakdown, by the computation the launcher refuses them with; the
-// eight wgmma configs (five kWgmma, three kWgmmaRs) by the architecture (sm_89 has no wgmma).
+// five wgmma configs by the architecture (sm_89 has no wgmma).
 TEST(Planner, OursRejectionSnapshot) {
   const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("rtx-4090"), {});
   EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   ASSERT_TRUE(p.chosen.has_value()) << p.error;
-  ASSERT_EQ(p.rejected.size(), 10u);
-  for (size_t i = 2; i < 10; ++i) {
+  ASSERT_EQ(p.rejected.size(), 7u);
+  for (size_t i = 2; i < 7; ++i) {
     EXPECT_EQ(p.rejected[i].rule, "arch") << p.rejected[i].message;
     EXPECT_NE(p.rejected[i].message.find("sm90_nvfp4_w4a16_grouped_gemm wgmma tiles need sm_90a (wgmma.mma_async); "
                                          "rtx-4090 is sm_89"),
@@ -142,7 +141,7 @@ TEST(Planner, OursRejectionSnapshot) {
         << p.rejected[i].message;
   }
   EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n64_s5");
-  EXPECT_EQ(p.rejected[9].candidate.to_string(), "w4a16_wgmmars_m256n128_s8");
+  EXPECT_EQ(p.rejected[6].candidate.to_string(), "w4a16_wgmma_m256n128_s4");
   EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
   const Rejection& r = p.rejected[1];
   EXPECT_EQ(r.rule, "smem-opt-in");

@@ -364,8 +364,6 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   constexpr W4A16Config c = kW4A16Configs[I];
   if constexpr (c.kind == W4A16Kind::kWgmma) {
     launch_wgmma(I, SWIGLU, p, grid, stream);  // w4a16_wgmma.cu
-  } else if constexpr (c.kind == W4A16Kind::kWgmmaRs) {
-    launch_wgmma_rs(I, SWIGLU, p, grid, stream);  // w4a16_wgmma_rs.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
     launch_with_smem(sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
                      W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);

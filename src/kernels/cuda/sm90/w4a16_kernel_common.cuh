@@ -1,6 +1,5 @@
 // Device pieces shared by the W4A16 kernels' translation units (w4a16_grouped_gemm.cu: kStream and
-// kPipeline; w4a16_wgmma.cu: kWgmma; w4a16_wgmma_rs.cu: kWgmmaRs): the kernel parameters, the work-item search over the expert
-// offsets, the epilogue arithmetic, the split-K partial store and the shared-memory output tile.
+// kPipeline; w4a16_wgmma.cu: kWgmma): the kernel parameters, the work-item search over the expert offsets, the epilogue arithmetic, the split-K partial store and the shared-memory output tile.
 // Included only by .cu files of this folder.
 #pragma once
 
@@ -132,16 +131,13 @@ __device__ __forceinline__ void store_partial(const KernelParams& p, const WorkI
   }
 }
 
-// The end of the shared-memory kernels (kPipeline, kWgmma, kWgmmaRs): warp `warp` of the CTA holds, for
+// The end of the shared-memory kernels (kPipeline, kWgmma): warp `warp` of the CTA holds, for
 // m-block b < kMB, the C fragments of row tile rt0 + warp + 8 b (rows g / g + 8 = weight rows,
 // columns 2t, 2t + 1 = tokens of n8 tile j) in acc[b][j]. Split-K: the f32 parts go to the workspace.
 // Otherwise the tile goes token-major through shared memory at `epi` (BLOCK_T rows of kEpiRow bytes;
 // the caller has made it free) and out with 16 B stores; kSwiGlu: silu(gate row g) * up row g + 8 ->
-// column 8 x (row tile) + g. `tid` counts the kThreads threads that hold accumulators; kBarrierId 0:
-// they are the whole CTA (__syncthreads), else they meet at that named barrier (kWgmmaRs: the two
-// consumer warpgroups, the producer has left).
-template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU, uint32_t kMB = 1,
-          uint32_t kBarrierId = 0>
+// column 8 x (row tile) + g. `tid` counts the kThreads threads of the CTA, which all hold accumulators.
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU, uint32_t kMB = 1>
 __device__ __forceinline__ void write_output_tile(const KernelParams& p, const WorkItem& item, int rt0, uint32_t tid,
                                                   const float (&acc)[kMB][BLOCK_T / 8][4], uint8_t* epi) {
   constexpr uint32_t kNTiles = BLOCK_T / 8;
@@ -176,11 +172,7 @@ __device__ __forceinline__ void write_output_tile(const KernelParams& p, const W
       }
     }
   }
-  if constexpr (kBarrierId == 0) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync %0, %1;" ::"n"(kBarrierId), "n"(kThreads) : "memory");
-  }
+  __syncthreads();
   const int64_t n0 = static_cast<int64_t>(rt0) * (SWIGLU ? 8 : 16);
   constexpr uint32_t kOutChunks = BLOCK_T * kOutCols / 8;  // 16 B = 8 outputs
 #pragma unroll
@@ -275,7 +267,5 @@ class KindLaunchTable {
 
 // Launches config `config_id` (a kWgmma config of kW4A16Configs) on `grid` (w4a16_wgmma.cu).
 void launch_wgmma(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream);
-// The same for the kWgmmaRs configs (w4a16_wgmma_rs.cu).
-void launch_wgmma_rs(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream);
 
 }  // namespace fp4moe::cuda::sm90::w4a16_detail

@@ -1,4 +1,4 @@
-// The wgmma instructions of the W4A16 wgmma kinds (w4a16_wgmma.cu: SS, w4a16_wgmma_rs.cu: RS), CuTe's
+// The wgmma instructions of the W4A16 wgmma kind (w4a16_wgmma.cu: both operands in shared memory), CuTe's
 // atoms m64nNk16 bf16 x bf16 -> f32, both operands K-major: one call per k16 step and m64 block.
 // Included only by .cu files of this folder.
 #pragma once
@@ -21,17 +21,14 @@ struct WgmmaAtoms<32> {
 template <>
 struct WgmmaAtoms<64> {
   using SS = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-  using RS = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
 struct WgmmaAtoms<128> {
   using SS = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-  using RS = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
 struct WgmmaAtoms<256> {
   using SS = gmma::MMA_64x256x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-  using RS = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 
 // d (N / 2 f32 a thread) = A(desc_a) x B(desc_b)^T (+ d unless `first`): both operands in shared memory.
@@ -39,13 +36,6 @@ template <class Op, size_t... I>
 __device__ __forceinline__ void wgmma_ss(uint64_t desc_a, uint64_t desc_b, float* d, bool first,
                                          std::index_sequence<I...>) {
   Op::fma(desc_a, desc_b, d[I]..., first ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
-}
-
-// The same with A from registers: this warp's 16 rows of the m64 block as an m16n8k16 A fragment.
-template <class Op, size_t... I>
-__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc_b, float* d, bool first,
-                                         std::index_sequence<I...>) {
-  Op::fma(a[0], a[1], a[2], a[3], desc_b, d[I]..., first ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
 }
 
 }  // namespace fp4moe::cuda::sm90::w4a16_detail
