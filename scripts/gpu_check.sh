@@ -6,6 +6,9 @@
 # Device call: carry [".carry", "third_party"], command `bash scripts/gpu_check.sh`.
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)
 #   FP4MOE_TARGETS build only these targets (default all; e.g. the sanitizer's test binaries)
+#   FP4MOE_SANITIZE which test binaries the sanitizer stage runs (default all of its list)
+#   FP4MOE_BENCH   which of "w4a16 large gemm moe" the bench stage runs (default all; "large": bench_w4a16
+#                  at 512-4096 rows, the sizes that decide the NVFP4 dequantize + cuBLAS thresholds)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 jobs=$(nproc)
@@ -37,12 +40,13 @@ fi
 if has sanitizer; then
 step "compute-sanitizer on GPU tests"
 # The sanitizers slow kernels 10-100x: run the small-shape cases (the GLM-shape ones ran above).
-declare -A sanitize_filter=([test_cuda_nvfp4]="*" [test_cuda_w4a16]="W4A16Gpu.*" [test_cuda_ops]="*"
+declare -A sanitize_filter=([test_cuda_nvfp4]="*" [test_cuda_w4a16]="W4A16Gpu.*:-W4A16Gpu.WgmmaPrefillGlmShapes" [test_cuda_ops]="*"
   [test_cuda_paged_attention]="*Small:*Flags*" [test_cuda_mla_decode]="*Tiny*"
   [test_cuda_mla_prefill]="*TinySparse*" [test_cuda_sampling]="*EdgeRows:*NanLogits*"
   [test_cuda_dsa_indexer]="*Tiny*:*Chunked*"
   [test_gpu_model]="*PrefillDecodeAndBatching*/1:*ShortKvPool*/1")
-for name in "${!sanitize_filter[@]}"; do
+for name in ${FP4MOE_SANITIZE:-${!sanitize_filter[@]}}; do
+  [ -n "${sanitize_filter[$name]:-}" ] || { echo "no sanitizer filter for $name"; status=1; continue; }
   t=$(find build-gpu/tests -name "$name" -type f -perm -u+x | head -1)
   [ -n "$t" ] || { echo "missing test binary $name"; status=1; continue; }
   for tool in memcheck racecheck; do
@@ -61,12 +65,25 @@ fi
 if has bench; then
 step "GPU benchmarks"
 fp4moe=build-gpu/fp4moe
-echo "--- bench_w4a16 (every config per row)"
-build-gpu/bench/bench_w4a16 --runs 20 2>&1 | tee "$out/bench_w4a16.txt" || status=1
-echo "--- fp4moe bench gemm (default configs, uniform + Zipf routing)"
-"$fp4moe" bench gemm --runs 20 2>&1 | tee "$out/bench_gemm.txt" || status=1
-echo "--- fp4moe bench moe (GLM-5 shard and full layer, NVFP4 vs BF16 cuBLAS layer)"
-"$fp4moe" bench moe --iters 10 --warmup 3 2>&1 | tee "$out/bench_moe.txt" || status=1
+benches=" ${FP4MOE_BENCH:-w4a16 large gemm moe} "
+if [[ "$benches" == *" w4a16 "* ]]; then
+  echo "--- bench_w4a16 (every config per row)"
+  build-gpu/bench/bench_w4a16 --runs 20 2>&1 | tee "$out/bench_w4a16.txt" || status=1
+fi
+if [[ "$benches" == *" large "* ]]; then
+  echo "--- bench_w4a16 at prefill sizes: shard 1024-4096 rows per expert, dense Linears 512-8192 rows"
+  build-gpu/bench/bench_w4a16 --runs 5 --tokens 1024,2048,4096 2>&1 | tee "$out/bench_w4a16_large.txt" || status=1
+  build-gpu/bench/bench_w4a16 --runs 5 --tokens 512,2048,8192 --shape 1,6144,16384 --shape 1,16384,2048 \
+    --shape 1,12288,6144 --shape 1,6144,12288 2>&1 | tee "$out/bench_w4a16_dense.txt" || status=1
+fi
+if [[ "$benches" == *" gemm "* ]]; then
+  echo "--- fp4moe bench gemm (default configs, uniform + Zipf routing)"
+  "$fp4moe" bench gemm --runs 20 2>&1 | tee "$out/bench_gemm.txt" || status=1
+fi
+if [[ "$benches" == *" moe "* ]]; then
+  echo "--- fp4moe bench moe (GLM-5 shard and full layer, NVFP4 vs BF16 cuBLAS layer)"
+  "$fp4moe" bench moe --iters 10 --warmup 3 2>&1 | tee "$out/bench_moe.txt" || status=1
+fi
 fi
 
 step "done (status $status)"

@@ -573,7 +573,7 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
     run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
-            dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 384, top_k <= E */,
+            dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 2048, top_k <= E */,
             ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
             ws_->shared_out.as<__nv_bfloat16>(), stream);
   }

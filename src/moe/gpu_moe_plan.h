@@ -38,13 +38,14 @@ inline int64_t gpu_moe_tokens_per_expert(int64_t n_tokens, int64_t top_k, int64_
 // Rows per expert (the routed experts' mean, or the rows of a dense Linear / the shared expert) from
 // which an NVFP4 GEMM dequantizes the weights to BF16 (cuda::sm90::w4a16_dequant_expert) and runs
 // cuBLAS instead of the W4A16 grouped GEMM. The dequantization costs ~2.56 B of HBM traffic per
-// weight (~23 us per GLM-5 expert on an H200, ~0.74 ms for the 32-expert shard's gate_up + down);
-// the wgmma W4A16 tiles run at 0.88x cuBLAS at 128 rows per expert and ~0.6x at 256-512
-// (BENCHMARKS.md, ninth session): on the shard, W4A16 1.43 ms vs dequant + cuBLAS 1.62 ms at 256
-// rows, 3.0 vs 2.44 ms at 512, so the crossover lies between; 384. Only eager steps take that path
-// (it reads the expert offsets on the host); decode steps stay on the W4A16 GEMM, below the
+// weight (~23 us per GLM-5 expert on an H200, ~0.74 ms for the 32-expert shard's gate_up + down).
+// Since the TMA wgmma tiles (BENCHMARKS.md, eleventh session) W4A16 runs at 0.86-0.94x cuBLAS at
+// 256-512 rows per expert: on the shard gate_up + down take 3.62 us per row per expert (1.85 ms at
+// 512) against cuBLAS's 3.25 (1.66 ms), so dequant + cuBLAS (0.74 ms + 3.25 us x R) wins only from
+// R ~ 2000 rows per expert: 2048 (it was 384 when W4A16 ran at ~0.6x). Only eager steps take that
+// path (it reads the expert offsets on the host); decode steps stay on the W4A16 GEMM, below the
 // threshold and capturable.
-inline constexpr int64_t kNvfp4DequantMinRows = 384;
+inline constexpr int64_t kNvfp4DequantMinRows = 2048;
 inline bool gpu_moe_dequant_path(int64_t n_tokens, int64_t top_k, int64_t n_experts) {
   return n_experts >= 1 && (n_tokens * top_k + n_experts - 1) / n_experts >= kNvfp4DequantMinRows;
 }

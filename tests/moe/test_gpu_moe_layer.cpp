@@ -408,12 +408,12 @@ double compare_with_cpu(const MoeLayer& cpu, const LayerRun& got, const std::vec
 void check_layer(const MoeConfig& cfg, uint64_t seed) {
   SCOPED_TRACE(cfg.to_string() + " seed " + std::to_string(seed));
   const MoeLayer cpu = MoeLayer::random(cfg, WeightFormat::kNVFP4, seed);
-  // 1600 tokens reach the NVFP4 layer's dequantized prefill path (>= kNvfp4DequantMinRows rows per
-  // expert) where top_k / E >= 384 / 1600; 300 and 600 run the wgmma W4A16 tiles (> 64 rows per expert
-  // where top_k / E >= 1 / 4).
-  const std::vector<int64_t> token_counts = {1, 7, 64, 300, 600, 1600};
+  // 8192 tokens reach the NVFP4 layer's dequantized prefill path (>= kNvfp4DequantMinRows rows per
+  // expert) where top_k / E >= 2048 / 8192; 300, 600 and 1600 run the wgmma W4A16 tiles (> 64 rows per
+  // expert where top_k / E >= 1 / 4).
+  const std::vector<int64_t> token_counts = {1, 7, 64, 300, 600, 1600, 8192};
   for (GpuExpertGemm gemm : {GpuExpertGemm::kNvfp4W4A16, GpuExpertGemm::kBf16Cublas}) {
-    GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 1600);
+    GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 8192);
     if (gemm == GpuExpertGemm::kNvfp4W4A16) {  // random gate/up scales differ: the separate-scale epilogue runs
       EXPECT_NE(g.describe().find("swiglu-epilogue (gs gate != up)"), std::string::npos) << g.describe();
     }
@@ -431,7 +431,7 @@ void check_layer(const MoeConfig& cfg, uint64_t seed) {
 
 // H = 1024 is two scale groups: at decode sizes the shared expert's gate_up (one expert, 256 rows,
 // 4 CTAs) is split over K with the SwiGLU applied by the reduction (the split-K workspace is the
-// dequantized path's idle weight scratch, which max_tokens 1600 allocates).
+// dequantized path's idle weight scratch, which max_tokens 8192 allocates).
 TEST(Layer, SharedExpertSplitK) {
   SKIP_WITHOUT_GPU();
   const MoeConfig cfg = make_config(1024, 128, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1);
@@ -449,8 +449,8 @@ TEST(Layer, SharedExpertSplitK) {
 
 TEST(Layer, GlmStyleSigmoidWithSharedExpert) {
   SKIP_WITHOUT_GPU();
-  EXPECT_TRUE(gpu_moe_dequant_path(1600, 4, 16));  // this config runs the dequantized path at 1600 tokens
-  EXPECT_FALSE(gpu_moe_dequant_path(600, 4, 16));  // and the wgmma W4A16 tiles at 600 (150 rows per expert)
+  EXPECT_TRUE(gpu_moe_dequant_path(8192, 4, 16));   // this config runs the dequantized path at 8192 tokens
+  EXPECT_FALSE(gpu_moe_dequant_path(1600, 4, 16));  // and the wgmma W4A16 tiles at 1600 (400 rows per expert)
   check_layer(make_config(256, 128, 16, 4, 1, 1, ScoringFunc::kSigmoid, true, 2.5f, 0.0f, 1), testing::test_seed());
 }
 
