@@ -272,7 +272,7 @@ void check_nvfp4_gemm(const GpuLinearStack& w, bool swiglu, int64_t max_rows, co
   cuda::sm90::W4A16GroupedGemmArgs a =
       nvfp4_args(w, swiglu, io.as<__nv_bfloat16>(), max_rows, dummy_offsets.as<int32_t>(), io.as<__nv_bfloat16>());
   std::vector<int> ids;
-  for (int64_t v = 1; v <= 128; ++v) ids.push_back(cuda::sm90::w4a16_default_config(v));
+  for (int64_t v = 1; v <= 256; ++v) ids.push_back(cuda::sm90::w4a16_default_config(v));  // incl. the row classes' large tiles
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (int id : ids) {
@@ -473,6 +473,27 @@ int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
   return cuda::sm90::w4a16_default_config(tpe);
 }
 
+std::vector<GpuMoeLayer::RoutedClass> GpuMoeLayer::routed_gemm_classes(int64_t n_tokens) const {
+  const int c0 = routed_gemm_config(n_tokens);
+  const int32_t t0 = static_cast<int32_t>(cuda::sm90::w4a16_config(c0).block_t);
+  if (!row_classes_ || gemm_ != GpuExpertGemm::kNvfp4W4A16 || n_tokens <= t0) return {RoutedClass{c0}};
+  // The larger tile: 4x the routed one, at least the 64-row wgmma tile, at most the 256-row one.
+  const int c1 = cuda::sm90::w4a16_default_config(std::min<int64_t>(256, std::max<int64_t>(64, 4 * int64_t{t0})));
+  if (static_cast<int32_t>(cuda::sm90::w4a16_config(c1).block_t) <= t0) return {RoutedClass{c0}};
+  return {RoutedClass{c0, 0, t0}, RoutedClass{c1, t0 + 1}};
+}
+
+std::string GpuMoeLayer::routed_gemm_description(int64_t n_tokens) const {
+  const std::vector<RoutedClass> classes = routed_gemm_classes(n_tokens);
+  std::string s;
+  for (const RoutedClass& c : classes) {
+    if (!s.empty()) s += " + ";
+    s += cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(c.config_id));
+    if (classes.size() > 1) s += c.min_rows == 0 ? " <=" + std::to_string(c.max_rows) : " >" + std::to_string(c.min_rows - 1);
+  }
+  return s;
+}
+
 bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const {
   if (!dequant_reachable_ || !gpu_moe_dequant_path(n_tokens, cfg_.top_k, cfg_.n_experts)) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -484,19 +505,24 @@ bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const 
 // cuBLAS (the BF16 peer, or NVFP4 dequantized expert by expert into ws_->w_scratch): gu = x W_gate_up^T
 // per expert, act = swiglu(gu), out = act W_down^T per expert.
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-                          const int32_t* h_offsets, int config_id, bool dequant, __nv_bfloat16* gu,
-                          __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) {
+                          const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant,
+                          __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) {
   const int64_t H = w.hidden, I = w.inter;
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant) {
     // The dequantized path's weight scratch is idle here: the split-K workspace (w4a16_splitk_plan
-    // splits only launches with few CTAs, e.g. the shared expert at decode; none when it is absent).
+    // splits only launches with few CTAs, e.g. the shared expert at decode; none when it is absent,
+    // nor for a row class). Each class's launch writes its experts' rows of act / out.
     for (const bool gate_up : {true, false}) {
-      auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
-      if (ws_->w_scratch.bytes() > 0) {
-        a.splitk_workspace = ws_->w_scratch.as<float>();
-        a.splitk_workspace_bytes = ws_->w_scratch.bytes();
+      for (const RoutedClass& c : classes) {
+        auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
+        if (ws_->w_scratch.bytes() > 0) {
+          a.splitk_workspace = ws_->w_scratch.as<float>();
+          a.splitk_workspace_bytes = ws_->w_scratch.bytes();
+        }
+        a.min_expert_rows = c.min_rows;
+        a.max_expert_rows = c.max_rows;
+        cuda::sm90::w4a16_grouped_gemm(a, c.config_id, stream);
       }
-      cuda::sm90::w4a16_grouped_gemm(a, config_id, stream);
     }
     return;
   }
@@ -568,11 +594,11 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
-  run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_config(T), dequant,
+  run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
           ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(), stream);
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
-    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, shared_gemm_config(T),
+    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, {RoutedClass{shared_gemm_config(T)}},
             dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 2048, top_k <= E */,
             ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
             ws_->shared_out.as<__nv_bfloat16>(), stream);

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -158,6 +159,25 @@ class GpuMoeLayer {
   int routed_gemm_config(int64_t n_tokens) const;
   int shared_gemm_config(int64_t n_tokens) const;
 
+  // Expert row classes (NVFP4 W4A16 path; on unless set_row_classes(false)). The routed config above is
+  // chosen for the *mean* rows per expert; with skewed routing an expert far above the mean would run
+  // through many of its token tiles, its weights read once per tile. So when an expert can hold more
+  // rows than that config's token tile (n_tokens > block_t: a token picks an expert once), the routed
+  // GEMMs launch twice, each launch skipping the other class's experts by their device-side counts
+  // (W4A16GroupedGemmArgs::min/max_expert_rows; no host sync, capturable): experts with at most
+  // block_t rows on the routed config, the rest on the default config for 4 x block_t rows (64 to 256:
+  // wgmma m128n64 above a decode tile, m256n128 above a 32-row one, m128n256 above 64). One launch
+  // otherwise.
+  struct RoutedClass {
+    int config_id = 0;
+    int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
+  };
+  std::vector<RoutedClass> routed_gemm_classes(int64_t n_tokens) const;
+  void set_row_classes(bool on) { row_classes_ = on; }
+  bool row_classes() const { return row_classes_; }
+  // "w4a16_stream_m64n16_d8" or "w4a16_stream_m64n16_d8 <=16 + w4a16_wgmma_m128n64_s5 >16"
+  std::string routed_gemm_description(int64_t n_tokens) const;
+
  private:
   GpuMoeLayer() = default;
   void allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share);
@@ -165,8 +185,8 @@ class GpuMoeLayer {
   // dequant: an NVFP4 layer's prefill path (each expert's weights dequantized into w_scratch_, then
   // cuBLAS, as the kBf16Cublas peer); needs h_offsets.
   void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
-               const int32_t* h_offsets, int config_id, bool dequant, __nv_bfloat16* gu, __nv_bfloat16* act,
-               __nv_bfloat16* out, cudaStream_t stream);
+               const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant, __nv_bfloat16* gu,
+               __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream);
   // Whether forward(n_tokens) on `stream` takes the NVFP4 dequantized path (never while capturing).
   bool use_dequant_path(int64_t n_tokens, cudaStream_t stream) const;
 
@@ -189,6 +209,7 @@ class GpuMoeLayer {
   // the dequantized path's one expert's bf16 gate_up or down.
   std::shared_ptr<GpuMoeWorkspace> ws_;
   bool dequant_reachable_ = false;     // NVFP4 and max_tokens reaches gpu_moe_dequant_path
+  bool row_classes_ = true;            // routed_gemm_classes
   // kBf16Cublas and the dequantized path.
   struct CublasDestroy {
     void operator()(cublasContext* h) const;

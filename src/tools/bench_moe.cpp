@@ -59,13 +59,14 @@ double bench_moe_flops(int64_t tokens, int top_k, int64_t hidden, int64_t inter,
 }
 
 std::string format_bench_moe_table(const std::vector<BenchMoeRow>& rows, double hbm_bytes_per_s) {
-  std::string s = fmt::format("{:<7} {:<10} {:>5} {:>7} {:>7} {:>6} {:<30} {:>10} {:>8} {:>8} {:>8} {:>10} {:>7}\n",
+  std::string s = fmt::format("{:<7} {:<10} {:>5} {:>7} {:>7} {:>6} {:<30} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7}\n",
                               "layer", "routing", "E", "tokens", "active", "max/e", "w4a16 config", "time_us",
-                              "GB/s", "roofline", "TFLOP/s", "bf16_us", "speedup");
+                              "GB/s", "roofline", "TFLOP/s", "1cfg_us", "bf16_us", "speedup");
   for (const BenchMoeRow& r : rows) {
-    s += fmt::format("{:<7} {:<10} {:>5} {:>7} {:>7} {:>6} {:<30} {:>10.1f} {:>8.0f} {:>7.1f}% {:>8.1f} {:>10} {:>7}\n",
+    s += fmt::format("{:<7} {:<10} {:>5} {:>7} {:>7} {:>6} {:<30} {:>10.1f} {:>8.0f} {:>7.1f}% {:>8.1f} {:>10} {:>10} {:>7}\n",
                      r.layer, r.routing, r.n_experts, r.tokens, r.active_experts, r.max_rows_per_expert, r.config,
                      r.ms * 1e3, r.weight_gbps(), 100.0 * r.roofline(hbm_bytes_per_s), r.tflops(),
+                     r.one_config_ms > 0 ? fmt::format("{:.1f}", r.one_config_ms * 1e3) : std::string("-"),
                      r.peer_ms > 0 ? fmt::format("{:.1f}", r.peer_ms * 1e3) : std::string("-"),
                      r.peer_ms > 0 ? fmt::format("{:.2f}x", r.speedup()) : std::string("-"));
   }
@@ -99,6 +100,7 @@ nlohmann::json bench_moe_json(const std::vector<BenchMoeRow>& rows, const BenchM
                          {"roofline", r.roofline(opts.hbm_bytes_per_s)},
                          {"tflops", r.tflops()},
                          {"peer_time_us", r.peer_ms > 0 ? nlohmann::json(r.peer_ms * 1e3) : nlohmann::json(nullptr)},
+                         {"one_config_time_us", r.one_config_ms > 0 ? nlohmann::json(r.one_config_ms * 1e3) : nlohmann::json(nullptr)},
                          {"speedup", r.peer_ms > 0 ? nlohmann::json(r.speedup()) : nlohmann::json(nullptr)}});
   }
   return j;
@@ -230,7 +232,7 @@ std::vector<BenchMoeRow> run_bench_moe(const BenchMoeOptions& opts, std::ostream
             r.active_experts += rows_e > 0 ? 1 : 0;
             r.max_rows_per_expert = std::max(r.max_rows_per_expert, rows_e);
           }
-          r.config = cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(layer.routed_gemm_config(t)));
+          r.config = layer.routed_gemm_description(t);
           r.weight_bytes = r.active_experts * layer.routed_expert_bytes() + layer.shared_expert_bytes();
           r.flops = bench_moe_flops(t, cfg.top_k, cfg.hidden, cfg.moe_intermediate, cfg.shared_intermediate());
           if (opts.graph) {  // the forward as one CUDA-graph replay (no launch overhead)
@@ -246,6 +248,11 @@ std::vector<BenchMoeRow> run_bench_moe(const BenchMoeOptions& opts, std::ostream
             FP4MOE_CUDA_CHECK(cudaGraphDestroy(graph));
           } else {
             r.ms = timer.median_ms(opts.warmup, opts.iters, fwd);
+            if (layer.routed_gemm_classes(t).size() > 1) {  // the same layer with one config for every expert
+              layer.set_row_classes(false);
+              r.one_config_ms = timer.median_ms(opts.warmup, opts.iters, fwd);
+              layer.set_row_classes(true);
+            }
           }
           rows.push_back(r);
         }

@@ -70,11 +70,12 @@ struct BenchMoeRow {
   int64_t tokens = 0;
   int active_experts = 0;
   int64_t max_rows_per_expert = 0;
-  std::string config;           // the W4A16 config of the routed GEMMs
+  std::string config;           // the W4A16 config(s) of the routed GEMMs (GpuMoeLayer::routed_gemm_description)
   int64_t weight_bytes = 0;     // NVFP4 weight + scale bytes read: hit experts + shared expert
   double flops = 0;             // 2 * (rows * 3 I H + tokens * 3 Is H)
   double ms = 0;                // NVFP4 layer, median
   double peer_ms = 0;           // BF16 cuBLAS layer, median (0 = not run)
+  double one_config_ms = 0;     // the NVFP4 layer without expert row classes (0 = the same launches)
 
   double weight_gbps() const { return ms > 0 ? weight_bytes / (ms * 1e-3) / 1e9 : 0; }
   double roofline(double hbm_bytes_per_s) const {

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -118,8 +119,14 @@ DevicePtr<float> attach_splitk_workspace(W4A16GroupedGemmArgs& a, size_t bytes) 
 // Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
 // splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs. null_offsets (one expert
 // over all rows, as GpuLinear calls it): expert_offsets = nullptr.
-std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, size_t splitk_bytes = 0,
-                              bool null_offsets = false) {
+// One launch of a config over an expert row class (W4A16GroupedGemmArgs::min/max_expert_rows).
+struct ClassLaunch {
+  int config_id = 0;
+  int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
+};
+
+std::vector<uint16_t> run_gpu_launches(const Problem& p, const std::vector<ClassLaunch>& launches, int repeats = 1,
+                                       size_t splitk_bytes = 0, bool null_offsets = false) {
   auto d_x = upload(p.x);
   auto d_off = upload(p.offsets);
   std::vector<uint8_t> codes_kl, scales_kl;  // the kernel layout, as a loader makes it once
@@ -141,10 +148,21 @@ std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, 
   a.k = p.k;
   a.n_experts = p.n_experts;
   const DevicePtr<float> d_ws = attach_splitk_workspace(a, splitk_bytes);
-  for (int r = 0; r < repeats; ++r) w4a16_grouped_gemm(a, config_id, nullptr);
+  for (int r = 0; r < repeats; ++r) {
+    for (const ClassLaunch& l : launches) {
+      a.min_expert_rows = l.min_rows;
+      a.max_expert_rows = l.max_rows;
+      w4a16_grouped_gemm(a, l.config_id, nullptr);
+    }
+  }
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   FP4MOE_CUDA_CHECK(cudaMemcpy(y.data(), d_y.get(), y.size() * 2, cudaMemcpyDeviceToHost));
   return y;
+}
+
+std::vector<uint16_t> run_gpu(const Problem& p, int config_id, int repeats = 1, size_t splitk_bytes = 0,
+                              bool null_offsets = false) {
+  return run_gpu_launches(p, {ClassLaunch{config_id}}, repeats, splitk_bytes, null_offsets);
 }
 
 // Compares y with the f64 reference; returns the number of failures (prints the first few).
@@ -561,6 +579,37 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
                   w4a16_config_id("w4a16_wgmma_m128n64_s5"), w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
     EXPECT_TRUE(run_gpu(p, cfg, 1, big) == run_gpu(p, cfg, 2, big)) << p.describe(cfg) << ": split-K outputs differ";
+  }
+}
+
+// Expert row classes: two launches that skip each other's experts by their device-side counts write
+// every expert's rows once, matching the f64 reference (and, class by class, the unfiltered launch of
+// the same config bit for bit, though a workspace is offered: a class launch never splits K); one class
+// alone leaves the other experts' rows untouched.
+TEST(W4A16Gpu, ExpertRowClassesPartitionTheExperts) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed() ^ 0xC1A55ull);
+  const std::vector<int32_t> counts = {0, 3, 40, 1, 17, 100, 9, 16, 0, 300, 64, 65};
+  const Problem p = make_problem(rng, static_cast<int64_t>(counts.size()), 1040, 2064, counts);
+  const int small = w4a16_config_id("w4a16_stream_m64n16_d8");
+  for (const char* large_name : {"w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n256_s4", "w4a16_swapab_m128n32k128_s4"}) {
+    const int large = w4a16_config_id(large_name);
+    const std::vector<ClassLaunch> both = {{small, 0, 16}, {large, 17}};
+    const std::vector<uint16_t> y = run_gpu_launches(p, both, 1, size_t{64} << 20);
+    check_against_reference(p, y, large, rng());
+    const std::vector<uint16_t> y_small_only = run_gpu_launches(p, {{small, 0, 16}});
+    const std::vector<uint16_t> y_small = run_gpu(p, small), y_large = run_gpu(p, large);
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const bool is_small = counts[e] <= 16;
+      for (int32_t r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+        for (int64_t c = 0; c < p.n; ++c) {
+          const size_t i = static_cast<size_t>(r * p.n + c);
+          ASSERT_EQ(y[i], is_small ? y_small[i] : y_large[i]) << large_name << ": expert " << e << " row " << r << " col " << c;
+          ASSERT_EQ(y_small_only[i], is_small ? y_small[i] : uint16_t{0xFFFF})
+              << "the small class alone: expert " << e << " (" << counts[e] << " rows) row " << r;
+        }
+      }
+    }
   }
 }
 

@@ -902,6 +902,60 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
   EXPECT_NE(msg.find("stream: block_w (weight rows per CTA) must be 64 or 128"), std::string::npos) << msg;
 }
 
+// Expert row classes (W4A16GroupedGemmArgs::min/max_expert_rows): need expert offsets and an ordered
+// range; never split K; the grid holds only what the class can: at most m_total / min_expert_rows
+// experts, one tile each when max_expert_rows fits the token tile.
+TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
+  alignas(16) static uint8_t buf[256] = {};
+  W4A16GroupedGemmArgs a;
+  a.x = reinterpret_cast<const __nv_bfloat16*>(buf);
+  a.w_packed = buf;
+  a.w_scales = buf;
+  a.w_global_scales = reinterpret_cast<const float*>(buf);
+  a.y = reinterpret_cast<__nv_bfloat16*>(buf);
+  a.m_total = 512;
+  a.n = 4096;
+  a.k = 6144;
+  a.n_experts = 256;
+  const W4A16Config& stream16 = w4a16_config(w4a16_config_id("w4a16_stream_m64n16_d8"));
+  const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
+  EXPECT_FALSE(a.filters_experts());
+  a.min_expert_rows = 17;
+  EXPECT_TRUE(a.filters_experts());
+  a.n_experts = 1;  // a dense launch (no offsets) has no experts to class
+  std::string msg = expect_throw([&] { w4a16_check_problem(a, wg64); });
+  EXPECT_NE(msg.find("an expert row class needs expert_offsets and 0 <= min_expert_rows <= max_expert_rows (got 17 .. "
+                     "2147483647, offsets 0)"),
+            std::string::npos)
+      << msg;
+  a.n_experts = 256;
+  a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
+  EXPECT_NO_THROW(w4a16_check_problem(a, wg64));
+  a.max_expert_rows = 16;
+  msg = expect_throw([&] { w4a16_check_problem(a, wg64); });
+  EXPECT_NE(msg.find("(got 17 .. 16, offsets "), std::string::npos) << msg;
+  // Unfiltered: 512 / 64 + min(256, 512) = 264 items; rows > 16: at most 512 / 17 = 30 experts,
+  // 512 / 64 + 30 = 38 items; rows <= 16 on a 16-token tile: one tile per expert, 256.
+  a.min_expert_rows = 0;
+  a.max_expert_rows = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(w4a16_grid(a, wg64).x, 264);
+  a.min_expert_rows = 17;
+  EXPECT_EQ(w4a16_grid(a, wg64).x, 38);
+  a.min_expert_rows = 0;
+  a.max_expert_rows = 16;
+  EXPECT_EQ(w4a16_grid(a, stream16).x, 256);
+  EXPECT_EQ(w4a16_grid(a, stream16).y, 4096 / 64);
+  // A class never splits K, even with a workspace and a grid that would.
+  a.n_experts = 1;
+  a.m_total = 7;
+  a.max_expert_rows = std::numeric_limits<int32_t>::max();
+  a.splitk_workspace = reinterpret_cast<float*>(buf);
+  a.splitk_workspace_bytes = size_t{1} << 26;
+  EXPECT_GT(w4a16_splitk_plan(a, stream16, 132).parts, 1);
+  a.max_expert_rows = 100;
+  EXPECT_EQ(w4a16_splitk_plan(a, stream16, 132).parts, 1);
+}
+
 TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   alignas(16) static uint8_t buf[256] = {};
   W4A16GroupedGemmArgs a;

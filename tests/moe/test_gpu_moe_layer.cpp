@@ -412,19 +412,27 @@ void check_layer(const MoeConfig& cfg, uint64_t seed) {
   // expert) where top_k / E >= 2048 / 8192; 300, 600 and 1600 run the wgmma W4A16 tiles (> 64 rows per
   // expert where top_k / E >= 1 / 4).
   const std::vector<int64_t> token_counts = {1, 7, 64, 300, 600, 1600, 8192};
-  for (GpuExpertGemm gemm : {GpuExpertGemm::kNvfp4W4A16, GpuExpertGemm::kBf16Cublas}) {
+  // NVFP4 with the expert row classes (the default: two launches per GEMM once an expert can outgrow
+  // the routed config's token tile) and without (one config for every expert), and the BF16 peer.
+  for (int variant : {0, 1, 2}) {
+    const GpuExpertGemm gemm = variant < 2 ? GpuExpertGemm::kNvfp4W4A16 : GpuExpertGemm::kBf16Cublas;
     GpuMoeLayer g = GpuMoeLayer::from_cpu(cpu, gemm, 8192);
     if (gemm == GpuExpertGemm::kNvfp4W4A16) {  // random gate/up scales differ: the separate-scale epilogue runs
       EXPECT_NE(g.describe().find("swiglu-epilogue (gs gate != up)"), std::string::npos) << g.describe();
     }
+    g.set_row_classes(variant == 0);
     for (int64_t n : token_counts) {
       const auto xb = random_bf16(static_cast<size_t>(n * cfg.hidden), seed * 31 + n);
       const LayerRun got = run_gpu(g, xb, n);
       const bool dequant = g.dequant_path(n);
       EXPECT_EQ(dequant, gemm == GpuExpertGemm::kNvfp4W4A16 && gpu_moe_dequant_path(n, cfg.top_k, cfg.n_experts));
+      const size_t n_classes = g.routed_gemm_classes(n).size();
+      const uint32_t t0 = cuda::sm90::w4a16_config(g.routed_gemm_config(n)).block_t;
+      EXPECT_EQ(n_classes > 1, variant == 0 && n > t0 && t0 < 256)
+          << n << " tokens: " << g.routed_gemm_description(n);
       compare_with_cpu(cpu, got, to_f32(xb), n,
                        std::string(gpu_expert_gemm_name(gemm)) + (dequant ? " (dequantized to bf16 + cuBLAS) " : " ") +
-                           g.describe());
+                           g.describe() + ", routed " + g.routed_gemm_description(n));
     }
   }
 }

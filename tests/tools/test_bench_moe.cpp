@@ -81,6 +81,14 @@ TEST(BenchMoe, TableAndJson) {
   EXPECT_DOUBLE_EQ(row.at("time_us").get<double>(), 1000.0);
   EXPECT_DOUBLE_EQ(row.at("peer_time_us").get<double>(), 3500.0);
   EXPECT_DOUBLE_EQ(j.at("hbm_bytes_per_s").get<double>(), 4.2e12);
+  EXPECT_TRUE(row.at("one_config_time_us").is_null());
+  EXPECT_NE(table.find("1cfg_us"), std::string::npos) << table;
+  // With expert row classes the one-config time is its own column.
+  BenchMoeRow classes = example_row();
+  classes.one_config_ms = 1.25;
+  const std::string t2 = format_bench_moe_table({classes}, 4.2e12);
+  EXPECT_NE(t2.find("1250.0"), std::string::npos) << t2;
+  EXPECT_DOUBLE_EQ(bench_moe_json({classes}, opts).at("rows")[0].at("one_config_time_us").get<double>(), 1250.0);
 }
 
 // Parses `args` on an app with a `bench` parent, as the lead's cmd_bench.cpp will build it.

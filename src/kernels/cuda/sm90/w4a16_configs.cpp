@@ -85,14 +85,23 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
       << static_cast<const void*>(a.y) << " (and a split-K workspace " << static_cast<const void*>(a.splitk_workspace)
       << ") must be 16 B aligned, expert_offsets and w_global_scales 4 B aligned "
       << "(cp.async / vector accesses)";
+  FP4MOE_CHECK(!a.filters_experts() || (a.expert_offsets != nullptr && a.min_expert_rows >= 0 &&
+                                          a.min_expert_rows <= a.max_expert_rows))
+      << what << ": an expert row class needs expert_offsets and 0 <= min_expert_rows <= max_expert_rows (got "
+      << a.min_expert_rows << " .. " << a.max_expert_rows << ", offsets " << static_cast<const void*>(a.expert_offsets) << ")";
   const W4A16Grid grid = w4a16_grid(a, c);
   FP4MOE_CHECK(grid.x <= std::numeric_limits<int32_t>::max() && grid.y <= 65535)
       << what << ": grid " << grid.x << " x " << grid.y << " exceeds CUDA's limits (2^31-1 x 65535)";
 }
 
 W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
-  const int64_t items = a.n_experts == 1 ? (a.m_total + c.block_t - 1) / c.block_t
-                                         : a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
+  int64_t items = a.n_experts == 1 ? (a.m_total + c.block_t - 1) / c.block_t
+                                   : a.m_total / c.block_t + std::min<int64_t>(a.n_experts, a.m_total);
+  if (a.filters_experts() && a.expert_offsets != nullptr) {
+    const int64_t in_class = std::min<int64_t>(a.n_experts, a.m_total / std::max<int64_t>(1, a.min_expert_rows));
+    const int64_t bound = a.max_expert_rows <= static_cast<int64_t>(c.block_t) ? in_class : a.m_total / c.block_t + in_class;
+    items = std::min(items, bound);
+  }
   return W4A16Grid{items, (a.n + c.block_w - 1) / c.block_w};
 }
 
@@ -100,7 +109,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   W4A16SplitK s;
   const int64_t k_groups = w4a16_k_groups(a.k);
   s.groups_per_part = static_cast<int>(k_groups);
-  if (a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 || n_sms < 1) {
+  if (a.splitk_workspace == nullptr || a.m_total <= 0 || k_groups < 2 || n_sms < 1 || a.filters_experts()) {
     return s;
   }
   const int64_t ctas = w4a16_grid(a, c).ctas();

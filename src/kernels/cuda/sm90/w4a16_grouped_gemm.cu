@@ -399,7 +399,8 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
                        static_cast<int32_t>(w4a16_k_groups(args.k)),
                        static_cast<int32_t>(swiglu ? args.n / 2 : args.n),
                        static_cast<int32_t>(split.groups_per_part),
-                       split.parts > 1 ? args.splitk_workspace : nullptr};
+                       split.parts > 1 ? args.splitk_workspace : nullptr,
+                       args.min_expert_rows, args.max_expert_rows};
   const W4A16Grid grid = w4a16_grid(args, c);
   (swiglu ? kLaunchTableSwiGlu : kLaunchTable)[static_cast<size_t>(config_id)](
       p, dim3(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(split.parts)),

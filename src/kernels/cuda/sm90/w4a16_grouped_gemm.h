@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,14 @@ struct W4A16GroupedGemmArgs {
   // Optional split-K workspace (f32, 16 B aligned; see w4a16_splitk_plan). nullptr: never split.
   float* splitk_workspace = nullptr;
   size_t splitk_workspace_bytes = 0;
+  // Expert row classes (grouped launches, expert_offsets set): only experts with min_expert_rows ..
+  // max_expert_rows rows (inclusive) are computed, the other experts' output rows are not written. Two
+  // launches with complementary classes and different configs cover skewed routing (few experts with
+  // many rows, many with few) without a host sync: the device reads the counts. A filtered launch
+  // never splits K, and its grid shrinks to what the class can hold (w4a16_grid).
+  int32_t min_expert_rows = 0;
+  int32_t max_expert_rows = std::numeric_limits<int32_t>::max();
+  bool filters_experts() const { return min_expert_rows > 0 || max_expert_rows < std::numeric_limits<int32_t>::max(); }
 };
 
 // Split-K of a launch (every kernel kind, either epilogue): when the (token tile x row block)
@@ -82,7 +91,7 @@ struct W4A16GroupedGemmArgs {
 // The wgmma kind (1-2 resident CTAs per SM) instead takes the part count that minimizes waves x
 // (groups per part + 1), so the parts fill whole waves (o_proj at 64 tokens, m128n64: 48 CTAs, 264
 // resident -> 5 parts of 7 groups in one wave, not 8 parts of 4 in 1.45 waves).
-// parts = 1 (no split) for no workspace, or a grid that fills the GPU already;
+// parts = 1 (no split) for no workspace, an expert row class (filters_experts), or a grid that fills the GPU already;
 // parts <= kW4A16MaxSplitK and the workspace must hold them. The same CTA target serves both mma.sync kernels:
 // capping the pipelined 128 x 64 tile (1 CTA per SM) at one wave measured slower on the H200 (o_proj
 // at 64 tokens: 2 parts 101 us, 8 parts 74 us, unsplit 173 us).
@@ -121,7 +130,9 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& args, const W4A16Config& c)
 // The launch grid of config `c` over `args` (one definition for the check, the split-K plan and the
 // launcher): x = m_total / block_t + min(E, m_total) work items (token tiles over all experts; an
 // upper bound, surplus CTAs exit), exactly ceil(m_total / block_t) for one expert; y = ceil(n /
-// block_w) weight-row tiles. grid.z is the split-K part.
+// block_w) weight-row tiles. grid.z is the split-K part. An expert row class bounds x tighter: at
+// most min(E, m_total / max(1, min_expert_rows)) experts are in it, each ceil(rows / block_t) <=
+// rows / block_t + 1 tiles, exactly one when max_expert_rows <= block_t.
 struct W4A16Grid {
   int64_t x = 0, y = 0;
   int64_t ctas() const { return x * y; }

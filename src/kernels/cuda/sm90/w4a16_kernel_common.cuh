@@ -31,6 +31,7 @@ struct KernelParams {
   int32_t n_out;  // columns of y: n, or n / 2 with kSwiGlu
   int32_t groups_per_part;  // kStream split-K: scale groups per K part (blockIdx.z); k_groups when unsplit
   float* partial;           // split-K: f32 [parts, m_total, n] (nullptr: unsplit, y written directly)
+  int32_t min_rows, max_rows;  // the expert row class: experts with other row counts have no work items
 };
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
@@ -58,8 +59,9 @@ struct WorkItem {
 
 // Work item `work` (expert order, token tiles of block_t within an expert). False when `work` is
 // past the last tile. Offsets are clamped to [0, m_total] so that bad offsets cannot make the
-// kernel read or write out of bounds; no offsets (a dense Linear, E = 1): rows [0, m_total). Every
-// lane of the calling warp gets the same answer.
+// kernel read or write out of bounds; no offsets (a dense Linear, E = 1): rows [0, m_total). Only
+// experts of the launch's row class (p.min_rows .. p.max_rows rows) have tiles. Every lane of the
+// calling warp gets the same answer.
 template <int BLOCK_T>
 __device__ __forceinline__ bool find_work(const KernelParams& p, int work, WorkItem& out) {
   if (p.offsets == nullptr) {
@@ -77,7 +79,8 @@ __device__ __forceinline__ bool find_work(const KernelParams& p, int work, WorkI
       start = min(max(__ldg(p.offsets + e), 0), p.m_total);
       end = min(max(__ldg(p.offsets + e + 1), start), p.m_total);
     }
-    const int tiles = (end - start + BLOCK_T - 1) / BLOCK_T;
+    const int rows = end - start;
+    const int tiles = rows >= p.min_rows && rows <= p.max_rows ? (rows + BLOCK_T - 1) / BLOCK_T : 0;
     int incl = tiles;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
