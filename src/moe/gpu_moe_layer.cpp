@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -471,6 +473,11 @@ int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
     return chooser_->choose_config(tune::GemmShape{1, 2 * cfg_.shared_intermediate(), cfg_.hidden}, tpe).config_id;
   }
   return cuda::sm90::w4a16_default_config(tpe);
+}
+
+bool gpu_moe_row_classes_default() {
+  const char* v = std::getenv("FP4MOE_MOE_ROW_CLASSES");
+  return v == nullptr || std::string_view(v) != "0";
 }
 
 std::vector<GpuMoeLayer::RoutedClass> GpuMoeLayer::routed_gemm_classes(int64_t n_tokens) const {

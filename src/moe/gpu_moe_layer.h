@@ -90,6 +90,9 @@ struct GpuMoeWorkspace {
   cuda::DeviceBuffer xp, act, down_out, gu, shared_act, shared_out, shared_gu, w_scratch;
 };
 
+// Whether new GpuMoeLayers use expert row classes: true unless FP4MOE_MOE_ROW_CLASSES is "0".
+bool gpu_moe_row_classes_default();
+
 class GpuMoeLayer {
  public:
   GpuMoeLayer(GpuMoeLayer&&) noexcept;
@@ -172,6 +175,7 @@ class GpuMoeLayer {
     int config_id = 0;
     int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
   };
+  // The default is on; FP4MOE_MOE_ROW_CLASSES=0 in the environment turns it off for new layers (A/B).
   std::vector<RoutedClass> routed_gemm_classes(int64_t n_tokens) const;
   void set_row_classes(bool on) { row_classes_ = on; }
   bool row_classes() const { return row_classes_; }
@@ -209,7 +213,7 @@ class GpuMoeLayer {
   // the dequantized path's one expert's bf16 gate_up or down.
   std::shared_ptr<GpuMoeWorkspace> ws_;
   bool dequant_reachable_ = false;     // NVFP4 and max_tokens reaches gpu_moe_dequant_path
-  bool row_classes_ = true;            // routed_gemm_classes
+  bool row_classes_ = gpu_moe_row_classes_default();  // routed_gemm_classes
   // kBf16Cublas and the dequantized path.
   struct CublasDestroy {
     void operator()(cublasContext* h) const;
