@@ -905,14 +905,21 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
 // Expert row classes (W4A16GroupedGemmArgs::min/max_expert_rows): need expert offsets and an ordered
 // range; never split K; the grid holds only what the class can: at most m_total / min_expert_rows
 // experts, one tile each when max_expert_rows fits the token tile.
-TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
-  alignas(16) static uint8_t buf[256] = {};
+// Problem arguments whose pointers are all `buf` (aligned, never dereferenced: only checked).
+W4A16GroupedGemmArgs args_on(uint8_t* buf, bool with_offsets) {
   W4A16GroupedGemmArgs a;
   a.x = reinterpret_cast<const __nv_bfloat16*>(buf);
+  if (with_offsets) a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
   a.w_packed = buf;
   a.w_scales = buf;
   a.w_global_scales = reinterpret_cast<const float*>(buf);
   a.y = reinterpret_cast<__nv_bfloat16*>(buf);
+  return a;
+}
+
+TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
+  alignas(16) static uint8_t buf[256] = {};
+  W4A16GroupedGemmArgs a = args_on(buf, false);
   a.m_total = 512;
   a.n = 4096;
   a.k = 6144;
@@ -958,13 +965,7 @@ TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
 
 TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   alignas(16) static uint8_t buf[256] = {};
-  W4A16GroupedGemmArgs a;
-  a.x = reinterpret_cast<const __nv_bfloat16*>(buf);
-  a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
-  a.w_packed = buf;
-  a.w_scales = buf;
-  a.w_global_scales = reinterpret_cast<const float*>(buf);
-  a.y = reinterpret_cast<__nv_bfloat16*>(buf);
+  W4A16GroupedGemmArgs a = args_on(buf, true);
   a.m_total = 4;
   a.n = 64;
   a.k = 1048;  // 16 x 65 + 8
