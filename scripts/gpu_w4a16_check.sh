@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The W4A16 grouped GEMM alone on the GPU machine, in one device call (~4 min): builds its tests and
-# bench_w4a16, runs test_wgmma_layout_host, test_cuda_w4a16_host and test_cuda_w4a16 (every config
+# bench_w4a16, runs test_wgmma_layout_host, test_cuda_w4a16_host, test_cuda_w4a16_configs_host and test_cuda_w4a16 (every config
 # against the f64 reference), compute-sanitizer memcheck + racecheck on the every-config cases, and
 # bench_w4a16 (cuBLAS BF16 peer in the same process) on GLM-5's dense Linears at 16 / 64 tokens and on
 # the expert shard at 16..512 tokens per expert. Logs: $OUT/logs-gpu_w4a16_check.tgz.
@@ -15,13 +15,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step "build"
 gpu_configure build-gpu || exit 1
-cmake --build build-gpu -j "$(nproc)" --target test_cuda_w4a16 test_cuda_w4a16_host test_wgmma_layout_host bench_w4a16 \
+cmake --build build-gpu -j "$(nproc)" --target test_cuda_w4a16 test_cuda_w4a16_host test_cuda_w4a16_configs_host test_wgmma_layout_host bench_w4a16 \
   -- -k 0 > "$out/build.log" 2>&1 || { status=1; grep -E "^FAILED|error" "$out/build.log" | head -20; }
 test_bin() { find build-gpu/tests -name "$1" -type f -perm -u+x | head -1; }
 
 if has tests; then
   step "tests"
-  for name in test_wgmma_layout_host test_cuda_w4a16_host test_cuda_w4a16; do
+  for name in test_wgmma_layout_host test_cuda_w4a16_host test_cuda_w4a16_configs_host test_cuda_w4a16; do
     t=$(test_bin "$name")
     [ -n "$t" ] || { echo "$name: not built"; status=1; continue; }
     if timeout 300 "$t" > "$out/$name.log" 2>&1; then r=ok; else r=FAILED; status=1; fi

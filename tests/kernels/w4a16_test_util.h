@@ -1,14 +1,31 @@
-// Helpers shared by the W4A16 CPU tests (test_cuda_w4a16_host.cpp, test_cuda_w4a16_emulation_host.cpp):
-// bf16x2 half access, random non-negative non-NaN e4m3 scales, and random NVFP4 weights in the checkpoint layout.
+// Helpers shared by the W4A16 CPU tests (test_cuda_w4a16_host.cpp, test_cuda_w4a16_emulation_host.cpp,
+// test_cuda_w4a16_configs_host.cpp): bf16x2 half access, random non-negative non-NaN e4m3 scales, random
+// NVFP4 weights in the checkpoint layout, and the message of an expected fp4moe::Error.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace fp4moe::cuda::sm90::w4a16_test {
+
+// The message of the fp4moe::Error `fn` throws (a test failure, and "", when it throws none).
+inline std::string expect_throw(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no fp4moe::Error thrown";
+  return "";
+}
 
 inline uint16_t half_bits(uint32_t pair, uint32_t half) {
   return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu);
