@@ -520,12 +520,12 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
     // splits only launches with few CTAs, e.g. the shared expert at decode; none when it is absent,
     // nor for a row class). Each class's launch writes its experts' rows of act / out.
     for (const bool gate_up : {true, false}) {
+      auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
+      if (ws_->w_scratch.bytes() > 0) {
+        a.splitk_workspace = ws_->w_scratch.as<float>();
+        a.splitk_workspace_bytes = ws_->w_scratch.bytes();
+      }
       for (const RoutedClass& c : classes) {
-        auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
-        if (ws_->w_scratch.bytes() > 0) {
-          a.splitk_workspace = ws_->w_scratch.as<float>();
-          a.splitk_workspace_bytes = ws_->w_scratch.bytes();
-        }
         a.min_expert_rows = c.min_rows;
         a.max_expert_rows = c.max_rows;
         cuda::sm90::w4a16_grouped_gemm(a, c.config_id, stream);

@@ -116,15 +116,15 @@ DevicePtr<float> attach_splitk_workspace(W4A16GroupedGemmArgs& a, size_t bytes) 
   return ws;
 }
 
-// Runs the kernel; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the launch).
-// splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs. null_offsets (one expert
-// over all rows, as GpuLinear calls it): expert_offsets = nullptr.
 // One launch of a config over an expert row class (W4A16GroupedGemmArgs::min/max_expert_rows).
 struct ClassLaunch {
   int config_id = 0;
   int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
 };
 
+// Runs the launches in order; returns Y [m_total, n] as bf16 bits (poisoned with 0xFFFF before the
+// launches). splitk_bytes > 0: a split-K workspace of that size, poisoned with NaNs. null_offsets (one
+// expert over all rows, as GpuLinear calls it): expert_offsets = nullptr.
 std::vector<uint16_t> run_gpu_launches(const Problem& p, const std::vector<ClassLaunch>& launches, int repeats = 1,
                                        size_t splitk_bytes = 0, bool null_offsets = false) {
   auto d_x = upload(p.x);

@@ -589,6 +589,24 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   msg = expect_throw([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("grid 2 x 65536 exceeds CUDA's limits"), std::string::npos) << msg;  // x: 4 / 8 + min(2, 4)
   a.n = 64;
+  // The wgmma tiles launch transposed: their token tiles take the y limit. One expert of 65536 x 64
+  // rows is 65536 tiles of 64 on m128n64 (row blocks: 1).
+  {
+    W4A16GroupedGemmArgs big = a;
+    big.n_experts = 1;
+    big.expert_offsets = nullptr;
+    big.m_total = int64_t{65536} * 64;
+    const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
+    msg = expect_throw([&] { w4a16_check_problem(big, wg64); });
+    EXPECT_NE(msg.find("grid 1 x 65536 exceeds CUDA's limits (2^31-1 x 65535) (the wgmma tiles launch row blocks along "
+                       "x, token tiles along y)"),
+              std::string::npos)
+        << msg;
+    big.m_total -= 64;
+    EXPECT_NO_THROW(w4a16_check_problem(big, wg64));
+    big.m_total += 64;
+    EXPECT_NO_THROW(w4a16_check_problem(big, c));  // the stream tile's token tiles go along x
+  }
   // An invalid config is refused before anything else.
   msg = expect_throw([&] { w4a16_check_problem(a, W4A16Config{64, 8, 64, 3, W4A16Kind::kStream}); });
   EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;

@@ -89,9 +89,13 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
                                           a.min_expert_rows <= a.max_expert_rows))
       << what << ": an expert row class needs expert_offsets and 0 <= min_expert_rows <= max_expert_rows (got "
       << a.min_expert_rows << " .. " << a.max_expert_rows << ", offsets " << static_cast<const void*>(a.expert_offsets) << ")";
+  // The wgmma kind launches the grid transposed (row blocks along x, token tiles along y: w4a16_wgmma.cu).
   const W4A16Grid grid = w4a16_grid(a, c);
-  FP4MOE_CHECK(grid.x <= std::numeric_limits<int32_t>::max() && grid.y <= 65535)
-      << what << ": grid " << grid.x << " x " << grid.y << " exceeds CUDA's limits (2^31-1 x 65535)";
+  const bool transposed = w4a16_is_wgmma(c.kind);
+  const int64_t launch_x = transposed ? grid.y : grid.x, launch_y = transposed ? grid.x : grid.y;
+  FP4MOE_CHECK(launch_x <= std::numeric_limits<int32_t>::max() && launch_y <= 65535)
+      << what << ": grid " << launch_x << " x " << launch_y << " exceeds CUDA's limits (2^31-1 x 65535)"
+      << (transposed ? " (the wgmma tiles launch row blocks along x, token tiles along y)" : "");
 }
 
 W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {

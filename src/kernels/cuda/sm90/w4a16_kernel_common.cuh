@@ -1,5 +1,6 @@
 // Device pieces shared by the W4A16 kernels' translation units (w4a16_grouped_gemm.cu: kStream and
-// kPipeline; w4a16_wgmma.cu: kWgmma): the kernel parameters, the work-item search over the expert offsets, the epilogue arithmetic, the split-K partial store and the shared-memory output tile.
+// kPipeline; w4a16_wgmma.cu: kWgmma): the kernel parameters, the work-item search over the expert
+// offsets, the epilogue arithmetic, the split-K partial store and the shared-memory output tile.
 // Included only by .cu files of this folder.
 #pragma once
 

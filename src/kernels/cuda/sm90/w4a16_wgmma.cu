@@ -24,9 +24,10 @@
 // next expert's tokens, whose output columns are never stored); codes by one 16 B cp.async per lane per
 // chunk (only that lane reads them back); scales a group (8 chunks) ahead in registers. The TMA load
 // replaces block_t x 8 / 256 cp.async per thread per chunk and their address arithmetic (Nsight
-// Compute: the cp.async version issued ~380 instructions per warp per chunk, at 34% issue use). The accumulator fragment of wgmma m64nN (thread (warp w of the
-// warpgroup, lane (g, t)): rows 16 w + g (+8), columns 8 j + 2 t (+1)) is the mma.sync C fragment of
-// that warp's row tile, so the epilogue is the pipelined kernel's (write_output_tile).
+// Compute: the cp.async version issued ~380 instructions per warp per chunk, at 34% issue use).
+// The accumulator fragment of wgmma m64nN (thread (warp w of the warpgroup, lane (g, t)): rows 16 w + g
+// (+8), columns 8 j + 2 t (+1)) is the mma.sync C fragment of that warp's row tile, so the epilogue is
+// the pipelined kernel's (write_output_tile).
 // Tested by tests/kernels/test_cuda_w4a16.cpp (every config); the swizzle and descriptor against CuTe
 // by tests/kernels/test_wgmma_layout_host.cpp.
 
@@ -42,7 +43,6 @@
 #include "kernels/cuda/sm90/w4a16_wgmma_atoms.cuh"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
 #include "plan/layout_sm90_w4a16.h"
-#include "plan/w4a16_smem.h"
 
 namespace fp4moe::cuda::sm90::w4a16_detail {
 
@@ -51,7 +51,6 @@ namespace {
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kWgmmaABuffers;
-using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_wgmma_desc;
 using plan::w4a16_wgmma_swizzle;
@@ -247,10 +246,8 @@ template <int I, bool SWIGLU>
 struct Launch {
   static void run(const KernelParams& p, dim3 grid, cudaStream_t stream) {
     constexpr W4A16Config c = kW4A16Configs[I];
-    // grid = (work items, row blocks, K parts); the kernel wants the row blocks fastest (see above).
-    FP4MOE_CHECK(grid.x <= 65535u) << "sm90_nvfp4_w4a16_grouped_gemm (" << w4a16_config_name(c) << "): " << grid.x
-                                   << " token tiles of " << c.block_t << " exceed the grid's y limit of 65535 (M_total "
-                                   << p.m_total << "); split the batch";
+    // grid = (work items, row blocks, K parts); the kernel wants the row blocks fastest (see above;
+    // w4a16_check_problem holds the token tiles to the y limit).
     launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
                      c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p, make_x_map(p, c.block_t));
   }
