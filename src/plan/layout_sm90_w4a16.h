@@ -12,7 +12,7 @@
 //    codes into its own ring of `stages` 512 B chunk slots in shared memory (one coalesced 16 B
 //    cp.async per lane per 64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier
 //    at all), `stages - 1` chunks in flight per warp; scales come a group (8 chunks) ahead and
-//    activations 4 chunks ahead in registers, through L1 (every warp of the CTA reads the same rows).
+//    activations 2 chunks ahead in registers (kW4A16StreamXAhead), through L1 (every warp of the CTA reads the same rows).
 //      block_w  rows per CTA: 64 or 128 (4 or 8 warps); block_t 8 or 16 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
@@ -87,8 +87,10 @@ struct W4A16Config {
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-// Activation chunks a kStream lane keeps in registers ahead of use.
-inline constexpr uint32_t kW4A16StreamXAhead = 4;
+// Activation chunks a kStream lane keeps in registers ahead of use. 2, not 4: 16 fewer registers per
+// 8 tokens (n8 64 a thread, n16 80: 32 / 24 warps per SM instead of 24 / 16), same speed or better at
+// 8-16 tokens per expert (H200, BENCHMARKS.md 2026-12-04 twelfth session).
+inline constexpr uint32_t kW4A16StreamXAhead = 2;
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
 inline constexpr uint32_t kWgmmaABuffers = 3;
 inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
@@ -110,7 +112,7 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// Registers per thread a config is compiled for (kStream: the activation ring of 4 chunks x 32 B
+// Registers per thread a config is compiled for (kStream: the activation ring of 2 chunks x 32 B
 // per 8 tokens plus ~48 for the rest; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: the accumulators (block_w / 128 x block_t / 2 f32 a thread) plus ~64 for the rest, at

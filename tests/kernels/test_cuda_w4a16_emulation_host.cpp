@@ -161,10 +161,11 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
 //     oldest groups into the image), reads slot kc % stages back, and issues chunk kc + stages - 1
 //     into the slot chunk kc - 1 used (no copy to that slot may still be pending);
 //   * scales: group kg and the next one in registers (sg, sg_next), group kg + 2 loaded after kg;
-//   * activations: a register ring of kW4A16StreamXAhead (4) chunks, 32 B at x[tok][64 kc + 16 t]
-//     (zero past K), slot j % 4 refilled with chunk kc + 4 after its use.
+//   * activations: a register ring of kW4A16StreamXAhead chunks, 32 B at x[tok][64 kc + 16 t]
+//     (zero past K), slot j % kW4A16StreamXAhead refilled with chunk kc + kW4A16StreamXAhead after its use.
 void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, int64_t tok0, double (&d)[8][2][16][8]) {
-  static_assert(kW4A16StreamXAhead == 4, "xq below holds 4 activation chunks");
+  constexpr uint32_t kAhead = kW4A16StreamXAhead;
+  static_assert(kW4A16ScaleGroup % kAhead == 0, "the ring index j % kAhead equals kc % kAhead");
   const W4A16Layout l = W4A16Layout::make(c);
   const std::string name = w4a16_config_name(c);
   ASSERT_TRUE(l.valid()) << name;
@@ -223,9 +224,9 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
         std::memcpy(&v, p.kscales.data() + (tile * p.k_groups + kg) * kW4A16TileBytes + lane * 16, 16);
         return v;
       };
-      uint4 xq[4][2][2];
+      uint4 xq[kAhead][2][2];
       for (uint32_t i = 0; i + 1 < stages; ++i) load_codes(i);
-      for (uint32_t i = 0; i < 4; ++i) load_x(i, xq[i]);
+      for (uint32_t i = 0; i < kAhead; ++i) load_x(i, xq[i]);
       uint4 sg = scale_group(0), sg_next{};
       if (p.k_groups > 1) sg_next = scale_group(1);
       for (int64_t kg = 0; kg < p.k_groups; ++kg) {
@@ -239,7 +240,7 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
           uint32_t sc_lo = 0, sc_hi = 0;
           w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
           w4a16_chunk_fragments(w, sc_lo, sc_hi, frags[static_cast<size_t>(kc)].a[lane]);
-          const uint32_t xs = j % 4;  // == kc % 4: kg x 8 % 4 == 0
+          const uint32_t xs = j % kAhead;  // == kc % kAhead: kg x 8 % kAhead == 0
           for (uint32_t nt = 0; nt < n_tiles; ++nt) {
             uint32_t words[8];  // b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
             std::memcpy(words, xq[xs][nt], 32);
@@ -248,7 +249,7 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
               frags[static_cast<size_t>(kc)].b[nt][lane][st][1] = words[2 * st + 1];
             }
           }
-          load_x(kc + 4, xq[xs]);
+          load_x(kc + kAhead, xq[xs]);
         }
         sg = sg_next;
         if (kg + 2 < p.k_groups) sg_next = scale_group(kg + 2);

@@ -195,19 +195,19 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
   // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
-  // 48 + 8 x kW4A16StreamXAhead (4) x block_t / 8: 80 for n8, 112 for n16.
-  //   m64n8_d8   (128 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (128 x 80) = 6 by regs -> 6
-  //   m64n8_d16  (128 threads, 32768 B): 233472 / (32768 + 1024) = 6, 65536 / (128 x 80) = 6 -> 6
-  //   m128n8_d8  (256 threads, 32768 B): 6 by smem, 65536 / (256 x 80) = 3 -> 3
-  //   m64n16_d8  (128 threads, 16384 B): 13 by smem, 65536 / (128 x 112) = 4 -> 4
-  //   m64n16_d16 (128 threads, 32768 B): 6 by smem, 4 by regs -> 4
-  //   m128n16_d8 (256 threads, 32768 B): 6 by smem, 65536 / (256 x 112) = 2 -> 2
+  // 48 + 8 x kW4A16StreamXAhead (2) x block_t / 8: 64 for n8, 80 for n16.
+  //   m64n8_d8   (128 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (128 x 64) = 8 by regs -> 8
+  //   m64n8_d16  (128 threads, 32768 B): 233472 / (32768 + 1024) = 6, 65536 / (128 x 64) = 8 -> 6
+  //   m128n8_d8  (256 threads, 32768 B): 6 by smem, 65536 / (256 x 64) = 4 -> 4
+  //   m64n16_d8  (128 threads, 16384 B): 13 by smem, 65536 / (128 x 80) = 6 -> 6
+  //   m64n16_d16 (128 threads, 32768 B): 6 by smem, 6 by regs -> 6
+  //   m128n16_d8 (256 threads, 32768 B): 6 by smem, 65536 / (256 x 80) = 3 -> 3
   constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
   static_assert(stream.valid() && stream.total_bytes() == 16384 && stream.layout.n_regions == 1);
   static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 4096);
-  static_assert(kW4A16StreamXAhead == 4);
-  static constexpr uint32_t kWantBudget[6] = {80, 80, 80, 112, 112, 112};
-  static constexpr uint32_t kWantCtas[6] = {6, 6, 3, 4, 4, 2};
+  static_assert(kW4A16StreamXAhead == 2);
+  static constexpr uint32_t kWantBudget[6] = {64, 64, 64, 80, 80, 80};
+  static constexpr uint32_t kWantCtas[6] = {8, 6, 4, 6, 6, 3};
   static_assert([] {
     for (int i = 0; i < 6; ++i) {
       const W4A16Config& c = kW4A16Configs[i];
@@ -216,8 +216,8 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     }
     return true;
   }());
-  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 6 by registers.
-  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 6);
+  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 8 by registers.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 8);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
   EXPECT_EQ(l.config.n_threads(), 256u);
   EXPECT_EQ(stream.config.n_threads(), 128u);

@@ -14,7 +14,7 @@
 // kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk with cp.async into its
 // warp's ring of `stages` chunk slots in shared memory (stages - 1 chunks in flight per warp, so
 // many more bytes in flight per SM than registers allow) and reads back only its own 16 B; scales
-// come a group (8 chunks) ahead and activations 4 chunks ahead in registers, through L1 (all warps
+// come a group (8 chunks) ahead and activations kW4A16StreamXAhead (2) chunks ahead in registers, through L1 (all warps
 // of a CTA read the same rows).
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
