@@ -320,6 +320,8 @@ cuda::moe::RouteParams route_params(const MoeConfig& cfg) {
 
 void GpuMoeLayer::CublasDestroy::operator()(cublasContext* h) const { cublasDestroy(h); }
 void GpuMoeLayer::PinnedFree::operator()(int32_t* p) const { cudaFreeHost(p); }
+void GpuMoeLayer::StreamDestroy::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+void GpuMoeLayer::EventDestroy::operator()(CUevent_st* e) const { cudaEventDestroy(e); }
 
 GpuMoeLayer::GpuMoeLayer(GpuMoeLayer&&) noexcept = default;
 GpuMoeLayer& GpuMoeLayer::operator=(GpuMoeLayer&&) noexcept = default;
@@ -457,6 +459,16 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
     FP4MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), static_cast<size_t>(E + 1) * 4));
     host_offsets_.reset(p);
   }
+  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
+    cudaStream_t s = nullptr;
+    FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    class_stream_.reset(s);
+    for (auto* ev : {&class_fork_, &class_join_}) {
+      cudaEvent_t e = nullptr;
+      FP4MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      ev->reset(e);
+    }
+  }
 }
 
 int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
@@ -525,11 +537,23 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
         a.splitk_workspace = ws_->w_scratch.as<float>();
         a.splitk_workspace_bytes = ws_->w_scratch.bytes();
       }
-      for (const RoutedClass& c : classes) {
+      auto launch = [&](const RoutedClass& c, cudaStream_t on) {
         a.min_expert_rows = c.min_rows;
         a.max_expert_rows = c.max_rows;
-        cuda::sm90::w4a16_grouped_gemm(a, c.config_id, stream);
+        cuda::sm90::w4a16_grouped_gemm(a, c.config_id, on);
+      };
+      if (classes.size() == 1) {
+        launch(classes[0], stream);
+        continue;
       }
+      // The classes write disjoint rows (different experts): the later ones on class_stream_,
+      // concurrent with the first, joined before the next GEMM reads act / out.
+      FP4MOE_CUDA_CHECK(cudaEventRecord(class_fork_.get(), stream));
+      FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(class_stream_.get(), class_fork_.get(), 0));
+      for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], class_stream_.get());
+      launch(classes[0], stream);
+      FP4MOE_CUDA_CHECK(cudaEventRecord(class_join_.get(), class_stream_.get()));
+      FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, class_join_.get(), 0));
     }
     return;
   }

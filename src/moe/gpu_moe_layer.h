@@ -169,8 +169,9 @@ class GpuMoeLayer {
   // GEMMs launch twice, each launch skipping the other class's experts by their device-side counts
   // (W4A16GroupedGemmArgs::min/max_expert_rows; no host sync, capturable): experts with at most
   // block_t rows on the routed config, the rest on the default config for 4 x block_t rows (64 to 256:
-  // wgmma m128n64 above a decode tile, m256n128 above a 32-row one, m128n256 above 64). One launch
-  // otherwise.
+  // wgmma m128n64 above a decode tile, m256n128 above a 32-row one, m128n256 above 64), the second
+  // launch on a side stream concurrent with the first (forked and joined by events: capturable). One
+  // launch otherwise.
   struct RoutedClass {
     int config_id = 0;
     int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
@@ -223,6 +224,17 @@ class GpuMoeLayer {
   };
   std::unique_ptr<cublasContext, CublasDestroy> cublas_;
   std::unique_ptr<int32_t, PinnedFree> host_offsets_;  // pinned [E + 1]
+  // Row classes (NVFP4 W4A16): the classes after the first launch on class_stream_, forked from and
+  // joined back into the caller's stream by the two events (capturable), so that the launches overlap
+  // and each one's tail fills with the other's work instead of running one after the other.
+  struct StreamDestroy {
+    void operator()(CUstream_st* s) const;
+  };
+  struct EventDestroy {
+    void operator()(CUevent_st* e) const;
+  };
+  std::unique_ptr<CUstream_st, StreamDestroy> class_stream_;
+  std::unique_ptr<CUevent_st, EventDestroy> class_fork_, class_join_;
 };
 
 }  // namespace fp4moe::moe

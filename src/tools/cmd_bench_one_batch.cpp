@@ -1,10 +1,15 @@
 // `fp4moe bench-one-batch`: a static batch straight through the model, without the scheduler
-// (SGLang's bench_one_batch): for each batch size, one prefill forward of batch x input_len tokens,
-// then output_len decode steps of one token per sequence (greedy), timed per step. Prints prefill
+// (SGLang's bench_one_batch): for each batch size, the prefill of batch x input_len tokens, then
+// output_len decode steps of one token per sequence (greedy), timed per step. Prints prefill
 // latency and throughput, median decode step latency and decode throughput, as a table or JSON.
 //
 //   fp4moe bench-one-batch [--model DIR [--load-format dummy]] [--batch-size 1,4,16]
-//       [--input-len 64] [--output-len 16] [--warmup 1] [--seed S] [--breakdown] [--json]
+//       [--input-len 64] [--output-len 16] [--max-prefill-tokens 4096] [--warmup 1] [--seed S]
+//       [--breakdown] [--json]
+//
+// The prefill runs in forwards of at most --max-prefill-tokens tokens (the server's step budget of
+// that name and default; the prompts in order, one may span two forwards), so a large batch of long
+// prompts needs no workspace for all its tokens at once; the prefill time is the sum of the forwards.
 //
 // --breakdown traces the decode steps (ForwardTrace: per-layer attention / mlp / moe times from the
 // model's events) and prints, per batch size, where the mean step goes: attention, dense MLP and MoE
@@ -21,6 +26,7 @@
 #include <chrono>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,6 +52,7 @@ struct BenchArgs {
   int64_t input_len = 64;
   int64_t output_len = 16;
   int64_t warmup = 1;
+  int64_t max_prefill_tokens = 4096;
   uint64_t seed = 0;
   bool json = false;
   bool breakdown = false;
@@ -60,6 +67,9 @@ double now_s() {
 
 struct Row {
   int64_t batch = 0;
+  // FNV-1a over the greedy tokens fed back (step by step, sequence by sequence): equal across
+  // --max-prefill-tokens, CUDA graphs on or off, and runs of the same model and seed.
+  uint64_t tokens_hash = 14695981039346656037ull;
   double prefill_s = 0, decode_median_s = 0, decode_total_s = 0;
   int64_t decode_steps = 0;
   // --breakdown: per decode step on average (seconds), and the steps that ran as CUDA graphs.
@@ -68,8 +78,8 @@ struct Row {
 };
 
 // One static batch: prefill, then decode steps; returns the timings.
-Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, bool breakdown,
-              std::mt19937_64& rng) {
+Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, int64_t prefill_chunk,
+              bool breakdown, std::mt19937_64& rng) {
   const int64_t V = lm.vocab_size();
   std::vector<std::unique_ptr<model::KvState>> states;
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
@@ -83,22 +93,40 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
   const bool model_argmax = lm.supports_argmax();
   std::vector<float> logits(model_argmax ? 0 : static_cast<size_t>(B * V));
   std::vector<int32_t> next(static_cast<size_t>(B));
-  std::vector<model::SeqChunk> chunks;
-  for (int64_t b = 0; b < B; ++b) {
-    chunks.push_back({states[static_cast<size_t>(b)].get(), prompts[static_cast<size_t>(b)],
-                      model_argmax ? nullptr : logits.data() + b * V, false,
-                      model_argmax ? &next[static_cast<size_t>(b)] : nullptr});
-  }
   Row r;
   r.batch = B;
+  // Prefill: forwards of at most prefill_chunk tokens, the prompts in order (one may span forwards,
+  // as in the server's chunked prefill); the piece that ends a prompt asks for its next token.
+  std::vector<int64_t> done(static_cast<size_t>(B), 0);
   double t0 = now_s();
-  lm.forward(chunks);
+  for (int64_t first = 0; first < B;) {
+    std::vector<model::SeqChunk> part;
+    int64_t budget = prefill_chunk;
+    for (int64_t b = first; b < B && budget > 0; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      const int64_t take = std::min(input_len - done[i], budget);
+      const bool ends = done[i] + take == input_len;
+      part.push_back({states[i].get(), std::span<const int32_t>(prompts[i].data() + done[i], static_cast<size_t>(take)),
+                      ends && !model_argmax ? logits.data() + b * V : nullptr, false,
+                      ends && model_argmax ? &next[i] : nullptr});
+      done[i] += take;
+      budget -= take;
+    }
+    lm.forward(part);
+    while (first < B && done[static_cast<size_t>(first)] == input_len) ++first;
+  }
   r.prefill_s = now_s() - t0;
+  std::vector<model::SeqChunk> chunks;
+  for (int64_t b = 0; b < B; ++b) {
+    chunks.push_back({states[static_cast<size_t>(b)].get(), {}, model_argmax ? nullptr : logits.data() + b * V, false,
+                      model_argmax ? &next[static_cast<size_t>(b)] : nullptr});
+  }
   std::vector<double> steps;
   for (int64_t step = 0; step < output_len; ++step) {
     for (int64_t b = 0; b < B; ++b) {
       if (!model_argmax) next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
       chunks[static_cast<size_t>(b)].tokens = std::span<const int32_t>(&next[static_cast<size_t>(b)], 1);
+      r.tokens_hash = (r.tokens_hash ^ static_cast<uint32_t>(next[static_cast<size_t>(b)])) * 1099511628211ull;
     }
     model::ForwardTrace trace;
     t0 = now_s();
@@ -133,7 +161,11 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
   FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
   FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";
+  FP4MOE_CHECK(a.max_prefill_tokens == -1 || a.max_prefill_tokens >= 1)
+      << "--max-prefill-tokens " << a.max_prefill_tokens << " must be >= 1, or -1 (the whole batch in one forward)";
   const std::vector<int64_t> sizes = tune::parse_positive_list(a.batch_sizes, "--batch-size");
+  const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
+  const int64_t prefill_chunk = a.max_prefill_tokens == -1 ? max_b * a.input_len : a.max_prefill_tokens;
   std::unique_ptr<model::CausalLM> lm;
   std::string model_name;
   if (a.model_dir.empty()) {
@@ -148,11 +180,12 @@ void run_bench(const BenchArgs& a) {
         << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
     opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
     opts.seed = a.seed;
-    const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
     // Every sequence holds whole pages: size the KV pool per sequence rounded up to the page.
     constexpr int64_t kPage = 16;
     const int64_t pages_per_seq = (a.input_len + a.output_len + 1 + kPage - 1) / kPage;
-    apply_device_option(a.device, max_b * a.input_len, max_b * pages_per_seq * kPage, kPage, opts);
+    // A forward holds at most one prefill chunk or one decode step of the largest batch.
+    const int64_t max_step = std::max(std::min(max_b * a.input_len, prefill_chunk), max_b);
+    apply_device_option(a.device, max_step, max_b * pages_per_seq * kPage, kPage, opts);
     opts.gpu.nvfp4_kernels = !a.bf16_peer;
     lm = model::load_model(a.model_dir, opts);
     model_name = a.model_dir;
@@ -167,8 +200,8 @@ void run_bench(const BenchArgs& a) {
   // batch / block-table bucket captures its CUDA graph, which would otherwise land in timed steps.
   std::vector<Row> rows;
   for (int64_t B : sizes) {
-    for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, B, a.input_len, a.output_len, false, rng);
-    rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, a.breakdown, rng));
+    for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, false, rng);
+    rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, a.breakdown, rng));
   }
 
   if (a.json) {
@@ -185,7 +218,8 @@ void run_bench(const BenchArgs& a) {
            {"prefill_throughput_tok_s", r.prefill_s > 0 ? prefill_tok / r.prefill_s : 0.0},
            {"median_decode_latency_s", r.decode_median_s},
            {"median_decode_throughput_tok_s", r.decode_median_s > 0 ? r.batch / r.decode_median_s : 0.0},
-           {"total_latency_s", r.prefill_s + r.decode_total_s}});
+           {"total_latency_s", r.prefill_s + r.decode_total_s},
+           {"output_tokens_fnv1a", fmt::format("{:016x}", r.tokens_hash)}});
       if (a.breakdown) {
         j["results"].back()["decode_breakdown_s"] = {{"attention", r.attention_s}, {"mlp", r.mlp_s}, {"moe", r.moe_s},
                                                      {"rest", mean_step(r) - r.attention_s - r.mlp_s - r.moe_s}};
@@ -229,6 +263,9 @@ void register_bench_one_batch_command(CLI::App& app) {
   cmd->add_option("--batch-size", args->batch_sizes, "Batch sizes, comma separated (default 1,4,16)");
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per sequence (default 64)");
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
+  cmd->add_option("--max-prefill-tokens", args->max_prefill_tokens,
+                  "Prompt tokens per prefill forward (default 4096, as `serve`; -1: the whole batch in one forward, "
+                  "which sizes the GPU model's workspaces for batch x input tokens)");
   cmd->add_option("--warmup", args->warmup, "Warm-up runs of each batch size before measuring it (default 1)");
   cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
   add_device_options(*cmd, args->device);

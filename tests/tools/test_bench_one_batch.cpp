@@ -52,12 +52,32 @@ TEST(BenchOneBatch, BreakdownSplitsTheDecodeStep) {
   EXPECT_NE(out.find("graph steps"), std::string::npos) << out;
 }
 
+// The prefill in forwards of at most --max-prefill-tokens tokens (3: prompts of 8 split across
+// forwards, several prompts in one) decodes the same greedy tokens as one forward of the whole batch.
+TEST(BenchOneBatch, ChunkedPrefillDecodesTheSameTokens) {
+  std::string out;
+  std::string hash[2];
+  const char* sizes[2] = {"3", "-1"};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(run(std::string("--batch-size 3 --input-len 8 --output-len 4 --warmup 0 --json --max-prefill-tokens ") +
+                      sizes[i],
+                  &out),
+              0)
+        << out;
+    hash[i] = nlohmann::json::parse(out.substr(out.find('{')))["results"][0]["output_tokens_fnv1a"].get<std::string>();
+  }
+  EXPECT_EQ(hash[0].size(), 16u);
+  EXPECT_EQ(hash[0], hash[1]);
+}
+
 TEST(BenchOneBatch, BadInputNamesTheOption) {
   std::string out;
   EXPECT_NE(run("--batch-size 2,x", &out), 0);
   EXPECT_NE(out.find("--batch-size '2,x': token 2 'x' is not a positive integer"), std::string::npos) << out;
   EXPECT_NE(run("--input-len 9000 --output-len 16", &out), 0);
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
+  EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);
+  EXPECT_NE(out.find("--max-prefill-tokens 0 must be >= 1, or -1"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -123,6 +123,11 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
   const cudaError_t dev_err = cudaGetDevice(&device);
   if (dev_err == cudaSuccess) {
     os << " on " << cuda_device_description(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (err == cudaErrorMemoryAllocation && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      os << "; device memory: " << (free_bytes >> 20) << " MiB free of " << (total_bytes >> 20) << " MiB";
+    }
+    cudaGetLastError();
   } else {
     cudaGetLastError();
     os << " (current device unknown: " << error_text(dev_err) << ")";

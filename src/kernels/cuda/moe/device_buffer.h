@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,8 +18,15 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   // At least 256 bytes so that empty buffers still give valid, aligned pointers.
+  // Out of memory: the error names the bytes asked for and the device's free / total memory.
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    FP4MOE_CUDA_CHECK(cudaMalloc(&ptr_, bytes < 256 ? 256 : bytes));
+    const cudaError_t err = cudaMalloc(&ptr_, bytes < 256 ? 256 : bytes);
+    if (err != cudaSuccess) {
+      ptr_ = nullptr;
+      bytes_ = 0;
+      const std::string call = "cudaMalloc of " + std::to_string(bytes) + " B (" + std::to_string(bytes >> 20) + " MiB)";
+      throw_cuda_error(err, call.c_str(), __FILE__, __LINE__);
+    }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
