@@ -12,18 +12,12 @@
 #include "core/error.h"
 #include "dist/serve_parallel.h"
 #include "dist/sharding.h"
+#include "testing/testing.h"
 
 namespace fp4moe::dist {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using fp4moe::testing::error_of;
 
 TEST(Sharding, ParallelConfigRanks) {
   for (int tp : {1, 2, 3, 4, 6, 8}) {

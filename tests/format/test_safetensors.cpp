@@ -82,16 +82,7 @@ std::string parse_error(const Bytes& b, const std::string& source = "bad.safeten
   return "";
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no fp4moe::Error was thrown";
-  return "";
-}
+using fp4moe::testing::error_of;
 
 Bytes random_bytes(std::mt19937_64& rng, size_t n) {
   Bytes b(n);

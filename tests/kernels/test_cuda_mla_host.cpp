@@ -29,15 +29,7 @@
 namespace fp4moe::cuda {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using fp4moe::testing::error_of;
 
 TEST(MlaPrefillGeometry, EveryRowAndHeadOncePerSplit) {
   std::mt19937_64 rng(testing::test_seed());

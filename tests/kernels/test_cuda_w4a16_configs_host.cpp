@@ -23,7 +23,7 @@
 namespace fp4moe::cuda::sm90 {
 namespace {
 
-using w4a16_test::expect_throw;
+using w4a16_test::error_of;
 
 // ---- layout, configs, refusals --------------------------------------------------------------
 
@@ -113,7 +113,7 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
                                          " chunks x 512 B) = " + std::to_string(total) + " B")
         << name;
     EXPECT_NO_THROW(w4a16_check_config(c, total)) << name;
-    const std::string msg = expect_throw([&] { w4a16_check_config(c, total - 1); });
+    const std::string msg = error_of([&] { w4a16_check_config(c, total - 1); });
     EXPECT_NE(msg.find("config " + name + " needs " + w4a16_smem_summary(c) + " of shared memory > " +
                        std::to_string(total - 1) + " B (the device's opt-in limit per block) by 1 B"),
               std::string::npos)
@@ -223,7 +223,7 @@ std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
       continue;
     }
     EXPECT_EQ(check.rule, "smem-opt-in") << name;
-    const std::string msg = expect_throw([&] { w4a16_check_config(cand.ours, gpu.smem_optin_per_block); });
+    const std::string msg = error_of([&] { w4a16_check_config(cand.ours, gpu.smem_optin_per_block); });
     EXPECT_NE(msg.find(std::string("sm90_nvfp4_w4a16_grouped_gemm: ") + check.reason), std::string::npos)
         << name << "\nlauncher: " << msg << "\nplanner: " << check.reason;
   }
@@ -249,7 +249,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
-      expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
+      error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
   EXPECT_NE(msg.find("config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared "
                      "memory > 20000 B (the device's opt-in limit per block) by 12768 B"),
             std::string::npos)
@@ -268,13 +268,13 @@ TEST(W4A16Configs, NamesRoundTrip) {
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
-  const std::string msg = expect_throw([] { w4a16_config_id("w4a16_swapab_m256n8k128_s4"); });
+  const std::string msg = error_of([] { w4a16_config_id("w4a16_swapab_m256n8k128_s4"); });
   EXPECT_NE(msg.find("unknown config 'w4a16_swapab_m256n8k128_s4'; known: w4a16_stream_m64n8_d8, w4a16_stream_m64n8_d16, "),
             std::string::npos)
       << msg;
-  const std::string msg_id = expect_throw([] { w4a16_config(99); });
+  const std::string msg_id = error_of([] { w4a16_config(99); });
   EXPECT_NE(msg_id.find("config id 99 is out of range (16 configs, ids 0..15)"), std::string::npos) << msg_id;
-  expect_throw([] { w4a16_config(-1); });
+  error_of([] { w4a16_config(-1); });
 }
 
 // The split-K plan (no GPU): GLM-5's o_proj (N = 6144, K = 16384: 32 scale groups) at one token
@@ -413,7 +413,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
 // 324608 B > 232448 by 92160.
 TEST(W4A16Configs, InfeasibleConfigIsRefusedWithTheBytes) {
   const W4A16Config big{128, 64, 256, 6};
-  const std::string msg = expect_throw([&] { w4a16_check_config(big, kSm90SmemOptinBytes); });
+  const std::string msg = error_of([&] { w4a16_check_config(big, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_swapab_m128n64k256_s6 needs 6 stages x "
                      "(x_tile 32768 + w_tiles 16384 + w_scales 2048) + epilogue 17408 = 324608 B of shared "
                      "memory > 232448 B (the device's opt-in limit per block) by 92160 B"),
@@ -422,47 +422,47 @@ TEST(W4A16Configs, InfeasibleConfigIsRefusedWithTheBytes) {
   // A shipped config against a smaller (sm_89 / sm_120-like) limit: m128n64k128_s4 =
   // 4 x (16384 + 8192 + 1024) + 64 * 272 = 102400 + 17408 = 119808 B > 101376 by 18432.
   const std::string msg2 =
-      expect_throw([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_swapab_m128n64k128_s4")), 101376); });
+      error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_swapab_m128n64k128_s4")), 101376); });
   EXPECT_NE(msg2.find("needs 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B of "
                       "shared memory > 101376 B (the device's opt-in limit per block) by 18432 B"),
             std::string::npos)
       << msg2;
-  const std::string msg3 = expect_throw([] { w4a16_check_config(W4A16Config{96, 8, 256, 4}, kSm90SmemOptinBytes); });
+  const std::string msg3 = error_of([] { w4a16_check_config(W4A16Config{96, 8, 256, 4}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg3.find("block_w (weight rows, MMA M) must be 64 or 128"), std::string::npos) << msg3;
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_NO_THROW(w4a16_check_config(w4a16_config(i), kSm90SmemOptinBytes));
 }
 
 TEST(W4A16Configs, StreamConfigRulesAreNamed) {
   constexpr W4A16Kind kS = W4A16Kind::kStream;
-  std::string msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 32, 64, 4, kS}, kSm90SmemOptinBytes); });
+  std::string msg = error_of([] { w4a16_check_config(W4A16Config{64, 32, 64, 4, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n32_d4 cannot be built: "
                      "stream: block_t (tokens, MMA N) must be 8 or 16"),
             std::string::npos)
       << msg;
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 128, 4, kS}, kSm90SmemOptinBytes); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 128, 4, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("cannot be built: stream: block_k must be 64 (one chunk per step)"), std::string::npos) << msg;
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 3, kS}, kSm90SmemOptinBytes); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 3, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
             std::string::npos)
       << msg;
   // A depth of 2 (one chunk in flight) and of 32 are refused too; 4 and 16 build.
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 2, kS}, kSm90SmemOptinBytes); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 2, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("config w4a16_stream_m64n8_d2 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
             std::string::npos)
       << msg;
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{128, 16, 64, 32, kS}, kSm90SmemOptinBytes); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{128, 16, 64, 32, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("config w4a16_stream_m128n16_d32 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16"),
             std::string::npos)
       << msg;
   EXPECT_NO_THROW(w4a16_check_config(W4A16Config{64, 8, 64, 4, kS}, kSm90SmemOptinBytes));
   EXPECT_NO_THROW(w4a16_check_config(W4A16Config{128, 16, 64, 16, kS}, kSm90SmemOptinBytes));  // 8 x 16 x 512 = 65536 B
   // Shared memory is checked for stream configs too: 4 warps x 16 x 512 = 32768 B > 32767 by 1.
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 32767); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 32767); });
   EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 4 warps x code ring (16 chunks "
                      "x 512 B) = 32768 B of shared memory > 32767 B (the device's opt-in limit per block) by 1 B"),
             std::string::npos)
       << msg;
-  msg = expect_throw([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });
+  msg = error_of([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });
   EXPECT_NE(msg.find("stream: block_w (weight rows per CTA) must be 64 or 128"), std::string::npos) << msg;
 }
 
@@ -494,7 +494,7 @@ TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
   a.min_expert_rows = 17;
   EXPECT_TRUE(a.filters_experts());
   a.n_experts = 1;  // a dense launch (no offsets) has no experts to class
-  std::string msg = expect_throw([&] { w4a16_check_problem(a, wg64); });
+  std::string msg = error_of([&] { w4a16_check_problem(a, wg64); });
   EXPECT_NE(msg.find("an expert row class needs expert_offsets and 0 <= min_expert_rows <= max_expert_rows (got 17 .. "
                      "2147483647, offsets 0)"),
             std::string::npos)
@@ -503,7 +503,7 @@ TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
   a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
   EXPECT_NO_THROW(w4a16_check_problem(a, wg64));
   a.max_expert_rows = 16;
-  msg = expect_throw([&] { w4a16_check_problem(a, wg64); });
+  msg = error_of([&] { w4a16_check_problem(a, wg64); });
   EXPECT_NE(msg.find("(got 17 .. 16, offsets "), std::string::npos) << msg;
   // Unfiltered: 512 / 64 + min(256, 512) = 264 items; rows > 16: at most 512 / 17 = 30 experts,
   // 512 / 64 + 30 = 38 items; rows <= 16 on a 16-token tile: one tile per expert, 256.
@@ -535,50 +535,50 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   a.k = 1048;  // 16 x 65 + 8
   a.n_experts = 2;
   const W4A16Config& c = w4a16_config(0);
-  std::string msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  std::string msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm (w4a16_stream_m64n8_d8, M_total=4, N=64, K=1048, E=2): K=1048 must "
                      "be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)"),
             std::string::npos)
       << msg;
   a.k = 0;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("K=0 must be a positive multiple of 16"), std::string::npos) << msg;
   a.k = 1040;  // 16 x 65: the kernel layout pads K to 17 chunks of 64 with zero codes
   for (int id = 0; id < w4a16_num_configs(); ++id) EXPECT_NO_THROW(w4a16_check_problem(a, w4a16_config(id))) << id;
   a.n = 60;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("N=60 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"), std::string::npos) << msg;
   a.n = 64;
   a.n_experts = 0;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("E=0 must be >= 1"), std::string::npos) << msg;
   a.n_experts = 2;
   a.w_scales = buf + 8;  // 8 B aligned: the stream kernel's 16 B scale-group loads need 16
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("must be 16 B aligned"), std::string::npos) << msg;
   a.w_scales = buf + 16;
   a.w_packed = buf + 16;
   EXPECT_NO_THROW(w4a16_check_problem(a, c));
   a.y = reinterpret_cast<__nv_bfloat16*>(buf + 2);
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("must be 16 B aligned"), std::string::npos) << msg;
   a.y = reinterpret_cast<__nv_bfloat16*>(buf);
   a.expert_offsets = reinterpret_cast<const int32_t*>(buf + 2);
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("expert_offsets and w_global_scales 4 B aligned"), std::string::npos) << msg;
   a.expert_offsets = nullptr;  // only a single expert may leave its offsets out
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("expert_offsets may be null only for one expert (rows [0, M_total))"), std::string::npos) << msg;
   a.n_experts = 1;
   EXPECT_NO_THROW(w4a16_check_problem(a, c));
   a.n_experts = 2;
   a.expert_offsets = reinterpret_cast<const int32_t*>(buf);
   a.w_scales = nullptr;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("null pointer"), std::string::npos) << msg;
   a.w_scales = buf;
   a.y = nullptr;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("null pointer"), std::string::npos) << msg;
   a.m_total = 0;  // nothing to do: pointers are not needed
   EXPECT_NO_THROW(w4a16_check_problem(a, c));
@@ -586,7 +586,7 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
   a.m_total = 4;
   // grid.y = ceil(N / block_w) must be <= 65535: N = 64 x 65536 with block_w 64 is one too many.
   a.n = int64_t{64} * 65536;
-  msg = expect_throw([&] { w4a16_check_problem(a, c); });
+  msg = error_of([&] { w4a16_check_problem(a, c); });
   EXPECT_NE(msg.find("grid 2 x 65536 exceeds CUDA's limits"), std::string::npos) << msg;  // x: 4 / 8 + min(2, 4)
   a.n = 64;
   // The wgmma tiles launch transposed: their token tiles take the y limit. One expert of 65536 x 64
@@ -597,7 +597,7 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
     big.expert_offsets = nullptr;
     big.m_total = int64_t{65536} * 64;
     const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
-    msg = expect_throw([&] { w4a16_check_problem(big, wg64); });
+    msg = error_of([&] { w4a16_check_problem(big, wg64); });
     EXPECT_NE(msg.find("grid 1 x 65536 exceeds CUDA's limits (2^31-1 x 65535) (the wgmma tiles launch row blocks along "
                        "x, token tiles along y)"),
               std::string::npos)
@@ -608,11 +608,11 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
     EXPECT_NO_THROW(w4a16_check_problem(big, c));  // the stream tile's token tiles go along x
   }
   // An invalid config is refused before anything else.
-  msg = expect_throw([&] { w4a16_check_problem(a, W4A16Config{64, 8, 64, 3, W4A16Kind::kStream}); });
+  msg = error_of([&] { w4a16_check_problem(a, W4A16Config{64, 8, 64, 3, W4A16Kind::kStream}); });
   EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
   // The launcher checks before touching CUDA, so the refusal works without a GPU too.
   a.k = 1048;
-  msg = expect_throw([&] { w4a16_grouped_gemm(a, 0, nullptr); });
+  msg = error_of([&] { w4a16_grouped_gemm(a, 0, nullptr); });
   EXPECT_NE(msg.find("K=1048"), std::string::npos) << msg;
 }
 

@@ -395,17 +395,17 @@ TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
 
 TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
   std::vector<uint8_t> codes(1 << 14, 0x21), scales(1 << 12, 0x38), co, so;  // 0x38 = 1.0
-  std::string msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 1, 16, 40, co, so, "layers.3.w13"); });
+  std::string msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 1, 16, 40, co, so, "layers.3.w13"); });
   EXPECT_NE(msg.find("w4a16 repack of layers.3.w13: K=40 must be a multiple of 16 (one NVFP4 block; K % 16 = 8)"),
             std::string::npos)
       << msg;
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 1, 20, 64, co, so, "layers.3.w2"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 1, 20, 64, co, so, "layers.3.w2"); });
   EXPECT_NE(msg.find("w4a16 repack of layers.3.w2: N=20 must be a multiple of 8 (16 B output stores; N % 8 = 4)"),
             std::string::npos)
       << msg;
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 0, 16, 64, co, so, "w"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 0, 16, 64, co, so, "w"); });
   EXPECT_NE(msg.find("E=0, N=16, K=64 must be positive"), std::string::npos) << msg;
-  msg = expect_throw([&] { w4a16_unpack(codes.data(), scales.data(), 1, 16, 40, co, so); });
+  msg = error_of([&] { w4a16_unpack(codes.data(), scales.data(), 1, 16, 40, co, so); });
   EXPECT_NE(msg.find("w4a16 repack of weight: K=40 must be a multiple of 16"), std::string::npos) << msg;
 
   // E = 2, N = 16, K = 64: 4 scales per row. The largest finite scale (448), the smallest
@@ -419,7 +419,7 @@ TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
     std::vector<uint8_t> kc = co, ks = so, c2, s2;
     w4a16_unpack(kc.data(), ks.data(), 2, 16, 64, c2, s2);
     ks[16 * 5 + 1] = 0x01;  // lane 5 = row 1, block 1; byte 1 = row 9's scale of chunk 0
-    msg = expect_throw([&] { w4a16_unpack(kc.data(), ks.data(), 2, 16, 64, c2, s2); });
+    msg = error_of([&] { w4a16_unpack(kc.data(), ks.data(), 2, 16, 64, c2, s2); });
     EXPECT_NE(msg.find("w4a16 unpack: expert 0, row 9, block 1 (k 16..31) has scale byte 0x1, which no e4m3 scale maps to"),
               std::string::npos)
         << msg;
@@ -427,24 +427,24 @@ TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
   // ... a negative scale (the sign bit: NVFP4 scales are UE4M3) is named by expert, row and block,
   // -0 included ...
   scales[(1 * 16 + 4) * 4 + 1] = 0xB8;  // -1.0
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
   EXPECT_NE(msg.find("w4a16 repack of w2: expert 1, row 4, block 1 (k 16..31) has a negative e4m3 scale (0xb8; "
                      "NVFP4 block scales are UE4M3, sign bit 0)"),
             std::string::npos)
       << msg;
   scales[(1 * 16 + 4) * 4 + 1] = 0x80;
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
   EXPECT_NE(msg.find("expert 1, row 4, block 1 (k 16..31) has a negative e4m3 scale (0x80"), std::string::npos) << msg;
   scales[(1 * 16 + 4) * 4 + 1] = 0x38;
   // ... a NaN is named by expert, row and block (0x7F and 0xFF).
   scales[(1 * 16 + 5) * 4 + 2] = 0x7F;
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
   EXPECT_NE(msg.find("w4a16 repack of w2: expert 1, row 5, block 2 (k 32..47) has a NaN e4m3 scale (0x7f)"),
             std::string::npos)
       << msg;
   scales[(1 * 16 + 5) * 4 + 2] = 0x38;
   scales[(0 * 16 + 15) * 4 + 3] = 0xFF;
-  msg = expect_throw([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
+  msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 2, 16, 64, co, so, "w2"); });
   EXPECT_NE(msg.find("expert 0, row 15, block 3 (k 48..63) has a NaN e4m3 scale (0xff)"), std::string::npos) << msg;
 }
 

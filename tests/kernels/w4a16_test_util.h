@@ -13,19 +13,12 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "testing/testing.h"
 
 namespace fp4moe::cuda::sm90::w4a16_test {
 
-// The message of the fp4moe::Error `fn` throws (a test failure, and "", when it throws none).
-inline std::string expect_throw(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no fp4moe::Error thrown";
-  return "";
-}
+// The message of the fp4moe::Error `fn` throws (testing/testing.h).
+using fp4moe::testing::error_of;
 
 inline uint16_t half_bits(uint32_t pair, uint32_t half) {
   return static_cast<uint16_t>(half ? pair >> 16 : pair & 0xFFFFu);

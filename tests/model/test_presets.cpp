@@ -36,14 +36,7 @@ int64_t numel_containing(const std::vector<WeightSpec>& m, const std::string& ne
   return n;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fp4moe::testing::error_of;
 
 TEST(Presets, ParseWithTheSpecWidthsAndExpertCounts) {
   ASSERT_EQ(preset_names(), (std::vector<std::string>{"glm5-shard", "glm5-small", "glm45-air-shard"}));

@@ -187,14 +187,7 @@ TensorView view_of(DType dt, Shape shape, const std::vector<T>& data) {
                     std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(T))};
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using fp4moe::testing::error_of;
 
 TEST(LoadLinear, FromViewsDetectsFormatAndNamesMismatches) {
   const std::string mod = "model.layers.1.mlp.experts.0.up_proj";

@@ -24,6 +24,16 @@ std::filesystem::path shared_path(const std::string& relative) {
   return p;
 }
 
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no fp4moe::Error was thrown";
+  return "(no error)";
+}
+
 uint64_t test_seed() {
   static const uint64_t seed = [] {
     const char* env = std::getenv("FP4MOE_TEST_SEED");

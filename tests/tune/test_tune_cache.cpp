@@ -31,15 +31,7 @@ namespace {
 #define EXPECT_HAS(hay, needle) EXPECT_TRUE(Contains(hay, needle))
 
 // The message of the fp4moe::Error `fn` throws ("" when it throws nothing).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fp4moe::testing::error_of;
 
 TuneKey key_a() {
   return TuneKey{"NVIDIA H200", 132, 13000, 13000, "0.1.0+abc", layout_version()};
