@@ -156,8 +156,9 @@ class GpuMoeLayer {
   // GEMMs (chosen for gpu_moe_tokens_per_expert, moe/gpu_moe_plan.h); for benchmarks that print them.
   // Without a chooser: cuda::sm90::w4a16_default_config. With one (set_config_chooser): the
   // autotuner's cached winner for the gate_up shape (E, 2 I, H) and the token bucket, else the
-  // planner's top choice (tune::ConfigChooser::choose_config). Decided on the host, so a captured
-  // graph keeps the config of its token count.
+  // chooser's fallback (tune::ConfigChooser::choose_config: the planner's top choice, or what
+  // set_fallback gave it; the GPU models give w4a16_default_config). Decided on the host, so a
+  // captured graph keeps the config of its token count.
   void set_config_chooser(std::shared_ptr<const tune::ConfigChooser> chooser) { chooser_ = std::move(chooser); }
   int routed_gemm_config(int64_t n_tokens) const;
   int shared_gemm_config(int64_t n_tokens) const;

@@ -450,30 +450,51 @@ ConfigChoice ConfigChooser::choose_config(const GemmShape& shape, int64_t tokens
     out.reason = os.str();
     return out;
   }
-  int id = -1;
+  std::string why = no_winner_note();
+  if (why.empty()) {
+    why = "no entry for " + shape.to_string() + " bucket " + std::to_string(bucket) + " in " +
+          (cache_.path().empty() ? std::string("the tune cache") : cache_.path()) + "; run `fp4moe tune`";
+  }
+  out.autotuned = false;
+  if (fallback_) {
+    out.config_id = fallback_(tokens_per_expert);
+    FP4MOE_CHECK(out.config_id >= 0 && out.config_id < plan::kNumW4A16Configs)
+        << "tune: the fallback " << fallback_what_ << " returned config id " << out.config_id << " (ids 0.."
+        << plan::kNumW4A16Configs - 1 << ")";
+    out.reason = fallback_what_ + " " + plan::w4a16_config_name(plan::kW4A16Configs[out.config_id]) + " for " +
+                 shape.to_string() + " at " + std::to_string(tokens_per_expert) + " tokens per expert (" + why + ")";
+    return out;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto memo_key = std::make_tuple(shape.n_experts, shape.n, shape.k, bucket);
     auto it = planner_memo_.find(memo_key);
     if (it == planner_memo_.end()) it = planner_memo_.emplace(memo_key, feasible_configs(shape, bucket, gpu_).front()).first;
-    id = it->second;
+    out.config_id = it->second;
   }
-  std::string why;
-  if (!stale_note_.empty()) {
-    why = stale_note_;
-  } else if (!cache_.warnings().empty()) {
-    why = cache_.warnings().front();
-  } else if (!cache_.key().has_value()) {
-    why = cache_.path().empty() ? "no tune cache" : "no tune cache at " + cache_.path();
-  } else {
-    why = "no entry for " + shape.to_string() + " bucket " + std::to_string(bucket) + " in " +
-          (cache_.path().empty() ? std::string("the tune cache") : cache_.path()) + "; run `fp4moe tune`";
-  }
-  out.config_id = id;
-  out.autotuned = false;
-  out.reason = "planner top choice " + plan::w4a16_config_name(plan::kW4A16Configs[id]) + " for " + shape.to_string() +
-               " bucket " + std::to_string(bucket) + " on " + gpu_.name + " (" + why + ")";
+  out.reason = "planner top choice " + plan::w4a16_config_name(plan::kW4A16Configs[out.config_id]) + " for " +
+               shape.to_string() + " bucket " + std::to_string(bucket) + " on " + gpu_.name + " (" + why + ")";
   return out;
+}
+
+std::string ConfigChooser::no_winner_note() const {
+  if (!stale_note_.empty()) return stale_note_;
+  if (!cache_.warnings().empty()) return cache_.warnings().front();
+  if (!cache_.key().has_value()) return cache_.path().empty() ? "no tune cache" : "no tune cache at " + cache_.path();
+  return "";
+}
+
+void ConfigChooser::set_fallback(std::function<int(int64_t)> fallback, std::string what) {
+  fallback_ = std::move(fallback);
+  fallback_what_ = std::move(what);
+}
+
+std::string ConfigChooser::describe() const {
+  const std::string otherwise = fallback_ ? fallback_what_ : std::string("the planner's top choice");
+  const std::string note = no_winner_note();
+  if (!note.empty()) return note + ": " + otherwise + " for every shape";
+  return "tune cache " + cache_.path() + ": " + std::to_string(cache_.entries().size()) +
+         " winners for this GPU and build (used where one exists for the shape and token bucket, else " + otherwise + ")";
 }
 
 }  // namespace fp4moe::tune

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -149,20 +150,31 @@ struct ConfigChoice {
 };
 
 // The kernel config the GPU MoE layer should launch: the cached winner when the cache's key
-// matches, else the planner's top choice for the bucket, with the reason (stale fields, corrupt
-// file, no entry) in ConfigChoice::reason. Thread-safe; planner results are memoized per
-// (shape, bucket).
+// matches, else the planner's top choice for the bucket (or the fallback given to set_fallback),
+// with the reason (stale fields, corrupt file, no entry) in ConfigChoice::reason. Thread-safe;
+// planner results are memoized per (shape, bucket).
 class ConfigChooser {
  public:
   ConfigChooser(TuneCache cache, TuneKey key, plan::GpuSpec gpu);
   ConfigChoice choose_config(const GemmShape& shape, int64_t tokens_per_expert) const;
   const TuneCache& cache() const { return cache_; }
   const TuneKey& key() const { return key_; }
+  // Where the cache has no winner: `fallback(tokens_per_expert)` (named `what` in the reasons)
+  // instead of the planner's top choice. The GPU models pass the kernels' measured defaults
+  // (w4a16_default_config): the planner's roofline cannot rank the wgmma tiles against each other.
+  void set_fallback(std::function<int(int64_t)> fallback, std::string what);
+  // One line for a model's load log: "tune cache PATH: N winners for this GPU and build (used where
+  // they exist, else ...)", or why none is used ("no tune cache at PATH", the stale fields, the
+  // corrupt-file warning).
+  std::string describe() const;
 
  private:
+  std::string no_winner_note() const;  // why choose_config found no cached winner (cache-wide part)
   TuneCache cache_;
   TuneKey key_;
   plan::GpuSpec gpu_;
+  std::function<int(int64_t)> fallback_;
+  std::string fallback_what_;
   std::string stale_note_;  // describe_stale(...) when the cache's key differs, else ""
   mutable std::mutex mutex_;
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, int> planner_memo_;

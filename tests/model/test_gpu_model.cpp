@@ -48,6 +48,8 @@
 #include "model/golden_data.h"
 #include "engine/sampler.h"
 #include "testing/testing.h"
+#include "tune/autotune.h"
+#include "tune/tune_cache.h"
 
 namespace fp4moe::model {
 namespace {
@@ -706,6 +708,60 @@ std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph
   const ModelConfig cfg = parse_model_config(j, name + " with index_topk 4096 (dense decode)");
   format::TensorStore store(dir);
   return create_glm5_cuda(cfg, store, o);
+}
+
+// The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start and say so. A winner for the MoE
+// gate_up shape at decode (bucket 1) naming stream_m64n8_d16, which differs from the default
+// stream_m64n8_d8 only in its ring depth (the same arithmetic in the same order), gives bit-identical
+// logits; the load log names the cache and its winner count.
+TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
+  const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/glm4_moe_tiny_nvfp4");
+  SKIP_WITHOUT_GPU();
+  register_gpu_models();
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() / ("fp4moe_tune_model_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(tmp);
+  const std::string path = (tmp / "tune.json").string();
+  const char* old_env = std::getenv("FP4MOE_TUNE_CACHE");
+  const std::string saved = old_env != nullptr ? old_env : "";
+  ::setenv("FP4MOE_TUNE_CACHE", path.c_str(), 1);
+  const ModelConfig cfg = load_model_config(dir);
+  const std::vector<int32_t> prompt = {3, 17, 42, 5, 9};
+  auto logits_of = [&](CausalLM& lm) {
+    auto st = lm.new_state();
+    lm.forward_one(*st, prompt, false);
+    return lm.forward_one(*st, std::vector<int32_t>{7}, false);  // a decode step: 1 token
+  };
+  auto plain = load_model(dir, gpu_options());
+  EXPECT_NE(plain->describe().find("W4A16 configs: no tune cache at " + path + ": built-in default for every shape"),
+            std::string::npos)
+      << plain->describe();
+  const std::vector<float> want = logits_of(*plain);
+  plain.reset();
+
+  tune::TuneEntry e;
+  e.shape = tune::GemmShape{cfg.n_routed_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size};
+  e.bucket = 1;
+  e.config = "w4a16_stream_m64n8_d16";
+  e.config_id = tune::config_id_by_name(e.config);
+  e.time_us = 1.0;
+  e.iters = 1;
+  e.n_candidates = 1;
+  tune::TuneCache cache;
+  cache.put(tune::current_tune_key(), e);
+  cache.save(path);
+  auto tuned = load_model(dir, gpu_options());
+  EXPECT_NE(tuned->describe().find("W4A16 configs: tune cache " + path + ": 1 winners for this GPU and build"),
+            std::string::npos)
+      << tuned->describe();
+  EXPECT_EQ(logits_of(*tuned), want);
+  tuned.reset();
+  if (old_env != nullptr) {
+    ::setenv("FP4MOE_TUNE_CACHE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("FP4MOE_TUNE_CACHE");
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {

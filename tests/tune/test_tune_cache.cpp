@@ -341,6 +341,57 @@ TEST(ConfigChooser, FallsBackToThePlannerAndSaysWhy) {
   std::filesystem::remove_all(dir);
 }
 
+// set_fallback replaces the planner where the cache has no winner (the GPU models pass the kernels'
+// measured defaults); describe() gives the load log's line.
+TEST(ConfigChooser, FallbackAndDescription) {
+  const plan::GpuSpec h200 = plan::require_gpu("h200");
+  const auto dir = temp_dir("chooser_fallback");
+  const std::string path = (dir / "tune.json").string();
+  std::vector<int64_t> asked;
+  auto fallback = [&](int64_t tokens) {
+    asked.push_back(tokens);
+    return tokens <= 8 ? 0 : 11;
+  };
+  ConfigChooser none(TuneCache::load(path), key_a(), h200);
+  EXPECT_EQ(none.describe(), "no tune cache at " + path + ": the planner's top choice for every shape");
+  none.set_fallback(fallback, "built-in default");
+  EXPECT_EQ(none.describe(), "no tune cache at " + path + ": built-in default for every shape");
+  const ConfigChoice a = none.choose_config(kGateUp, 5), b = none.choose_config(kGateUp, 37);
+  EXPECT_EQ(asked, (std::vector<int64_t>{5, 37}));  // the tokens per expert, not the bucket
+  EXPECT_EQ(a.config_id, 0);
+  EXPECT_EQ(b.config_id, 11);
+  EXPECT_FALSE(a.autotuned);
+  EXPECT_EQ(a.reason, "built-in default " + plan::w4a16_config_name(plan::kW4A16Configs[0]) +
+                          " for E=32,N=4096,K=6144 at 5 tokens per expert (no tune cache at " + path + ")");
+  // A winner for gate_up bucket 8: used there; the fallback elsewhere, with why.
+  TuneCache c;
+  c.put(key_a(), entry(kGateUp, 8, 1, 41.0, 0, 43.5));
+  c.save(path);
+  ConfigChooser tuned(TuneCache::load(path), key_a(), h200);
+  tuned.set_fallback(fallback, "built-in default");
+  EXPECT_EQ(tuned.describe(), "tune cache " + path + ": 1 winners for this GPU and build (used where one exists for "
+                              "the shape and token bucket, else built-in default)");
+  EXPECT_TRUE(tuned.choose_config(kGateUp, 7).autotuned);
+  EXPECT_EQ(tuned.choose_config(kGateUp, 7).config_id, 1);
+  const ConfigChoice miss = tuned.choose_config(kDown, 7);
+  EXPECT_EQ(miss.config_id, 0);
+  EXPECT_NE(miss.reason.find("(no entry for E=32,N=6144,K=2048 bucket 8 in " + path), std::string::npos) << miss.reason;
+  // Stale: the fallback for every shape, and the stale fields in the description.
+  TuneKey other = key_a();
+  other.n_sms = 114;
+  ConfigChooser stale(TuneCache::load(path), other, h200);
+  stale.set_fallback(fallback, "built-in default");
+  EXPECT_EQ(stale.choose_config(kGateUp, 7).config_id, 0);
+  EXPECT_NE(stale.describe().find("n_sms 132 -> 114"), std::string::npos) << stale.describe();
+  EXPECT_NE(stale.describe().find(": built-in default for every shape"), std::string::npos) << stale.describe();
+  // A fallback that returns no config id is refused with the name and the number.
+  ConfigChooser bad(TuneCache::load(path), key_a(), h200);
+  bad.set_fallback([](int64_t) { return 99; }, "broken default");
+  EXPECT_NE(error_of([&] { bad.choose_config(kDown, 1); }).find("the fallback broken default returned config id 99"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(RoutingCounts, UniformAndOffsets) {
   EXPECT_EQ(uniform_counts(3, 5), (std::vector<int32_t>{5, 5, 5}));
   EXPECT_EQ(offsets_of({2, 0, 3}), (std::vector<int32_t>{0, 2, 2, 5}));

@@ -249,6 +249,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
+  desc << gpu_step::use_tune_cache(layers_);
   moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);

@@ -12,6 +12,8 @@
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/norm_rope.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "tune/autotune.h"
 
 namespace fp4moe::model::gpu_step {
 
@@ -423,6 +425,13 @@ void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBa
     trace_layer_times(events, moe.is_moe, trace);
     if (graph) ++trace->cuda_graph_steps;
   }
+}
+
+std::shared_ptr<const tune::ConfigChooser> moe_config_chooser() {
+  auto chooser = std::make_shared<tune::ConfigChooser>(tune::TuneCache::load(tune::default_cache_path()),
+                                                       tune::current_tune_key(), tune::current_gpu_spec());
+  chooser->set_fallback(cuda::sm90::w4a16_default_config, "built-in default");
+  return chooser;
 }
 
 std::string describe_graphs(const DecodeGraphs& graphs, bool capturable) {

@@ -24,6 +24,8 @@
 #include "model/causal_lm.h"
 #include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
+#include "moe/gpu_moe_layer.h"
+#include "tune/tune_cache.h"
 
 struct cublasContext;
 
@@ -268,6 +270,26 @@ struct MoeLayerList {
     return m;
   }
 };
+
+// The W4A16 config chooser of a GPU model's NVFP4 MoE layers, which is how the engine loads the tune
+// cache at start: `fp4moe tune`'s winners at tune::default_cache_path() ($FP4MOE_TUNE_CACHE) for this
+// device and build; where there is none for a shape and token bucket, the kernels' measured defaults
+// (cuda::sm90::w4a16_default_config, what a layer without a chooser runs).
+std::shared_ptr<const tune::ConfigChooser> moe_config_chooser();
+
+// Gives every NVFP4 W4A16 MoE layer of `model_layers` (structs with `std::optional<moe::GpuMoeLayer>
+// moe`) the chooser above; returns the load log's line ("  W4A16 configs: ...\n"), "" without such a
+// layer.
+template <typename Layer>
+std::string use_tune_cache(std::vector<Layer>& model_layers) {
+  std::shared_ptr<const tune::ConfigChooser> chooser;
+  for (Layer& L : model_layers) {
+    if (!L.moe || L.moe->gemm() != moe::GpuExpertGemm::kNvfp4W4A16) continue;
+    if (!chooser) chooser = moe_config_chooser();
+    L.moe->set_config_chooser(chooser);
+  }
+  return chooser ? "  W4A16 configs: " + chooser->describe() + "\n" : "";
+}
 
 // After run_step: copies a padded step's outputs (padded = bs > 0), the MoE layers' per-expert counts
 // for a trace, then StepOutputs::finish (the one sync, the delivery) and the per-layer times and
