@@ -144,32 +144,22 @@ TEST(CudaNvfp4Dequant, RejectsBadArguments) {
 }
 
 TEST(CudaCheck, MessageNamesErrorCallAndPlace) {
-  try {
-    FP4MOE_CUDA_CHECK(static_cast<cudaError_t>(cudaErrorInvalidValue));
-    ADD_FAILURE() << "no throw";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("cudaErrorInvalidValue"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("static_cast<cudaError_t>(cudaErrorInvalidValue)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("test_cuda_nvfp4.cpp:"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("device"), std::string::npos) << msg;
-  }
+  const std::string msg =
+      fp4moe::testing::error_of([] { FP4MOE_CUDA_CHECK(static_cast<cudaError_t>(cudaErrorInvalidValue)); });
+  EXPECT_NE(msg.find("cudaErrorInvalidValue"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("static_cast<cudaError_t>(cudaErrorInvalidValue)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("test_cuda_nvfp4.cpp:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("device"), std::string::npos) << msg;
 }
 
 // Out of device memory: the message names the bytes asked for and the device's free memory, and the
 // error is cleared (the next CUDA call works).
 TEST(CudaCheck, OutOfMemoryNamesTheBytesAndTheFreeMemory) {
-  std::string why;
-  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
-  try {
-    DeviceBuffer b(size_t{1} << 50);  // 1 PiB
-    ADD_FAILURE() << "no throw";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("cudaMalloc of 1125899906842624 B (1073741824 MiB)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(" MiB free of "), std::string::npos) << msg;
-  }
+  SKIP_WITHOUT_GPU();
+  const std::string msg = fp4moe::testing::error_of([] { DeviceBuffer b(size_t{1} << 50); });  // 1 PiB
+  EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cudaMalloc of 1125899906842624 B (1073741824 MiB)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" MiB free of "), std::string::npos) << msg;
   DeviceBuffer ok(1024);
   EXPECT_FALSE(ok.empty());
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
