@@ -320,8 +320,6 @@ cuda::moe::RouteParams route_params(const MoeConfig& cfg) {
 
 void GpuMoeLayer::CublasDestroy::operator()(cublasContext* h) const { cublasDestroy(h); }
 void GpuMoeLayer::PinnedFree::operator()(int32_t* p) const { cudaFreeHost(p); }
-void GpuMoeLayer::StreamDestroy::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-void GpuMoeLayer::EventDestroy::operator()(CUevent_st* e) const { cudaEventDestroy(e); }
 
 GpuMoeLayer::GpuMoeLayer(GpuMoeLayer&&) noexcept = default;
 GpuMoeLayer& GpuMoeLayer::operator=(GpuMoeLayer&&) noexcept = default;

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/moe/device_buffer.h"
 #include "kernels/cuda/moe/route_math.h"
 #include "moe/config.h"
@@ -228,14 +229,8 @@ class GpuMoeLayer {
   // Row classes (NVFP4 W4A16): the classes after the first launch on class_stream_, forked from and
   // joined back into the caller's stream by the two events (capturable), so that the launches overlap
   // and each one's tail fills with the other's work instead of running one after the other.
-  struct StreamDestroy {
-    void operator()(CUstream_st* s) const;
-  };
-  struct EventDestroy {
-    void operator()(CUevent_st* e) const;
-  };
-  std::unique_ptr<CUstream_st, StreamDestroy> class_stream_;
-  std::unique_ptr<CUevent_st, EventDestroy> class_fork_, class_join_;
+  std::unique_ptr<CUstream_st, cuda::StreamDeleter> class_stream_;
+  std::unique_ptr<CUevent_st, cuda::EventDeleter> class_fork_, class_join_;
 };
 
 }  // namespace fp4moe::moe

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/moe/device_buffer.h"
 #include "kernels/cuda/ops/sampling.h"
 #include "model/causal_lm.h"
@@ -37,12 +38,8 @@ struct CublasDeleter {
 struct PinnedDeleter {
   void operator()(void* p) const { cudaFreeHost(p); }
 };
-struct StreamDeleter {
-  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-};
-struct EventDeleter {
-  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
-};
+using cuda::EventDeleter;
+using cuda::StreamDeleter;
 
 // A pinned host buffer of T, grown on demand.
 template <typename T>
