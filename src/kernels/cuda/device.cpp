@@ -127,11 +127,10 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
     if (err == cudaErrorMemoryAllocation && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
       os << "; device memory: " << (free_bytes >> 20) << " MiB free of " << (total_bytes >> 20) << " MiB";
     }
-    cudaGetLastError();
   } else {
-    cudaGetLastError();
     os << " (current device unknown: " << error_text(dev_err) << ")";
   }
+  cudaGetLastError();  // clear the error this reports (or the failed cudaGetDevice's)
   throw Error(os.str());
 }
 

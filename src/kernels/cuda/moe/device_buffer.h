@@ -22,8 +22,6 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     const cudaError_t err = cudaMalloc(&ptr_, bytes < 256 ? 256 : bytes);
     if (err != cudaSuccess) {
-      ptr_ = nullptr;
-      bytes_ = 0;
       const std::string call = "cudaMalloc of " + std::to_string(bytes) + " B (" + std::to_string(bytes >> 20) + " MiB)";
       throw_cuda_error(err, call.c_str(), __FILE__, __LINE__);
     }
