@@ -17,6 +17,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/nvfp4_dequant.h"
 #include "kernels/cuda/sm90/w4a16_dequant.h"
@@ -457,6 +458,11 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
     FP4MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), static_cast<size_t>(E + 1) * 4));
     host_offsets_.reset(p);
   }
+  for (auto& ev : gemm_events_) {
+    cudaEvent_t e = nullptr;
+    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
+    ev.reset(e);
+  }
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
     cudaStream_t s = nullptr;
     FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -523,7 +529,8 @@ bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const 
 // per expert, act = swiglu(gu), out = act W_down^T per expert.
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
                           const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant,
-                          __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) {
+                          __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out, cudaEvent_t after_gate_up,
+                          cudaEvent_t after_down, cudaStream_t stream) {
   const int64_t H = w.hidden, I = w.inter;
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant) {
     // The dequantized path's weight scratch is idle here: the split-K workspace (w4a16_splitk_plan
@@ -542,16 +549,17 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
       };
       if (classes.size() == 1) {
         launch(classes[0], stream);
-        continue;
+      } else {
+        // The classes write disjoint rows (different experts): the later ones on class_stream_,
+        // concurrent with the first, joined before the next GEMM reads act / out.
+        FP4MOE_CUDA_CHECK(cudaEventRecord(class_fork_.get(), stream));
+        FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(class_stream_.get(), class_fork_.get(), 0));
+        for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], class_stream_.get());
+        launch(classes[0], stream);
+        FP4MOE_CUDA_CHECK(cudaEventRecord(class_join_.get(), class_stream_.get()));
+        FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, class_join_.get(), 0));
       }
-      // The classes write disjoint rows (different experts): the later ones on class_stream_,
-      // concurrent with the first, joined before the next GEMM reads act / out.
-      FP4MOE_CUDA_CHECK(cudaEventRecord(class_fork_.get(), stream));
-      FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(class_stream_.get(), class_fork_.get(), 0));
-      for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], class_stream_.get());
-      launch(classes[0], stream);
-      FP4MOE_CUDA_CHECK(cudaEventRecord(class_join_.get(), class_stream_.get()));
-      FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, class_join_.get(), 0));
+      cuda::record_timing_event(gate_up ? after_gate_up : after_down, stream);
     }
     return;
   }
@@ -579,16 +587,31 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
     cublas_bf16_gemm(h, weight(w.gate_up, e, true), x + r0 * H, rows, 2 * I, H, gu + r0 * 2 * I);
   }
   cuda::moe::swiglu(gu, gu + I, 2 * I, m, I, act, stream);
+  cuda::record_timing_event(after_gate_up, stream);
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
     if (rows == 0) continue;
     cublas_bf16_gemm(h, weight(w.down, e, false), act + r0 * I, rows, H, I, out + r0 * H);
   }
+  cuda::record_timing_event(after_down, stream);
+}
+
+GpuMoeLayer::GemmTimes GpuMoeLayer::last_gemm_times() const {
+  GemmTimes t;
+  if (!timed_) return t;
+  double* parts[4] = {&t.routed_gate_up, &t.routed_down, &t.shared_gate_up, &t.shared_down};
+  for (int i = 0; i < 4; ++i) {
+    float ms = 0.0f;
+    FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, gemm_events_[i].get(), gemm_events_[i + 1].get()));
+    *parts[i] = static_cast<double>(ms) * 1e-3;
+  }
+  return t;
 }
 
 void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream) {
   FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= max_tokens_)
       << "GpuMoeLayer::forward: n_tokens=" << n_tokens << " outside [0, " << max_tokens_ << "] (max_tokens)";
+  timed_ = n_tokens > 0;
   if (n_tokens == 0) return;
   const int64_t T = n_tokens, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden;
   const int64_t R = T * K;
@@ -623,14 +646,19 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
+  cuda::record_timing_event(gemm_events_[0].get(), stream);
   run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
-          ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(), stream);
+          ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(),
+          gemm_events_[1].get(), gemm_events_[2].get(), stream);
   if (has_shared_) {
     const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
     run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, {RoutedClass{shared_gemm_config(T)}},
             dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 2048, top_k <= E */,
             ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
-            ws_->shared_out.as<__nv_bfloat16>(), stream);
+            ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), stream);
+  } else {
+    cuda::record_timing_event(gemm_events_[3].get(), stream);
+    cuda::record_timing_event(gemm_events_[4].get(), stream);
   }
   cuda::moe::combine(ws_->down_out.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
                      has_shared_ ? ws_->shared_out.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);

@@ -121,6 +121,17 @@ class GpuMoeLayer {
   // peer's cuBLAS GEMMs, with the same one host sync: the W4A16 GEMM is the faster one below that.
   void forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream);
 
+  // The GPU time of the last forward's GEMM phases in seconds, from events the layer records on the
+  // forward's stream every time (captured graphs included): routed gate_up (every class launch, the
+  // SwiGLU included), routed down, shared expert gate_up and down (0 without one). Read them once that
+  // stream has been synchronized; all 0 before the first forward of >= 1 token. (`fp4moe analyze`
+  // turns them into per-GEMM rates: the GPU models trace them as parts "moe.routed_gate_up", ...)
+  struct GemmTimes {
+    double routed_gate_up = 0, routed_down = 0, shared_gate_up = 0, shared_down = 0;
+  };
+  GemmTimes last_gemm_times() const;
+  bool has_shared_expert() const { return has_shared_; }
+
   // What the last forward decided, copied to the host (synchronizes the device; for tests and benches).
   struct Routing {
     std::vector<float> logits;          // [n_tokens, E]
@@ -191,9 +202,11 @@ class GpuMoeLayer {
   GpuMoeScratchPlan scratch_plan() const;
   // dequant: an NVFP4 layer's prefill path (each expert's weights dequantized into w_scratch_, then
   // cuBLAS, as the kBf16Cublas peer); needs h_offsets.
+  // Records `after_gate_up` once act is complete and `after_down` once out is.
   void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
                const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant, __nv_bfloat16* gu,
-               __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream);
+               __nv_bfloat16* act, __nv_bfloat16* out, cudaEvent_t after_gate_up, cudaEvent_t after_down,
+               cudaStream_t stream);
   // Whether forward(n_tokens) on `stream` takes the NVFP4 dequantized path (never while capturing).
   bool use_dequant_path(int64_t n_tokens, cudaStream_t stream) const;
 
@@ -231,6 +244,10 @@ class GpuMoeLayer {
   // and each one's tail fills with the other's work instead of running one after the other.
   std::unique_ptr<CUstream_st, cuda::StreamDeleter> class_stream_;
   std::unique_ptr<CUevent_st, cuda::EventDeleter> class_fork_, class_join_;
+  // last_gemm_times: before the routed gate_up, after it, after the routed down, after the shared
+  // gate_up, after the shared down (timing events); timed_ once a forward recorded them.
+  std::unique_ptr<CUevent_st, cuda::EventDeleter> gemm_events_[5];
+  bool timed_ = false;
 };
 
 }  // namespace fp4moe::moe

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -807,8 +808,27 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
         graph->forward(cg, &tr);
         ++steps;
         graph_steps += tr.cuda_graph_steps;
-        EXPECT_EQ(tr.layer_times.size(), 2 * n_layers) << name << " step " << s;
-        for (const LayerTiming& lt : tr.layer_times) EXPECT_GT(lt.seconds, 0.0) << name << " " << lt.part;
+        // "attention" and "mlp" / "moe" per layer; after each "moe" its GEMM phases ("moe.routed_gate_up",
+        // "moe.routed_down", and the shared expert's when it has one), each positive, together within it.
+        size_t n_parts = 0;
+        std::map<int64_t, double> moe_s, gemm_s;
+        std::map<int64_t, int> gemm_parts;
+        for (const LayerTiming& lt : tr.layer_times) {
+          EXPECT_GT(lt.seconds, 0.0) << name << " layer " << lt.layer << " " << lt.part;
+          if (lt.part.rfind("moe.", 0) == 0) {
+            gemm_s[lt.layer] += lt.seconds;
+            ++gemm_parts[lt.layer];
+          } else {
+            ++n_parts;
+            if (lt.part == "moe") moe_s[lt.layer] = lt.seconds;
+          }
+        }
+        EXPECT_EQ(n_parts, 2 * n_layers) << name << " step " << s;
+        EXPECT_FALSE(moe_s.empty()) << name;
+        for (const auto& [layer, t] : moe_s) {
+          EXPECT_TRUE(gemm_parts[layer] == 2 || gemm_parts[layer] == 4) << name << " layer " << layer;
+          EXPECT_LE(gemm_s[layer], t * 1.001 + 1e-6) << name << " layer " << layer << ": GEMM phases outside the moe part";
+        }
         for (int64_t i = 0; i < n_seqs; ++i) {
           const float* e = le.data() + i * V;
           ++rows;

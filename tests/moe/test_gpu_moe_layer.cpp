@@ -566,6 +566,13 @@ TEST(Layer, GraphReplayEqualsEager) {
     FP4MOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto y_graph = d_y_graph.to_host<uint16_t>(static_cast<size_t>(n * H));
+    // The GEMM phases' timing events are recorded by the replay too (external event records).
+    const GpuMoeLayer::GemmTimes t = g.last_gemm_times();
+    EXPECT_GT(t.routed_gate_up, 0.0);
+    EXPECT_GT(t.routed_down, 0.0);
+    ASSERT_TRUE(g.has_shared_expert());
+    EXPECT_GT(t.shared_gate_up, 0.0);
+    EXPECT_GT(t.shared_down, 0.0);
     g.forward(d_x.as<__nv_bfloat16>(), n, d_y_eager.as<__nv_bfloat16>(), stream);
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto y_eager = d_y_eager.to_host<uint16_t>(static_cast<size_t>(n * H));

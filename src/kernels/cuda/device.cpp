@@ -134,4 +134,15 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
   throw Error(os.str());
 }
 
+void record_timing_event(CUevent_st* event, CUstream_st* stream) {
+  // cudaEventRecordExternal is only legal inside a capture (outside it: cudaErrorIllegalState).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FP4MOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    FP4MOE_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
+  } else {
+    FP4MOE_CUDA_CHECK(cudaEventRecord(event, stream));
+  }
+}
+
 }  // namespace fp4moe::cuda

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <string>
 
+struct CUevent_st;
+struct CUstream_st;
+
 namespace fp4moe::cuda {
 
 // True when the CUDA driver works, at least one device is visible, and the current device's
@@ -30,5 +33,11 @@ DeviceLimits current_device_limits();
 
 // The compute capabilities (major*10+minor) the kernels were compiled for, e.g. "90".
 const char* cuda_built_sm_list();
+
+// Records a timing event on `stream` that also works inside a stream capture: there it becomes an
+// external event record node (cudaEventRecordExternal), recorded at every replay, so a captured
+// step's times read like an eager one's (a plain cudaEventRecord in a capture only orders the graph,
+// and cudaEventElapsedTime then fails). Outside a capture, cudaEventRecord.
+void record_timing_event(CUevent_st* event, CUstream_st* stream);
 
 }  // namespace fp4moe::cuda

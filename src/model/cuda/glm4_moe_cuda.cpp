@@ -281,7 +281,7 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
   bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
   uint32_t* err = out_->error_flag();
 
-  gpu_step::record_event(events_[2 * l].get(), st);
+  cuda::record_timing_event(events_[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, eps, h, st);
   } else {
@@ -323,7 +323,7 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
     cuda::paged_attention_prefill_bf16(args, s.q_start, T, s.max_q_len, st);
   }
   L.attn.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  gpu_step::record_event(events_[2 * l + 1].get(), st);
+  cuda::record_timing_event(events_[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, eps, h, st);
   if (L.moe) {
@@ -377,7 +377,7 @@ void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* tr
       const StepInts s = ints_at(di);
       cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
       for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s);
-      gpu_step::record_event(events_.back().get(), st);
+      cuda::record_timing_event(events_.back().get(), st);
       cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
                           h_.as<bf16>(), st);
     };

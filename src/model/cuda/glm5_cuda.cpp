@@ -412,7 +412,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   const float* cos = cos_.as<float>();
   const float* sin = sin_.as<float>();
 
-  gpu_step::record_event(events_[2 * l].get(), st);
+  cuda::record_timing_event(events_[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   } else {
@@ -503,7 +503,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   }
   cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st);
   L.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  gpu_step::record_event(events_[2 * l + 1].get(), st);
+  cuda::record_timing_event(events_[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   if (L.moe) {
@@ -657,7 +657,7 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       const StepInts s = ints_at(di);
       cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
       for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s, plan);
-      gpu_step::record_event(events_.back().get(), st);
+      cuda::record_timing_event(events_.back().get(), st);
       cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
                           h_.as<bf16>(), st);
     };

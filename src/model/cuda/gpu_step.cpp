@@ -307,17 +307,6 @@ void StepOutputs::finish(std::span<const SeqChunk> batch, const StepBatch& step,
   offsets_copied_ = false;
 }
 
-void record_event(CUevent_st* event, cudaStream_t stream) {
-  // cudaEventRecordExternal is only legal inside a capture (outside it: cudaErrorIllegalState).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FP4MOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusActive) {
-    FP4MOE_CUDA_CHECK(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal));
-  } else {
-    FP4MOE_CUDA_CHECK(cudaEventRecord(event, stream));
-  }
-}
-
 void bind_cublas(cublasContext* cublas, cudaStream_t stream, cuda::DeviceBuffer& workspace) {
   workspace = cuda::DeviceBuffer(kCublasWorkspaceBytes);
   FP4MOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));
@@ -422,7 +411,7 @@ void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBa
   if (trace != nullptr) out.copy_expert_offsets(moe.offsets, n_experts, stream);
   out.finish(batch, step, moe.layers, trace, stream);
   if (trace != nullptr) {
-    trace_layer_times(events, moe.is_moe, trace);
+    trace_layer_times(events, moe, trace);
     if (graph) ++trace->cuda_graph_steps;
   }
 }
@@ -442,14 +431,25 @@ std::string describe_graphs(const DecodeGraphs& graphs, bool capturable) {
   return s + " (captured on first use)";
 }
 
-void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
-                       const std::vector<bool>& is_moe, ForwardTrace* trace) {
-  for (size_t l = 0; l < is_moe.size(); ++l) {
+void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, const MoeLayerList& moe,
+                       ForwardTrace* trace) {
+  size_t m = 0;  // index into moe.gpu_layers
+  for (size_t l = 0; l < moe.is_moe.size(); ++l) {
     float ms_attn = 0.0f, ms_mlp = 0.0f;
     FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_attn, events[2 * l].get(), events[2 * l + 1].get()));
     FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms_mlp, events[2 * l + 1].get(), events[2 * l + 2].get()));
-    trace->layer_times.push_back({static_cast<int64_t>(l), "attention", ms_attn * 1e-3});
-    trace->layer_times.push_back({static_cast<int64_t>(l), is_moe[l] ? "moe" : "mlp", ms_mlp * 1e-3});
+    const auto layer = static_cast<int64_t>(l);
+    trace->layer_times.push_back({layer, "attention", ms_attn * 1e-3});
+    trace->layer_times.push_back({layer, moe.is_moe[l] ? "moe" : "mlp", ms_mlp * 1e-3});
+    if (!moe.is_moe[l]) continue;
+    const moe::GpuMoeLayer& g = *moe.gpu_layers[m++];
+    const moe::GpuMoeLayer::GemmTimes t = g.last_gemm_times();
+    trace->layer_times.push_back({layer, "moe.routed_gate_up", t.routed_gate_up});
+    trace->layer_times.push_back({layer, "moe.routed_down", t.routed_down});
+    if (g.has_shared_expert()) {
+      trace->layer_times.push_back({layer, "moe.shared_gate_up", t.shared_gate_up});
+      trace->layer_times.push_back({layer, "moe.shared_down", t.shared_down});
+    }
   }
 }
 

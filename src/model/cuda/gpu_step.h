@@ -176,9 +176,6 @@ class StepOutputs {
   bool offsets_copied_ = false;
 };
 
-// cudaEventRecord that also works inside a stream capture (an external event record node), so the
-// per-layer times of a captured decode step can be read as those of an eager one.
-void record_event(CUevent_st* event, cudaStream_t stream);
 
 // Binds the model's stream and a fixed cuBLAS workspace of kCublasWorkspaceBytes to `cublas` (once,
 // at construction: the GEMM calls keep the binding, see cuda::cublas_bind_stream), so that cuBLAS
@@ -250,6 +247,7 @@ struct MoeLayerList {
   std::vector<bool> is_moe;             // [layers]
   std::vector<size_t> layers;           // the MoE layers' indices
   std::vector<const int32_t*> offsets;  // and their device expert offsets
+  std::vector<const moe::GpuMoeLayer*> gpu_layers;  // and the layers (their last GEMM times for traces)
   bool capturable = true;
 
   // Layer: any struct with `std::optional<moe::GpuMoeLayer> moe`.
@@ -262,6 +260,7 @@ struct MoeLayerList {
       if (!moe) continue;
       m.layers.push_back(l);
       m.offsets.push_back(moe->device_expert_offsets());
+      m.gpu_layers.push_back(&*moe);
       m.capturable = m.capturable && moe->capturable();
     }
     return m;
@@ -300,8 +299,10 @@ void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBa
 std::string describe_graphs(const DecodeGraphs& graphs, bool capturable);
 
 // Appends "attention" and "mlp"/"moe" times per layer from events [2 * layers + 1] (event 2l at the
-// layer's start, 2l + 1 after its attention, the last after the last layer) to the trace.
-void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events,
-                       const std::vector<bool>& is_moe, ForwardTrace* trace);
+// layer's start, 2l + 1 after its attention, the last after the last layer) to the trace, and after
+// each "moe" its GEMM phases (GpuMoeLayer::last_gemm_times): "moe.routed_gate_up", "moe.routed_down",
+// and with a shared expert "moe.shared_gate_up", "moe.shared_down". After the step's sync.
+void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, const MoeLayerList& moe,
+                       ForwardTrace* trace);
 
 }  // namespace fp4moe::model::gpu_step
