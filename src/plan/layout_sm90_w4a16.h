@@ -8,15 +8,18 @@
 // wording (config names, byte summary, the refusal message) is in plan/w4a16_smem.h.
 //
 // Two kinds of config:
-//  * kStream (decode, 1..16 tokens per expert): each warp owns 16 weight rows and streams their
-//    codes into its own ring of `stages` 512 B chunk slots in shared memory (one coalesced 16 B
-//    cp.async per lane per 64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier
-//    at all), `stages - 1` chunks in flight per warp; scales come a group (8 chunks) ahead and
-//    activations 2 chunks ahead in registers (kW4A16StreamXAhead), through L1 (every warp of the CTA reads the same rows).
-//      block_w  rows per CTA: 64 or 128 (4 or 8 warps); block_t 8 or 16 tokens; block_k 64 (one
+//  * kStream (decode, 1..16 tokens per expert): each warp owns two adjacent m16 row tiles (32
+//    weight rows, kW4A16StreamTilesPerWarp) and streams their codes into its own two rings of
+//    `stages` 512 B chunk slots in shared memory (one coalesced 16 B cp.async per lane per tile per
+//    64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier at all), `stages - 1`
+//    chunks of each tile in flight per warp; scales come a group (8 chunks) ahead and activations 2
+//    chunks ahead in registers (kW4A16StreamXAhead), through L1 (every warp of the CTA reads the
+//    same rows); one activation load feeds both tiles' MMAs.
+//      block_w  rows per CTA: 64 or 128 (2 or 4 warps); block_t 8 or 16 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
-//    Shared memory: one region, the code rings: block_w / 16 warps x stages x 512 B.
+//    Shared memory: one region, the code rings: block_w / 32 warps x 2 tiles x stages x 512 B (warp
+//    w's ring of its tile h at ring_offset + w x ring_warp_bytes + h x stages x 512).
 //  * kPipeline (32+ tokens): activations, codes and scales staged through shared memory by a
 //    cp.async multi-stage pipeline.
 //      block_w 64 or 128 (one m16 row tile per warp); block_t 8, 16, 32 or 64; block_k 128 or 256
@@ -82,8 +85,9 @@ struct W4A16Config {
   uint32_t stages = 4;     // pipeline stages (kStream: code ring depth in chunks)
   W4A16Kind kind = W4A16Kind::kPipeline;
 
-  // One m16 row tile per warp; kWgmma: always two warpgroups (block_w / 128 row tiles per warp).
-  FP4MOE_HD constexpr uint32_t n_warps() const { return kind == W4A16Kind::kWgmma ? 8 : block_w / 16; }
+  // kPipeline: one m16 row tile per warp; kStream: kW4A16StreamTilesPerWarp; kWgmma: always two
+  // warpgroups (block_w / 128 row tiles per warp).
+  FP4MOE_HD constexpr uint32_t n_warps() const;
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
@@ -91,6 +95,15 @@ struct W4A16Config {
 // 8 tokens (n8 64 a thread, n16 80: 32 / 24 warps per SM instead of 24 / 16), same speed or better at
 // 8-16 tokens per expert (H200, BENCHMARKS.md 2026-12-04 twelfth session).
 inline constexpr uint32_t kW4A16StreamXAhead = 2;
+// m16 row tiles a kStream warp owns (adjacent: 32 weight rows). 2, not 1: the activation fragments
+// it loads feed both tiles' MMAs and the two dequant chains overlap; at 16 tokens per expert 1.24x
+// (gate_up) / 1.10x (down) faster, equal at 1-8 (H200, BENCHMARKS.md 2026-12-04 thirteenth session).
+inline constexpr uint32_t kW4A16StreamTilesPerWarp = 2;
+
+FP4MOE_HD constexpr uint32_t W4A16Config::n_warps() const {
+  if (kind == W4A16Kind::kWgmma) return 8;
+  return kind == W4A16Kind::kStream ? block_w / (16 * kW4A16StreamTilesPerWarp) : block_w / 16;
+}
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
 inline constexpr uint32_t kWgmmaABuffers = 3;
 inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
@@ -112,8 +125,10 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// Registers per thread a config is compiled for (kStream: the activation ring of 2 chunks x 32 B
-// per 8 tokens plus ~48 for the rest; kPipeline: 64).
+// Registers per thread a config is compiled for (kStream: the activation ring, kW4A16StreamXAhead
+// chunks x 8 registers per 8 tokens, and the two row tiles' accumulators, 8 per 8 tokens, plus ~72
+// for the rest (two chunks' A fragments): 96 for n8, 120 for n16; ptxas uses 91-96 / 116-122;
+// kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: the accumulators (block_w / 128 x block_t / 2 f32 a thread) plus ~64 for the rest, at
   // most 255 (1-2 CTAs of 256 threads per SM).
@@ -122,7 +137,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   if (c.kind != W4A16Kind::kStream) return 64;
-  return 48 + 8 * kW4A16StreamXAhead * (c.block_t / 8);
+  return 72 + 8 * (kW4A16StreamXAhead + 1) * (c.block_t / 8);
 }
 
 // CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at
@@ -204,7 +219,7 @@ struct W4A16Layout {
     out.invalid_reason = check(c);
     if (out.invalid_reason != nullptr) return out;
     if (c.kind == W4A16Kind::kStream) {
-      out.ring_warp_bytes = c.stages * 512;
+      out.ring_warp_bytes = kW4A16StreamTilesPerWarp * c.stages * 512;
       out.ring_offset = out.layout.add("code rings (per warp, e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes, 128,
                                        RegionKind::kStageOperand);
       return out;

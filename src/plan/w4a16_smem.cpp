@@ -26,7 +26,8 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     return s.str();
   }
   if (c.kind == W4A16Kind::kStream) {
-    s << c.n_warps() << " warps x code ring (" << c.stages << " chunks x 512 B) = " << l.total_bytes() << " B";
+    s << c.n_warps() << " warps x " << kW4A16StreamTilesPerWarp << " row tiles x code ring (" << c.stages
+      << " chunks x 512 B) = " << l.total_bytes() << " B";
     return s.str();
   }
   if (c.kind == W4A16Kind::kWgmma) {

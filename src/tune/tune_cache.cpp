@@ -175,6 +175,8 @@ std::string layout_version(const plan::W4A16Config* configs, int n_configs) {
     mix(c.block_k);
     mix(c.stages);
     mix(plan::W4A16Layout::make(c).total_bytes());  // a kind's shared-memory layout changing (e.g. an mbarrier added)
+    mix(plan::W4A16Layout::make(c).ring_warp_bytes);
+    mix(c.n_threads());  // rows per warp changing (kStream: one row tile per warp, then two) at the same bytes
     // The name too: it spells every field that changes the kernel (a field added to W4A16Config
     // later, such as a kernel kind, reaches the hash through it).
     for (char ch : plan::w4a16_config_name(c)) mix(static_cast<uint8_t>(ch));

@@ -41,7 +41,8 @@ TEST(W4A16Configs, ShippedConfigsMeetTheKernelsStaticAsserts) {
       // ring slot kc % stages is a mask for a power of two.
       EXPECT_GE(c.stages, 2u) << name;
       EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = kc % stages";
-      EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes, c.stages * kW4A16TileBytes) << name << ": one 512 B chunk per slot";
+      EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes, kW4A16StreamTilesPerWarp * c.stages * kW4A16TileBytes)
+          << name << ": one ring per row tile, one 512 B chunk per slot";
     } else {
       EXPECT_EQ(c.block_k % 64, 0u) << name;
       EXPECT_EQ(kW4A16ScaleGroup % (c.block_k / 64), 0u) << name;
@@ -97,7 +98,7 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
     ++n_stream;
     const W4A16Layout l = W4A16Layout::make(c);
     const std::string name = w4a16_config_name(c);
-    const uint32_t total = c.n_warps() * c.stages * 512;
+    const uint32_t total = c.n_warps() * kW4A16StreamTilesPerWarp * c.stages * 512;
     ASSERT_TRUE(l.valid()) << name;
     ASSERT_EQ(l.layout.n_regions, 1) << name;
     const plan::SmemRegion& r = l.layout.regions[0];
@@ -106,11 +107,11 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
     EXPECT_EQ(r.bytes, total) << name;
     EXPECT_EQ(r.align, 128u) << name;
     EXPECT_EQ(l.ring_offset, 0u) << name;
-    EXPECT_EQ(l.ring_warp_bytes, c.stages * 512) << name;
+    EXPECT_EQ(l.ring_warp_bytes, kW4A16StreamTilesPerWarp * c.stages * 512) << name;
     EXPECT_EQ(l.total_bytes(), total) << name;  // the last warp's ring ends at the request
     EXPECT_EQ(l.x_tile_bytes + l.w_tiles_bytes + l.w_scales_bytes + l.stage_stride + l.epilogue_bytes, 0u) << name;
-    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(c.n_warps()) + " warps x code ring (" + std::to_string(c.stages) +
-                                         " chunks x 512 B) = " + std::to_string(total) + " B")
+    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(c.n_warps()) + " warps x 2 row tiles x code ring (" +
+                                         std::to_string(c.stages) + " chunks x 512 B) = " + std::to_string(total) + " B")
         << name;
     EXPECT_NO_THROW(w4a16_check_config(c, total)) << name;
     const std::string msg = error_of([&] { w4a16_check_config(c, total - 1); });
@@ -120,8 +121,8 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
         << msg;
   }
   EXPECT_EQ(n_stream, 6);
-  // By hand: config 0, m64n8_d8, is 64 / 16 = 4 warps x 8 x 512 = 16384 B.
-  EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)), "4 warps x code ring (8 chunks x 512 B) = 16384 B");
+  // By hand: config 0, m64n8_d8, is 64 / 32 = 2 warps x 2 row tiles x 8 x 512 = 16384 B.
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)), "2 warps x 2 row tiles x code ring (8 chunks x 512 B) = 16384 B");
 }
 
 // Config id i is instantiated as sm90_nvfp4_w4a16_stream_kernel<block_w, block_t, stages>, which
@@ -155,7 +156,7 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       EXPECT_EQ(planned.regions[0].bytes, c.n_warps() * kernel.ring_warp_bytes) << name;
       EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;  // what the launcher requests
-      EXPECT_EQ(check.bytes, c.n_warps() * c.stages * 512) << name;
+      EXPECT_EQ(check.bytes, c.n_warps() * kW4A16StreamTilesPerWarp * c.stages * 512) << name;
       EXPECT_EQ(check.stages * check.stage_bytes + check.epilogue_bytes + check.overhead_bytes, check.bytes) << name;
       uint32_t sum = 0;
       for (const plan::BreakdownItem& b : check.breakdown) sum += b.bytes;
@@ -250,7 +251,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
-  EXPECT_NE(msg.find("config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared "
+  EXPECT_NE(msg.find("config w4a16_stream_m128n8_d8 needs 4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B of shared "
                      "memory > 20000 B (the device's opt-in limit per block) by 12768 B"),
             std::string::npos)
       << msg;
@@ -458,7 +459,7 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
   EXPECT_NO_THROW(w4a16_check_config(W4A16Config{128, 16, 64, 16, kS}, kSm90SmemOptinBytes));  // 8 x 16 x 512 = 65536 B
   // Shared memory is checked for stream configs too: 4 warps x 16 x 512 = 32768 B > 32767 by 1.
   msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 32767); });
-  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 4 warps x code ring (16 chunks "
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 2 warps x 2 row tiles x code ring (16 chunks "
                      "x 512 B) = 32768 B of shared memory > 32767 B (the device's opt-in limit per block) by 1 B"),
             std::string::npos)
       << msg;

@@ -5,7 +5,7 @@
 // its warp's shared-memory ring slot kc % stages of a host image of the CTA's W4A16Layout and read
 // back by the same lane after wait_group(stages - 2), every shipped stream config and a ring of 4;
 // kPipeline: a host image of one stage as load_stage's cp.async copies fill it, block_k 128 and 256),
-// the B fragments from the activations (kStream: a register ring of 4 chunks, 32 B at
+// the B fragments from the activations (kStream: a register ring of kW4A16StreamXAhead chunks, 32 B at
 // x[tok][64 kc + 16 t]; kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated
 // mma.sync m16n8k16 written here from the PTX fragment layouts, and 2^8 x D must equal the f64 dot
 // products of the dequantized weights (format/nvfp4.h). The scale words come from the kernel
@@ -150,13 +150,15 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
   }
 }
 
-// kStream, one CTA (config c, blockIdx.y = 0: warp w owns row tile w, warps past the N row tiles
-// return) on the block_t tokens from tok0 of expert e, each lane as the kernel runs it (lanes only
-// meet in the MMA, emulated per chunk afterwards):
+// kStream, one CTA (config c, blockIdx.y = 0: warp w owns row tiles 2 w and 2 w + 1
+// (kW4A16StreamTilesPerWarp), warps past the N row tiles return) on the block_t tokens from tok0 of
+// expert e, each lane as the kernel runs it (lanes only meet in the MMA, emulated per chunk
+// afterwards; a lane's two tiles share its activation registers and its cp.async groups, so the
+// emulation runs the tiles one after the other with the same schedule):
 //   * codes: chunk kc's 16 B of the lane (indexed in the global kernel layout as before) go with one
-//     cp.async + commit (zero-filled past K) into its warp's shared-memory ring slot kc % stages, at
-//     ring_offset + warp x ring_warp_bytes + slot x 512 + 16 lane of a host image of the CTA's
-//     W4A16Layout filled with garbage. Chunks 0 .. stages - 2 are issued up front; at chunk kc the
+//     cp.async + commit (zero-filled past K) into the ring of its tile h in its warp's shared memory,
+//     slot kc % stages, at ring_offset + warp x ring_warp_bytes + (h x stages + slot) x 512 + 16 lane
+//     of a host image of the CTA's W4A16Layout filled with garbage. Chunks 0 .. stages - 2 are issued up front; at chunk kc the
 //     lane waits until at most stages - 2 groups are pending (only then does the emulation copy the
 //     oldest groups into the image), reads slot kc % stages back, and issues chunk kc + stages - 1
 //     into the slot chunk kc - 1 used (no copy to that slot may still be pending);
@@ -170,11 +172,13 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   const std::string name = w4a16_config_name(c);
   ASSERT_TRUE(l.valid()) << name;
   const uint32_t n_tiles = c.block_t / 8, stages = c.stages;
-  // The carve: every (warp, lane, slot) 16 B in the region, 16 B aligned, none shared, all covered.
+  constexpr uint32_t kTiles = kW4A16StreamTilesPerWarp;
+  // The carve: every (warp, tile, lane, slot) 16 B in the region, 16 B aligned, none shared, all covered.
   std::vector<int> owner(l.total_bytes(), -1);
-  for (uint32_t i = 0; i < c.n_warps() * 32 * stages; ++i) {
-    const uint32_t warp = i / (32 * stages), lane = i / stages % 32, slot = i % stages;
-    const uint32_t a = l.ring_offset + warp * l.ring_warp_bytes + slot * kW4A16TileBytes + lane * 16;
+  for (uint32_t i = 0; i < c.n_warps() * kTiles * 32 * stages; ++i) {
+    const uint32_t warp = i / (kTiles * 32 * stages), h = i / (32 * stages) % kTiles, lane = i / stages % 32;
+    const uint32_t slot = i % stages;
+    const uint32_t a = l.ring_offset + warp * l.ring_warp_bytes + (h * stages + slot) * kW4A16TileBytes + lane * 16;
     ASSERT_TRUE(a % 16 == 0 && a + 16 <= l.total_bytes()) << name << ": slot at " << a;
     for (uint32_t b = a; b < a + 16; ++b) {
       ASSERT_EQ(owner[b], -1) << name << ": byte " << b << " of two slots";
@@ -194,14 +198,16 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
     uint32_t dst;
     uint8_t bytes[16];
   };
-  for (uint32_t warp = 0; warp < c.n_warps() && warp < p.row_tiles; ++warp) {
-    const int64_t tile = e * p.row_tiles + warp;
+  for (uint32_t rt = 0; rt < c.n_warps() * kTiles && rt < p.row_tiles; ++rt) {
+    const uint32_t warp = rt / kTiles, h = rt % kTiles;
+    const int64_t tile = e * p.row_tiles + rt;
     std::vector<ChunkFrags> frags(static_cast<size_t>(p.k_chunks));
     for (uint32_t lane = 0; lane < 32; ++lane) {
       const uint32_t g = lane / 4, t = lane % 4;
       std::deque<Copy> pending;  // this lane's committed cp.async groups, one copy each, oldest first
       auto slot_addr = [&](int64_t kc) {
-        return l.ring_offset + warp * l.ring_warp_bytes + static_cast<uint32_t>(kc % stages) * kW4A16TileBytes + lane * 16;
+        return l.ring_offset + warp * l.ring_warp_bytes + (h * stages + static_cast<uint32_t>(kc % stages)) * kW4A16TileBytes +
+               lane * 16;
       };
       auto load_codes = [&](int64_t kc) {
         Copy cp{slot_addr(kc), {}};
@@ -257,7 +263,7 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
       wait_group(0);  // the drain before the warp leaves
     }
     for (const ChunkFrags& f : frags) {
-      for (uint32_t nt = 0; nt < n_tiles; ++nt) emulate_chunk(f.a, f.b[nt], d[warp][nt]);
+      for (uint32_t nt = 0; nt < n_tiles; ++nt) emulate_chunk(f.a, f.b[nt], d[rt][nt]);
     }
   }
 }

@@ -53,27 +53,28 @@ TEST(SmemLayout, StructPaddingLikeCxx) {
 // (e2m1, the kernel weight layout), w_scales = block_w x block_k / 16 (one e4m3 per 16);
 // stage_stride = their sum; the epilogue at stages x stage_stride, block_t rows of
 // block_w x 2 + 16 B; the total rounded up to 128 (never needed for these tiles).
-// kStream has one region, the code rings at offset 0: block_w / 16 warps x a ring of `stages`
-// chunk slots of 512 B (one 16 x 64 e2m1 tile of the kernel layout, 16 B per lane); the pipeline
-// fields are 0. ring_warp = stages x 512, total = warps x ring_warp (a multiple of 512: no padding).
+// kStream has one region, the code rings at offset 0: block_w / 32 warps x 2 row tiles x a ring of
+// `stages` chunk slots of 512 B (one 16 x 64 e2m1 tile of the kernel layout, 16 B per lane); the
+// pipeline fields are 0. ring_warp = 2 x stages x 512, total = warps x ring_warp (a multiple of 512:
+// no padding).
 struct Pinned {
   const char* name;
   uint32_t x_tile, w_tiles, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
   uint32_t ring_warp;  // kStream: bytes of one warp's ring (W4A16Layout::ring_warp_bytes)
 };
 constexpr Pinned kPinned[] = {
-    // m64n8_d8: 4 warps x 8 x 512 = 4 x 4096 = 16384.
-    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 16384, 4096},
-    // m64n8_d16: 4 warps x 16 x 512 = 4 x 8192 = 32768.
-    {"w4a16_stream_m64n8_d16", 0, 0, 0, 0, 0, 0, 32768, 8192},
-    // m128n8_d8: 8 warps x 8 x 512 = 8 x 4096 = 32768.
-    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 32768, 4096},
-    // m64n16_d8: block_t does not enter the ring: 4 x 4096 = 16384.
-    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 16384, 4096},
-    // m64n16_d16: 4 x 8192 = 32768.
-    {"w4a16_stream_m64n16_d16", 0, 0, 0, 0, 0, 0, 32768, 8192},
-    // m128n16_d8: 8 x 4096 = 32768.
-    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 32768, 4096},
+    // m64n8_d8: 2 warps x 2 tiles x 8 x 512 = 2 x 8192 = 16384.
+    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 16384, 8192},
+    // m64n8_d16: 2 warps x 2 tiles x 16 x 512 = 2 x 16384 = 32768.
+    {"w4a16_stream_m64n8_d16", 0, 0, 0, 0, 0, 0, 32768, 16384},
+    // m128n8_d8: 4 warps x 2 tiles x 8 x 512 = 4 x 8192 = 32768.
+    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m64n16_d8: block_t does not enter the ring: 2 x 8192 = 16384.
+    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 16384, 8192},
+    // m64n16_d16: 2 x 16384 = 32768.
+    {"w4a16_stream_m64n16_d16", 0, 0, 0, 0, 0, 0, 32768, 16384},
+    // m128n16_d8: 4 x 8192 = 32768.
+    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
     // m64n8k256_s4: x 8*256*2 = 4096, w 64*256/2 = 8192, s 64*256/16 = 1024, stride 13312;
     // epilogue at 4*13312 = 53248, 8*(64*2+16) = 1152 B; total 54400 = 425 x 128.
     {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400, 0},
@@ -135,7 +136,8 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(l.layout.regions[0].align, 128u) << name;
       EXPECT_EQ(l.layout.regions[0].kind, RegionKind::kStageOperand) << name;
       EXPECT_EQ(l.ring_offset + c.n_warps() * l.ring_warp_bytes, p.total) << name;
-      EXPECT_EQ(p.total, c.n_warps() * c.stages * 512) << name;
+      EXPECT_EQ(p.total, c.n_warps() * kW4A16StreamTilesPerWarp * c.stages * 512) << name;
+      EXPECT_EQ(c.n_warps() * kW4A16StreamTilesPerWarp * 16, c.block_w) << name;  // every row of the CTA owned
       EXPECT_FALSE(l.fits(p.total - 1)) << name;
       EXPECT_TRUE(l.fits(p.total)) << name;
       expect_well_formed(l.layout, name);
@@ -195,19 +197,19 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
   // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
-  // 48 + 8 x kW4A16StreamXAhead (2) x block_t / 8: 64 for n8, 80 for n16.
-  //   m64n8_d8   (128 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (128 x 64) = 8 by regs -> 8
-  //   m64n8_d16  (128 threads, 32768 B): 233472 / (32768 + 1024) = 6, 65536 / (128 x 64) = 8 -> 6
-  //   m128n8_d8  (256 threads, 32768 B): 6 by smem, 65536 / (256 x 64) = 4 -> 4
-  //   m64n16_d8  (128 threads, 16384 B): 13 by smem, 65536 / (128 x 80) = 6 -> 6
-  //   m64n16_d16 (128 threads, 32768 B): 6 by smem, 6 by regs -> 6
-  //   m128n16_d8 (256 threads, 32768 B): 6 by smem, 65536 / (256 x 80) = 3 -> 3
+  // 72 + 8 x (kW4A16StreamXAhead (2) + 1) x block_t / 8: 96 for n8, 120 for n16.
+  //   m64n8_d8   (64 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (64 x 96) = 10 by regs -> 10
+  //   m64n8_d16  (64 threads, 32768 B): 233472 / (32768 + 1024) = 6, 10 by regs -> 6
+  //   m128n8_d8  (128 threads, 32768 B): 6 by smem, 65536 / (128 x 96) = 5 -> 5
+  //   m64n16_d8  (64 threads, 16384 B): 13 by smem, 65536 / (64 x 120) = 8 -> 8
+  //   m64n16_d16 (64 threads, 32768 B): 6 by smem, 8 by regs -> 6
+  //   m128n16_d8 (128 threads, 32768 B): 6 by smem, 65536 / (128 x 120) = 4 -> 4
   constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
   static_assert(stream.valid() && stream.total_bytes() == 16384 && stream.layout.n_regions == 1);
-  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 4096);
-  static_assert(kW4A16StreamXAhead == 2);
-  static constexpr uint32_t kWantBudget[6] = {64, 64, 64, 80, 80, 80};
-  static constexpr uint32_t kWantCtas[6] = {8, 6, 4, 6, 6, 3};
+  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 8192);
+  static_assert(kW4A16StreamXAhead == 2 && kW4A16StreamTilesPerWarp == 2);
+  static constexpr uint32_t kWantBudget[6] = {96, 96, 96, 120, 120, 120};
+  static constexpr uint32_t kWantCtas[6] = {10, 6, 5, 8, 6, 4};
   static_assert([] {
     for (int i = 0; i < 6; ++i) {
       const W4A16Config& c = kW4A16Configs[i];
@@ -216,11 +218,11 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     }
     return true;
   }());
-  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 8 by registers.
-  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 8);
+  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 10 by registers.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 10);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
   EXPECT_EQ(l.config.n_threads(), 256u);
-  EXPECT_EQ(stream.config.n_threads(), 128u);
+  EXPECT_EQ(stream.config.n_threads(), 64u);
 }
 
 TEST(W4A16Layout, SummaryAndRefusalWording) {
@@ -235,11 +237,11 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "config w4a16_swapab_m128n8k192_s4 cannot be built: block_k must be 128 or 256");
   // kStream: the code rings, 8 warps x 8 x 512 = 32768 B for m128n8_d8 (config 2); refused only
   // by a limit under that (32767: by 1 B).
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]), "8 warps x code ring (8 chunks x 512 B) = 32768 B");
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[1]), "4 warps x code ring (16 chunks x 512 B) = 32768 B");
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]), "4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B");
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[1]), "2 warps x 2 row tiles x code ring (16 chunks x 512 B) = 32768 B");
   EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32768), "");
   EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32767),
-            "config w4a16_stream_m128n8_d8 needs 8 warps x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
+            "config w4a16_stream_m128n8_d8 needs 4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
             "32767 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[11]),

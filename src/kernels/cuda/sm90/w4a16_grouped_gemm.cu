@@ -5,17 +5,19 @@
 // w4a16_kernel_common.cuh).
 //
 // Both mma.sync kernels: one CTA computes a block_w (weight rows) x block_t (tokens) output tile of one
-// expert over the whole K; warp w owns the 16 weight rows of row tile blockIdx.y * (block_w / 16) + w
-// (one m16 MMA tile) and all block_t tokens (block_t / 8 n8 tiles). blockIdx.x picks the work item:
+// expert over the whole K; kPipeline: warp w owns the 16 weight rows of row tile
+// blockIdx.y * (block_w / 16) + w (one m16 MMA tile), kStream: the 32 rows of row tiles 2 w and 2 w + 1
+// from there (kW4A16StreamTilesPerWarp), and all block_t tokens (block_t / 8 n8 tiles). blockIdx.x picks the work item:
 // the (expert, token tile) pairs in expert order, found on the device by a warp-wide prefix sum
 // over the tile counts ceil(tokens_e / block_t) (every warp computes it redundantly: no barrier, no
 // shared memory). Accumulators are f32; the epilogue multiplies by 2^8 x the expert's global scale.
 //
-// kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk with cp.async into its
-// warp's ring of `stages` chunk slots in shared memory (stages - 1 chunks in flight per warp, so
-// many more bytes in flight per SM than registers allow) and reads back only its own 16 B; scales
-// come a group (8 chunks) ahead and activations kW4A16StreamXAhead (2) chunks ahead in registers, through L1 (all warps
-// of a CTA read the same rows).
+// kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk and tile with cp.async
+// into its warp's ring of `stages` chunk slots per tile in shared memory (stages - 1 chunks of both
+// tiles in flight per warp, so many more bytes in flight per SM than registers allow) and reads back
+// only its own 16 B; scales come a group (8 chunks) ahead and activations kW4A16StreamXAhead (2)
+// chunks ahead in registers, through L1 (all warps of a CTA read the same rows), each activation
+// fragment feeding both tiles' MMAs.
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
 // each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the refill
@@ -47,8 +49,10 @@ namespace {
 using namespace w4a16_detail;
 
 // ---- kStream: per-warp code rings, no barrier ----------------------------------------------------
+// Each warp owns kW4A16StreamTilesPerWarp = 2 adjacent row tiles (32 weight rows): the activation
+// fragments it loads feed both tiles' MMAs, and it runs two independent dequant chains.
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
-__global__ void __launch_bounds__(BLOCK_W / 16 * 32,
+__global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}.n_threads(),
                                   w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream},
                                                     W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES,
                                                                                   W4A16Kind::kStream}).total_bytes()))
@@ -58,21 +62,29 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   constexpr uint32_t kNTiles = BLOCK_T / 8;
   constexpr uint32_t kXAhead = kW4A16StreamXAhead;
   static_assert(kW4A16ScaleGroup % kXAhead == 0, "the activation ring must divide a scale group");
+  static_assert(kW4A16StreamTilesPerWarp == 2, "the loop below is written for two row tiles per warp");
   extern __shared__ __align__(128) uint8_t smem[];
 
   WorkItem item;
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t g = lane >> 2, t = lane & 3u;
-  const int rt = static_cast<int>(blockIdx.y * (BLOCK_W / 16) + warp);
-  if (rt >= p.row_tiles) return;  // no barrier below: a warp may leave on its own
+  const int rt0 = static_cast<int>(blockIdx.y * (BLOCK_W / 16) + 2 * warp);
+  if (rt0 >= p.row_tiles) return;  // no barrier below: a warp may leave on its own
+  // An odd row-tile count: the last warp's second tile does not exist; it streams tile rt0 twice
+  // (in bounds, same bytes) and stores only the first.
+  const bool has1 = rt0 + 1 < p.row_tiles;
 
-  const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + rt;
-  const uint8_t* codes = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
-  const uint8_t* scales = p.w_scales + tile * p.k_groups * kW4A16TileBytes + lane * 16;
-  // This lane's 16 B slot in chunk slot 0 of its warp's ring (slot s at + s * 512).
+  const int64_t tile0 = static_cast<int64_t>(item.expert) * p.row_tiles + rt0;
+  const int64_t tile1 = has1 ? tile0 + 1 : tile0;
+  const uint8_t* codes0 = p.w_codes + tile0 * p.k_chunks * kW4A16TileBytes + lane * 16;
+  const uint8_t* codes1 = p.w_codes + tile1 * p.k_chunks * kW4A16TileBytes + lane * 16;
+  const uint8_t* scales0 = p.w_scales + tile0 * p.k_groups * kW4A16TileBytes + lane * 16;
+  const uint8_t* scales1 = p.w_scales + tile1 * p.k_groups * kW4A16TileBytes + lane * 16;
+  // This lane's 16 B slot in chunk slot 0 of its warp's two rings (tile 1's ring STAGES x 512 B later).
   const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
+  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
   const uint4* xrow[kNTiles];
   bool xvalid[kNTiles];
 #pragma unroll
@@ -90,11 +102,13 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
   const int kc0 = kg0 * static_cast<int>(kW4A16ScaleGroup);
   const int kc_end = min(kg1 * static_cast<int>(kW4A16ScaleGroup), p.k_chunks);
 
-  // Codes of chunk kc -> ring slot kc % STAGES (zero-filled past the part), one commit group per chunk.
+  // Codes of chunk kc of both tiles -> ring slot kc % STAGES of each ring, one commit group per chunk.
   auto load_codes = [&](int kc) {
     const bool ok = kc < kc_end;
-    const void* src = ok ? static_cast<const void*>(codes + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
-    cp_async_16(ring + (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes, src, ok);
+    const int64_t off = static_cast<int64_t>(kc) * kW4A16TileBytes;
+    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
+    cp_async_16(ring + slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
+    cp_async_16(ring + kRing1 + slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
     cp_async_commit();
   };
   uint4 xq[kXAhead][kNTiles][2];
@@ -108,77 +122,101 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
     }
   };
 
-  float acc[kNTiles][4];
+  float acc[2][kNTiles][4];
 #pragma unroll
-  for (uint32_t j = 0; j < kNTiles; ++j) {
+  for (uint32_t h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (uint32_t j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[h][j][i] = 0.0f;
+    }
   }
 #pragma unroll
   for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(kc0 + static_cast<int>(d));
 #pragma unroll
   for (uint32_t d = 0; d < kXAhead; ++d) load_x(kc0 + static_cast<int>(d), xq[d]);
-  uint4 sg = __ldg(reinterpret_cast<const uint4*>(scales + kg0 * kW4A16TileBytes));
-  uint4 sg_next = kg0 + 1 < kg1 ? __ldg(reinterpret_cast<const uint4*>(scales + (kg0 + 1) * kW4A16TileBytes)) : zero;
+  auto group_of = [&](const uint8_t* sc, int kg) {
+    return kg < kg1 ? __ldg(reinterpret_cast<const uint4*>(sc + kg * kW4A16TileBytes)) : zero;
+  };
+  uint4 sg0 = group_of(scales0, kg0), sg1 = group_of(scales1, kg0);
+  uint4 sg0_next = group_of(scales0, kg0 + 1), sg1_next = group_of(scales1, kg0 + 1);
 
   for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
       if (kc < kc_end) {
-        // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc landed
-        // (this lane's copy: the lane reads back only its own 16 B).
+        // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc of both
+        // tiles landed (this lane's copies: the lane reads back only its own 16 B).
         cp_async_wait<static_cast<int>(STAGES) - 2>();
-        const uint4 w = *reinterpret_cast<const uint4*>(ring_ptr + (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes);
-        load_codes(kc + static_cast<int>(STAGES) - 1);  // into the slot chunk kc - 1 used
-        uint32_t sc_lo, sc_hi;
-        w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
-        uint32_t a[4][4];
-        w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
+        const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
+        const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot);
+        const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot);
+        load_codes(kc + static_cast<int>(STAGES) - 1);  // into the slots chunk kc - 1 used
+        uint32_t a0[4][4], a1[4][4];
+        {
+          uint32_t sc_lo, sc_hi;
+          w4a16_chunk_scales(sg0, j, sc_lo, sc_hi);
+          w4a16_chunk_fragments(w0, sc_lo, sc_hi, a0);
+          w4a16_chunk_scales(sg1, j, sc_lo, sc_hi);
+          w4a16_chunk_fragments(w1, sc_lo, sc_hi, a1);
+        }
         const uint32_t xs = j % kXAhead;  // compile-time after unrolling (kg * 8 % kXAhead == 0)
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
           w4a16_b_from_words(xq[xs][nt][0], xq[xs][nt][1], b);
 #pragma unroll
-          for (int s = 0; s < 4; ++s) mma_bf16_m16n8k16(acc[nt], a[s], b[s]);
+          for (int s = 0; s < 4; ++s) {
+            mma_bf16_m16n8k16(acc[0][nt], a0[s], b[s]);
+            mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
+          }
         }
         load_x(kc + static_cast<int>(kXAhead), xq[xs]);
       }
     }
-    sg = sg_next;
-    if (kg + 2 < kg1) sg_next = __ldg(reinterpret_cast<const uint4*>(scales + (kg + 2) * kW4A16TileBytes));
+    sg0 = sg0_next;
+    sg1 = sg1_next;
+    sg0_next = group_of(scales0, kg + 2);
+    sg1_next = group_of(scales1, kg + 2);
   }
   cp_async_wait<0>();  // the copies past K are zero-size; drain before the warp leaves
 
-  // C fragment: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1). kSwiGlu: row g is gate row 8 rt + g
-  // and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
+  // C fragment of tile h: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1), rt = rt0 + h. kSwiGlu: row g is
+  // gate row 8 rt + g and row g + 8 its up row (w4a16_repack_gate_up), output column 8 rt + g.
   const float f = epilogue_scale(p.global_scales, item.expert);
   const float fu = SWIGLU ? epilogue_scale(p.global_scales_up, item.expert) : f;
-  if (p.partial != nullptr) {
-    store_partial<kNTiles>(p, item, rt, lane, acc, f, fu);
-  } else if constexpr (SWIGLU) {
-    const int col = rt * 8 + static_cast<int>(g);
 #pragma unroll
-    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+  for (uint32_t h = 0; h < 2; ++h) {
+    if (h == 1 && !has1) break;
+    const int rt = rt0 + static_cast<int>(h);
+    if (p.partial != nullptr) {
+      store_partial<kNTiles>(p, item, rt, lane, acc[h], f, fu);
+    } else if constexpr (SWIGLU) {
+      const int col = rt * 8 + static_cast<int>(g);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int tok = static_cast<int>(nt * 8 + 2 * t) + i;
-        if (tok < item.rows && col < p.n_out) {
-          p.y[static_cast<int64_t>(item.row_begin + tok) * p.n_out + col] =
-              __float2bfloat16_rn(swiglu(acc[nt][i] * f, acc[nt][i + 2] * fu));
+      for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int tok = static_cast<int>(nt * 8 + 2 * t) + i;
+          if (tok < item.rows && col < p.n_out) {
+            p.y[static_cast<int64_t>(item.row_begin + tok) * p.n_out + col] =
+                __float2bfloat16_rn(swiglu(acc[h][nt][i] * f, acc[h][nt][i + 2] * fu));
+          }
         }
       }
-    }
-  } else {
-    const int row0 = rt * 16 + static_cast<int>(g);
+    } else {
+      const int row0 = rt * 16 + static_cast<int>(g);
 #pragma unroll
-    for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+      for (uint32_t nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
-        const int row = row0 + 8 * (i >> 1);
-        if (tok < item.rows && row < p.n) p.y[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = __float2bfloat16_rn(acc[nt][i] * f);
+        for (int i = 0; i < 4; ++i) {
+          const int tok = static_cast<int>(nt * 8 + 2 * t) + (i & 1);
+          const int row = row0 + 8 * (i >> 1);
+          if (tok < item.rows && row < p.n) {
+            p.y[static_cast<int64_t>(item.row_begin + tok) * p.n + row] = __float2bfloat16_rn(acc[h][nt][i] * f);
+          }
+        }
       }
     }
   }

@@ -45,6 +45,7 @@ using plan::W4A16Config;
 using plan::W4A16Kind;
 using plan::w4a16_is_wgmma;
 using plan::kW4A16StreamXAhead;
+using plan::kW4A16StreamTilesPerWarp;
 using plan::W4A16Layout;
 
 // What the epilogue writes. kNone: y [m_total, n]. kSwiGlu (the MoE gate_up GEMM): the weight is
