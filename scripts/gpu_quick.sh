@@ -11,7 +11,7 @@ here="$(dirname "$0")"
 source "$here/device_env.sh"
 quick=" ${FP4MOE_QUICK:-tests sanitizer w4a16 moe step} "
 status=0
-stages="build"  # gpu_check.sh always builds; an unknown stage name runs nothing after the build
+stages="build "  # gpu_check.sh always builds; an unknown stage name runs nothing after the build
 [[ "$quick" == *" tests "* ]] && stages+="tests "
 [[ "$quick" == *" sanitizer "* ]] && stages+="sanitizer "
 FP4MOE_STAGES="$stages" FP4MOE_SANITIZE="${FP4MOE_SANITIZE-test_cuda_w4a16}" bash "$here/gpu_check.sh" || status=1

@@ -387,8 +387,8 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
     int64_t tokens;
     const char* name;
   };
-  const Case cases[] = {{1, "w4a16_stream_m64n8_d8"},         {8, "w4a16_stream_m64n8_d8"},
-                        {9, "w4a16_stream_m64n16_d8"},        {16, "w4a16_stream_m64n16_d8"},
+  const Case cases[] = {{1, "w4a16_stream_m128n8_d8"},        {8, "w4a16_stream_m128n8_d8"},
+                        {9, "w4a16_stream_m128n16_d8"},       {16, "w4a16_stream_m128n16_d8"},
                         {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
                         {33, "w4a16_wgmma_m128n64_s5"},       {64, "w4a16_wgmma_m128n64_s5"},
                         {65, "w4a16_wgmma_m256n128_s4"},      {128, "w4a16_wgmma_m256n128_s4"},
@@ -402,9 +402,9 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
-  // The decode defaults' rings: 4 warps x 8 chunks x 512 B = 16384 B each.
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 16384u);
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 16384u);
+  // The decode defaults' rings: 4 warps x 2 row tiles x 8 chunks x 512 B = 32768 B each.
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 32768u);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 32768u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
 }
