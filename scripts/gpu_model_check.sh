@@ -8,7 +8,8 @@
 #   FP4MOE_STAGES   which of "tests sanitizer initcheck one-batch serve golden-serve" to run (default all
 #                   but initcheck)
 #   FP4MOE_SERVE_VARIANTS  weights served in the serve stage (default "nvfp4 bf16"; "nvfp4-eager" is
-#                   NVFP4 with --disable-cuda-graph)
+#                   NVFP4 with --disable-cuda-graph, "nvfp4-timed" NVFP4 with --time-moe-gemms: analyze's
+#                   measured per-GEMM rates, at the timing events' cost in step time)
 #   FP4MOE_CONCURRENCY  bench-serving concurrencies (default "1 16 64")
 #   FP4MOE_EXTRA_TESTS  more test binaries to build and run
 # Prepare here: scripts/device_prepare.sh; device call: carry [".carry", "third_party"],
@@ -75,8 +76,12 @@ fi
 
 if has serve; then
   for variant in ${FP4MOE_SERVE_VARIANTS:-nvfp4 bf16}; do
-    w=${variant%-eager}
-    extra=""; [ "$variant" = "$w" ] || extra="--disable-cuda-graph"
+    w=${variant%-eager}; w=${w%-timed}
+    case "$variant" in
+      *-eager) extra="--disable-cuda-graph" ;;
+      *-timed) extra="--time-moe-gemms" ;;
+      *) extra="" ;;
+    esac
     step "serve --device cuda + bench-serving + analyze ($preset, dummy $w weights $extra)"
     "$fp4moe" serve --device cuda --model "$preset" --load-format dummy --dummy-weights $w $extra \
       --tokenizer-path "$FP4MOE_SHARED/golden/tokenizer" --max-running-requests 256 --port 30112 \

@@ -46,6 +46,7 @@ struct GpuOptions {
   bool nvfp4_kernels = true;           // false: NVFP4 weights dequantized to BF16, cuBLAS (the 16-bit peer)
   int64_t cuda_graph_max_bs = 256;     // decode steps of up to this many sequences run as CUDA graphs (0: off)
   int64_t decode_split_min_keys = 32;  // decode attention: keys per split-K part at least this many
+  bool time_moe_gemms = false;         // MoE layers record per-GEMM timing events (trace parts moe.*; costs step time)
 };
 
 struct LoadOptions {

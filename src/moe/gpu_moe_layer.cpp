@@ -559,7 +559,7 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
         FP4MOE_CUDA_CHECK(cudaEventRecord(class_join_.get(), class_stream_.get()));
         FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, class_join_.get(), 0));
       }
-      cuda::record_timing_event(gate_up ? after_gate_up : after_down, stream);
+      mark(gate_up ? after_gate_up : after_down, stream);
     }
     return;
   }
@@ -587,13 +587,17 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
     cublas_bf16_gemm(h, weight(w.gate_up, e, true), x + r0 * H, rows, 2 * I, H, gu + r0 * 2 * I);
   }
   cuda::moe::swiglu(gu, gu + I, 2 * I, m, I, act, stream);
-  cuda::record_timing_event(after_gate_up, stream);
+  mark(after_gate_up, stream);
   for (int64_t e = 0; e < w.n_experts; ++e) {
     const int64_t r0 = h_offsets[e], rows = h_offsets[e + 1] - h_offsets[e];
     if (rows == 0) continue;
     cublas_bf16_gemm(h, weight(w.down, e, false), act + r0 * I, rows, H, I, out + r0 * H);
   }
-  cuda::record_timing_event(after_down, stream);
+  mark(after_down, stream);
+}
+
+void GpuMoeLayer::mark(CUevent_st* event, cudaStream_t stream) const {
+  if (gemm_timing_) cuda::record_timing_event(event, stream);
 }
 
 GpuMoeLayer::GemmTimes GpuMoeLayer::last_gemm_times() const {
@@ -611,7 +615,7 @@ GpuMoeLayer::GemmTimes GpuMoeLayer::last_gemm_times() const {
 void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream) {
   FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= max_tokens_)
       << "GpuMoeLayer::forward: n_tokens=" << n_tokens << " outside [0, " << max_tokens_ << "] (max_tokens)";
-  timed_ = n_tokens > 0;
+  timed_ = gemm_timing_ && n_tokens > 0;
   if (n_tokens == 0) return;
   const int64_t T = n_tokens, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden;
   const int64_t R = T * K;
@@ -646,7 +650,7 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
-  cuda::record_timing_event(gemm_events_[0].get(), stream);
+  mark(gemm_events_[0].get(), stream);
   run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
           ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(),
           gemm_events_[1].get(), gemm_events_[2].get(), stream);
@@ -657,8 +661,8 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
             ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
             ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), stream);
   } else {
-    cuda::record_timing_event(gemm_events_[3].get(), stream);
-    cuda::record_timing_event(gemm_events_[4].get(), stream);
+    mark(gemm_events_[3].get(), stream);
+    mark(gemm_events_[4].get(), stream);
   }
   cuda::moe::combine(ws_->down_out.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
                      has_shared_ ? ws_->shared_out.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);

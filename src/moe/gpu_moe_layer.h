@@ -121,14 +121,20 @@ class GpuMoeLayer {
   // peer's cuBLAS GEMMs, with the same one host sync: the W4A16 GEMM is the faster one below that.
   void forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream);
 
-  // The GPU time of the last forward's GEMM phases in seconds, from events the layer records on the
-  // forward's stream every time (captured graphs included): routed gate_up (every class launch, the
-  // SwiGLU included), routed down, shared expert gate_up and down (0 without one). Read them once that
-  // stream has been synchronized; all 0 before the first forward of >= 1 token. (`fp4moe analyze`
-  // turns them into per-GEMM rates: the GPU models trace them as parts "moe.routed_gate_up", ...)
+  // With set_gemm_timing(true) (default off) every forward records timing events on its stream
+  // around the GEMM phases (graphs captured afterwards included), and last_gemm_times() gives the GPU
+  // time of the last forward's phases in seconds: routed gate_up (every class launch, the SwiGLU
+  // included), routed down, shared expert gate_up and down (0 without one). Read them once that
+  // stream has been synchronized; all 0 before the first timed forward of >= 1 token and while off.
+  // (`fp4moe analyze` turns them into per-GEMM rates: the GPU models trace them as parts
+  // "moe.routed_gate_up", ... under --time-moe-gemms.) Off by default because the five event nodes
+  // per layer cost a replayed glm5-shard decode step (3 MoE layers, batch 64) 3.96 vs 3.70 ms on the
+  // H200 (BENCHMARKS.md 2026-12-04 thirteenth session, run 5). Set it before capturing graphs.
   struct GemmTimes {
     double routed_gate_up = 0, routed_down = 0, shared_gate_up = 0, shared_down = 0;
   };
+  void set_gemm_timing(bool on) { gemm_timing_ = on; }
+  bool gemm_timing() const { return gemm_timing_; }
   GemmTimes last_gemm_times() const;
   bool has_shared_expert() const { return has_shared_; }
 
@@ -247,7 +253,10 @@ class GpuMoeLayer {
   // last_gemm_times: before the routed gate_up, after it, after the routed down, after the shared
   // gate_up, after the shared down (timing events); timed_ once a forward recorded them.
   std::unique_ptr<CUevent_st, cuda::EventDeleter> gemm_events_[5];
+  bool gemm_timing_ = false;
   bool timed_ = false;
+  // Records a timing event on `stream` when gemm_timing_ (cuda::record_timing_event), else nothing.
+  void mark(CUevent_st* event, cudaStream_t stream) const;
 };
 
 }  // namespace fp4moe::moe

@@ -98,7 +98,7 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
          static_cast<double>(s.layer_timed_steps_total));
   scalar(o, "cuda_graph_steps_total", "counter", "Steps the GPU model ran as a captured CUDA graph (--cuda-graph-max-bs).",
          static_cast<double>(s.cuda_graph_steps_total));
-  header(o, "layer_seconds_total", "counter", "Measured wall seconds of each layer part (attention, mlp, moe; GPU models: moe.routed_gate_up, ... inside moe).");
+  header(o, "layer_seconds_total", "counter", "Measured wall seconds of each layer part (attention, mlp, moe; GPU models under --time-moe-gemms: moe.routed_gate_up, ... inside moe).");
   for (const engine::EngineStats::LayerPartSeconds& t : s.layer_seconds) {
     o << kPrefix << "layer_seconds_total{layer=\"" << t.layer << "\",part=\"" << t.part << "\"} " << num(t.seconds) << "\n";
   }

@@ -362,7 +362,8 @@ std::string format_analysis(const Analysis& a) {
                 "TFLOP/s", "GB/s", "% HBM", "% roofline"},
                rows);
     if (std::none_of(a.total.gemms.begin(), a.total.gemms.end(), [](const GemmRow& g) { return g.measured_s > 0; })) {
-      o += "  (measured per-GEMM times need parts moe.routed_gate_up, ... in layer_seconds_total; see the layer table)\n";
+      o += "  (measured per-GEMM times need parts moe.routed_gate_up, ... in layer_seconds_total: start `fp4moe serve "
+           "--device cuda` with --time-moe-gemms; see the layer table)\n";
     }
     o += "\n";
   }

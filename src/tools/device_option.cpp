@@ -20,6 +20,10 @@ void add_device_options(CLI::App& cmd, DeviceArgs& args) {
                  "cuda: decode attention splits each sequence's keys into parts of at least this many keys "
                  "(split-K, so a small batch fills the GPU; default " +
                      std::to_string(DeviceArgs{}.decode_split_min_keys) + ")");
+  cmd.add_flag("--time-moe-gemms", args.time_moe_gemms,
+               "cuda: the MoE layers time their GEMMs (routed / shared gate_up and down) on every step, for "
+               "`fp4moe analyze`'s per-GEMM rates and /metrics (off by default: the events cost ~0.09 ms per MoE "
+               "layer of a graph-replayed step)");
 }
 
 void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
@@ -36,6 +40,7 @@ void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, in
   options.gpu.page_size = page_size;
   options.gpu.cuda_graph_max_bs = args.disable_cuda_graph ? 0 : args.cuda_graph_max_bs;
   options.gpu.decode_split_min_keys = args.decode_split_min_keys;
+  options.gpu.time_moe_gemms = args.time_moe_gemms;
 #else
   (void)max_tokens_per_step;
   (void)kv_tokens;

@@ -2,7 +2,8 @@
 // (default) or "cuda" (the GPU models of model/cuda/gpu_models.h, registered here; a build without
 // CUDA refuses naming the option), and for cuda --cuda-graph-max-bs N (decode steps of up to N
 // sequences run as captured CUDA graphs, SGLang's option; 0 or --disable-cuda-graph: eager) and
-// --decode-split-min-keys N (the decode attention kernels' split-K granularity).
+// --decode-split-min-keys N (the decode attention kernels' split-K granularity) and --time-moe-gemms
+// (per-GEMM timing events in the MoE layers, for `fp4moe analyze`; off by default: they cost step time).
 // Tested by tests/tools/test_device_option.cpp and the GPU e2e runs.
 #pragma once
 
@@ -22,9 +23,11 @@ struct DeviceArgs {
   int64_t cuda_graph_max_bs = model::GpuOptions{}.cuda_graph_max_bs;
   bool disable_cuda_graph = false;
   int64_t decode_split_min_keys = model::GpuOptions{}.decode_split_min_keys;
+  bool time_moe_gemms = false;
 };
 
-// Adds --device, --cuda-graph-max-bs, --disable-cuda-graph and --decode-split-min-keys to `cmd`.
+// Adds --device, --cuda-graph-max-bs, --disable-cuda-graph, --decode-split-min-keys and --time-moe-gemms
+// to `cmd`.
 void add_device_options(CLI::App& cmd, DeviceArgs& args);
 
 // Sets options.device from args.device (fails naming the value) and, for cuda, registers the GPU

@@ -697,12 +697,15 @@ TEST(GpuGlm5, SharedIndexerLayersAndSparseDecodeMatchCpu) {
 // capture), the same arbitrary tokens fed to both; some rows ask only for the argmax. Per row cosine
 // >= 0.9999 and argmax equal on >= 95% of rows (padding changes the W4A16 tile config and cuBLAS's
 // algorithm, not the math), every decode step of the graph model ran as a graph, and its per-layer
-// times (events recorded inside the graph) are there. glm4_moe_tiny's BF16 MoE layer reads its
-// expert offsets on the host, so it cannot be captured: all its steps run eagerly and describe() says why.
-std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph_max_bs) {
+// times (events recorded inside the graph) are there, with the MoE GEMM phases (the graph model runs
+// with --time-moe-gemms; the eager one without, and its trace has no such parts). glm4_moe_tiny's BF16
+// MoE layer reads its expert offsets on the host, so it cannot be captured: all its steps run eagerly
+// and describe() says why.
+std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph_max_bs, bool time_moe_gemms = false) {
   const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/" + name);
   LoadOptions o = gpu_options();
   o.gpu.cuda_graph_max_bs = graph_max_bs;
+  o.gpu.time_moe_gemms = time_moe_gemms;
   if (name.rfind("glm5", 0) != 0) return load_model(dir, o);
   nlohmann::json j = load_model_config(dir).raw;
   j["index_topk"] = 4096;
@@ -771,7 +774,9 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
   register_gpu_models();
   for (const std::string name : {"glm4_moe_tiny_nvfp4", "glm5_tiny_nvfp4", "glm4_moe_tiny"}) {
     auto eager = load_for_graphs(name, 0);
-    auto graph = load_for_graphs(name, 16);
+    auto graph = load_for_graphs(name, 16, /*time_moe_gemms=*/true);
+    EXPECT_NE(graph->describe().find("MoE GEMM timing events on (--time-moe-gemms)"), std::string::npos) << name;
+    EXPECT_EQ(eager->describe().find("MoE GEMM timing events"), std::string::npos) << name;
     const bool capturable = name.find("nvfp4") != std::string::npos;
     EXPECT_NE(graph->describe().find(capturable ? "CUDA graphs: decode batches 1 2 4 8 16 (captured on first use)"
                                                 : "CUDA graphs: off (a BF16 MoE layer"),
@@ -803,7 +808,12 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
           cg.push_back({sg[static_cast<size_t>(i)].get(), t, argmax_only ? nullptr : lg.data() + i * V, false,
                         argmax_only ? &am[static_cast<size_t>(i)] : nullptr});
         }
-        eager->forward(ce);
+        ForwardTrace tr_eager;
+        eager->forward(ce, s == 0 ? &tr_eager : nullptr);
+        for (const LayerTiming& lt : tr_eager.layer_times) {
+          EXPECT_NE(lt.part.rfind("moe.", 0), 0u) << name << ": GEMM phase " << lt.part << " without --time-moe-gemms";
+        }
+        if (s == 0) EXPECT_EQ(tr_eager.layer_times.size(), 2 * n_layers) << name;
         ForwardTrace tr;
         graph->forward(cg, &tr);
         ++steps;

@@ -552,6 +552,12 @@ TEST(Layer, GraphReplayEqualsEager) {
   FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   upload_on(stream, d_x, random_bf16(static_cast<size_t>(n * H), seed + 1));
   g.forward(d_x.as<__nv_bfloat16>(), n, d_y_eager.as<__nv_bfloat16>(), stream);  // warm-up (kernel attributes)
+  // GEMM timing is off by default: no events, all times 0.
+  EXPECT_FALSE(g.gemm_timing());
+  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(g.last_gemm_times().routed_gate_up, 0.0);
+  EXPECT_EQ(g.last_gemm_times().shared_down, 0.0);
+  g.set_gemm_timing(true);  // before the capture: the events become graph nodes
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

@@ -16,8 +16,8 @@ namespace fp4moe::tools {
 namespace {
 
 DeviceArgs on(const std::string& device, int64_t graph_max_bs = 256, bool disable_graph = false,
-              int64_t split_min_keys = 32) {
-  return DeviceArgs{device, graph_max_bs, disable_graph, split_min_keys};
+              int64_t split_min_keys = 32, bool time_moe_gemms = false) {
+  return DeviceArgs{device, graph_max_bs, disable_graph, split_min_keys, time_moe_gemms};
 }
 
 TEST(DeviceOption, CpuCudaAndBadValues) {
@@ -39,9 +39,11 @@ TEST(DeviceOption, CpuCudaAndBadValues) {
   EXPECT_EQ(o.gpu.cuda_graph_max_bs, 48);
   EXPECT_EQ(std::string(model::to_string(o.device)), "cuda");
   EXPECT_EQ(o.gpu.decode_split_min_keys, 32);
-  apply_device_option(on("cuda", 48, /*disable_graph=*/true, 256), 4112, 32768, 32, o);
+  EXPECT_FALSE(o.gpu.time_moe_gemms);  // off unless asked: the events cost step time
+  apply_device_option(on("cuda", 48, /*disable_graph=*/true, 256, /*time_moe_gemms=*/true), 4112, 32768, 32, o);
   EXPECT_EQ(o.gpu.cuda_graph_max_bs, 0);
   EXPECT_EQ(o.gpu.decode_split_min_keys, 256);
+  EXPECT_TRUE(o.gpu.time_moe_gemms);
 #else
   EXPECT_THROW(apply_device_option(on("cuda"), 1, 1, 16, o), Error);
 #endif
@@ -51,11 +53,14 @@ TEST(DeviceOption, CudaGraphFlagsParseAndNegativeMaxBsFails) {
   CLI::App app;
   DeviceArgs a;
   add_device_options(app, a);
-  app.parse("--cuda-graph-max-bs 64 --device cuda --decode-split-min-keys 128", /*program_name_included=*/false);
+  EXPECT_FALSE(a.time_moe_gemms);
+  app.parse("--cuda-graph-max-bs 64 --device cuda --decode-split-min-keys 128 --time-moe-gemms",
+            /*program_name_included=*/false);
   EXPECT_EQ(a.device, "cuda");
   EXPECT_EQ(a.cuda_graph_max_bs, 64);
   EXPECT_FALSE(a.disable_cuda_graph);
   EXPECT_EQ(a.decode_split_min_keys, 128);
+  EXPECT_TRUE(a.time_moe_gemms);
   model::LoadOptions o;
   try {
     apply_device_option(on("cuda", 8, false, 0), 100, 200, 16, o);

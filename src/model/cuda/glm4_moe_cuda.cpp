@@ -250,6 +250,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   desc << gpu_step::use_tune_cache(layers_);
+  desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);

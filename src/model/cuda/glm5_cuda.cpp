@@ -380,6 +380,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   desc << gpu_step::use_tune_cache(layers_);
+  desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
   for (int64_t i = 0; i < 2 * c.num_hidden_layers + 1; ++i) {

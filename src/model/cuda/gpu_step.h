@@ -287,6 +287,20 @@ std::string use_tune_cache(std::vector<Layer>& model_layers) {
   return chooser ? "  W4A16 configs: " + chooser->describe() + "\n" : "";
 }
 
+// GpuOptions::time_moe_gemms: every MoE layer of `model_layers` records its GEMM phases' timing
+// events (GpuMoeLayer::set_gemm_timing; before any graph is captured), which the trace reports as
+// parts "moe.routed_gate_up", ...; returns the load log's line, "" when off or without MoE layers.
+template <typename Layer>
+std::string time_moe_gemms(std::vector<Layer>& model_layers, bool on) {
+  bool any = false;
+  for (Layer& L : model_layers) {
+    if (!L.moe) continue;
+    L.moe->set_gemm_timing(on);
+    any = true;
+  }
+  return on && any ? "  MoE GEMM timing events on (--time-moe-gemms)\n" : "";
+}
+
 // After run_step: copies a padded step's outputs (padded = bs > 0), the MoE layers' per-expert counts
 // for a trace, then StepOutputs::finish (the one sync, the delivery) and the per-layer times and
 // graph count into the trace.
