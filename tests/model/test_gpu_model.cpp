@@ -373,7 +373,9 @@ TEST_P(GpuGolden, DeviceSamplingEqualsTheHostDrawOnTheSameLogits) {
       ++draws;
       ++len[s];
     }
-    if (with_prefill) EXPECT_EQ(fresh_tok, argmax_of(fresh_logits.data(), V)) << "step " << step;
+    if (with_prefill) {
+      EXPECT_EQ(fresh_tok, argmax_of(fresh_logits.data(), V)) << "step " << step;
+    }
   }
   EXPECT_EQ(draws, 12);
 }
@@ -813,7 +815,9 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
         for (const LayerTiming& lt : tr_eager.layer_times) {
           EXPECT_NE(lt.part.rfind("moe.", 0), 0u) << name << ": GEMM phase " << lt.part << " without --time-moe-gemms";
         }
-        if (s == 0) EXPECT_EQ(tr_eager.layer_times.size(), 2 * n_layers) << name;
+        if (s == 0) {
+          EXPECT_EQ(tr_eager.layer_times.size(), 2 * n_layers) << name;
+        }
         ForwardTrace tr;
         graph->forward(cg, &tr);
         ++steps;
