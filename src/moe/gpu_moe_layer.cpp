@@ -478,7 +478,7 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
 int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
   const int64_t tpe = gpu_moe_tokens_per_expert(n_tokens, cfg_.top_k, cfg_.n_experts);
   if (chooser_ != nullptr) {
-    return chooser_->choose_config(tune::GemmShape{cfg_.n_experts, 2 * cfg_.moe_intermediate, cfg_.hidden}, tpe).config_id;
+    return chooser_->choose_config_id(tune::GemmShape{cfg_.n_experts, 2 * cfg_.moe_intermediate, cfg_.hidden}, tpe);
   }
   return cuda::sm90::w4a16_default_config(tpe);
 }
@@ -486,7 +486,7 @@ int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
 int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
   const int64_t tpe = gpu_moe_tokens_per_expert(n_tokens, 1, 1);
   if (chooser_ != nullptr && cfg_.n_shared_experts > 0) {
-    return chooser_->choose_config(tune::GemmShape{1, 2 * cfg_.shared_intermediate(), cfg_.hidden}, tpe).config_id;
+    return chooser_->choose_config_id(tune::GemmShape{1, 2 * cfg_.shared_intermediate(), cfg_.hidden}, tpe);
   }
   return cuda::sm90::w4a16_default_config(tpe);
 }

@@ -438,17 +438,41 @@ ConfigChooser::ConfigChooser(TuneCache cache, TuneKey key, plan::GpuSpec gpu)
   if (!diffs.empty()) stale_note_ = describe_stale(cache_.path(), diffs);
 }
 
+int ConfigChooser::pick(const GemmShape& shape, int64_t tokens_per_expert, const TuneEntry** entry) const {
+  const int64_t bucket = token_bucket(tokens_per_expert);
+  *entry = cache_.find(key_, shape, bucket);
+  if (*entry != nullptr) return (*entry)->config_id;
+  if (fallback_) {
+    const int id = fallback_(tokens_per_expert);
+    FP4MOE_CHECK(id >= 0 && id < plan::kNumW4A16Configs)
+        << "tune: the fallback " << fallback_what_ << " returned config id " << id << " (ids 0.."
+        << plan::kNumW4A16Configs - 1 << ")";
+    return id;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto memo_key = std::make_tuple(shape.n_experts, shape.n, shape.k, bucket);
+  auto it = planner_memo_.find(memo_key);
+  if (it == planner_memo_.end()) it = planner_memo_.emplace(memo_key, feasible_configs(shape, bucket, gpu_).front()).first;
+  return it->second;
+}
+
+int ConfigChooser::choose_config_id(const GemmShape& shape, int64_t tokens_per_expert) const {
+  const TuneEntry* entry = nullptr;
+  return pick(shape, tokens_per_expert, &entry);
+}
+
 ConfigChoice ConfigChooser::choose_config(const GemmShape& shape, int64_t tokens_per_expert) const {
   const int64_t bucket = token_bucket(tokens_per_expert);
   ConfigChoice out;
-  if (const TuneEntry* t = cache_.find(key_, shape, bucket)) {
+  const TuneEntry* t = nullptr;
+  out.config_id = pick(shape, tokens_per_expert, &t);
+  out.autotuned = t != nullptr;
+  if (t != nullptr) {
     std::ostringstream os;
     os << "autotuned: " << t->config << " " << t->time_us << " us (median of " << t->iters << ", "
        << t->n_candidates << " configs timed";
     if (t->runner_up_id >= 0) os << "; runner-up " << t->runner_up << " " << t->runner_up_us << " us";
     os << ") for " << shape.to_string() << " bucket " << bucket << " from " << cache_.path();
-    out.config_id = t->config_id;
-    out.autotuned = true;
     out.reason = os.str();
     return out;
   }
@@ -457,25 +481,11 @@ ConfigChoice ConfigChooser::choose_config(const GemmShape& shape, int64_t tokens
     why = "no entry for " + shape.to_string() + " bucket " + std::to_string(bucket) + " in " +
           (cache_.path().empty() ? std::string("the tune cache") : cache_.path()) + "; run `fp4moe tune`";
   }
-  out.autotuned = false;
-  if (fallback_) {
-    out.config_id = fallback_(tokens_per_expert);
-    FP4MOE_CHECK(out.config_id >= 0 && out.config_id < plan::kNumW4A16Configs)
-        << "tune: the fallback " << fallback_what_ << " returned config id " << out.config_id << " (ids 0.."
-        << plan::kNumW4A16Configs - 1 << ")";
-    out.reason = fallback_what_ + " " + plan::w4a16_config_name(plan::kW4A16Configs[out.config_id]) + " for " +
-                 shape.to_string() + " at " + std::to_string(tokens_per_expert) + " tokens per expert (" + why + ")";
-    return out;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto memo_key = std::make_tuple(shape.n_experts, shape.n, shape.k, bucket);
-    auto it = planner_memo_.find(memo_key);
-    if (it == planner_memo_.end()) it = planner_memo_.emplace(memo_key, feasible_configs(shape, bucket, gpu_).front()).first;
-    out.config_id = it->second;
-  }
-  out.reason = "planner top choice " + plan::w4a16_config_name(plan::kW4A16Configs[out.config_id]) + " for " +
-               shape.to_string() + " bucket " + std::to_string(bucket) + " on " + gpu_.name + " (" + why + ")";
+  const std::string name = plan::w4a16_config_name(plan::kW4A16Configs[out.config_id]);
+  out.reason = fallback_ ? fallback_what_ + " " + name + " for " + shape.to_string() + " at " +
+                               std::to_string(tokens_per_expert) + " tokens per expert (" + why + ")"
+                         : "planner top choice " + name + " for " + shape.to_string() + " bucket " +
+                               std::to_string(bucket) + " on " + gpu_.name + " (" + why + ")";
   return out;
 }
 

@@ -157,6 +157,9 @@ class ConfigChooser {
  public:
   ConfigChooser(TuneCache cache, TuneKey key, plan::GpuSpec gpu);
   ConfigChoice choose_config(const GemmShape& shape, int64_t tokens_per_expert) const;
+  // The same config id without the reason string (what a GPU MoE layer's eager forward asks for
+  // every launch: no string building on the hot path).
+  int choose_config_id(const GemmShape& shape, int64_t tokens_per_expert) const;
   const TuneCache& cache() const { return cache_; }
   const TuneKey& key() const { return key_; }
   // Where the cache has no winner: `fallback(tokens_per_expert)` (named `what` in the reasons)
@@ -170,6 +173,8 @@ class ConfigChooser {
 
  private:
   std::string no_winner_note() const;  // why choose_config found no cached winner (cache-wide part)
+  // The id and, when autotuned, the cache entry it came from (nullptr: the fallback or the planner).
+  int pick(const GemmShape& shape, int64_t tokens_per_expert, const TuneEntry** entry) const;
   TuneCache cache_;
   TuneKey key_;
   plan::GpuSpec gpu_;

@@ -375,6 +375,14 @@ TEST(ConfigChooser, FallbackAndDescription) {
   EXPECT_EQ(tuned.choose_config(kGateUp, 7).config_id, 1);
   const ConfigChoice miss = tuned.choose_config(kDown, 7);
   EXPECT_EQ(miss.config_id, 0);
+  // choose_config_id: the same ids without the reasons (cached winner, fallback; the planner below).
+  EXPECT_EQ(tuned.choose_config_id(kGateUp, 7), 1);
+  EXPECT_EQ(tuned.choose_config_id(kDown, 7), 0);
+  EXPECT_EQ(tuned.choose_config_id(kGateUp, 37), 11);
+  ConfigChooser planner(TuneCache::load(path), key_a(), h200);  // no fallback: the planner's top choice
+  for (int64_t tokens : {1, 7, 37, 300}) {
+    EXPECT_EQ(planner.choose_config_id(kDown, tokens), planner.choose_config(kDown, tokens).config_id) << tokens;
+  }
   EXPECT_NE(miss.reason.find("(no entry for E=32,N=6144,K=2048 bucket 8 in " + path), std::string::npos) << miss.reason;
   // Stale: the fallback for every shape, and the stale fields in the description.
   TuneKey other = key_a();
