@@ -615,7 +615,7 @@ GpuMoeLayer::GemmTimes GpuMoeLayer::last_gemm_times() const {
 void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat16* y, cudaStream_t stream) {
   FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= max_tokens_)
       << "GpuMoeLayer::forward: n_tokens=" << n_tokens << " outside [0, " << max_tokens_ << "] (max_tokens)";
-  timed_ = gemm_timing_ && n_tokens > 0;
+  timed_ = false;  // until every timing event of this forward has been recorded (a throw below leaves it false)
   if (n_tokens == 0) return;
   const int64_t T = n_tokens, K = cfg_.top_k, E = cfg_.n_experts, H = cfg_.hidden;
   const int64_t R = T * K;
@@ -666,6 +666,7 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
   }
   cuda::moe::combine(ws_->down_out.as<__nv_bfloat16>(), entry_of_.as<int32_t>(), topk_w_.as<float>(),
                      has_shared_ ? ws_->shared_out.as<__nv_bfloat16>() : nullptr, T, static_cast<int>(K), H, y, stream);
+  timed_ = gemm_timing_;
 }
 
 GpuMoeLayer::Routing GpuMoeLayer::download_routing(int64_t n_tokens) const {

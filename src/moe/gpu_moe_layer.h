@@ -135,6 +135,8 @@ class GpuMoeLayer {
   };
   void set_gemm_timing(bool on) { gemm_timing_ = on; }
   bool gemm_timing() const { return gemm_timing_; }
+  // Whether the last forward recorded the timing events (on, >= 1 token, and it completed).
+  bool gemm_times_recorded() const { return timed_; }
   GemmTimes last_gemm_times() const;
   bool has_shared_expert() const { return has_shared_; }
 

@@ -443,7 +443,7 @@ void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDelete
     trace->layer_times.push_back({layer, moe.is_moe[l] ? "moe" : "mlp", ms_mlp * 1e-3});
     if (!moe.is_moe[l]) continue;
     const moe::GpuMoeLayer& g = *moe.gpu_layers[m++];
-    if (!g.gemm_timing()) continue;
+    if (!g.gemm_times_recorded()) continue;
     const moe::GpuMoeLayer::GemmTimes t = g.last_gemm_times();
     trace->layer_times.push_back({layer, "moe.routed_gate_up", t.routed_gate_up});
     trace->layer_times.push_back({layer, "moe.routed_down", t.routed_down});
