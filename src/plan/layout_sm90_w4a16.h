@@ -126,8 +126,8 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
 }
 
 // Registers per thread a config is compiled for (kStream: the activation ring, kW4A16StreamXAhead
-// chunks x 8 registers per 8 tokens, and the two row tiles' accumulators, 8 per 8 tokens, plus ~72
-// for the rest (two chunks' A fragments): 96 for n8, 120 for n16; ptxas uses 91-96 / 116-122;
+// chunks x 8 registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus
+// ~72 for the rest (two chunks' A fragments): 96 for n8, 120 for n16; ptxas uses 91-96 / 116-122;
 // kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: the accumulators (block_w / 128 x block_t / 2 f32 a thread) plus ~64 for the rest, at
@@ -137,7 +137,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   if (c.kind != W4A16Kind::kStream) return 64;
-  return 72 + 8 * (kW4A16StreamXAhead + 1) * (c.block_t / 8);
+  return 72 + (8 * kW4A16StreamXAhead + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
 // CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at

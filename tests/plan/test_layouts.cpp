@@ -197,7 +197,7 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
   // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
-  // 72 + 8 x (kW4A16StreamXAhead (2) + 1) x block_t / 8: 96 for n8, 120 for n16.
+  // 72 + (8 x kW4A16StreamXAhead (2) + 4 x kW4A16StreamTilesPerWarp (2)) x block_t / 8: 96 for n8, 120 for n16.
   //   m64n8_d8   (64 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (64 x 96) = 10 by regs -> 10
   //   m64n8_d16  (64 threads, 32768 B): 233472 / (32768 + 1024) = 6, 10 by regs -> 6
   //   m128n8_d8  (128 threads, 32768 B): 6 by smem, 65536 / (128 x 96) = 5 -> 5
