@@ -30,6 +30,7 @@
 // build error). Tested by tests/kernels/test_cuda_w4a16.cpp (GPU) and test_cuda_w4a16_host.cpp.
 #include <algorithm>
 #include <array>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
 
   const int64_t tile0 = static_cast<int64_t>(item.expert) * p.row_tiles + rt0;
   const int64_t tile1 = has1 ? tile0 + 1 : tile0;
+  // This lane's 16 B of chunk 0 of the current scale group (advanced a group at a time below).
   const uint8_t* codes0 = p.w_codes + tile0 * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* codes1 = p.w_codes + tile1 * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* scales0 = p.w_scales + tile0 * p.k_groups * kW4A16TileBytes + lane * 16;
@@ -102,10 +104,13 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   const int kc0 = kg0 * static_cast<int>(kW4A16ScaleGroup);
   const int kc_end = min(kg1 * static_cast<int>(kW4A16ScaleGroup), p.k_chunks);
 
-  // Codes of chunk kc of both tiles -> ring slot kc % STAGES of each ring, one commit group per chunk.
-  auto load_codes = [&](int kc) {
+  codes0 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
+  codes1 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
+  // Codes of chunk kc of both tiles (chunk `rel` of the current group's codes0 / codes1) -> ring slot
+  // kc % STAGES of each ring, one commit group per chunk.
+  auto load_codes = [&](int kc, int rel) {
     const bool ok = kc < kc_end;
-    const int64_t off = static_cast<int64_t>(kc) * kW4A16TileBytes;
+    const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
     const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
     cp_async_16(ring + slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
     cp_async_16(ring + kRing1 + slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
     }
   }
 #pragma unroll
-  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(kc0 + static_cast<int>(d));
+  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(kc0 + static_cast<int>(d), static_cast<int>(d));
 #pragma unroll
   for (uint32_t d = 0; d < kXAhead; ++d) load_x(kc0 + static_cast<int>(d), xq[d]);
   auto group_of = [&](const uint8_t* sc, int kg) {
@@ -141,18 +146,35 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   uint4 sg0 = group_of(scales0, kg0), sg1 = group_of(scales1, kg0);
   uint4 sg0_next = group_of(scales0, kg0 + 1), sg1_next = group_of(scales1, kg0 + 1);
 
-  for (int kg = kg0; kg < kg1; ++kg) {
+  // One scale group (8 chunks). Checked groups (the part's last groups, and any group whose
+  // activation prefetch reaches a K tail) test every prefetch against [kc0, kc_end) and K; in the
+  // unchecked groups before them every prefetch is in range, so the chunk step has no predicates,
+  // no address selects and constant offsets from the group's code pointers (the step is issue-bound:
+  // ~90 instructions per 512 B tile chunk with the checks, of which 56 are dequant + MMA). Token rows
+  // past the item's count load row 0 there: an MMA column depends only on its own token, and the
+  // epilogue stores only the item's rows.
+  auto run_group = [&](auto checked, int kg) {
+    constexpr bool kChecked = decltype(checked)::value;
+    const uint32_t slot0 = (static_cast<uint32_t>(kg) * kW4A16ScaleGroup) % STAGES;
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
-      if (kc < kc_end) {
+      if (kc < kc_end) {  // also in unchecked groups: a per-chunk block keeps ptxas from hoisting
+                          // the next chunks' scale words and loads (register pressure)
         // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc of both
         // tiles landed (this lane's copies: the lane reads back only its own 16 B).
         cp_async_wait<static_cast<int>(STAGES) - 2>();
-        const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
+        const uint32_t slot = ((slot0 + j) % STAGES) * kW4A16TileBytes;
         const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot);
         const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot);
-        load_codes(kc + static_cast<int>(STAGES) - 1);  // into the slots chunk kc - 1 used
+        if constexpr (kChecked) {
+          load_codes(kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1);  // the slots kc - 1 used
+        } else {
+          const uint32_t next = ((slot0 + j + STAGES - 1) % STAGES) * kW4A16TileBytes;
+          cp_async_16(ring + next, codes0 + (j + STAGES - 1) * kW4A16TileBytes);
+          cp_async_16(ring + kRing1 + next, codes1 + (j + STAGES - 1) * kW4A16TileBytes);
+          cp_async_commit();
+        }
         uint32_t a0[4][4], a1[4][4];
         {
           uint32_t sc_lo, sc_hi;
@@ -172,14 +194,35 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
             mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
           }
         }
-        load_x(kc + static_cast<int>(kXAhead), xq[xs]);
+        if constexpr (kChecked) {
+          load_x(kc + static_cast<int>(kXAhead), xq[xs]);
+        } else {
+#pragma unroll
+          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+            xq[xs][nt][0] = __ldg(xrow[nt] + (kc + static_cast<int>(kXAhead)) * 8);
+            xq[xs][nt][1] = __ldg(xrow[nt] + (kc + static_cast<int>(kXAhead)) * 8 + 1);
+          }
+        }
       }
     }
+    codes0 += kW4A16ScaleGroup * kW4A16TileBytes;
+    codes1 += kW4A16ScaleGroup * kW4A16TileBytes;
     sg0 = sg0_next;
     sg1 = sg1_next;
     sg0_next = group_of(scales0, kg + 2);
     sg1_next = group_of(scales1, kg + 2);
-  }
+  };
+  // Unchecked groups: the last chunk's code prefetch (chunk 8 kg + 7 + STAGES - 1) is below both
+  // kc_end and the full 64-wide chunks of K (the activation prefetch, kXAhead <= STAGES - 1 ahead,
+  // then is too).
+  static_assert(kXAhead <= STAGES - 1, "the activation prefetch must not reach past the code prefetch");
+  const int in_range = min(kc_end, p.k / 64);
+  const int fast_end = in_range >= static_cast<int>(STAGES) - 1
+                           ? min(kg1, (in_range - static_cast<int>(STAGES) + 1) / static_cast<int>(kW4A16ScaleGroup))
+                           : kg0;
+  int kg = kg0;
+  for (; kg < fast_end; ++kg) run_group(std::false_type{}, kg);
+  for (; kg < kg1; ++kg) run_group(std::true_type{}, kg);
   cp_async_wait<0>();  // the copies past K are zero-size; drain before the warp leaves
 
   // C fragment of tile h: rows 16 rt + g (+8), tokens 8 nt + 2 t (+1), rt = rt0 + h. kSwiGlu: row g is
