@@ -26,6 +26,9 @@
 //     written here from the PTX fragment layouts, and 2^8 x D against the f64 dot products of the
 //     dequantized weights (format/nvfp4.h);
 //   * the pipeline kernel's per-lane scale slice gives the scale words of w4a16_chunk_scales;
+//   * the stream kernel's unchecked groups (w4a16_stream_unchecked_end): brute force over K parts,
+//     K tails and ring depths, every prefetch of every unchecked group in range, the first checked
+//     group (if any before kg1) with a prefetch out of range;
 //   * (the layouts, configs and problem checks are in test_cuda_w4a16_configs_host.cpp.)
 // Run: test_cuda_w4a16_host (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <gtest/gtest.h>
@@ -311,6 +314,52 @@ constexpr RepackShape kRepackShapes[] = {
     {1, 8, 16, 512, 512},                               // the smallest problem
     {2, 32, 512, 2 * 2 * 8 * 512, 2 * 2 * 1 * 512},     // exactly one full scale group
 };
+
+TEST(W4A16Stream, UncheckedGroupsPrefetchOnlyInRange) {
+  // Every (K, split part, ring depth) shape the kernel can meet at small sizes: K = 16 .. 3072 in
+  // steps of 16 (K tails of every length), parts of 1..4 groups, rings of 4, 8, 16 chunks.
+  int checked_shapes = 0;
+  for (int64_t k = 16; k <= 3072; k += 16) {
+    const int k_chunks = static_cast<int>((k + 63) / 64);
+    const int k_groups = (k_chunks + static_cast<int>(kW4A16ScaleGroup) - 1) / static_cast<int>(kW4A16ScaleGroup);
+    for (int per = 1; per <= 4; ++per) {
+      for (int kg0 = 0; kg0 < k_groups; kg0 += per) {
+        const int kg1 = std::min(kg0 + per, k_groups);
+        const int kc_end = std::min(kg1 * static_cast<int>(kW4A16ScaleGroup), k_chunks);
+        for (uint32_t stages : {4u, 8u, 16u}) {
+          const int end = w4a16_stream_unchecked_end(kg0, kg1, kc_end, k, stages);
+          ASSERT_GE(end, kg0);
+          ASSERT_LE(end, kg1);
+          // A group's prefetches: codes of chunk kc + stages - 1, activations of kc + kW4A16StreamXAhead.
+          auto in_range = [&](int kg) {
+            for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
+              const int64_t kc = int64_t{kg} * kW4A16ScaleGroup + j;
+              for (int64_t ahead : {int64_t{stages} - 1, int64_t{kW4A16StreamXAhead}}) {
+                const int64_t c = kc + ahead;
+                if (c >= kc_end || (c + 1) * 64 > k) return false;
+              }
+            }
+            return true;
+          };
+          for (int kg = kg0; kg < end; ++kg) {
+            ASSERT_TRUE(in_range(kg)) << "K " << k << " groups [" << kg0 << ", " << kg1 << ") stages " << stages
+                                      << ": unchecked group " << kg << " prefetches out of range";
+          }
+          if (end < kg1) {
+            EXPECT_FALSE(in_range(end)) << "K " << k << " groups [" << kg0 << ", " << kg1 << ") stages " << stages
+                                        << ": group " << end << " could run unchecked";
+          }
+          ++checked_shapes;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked_shapes, 1000);
+  // The shard's gate_up (K = 6144, 12 groups, unsplit, ring 8): groups 0..10 unchecked, the last checked.
+  EXPECT_EQ(w4a16_stream_unchecked_end(0, 12, 96, 6144, 8), 11);
+  // down (K = 2048, 4 groups): 0..2 unchecked.
+  EXPECT_EQ(w4a16_stream_unchecked_end(0, 4, 32, 2048, 8), 3);
+}
 
 TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
   std::mt19937_64 rng(testing::test_seed() ^ 0x4E9Aull);

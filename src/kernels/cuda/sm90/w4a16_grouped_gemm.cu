@@ -212,14 +212,8 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
     sg0_next = group_of(scales0, kg + 2);
     sg1_next = group_of(scales1, kg + 2);
   };
-  // Unchecked groups: the last chunk's code prefetch (chunk 8 kg + 7 + STAGES - 1) is below both
-  // kc_end and the full 64-wide chunks of K (the activation prefetch, kXAhead <= STAGES - 1 ahead,
-  // then is too).
   static_assert(kXAhead <= STAGES - 1, "the activation prefetch must not reach past the code prefetch");
-  const int in_range = min(kc_end, p.k / 64);
-  const int fast_end = in_range >= static_cast<int>(STAGES) - 1
-                           ? min(kg1, (in_range - static_cast<int>(STAGES) + 1) / static_cast<int>(kW4A16ScaleGroup))
-                           : kg0;
+  const int fast_end = w4a16_stream_unchecked_end(kg0, kg1, kc_end, p.k, STAGES);
   int kg = kg0;
   for (; kg < fast_end; ++kg) run_group(std::false_type{}, kg);
   for (; kg < kg1; ++kg) run_group(std::true_type{}, kg);
