@@ -172,33 +172,12 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     desc << "  " << L.prefix << ": q " << L.attn.q.describe() << ", k " << L.attn.k.describe() << ", v "
          << L.attn.v.describe() << ", o " << L.attn.o.describe() << "; ";
     weight_bytes_ += L.attn.q.device_bytes() + L.attn.k.device_bytes() + L.attn.v.device_bytes() + L.attn.o.device_bytes();
-    if (cfg_.is_moe_layer(l)) {
-      const moe::MoeLayer cpu = moe::MoeLayer::load(store, L.prefix + ".mlp", moe_cfg_);
-      const bool experts_fp4 = cpu.experts().front().gate.format == kernels::cpu::WeightFormat::kNVFP4;
-      std::optional<moe::GpuMoeLayer> g;
-      if (fp4 && experts_fp4) {
-        try {
-          g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_T_, moe_ws);
-        } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
-          desc << "(W4A16 refused: " << e.what() << ") ";
-        }
-      }
-      if (!g) g = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_T_, moe_ws);
-      L.moe = std::move(*g);
-      moe_ws = L.moe->workspace();
-      weight_bytes_ += L.moe->routed_expert_bytes() * moe_cfg_.n_experts + L.moe->shared_expert_bytes() +
-                       moe_cfg_.n_experts * H * 4;
-      desc << "MoE " << L.moe->describe();
-    } else {
-      const moe::GatedMlp m = moe::GatedMlp::load(store, L.prefix + ".mlp", H, cfg_.intermediate_size);
-      L.mlp = gpu_step::GpuDenseMlp{GpuLinear::upload(m.gate, max_T_, L.prefix + ".mlp.gate_proj", fp4),
-                                    GpuLinear::upload(m.up, max_T_, L.prefix + ".mlp.up_proj", fp4),
-                                    GpuLinear::upload(m.down, max_T_, L.prefix + ".mlp.down_proj", fp4)};
-      weight_bytes_ += L.mlp->gate.device_bytes() + L.mlp->up.device_bytes() + L.mlp->down.device_bytes();
-      desc << "dense MLP gate " << L.mlp->gate.describe() << ", up " << L.mlp->up.describe() << ", down "
-           << L.mlp->down.describe();
-    }
-    desc << "\n";
+    gpu_step::GpuFfn ffn = gpu_step::load_ffn(store, L.prefix, cfg_.is_moe_layer(l), moe_cfg_, H, cfg_.intermediate_size,
+                                              max_T_, fp4, moe_ws);
+    L.mlp = std::move(ffn.mlp);
+    L.moe = std::move(ffn.moe);
+    weight_bytes_ += ffn.device_bytes;
+    desc << ffn.description << "\n";
     L.k_cache = DeviceBuffer(cache_bytes);
     L.v_cache = DeviceBuffer(cache_bytes);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
