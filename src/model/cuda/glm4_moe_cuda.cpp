@@ -172,12 +172,9 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     desc << "  " << L.prefix << ": q " << L.attn.q.describe() << ", k " << L.attn.k.describe() << ", v "
          << L.attn.v.describe() << ", o " << L.attn.o.describe() << "; ";
     weight_bytes_ += L.attn.q.device_bytes() + L.attn.k.device_bytes() + L.attn.v.device_bytes() + L.attn.o.device_bytes();
-    gpu_step::GpuFfn ffn = gpu_step::load_ffn(store, L.prefix, cfg_.is_moe_layer(l), moe_cfg_, H, cfg_.intermediate_size,
-                                              max_T_, fp4, moe_ws);
-    L.mlp = std::move(ffn.mlp);
-    L.moe = std::move(ffn.moe);
-    weight_bytes_ += ffn.device_bytes;
-    desc << ffn.description << "\n";
+    weight_bytes_ += gpu_step::load_ffn(store, L.prefix, cfg_.is_moe_layer(l), moe_cfg_, H, cfg_.intermediate_size,
+                                        max_T_, fp4, moe_ws, L.mlp, L.moe, desc);
+    desc << "\n";
     L.k_cache = DeviceBuffer(cache_bytes);
     L.v_cache = DeviceBuffer(cache_bytes);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);

@@ -290,12 +290,9 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
       desc << ", indexer shared";
     }
     desc << "; ";
-    gpu_step::GpuFfn ffn = gpu_step::load_ffn(store, L.prefix, c.is_moe_layer(l), moe_cfg_, H, c.intermediate_size,
-                                              max_T_, fp4, moe_ws);
-    L.mlp = std::move(ffn.mlp);
-    L.moe = std::move(ffn.moe);
-    weight_bytes_ += ffn.device_bytes;
-    desc << ffn.description << "\n";
+    weight_bytes_ += gpu_step::load_ffn(store, L.prefix, c.is_moe_layer(l), moe_cfg_, H, c.intermediate_size,
+                                        max_T_, fp4, moe_ws, L.mlp, L.moe, desc);
+    desc << "\n";
     L.latent_cache = DeviceBuffer(latent_cache_bytes);
     cache_bytes_total += latent_cache_bytes;
     kv_bytes_per_token_ += latent_w * 2 + (L.indexer ? c.index_head_dim * 2 : 0);

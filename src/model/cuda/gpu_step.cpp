@@ -5,7 +5,7 @@
 #include <cublas_v2.h>
 
 #include <cstdio>
-#include <sstream>
+#include <ostream>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -149,37 +149,32 @@ void GpuDenseMlp::forward(cublasContext* cublas, const bf16* h, int64_t n_tokens
   down.forward(cublas, act, n_tokens, out, stream);
 }
 
-GpuFfn load_ffn(const format::TensorStore& store, const std::string& prefix, bool is_moe, const moe::MoeConfig& moe_cfg,
-                int64_t hidden, int64_t intermediate, int64_t max_tokens, bool nvfp4_kernels,
-                std::shared_ptr<moe::GpuMoeWorkspace>& moe_ws) {
-  GpuFfn f;
-  std::ostringstream desc;
+int64_t load_ffn(const format::TensorStore& store, const std::string& prefix, bool is_moe, const moe::MoeConfig& moe_cfg,
+                 int64_t hidden, int64_t intermediate, int64_t max_tokens, bool nvfp4_kernels,
+                 std::shared_ptr<moe::GpuMoeWorkspace>& moe_ws, std::optional<GpuDenseMlp>& mlp,
+                 std::optional<moe::GpuMoeLayer>& moe, std::ostream& desc) {
   if (is_moe) {
     const moe::MoeLayer cpu = moe::MoeLayer::load(store, prefix + ".mlp", moe_cfg);
     const bool experts_fp4 = cpu.experts().front().gate.format == kernels::cpu::WeightFormat::kNVFP4;
     if (nvfp4_kernels && experts_fp4) {
       try {
-        f.moe = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_tokens, moe_ws);
+        moe = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kNvfp4W4A16, max_tokens, moe_ws);
       } catch (const Error& e) {  // a shape the W4A16 GEMM refuses: the exact BF16 dequantization
         desc << "(W4A16 refused: " << e.what() << ") ";
       }
     }
-    if (!f.moe) f.moe = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_tokens, moe_ws);
-    moe_ws = f.moe->workspace();
-    f.device_bytes = f.moe->routed_expert_bytes() * moe_cfg.n_experts + f.moe->shared_expert_bytes() +
-                     moe_cfg.n_experts * hidden * 4;
-    desc << "MoE " << f.moe->describe();
-  } else {
-    const moe::GatedMlp m = moe::GatedMlp::load(store, prefix + ".mlp", hidden, intermediate);
-    f.mlp = GpuDenseMlp{GpuLinear::upload(m.gate, max_tokens, prefix + ".mlp.gate_proj", nvfp4_kernels),
-                        GpuLinear::upload(m.up, max_tokens, prefix + ".mlp.up_proj", nvfp4_kernels),
-                        GpuLinear::upload(m.down, max_tokens, prefix + ".mlp.down_proj", nvfp4_kernels)};
-    f.device_bytes = f.mlp->gate.device_bytes() + f.mlp->up.device_bytes() + f.mlp->down.device_bytes();
-    desc << "dense MLP gate " << f.mlp->gate.describe() << ", up " << f.mlp->up.describe() << ", down "
-         << f.mlp->down.describe();
+    if (!moe) moe = moe::GpuMoeLayer::from_cpu(cpu, moe::GpuExpertGemm::kBf16Cublas, max_tokens, moe_ws);
+    moe_ws = moe->workspace();
+    desc << "MoE " << moe->describe();
+    return moe->routed_expert_bytes() * moe_cfg.n_experts + moe->shared_expert_bytes() + moe_cfg.n_experts * hidden * 4;
   }
-  f.description = desc.str();
-  return f;
+  const moe::GatedMlp m = moe::GatedMlp::load(store, prefix + ".mlp", hidden, intermediate);
+  mlp = GpuDenseMlp{GpuLinear::upload(m.gate, max_tokens, prefix + ".mlp.gate_proj", nvfp4_kernels),
+                    GpuLinear::upload(m.up, max_tokens, prefix + ".mlp.up_proj", nvfp4_kernels),
+                    GpuLinear::upload(m.down, max_tokens, prefix + ".mlp.down_proj", nvfp4_kernels)};
+  desc << "dense MLP gate " << mlp->gate.describe() << ", up " << mlp->up.describe() << ", down "
+       << mlp->down.describe();
+  return mlp->gate.device_bytes() + mlp->up.device_bytes() + mlp->down.device_bytes();
 }
 
 StepOutputs::StepOutputs(int64_t vocab, int64_t max_rows)

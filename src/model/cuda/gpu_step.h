@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,21 +126,17 @@ struct GpuDenseMlp {
                __nv_bfloat16* up_buf, __nv_bfloat16* act, __nv_bfloat16* out, cudaStream_t stream) const;
 };
 
-// A layer's feed-forward block as loaded: a GPU MoE layer or a dense gated MLP.
-struct GpuFfn {
-  std::optional<GpuDenseMlp> mlp;
-  std::optional<moe::GpuMoeLayer> moe;
-  int64_t device_bytes = 0;  // the weights it put on the device (MoE: every expert, the shared one, the router)
-  std::string description;   // "MoE ..." or "dense MLP gate ..., up ..., down ..." for the load log
-};
-// Loads `prefix`.mlp for max_tokens tokens a step: an MoE layer of moe_cfg when `is_moe` (NVFP4
-// experts on the W4A16 GEMM when `nvfp4_kernels`; a shape that GEMM refuses, named in the
-// description, and BF16 experts on cuBLAS), else a dense gated MLP of `intermediate` (NVFP4 Linears
-// on the W4A16 GEMM when `nvfp4_kernels`). `moe_ws`: the MoE transient buffers every layer shares
-// (null before the first MoE layer, which makes them).
-GpuFfn load_ffn(const format::TensorStore& store, const std::string& prefix, bool is_moe, const moe::MoeConfig& moe_cfg,
-                int64_t hidden, int64_t intermediate, int64_t max_tokens, bool nvfp4_kernels,
-                std::shared_ptr<moe::GpuMoeWorkspace>& moe_ws);
+// Loads `prefix`.mlp for max_tokens tokens a step into `moe` or `mlp` (a layer's feed-forward
+// block): an MoE layer of moe_cfg when `is_moe` (NVFP4 experts on the W4A16 GEMM when
+// `nvfp4_kernels`; a shape that GEMM refuses, named in `desc`, and BF16 experts on cuBLAS), else a
+// dense gated MLP of `intermediate` (NVFP4 Linears on the W4A16 GEMM when `nvfp4_kernels`). Appends
+// "MoE ..." or "dense MLP gate ..., up ..., down ..." to `desc` (the load log) and returns the bytes
+// it put on the device (MoE: every expert, the shared one, the router). `moe_ws`: the MoE transient
+// buffers every layer shares (null before the first MoE layer, which makes them).
+int64_t load_ffn(const format::TensorStore& store, const std::string& prefix, bool is_moe, const moe::MoeConfig& moe_cfg,
+                 int64_t hidden, int64_t intermediate, int64_t max_tokens, bool nvfp4_kernels,
+                 std::shared_ptr<moe::GpuMoeWorkspace>& moe_ws, std::optional<GpuDenseMlp>& mlp,
+                 std::optional<moe::GpuMoeLayer>& moe, std::ostream& desc);
 
 // The step's outputs. Per step: copy_expert_offsets (optional), run_lm_head, then finish (the one sync).
 // A captured decode step (DecodeGraphs) runs lm_head_pass inside its graph and copy_outputs after it.
