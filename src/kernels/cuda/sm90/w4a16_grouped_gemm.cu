@@ -106,22 +106,32 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
 
   codes0 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
   codes1 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
-  // Codes of chunk kc of both tiles (chunk `rel` of the current group's codes0 / codes1) -> ring slot
-  // kc % STAGES of each ring, one commit group per chunk.
-  auto load_codes = [&](int kc, int rel) {
-    const bool ok = kc < kc_end;
+  // Codes of chunk kc of both tiles (chunk `rel` of the current group's codes0 / codes1) -> byte
+  // `slot` (kc % STAGES chunks) of each ring, one commit group per chunk. `checked`: a chunk
+  // past kc_end copies nothing; unchecked, the caller knows kc < kc_end (no predicate, no address
+  // select). Every call passes a constant, so the branch folds away after inlining (a generic lambda
+  // taking run_group's std::bool_constant crashes nvcc 13.0's cicc here).
+  auto load_codes = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
-    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
-    cp_async_16(ring + slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
-    cp_async_16(ring + kRing1 + slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
+    if (checked) {
+      const bool ok = kc < kc_end;
+      cp_async_16(ring + slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
+      cp_async_16(ring + kRing1 + slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
+    } else {
+      cp_async_16(ring + slot, codes0 + off);
+      cp_async_16(ring + kRing1 + slot, codes1 + off);
+    }
     cp_async_commit();
   };
+  // Activations of chunk kc for every token row. Checked: zero past kc_end, past K and for rows past
+  // the item's count; unchecked, the caller knows kc is inside both and invalid rows read row 0.
   uint4 xq[kXAhead][kNTiles][2];
-  auto load_x = [&](int kc, uint4 (&xx)[kNTiles][2]) {
-    const bool x_in_k = kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k;  // K % 16 == 0
+  auto load_x = [&](bool checked, int kc, uint4 (&xx)[kNTiles][2]) {
+    // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
+    const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
 #pragma unroll
     for (uint32_t j = 0; j < kNTiles; ++j) {
-      const bool ok = xvalid[j] && x_in_k;
+      const bool ok = !checked || (xvalid[j] && x_in_k);
       xx[j][0] = ok ? __ldg(xrow[j] + kc * 8) : zero;
       xx[j][1] = ok ? __ldg(xrow[j] + kc * 8 + 1) : zero;
     }
@@ -137,9 +147,12 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
     }
   }
 #pragma unroll
-  for (uint32_t d = 0; d + 1 < STAGES; ++d) load_codes(kc0 + static_cast<int>(d), static_cast<int>(d));
+  for (uint32_t d = 0; d + 1 < STAGES; ++d) {
+    const int kc = kc0 + static_cast<int>(d);
+    load_codes(true, kc, static_cast<int>(d), (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes);
+  }
 #pragma unroll
-  for (uint32_t d = 0; d < kXAhead; ++d) load_x(kc0 + static_cast<int>(d), xq[d]);
+  for (uint32_t d = 0; d < kXAhead; ++d) load_x(true, kc0 + static_cast<int>(d), xq[d]);
   auto group_of = [&](const uint8_t* sc, int kg) {
     return kg < kg1 ? __ldg(reinterpret_cast<const uint4*>(sc + kg * kW4A16TileBytes)) : zero;
   };
@@ -154,7 +167,6 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   // past the item's count load row 0 there: an MMA column depends only on its own token, and the
   // epilogue stores only the item's rows.
   auto run_group = [&](auto checked, int kg) {
-    constexpr bool kChecked = decltype(checked)::value;
     const uint32_t slot0 = (static_cast<uint32_t>(kg) * kW4A16ScaleGroup) % STAGES;
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
@@ -167,14 +179,9 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
         const uint32_t slot = ((slot0 + j) % STAGES) * kW4A16TileBytes;
         const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot);
         const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot);
-        if constexpr (kChecked) {
-          load_codes(kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1);  // the slots kc - 1 used
-        } else {
-          const uint32_t next = ((slot0 + j + STAGES - 1) % STAGES) * kW4A16TileBytes;
-          cp_async_16(ring + next, codes0 + (j + STAGES - 1) * kW4A16TileBytes);
-          cp_async_16(ring + kRing1 + next, codes1 + (j + STAGES - 1) * kW4A16TileBytes);
-          cp_async_commit();
-        }
+        // Into the slots chunk kc - 1 used.
+        load_codes(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
+                   ((slot0 + j + STAGES - 1) % STAGES) * kW4A16TileBytes);
         uint32_t a0[4][4], a1[4][4];
         {
           uint32_t sc_lo, sc_hi;
@@ -194,15 +201,7 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
             mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
           }
         }
-        if constexpr (kChecked) {
-          load_x(kc + static_cast<int>(kXAhead), xq[xs]);
-        } else {
-#pragma unroll
-          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-            xq[xs][nt][0] = __ldg(xrow[nt] + (kc + static_cast<int>(kXAhead)) * 8);
-            xq[xs][nt][1] = __ldg(xrow[nt] + (kc + static_cast<int>(kXAhead)) * 8 + 1);
-          }
-        }
+        load_x(decltype(checked)::value, kc + static_cast<int>(kXAhead), xq[xs]);
       }
     }
     codes0 += kW4A16ScaleGroup * kW4A16TileBytes;
