@@ -467,7 +467,9 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
     cudaStream_t s = nullptr;
     FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     class_stream_.reset(s);
-    for (auto* ev : {&class_fork_, &class_join_}) {
+    FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    shared_stream_.reset(s);
+    for (auto* ev : {&class_fork_, &class_join_, &shared_fork_, &shared_join_}) {
       cudaEvent_t e = nullptr;
       FP4MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       ev->reset(e);
@@ -530,18 +532,16 @@ bool GpuMoeLayer::use_dequant_path(int64_t n_tokens, cudaStream_t stream) const 
 void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
                           const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant,
                           __nv_bfloat16* gu, __nv_bfloat16* act, __nv_bfloat16* out, cudaEvent_t after_gate_up,
-                          cudaEvent_t after_down, cudaStream_t stream) {
+                          cudaEvent_t after_down, cudaStream_t stream, SplitKSpace splitk) {
   const int64_t H = w.hidden, I = w.inter;
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant) {
-    // The dequantized path's weight scratch is idle here: the split-K workspace (w4a16_splitk_plan
-    // splits only launches with few CTAs, e.g. the shared expert at decode; none when it is absent,
-    // nor for a row class). Each class's launch writes its experts' rows of act / out.
+    // w4a16_splitk_plan splits only launches with few CTAs (e.g. the shared expert at decode; not a
+    // row class) and into no more parts than the workspace holds. Each class's launch writes its
+    // experts' rows of act / out.
     for (const bool gate_up : {true, false}) {
       auto a = gate_up ? nvfp4_args(w.gate_up, true, x, m, d_offsets, act) : nvfp4_args(w.down, false, act, m, d_offsets, out);
-      if (ws_->w_scratch.bytes() > 0) {
-        a.splitk_workspace = ws_->w_scratch.as<float>();
-        a.splitk_workspace_bytes = ws_->w_scratch.bytes();
-      }
+      a.splitk_workspace = splitk.ptr;
+      a.splitk_workspace_bytes = splitk.bytes;
       auto launch = [&](const RoutedClass& c, cudaStream_t on) {
         a.min_expert_rows = c.min_rows;
         a.max_expert_rows = c.max_rows;
@@ -649,17 +649,36 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     h_offsets = host_offsets_.get();
   }
+  // The dequantized path's weight scratch is idle on the W4A16 path: the split-K workspace, all of it,
+  // or a half each when the shared expert runs beside the routed GEMMs (shared_stream_).
+  const bool overlap = has_shared_ && gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant && !gemm_timing_;
+  const SplitKSpace whole{ws_->w_scratch.bytes() > 0 ? ws_->w_scratch.as<float>() : nullptr, ws_->w_scratch.bytes()};
+  const size_t half = whole.bytes / 2 / 16 * 16;
+  const SplitKSpace routed_splitk = overlap ? SplitKSpace{whole.ptr, half} : whole;
+  const SplitKSpace shared_splitk =
+      overlap && half > 0 ? SplitKSpace{reinterpret_cast<float*>(ws_->w_scratch.as<uint8_t>() + half), half} : whole;
+  const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
+  auto run_shared = [&](cudaStream_t on) {
+    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, {RoutedClass{shared_gemm_config(T)}},
+            dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 2048, top_k <= E */,
+            ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
+            ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), on, shared_splitk);
+  };
+  if (overlap) {  // the shared expert reads x and shared_offsets_ (dispatch_plan): fork after it
+    FP4MOE_CUDA_CHECK(cudaEventRecord(shared_fork_.get(), stream));
+    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(shared_stream_.get(), shared_fork_.get(), 0));
+    run_shared(shared_stream_.get());
+    FP4MOE_CUDA_CHECK(cudaEventRecord(shared_join_.get(), shared_stream_.get()));
+  }
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
   mark(gemm_events_[0].get(), stream);
   run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
           ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(),
-          gemm_events_[1].get(), gemm_events_[2].get(), stream);
-  if (has_shared_) {
-    const int32_t shared_host_offsets[2] = {0, static_cast<int32_t>(T)};
-    run_mlp(shared_, x, T, shared_offsets_.as<int32_t>(), shared_host_offsets, {RoutedClass{shared_gemm_config(T)}},
-            dequant /* then T >= kNvfp4DequantMinRows too: T top_k / E >= 2048, top_k <= E */,
-            ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
-            ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), stream);
+          gemm_events_[1].get(), gemm_events_[2].get(), stream, routed_splitk);
+  if (overlap) {
+    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, shared_join_.get(), 0));
+  } else if (has_shared_) {
+    run_shared(stream);
   } else {
     mark(gemm_events_[3].get(), stream);
     mark(gemm_events_[4].get(), stream);

@@ -129,7 +129,9 @@ class GpuMoeLayer {
   // (`fp4moe analyze` turns them into per-GEMM rates: the GPU models trace them as parts
   // "moe.routed_gate_up", ... under --time-moe-gemms.) Off by default because the five event nodes
   // per layer cost a replayed glm5-shard decode step (3 MoE layers, batch 64) 3.96 vs 3.70 ms on the
-  // H200 (BENCHMARKS.md 2026-12-04 thirteenth session, run 5). Set it before capturing graphs.
+  // H200 (BENCHMARKS.md 2026-12-04 thirteenth session, run 5). Set it before capturing graphs. While
+  // on, the shared expert runs after the routed GEMMs on `stream` rather than beside them on
+  // shared_stream_, so that each phase is its own interval between events of one stream.
   struct GemmTimes {
     double routed_gate_up = 0, routed_down = 0, shared_gate_up = 0, shared_down = 0;
   };
@@ -210,11 +212,16 @@ class GpuMoeLayer {
   GpuMoeScratchPlan scratch_plan() const;
   // dequant: an NVFP4 layer's prefill path (each expert's weights dequantized into w_scratch_, then
   // cuBLAS, as the kBf16Cublas peer); needs h_offsets.
-  // Records `after_gate_up` once act is complete and `after_down` once out is.
+  // Records `after_gate_up` once act is complete and `after_down` once out is. The W4A16 GEMMs'
+  // split-K workspace is `splitk` (a part of the idle w_scratch; empty: no split-K).
+  struct SplitKSpace {
+    float* ptr = nullptr;
+    size_t bytes = 0;
+  };
   void run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t m, const int32_t* d_offsets,
                const int32_t* h_offsets, const std::vector<RoutedClass>& classes, bool dequant, __nv_bfloat16* gu,
                __nv_bfloat16* act, __nv_bfloat16* out, cudaEvent_t after_gate_up, cudaEvent_t after_down,
-               cudaStream_t stream);
+               cudaStream_t stream, SplitKSpace splitk);
   // Whether forward(n_tokens) on `stream` takes the NVFP4 dequantized path (never while capturing).
   bool use_dequant_path(int64_t n_tokens, cudaStream_t stream) const;
 
@@ -252,6 +259,14 @@ class GpuMoeLayer {
   // and each one's tail fills with the other's work instead of running one after the other.
   std::unique_ptr<CUstream_st, cuda::StreamDeleter> class_stream_;
   std::unique_ptr<CUevent_st, cuda::EventDeleter> class_fork_, class_join_;
+  // The shared expert (W4A16 GEMM, not the dequantized path, not under set_gemm_timing) on
+  // shared_stream_, concurrent with the routed GEMMs, forked after the dispatch plan and joined
+  // before the combine (capturable); the two split-K workspaces are the halves of w_scratch. At a
+  // glm5-shard decode step of batch 64 the routed GEMMs stream at ~34% of HBM, and the shared
+  // expert's ~100 us per layer fill that gap (3.71 -> 3.53 ms per step, BENCHMARKS.md 2026-12-04
+  // fifteenth session).
+  std::unique_ptr<CUstream_st, cuda::StreamDeleter> shared_stream_;
+  std::unique_ptr<CUevent_st, cuda::EventDeleter> shared_fork_, shared_join_;
   // last_gemm_times: before the routed gate_up, after it, after the routed down, after the shared
   // gate_up, after the shared down (timing events); timed_ once a forward recorded them.
   std::unique_ptr<CUevent_st, cuda::EventDeleter> gemm_events_[5];

@@ -557,35 +557,41 @@ TEST(Layer, GraphReplayEqualsEager) {
   FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_EQ(g.last_gemm_times().routed_gate_up, 0.0);
   EXPECT_EQ(g.last_gemm_times().shared_down, 0.0);
-  g.set_gemm_timing(true);  // before the capture: the events become graph nodes
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  g.forward(d_x.as<__nv_bfloat16>(), n, d_y_graph.as<__nv_bfloat16>(), stream);
-  FP4MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  FP4MOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int round = 0; round < 2; ++round) {
-    // New input each round: the replay must recompute, not reuse.
-    const auto xb = random_bf16(static_cast<size_t>(n * H), seed + 10 + round);
-    upload_on(stream, d_x, xb);  // on the graph's stream: ordered before the replay
-    FP4MOE_CUDA_CHECK(cudaMemsetAsync(d_y_graph.as<void>(), 0, static_cast<size_t>(n * H) * 2, stream));
-    FP4MOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto y_graph = d_y_graph.to_host<uint16_t>(static_cast<size_t>(n * H));
-    // The GEMM phases' timing events are recorded by the replay too (external event records).
-    const GpuMoeLayer::GemmTimes t = g.last_gemm_times();
-    EXPECT_GT(t.routed_gate_up, 0.0);
-    EXPECT_GT(t.routed_down, 0.0);
-    ASSERT_TRUE(g.has_shared_expert());
-    EXPECT_GT(t.shared_gate_up, 0.0);
-    EXPECT_GT(t.shared_down, 0.0);
-    g.forward(d_x.as<__nv_bfloat16>(), n, d_y_eager.as<__nv_bfloat16>(), stream);
-    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto y_eager = d_y_eager.to_host<uint16_t>(static_cast<size_t>(n * H));
-    ASSERT_EQ(y_graph, y_eager) << "round " << round << ": graph replay differs from the eager forward";
+  ASSERT_TRUE(g.has_shared_expert());
+  // Untimed, the shared expert runs on the layer's second side stream (a forked branch of the graph);
+  // timed, after the routed GEMMs on the one stream. Both graphs must replay the eager forward.
+  for (const bool timed : {false, true}) {
+    SCOPED_TRACE(timed ? "GEMM timing on" : "GEMM timing off");
+    g.set_gemm_timing(timed);  // before the capture: the events become graph nodes
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    g.forward(d_x.as<__nv_bfloat16>(), n, d_y_graph.as<__nv_bfloat16>(), stream);
+    FP4MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    FP4MOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int round = 0; round < 2; ++round) {
+      // New input each round: the replay must recompute, not reuse.
+      const auto xb = random_bf16(static_cast<size_t>(n * H), seed + 10 + round + (timed ? 2 : 0));
+      upload_on(stream, d_x, xb);  // on the graph's stream: ordered before the replay
+      FP4MOE_CUDA_CHECK(cudaMemsetAsync(d_y_graph.as<void>(), 0, static_cast<size_t>(n * H) * 2, stream));
+      FP4MOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const auto y_graph = d_y_graph.to_host<uint16_t>(static_cast<size_t>(n * H));
+      if (timed) {  // the GEMM phases' timing events are recorded by the replay too (external event records)
+        const GpuMoeLayer::GemmTimes t = g.last_gemm_times();
+        EXPECT_GT(t.routed_gate_up, 0.0);
+        EXPECT_GT(t.routed_down, 0.0);
+        EXPECT_GT(t.shared_gate_up, 0.0);
+        EXPECT_GT(t.shared_down, 0.0);
+      }
+      g.forward(d_x.as<__nv_bfloat16>(), n, d_y_eager.as<__nv_bfloat16>(), stream);
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const auto y_eager = d_y_eager.to_host<uint16_t>(static_cast<size_t>(n * H));
+      ASSERT_EQ(y_graph, y_eager) << "round " << round << ": graph replay differs from the eager forward";
+    }
+    FP4MOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    FP4MOE_CUDA_CHECK(cudaGraphDestroy(graph));
   }
-  FP4MOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  FP4MOE_CUDA_CHECK(cudaGraphDestroy(graph));
   FP4MOE_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -202,6 +202,13 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
           }
         }
         load_x(decltype(checked)::value, kc + static_cast<int>(kXAhead), xq[xs]);
+        // n8: each token row's chunk STAGES - 1 ahead into L1 (in range in an unchecked group). The
+        // register ring is kXAhead chunks deep, short for an L2 round trip with n8's short chunk steps:
+        // n8 gate_up at 4 tokens 162 -> 149 us, down at 1-8 tokens 3-5% faster; n16 steps are twice as
+        // long, and its gate_up was 2-4% slower with it (BENCHMARKS.md 2026-12-04 fifteenth session).
+        if constexpr (!decltype(checked)::value && kNTiles == 1) {
+          if (t == 0) prefetch_l1(xrow[0] + (kc + static_cast<int>(STAGES) - 1) * 8);
+        }
       }
     }
     codes0 += kW4A16ScaleGroup * kW4A16TileBytes;
