@@ -34,6 +34,7 @@
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/mla_prefill.h"
 #include "kernels/cuda/ops/norm_rope.h"
+#include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
 #include "model/cuda/gpu_models.h"
@@ -144,6 +145,15 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   int64_t n_positions_ = 0, max_T_ = 0, kv_bytes_per_token_ = 0;
   int n_sms_ = 1;
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;
+  // The latent branch of each layer (kv_a_proj .. the latent cache append, and on full layers wk ..
+  // the index-key cache append: both read only h) runs on kv_stream_, forked from stream_ after the
+  // input norm and joined back before the indexer's selection and the attention, beside the q
+  // branch (q_a_proj, its norm, q_b_proj, RoPE). Only when the branch's Linears run the W4A16 GEMM
+  // (GpuLinear::w4a16_path): their split-K workspace is kv_splitk_, not the scratch the other
+  // Linears share, and no cuBLAS handle is used on both streams. Capturable (event fork / join).
+  std::unique_ptr<CUstream_st, StreamDeleter> kv_stream_;
+  std::unique_ptr<CUevent_st, EventDeleter> kv_fork_, kv_join_;
+  std::shared_ptr<DeviceBuffer> kv_splitk_;
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
   DeviceBuffer embed_;    // bf16 [V, H]
   DeviceBuffer cos_, sin_;  // f32 [n_positions, rope / 2]
@@ -354,6 +364,32 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     }
     desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
+  {  // the latent branch's own split-K workspace and stream (see kv_stream_)
+    std::vector<GpuLinear*> branch;
+    for (Glm5GpuLayer& L : layers_) {
+      branch.push_back(&L.kv_a);
+      if (L.indexer) branch.push_back(&L.indexer->wk);
+    }
+    int64_t widest = 0;
+    for (const GpuLinear* g : branch) {
+      if (g->path() == GpuLinear::Path::kNvfp4W4A16) widest = std::max(widest, g->out_features());
+    }
+    if (widest > 0) {  // K parts x rows below the dequantization threshold x out, f32
+      const int64_t rows = std::min<int64_t>(max_T_, kLinearDequantMinRows - 1);
+      kv_splitk_ = std::make_shared<DeviceBuffer>(static_cast<size_t>(cuda::sm90::kW4A16MaxSplitK * rows * widest) * 4);
+      for (GpuLinear* g : branch) g->set_splitk_workspace(kv_splitk_);
+      cudaStream_t ks = nullptr;
+      FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ks, cudaStreamNonBlocking));
+      kv_stream_.reset(ks);
+      for (auto* ev : {&kv_fork_, &kv_join_}) {
+        cudaEvent_t e = nullptr;
+        FP4MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ev->reset(e);
+      }
+      desc << "  latent branch (kv_a, indexer wk) on a second stream beside the q branch at decode sizes (< "
+           << kLinearDequantMinRows << " rows; split-K workspace " << kv_splitk_->bytes() << " B)\n";
+    }
+  }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   desc << gpu_step::use_tune_cache(layers_);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
@@ -395,6 +431,33 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   } else {
     cuda::rms_norm_bf16(x, resid, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   }
+  // The latent branch (see kv_stream_): on kv_stream_ when its Linears run the W4A16 GEMM at T rows.
+  const bool side = kv_stream_ != nullptr && L.kv_a.w4a16_path(T) && (!L.indexer || L.indexer->wk.w4a16_path(T));
+  cudaStream_t ks = side ? kv_stream_.get() : st;
+  if (side) {
+    FP4MOE_CUDA_CHECK(cudaEventRecord(kv_fork_.get(), st));
+    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(ks, kv_fork_.get(), 0));
+  }
+  // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv in place, RoPE on k_pe; append.
+  bf16* ckv = ckv_.as<bf16>();
+  L.kv_a.forward(cb, h, T, ckv, ks);
+  cuda::rms_norm_bf16(ckv, nullptr, L.kv_a_norm.as<float>(), T, R, latent_w, kLoraNormEps, ckv, ks);
+  cuda::rope_bf16(ckv, T, 1, latent_w, latent_w, R, rope, rope_style_, s.pos, cos, sin, n_positions_, err, ks);
+  const cuda::MlaCacheView cache{L.latent_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(),
+                                 static_cast<int>(R), static_cast<int>(rope)};
+  cuda::mla_cache_append_bf16(ckv, latent_w, ckv + R, latent_w, T, s.slots, cache, err, ks);
+  // DSA indexer (full layers): the key of every new token is cached.
+  if (L.indexer) {
+    GpuIndexer& g = *L.indexer;
+    bf16* ik = ik_.as<bf16>();
+    g.wk.forward(cb, h, T, ik, ks);
+    cuda::layer_norm_bf16(ik, g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), T, idim, idim, kIndexerKNormEps, ik, ks);
+    cuda::rope_bf16(ik, T, 1, idim, idim, 0, rope, index_rope_style_, s.pos, cos, sin, n_positions_, err, ks);
+    const cuda::DsaIndexCacheView kc{g.k_cache.as<bf16>(), DType::kBF16, pool_->n_blocks(), pool_->page_size(),
+                                     static_cast<int>(idim)};
+    cuda::dsa_index_cache_append(ik, idim, T, s.slots, kc, err, ks);
+  }
+
   // q: q_a_proj -> q_a_layernorm (in place) -> q_b_proj; RoPE on dims [nope, nope + rope) of each head.
   bf16* qa = qa_.as<bf16>();
   bf16* q = q_.as<bf16>();
@@ -403,25 +466,16 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   L.q_b.forward(cb, qa, T, q, st);
   cuda::rope_bf16(q, T, heads, heads * qk, qk, c.qk_nope_head_dim, rope, rope_style_, s.pos, cos, sin, n_positions_,
                   err, st);
-  // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv in place, RoPE on k_pe; append.
-  bf16* ckv = ckv_.as<bf16>();
-  L.kv_a.forward(cb, h, T, ckv, st);
-  cuda::rms_norm_bf16(ckv, nullptr, L.kv_a_norm.as<float>(), T, R, latent_w, kLoraNormEps, ckv, st);
-  cuda::rope_bf16(ckv, T, 1, latent_w, latent_w, R, rope, rope_style_, s.pos, cos, sin, n_positions_, err, st);
-  const cuda::MlaCacheView cache{L.latent_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(),
-                                 static_cast<int>(R), static_cast<int>(rope)};
-  cuda::mla_cache_append_bf16(ckv, latent_w, ckv + R, latent_w, T, s.slots, cache, err, st);
+  if (side) {
+    FP4MOE_CUDA_CHECK(cudaEventRecord(kv_join_.get(), ks));
+    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(st, kv_join_.get(), 0));
+  }
 
-  // DSA indexer (full layers): the key of every new token is cached; queries select when needed.
+  // DSA selection (full layers, when some sequence is longer than index_topk) over the cached keys.
   if (L.indexer) {
     GpuIndexer& g = *L.indexer;
-    bf16* ik = ik_.as<bf16>();
-    g.wk.forward(cb, h, T, ik, st);
-    cuda::layer_norm_bf16(ik, g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), T, idim, idim, kIndexerKNormEps, ik, st);
-    cuda::rope_bf16(ik, T, 1, idim, idim, 0, rope, index_rope_style_, s.pos, cos, sin, n_positions_, err, st);
     const cuda::DsaIndexCacheView kc{g.k_cache.as<bf16>(), DType::kBF16, pool_->n_blocks(), pool_->page_size(),
                                      static_cast<int>(idim)};
-    cuda::dsa_index_cache_append(ik, idim, T, s.slots, kc, err, st);
     if (plan.dsa) {
       bf16* iq = iq_.as<bf16>();
       bf16* iw = iw_.as<bf16>();

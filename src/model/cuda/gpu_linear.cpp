@@ -101,9 +101,11 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
   if (path_ == Path::kNvfp4W4A16 && !dequant) {
     // No expert offsets: one expert over rows [0, m), m a kernel argument (captured graphs replay theirs).
     auto a = w4a16_args(packed_, scales_, global_scale_, nullptr, x, m, out_, in_, y);
-    if (dequant_scratch_ != nullptr) {  // idle below kLinearDequantMinRows rows: the split-K partial sums
-      a.splitk_workspace = dequant_scratch_->as<float>();
-      a.splitk_workspace_bytes = dequant_scratch_->bytes();
+    // Its own workspace, or the dequantization scratch (idle below kLinearDequantMinRows rows).
+    const cuda::DeviceBuffer* ws = splitk_workspace_ != nullptr ? splitk_workspace_.get() : dequant_scratch_.get();
+    if (ws != nullptr) {  // the split-K partial sums
+      a.splitk_workspace = ws->as<float>();
+      a.splitk_workspace_bytes = ws->bytes();
     }
     cuda::sm90::w4a16_grouped_gemm(a, cuda::sm90::w4a16_default_config(m), stream);
   } else {

@@ -59,6 +59,13 @@ class GpuLinear {
   std::string describe() const;  // "q_proj nvfp4_w4a16 [4096, 6144] +bias"
   // Whether forward(m) dequantizes to the scratch and runs cuBLAS.
   bool dequant_path(int64_t m) const;
+  // Whether forward(m) runs the W4A16 GEMM: no cuBLAS handle, no dequantization scratch, only the
+  // split-K workspace. With one of its own (set_splitk_workspace) such a forward may run on another
+  // stream beside the other Linears' (the GLM-5 model's latent branch).
+  bool w4a16_path(int64_t m) const { return path_ == Path::kNvfp4W4A16 && !dequant_path(m); }
+  // The W4A16 GEMM's split-K workspace: `ws` instead of the shared dequantization scratch (nullptr:
+  // that scratch again). w4a16_splitk_plan cuts no more K parts than it holds.
+  void set_splitk_workspace(std::shared_ptr<cuda::DeviceBuffer> ws) { splitk_workspace_ = std::move(ws); }
 
  private:
   std::string name_;
@@ -69,6 +76,7 @@ class GpuLinear {
   cuda::DeviceBuffer bias_;     // f32 [out] or empty
   bool has_bias_ = false;
   std::shared_ptr<cuda::DeviceBuffer> dequant_scratch_;  // kNvfp4W4A16: bf16 [out, in] at least, shared
+  std::shared_ptr<cuda::DeviceBuffer> splitk_workspace_;  // set_splitk_workspace, else nullptr
 
   friend std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears);
 };
