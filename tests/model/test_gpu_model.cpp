@@ -703,8 +703,13 @@ TEST(GpuGlm5, SharedIndexerLayersAndSparseDecodeMatchCpu) {
 // with --time-moe-gemms; the eager one without, and its trace has no such parts). glm4_moe_tiny's BF16
 // MoE layer reads its expert offsets on the host, so it cannot be captured: all its steps run eagerly
 // and describe() says why.
+// kGlm5DummyNvfp4: glm5_tiny's config on dummy NVFP4 weights for every Linear (the golden
+// glm5_tiny_nvfp4 keeps its attention projections in BF16), so the GLM-5 latent branch runs on the
+// model's second stream, inside the captured graphs too.
+constexpr const char* kGlm5DummyNvfp4 = "glm5_tiny config, dummy nvfp4 weights";
 std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph_max_bs, bool time_moe_gemms = false) {
-  const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/" + name);
+  const bool dummy = name == kGlm5DummyNvfp4;
+  const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/" + (dummy ? std::string("glm5_tiny") : name));
   LoadOptions o = gpu_options();
   o.gpu.cuda_graph_max_bs = graph_max_bs;
   o.gpu.time_moe_gemms = time_moe_gemms;
@@ -712,8 +717,24 @@ std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph
   nlohmann::json j = load_model_config(dir).raw;
   j["index_topk"] = 4096;
   const ModelConfig cfg = parse_model_config(j, name + " with index_topk 4096 (dense decode)");
-  format::TensorStore store(dir);
-  return create_glm5_cuda(cfg, store, o);
+  if (!dummy) {
+    format::TensorStore store(dir);
+    return create_glm5_cuda(cfg, store, o);
+  }
+  LoadOptions w;  // the same weights for every call: a fixed seed
+  w.progress = false;
+  w.seed = 1234;
+  w.dummy_weights = DummyWeights::kNVFP4;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path() /
+                                    ("fp4moe-test-graphs-glm5-dummy-" + std::to_string(getpid()));
+  write_dummy_checkpoint(cfg, w, tmp);
+  std::unique_ptr<CausalLM> lm;
+  {
+    format::TensorStore store(tmp);
+    lm = create_glm5_cuda(cfg, store, o);
+  }
+  std::filesystem::remove_all(tmp);
+  return lm;
 }
 
 // The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start and say so. A winner for the MoE
@@ -774,9 +795,15 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
   fp4moe::testing::shared_path("golden/models");  // fails when the golden data is missing
   SKIP_WITHOUT_GPU();
   register_gpu_models();
-  for (const std::string name : {"glm4_moe_tiny_nvfp4", "glm5_tiny_nvfp4", "glm4_moe_tiny"}) {
+  for (const std::string& name :
+       std::vector<std::string>{"glm4_moe_tiny_nvfp4", "glm5_tiny_nvfp4", kGlm5DummyNvfp4, "glm4_moe_tiny"}) {
     auto eager = load_for_graphs(name, 0);
     auto graph = load_for_graphs(name, 16, /*time_moe_gemms=*/true);
+    if (name.rfind("glm5", 0) == 0) {  // the latent branch's stream: only with NVFP4 kv_a / wk
+      EXPECT_EQ(graph->describe().find("latent branch (kv_a, indexer wk) on a second stream") != std::string::npos,
+                name == kGlm5DummyNvfp4)
+          << graph->describe();
+    }
     EXPECT_NE(graph->describe().find("MoE GEMM timing events on (--time-moe-gemms)"), std::string::npos) << name;
     EXPECT_EQ(eager->describe().find("MoE GEMM timing events"), std::string::npos) << name;
     const bool capturable = name.find("nvfp4") != std::string::npos;
