@@ -464,16 +464,8 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
     ev.reset(e);
   }
   if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
-    cudaStream_t s = nullptr;
-    FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    class_stream_.reset(s);
-    FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    shared_stream_.reset(s);
-    for (auto* ev : {&class_fork_, &class_join_, &shared_fork_, &shared_join_}) {
-      cudaEvent_t e = nullptr;
-      FP4MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      ev->reset(e);
-    }
+    class_side_.emplace();
+    shared_side_.emplace();
   }
 }
 
@@ -550,14 +542,12 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
       if (classes.size() == 1) {
         launch(classes[0], stream);
       } else {
-        // The classes write disjoint rows (different experts): the later ones on class_stream_,
+        // The classes write disjoint rows (different experts): the later ones on class_side_,
         // concurrent with the first, joined before the next GEMM reads act / out.
-        FP4MOE_CUDA_CHECK(cudaEventRecord(class_fork_.get(), stream));
-        FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(class_stream_.get(), class_fork_.get(), 0));
-        for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], class_stream_.get());
+        const cudaStream_t side = class_side_->fork(stream);
+        for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], side);
         launch(classes[0], stream);
-        FP4MOE_CUDA_CHECK(cudaEventRecord(class_join_.get(), class_stream_.get()));
-        FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, class_join_.get(), 0));
+        class_side_->join(stream);
       }
       mark(gate_up ? after_gate_up : after_down, stream);
     }
@@ -650,7 +640,7 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   // The dequantized path's weight scratch is idle on the W4A16 path: the split-K workspace, all of it,
-  // or a half each when the shared expert runs beside the routed GEMMs (shared_stream_).
+  // or a half each when the shared expert runs beside the routed GEMMs (shared_side_).
   const bool overlap = has_shared_ && gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant && !gemm_timing_;
   const SplitKSpace whole{ws_->w_scratch.bytes() > 0 ? ws_->w_scratch.as<float>() : nullptr, ws_->w_scratch.bytes()};
   const size_t half = whole.bytes / 2 / 16 * 16;
@@ -664,19 +654,15 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
             ws_->shared_gu.as<__nv_bfloat16>(), ws_->shared_act.as<__nv_bfloat16>(),
             ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), on, shared_splitk);
   };
-  if (overlap) {  // the shared expert reads x and shared_offsets_ (dispatch_plan): fork after it
-    FP4MOE_CUDA_CHECK(cudaEventRecord(shared_fork_.get(), stream));
-    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(shared_stream_.get(), shared_fork_.get(), 0));
-    run_shared(shared_stream_.get());
-    FP4MOE_CUDA_CHECK(cudaEventRecord(shared_join_.get(), shared_stream_.get()));
-  }
+  // The shared expert reads x and shared_offsets_ (dispatch_plan): fork after it.
+  if (overlap) run_shared(shared_side_->fork(stream));
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
   mark(gemm_events_[0].get(), stream);
   run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
           ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(),
           gemm_events_[1].get(), gemm_events_[2].get(), stream, routed_splitk);
   if (overlap) {
-    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(stream, shared_join_.get(), 0));
+    shared_side_->join(stream);
   } else if (has_shared_) {
     run_shared(stream);
   } else {

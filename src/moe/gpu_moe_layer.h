@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,7 +132,7 @@ class GpuMoeLayer {
   // per layer cost a replayed glm5-shard decode step (3 MoE layers, batch 64) 3.96 vs 3.70 ms on the
   // H200 (BENCHMARKS.md 2026-12-04 thirteenth session, run 5). Set it before capturing graphs. While
   // on, the shared expert runs after the routed GEMMs on `stream` rather than beside them on
-  // shared_stream_, so that each phase is its own interval between events of one stream.
+  // shared_side_, so that each phase is its own interval between events of one stream.
   struct GemmTimes {
     double routed_gate_up = 0, routed_down = 0, shared_gate_up = 0, shared_down = 0;
   };
@@ -254,19 +255,17 @@ class GpuMoeLayer {
   };
   std::unique_ptr<cublasContext, CublasDestroy> cublas_;
   std::unique_ptr<int32_t, PinnedFree> host_offsets_;  // pinned [E + 1]
-  // Row classes (NVFP4 W4A16): the classes after the first launch on class_stream_, forked from and
-  // joined back into the caller's stream by the two events (capturable), so that the launches overlap
-  // and each one's tail fills with the other's work instead of running one after the other.
-  std::unique_ptr<CUstream_st, cuda::StreamDeleter> class_stream_;
-  std::unique_ptr<CUevent_st, cuda::EventDeleter> class_fork_, class_join_;
+  // Row classes (NVFP4 W4A16): the classes after the first launch on class_side_, forked from and
+  // joined back into the caller's stream (capturable), so that the launches overlap and each one's
+  // tail fills with the other's work instead of running one after the other.
+  std::optional<cuda::SideStream> class_side_;
   // The shared expert (W4A16 GEMM, not the dequantized path, not under set_gemm_timing) on
-  // shared_stream_, concurrent with the routed GEMMs, forked after the dispatch plan and joined
+  // shared_side_, concurrent with the routed GEMMs, forked after the dispatch plan and joined
   // before the combine (capturable); the two split-K workspaces are the halves of w_scratch. At a
   // glm5-shard decode step of batch 64 the routed GEMMs stream at ~34% of HBM, and the shared
   // expert's ~100 us per layer fill that gap (3.71 -> 3.53 ms per step, BENCHMARKS.md 2026-12-04
   // fifteenth session).
-  std::unique_ptr<CUstream_st, cuda::StreamDeleter> shared_stream_;
-  std::unique_ptr<CUevent_st, cuda::EventDeleter> shared_fork_, shared_join_;
+  std::optional<cuda::SideStream> shared_side_;
   // last_gemm_times: before the routed gate_up, after it, after the routed down, after the shared
   // gate_up, after the shared down (timing events); timed_ once a forward recorded them.
   std::unique_ptr<CUevent_st, cuda::EventDeleter> gemm_events_[5];

@@ -146,13 +146,12 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   int n_sms_ = 1;
   std::unique_ptr<CUstream_st, StreamDeleter> stream_;
   // The latent branch of each layer (kv_a_proj .. the latent cache append, and on full layers wk ..
-  // the index-key cache append: both read only h) runs on kv_stream_, forked from stream_ after the
+  // the index-key cache append: both read only h) runs on kv_side_, forked from stream_ after the
   // input norm and joined back before the indexer's selection and the attention, beside the q
   // branch (q_a_proj, its norm, q_b_proj, RoPE). Only when the branch's Linears run the W4A16 GEMM
   // (GpuLinear::w4a16_path): their split-K workspace is kv_splitk_, not the scratch the other
   // Linears share, and no cuBLAS handle is used on both streams. Capturable (event fork / join).
-  std::unique_ptr<CUstream_st, StreamDeleter> kv_stream_;
-  std::unique_ptr<CUevent_st, EventDeleter> kv_fork_, kv_join_;
+  std::optional<cuda::SideStream> kv_side_;
   std::shared_ptr<DeviceBuffer> kv_splitk_;
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
   DeviceBuffer embed_;    // bf16 [V, H]
@@ -364,7 +363,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     }
     desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
-  {  // the latent branch's own split-K workspace and stream (see kv_stream_)
+  {  // the latent branch's own split-K workspace and stream (see kv_side_)
     std::vector<GpuLinear*> branch;
     for (Glm5GpuLayer& L : layers_) {
       branch.push_back(&L.kv_a);
@@ -378,14 +377,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
       const int64_t rows = std::min<int64_t>(max_T_, kLinearDequantMinRows - 1);
       kv_splitk_ = std::make_shared<DeviceBuffer>(static_cast<size_t>(cuda::sm90::kW4A16MaxSplitK * rows * widest) * 4);
       for (GpuLinear* g : branch) g->set_splitk_workspace(kv_splitk_);
-      cudaStream_t ks = nullptr;
-      FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ks, cudaStreamNonBlocking));
-      kv_stream_.reset(ks);
-      for (auto* ev : {&kv_fork_, &kv_join_}) {
-        cudaEvent_t e = nullptr;
-        FP4MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        ev->reset(e);
-      }
+      kv_side_.emplace();
       desc << "  latent branch (kv_a, indexer wk) on a second stream beside the q branch at decode sizes (< "
            << kLinearDequantMinRows << " rows; split-K workspace " << kv_splitk_->bytes() << " B)\n";
     }
@@ -431,13 +423,9 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   } else {
     cuda::rms_norm_bf16(x, resid, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   }
-  // The latent branch (see kv_stream_): on kv_stream_ when its Linears run the W4A16 GEMM at T rows.
-  const bool side = kv_stream_ != nullptr && L.kv_a.w4a16_path(T) && (!L.indexer || L.indexer->wk.w4a16_path(T));
-  cudaStream_t ks = side ? kv_stream_.get() : st;
-  if (side) {
-    FP4MOE_CUDA_CHECK(cudaEventRecord(kv_fork_.get(), st));
-    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(ks, kv_fork_.get(), 0));
-  }
+  // The latent branch (see kv_side_): on kv_side_ when its Linears run the W4A16 GEMM at T rows.
+  const bool side = kv_side_ && L.kv_a.w4a16_path(T) && (!L.indexer || L.indexer->wk.w4a16_path(T));
+  const cudaStream_t ks = side ? kv_side_->fork(st) : st;
   // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv in place, RoPE on k_pe; append.
   bf16* ckv = ckv_.as<bf16>();
   L.kv_a.forward(cb, h, T, ckv, ks);
@@ -466,10 +454,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   L.q_b.forward(cb, qa, T, q, st);
   cuda::rope_bf16(q, T, heads, heads * qk, qk, c.qk_nope_head_dim, rope, rope_style_, s.pos, cos, sin, n_positions_,
                   err, st);
-  if (side) {
-    FP4MOE_CUDA_CHECK(cudaEventRecord(kv_join_.get(), ks));
-    FP4MOE_CUDA_CHECK(cudaStreamWaitEvent(st, kv_join_.get(), 0));
-  }
+  if (side) kv_side_->join(st);
 
   // DSA selection (full layers, when some sequence is longer than index_topk) over the cached keys.
   if (L.indexer) {
