@@ -6,9 +6,9 @@
 # speed-of-light, warp-state, memory and compute sections and every stall reason per issued instruction.
 #   usage (device command): bash scripts/gpu_ncu.sh '32,4096,6144:256:wgmma_kernel<128u, 256u, 4u' ...
 #   FP4MOE_RACECHECK_FILTER  gtest filter for a compute-sanitizer racecheck of test_cuda_w4a16 first
-#   FP4MOE_NCU_ARGS  more ncu arguments, e.g. the opcode mix and the pipes' shares of issue:
-#                    '--metrics sass__inst_executed_per_opcode,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active
-#                    --print-metric-instances values' (the InstructionStats section is always on)
+#   FP4MOE_NCU_METRICS more metrics (comma-separated; ncu takes one --metrics), e.g. the opcode mix and the
+#                    pipes' shares of issue: 'sass__inst_executed_per_opcode,regex:sm__inst_executed_pipe_.*'
+#   FP4MOE_NCU_ARGS  more ncu arguments, e.g. '--print-metric-instances values' (InstructionStats is always on)
 # Reports: $OUT/logs-gpu_ncu.tgz (ncu-<n>.txt per spec).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -35,7 +35,8 @@ for spec in "$@"; do
   timeout 240 ncu --clock-control none --kernel-name-base demangled -k "regex:$regex" --launch-skip 5 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section Occupancy --section InstructionStats \
-    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" ${FP4MOE_NCU_ARGS:-} \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio${FP4MOE_NCU_METRICS:+,$FP4MOE_NCU_METRICS}" \
+    ${FP4MOE_NCU_ARGS:-} \
     build-prof/bench/bench_w4a16 --shape "$shape" --tokens "$tokens" --runs 1 > "$out/ncu-$n.txt" 2>&1 || status=1
   grep -vE "^==PROF==|^bench_w4a16|^shape|^gate_up|^down|^HBM|^ *----" "$out/ncu-$n.txt" |
     grep -vE "stalled_.*ratio +(inst|) *0(\.0+)?$" | head -250
