@@ -344,6 +344,10 @@ TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
   EXPECT_EQ(mma_glm5.row_bytes, 1168);
   EXPECT_EQ(mma_glm5.scores_offset, 2 * 32 * 1168);
   EXPECT_EQ(mma_glm5.q_part3_offset, 2 * 32 * 1168 + 8192);
+  // Inside the scores region: the n-tile maxima (2 KB), then P (3 parts x 16 rows x 80 B).
+  EXPECT_EQ(mma_glm5.p_offset, mma_glm5.scores_offset + 2048);
+  EXPECT_LE(mma_glm5.p_offset + 3 * 16 * 80, mma_glm5.scores_offset + mma_glm5.scores_bytes);
+  EXPECT_EQ((kMlaPRowBytes / 16) % 2, 1);  // ldmatrix's 8 rows of P in 8 bank groups
   EXPECT_EQ(mma_glm5.total_bytes, 101376);
   EXPECT_EQ(mla_mma_smem_layout(32, 16).total_bytes, 2 * 32 * 112 + 8192 + 18432);  // glm5_tiny
   for (int rank : {32, 64, 128, 256, 512}) {

@@ -59,12 +59,23 @@ inline constexpr int kMlaHeadsPerCta = 16;  // one m16 MMA tile of heads per CTA
 // Shared memory of the attention CTA (mla_decode_attention and mla_prefill_attention, tensor
 // cores): two 32-key tiles of cache rows in bf16 (cp.async double buffer), each row padded by 16 B
 // so that ldmatrix's eight row addresses fall in eight different 16 B bank groups (row_bytes / 16
-// is odd), then the four warps' partial score tiles (16 heads x 32 keys f32 each; every warp sums
-// the same four in the same order), then the third bf16 part of each warp's q fragments. Needs
+// is odd), then the four warps' partial score tiles (16 heads x 32 keys f32 each; warp w sums the
+// four of its n-tile of 8 keys, in warp order), then the third bf16 part of each warp's q fragments. Needs
 // (rank + rope) % 16 == 0 (whole k16 MMA steps).
 // Largest k16 steps of q one warp holds (three bf16 parts): width <= rank + kMlaMaxRope.
 inline constexpr int kMlaMaxRope = 64;
 inline constexpr int kMlaMaxQStepsPerWarp = 9;
+
+// The scores region is reused within a key tile once the partial scores are summed: warp w's n-tile
+// maxima go to the first 2 KB (the slots of warp 0's partials, [n-tile][lane] x 16 B: warp w read its
+// own n-tile's slots before it writes there), then P as kMlaPParts bf16 parts of 16 heads x 32 keys
+// (rows of kMlaPRowBytes: 64 B + 16 B of padding, so ldmatrix's eight rows hit eight bank groups).
+inline constexpr int kMlaPParts = 3;
+inline constexpr int kMlaPRowBytes = kAttnKeysPerTile * 2 + 16;
+inline constexpr int kMlaMaxSlotsBytes = kAttnKeysPerTile / 8 * 32 * 16;
+static_assert(kMlaMaxSlotsBytes + kMlaPParts * kMlaHeadsPerCta * kMlaPRowBytes <=
+                  kMlaWarps * kMlaHeadsPerCta * kAttnKeysPerTile * 4,
+              "the tile maxima and P fit the scores region");
 
 struct MlaMmaSmemLayout {
   int width = 0;      // rank + rope
@@ -72,6 +83,7 @@ struct MlaMmaSmemLayout {
   int tile_bytes = 0;
   int scores_offset = 0;
   int scores_bytes = 0;
+  int p_offset = 0;   // inside the scores region (see above)
   int q_part3_offset = 0;  // the third bf16 part of each warp's q fragments: [warp][step][lane] x 16 B
   int q_part3_bytes = 0;
   int total_bytes = 0;
@@ -83,6 +95,7 @@ FP4MOE_ATTN_HD constexpr MlaMmaSmemLayout mla_mma_smem_layout(int kv_lora_rank, 
   l.tile_bytes = kAttnKeysPerTile * l.row_bytes;
   l.scores_offset = 2 * l.tile_bytes;
   l.scores_bytes = kMlaWarps * kMlaHeadsPerCta * kAttnKeysPerTile * 4;
+  l.p_offset = l.scores_offset + kMlaMaxSlotsBytes;
   l.q_part3_offset = l.scores_offset + l.scores_bytes;
   l.q_part3_bytes = kMlaWarps * kMlaMaxQStepsPerWarp * 32 * 16;
   l.total_bytes = l.q_part3_offset + l.q_part3_bytes;

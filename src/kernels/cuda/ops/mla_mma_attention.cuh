@@ -9,10 +9,14 @@
 //     with q as three bf16 parts (split_bf16x2<3>: the f32 q itself, so scores carry
 //     only f32 accumulation error; with two parts the score error grows with |q . k| and the GLM-5
 //     golden checks moved);
-//   - the four partial 16 x 32 score tiles are summed in shared memory in warp order, so every warp
-//     holds the same scores and runs the same online softmax (scores x scale, as the CPU);
-//   - warp w adds P (three bf16 parts, from the score accumulators) x c_kv over latent dims
-//     [w rank / 4, (w + 1) rank / 4) (ldmatrix.trans of the same tile).
+//   - warp w sums the four partial scores of n-tile w (keys 8 w .. 8 w + 7 of the tile) in shared
+//     memory in warp order (scores x scale, as the CPU) and shares its maximum per head; every warp
+//     takes the tile's maximum from the four, and warp w writes P of its n-tile (three bf16 parts)
+//     to shared memory and keeps its share of the softmax sum (summed over the CTA at the end), so
+//     no softmax work is repeated across warps (each used to run all of it: ~1,370 instructions a
+//     warp a tile, Nsight Compute);
+//   - warp w adds P (the three parts, ldmatrix) x c_kv over latent dims [w rank / 4, (w + 1) rank / 4)
+//     (ldmatrix.trans of the same tile), rescaling its rows first unless no row's maximum moved.
 // The result (divided by the softmax sum; zeros for an empty list) goes to out + head * out_head_stride
 // (f32, rank wide) and, when lse != nullptr (a split of the list), m + log(l) to lse[head * lse_head_stride]
 // (-inf for an empty split).
@@ -100,8 +104,8 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   // q k16 steps one warp holds at most: (rank + the largest rope, kMlaMaxRope) / 16 over 4 warps.
   constexpr int kQSteps = ((32 * NTW + kMlaMaxRope) / 16 + kMlaWarps - 1) / kMlaWarps;
   static_assert(kQSteps <= kMlaMaxQStepsPerWarp, "q fragments per warp");
-  // P as three bf16 parts too (f32-exact; with hi + lo, 2^-17 relative, the GLM-5 golden checks moved).
-  constexpr int kPParts = 3;
+  // P as three bf16 parts too (kMlaPParts: f32-exact; with hi + lo, 2^-17 relative, the GLM-5 golden
+  // checks moved).
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -113,6 +117,8 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
                       (max(key_end - p.key_begin, 0) % kAttnKeysPerTile != 0 ? 1 : 0);
   const uint32_t tiles_u32 = ptx::smem_u32(smem);
   float4* scores = reinterpret_cast<float4*>(smem + L.scores_offset);  // [warp][n-tile][lane]
+  unsigned char* p_smem = smem + L.p_offset;  // [part][head row] x kMlaPRowBytes
+  const uint32_t p_u32 = tiles_u32 + static_cast<uint32_t>(L.p_offset);
 
   // List entries k0 .. k0 + 31 -> tile buffer `buf` (zeros past key_end and for refused rows), one
   // commit group. Thread i copies 16 B pieces i % 4, i % 4 + 4, ... of entry k0 + i / 4.
@@ -122,11 +128,10 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
     const int j = static_cast<int>(threadIdx.x) / 4, sub = static_cast<int>(threadIdx.x) % 4;
     const int entry = k0 + j;
     const int64_t row = entry < key_end ? row_of(entry) : -1;
-    const uint32_t dst = tiles_u32 + buf * L.tile_bytes + j * L.row_bytes;
-    for (int piece = sub; piece < pieces; piece += 4) {
-      const bool ok = row >= 0;
-      ptx::cp_async_16(dst + piece * 16, ok ? static_cast<const void*>(p.cache + row + piece * 8) : p.cache, ok);
-    }
+    const bool ok = row >= 0;  // else zero-filled (the source is not read)
+    const __nv_bfloat16* src = p.cache + (ok ? row : 0) + sub * 8;
+    uint32_t dst = tiles_u32 + buf * L.tile_bytes + j * L.row_bytes + sub * 16;
+    for (int piece = sub; piece < pieces; piece += 4, src += 32, dst += 64) ptx::cp_async_16(dst, src, ok);
     ptx::cp_async_commit();
   };
   if (n_tiles > 0) load_tile(p.key_begin, 0);
@@ -164,7 +169,9 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   float o[NTW][4];
 #pragma unroll
   for (int n = 0; n < NTW; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+  // m_row: the running maximum per head row (the same in every thread of a row); l_part: this thread's
+  // share of the softmax sum (its keys of its warp's n-tiles), summed over the CTA at the end.
+  float m_row[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
   const int dim0 = warp * (p.rank / 4);
   const int mq = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses row mr of matrix mq
 
@@ -208,93 +215,110 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
 #pragma unroll
     for (int n = 0; n < 4; ++n) scores[(warp * 4 + n) * 32 + lane] = make_float4(sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
     __syncthreads();
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      float4 sum = scores[n * 32 + lane];
+    // This warp's n-tile (keys k0 + 8 warp ..): the four warps' partial scores summed in warp order,
+    // as the CPU (q . k) * scale, keys past the list's end masked; then its maximum per head row
+    // (r = 0: row g in s[0], s[1]; r = 1: row g + 8 in s[2], s[3]).
+    float s[4];
+    {
+      float4 sum = scores[warp * 32 + lane];
 #pragma unroll
       for (int w = 1; w < kMlaWarps; ++w) {
-        const float4 v = scores[(w * 4 + n) * 32 + lane];
+        const float4 v = scores[(w * 4 + warp) * 32 + lane];
         sum.x += v.x;
         sum.y += v.y;
         sum.z += v.z;
         sum.w += v.w;
       }
-      sc[n][0] = sum.x;
-      sc[n][1] = sum.y;
-      sc[n][2] = sum.z;
-      sc[n][3] = sum.w;
+      s[0] = sum.x;
+      s[1] = sum.y;
+      s[2] = sum.z;
+      s[3] = sum.w;
     }
-
-    // Online softmax per head row (r = 0: row g in c0, c1; r = 1: row g + 8 in c2, c3), as the CPU:
-    // (q . k) * scale, keys past the split's end masked.
-    float corr[2];
+    float tile_max[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = k0 + 8 * n + 2 * t + e;
-          const float v = key < key_end ? sc[n][2 * r + e] * p.scale : -INFINITY;
-          sc[n][2 * r + e] = v;
-          mx = fmaxf(mx, v);
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int key = k0 + 8 * warp + 2 * t + e;
+        const float v = key < key_end ? s[2 * r + e] * p.scale : -INFINITY;
+        s[2 * r + e] = v;
+        mx = fmaxf(mx, v);
       }
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-      const float m_new = fmaxf(m_row[r], mx);  // key k0 < key_end: finite
-      corr[r] = expf(m_row[r] - m_new);
-      float sum = 0.0f;
+      tile_max[r] = mx;
+    }
+    // Into the slot this lane just read (warp 0's partial of n-tile `warp`: read by no other warp).
+    *reinterpret_cast<float2*>(&scores[warp * 32 + lane]) = make_float2(tile_max[0], tile_max[1]);
+    __syncthreads();
+    // Online softmax, the same in every warp: the tile's maximum per row from the four n-tiles'.
+    float corr[2];
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      float m_new = m_row[r];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = sc[n][2 * r + e];
-          const float pr = v == -INFINITY ? 0.0f : expf(v - m_new);
-          sc[n][2 * r + e] = pr;
-          sum += pr;
-        }
-      }
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      l_row[r] = l_row[r] * corr[r] + sum;
+      for (int w = 0; w < kMlaWarps; ++w) m_new = fmaxf(m_new, reinterpret_cast<const float*>(&scores[w * 32 + lane])[r]);
+      corr[r] = expf(m_row[r] - m_new);  // key k0 < key_end: m_new finite
       m_row[r] = m_new;
     }
+    // P of this warp's n-tile -> shared memory as kMlaPParts bf16 parts (rows g, g + 8, keys 8 warp + 2 t,
+    // + 1); this thread's share of the row sums.
 #pragma unroll
-    for (int n = 0; n < NTW; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
+    for (int r = 0; r < 2; ++r) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = s[2 * r + e];
+        const float pr = v == -INFINITY ? 0.0f : expf(v - m_row[r]);
+        s[2 * r + e] = pr;
+        sum += pr;
+      }
+      l_part[r] = l_part[r] * corr[r] + sum;
+      uint32_t parts[kMlaPParts];
+      split_bf16x2<kMlaPParts>(s[2 * r], s[2 * r + 1], parts);
+#pragma unroll
+      for (int part = 0; part < kMlaPParts; ++part) {
+        *reinterpret_cast<uint32_t*>(p_smem + (part * kMlaHeadsPerCta + g + 8 * r) * kMlaPRowBytes +
+                                     (8 * warp + 2 * t) * 2) = parts[part];
+      }
+    }
+    __syncthreads();
+    // Rescale the output rows (skipped when no row of this warp's lanes has a new maximum: x 1 exactly).
+    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < NTW; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
     }
 
-    // latent += P [16 x 32] x c_kv [32 x this warp's dims]; P's A fragments come straight from the
-    // score accumulators (k16 step kk = n-tiles 2 kk, 2 kk + 1), as kPParts bf16 parts.
+    // latent += P [16 x 32] x c_kv [32 x this warp's dims]; P's A fragments (k16 step kk: keys
+    // 16 kk ..) by ldmatrix from the kMlaPParts bf16 parts: lane addresses row lane % 16, keys
+    // 16 kk + 8 (lane / 16).
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      uint32_t pf[kPParts][4], tmp[kPParts];
-      split_bf16x2<kPParts>(sc[2 * kk][0], sc[2 * kk][1], tmp);
-      for (int part = 0; part < kPParts; ++part) pf[part][0] = tmp[part];
-      split_bf16x2<kPParts>(sc[2 * kk][2], sc[2 * kk][3], tmp);
-      for (int part = 0; part < kPParts; ++part) pf[part][1] = tmp[part];
-      split_bf16x2<kPParts>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], tmp);
-      for (int part = 0; part < kPParts; ++part) pf[part][2] = tmp[part];
-      split_bf16x2<kPParts>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], tmp);
-      for (int part = 0; part < kPParts; ++part) pf[part][3] = tmp[part];
+      uint32_t pf[kMlaPParts][4];
+#pragma unroll
+      for (int part = 0; part < kMlaPParts; ++part) {
+        ptx::ldmatrix_x4(pf[part], p_u32 + (part * kMlaHeadsPerCta + (lane & 15)) * kMlaPRowBytes +
+                                       (16 * kk + 8 * (lane >> 4)) * 2);
+      }
       // .trans matrices: keys 16 kk + 8 (mq & 1) + mr, dims of n-tile (2 np + (mq >> 1)).
       const int key = 16 * kk + 8 * (mq & 1) + mr;
       if constexpr (NTW == 1) {
         uint32_t b[2];
         ptx::ldmatrix_x2_trans(b, tile + key * L.row_bytes + dim0 * 2);
-        for (int part = 0; part < kPParts; ++part) ptx::mma_bf16_m16n8k16(o[0], pf[part], b);
+        for (int part = 0; part < kMlaPParts; ++part) ptx::mma_bf16_m16n8k16(o[0], pf[part], b);
       } else {
 #pragma unroll
         for (int np = 0; np < NTW / 2; ++np) {
           uint32_t b[4];
           ptx::ldmatrix_x4_trans(b, tile + key * L.row_bytes + (dim0 + 16 * np + 8 * (mq >> 1)) * 2);
 #pragma unroll
-          for (int part = 0; part < kPParts; ++part) {
+          for (int part = 0; part < kMlaPParts; ++part) {
             ptx::mma_bf16_m16n8k16(o[2 * np], pf[part], b);
             ptx::mma_bf16_m16n8k16(o[2 * np + 1], pf[part], b + 2);
           }
@@ -302,6 +326,23 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
       }
     }
     __syncthreads();  // scores and this tile's buffer are rewritten by later iterations
+  }
+
+  // The softmax sums: over the quad, then over the warps in warp order (the last tile's barrier freed
+  // the scores region; lane (g, 0) of each warp writes rows g, g + 8).
+  float l_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_part[r] += __shfl_xor_sync(kFullMask, l_part[r], 1);
+    l_part[r] += __shfl_xor_sync(kFullMask, l_part[r], 2);
+  }
+  if (t == 0) *reinterpret_cast<float2*>(&scores[warp * 32 + lane]) = make_float2(l_part[0], l_part[1]);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_row[r] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMlaWarps; ++w) l_row[r] += reinterpret_cast<const float*>(&scores[w * 32 + (lane & ~3)])[r];
   }
 
 #pragma unroll
