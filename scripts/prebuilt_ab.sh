@@ -4,14 +4,15 @@
 #   scripts/prebuilt_ab.sh prepare   (here) builds FP4MOE_AB_TARGETS at HEAD (A) and at HEAD + each patch of
 #                                    FP4MOE_AB_PATCHES (B1, B2, ...; one patch: B) in a worktree under /tmp,
 #                                    incrementally, strips the binaries and packs them, with their paths
-#                                    under build/, into .carry/ab.tar.xz (git-ignored)
-#   scripts/prebuilt_ab.sh run       (device; carry [".carry"]) unpacks it and runs FP4MOE_AB_CMD against each
+#                                    under build/, into $FP4MOE_AB_ARCHIVE (default .carry/ab.tar.xz; git-ignored)
+#   scripts/prebuilt_ab.sh run       (device; carry [".carry"]) unpacks $FP4MOE_AB_ARCHIVE and runs FP4MOE_AB_CMD against each
 #                                    side with $B set to the side's build folder (A, the Bs, A again with
 #                                    FP4MOE_AB_REPEAT_A=1), then FP4MOE_AB_CHECK in each B, as gpu_ab.sh does.
 # The binaries link the device's CUDA libraries and .carry/sysroot's (scripts/device_prepare.sh); they
 # need a glibc >= 2.34 there. Logs: $OUT/logs-prebuilt_ab.tgz.
 set -uo pipefail
 mode="${1:?usage: scripts/prebuilt_ab.sh prepare|run}"
+archive="${FP4MOE_AB_ARCHIVE:-.carry/ab.tar.xz}"
 
 case "$mode" in
   prepare)
@@ -51,16 +52,16 @@ case "$mode" in
       (cd "$wt" && git apply -R "$root/$p")
     done
     mkdir -p .carry
-    tar cJf .carry/ab.tar.xz -C "$stage" --exclude='build_*.log' .
+    tar cJf "$archive" -C "$stage" --exclude='build_*.log' .
     git worktree remove --force "$wt"
-    echo "prebuilt_ab: .carry/ab.tar.xz $(du -sh .carry/ab.tar.xz | cut -f1) (sides: $(ls -d "$stage"/*/ | xargs -n1 basename | tr '\n' ' '))"
+    echo "prebuilt_ab: $archive $(du -sh "$archive" | cut -f1) (sides: $(ls -d "$stage"/*/ | xargs -n1 basename | tr '\n' ' '))"
     ;;
   run)
     source "$(dirname "$0")/device_env.sh"
     cmd="${FP4MOE_AB_CMD:-\$B/bench/bench_w4a16 --runs 20 --tokens 1,4,8,16,32}"
-    [ -s .carry/ab.tar.xz ] || { echo "prebuilt_ab: no .carry/ab.tar.xz (scripts/prebuilt_ab.sh prepare, here)"; exit 2; }
+    [ -s "$archive" ] || { echo "prebuilt_ab: no $archive (scripts/prebuilt_ab.sh prepare, here)"; exit 2; }
     dir=/tmp/fp4moe-ab
-    rm -rf "$dir" && mkdir -p "$dir" && tar xJf .carry/ab.tar.xz -C "$dir" || exit 2
+    rm -rf "$dir" && mkdir -p "$dir" && tar xJf "$archive" -C "$dir" || exit 2
     sides=(A $(cd "$dir" && ls -d B* 2>/dev/null | sort -V))
     [ "${FP4MOE_AB_REPEAT_A:-0}" = 1 ] && sides+=(A2)
     status=0
