@@ -9,6 +9,9 @@
 #   gpu_configure DIR   CMake configure of a Release CUDA build in DIR against the sysroot (log in $out)
 #   step MSG            prints "=== MSG (HH:MM:SS)", the stage markers of the logs
 #   has STAGE           true when STAGE is in the script's $stages (" a b c ", from FP4MOE_STAGES)
+#   ab_run_sides SIDE:DIR ...   the A/B scripts' runs (gpu_ab.sh, prebuilt_ab.sh): FP4MOE_AB_CMD against
+#                       each side in order with $B = DIR (logs run_SIDE.txt), then FP4MOE_AB_CHECK in each
+#                       B side (check_SIDE.log); returns 1 when a command failed
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 script_name="$(basename "$0" .sh)"
 out="$PWD/device-logs/$script_name"
@@ -27,3 +30,21 @@ gpu_configure() {
 }
 step() { echo "=== $* ($(date +%T))"; }
 has() { [[ "$stages" == *" $1 "* ]]; }
+ab_run_sides() {
+  local cmd="${FP4MOE_AB_CMD:-\$B/bench/bench_w4a16 --runs 20 --tokens 1,4,8,16,32}" status=0 entry side B
+  for entry in "$@"; do
+    side="${entry%%:*}"; B="${entry#*:}"
+    step "run $side"
+    (export B; eval "$cmd") 2>&1 | tee "$out/run_$side.txt" || status=1
+  done
+  if [ -n "${FP4MOE_AB_CHECK:-}" ]; then
+    for entry in "$@"; do
+      side="${entry%%:*}"; B="${entry#*:}"
+      case "$side" in B*) ;; *) continue ;; esac
+      step "check ($side)"
+      (export B; eval "$FP4MOE_AB_CHECK") > "$out/check_$side.log" 2>&1 || status=1
+      tail -6 "$out/check_$side.log"
+    done
+  fi
+  return $status
+}

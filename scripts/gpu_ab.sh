@@ -17,7 +17,6 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 patches=(${FP4MOE_AB_PATCHES:-${FP4MOE_AB_PATCH:-.carry/ab.patch}})
 targets=(${FP4MOE_AB_TARGETS:-bench_w4a16})
-cmd="${FP4MOE_AB_CMD:-\$B/bench/bench_w4a16 --runs 20 --tokens 1,4,8,16,32}"
 status=0
 for p in "${patches[@]}"; do [ -s "$p" ] || { echo "gpu_ab: no patch at $p"; exit 2; }; done
 
@@ -43,20 +42,6 @@ for p in "${patches[@]}"; do
 done
 [ "${FP4MOE_AB_REPEAT_A:-0}" = 1 ] && builds+=("A2:$PWD/build-gpu")
 
-for b in "${builds[@]}"; do
-  side="${b%%:*}"; B="${b#*:}"
-  step "run $side"
-  (export B; eval "$cmd") 2>&1 | tee "$out/run_$side.txt" || status=1
-done
-
-if [ -n "${FP4MOE_AB_CHECK:-}" ]; then
-  for b in "${builds[@]}"; do
-    side="${b%%:*}"; B="${b#*:}"
-    case "$side" in B*) ;; *) continue ;; esac
-    step "check ($side)"
-    (export B; eval "$FP4MOE_AB_CHECK") > "$out/check_$side.log" 2>&1 || status=1
-    tail -6 "$out/check_$side.log"
-  done
-fi
+ab_run_sides "${builds[@]}" || status=1
 step "done (status $status)"
 exit $status

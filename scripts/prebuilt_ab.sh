@@ -58,28 +58,14 @@ case "$mode" in
     ;;
   run)
     source "$(dirname "$0")/device_env.sh"
-    cmd="${FP4MOE_AB_CMD:-\$B/bench/bench_w4a16 --runs 20 --tokens 1,4,8,16,32}"
     [ -s "$archive" ] || { echo "prebuilt_ab: no $archive (scripts/prebuilt_ab.sh prepare, here)"; exit 2; }
     dir=/tmp/fp4moe-ab
     rm -rf "$dir" && mkdir -p "$dir" && tar xJf "$archive" -C "$dir" || exit 2
-    sides=(A $(cd "$dir" && ls -d B* 2>/dev/null | sort -V))
-    [ "${FP4MOE_AB_REPEAT_A:-0}" = 1 ] && sides+=(A2)
+    sides=("A:$dir/A")
+    for b in $(cd "$dir" && ls -d B* 2>/dev/null | sort -V); do sides+=("$b:$dir/$b"); done
+    [ "${FP4MOE_AB_REPEAT_A:-0}" = 1 ] && sides+=("A2:$dir/A")
     status=0
-    for side in "${sides[@]}"; do
-      B="$dir/$side"
-      [ "$side" = A2 ] && B="$dir/A"
-      step "run $side"
-      (export B; eval "$cmd") 2>&1 | tee "$out/run_$side.txt" || status=1
-    done
-    if [ -n "${FP4MOE_AB_CHECK:-}" ]; then
-      for side in "${sides[@]}"; do
-        case "$side" in B*) ;; *) continue ;; esac
-        B="$dir/$side"
-        step "check ($side)"
-        (export B; eval "$FP4MOE_AB_CHECK") > "$out/check_$side.log" 2>&1 || status=1
-        tail -6 "$out/check_$side.log"
-      done
-    fi
+    ab_run_sides "${sides[@]}" || status=1
     step "done (status $status)"
     exit $status
     ;;
