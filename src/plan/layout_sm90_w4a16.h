@@ -38,25 +38,28 @@
 //  * kWgmma (prefill, and dense Linears at 64 tokens: past the H200's ridge point): Hopper wgmma
 //    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of block_w / 2 weight
 //    rows each (1 or 2 m64 blocks: m64 block j, rows 64 j .., is warpgroup j % 2's; warp w of the CTA
-//    owns row tiles w and, with 256 rows, w + 8). Each warp dequantizes its own row tiles (16 rows
-//    each, the same registers as the mma.sync kernels) and
+//    owns row tiles w and, with 256 rows, w + 8) and a producer warp (warp 8: the TMA loads of each
+//    stage). Each consumer warp dequantizes its own row tiles (16 rows each, the same registers as
+//    the mma.sync kernels) and
 //    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
-//    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by cp.async.
+//    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by TMA.
 //      block_w 128 or 256; block_t (tokens, the wgmma N) 32, 64, 128 or 256 (block_w / 128 x block_t
 //      <= 256: the accumulators); block_k 64
-//      (one chunk per stage and barrier); stages 3..8 (stages - 2 chunks in flight: the slot of
-//      chunk i - 2 is refilled once every warpgroup's wgmma of chunk i - 2 has completed).
+//      (one chunk per stage); stages 3..8 (up to `stages` chunks in flight: the producer refills the
+//      slot of chunk i - stages once every consumer warp has released it, after its wgmma of that
+//      chunk completed).
 //    Name: "w4a16_wgmma_m<block_w>n<block_t>_s<stages>".
 //    Per stage (x_tile 1024 B aligned, the 128B-swizzle atom; stage_stride a multiple of 1024):
 //      x_tile    block_t rows x 128 B (64 bf16), 16 B unit u of row r at r x 128 + (u ^ (r & 7)) x 16:
 //                one TMA 2D tile load (box 64 k x block_t rows, SWIZZLE_128B writes exactly this)
-//      w_tiles   block_w / 16 row tiles x 512 B of codes (the kernel weight layout; a lane copies and
-//                reads back only its own 16 B)
+//      w_tiles   block_w / 16 row tiles x 512 B of codes (the kernel weight layout; one TMA 2D load of
+//                the CTA's row tiles, a lane reads back its own 16 B)
 //    Once:
 //      a_tiles   kWgmmaABuffers x block_w rows x 128 B bf16, the same swizzle (the dequantized weights;
 //                3 buffers: the one chunk i writes was last read by the wgmma of chunk i - 3, which
 //                every warp waited for before the previous barrier)
-//      mbarriers one per stage: the x tile's TMA load has landed (expect-tx of block_t x 128 B)
+//      mbarriers two per stage: full (both TMA loads landed: expect-tx of block_t x 128 + block_w x 32 B)
+//                and empty (the 8 consumer warps released the stage)
 //    Scales come through registers (a lane's 16 B per 8 chunks, one group ahead). The epilogue tile
 //    (block_t rows x (block_w x 2 + 16) B) reuses the stage region from offset 0 after the main loop
 //    (every copy drained, every wgmma done), so it adds no bytes; check() requires it to fit there.
@@ -101,7 +104,7 @@ inline constexpr uint32_t kW4A16StreamXAhead = 2;
 inline constexpr uint32_t kW4A16StreamTilesPerWarp = 2;
 
 FP4MOE_HD constexpr uint32_t W4A16Config::n_warps() const {
-  if (kind == W4A16Kind::kWgmma) return 8;
+  if (kind == W4A16Kind::kWgmma) return 12;  // a producer warpgroup + two consumer warpgroups
   return kind == W4A16Kind::kStream ? block_w / (16 * kW4A16StreamTilesPerWarp) : block_w / 16;
 }
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
@@ -130,8 +133,8 @@ FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
 // ~72 for the rest (two chunks' A fragments): 96 for n8, 120 for n16; ptxas uses 91-96 / 116-122;
 // kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
-  // kWgmma: the accumulators (block_w / 128 x block_t / 2 f32 a thread) plus ~64 for the rest, at
-  // most 255 (1-2 CTAs of 256 threads per SM).
+  // kWgmma: a consumer thread's accumulators (block_w / 128 x block_t / 2 f32) plus ~64 for the rest,
+  // at most 255 (w4a16_wgmma_consumer_regs: what setmaxnreg gives the consumers must cover it).
   if (c.kind == W4A16Kind::kWgmma) {
     const uint32_t acc = c.block_w / 128 * c.block_t / 2;
     return acc + 64 > 255 ? 255 : acc + 64;
@@ -144,12 +147,30 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
 // 65536 / (ctas x threads)): as many as the shared memory allows (228 KB per SM, 1 KB reserved per
 // CTA) and the register budget allows. Decode tiles are latency-bound: more resident warps hide the
 // load -> dequant -> MMA chains.
+// kWgmma: registers a thread at launch with `ctas` CTAs of 384 threads a SM (ptxas' cap, a multiple
+// of 8), and after setmaxnreg: the producer warpgroup kWgmmaProducerRegs, the two consumer warpgroups
+// what that frees (12 L = 4 x 40 + 8 C; a multiple of 8, at most 256).
+inline constexpr uint32_t kWgmmaProducerRegs = 40;
+FP4MOE_HD constexpr uint32_t w4a16_wgmma_launch_regs(uint32_t ctas) {
+  const uint32_t l = 65536 / (ctas * 384) / 8 * 8;
+  return l > 255 ? 248 : l;
+}
+FP4MOE_HD constexpr uint32_t w4a16_wgmma_consumer_regs_at(uint32_t ctas) {
+  const uint32_t l = w4a16_wgmma_launch_regs(ctas);
+  const uint32_t c = (12 * l - 4 * kWgmmaProducerRegs) / 8 / 8 * 8;
+  return c > 256 ? 256 : c;
+}
+
 FP4MOE_HD constexpr uint32_t w4a16_ctas_per_sm(const W4A16Config& c, uint32_t smem_bytes) {
   constexpr uint32_t kSmemPerSm = 233472, kReservedPerCta = 1024;
   const uint32_t by_smem = kSmemPerSm / (smem_bytes + kReservedPerCta);
-  const uint32_t by_regs = 65536 / (c.n_threads() * w4a16_register_budget(c));
+  uint32_t by_regs = 65536 / (c.n_threads() * w4a16_register_budget(c));
+  if (c.kind == W4A16Kind::kWgmma) by_regs = w4a16_wgmma_consumer_regs_at(2) >= w4a16_register_budget(c) ? 2 : 1;
   const uint32_t n = by_smem < by_regs ? by_smem : by_regs;
   return n < 1 ? 1 : n;
+}
+FP4MOE_HD constexpr uint32_t w4a16_wgmma_consumer_regs(const W4A16Config& c, uint32_t smem_bytes) {
+  return w4a16_wgmma_consumer_regs_at(w4a16_ctas_per_sm(c, smem_bytes));
 }
 
 struct W4A16Layout {
@@ -239,7 +260,7 @@ struct W4A16Layout {
       out.a_tile_bytes = c.block_w * 128;
       out.a_tiles_offset = l.add("a_tiles (bf16 dequantized weights, 128B-swizzled)", kWgmmaABuffers * out.a_tile_bytes,
                                  kWgmmaSwizzleAtom, RegionKind::kStageOperand);
-      out.barriers_offset = l.add("mbarriers (x tile landed, per stage)", c.stages * 8, 8, RegionKind::kBarrier);
+      out.barriers_offset = l.add("mbarriers (stage full, stage empty)", c.stages * 16, 8, RegionKind::kBarrier);
       out.w_tiles_offset = out.x_tile_bytes;
       out.epilogue_row_bytes = c.block_w * 2 + kEpilogueRowPad;
       out.epilogue_bytes = c.block_t * out.epilogue_row_bytes;  // at offset 0, inside the stages

@@ -32,7 +32,7 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
   }
   if (c.kind == W4A16Kind::kWgmma) {
     s << c.stages << " stages x (x_tile " << l.x_tile_bytes << " + w_tiles " << l.w_tiles_bytes << ") + a_tiles "
-      << kWgmmaABuffers << " x " << l.a_tile_bytes << " + mbarriers " << c.stages * 8 << " = " << l.total_bytes()
+      << kWgmmaABuffers << " x " << l.a_tile_bytes << " + mbarriers " << c.stages * 16 << " = " << l.total_bytes()
       << " B (epilogue " << l.epilogue_bytes
       << " reuses the stages)";
     return s.str();

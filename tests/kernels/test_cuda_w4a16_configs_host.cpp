@@ -178,7 +178,7 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.epilogue_bytes, 0u) << name << ": the epilogue reuses the stages";
       EXPECT_EQ(planned.regions[2 * c.stages + 1].offset, kernel.barriers_offset) << name;
-      EXPECT_EQ(check.overhead_bytes, plan::kWgmmaABuffers * kernel.a_tile_bytes + 8u * c.stages)
+      EXPECT_EQ(check.overhead_bytes, plan::kWgmmaABuffers * kernel.a_tile_bytes + 16u * c.stages)
           << name << ": the A tiles and the mbarriers";
       continue;
     }

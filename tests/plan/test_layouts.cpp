@@ -91,22 +91,22 @@ constexpr Pinned kPinned[] = {
     // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
     // kWgmma, per stage x_tile = block_t x 128 (1024 B aligned), w_tiles = 128 rows x 32 B = 4096; the
-    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages, then one 8 B mbarrier per stage; the
-    // epilogue (block_t x 272) at 0, inside the stages, adding nothing. m128n64_s5: stride 8192 + 4096 =
-    // 12288, a_tiles at 61440, mbarriers at 110592, total 110632.
-    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110632, 0},
-    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, mbarriers at 151552, total 151592;
+    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages, then two 8 B mbarriers per stage (full,
+    // empty); the epilogue (block_t x 272) at 0, inside the stages, adding nothing. m128n64_s5: stride
+    // 8192 + 4096 = 12288, a_tiles at 61440, mbarriers at 110592, total 110672.
+    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110672, 0},
+    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, mbarriers at 151552, total 151632;
     // epilogue 34816.
-    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151592, 0},
-    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, mbarriers at 196608, total 196640;
+    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151632, 0},
+    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, mbarriers at 196608, total 196672;
     // epilogue 69632.
-    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196640, 0},
+    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196672, 0},
     // m256n64_s5: w_tiles 256 x 32 = 8192, stride 8192 + 8192 = 16384, a_tiles 3 x 256 x 128 = 98304 at
-    // 81920, mbarriers at 180224, total 180264; epilogue 64 x (512 + 16) = 33792.
-    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180264, 0},
-    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196640;
+    // 81920, mbarriers at 180224, total 180304; epilogue 64 x (512 + 16) = 33792.
+    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180304, 0},
+    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196672;
     // epilogue 128 x 528 = 67584.
-    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196640, 0},
+    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196672, 0},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -159,12 +159,12 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       EXPECT_EQ(l.a_tile_bytes, c.block_w * 128u) << name;
       EXPECT_EQ(l.layout.offset_of("a_tiles (bf16 dequantized weights, 128B-swizzled)"), l.a_tiles_offset) << name;
       EXPECT_EQ(l.barriers_offset, l.a_tiles_offset + kWgmmaABuffers * l.a_tile_bytes) << name;
-      EXPECT_EQ(l.layout.offset_of("mbarriers (x tile landed, per stage)"), l.barriers_offset) << name;
-      EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kBarrier), 8u * c.stages) << name;
-      EXPECT_EQ(l.barriers_offset + 8 * c.stages, p.total) << name;
+      EXPECT_EQ(l.layout.offset_of("mbarriers (stage full, stage empty)"), l.barriers_offset) << name;
+      EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kBarrier), 16u * c.stages) << name;
+      EXPECT_EQ(l.barriers_offset + 16 * c.stages, p.total) << name;
       EXPECT_LE(p.epilogue_bytes, c.stages * p.stage_stride) << name << ": the epilogue must fit in the stages";
       EXPECT_EQ(l.layout.bytes_of_kind(RegionKind::kPadding), 0u) << name;
-      EXPECT_EQ(l.config.n_threads(), 256u) << name;
+      EXPECT_EQ(l.config.n_threads(), 384u) << name;  // a producer warpgroup + two consumer warpgroups
       expect_well_formed(l.layout, name);
       continue;
     }
@@ -245,12 +245,12 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "32767 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[11]),
-            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 + mbarriers 40 = 110632 B (epilogue 17408 reuses "
+            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 + mbarriers 80 = 110672 B (epilogue 17408 reuses "
             "the stages)");
   EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[13], 101376),
             "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 + "
-            "mbarriers 32 = 196640 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
-            "limit per block) by 95264 B");
+            "mbarriers 64 = 196672 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
+            "limit per block) by 95296 B");
   EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
             "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16");
 }
@@ -285,7 +285,7 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kW}).invalid_reason, nullptr);    // block_w 64 (one warpgroup)
   EXPECT_NE(W4A16Layout::make({256, 256, 64, 3, kW}).invalid_reason, nullptr);  // 256 f32 accumulators a thread
   EXPECT_EQ(W4A16Layout::make({256, 128, 64, 3, kW}).invalid_reason, nullptr);
-  EXPECT_EQ(W4A16Config({256, 128, 64, 3, kW}).n_threads(), 256u);  // two warpgroups, 2 row tiles a warp
+  EXPECT_EQ(W4A16Config({256, 128, 64, 3, kW}).n_threads(), 384u);  // producer + 2 consumer warpgroups, 2 row tiles a warp
   EXPECT_NE(W4A16Layout::make({128, 48, 64, 4, kW}).invalid_reason, nullptr);   // block_t 48
   EXPECT_NE(W4A16Layout::make({128, 64, 128, 4, kW}).invalid_reason, nullptr);  // block_k 128
   EXPECT_NE(W4A16Layout::make({128, 64, 64, 2, kW}).invalid_reason, nullptr);   // 2 stages: nothing in flight

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
+#include <cutlass/arch/barrier.h>  // NamedBarrier
 
 #include <array>
 #include <cstdint>
@@ -142,7 +143,10 @@ __device__ __forceinline__ void store_partial(const KernelParams& p, const WorkI
 // Otherwise the tile goes token-major through shared memory at `epi` (BLOCK_T rows of kEpiRow bytes;
 // the caller has made it free) and out with 16 B stores; kSwiGlu: silu(gate row g) * up row g + 8 ->
 // column 8 x (row tile) + g. `tid` counts the kThreads threads of the CTA, which all hold accumulators.
-template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU, uint32_t kMB = 1>
+// kNamedBarrier > 0: the kThreads threads sync on cutlass::arch::NamedBarrier kNamedBarrier - 1 (a CTA
+// with other warps, e.g. a producer that has exited) instead of __syncthreads.
+template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t kThreads, uint32_t kEpiRow, bool SWIGLU, uint32_t kMB = 1,
+          uint32_t kNamedBarrier = 0>
 __device__ __forceinline__ void write_output_tile(const KernelParams& p, const WorkItem& item, int rt0, uint32_t tid,
                                                   const float (&acc)[kMB][BLOCK_T / 8][4], uint8_t* epi) {
   constexpr uint32_t kNTiles = BLOCK_T / 8;
@@ -177,7 +181,11 @@ __device__ __forceinline__ void write_output_tile(const KernelParams& p, const W
       }
     }
   }
-  __syncthreads();
+  if constexpr (kNamedBarrier == 0) {
+    __syncthreads();
+  } else {
+    cutlass::arch::NamedBarrier::sync(kThreads, kNamedBarrier - 1);
+  }
   const int64_t n0 = static_cast<int64_t>(rt0) * (SWIGLU ? 8 : 16);
   constexpr uint32_t kOutChunks = BLOCK_T * kOutCols / 8;  // 16 B = 8 outputs
 #pragma unroll

@@ -2,27 +2,35 @@
 // Same API, work items, split-K and epilogues as the mma.sync kernels (w4a16_grouped_gemm.cu); the
 // shared memory is plan/layout_sm90_w4a16.h's kWgmma layout.
 //
-// One CTA = two warpgroups (256 threads) computing a block_w (128 or 256) weight rows x block_t tokens
-// tile of one expert: warpgroup q issues wgmma.mma_async m64n<block_t>k16 (bf16 in, f32 accumulate,
-// both operands from shared memory) for the m64 blocks q, q + 2 of the weight rows (warp w of the CTA
-// owns row tiles w and w + 8). Per 64-wide K chunk i:
-//   1. wait for this thread's code copies of chunk i (cp.async groups: stages - 2 chunks ahead) and for
-//      the chunk's activation tile (one TMA load per stage, issued by thread 0, on the stage's mbarrier);
+// One CTA = a producer warpgroup (its first thread issues every stage's TMA loads once the consumers
+// released the stage; setmaxnreg lowers it to 40 registers) and two consumer warpgroups (256 threads,
+// raised by setmaxnreg) computing a block_w (128 or 256) weight rows x block_t tokens tile of one
+// expert: consumer warpgroup q issues wgmma.mma_async m64n<block_t>k16 (bf16 in, f32 accumulate,
+// both operands from shared memory) for the m64 blocks q, q + 2 of the weight rows (consumer warp w
+// owns row tiles w and w + 8). The producer puts chunk i into stage slot i % stages once every consumer
+// warp released the slot's previous chunk (the slot's `empty` mbarrier, one arrival a consumer warp), by
+// two TMA loads on the slot's `full` mbarrier (the activation tile and the codes of the CTA's row tiles),
+// up to `stages` chunks ahead. Per 64-wide K chunk i (consumers):
+//   1. wait for the slot's full mbarrier;
 //   2. each warp dequantizes its own row tiles (16 rows each, the mma.sync kernels' registers, exact:
 //      w4a16_fragments.h) and stores the bf16 rows in natural K order into A buffer i % 3, 128B-swizzled
 //      (lane (g, t) holds rows g, g + 8 at k = 16 t .. 16 t + 15: two 16 B units per row), so the
 //      weight layout's K permutation never reaches the MMA;
-//   3. fence.proxy.async (generic-proxy writes -> the wgmma's async proxy), __syncthreads;
-//   4. refill the stage slot of chunk i - 2 (every warp waited for the wgmma of chunk i - 2 before
-//      this barrier) with chunk i + stages - 2 (thread 0's TMA, every lane's codes);
-//   5. per k16 step (descriptors + 32 B) one wgmma per m64 block of the warpgroup, commit, wait until
-//      at most one group is pending,
-//      so the MMAs of chunk i overlap the dequantization of chunk i + 1.
+//   3. fence.proxy.async (generic-proxy writes -> the wgmma's async proxy), then a named barrier of the
+//      warp's own warpgroup only (a warpgroup's wgmmas read only its own warps' A rows);
+//   4. per k16 step (descriptors + 32 B) one wgmma per m64 block of the warpgroup, commit, wait until
+//      at most one group is pending, so the MMAs of chunk i overlap the dequantization of chunk i + 1;
+//   5. release chunk i - 1's slot (its wgmma is complete and its codes were read; __syncwarp, lane 0
+//      arrives on the slot's empty mbarrier).
+// Measured against the single-role version (every warp dequantized, thread 0 refilled the slot of
+// chunk i - 2 after one __syncthreads a chunk): 195 -> 152 issued instructions a consumer warp a chunk
+// (m128n64) and 0.81-0.86x the time at 64 tokens a expert (BENCHMARKS.md, seventeenth session).
 // A buffer i % 3 was last read by the wgmma of chunk i - 3, complete before the barrier of chunk i - 1.
 // Activations arrive by TMA (cp.async.bulk.tensor, box 64 k x block_t rows of x [m_total, K], 128B
 // swizzle: the x tile's layout; zero-filled past K and past m_total; rows past the expert's own are the
-// next expert's tokens, whose output columns are never stored); codes by one 16 B cp.async per lane per
-// chunk (only that lane reads them back); scales a group (8 chunks) ahead in registers. The TMA load
+// next expert's tokens, whose output columns are never stored); codes by one TMA load per stage too
+// (make_codes_map: a 2D box of the CTA's row tiles x 512 B, L2 evict-first); scales a group (8 chunks)
+// ahead in registers. The TMA load
 // replaces block_t x 8 / 256 cp.async per thread per chunk and their address arithmetic (Nsight
 // Compute: the cp.async version issued ~380 instructions per warp per chunk, at 34% issue use).
 // The accumulator fragment of wgmma m64nN (thread (warp w of the warpgroup, lane (g, t)): rows 16 w + g
@@ -35,6 +43,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include <utility>
 
@@ -51,6 +60,8 @@ namespace {
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kWgmmaABuffers;
+using plan::kWgmmaProducerRegs;
+using plan::w4a16_wgmma_consumer_regs;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_wgmma_desc;
 using plan::w4a16_wgmma_swizzle;
@@ -64,24 +75,39 @@ constexpr W4A16Config wgmma_config(uint32_t block_w, uint32_t block_t, uint32_t 
 }
 
 using Barrier = cutlass::arch::ClusterTransactionBarrier;
-// L2 policy of the activation loads (CuTe's TMA::CacheHintSm90::EVICT_NORMAL).
+// L2 policies of the TMA loads (CuTe's TMA::CacheHintSm90): the activations are read by every row
+// block (normal), the weight codes once (evict first).
 constexpr uint64_t kTmaEvictNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+constexpr uint64_t kTmaEvictFirst = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
-__global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, BLOCK_T, STAGES),
+__global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threads(),
+                                  w4a16_ctas_per_sm(wgmma_config(BLOCK_W, BLOCK_T, STAGES),
                                                           W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES)).total_bytes()))
-    sm90_nvfp4_w4a16_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ CUtensorMap x_map) {
+    sm90_nvfp4_w4a16_wgmma_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ CUtensorMap x_map,
+                                  const __grid_constant__ CUtensorMap codes_map) {
   constexpr W4A16Layout kLayout = W4A16Layout::make(wgmma_config(BLOCK_W, BLOCK_T, STAGES));
   static_assert(kLayout.valid() && kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   // kMB m64 blocks per warpgroup; m64 block j (A rows 64 j ..) belongs to warpgroup j % 2, and its
   // warp w (of 4) owns row tile 4 j + w = warp + 8 (j / 2) of the CTA: warp `warp` owns row tiles
   // warp + 8 b for b < kMB.
   constexpr uint32_t kMB = BLOCK_W / 128;
-  constexpr uint32_t kThreads = 256, kRowTiles = BLOCK_W / 16, kNTiles = BLOCK_T / 8, kAcc = BLOCK_T / 2;
+  // Warpgroup 0: the producer (its first lane issues the TMA loads; registers lowered to
+  // kWgmmaProducerRegs); warpgroups 1, 2: the consumers (dequantize, wgmma, epilogue; registers raised
+  // to w4a16_wgmma_consumer_regs).
+  constexpr W4A16Config kConfig = wgmma_config(BLOCK_W, BLOCK_T, STAGES);
+  constexpr uint32_t kConsumerWarps = 8, kConsumerThreads = 32 * kConsumerWarps;
+  static_assert(kConfig.n_threads() == kConsumerThreads + 128, "a producer warpgroup + two consumer warpgroups");
+  constexpr uint32_t kConsumerRegs = w4a16_wgmma_consumer_regs(kConfig, kLayout.total_bytes());
+  // Named barriers (cutlass::arch::NamedBarrier ids): 0, 1 the warpgroups' A rows, 2 the consumers.
+  constexpr uint32_t kEpilogueBarrier = 2;
+  constexpr uint32_t kRowTiles = BLOCK_W / 16, kNTiles = BLOCK_T / 8, kAcc = BLOCK_T / 2;
   constexpr uint32_t kXOff = kLayout.x_tile_offset, kWOff = kLayout.w_tiles_offset, kStride = kLayout.stage_stride;
   constexpr uint32_t kAOff = kLayout.a_tiles_offset, kABytes = kLayout.a_tile_bytes;
   constexpr uint32_t kTileBytes = 16 * 128;  // one row tile (16 rows) of an A tile
   constexpr uint32_t kXBytes = BLOCK_T * 128;  // one x tile: the TMA box (zero fill counts too)
+  constexpr uint32_t kCodesBytes = kRowTiles * kW4A16TileBytes;  // the chunk's codes: the TMA box
+  static_assert(kCodesBytes == kLayout.w_tiles_bytes && kRowTiles <= 256, "the codes box is the stage's w tiles");
   static_assert(kXBytes == kLayout.x_tile_bytes && BLOCK_T <= 256, "the TMA box is the x tile (at most 256 rows)");
   static_assert(kXOff % 1024 == 0 && kStride % 1024 == 0 && kAOff % 1024 == 0 && kABytes % 1024 == 0,
                 "wgmma tiles must sit on the 1024 B swizzle atom");
@@ -92,27 +118,24 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   // Row blocks along x, work items along y (the launcher transposes the grid): the CTAs resident at once
   // are every row block of a few token tiles, so each tile's activations come from HBM about once.
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.y), item)) return;  // the whole CTA
-  const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, wg = warp >> 2;
+  const uint32_t lane = threadIdx.x & 31u;
   const uint32_t base = smem_u32(smem);
-  if (tid == 0 && (base & 1023u) != 0) __trap();  // the swizzle needs 1024 B aligned tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);  // x tile of stage s landed
-  if (tid == 0) {
+  if (threadIdx.x == 0 && (base & 1023u) != 0) __trap();  // the swizzle needs 1024 B aligned tiles
+  // full[s]: chunk data of stage s landed (the producer's expect_tx + both TMA loads); empty[s]: every
+  // consumer warp is done with it (codes read, its wgmma over the x tile complete).
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);
+  uint64_t* empty = full + STAGES;
+  if (threadIdx.x == 0) {
 #pragma unroll
-    for (uint32_t s = 0; s < STAGES; ++s) Barrier::init(full + s, 1);
+    for (uint32_t s = 0; s < STAGES; ++s) {
+      Barrier::init(full + s, 1);
+      Barrier::init(empty + s, kConsumerWarps);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   const int rt0 = static_cast<int>(blockIdx.x * kRowTiles);
-  bool rt_ok[kMB];  // rows past N: zero codes and scales, never stored
-  const uint8_t* codes[kMB];
-#pragma unroll
-  for (uint32_t b = 0; b < kMB; ++b) {
-    const int rt = rt0 + static_cast<int>(warp + 8 * b);
-    rt_ok[b] = rt < p.row_tiles;
-    const int64_t tile = static_cast<int64_t>(item.expert) * p.row_tiles + (rt_ok[b] ? rt : 0);
-    codes[b] = p.w_codes + tile * p.k_chunks * kW4A16TileBytes + lane * 16;
-  }
 
   // This CTA's K part (split-K: blockIdx.z): scale groups [kg0, kg1), chunks kc0 .. kc0 + n_chunks - 1.
   const int kg0 = static_cast<int>(blockIdx.z) * p.groups_per_part;
@@ -120,33 +143,36 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   const int kc0 = kg0 * static_cast<int>(kW4A16ScaleGroup);
   const int n_chunks = min(kg1 * static_cast<int>(kW4A16ScaleGroup), p.k_chunks) - kc0;
 
-  // Copies chunk kc0 + i (activations: thread 0's TMA; this lane's codes) into stage slot i % STAGES
-  // (no commit).
-  auto load_stage = [&](int i) {
-    const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
-    const int kc = kc0 + i;
-    if (tid == 0) {
-      Barrier::arrive_and_expect_tx(full + slot, kXBytes);
-      cute::SM90_TMA_LOAD_2D::copy(&x_map, full + slot, kTmaEvictNormal, smem + kXOff + slot * kStride, kc * 64, item.row_begin);
+  if (threadIdx.x < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<kWgmmaProducerRegs>();
+    // The producer (one lane): chunk kc0 + i into stage slot i % STAGES once the slot's previous
+    // chunk (i - STAGES) is released, by two TMA loads on the slot's full barrier: the activations (x
+    // tile) and the codes of the CTA's kRowTiles row tiles (one 2D box: rows of the codes tensor are row
+    // tiles, kW4A16TileBytes a chunk; row tiles past this expert's are the next expert's or zero-filled
+    // past the last, and their zero scales make their A rows zero). Then it exits: the consumers wait
+    // for every load it issued.
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < n_chunks; ++i) {
+        const uint32_t slot = static_cast<uint32_t>(i) % STAGES;
+        if (i >= static_cast<int>(STAGES)) Barrier::wait(empty + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES) + 1) & 1u);
+        const int kc = kc0 + i;
+        Barrier::arrive_and_expect_tx(full + slot, kXBytes + kCodesBytes);
+        cute::SM90_TMA_LOAD_2D::copy(&x_map, full + slot, kTmaEvictNormal, smem + kXOff + slot * kStride, kc * 64, item.row_begin);
+        cute::SM90_TMA_LOAD_2D::copy(&codes_map, full + slot, kTmaEvictFirst, smem + kWOff + slot * kStride,
+                                     kc * static_cast<int>(kW4A16TileBytes / 4), item.expert * p.row_tiles + rt0);
+      }
     }
-#pragma unroll
-    for (uint32_t b = 0; b < kMB; ++b) {
-      const void* src = rt_ok[b] ? static_cast<const void*>(codes[b] + static_cast<int64_t>(kc) * kW4A16TileBytes) : p.w_codes;
-      cp_async_16(base + kWOff + slot * kStride + (warp + 8 * b) * kW4A16TileBytes + lane * 16, src, rt_ok[b]);
-    }
-  };
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+  // Consumer thread / warp / warpgroup numbers (0 .. 255, 0 .. 7, 0 .. 1).
+  const uint32_t tid = threadIdx.x - 128, warp = tid >> 5, wg = warp >> 2;
 
   // Not zero-filled: the first wgmma of each m64 block overwrites them (scale-d 0). Zeroing them with
   // ordinary instructions makes ptxas serialize every wgmma (C7515: non-wgmma instructions defining
   // accumulators while a wgmma may be in flight, here across the loop's wait_group 1). n_chunks >= 1:
   // the split-K plan leaves no part empty and K > 0.
   float acc[kMB][kNTiles][4];
-
-#pragma unroll
-  for (uint32_t s = 0; s + 2 < STAGES; ++s) {
-    if (static_cast<int>(s) < n_chunks) load_stage(static_cast<int>(s));
-    cp_async_commit();  // always commit, so that group i holds chunk i
-  }
   ScaleGroups<kMB> sg;
   sg.start(p, item.expert, rt0 + static_cast<int>(warp), lane, kg0, kg1);
 
@@ -154,11 +180,9 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const int i = (kg - kg0) * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
-      if (i < n_chunks) {  // uniform over the CTA (barrier below)
+      if (i < n_chunks) {  // uniform over the consumers
         const uint32_t slot = static_cast<uint32_t>(i) % STAGES, abuf = static_cast<uint32_t>(i) % kWgmmaABuffers;
-        // Groups 0 .. i + STAGES - 3 are committed; at most STAGES - 3 pending: chunk i's codes have
-        // landed; the x tile's mbarrier completes phase i / STAGES when its TMA load has.
-        cp_async_wait<static_cast<int>(STAGES) - 3>();
+        // The stage's full barrier completes phase i / STAGES when both TMA loads of chunk i have landed.
         Barrier::wait(full + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES)) & 1u);
 #pragma unroll
         for (uint32_t b = 0; b < kMB; ++b) {
@@ -175,9 +199,8 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
           for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(at + st.offset[q]) = st.value[q];
         }
         ptx::fence_proxy_async_shared();  // this thread's A stores -> the async proxy
-        __syncthreads();
-        if (i + static_cast<int>(STAGES) - 2 < n_chunks) load_stage(i + static_cast<int>(STAGES) - 2);
-        cp_async_commit();
+        // The warpgroup's A rows (its warps' row tiles) are written: only its own wgmma reads them.
+        cutlass::arch::NamedBarrier::sync(128, wg);
 
         const uint64_t desc_b = w4a16_wgmma_desc(base + kXOff + slot * kStride);
         // No register fence on the accumulators inside the loop: the wgmma of chunk i - 1 is still in
@@ -197,6 +220,12 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
         }
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<1>();
+        // The wgmma of chunk i - 1 is complete and this warp read its codes long ago: release its stage
+        // (every lane's reads ordered before lane 0's arrive).
+        if (i > 0) {
+          __syncwarp();
+          if (lane == 0) Barrier::arrive(empty + (slot == 0 ? STAGES - 1 : slot - 1));
+        }
       }
     }
     sg.advance(kg, kg1);
@@ -204,10 +233,12 @@ __global__ void __launch_bounds__(256, w4a16_ctas_per_sm(wgmma_config(BLOCK_W, B
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
-  cp_async_wait<0>();  // only empty groups remain (every TMA load was waited for in the loop)
-  __syncthreads();     // every wgmma and every copy is done: the stage region becomes the epilogue tile
+  // Every wgmma and every TMA load (each waited for in the loop) is done: the stage region becomes the
+  // epilogue tile. The producer warp has exited: the consumers' own barrier.
+  cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
-  write_output_tile<BLOCK_W, BLOCK_T, kThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB>(p, item, rt0, tid, acc, smem);
+  write_output_tile<BLOCK_W, BLOCK_T, kConsumerThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB, kEpilogueBarrier + 1>(
+      p, item, rt0, tid, acc, smem);
 }
 
 // The driver's tensor-map encoder, through the runtime (no link against libcuda).
@@ -241,6 +272,27 @@ CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
   return map;
 }
 
+// The TMA descriptor of the weight codes (kernel layout: [experts x row_tiles][k_chunks] tiles of
+// kW4A16TileBytes) as a 2D u32 tensor, one row per row tile: box kW4A16TileBytes / 4 x block_w / 16 rows
+// (one chunk of the CTA's row tiles), no swizzle (the stage's w tiles are [row tile][512 B]), zeros past
+// the last row tile.
+CUtensorMap make_codes_map(const KernelParams& p, uint32_t block_w) {
+  CUtensorMap map{};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.k_chunks) * kW4A16TileBytes;
+  const cuuint64_t dims[2] = {row_bytes / 4, static_cast<cuuint64_t>(p.n_experts) * static_cast<cuuint64_t>(p.row_tiles)};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {kW4A16TileBytes / 4, block_w / 16};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<uint8_t*>(p.w_codes), dims,
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FP4MOE_CHECK(r == CUDA_SUCCESS) << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the weight codes failed (CUresult "
+                                  << static_cast<int>(r) << "; codes " << static_cast<const void*>(p.w_codes) << ", "
+                                  << p.n_experts << " x " << p.row_tiles << " row tiles x " << p.k_chunks << " chunks, box "
+                                  << kW4A16TileBytes << " B x " << block_w / 16 << ")";
+  return map;
+}
+
 // Config I of kW4A16Configs (a kWgmma config: KindLaunchTable instantiates no other).
 template <int I, bool SWIGLU>
 struct Launch {
@@ -249,7 +301,8 @@ struct Launch {
     // grid = (work items, row blocks, K parts); the kernel wants the row blocks fastest (see above;
     // w4a16_check_problem holds the token tiles to the y limit).
     launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
-                     c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p, make_x_map(p, c.block_t));
+                     c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p, make_x_map(p, c.block_t),
+                     make_codes_map(p, c.block_w));
   }
 };
 
