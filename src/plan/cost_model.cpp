@@ -23,6 +23,18 @@ double kernel_mma_efficiency(const TileCandidate& c) {
   }
 }
 
+double kernel_dequant_flops(const TileCandidate& c) {
+  if (c.family != KernelFamily::kSm90W4A16) return 0;
+  switch (c.ours.kind) {
+    case W4A16Kind::kWgmma:
+      return kWgmmaDequantFlops;
+    case W4A16Kind::kStream:
+      return kStreamDequantFlops;
+    default:
+      return kPipelineDequantFlops;
+  }
+}
+
 CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const GpuSpec& gpu) {
   CostEstimate e;
   const double m = std::max(1.0, std::ceil(p.m));
@@ -50,6 +62,9 @@ CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const G
   const double tile_feed_s = per_sm_feed > 0 ? tile_bytes / per_sm_feed : 0;
   e.mma_time_us = e.waves * tile_mma_s * 1e6;
   e.feed_time_us = e.waves * tile_feed_s * 1e6;
+  // Every tile dequantizes its weight_tile x K weights (the token tiles of one weight tile each again).
+  const double peak_per_sm = peak_tflops * 1e12 / n_sms;
+  e.dequant_time_us = peak_per_sm > 0 ? e.waves * wt * k * kernel_dequant_flops(c) / peak_per_sm * 1e6 : 0;
 
   // HBM: every weight once, activations once (a group's activations are small and re-read by its
   // weight-tile columns from L2: that traffic is in the feed term), outputs once (bf16).
@@ -57,8 +72,11 @@ CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const G
   e.mem_time_us = gpu.hbm_gbps > 0 ? e.bytes / (gpu.hbm_gbps * 1e9) * 1e6 : 0;
 
   e.onchip_time_us = std::max(e.mma_time_us, e.feed_time_us);
-  e.time_us = std::max(e.onchip_time_us, e.mem_time_us);
-  e.bound = e.time_us == e.mem_time_us ? "hbm" : e.time_us == e.mma_time_us ? "mma" : "smem-feed";
+  e.time_us = std::max({e.onchip_time_us, e.dequant_time_us, e.mem_time_us});
+  e.bound = e.time_us == e.mem_time_us       ? "hbm"
+            : e.time_us == e.dequant_time_us ? "dequant"
+            : e.time_us == e.mma_time_us     ? "mma"
+                                             : "smem-feed";
   return e;
 }
 

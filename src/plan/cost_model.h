@@ -5,10 +5,12 @@
 //   waves      = ceil(tiles / n_sms)                    (one CTA per SM: these tiles fill the SMEM)
 //   tile_time  = max(2 x token_tile x weight_tile x K / (eff x peak / n_sms), (MMA, padded tile)
 //                    tile operand bytes / (kL2FeedFactor x HBM / n_sms))    (feeding SMEM from L2)
+//   dequant    = waves x weight_tile x K x dequant_cost / (peak / n_sms)   (ours: the in-kernel NVFP4 ->
+//                    BF16 conversion, once per weight per token tile; 0 for the CUTLASS families)
 //   mem_time   = (weights + scales + activations + outputs) / HBM       (re-reads hit L2: feed term)
-//   time       = max(waves x tile_time, mem_time)
-// Ranking: time; ties (both HBM-bound) go to the smaller on-chip time waves x tile_time, then to
-// less padding waste, then to more SMEM margin.
+//   time       = max(waves x tile_time, dequant, mem_time)
+// Ranking: time; ties (both HBM- or dequant-bound) go to less padding waste, then to the smaller
+// on-chip time waves x tile_time, then to more SMEM margin.
 //
 // eff = kernel_mma_efficiency: the fraction of the tensor peak a kernel kind reaches when MMA-bound
 // (measured on the H200 for ours, BENCHMARKS.md ninth session; 1 for the CUTLASS families).
@@ -37,6 +39,19 @@ inline constexpr double kMmaSyncEfficiency = 0.25;
 inline constexpr double kWgmmaEfficiency = 0.85;
 double kernel_mma_efficiency(const TileCandidate& c);
 
+// What dequantizing one weight costs ours, in FLOPs of an SM's share of the GPU table's dense BF16 peak
+// (so it scales with the GPU like the MMA term; 989 TFLOP/s for the H200), measured on the H200 where a
+// kind's time is flat in the token count (the per-weight work bounds it): the streaming tiles 190
+// (gate_up / down at 16 tokens a expert, one token tile: 195 / 199; 20 tokens, two tiles: 170), the
+// pipelined mma.sync tiles 380 (m128n32k128 at 32 tokens), the wgmma tiles 325 (m128n32 at 32 tokens:
+// 319 / 346, m128n64 at 64: 311; BENCHMARKS.md, seventeenth session, runs 1 and 3). This is why no wgmma
+// tile beats the streaming kernel at 16 tokens a expert though it needs a quarter of the MMA time. The
+// CUTLASS families: 0 (FP4 tensor cores, no conversion).
+inline constexpr double kStreamDequantFlops = 190;
+inline constexpr double kPipelineDequantFlops = 380;
+inline constexpr double kWgmmaDequantFlops = 325;
+double kernel_dequant_flops(const TileCandidate& c);
+
 // One grouped GEMM: n_groups independent [m x K] x [K x n] products (one per active expert).
 struct GemmProblem {
   std::string name;          // "gemm1 (gate+up)", "gemm2 (down)", "gemm"
@@ -54,10 +69,10 @@ struct CostEstimate {
   double padded_flops = 0, useful_flops = 0;
   double padding_waste = 0;    // 1 - useful / padded
   double bytes = 0;            // HBM traffic
-  double mma_time_us = 0, feed_time_us = 0, mem_time_us = 0;
+  double mma_time_us = 0, feed_time_us = 0, dequant_time_us = 0, mem_time_us = 0;
   double time_us = 0;          // the estimate used for ranking
-  double onchip_time_us = 0;   // max(mma, feed): the tie-break when HBM bounds both
-  std::string bound;           // "mma", "smem-feed" or "hbm"
+  double onchip_time_us = 0;   // max(mma, feed): a tie-break when HBM or the dequantization bounds both
+  std::string bound;           // "mma", "smem-feed", "dequant" or "hbm"
 };
 
 CostEstimate estimate_cost(const TileCandidate& c, const GemmProblem& p, const GpuSpec& gpu);

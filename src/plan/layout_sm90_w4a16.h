@@ -38,8 +38,8 @@
 //  * kWgmma (prefill, and dense Linears at 64 tokens: past the H200's ridge point): Hopper wgmma
 //    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of block_w / 2 weight
 //    rows each (1 or 2 m64 blocks: m64 block j, rows 64 j .., is warpgroup j % 2's; warp w of the CTA
-//    owns row tiles w and, with 256 rows, w + 8) and a producer warp (warp 8: the TMA loads of each
-//    stage). Each consumer warp dequantizes its own row tiles (16 rows each, the same registers as
+//    owns row tiles w and, with 256 rows, w + 8) and a producer warpgroup (warps 0-3, before the
+//    consumers; its first thread issues the TMA loads of each stage). Each consumer warp dequantizes its own row tiles (16 rows each, the same registers as
 //    the mma.sync kernels) and
 //    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
 //    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by TMA.
@@ -310,6 +310,7 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 32, 128, 4},              // w4a16_swapab_m128n32k128_s4
     {128, 64, 128, 4},              // w4a16_swapab_m128n64k128_s4
     {64, 64, 128, 4},               // w4a16_swapab_m64n64k128_s4
+    {128, 32, 64, 6, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n32_s6
     {128, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s5
     {128, 128, 64, 5, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s5
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4

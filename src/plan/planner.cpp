@@ -193,11 +193,11 @@ GemmPlan plan_gemm(const GemmProblem& problem, const GpuSpec& gpu, const PlanOpt
     }
     out.ranked.push_back(CandidateResult{c, check, estimate_cost(c, problem, gpu)});
   }
-  // Best estimate first; ties: the smaller on-chip time, less padding waste, more SMEM margin, name.
+  // Best estimate first; ties: less padding waste, the smaller on-chip time, more SMEM margin, name.
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const CandidateResult& a, const CandidateResult& b) {
     if (a.cost.time_us != b.cost.time_us) return a.cost.time_us < b.cost.time_us;
-    if (a.cost.onchip_time_us != b.cost.onchip_time_us) return a.cost.onchip_time_us < b.cost.onchip_time_us;
     if (a.cost.padding_waste != b.cost.padding_waste) return a.cost.padding_waste < b.cost.padding_waste;
+    if (a.cost.onchip_time_us != b.cost.onchip_time_us) return a.cost.onchip_time_us < b.cost.onchip_time_us;
     if (a.smem.margin() != b.smem.margin()) return a.smem.margin() > b.smem.margin();
     return a.candidate.to_string() < b.candidate.to_string();
   });

@@ -205,10 +205,10 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 // (m128*_d8) or 4 warps x 16 x 512 = 32768 B (m64*_d16), the others 4 x 8 x 512 = 16384 B: all
 // fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
 // (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
-// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the five wgmma configs are
-// rejected by the architecture (sm_89 has no wgmma; they would not fit either): 7 refusals. On a made-up
-// GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four 32768 B ones, all 5
-// pipeline ones (54400 B and up) and the 5 wgmma ones are refused, 14 in all.
+// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the six wgmma configs are
+// rejected by the architecture (sm_89 has no wgmma; all but m128n32_s6, 98400 B, would not fit either):
+// 8 refusals. On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
+// 32768 B ones, all 5 pipeline ones (54400 B and up) and the 6 wgmma ones are refused, 15 in all.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
@@ -236,7 +236,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   ASSERT_EQ(ada.smem_optin_per_block, 101376u);
   EXPECT_EQ(check_refusals_agree(ada),
             (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
-                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m128n32_s6", "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
                                       "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
@@ -246,7 +246,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
                                       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
-                                      "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m128n32_s6", "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
                                       "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
@@ -263,9 +263,9 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_stream_m64n8_d8",       "w4a16_stream_m64n8_d16",      "w4a16_stream_m128n8_d8",
       "w4a16_stream_m64n16_d8",      "w4a16_stream_m64n16_d16",     "w4a16_stream_m128n16_d8",
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
-      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n64_s5",
-      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",     "w4a16_wgmma_m256n64_s5",
-      "w4a16_wgmma_m256n128_s4"};
+      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n32_s6",
+      "w4a16_wgmma_m128n64_s5",      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",
+      "w4a16_wgmma_m256n64_s5",      "w4a16_wgmma_m256n128_s4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -274,7 +274,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
             std::string::npos)
       << msg;
   const std::string msg_id = error_of([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (16 configs, ids 0..15)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (17 configs, ids 0..16)"), std::string::npos) << msg_id;
   error_of([] { w4a16_config(-1); });
 }
 
@@ -389,7 +389,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   };
   const Case cases[] = {{1, "w4a16_stream_m128n8_d8"},        {8, "w4a16_stream_m128n8_d8"},
                         {9, "w4a16_stream_m128n16_d8"},       {16, "w4a16_stream_m128n16_d8"},
-                        {17, "w4a16_swapab_m128n32k128_s4"},  {32, "w4a16_swapab_m128n32k128_s4"},
+                        {17, "w4a16_wgmma_m128n32_s6"},       {32, "w4a16_wgmma_m128n32_s6"},
                         {33, "w4a16_wgmma_m128n64_s5"},       {64, "w4a16_wgmma_m128n64_s5"},
                         {65, "w4a16_wgmma_m256n128_s4"},      {128, "w4a16_wgmma_m256n128_s4"},
                         {129, "w4a16_wgmma_m128n256_s4"},     {500, "w4a16_wgmma_m128n256_s4"}};

@@ -92,8 +92,11 @@ constexpr Pinned kPinned[] = {
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
     // kWgmma, per stage x_tile = block_t x 128 (1024 B aligned), w_tiles = 128 rows x 32 B = 4096; the
     // a_tiles (3 x 128 rows x 128 B = 49152) after the stages, then two 8 B mbarriers per stage (full,
-    // empty); the epilogue (block_t x 272) at 0, inside the stages, adding nothing. m128n64_s5: stride
-    // 8192 + 4096 = 12288, a_tiles at 61440, mbarriers at 110592, total 110672.
+    // empty); the epilogue (block_t x 272) at 0, inside the stages, adding nothing.
+    // m128n32_s6 (17-32 tokens): x_tile 32 x 128 = 4096, stride 4096 + 4096 = 8192, a_tiles at 49152, mbarriers at 98304, total 98400;
+    // epilogue 32 x 272 = 8704.
+    {"w4a16_wgmma_m128n32_s6", 4096, 4096, 0, 8192, 0, 8704, 98400, 0},
+    // m128n64_s5: stride 8192 + 4096 = 12288, a_tiles at 61440, mbarriers at 110592, total 110672.
     {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110672, 0},
     // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, mbarriers at 151552, total 151632;
     // epilogue 34816.
@@ -225,6 +228,15 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   EXPECT_EQ(stream.config.n_threads(), 64u);
 }
 
+// A shipped config by name (the table's order changes as configs are added).
+const W4A16Config& w4a16_config_named(const std::string& name) {
+  for (const W4A16Config& c : kW4A16Configs) {
+    if (w4a16_config_name(c) == name) return c;
+  }
+  ADD_FAILURE() << "no shipped config " << name;
+  return kW4A16Configs[0];
+}
+
 TEST(W4A16Layout, SummaryAndRefusalWording) {
   const W4A16Config c = kW4A16Configs[9];  // w4a16_swapab_m128n64k128_s4
   EXPECT_EQ(w4a16_smem_summary(c), "4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B");
@@ -244,10 +256,10 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "config w4a16_stream_m128n8_d8 needs 4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
             "32767 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[11]),
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config_named("w4a16_wgmma_m128n64_s5")),
             "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 + mbarriers 80 = 110672 B (epilogue 17408 reuses "
             "the stages)");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[13], 101376),
+  EXPECT_EQ(w4a16_smem_refusal(w4a16_config_named("w4a16_wgmma_m128n256_s4"), 101376),
             "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 + "
             "mbarriers 64 = 196672 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
             "limit per block) by 95296 B");

@@ -98,6 +98,46 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
   }
 }
 
+// The dequantization term (cost_model.h): on the GLM-5 shard (32 experts, uniform) at 16 tokens a
+// expert the streaming n16 tile beats the wgmma m128n32 tile, though the latter needs less MMA time at the
+// same HBM bytes (measured 159 vs 259 us, BENCHMARKS.md seventeenth session run 3); at 32 tokens the
+// streaming tile's two token tiles dequantize every weight twice and wgmma m128n32 wins (278 vs 258 us).
+TEST(Planner, OursDequantizationTermOrdersDecodeTiles) {
+  const GpuSpec h200 = require_gpu("h200");
+  const Problem shard = parse_problem("moe:E=32,topk=8,H=6144,I=2048");
+  const std::vector<GemmPlan> plans = plan(shard, {64, 128}, h200, {});
+  ASSERT_EQ(plans.size(), 4u);
+  auto cost_of = [](const GemmPlan& p, const std::string& name) {
+    for (const CandidateResult& c : p.ranked) {
+      if (c.candidate.to_string() == name) return c.cost;
+    }
+    ADD_FAILURE() << name << " not ranked";
+    return CostEstimate{};
+  };
+  // 64 tokens x 8 / 32 experts = 16 a expert.
+  ASSERT_TRUE(plans[0].chosen.has_value()) << plans[0].error;
+  EXPECT_EQ(plans[0].chosen->candidate.ours.kind, W4A16Kind::kStream) << plans[0].chosen->candidate.to_string();
+  EXPECT_EQ(plans[0].chosen->candidate.token_tile(), 16u);
+  EXPECT_EQ(plans[0].chosen->cost.bound, "dequant");
+  const CostEstimate wg = cost_of(plans[0], "w4a16_wgmma_m128n32_s6");
+  const CostEstimate st = cost_of(plans[0], "w4a16_stream_m128n16_d8");
+  EXPECT_LT(wg.onchip_time_us, st.onchip_time_us);  // less MMA time ...
+  EXPECT_GT(wg.time_us, st.time_us);                // ... but more dequantization
+  // gate_up: 32 experts x 4096 / 128 = 1024 tiles = 8 waves on 132 SMs; 128 x 6144 weights a tile at 325
+  // and 190 FLOPs each of 989 TFLOP/s / 132.
+  const double per_sm = 989e12 / 132;
+  EXPECT_NEAR(wg.dequant_time_us, 8 * 128.0 * 6144 * kWgmmaDequantFlops / per_sm * 1e6, 1e-6);
+  EXPECT_NEAR(st.dequant_time_us, 8 * 128.0 * 6144 * kStreamDequantFlops / per_sm * 1e6, 1e-6);
+  // 32 a expert: wgmma m128n32, one token tile.
+  ASSERT_TRUE(plans[2].chosen.has_value()) << plans[2].error;
+  EXPECT_EQ(plans[2].chosen->candidate.to_string(), "w4a16_wgmma_m128n32_s6");
+  EXPECT_EQ(cost_of(plans[2], "w4a16_stream_m128n16_d8").dequant_time_us, 2 * st.dequant_time_us);
+  // The CUTLASS families multiply FP4: no dequantization.
+  const GemmPlan b200 = plan_gemm(gemms_of(shard, 64)[0], require_gpu("b200"), {});
+  ASSERT_TRUE(b200.chosen.has_value()) << b200.error;
+  EXPECT_EQ(b200.chosen->cost.dequant_time_us, 0.0);
+}
+
 TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
   const std::vector<TileCandidate> cands = family_candidates(KernelFamily::kSm90W4A16, true);
   ASSERT_EQ(static_cast<int>(cands.size()), kNumW4A16Configs);
@@ -127,21 +167,21 @@ TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
 
 // On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped mma.sync configs over
 // it are rejected with the byte breakdown, by the computation the launcher refuses them with; the
-// five wgmma configs by the architecture (sm_89 has no wgmma).
+// six wgmma configs by the architecture (sm_89 has no wgmma).
 TEST(Planner, OursRejectionSnapshot) {
   const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("rtx-4090"), {});
   EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   ASSERT_TRUE(p.chosen.has_value()) << p.error;
-  ASSERT_EQ(p.rejected.size(), 7u);
-  for (size_t i = 2; i < 7; ++i) {
+  ASSERT_EQ(p.rejected.size(), 8u);
+  for (size_t i = 2; i < 8; ++i) {
     EXPECT_EQ(p.rejected[i].rule, "arch") << p.rejected[i].message;
     EXPECT_NE(p.rejected[i].message.find("sm90_nvfp4_w4a16_grouped_gemm wgmma tiles need sm_90a (wgmma.mma_async); "
                                          "rtx-4090 is sm_89"),
               std::string::npos)
         << p.rejected[i].message;
   }
-  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n64_s5");
-  EXPECT_EQ(p.rejected[6].candidate.to_string(), "w4a16_wgmma_m256n128_s4");
+  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n32_s6");
+  EXPECT_EQ(p.rejected[7].candidate.to_string(), "w4a16_wgmma_m256n128_s4");
   EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
   const Rejection& r = p.rejected[1];
   EXPECT_EQ(r.rule, "smem-opt-in");
