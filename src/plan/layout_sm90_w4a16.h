@@ -39,9 +39,9 @@
 //    m64nNk16 with both operands in shared memory (SS), two consumer warpgroups of block_w / 2 weight
 //    rows each (1 or 2 m64 blocks: m64 block j, rows 64 j .., is warpgroup j % 2's; warp w of the CTA
 //    owns row tiles w and, with 256 rows, w + 8) and a producer warpgroup (warps 0-3, before the
-//    consumers; its first thread issues the TMA loads of each stage). Each consumer warp dequantizes its own row tiles (16 rows each, the same registers as
-//    the mma.sync kernels) and
-//    stores them as bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
+//    consumers; its first thread issues the TMA loads of each stage). Each consumer warp dequantizes
+//    its own row tiles (16 rows each, the same registers as the mma.sync kernels) and stores them as
+//    bf16 in natural K order into a 128B-swizzled K-major A tile, so the weight
 //    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by TMA.
 //      block_w 128 or 256; block_t (tokens, the wgmma N) 32, 64, 128 or 256 (block_w / 128 x block_t
 //      <= 256: the accumulators); block_k 64
@@ -164,8 +164,10 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_consumer_regs_at(uint32_t ctas) {
 FP4MOE_HD constexpr uint32_t w4a16_ctas_per_sm(const W4A16Config& c, uint32_t smem_bytes) {
   constexpr uint32_t kSmemPerSm = 233472, kReservedPerCta = 1024;
   const uint32_t by_smem = kSmemPerSm / (smem_bytes + kReservedPerCta);
-  uint32_t by_regs = 65536 / (c.n_threads() * w4a16_register_budget(c));
-  if (c.kind == W4A16Kind::kWgmma) by_regs = w4a16_wgmma_consumer_regs_at(2) >= w4a16_register_budget(c) ? 2 : 1;
+  // kWgmma: 2 when the consumers' registers at 2 CTAs (after setmaxnreg) cover the budget, else 1.
+  const uint32_t by_regs = c.kind == W4A16Kind::kWgmma
+                               ? (w4a16_wgmma_consumer_regs_at(2) >= w4a16_register_budget(c) ? 2 : 1)
+                               : 65536 / (c.n_threads() * w4a16_register_budget(c));
   const uint32_t n = by_smem < by_regs ? by_smem : by_regs;
   return n < 1 ? 1 : n;
 }

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
 #pragma unroll
   for (uint32_t b = 0; b < kMB; ++b) fence_accumulators<kAcc>(&acc[b][0][0]);
   // Every wgmma and every TMA load (each waited for in the loop) is done: the stage region becomes the
-  // epilogue tile. The producer warp has exited: the consumers' own barrier.
+  // epilogue tile. The producer warpgroup has exited: the consumers' own barrier.
   cutlass::arch::NamedBarrier::sync(kConsumerThreads, kEpilogueBarrier);
 
   write_output_tile<BLOCK_W, BLOCK_T, kConsumerThreads, kLayout.epilogue_row_bytes, SWIGLU, kMB, kEpilogueBarrier + 1>(
@@ -255,17 +255,27 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// A 2D tiled TMA descriptor of `ptr` (dims and box innermost first, rows `row_bytes` apart), elements
+// stride 1, L2 promotion 256 B, out-of-bounds elements read as zeros: what both maps below share.
+CUresult encode_2d_map(CUtensorMap& map, CUtensorMapDataType type, const void* ptr, cuuint64_t dim0, cuuint64_t dim1,
+                       cuuint64_t row_bytes, cuuint32_t box0, cuuint32_t box1, CUtensorMapSwizzle swizzle) {
+  const cuuint64_t dims[2] = {dim0, dim1};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box0, box1};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return tensor_map_encoder()(&map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 // The TMA descriptor of the activations x [m_total, K] bf16 for a block_t-token x tile: box 64 k x
 // block_t rows, 128B swizzle (the x tile's layout, w4a16_wgmma_swizzle), out-of-bounds reads as zeros.
 CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.m_total)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.k) * 2};  // bytes; K % 16 == 0: a multiple of 16
-  const cuuint32_t box[2] = {64, block_t};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.x), dims,
-                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  // Rows K x 2 bytes apart; K % 16 == 0: a multiple of 16.
+  const CUresult r = encode_2d_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.x, static_cast<cuuint64_t>(p.k),
+                                   static_cast<cuuint64_t>(p.m_total), static_cast<cuuint64_t>(p.k) * 2, 64, block_t,
+                                   CU_TENSOR_MAP_SWIZZLE_128B);
   FP4MOE_CHECK(r == CUDA_SUCCESS) << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the activations failed (CUresult "
                                   << static_cast<int>(r) << "; x " << static_cast<const void*>(p.x) << ", M_total " << p.m_total
                                   << ", K " << p.k << ", box 64 x " << block_t << ")";
@@ -279,13 +289,9 @@ CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
 CUtensorMap make_codes_map(const KernelParams& p, uint32_t block_w) {
   CUtensorMap map{};
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.k_chunks) * kW4A16TileBytes;
-  const cuuint64_t dims[2] = {row_bytes / 4, static_cast<cuuint64_t>(p.n_experts) * static_cast<cuuint64_t>(p.row_tiles)};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {kW4A16TileBytes / 4, block_w / 16};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<uint8_t*>(p.w_codes), dims,
-                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_2d_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, p.w_codes, row_bytes / 4,
+                                   static_cast<cuuint64_t>(p.n_experts) * static_cast<cuuint64_t>(p.row_tiles), row_bytes,
+                                   kW4A16TileBytes / 4, block_w / 16, CU_TENSOR_MAP_SWIZZLE_NONE);
   FP4MOE_CHECK(r == CUDA_SUCCESS) << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the weight codes failed (CUresult "
                                   << static_cast<int>(r) << "; codes " << static_cast<const void*>(p.w_codes) << ", "
                                   << p.n_experts << " x " << p.row_tiles << " row tiles x " << p.k_chunks << " chunks, box "
