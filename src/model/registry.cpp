@@ -110,6 +110,13 @@ LoadFormat parse_load_format(const std::string& s) {
   return LoadFormat::kAuto;  // not reached
 }
 
+DummyWeights parse_dummy_weights(const std::string& s) {
+  if (s == "bf16") return DummyWeights::kBF16;
+  if (s == "nvfp4") return DummyWeights::kNVFP4;
+  FP4MOE_FAIL() << "dummy weights \"" << s << "\" is not one of: bf16, nvfp4";
+  return DummyWeights::kBF16;  // not reached
+}
+
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::kCpu;
   if (s == "cuda") return Device::kCuda;

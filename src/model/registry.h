@@ -31,6 +31,7 @@ enum class DummyWeights : uint8_t {
   kBF16,   // every weight BF16
   kNVFP4,  // every Linear except lm_head and routers NVFP4 (as ModelOpt's default scope)
 };
+DummyWeights parse_dummy_weights(const std::string& s);  // "bf16" | "nvfp4"; fails naming the value
 
 // Where the model runs. kCuda needs a build with CUDA and an architecture with a GPU factory
 // (register_cuda_factory, done by model/cuda/gpu_models.h's register_gpu_models()).

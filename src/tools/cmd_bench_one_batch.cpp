@@ -177,9 +177,7 @@ void run_bench(const BenchArgs& a) {
   } else {
     model::LoadOptions opts;
     opts.format = model::parse_load_format(a.load_format);
-    FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
-        << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
-    opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
+    opts.dummy_weights = model::parse_dummy_weights(a.dummy_weights);
     opts.seed = a.seed;
     // Every sequence holds whole pages: size the KV pool per sequence rounded up to the page.
     constexpr int64_t kPage = 16;

@@ -113,9 +113,7 @@ void run_generate(const GenerateArgs& a) {
 
   model::LoadOptions opts;
   opts.format = model::parse_load_format(a.load_format);
-  FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
-      << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
-  opts.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
+  opts.dummy_weights = model::parse_dummy_weights(a.dummy_weights);
   opts.seed = a.dummy_seed;
   const auto n_prompt = static_cast<int64_t>(prompt.size());
   apply_device_option(a.device, n_prompt, n_prompt + a.max_new_tokens, 16, opts);

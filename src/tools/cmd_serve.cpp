@@ -88,7 +88,7 @@ Loaded load(const ServeArgs& a) {
   }
   model::LoadOptions lo;
   lo.format = model::parse_load_format(a.load_format);
-  lo.dummy_weights = a.dummy_weights == "nvfp4" ? model::DummyWeights::kNVFP4 : model::DummyWeights::kBF16;
+  lo.dummy_weights = model::parse_dummy_weights(a.dummy_weights);
   lo.seed = a.seed;
   // One step carries at most max_prefill_tokens prompt tokens plus one decode token per running request.
   apply_device_option(a.device, a.engine.max_prefill_tokens + a.engine.max_running_requests,
@@ -121,9 +121,8 @@ void run_serve(ServeArgs a) {
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
-  model::parse_load_format(a.load_format);  // a bad value fails before the socket opens
-  FP4MOE_CHECK(a.dummy_weights == "bf16" || a.dummy_weights == "nvfp4")
-      << "--dummy-weights \"" << a.dummy_weights << "\" is not one of: bf16, nvfp4";
+  model::parse_load_format(a.load_format);  // bad values fail before the socket opens
+  model::parse_dummy_weights(a.dummy_weights);
 
   // Signals are taken by one thread with sigwait; every other thread (httplib's pool, the engine)
   // inherits the blocked mask. A client that vanishes must not kill the process with SIGPIPE.

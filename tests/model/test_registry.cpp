@@ -172,6 +172,10 @@ TEST(ModelRegistry, UnknownArchitectureIsNamed) {
   const auto names = registered_architectures();
   EXPECT_NE(std::find(names.begin(), names.end(), kArchGlm4Moe), names.end());
   EXPECT_THROW(parse_load_format("fast"), Error);
+  EXPECT_EQ(parse_dummy_weights("bf16"), DummyWeights::kBF16);
+  EXPECT_EQ(parse_dummy_weights("nvfp4"), DummyWeights::kNVFP4);
+  const std::string msg = fp4moe::testing::error_of([] { parse_dummy_weights("fp8"); });
+  EXPECT_NE(msg.find("dummy weights \"fp8\" is not one of: bf16, nvfp4"), std::string::npos) << msg;
 }
 
 TEST(ModelRegistry, DummyWeightsAreDeterministicFromTheSeed) {
