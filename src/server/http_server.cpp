@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -46,6 +47,38 @@ class Channel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<engine::RequestOutput> events_;
+};
+
+// The choices of one HTTP request (OpenAI `n`): choice i is engine request ids[i]; its events, told
+// apart by id, accumulate in accs[i].
+struct Choices {
+  std::vector<engine::RequestId> ids;
+  std::vector<Accumulated> accs;
+  Choices() = default;
+  explicit Choices(std::vector<engine::RequestId> request_ids) : ids(std::move(request_ids)), accs(ids.size()) {}
+  // Adds an event to its choice and returns the choice's index (-1, dropped: not one of these requests,
+  // which the channel per HTTP request rules out).
+  int64_t add(const engine::RequestOutput& out) {
+    const auto it = std::find(ids.begin(), ids.end(), out.id);
+    if (it == ids.end()) return -1;
+    const auto i = static_cast<size_t>(it - ids.begin());
+    accs[i].add(out);
+    return static_cast<int64_t>(i);
+  }
+  bool all_finished() const {
+    return std::all_of(accs.begin(), accs.end(), [](const Accumulated& a) { return a.finish.has_value(); });
+  }
+  const Accumulated* failed() const {
+    for (const Accumulated& a : accs) {
+      if (a.finish && a.finish->reason == engine::FinishReason::kError) return &a;
+    }
+    return nullptr;
+  }
+  void abort_unfinished(engine::Engine& engine) const {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!accs[i].finish) engine.abort(ids[i]);
+    }
+  }
 };
 
 }  // namespace
@@ -230,16 +263,29 @@ class RequestHandler {
     req.sampling.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens
                                                      : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
 
+    // One engine request per choice (n), all or none admitted; their events share one channel and are
+    // told apart by request id.
     auto channel = std::make_shared<Channel>();
-    engine::SubmitResult sr =
-        engine->submit({prompt, req.sampling}, [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
-          dispatcher->post(channel, out);
-        });
     const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
-    if (!sr.ok()) throw from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+    std::vector<engine::RequestId> ids;
+    for (int64_t i = 0; i < req.n; ++i) {
+      engine::SamplingParams sp = req.sampling;
+      if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(i);
+      engine::SubmitResult sr =
+          engine->submit({prompt, sp}, [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
+            dispatcher->post(channel, out);
+          });
+      if (!sr.ok()) {
+        for (engine::RequestId id : ids) engine->abort(id);
+        ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+        if (req.n > 1) e.message += " (choice " + std::to_string(i) + " of n = " + std::to_string(req.n) + ")";
+        throw e;
+      }
+      ids.push_back(sr.id);
+    }
 
     ResponseContext ctx;
-    ctx.id = endpoint_prefix(endpoint_) + std::to_string(sr.id);
+    ctx.id = endpoint_prefix(endpoint_) + std::to_string(ids.front());
     {
       std::lock_guard<std::mutex> lock(server_->mu_);
       ctx.model = server_->options_.served_model_name;
@@ -249,10 +295,10 @@ class RequestHandler {
     ctx.tokenizer = &tok;
 
     if (!req.stream) {
-      respond_when_done(std::move(engine), channel, sr.id, std::move(req), std::move(ctx), res);
+      respond_when_done(std::move(engine), channel, std::move(ids), std::move(req), std::move(ctx), res);
       return;
     }
-    stream(std::move(engine), channel, sr.id, std::move(req), std::move(ctx), res);
+    stream(std::move(engine), channel, std::move(ids), std::move(req), std::move(ctx), res);
   }
 
  private:
@@ -266,11 +312,12 @@ class RequestHandler {
   // error object as its body, since the 200 is already on the wire. The content type carries a
   // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
   void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
-                         engine::RequestId id, ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
+                         std::vector<engine::RequestId> ids, ParsedRequest req, ResponseContext ctx,
+                         httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
-      Accumulated acc;
+      Choices choices;
       bool finished = false;
       std::chrono::steady_clock::time_point last_probe;  // the first probe waits one interval
       std::unique_ptr<ActiveGuard> active;
@@ -278,6 +325,7 @@ class RequestHandler {
     auto st = std::make_shared<State>();
     st->req = std::move(req);
     st->ctx = std::move(ctx);
+    st->choices = Choices(std::move(ids));
     st->last_probe = std::chrono::steady_clock::now();
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
@@ -293,23 +341,23 @@ class RequestHandler {
           }
           auto ev = channel->pop(std::chrono::duration_cast<std::chrono::milliseconds>(
               st->last_probe + kLivenessInterval - std::chrono::steady_clock::now()));
-          if (!ev) return true;
-          st->acc.add(*ev);
-          if (!st->acc.finish) return true;
+          if (!ev || st->choices.add(*ev) < 0) return true;
+          if (!st->choices.all_finished()) return true;
           st->finished = true;
           std::string body;
           try {
-            if (st->acc.finish->reason == engine::FinishReason::kError) {
+            if (const Accumulated* failed = st->choices.failed()) {
               ApiError e;
               e.status = 500;
               e.type = "internal_server_error";
-              e.message = "request " + st->ctx.id + " failed in the engine: " + st->acc.finish->error;
+              e.message = "request " + st->ctx.id + " failed in the engine: " + failed->finish->error;
               body = dump_json(e.to_json());
               server->count_error(e.status);
             } else {
-              body = dump_json(endpoint == Endpoint::kGenerate ? generate_response(st->req, st->ctx, st->acc)
-                               : endpoint == Endpoint::kChat   ? chat_response(st->req, st->ctx, st->acc)
-                                                               : completion_response(st->req, st->ctx, st->acc));
+              const std::vector<Accumulated>& accs = st->choices.accs;
+              body = dump_json(endpoint == Endpoint::kGenerate ? generate_response(st->req, st->ctx, accs.front())
+                               : endpoint == Endpoint::kChat   ? chat_response(st->req, st->ctx, accs)
+                                                               : completion_response(st->req, st->ctx, accs));
             }
           } catch (const std::exception& ex) {
             ApiError e;
@@ -323,8 +371,8 @@ class RequestHandler {
           sink.done();
           return true;
         },
-        [engine, id, st](bool) {
-          if (!st->finished) engine->abort(id);  // client gone or write failed: free the slot and KV
+        [engine, st](bool) {
+          if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
           st->active.reset();
         });
   }
@@ -332,26 +380,28 @@ class RequestHandler {
   // SSE: `data: {json}\n\n` per engine event, `data: [DONE]\n\n` at the end. The provider is called
   // by httplib on this connection's thread after the handler returns; it waits for events and checks
   // the connection between them. Whatever ends the stream early, the releaser aborts the request.
-  void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel, engine::RequestId id,
-              ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
+  void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
+              std::vector<engine::RequestId> ids, ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
-      Accumulated acc;  // /generate streams cumulative text and ids, as SGLang does
-      bool first = true;
+      Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
+      std::vector<bool> first;  // chat: no chunk of the choice sent yet
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
     };
     auto st = std::make_shared<State>();
     st->req = std::move(req);
     st->ctx = std::move(ctx);
+    st->first.assign(ids.size(), true);
+    st->choices = Choices(std::move(ids));
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [engine, channel, id, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
+        [engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
           auto ev = channel->pop(std::chrono::milliseconds(200));
           if (!ev) {
             // Idle (queued, or between slow tokens). No SSE comment pings here: sglang.bench_serving
@@ -359,34 +409,38 @@ class RequestHandler {
             // waits is noticed at the first token write that fails.
             return sink.is_writable();
           }
+          const int64_t index = st->choices.add(*ev);
+          if (index < 0) return true;
           std::string out;
           switch (endpoint) {
             case Endpoint::kGenerate:
-              st->acc.add(*ev);
-              if (!ev->tokens.empty() || ev->finished) out += sse(generate_response(st->req, st->ctx, st->acc));
+              if (!ev->tokens.empty() || ev->finished)
+                out += sse(generate_response(st->req, st->ctx, st->choices.accs.front()));
               break;
             case Endpoint::kCompletions:
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished)
-                out += sse(completion_chunk(st->req, st->ctx, *ev));
+                out += sse(completion_chunk(st->req, st->ctx, *ev, index));
               break;
-            case Endpoint::kChat:
-              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || st->first) {
-                out += sse(chat_chunk(st->req, st->ctx, *ev, st->first));
-                st->first = false;
+            case Endpoint::kChat: {
+              std::vector<bool>::reference first = st->first[static_cast<size_t>(index)];
+              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || first) {
+                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index));
+                first = false;
               }
               break;
-          }
-          if (ev->finished) {
-            st->finished = true;
-            if (ev->finished->reason == engine::FinishReason::kError) {
-              ApiError e;
-              e.status = 500;
-              e.type = "internal_server_error";
-              e.message = "request " + st->ctx.id + " failed in the engine: " + ev->finished->error;
-              out += sse(e.to_json());
             }
+          }
+          if (ev->finished && ev->finished->reason == engine::FinishReason::kError) {
+            ApiError e;
+            e.status = 500;
+            e.type = "internal_server_error";
+            e.message = "request " + st->ctx.id + " failed in the engine: " + ev->finished->error;
+            out += sse(e.to_json());
+          }
+          if (st->choices.all_finished()) {
+            st->finished = true;
             if (endpoint != Endpoint::kGenerate && st->req.include_usage)
-              out += sse(usage_chunk(st->req, st->ctx, ev->finished->usage));
+              out += sse(usage_chunk(st->req, st->ctx, choices_usage(st->ctx, st->choices.accs)));
             out += "data: [DONE]\n\n";
           }
           if (!out.empty()) {
@@ -395,8 +449,8 @@ class RequestHandler {
           if (st->finished) sink.done();
           return true;
         },
-        [engine, id, st](bool) {
-          if (!st->finished) engine->abort(id);  // client gone or write failed: free the slot and KV
+        [engine, st](bool) {
+          if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
           st->active.reset();
         });
   }

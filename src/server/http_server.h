@@ -3,7 +3,8 @@
 // the engine's inference thread does all model work (../shared/HOUSE_STYLE.md).
 //
 //   POST /generate                 SGLang: text | input_ids, sampling_params, stream, return_logprob
-//   POST /v1/completions           OpenAI (SSE with stream, usage with stream_options.include_usage)
+//   POST /v1/completions           OpenAI (SSE with stream, usage with stream_options.include_usage,
+//                                  n choices as n engine requests admitted all or none)
 //   POST /v1/chat/completions      OpenAI chat (the model's chat template)
 //   GET  /v1/models                the served model
 //   GET  /health                   503 while loading or shutting down, 200 when ready
@@ -13,7 +14,7 @@
 //   POST /v1/tokenize, /v1/detokenize   SGLang shapes
 // Errors are {"error": {"message", "type", "code", "param", ...numbers}}: 400 bad JSON / field,
 // 413 prompt longer than the context (both lengths), 503 + Retry-After when the waiting queue is full
-// or the model is still loading, 500 only for bugs. A client that goes away aborts its request (its
+// or the model is still loading, 500 only for bugs. A client that goes away aborts its requests (their
 // KV is freed at the engine's next step): streaming ones at the next failed event write, non-streaming
 // ones within ~0.3 s (their reply waits in a chunked provider that probes the connection with
 // leading spaces every 150 ms; see docs/server.md).

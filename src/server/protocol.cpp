@@ -134,8 +134,12 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   if (const json* v = f.find("stop_token_ids")) s.stop_token_ids = f.ids(*v, f.name("stop_token_ids"));
   if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
-  if (auto n = f.integer("n", 1, kMaxTokensLimit); n && *n != 1)
-    throw bad_request(f.name("n"), f.name("n") + " = " + std::to_string(*n) + ": only n = 1 is supported");
+  if (auto n = f.integer("n", 1, openai ? kMaxChoices : kMaxTokensLimit)) {
+    if (!openai && *n != 1)
+      throw bad_request(f.name("n"),
+                        f.name("n") + " = " + std::to_string(*n) + ": only n = 1 is supported on /generate");
+    r->n = *n;
+  }
 }
 
 void parse_stream(const Fields& f, ParsedRequest* r) {
@@ -409,26 +413,46 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
 }
 
-json completion_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
-  json choice = {{"index", 0}, {"text", acc.text}};
-  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, acc.tokens, 0) : json(nullptr);
-  choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
-  engine::Usage u = acc.finish ? acc.finish->usage : engine::Usage{ctx.prompt_tokens, static_cast<int64_t>(acc.tokens.size())};
-  return {{"id", ctx.id},       {"object", "text_completion"},     {"created", ctx.created},
-          {"model", ctx.model}, {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices) {
+  engine::Usage u{ctx.prompt_tokens, 0};
+  for (const Accumulated& acc : choices) {
+    if (acc.finish) u.prompt_tokens = acc.finish->usage.prompt_tokens;  // the engine's count (the same for all)
+    u.completion_tokens += acc.finish ? acc.finish->usage.completion_tokens : static_cast<int64_t>(acc.tokens.size());
+  }
+  return u;
 }
 
-json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
-  json choice = {{"index", 0}, {"message", {{"role", "assistant"}, {"content", acc.text}}}};
-  choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
-  choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
-  engine::Usage u = acc.finish ? acc.finish->usage : engine::Usage{ctx.prompt_tokens, static_cast<int64_t>(acc.tokens.size())};
-  return {{"id", ctx.id},       {"object", "chat.completion"},     {"created", ctx.created},
-          {"model", ctx.model}, {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+json completion_response(const ParsedRequest& req, const ResponseContext& ctx, std::span<const Accumulated> choices) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Accumulated& acc = choices[i];
+    json choice = {{"index", i}, {"text", acc.text}};
+    choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, acc.tokens, 0) : json(nullptr);
+    choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
+    out.push_back(std::move(choice));
+  }
+  return {{"id", ctx.id},           {"object", "text_completion"},
+          {"created", ctx.created}, {"model", ctx.model},
+          {"choices", out},         {"usage", usage_json(choices_usage(ctx, choices))}};
 }
 
-json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out) {
-  json choice = {{"index", 0}, {"text", out.text}};
+json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::span<const Accumulated> choices) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Accumulated& acc = choices[i];
+    json choice = {{"index", i}, {"message", {{"role", "assistant"}, {"content", acc.text}}}};
+    choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
+    choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
+    out.push_back(std::move(choice));
+  }
+  return {{"id", ctx.id},           {"object", "chat.completion"},
+          {"created", ctx.created}, {"model", ctx.model},
+          {"choices", out},         {"usage", usage_json(choices_usage(ctx, choices))}};
+}
+
+json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
+                      int64_t index) {
+  json choice = {{"index", index}, {"text", out.text}};
   choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, 0) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
   return {{"id", ctx.id},
@@ -438,11 +462,12 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
           {"choices", json::array({choice})}};
 }
 
-json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first) {
+json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first,
+                int64_t index) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!out.text.empty() || first) delta["content"] = out.text;
-  json choice = {{"index", 0}, {"delta", delta}};
+  json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
   return {{"id", ctx.id},

@@ -6,11 +6,12 @@
 // Shapes follow SGLang's /generate (text | input_ids, sampling_params, stream, return_logprob,
 // top_logprobs_num; meta_info with finish_reason {type, matched|length}) and OpenAI's completions and
 // chat completions (choices, usage, logprobs, stream_options.include_usage, `chat.completion.chunk`).
-// Tested by tests/server/test_protocol.cpp (unit) and tests/server/test_server_e2e.cpp (end to end).
+// Tested by tests/server/test_server_protocol.cpp (unit) and tests/server/test_server_e2e.cpp (end to end).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,12 @@ struct ParsedRequest {
   bool include_usage = false;  // OpenAI stream_options.include_usage
   bool return_logprob = false;
   int64_t top_logprobs = 0;
+  // OpenAI `n`: choices per request, each its own engine request (with a seed, choice i samples with
+  // seed + i, so the choices differ and the request reproduces). /generate takes n = 1 only.
+  int64_t n = 1;
   std::string model;  // as sent (informational)
 };
+inline constexpr int64_t kMaxChoices = 64;  // the largest `n`
 
 // Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field.
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body);
@@ -86,14 +91,28 @@ std::string finish_reason_string(const engine::Finish& f);
 // SGLang /generate: {"text", "output_ids", "meta_info": {...}} (cumulative when streaming).
 nlohmann::json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
 
-// OpenAI non-streaming bodies.
-nlohmann::json completion_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
-nlohmann::json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
+// OpenAI non-streaming bodies: one choice per Accumulated (index = its position), usage with the prompt
+// counted once and the completion tokens of every choice.
+nlohmann::json completion_response(const ParsedRequest& req, const ResponseContext& ctx,
+                                   std::span<const Accumulated> choices);
+nlohmann::json chat_response(const ParsedRequest& req, const ResponseContext& ctx,
+                             std::span<const Accumulated> choices);
+inline nlohmann::json completion_response(const ParsedRequest& req, const ResponseContext& ctx,
+                                          const Accumulated& acc) {
+  return completion_response(req, ctx, std::span<const Accumulated>(&acc, 1));
+}
+inline nlohmann::json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+  return chat_response(req, ctx, std::span<const Accumulated>(&acc, 1));
+}
+// The usage of a request's choices: the prompt once, the completion tokens of all.
+engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices);
 
-// OpenAI streaming chunks for one engine event (its new tokens and text; finish_reason on the last).
-nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out);
+// OpenAI streaming chunks for one engine event of choice `index` (its new tokens and text;
+// finish_reason on the choice's last).
+nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
+                                int64_t index = 0);
 nlohmann::json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                          bool first);
+                          bool first, int64_t index = 0);
 // The final usage-only chunk (stream_options.include_usage): "choices": [] and "usage".
 nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage);
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -383,7 +384,7 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(c.post("/generate", json{{"input_ids", {1, 100000}}}.dump()), 400, "input_ids");
   expect_error(c.post("/generate", json{{"input_ids", json::array()}}.dump()), 400, "input_ids");
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", "many"}}.dump()), 400, "max_tokens");
-  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"n", 2}}.dump()), 400, "n");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"n", 65}}.dump()), 400, "n");
   expect_error(c.post("/v1/completions", json{{"max_tokens", 2}}.dump()), 400, "prompt");
   expect_error(c.post("/v1/chat/completions", json{{"messages", "hi"}}.dump()), 400, "messages");
   expect_error(c.post("/v1/chat/completions", json{{"messages", {{{"content", "hi"}}}}}.dump()), 400,
@@ -513,6 +514,92 @@ TEST(ServerE2E, ClientDisconnectNonStreamingFreesItsRequest) {
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(parse(ok.body)["meta_info"]["completion_tokens"], 2);
   std::fprintf(stderr, "non-streaming disconnect: freed %.3f s after the close\n", freed_after_s);
+
+  // n = 3 choices: the client goes, all three engine requests are aborted and freed.
+  const json n3 = {{"prompt", "go"}, {"max_tokens", max_new}, {"n", 3}, {"ignore_eos", true}, {"temperature", 0}};
+  const int fd3 = raw_post(srv.port(), "/v1/completions", n3.dump());
+  ASSERT_GE(fd3, 0);
+  const auto n3_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < n3_deadline && metric(url, "fp4moe:num_running_reqs") < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(metric(url, "fp4moe:num_running_reqs"), 3) << "the three choices never ran together";
+  ::close(fd3);
+  const auto n3_closed = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - n3_closed < std::chrono::duration<double>(kBoundS) &&
+         (metric(url, "fp4moe:num_running_reqs") > 0 || metric(url, "fp4moe:num_used_tokens") > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(metric(url, "fp4moe:num_running_reqs"), 0);
+  EXPECT_EQ(metric(url, "fp4moe:num_used_tokens"), 0);
+  EXPECT_EQ(metric(url, "fp4moe:num_aborted_requests_total"), 1 + 3);
+}
+
+// OpenAI `n`: n choices of one request (each its own engine request, choice i seeded with seed + i),
+// non-streaming and streaming, with usage counting the prompt once.
+TEST_F(DefaultServer, NChoicesNonStreamingAndStreaming) {
+  HttpClient c(srv_->url(), kTimeout);
+  const json body = {{"prompt", "The quick brown fox"},
+                     {"max_tokens", 5},
+                     {"n", 3},
+                     {"temperature", 1.0},
+                     {"seed", 11},
+                     {"ignore_eos", true}};
+  auto r = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    texts.insert(j["choices"][i]["text"].get<std::string>());
+  }
+  EXPECT_GE(texts.size(), 2u) << "three seeds drew the same 5 tokens: " << r.body;
+  const int64_t prompt_tokens = j["usage"]["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(j["usage"]["completion_tokens"], 15);
+  EXPECT_EQ(j["usage"]["total_tokens"], prompt_tokens + 15);
+  // Seeded: the same request gives the same choices; choice 0 is the n = 1 request's.
+  EXPECT_EQ(parse(c.post("/v1/completions", body.dump()).body)["choices"], j["choices"]);
+  json one = body;
+  one["n"] = 1;
+  EXPECT_EQ(parse(c.post("/v1/completions", one.dump()).body)["choices"][0]["text"], j["choices"][0]["text"]);
+
+  // Chat, streaming: every choice's deltas, a finish_reason each, one usage chunk with the sum, one [DONE].
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+               {"max_tokens", 4},
+               {"n", 2},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  int status = 0;
+  bool done = false;
+  const auto chunks = sse_chunks(c, "/v1/chat/completions", chat, &status, &done);
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(done);
+  std::string text[2];
+  int finishes[2] = {0, 0}, roles[2] = {0, 0}, n_usage = 0;
+  for (const json& k : chunks) {
+    if (k["choices"].empty()) {
+      ++n_usage;
+      EXPECT_EQ(k["usage"]["completion_tokens"], 8);
+      continue;
+    }
+    ASSERT_EQ(k["choices"].size(), 1u);
+    const int i = k["choices"][0]["index"].get<int>();
+    ASSERT_TRUE(i == 0 || i == 1) << k.dump();
+    const json& d = k["choices"][0]["delta"];
+    if (d.contains("role")) ++roles[i];
+    if (d.contains("content")) text[i] += d["content"].get<std::string>();
+    if (!k["choices"][0]["finish_reason"].is_null()) ++finishes[i];
+  }
+  EXPECT_EQ(n_usage, 1);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(finishes[i], 1) << "choice " << i;
+    EXPECT_EQ(roles[i], 1) << "choice " << i;
+  }
+  EXPECT_EQ(text[0], text[1]) << "greedy choices differ";
 }
 
 // A non-streaming reply that waits long enough to carry liveness probes (leading spaces) is still

@@ -87,6 +87,8 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"stop", {"ok", 3}}}}},
              "sampling_params.stop", "stop[1]");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
+  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 65}}, "n", "65");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"top_logprobs_num", 21}}, "top_logprobs_num", "21");
   expect_bad(Endpoint::kCompletions, json{{"prompt", 5}}, "prompt", "5");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"echo", true}}, "echo", "echo");
@@ -141,6 +143,25 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   EXPECT_EQ(g["output_ids"], json({5, 6}));
   EXPECT_EQ(g["meta_info"]["finish_reason"]["type"], "length");
   EXPECT_EQ(g["meta_info"]["finish_reason"]["length"], 2);
+  // n choices: one per Accumulated, indexed in order; usage counts the prompt once.
+  ParsedRequest req3 =
+      parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 3}});
+  EXPECT_EQ(req3.n, 3);
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}}).n, 1);
+  Accumulated unfinished;
+  out.finished.reset();
+  out.text = "z";
+  unfinished.add(out);
+  const std::vector<Accumulated> three = {acc, unfinished, acc};
+  const json c3 = chat_response(req3, ctx, three);
+  ASSERT_EQ(c3["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c3["choices"][i]["index"], i);
+  EXPECT_EQ(c3["choices"][1]["message"]["content"], "z");
+  EXPECT_TRUE(c3["choices"][1]["finish_reason"].is_null());
+  EXPECT_EQ(c3["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(c3["usage"]["completion_tokens"], 2 + 1 + 2);  // finished: the engine's count; running: its tokens
+  EXPECT_EQ(completion_chunk(req3, ctx, out, 2)["choices"][0]["index"], 2);
+  EXPECT_EQ(chat_chunk(req3, ctx, out, true, 1)["choices"][0]["index"], 1);
   // Invalid UTF-8 never throws out of dump_json.
   EXPECT_NO_THROW(dump_json(json{{"t", std::string("\xff\xfe")}}));
 }
