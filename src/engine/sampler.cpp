@@ -29,6 +29,12 @@ void SamplingParams::validate(int64_t vocab_size) const {
         << "stop_token_ids[" << i << "] = " << stop_token_ids[i] << " is outside the vocabulary [0, " << vocab_size << ")";
   }
   for (size_t i = 0; i < stop.size(); ++i) FP4MOE_CHECK(!stop[i].empty()) << "stop[" << i << "] is an empty string";
+  for (const auto& [id, bias] : logit_bias) {
+    FP4MOE_CHECK(id >= 0 && id < vocab_size)
+        << "logit_bias token " << id << " is outside the vocabulary [0, " << vocab_size << ")";
+    FP4MOE_CHECK(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f)
+        << "logit_bias of token " << id << " = " << bias << " must be in [-100, 100]";
+  }
 }
 
 TokenId argmax_token(const float* logits, int64_t vocab) {
@@ -71,6 +77,9 @@ void Sampler::penalized(const float* logits, std::vector<float>& out) const {
       out[static_cast<size_t>(id)] -= static_cast<float>(params_.frequency_penalty * static_cast<double>(n) +
                                                          params_.presence_penalty);
     }
+  }
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < vocab_) out[static_cast<size_t>(id)] += bias;
   }
 }
 

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace fp4moe::engine {
@@ -42,6 +43,9 @@ struct SamplingParams {
   bool skip_special_tokens = true;   // in the streamed text
   bool logprobs = false;             // logprob of each chosen token
   int64_t top_logprobs = 0;          // >= 0: this many most likely tokens with their logprobs
+  // OpenAI logit_bias: added to the token's logit after the penalties, before temperature and the
+  // truncations (bias in [-100, 100]: -100 bans a token in practice, +100 all but forces it).
+  std::vector<std::pair<TokenId, float>> logit_bias;
 
   // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
   void validate(int64_t vocab_size) const;
@@ -50,13 +54,13 @@ struct SamplingParams {
   // then a model may return only that argmax (model::SeqChunk::argmax).
   bool needs_logits() const {
     return !greedy() || logprobs || top_logprobs > 0 || repetition_penalty != 1.0 || frequency_penalty != 0.0 ||
-           presence_penalty != 0.0;
+           presence_penalty != 0.0 || !logit_bias.empty();
   }
   // True when a model can draw the token itself (model::SeqChunk::sample: temperature, top-k/p,
   // min-p on the device, given next_uniform()): not greedy, no penalties, no logprobs.
   bool device_samplable() const {
     return !greedy() && !logprobs && top_logprobs == 0 && repetition_penalty == 1.0 && frequency_penalty == 0.0 &&
-           presence_penalty == 0.0;
+           presence_penalty == 0.0 && logit_bias.empty();
   }
 };
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
+#include <utility>
 
 namespace fp4moe::server {
 namespace {
@@ -94,6 +96,26 @@ class Fields {
     return out;
   }
 
+  // OpenAI / SGLang logit_bias: {"<token id>": bias, ...}, bias in [-100, 100].
+  std::vector<std::pair<engine::TokenId, float>> logit_bias(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return {};
+    if (!v->is_object())
+      throw bad_request(name(key), name(key) + " must be an object of token id -> bias, got " + show(*v));
+    std::vector<std::pair<engine::TokenId, float>> out;
+    for (const auto& [k, b] : v->items()) {
+      const std::string at = name(key) + "[\"" + k + "\"]";
+      char* end = nullptr;
+      const long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
+        throw bad_request(name(key), at + ": the key is not a token id (a non-negative integer)");
+      if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100.0 || b.get<double>() > 100.0)
+        throw bad_request(name(key), at + " = " + show(b) + " is not a bias in [-100, 100]");
+      out.emplace_back(static_cast<engine::TokenId>(id), b.get<float>());
+    }
+    return out;
+  }
+
  private:
   const json& obj_;
   std::string prefix_;
@@ -134,6 +156,7 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   if (const json* v = f.find("stop_token_ids")) s.stop_token_ids = f.ids(*v, f.name("stop_token_ids"));
   if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
+  s.logit_bias = f.logit_bias("logit_bias");
   if (auto n = f.integer("n", 1, openai ? kMaxChoices : kMaxTokensLimit)) {
     if (!openai && *n != 1)
       throw bad_request(f.name("n"),
@@ -230,6 +253,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         r.top_logprobs = *v;
       }
       if (auto v = top.boolean("echo"); v && *v) throw bad_request("echo", "echo = true is not supported");
+      if (auto v = top.string("suffix"); v && !v->empty())
+        throw bad_request("suffix", "suffix (insertion) is not supported, got " + show(json(*v)));
       break;
     }
     case Endpoint::kChat: {
@@ -263,6 +288,20 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       }
       break;
     }
+  }
+  if (endpoint != Endpoint::kGenerate) {
+    // OpenAI fields this server cannot honour are refused by name, not ignored (a request relying on
+    // them would otherwise get a quietly different result). Unknown fields are ignored, as vLLM does.
+    if (const json* rf = top.find("response_format")) {
+      const json* type = rf->is_object() && rf->contains("type") ? &(*rf)["type"] : nullptr;
+      if (type == nullptr || !type->is_string() || type->get<std::string>() != "text")
+        throw bad_request(
+            "response_format",
+            "response_format " + show(*rf) + " is not supported (no constrained decoding); only {\"type\": \"text\"}");
+    }
+    if (auto b = top.integer("best_of", 1, kMaxChoices); b && *b != r.n)
+      throw bad_request("best_of", "best_of = " + std::to_string(*b) +
+                                       " is not supported (only best_of = n = " + std::to_string(r.n) + ")");
   }
   r.sampling.logprobs = r.return_logprob;
   r.sampling.top_logprobs = r.return_logprob ? r.top_logprobs : 0;

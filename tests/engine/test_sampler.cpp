@@ -239,6 +239,35 @@ TEST(Sampler, Logprobs) {
   }
 }
 
+// logit_bias is added after the penalties: -100 removes the argmax from a greedy draw, +100 forces a
+// token, and the sampled distribution moves by exp(bias) for a small bias. It needs the logits (no
+// argmax-only step, no device draw).
+TEST(Sampler, LogitBias) {
+  const auto z = random_logits(100, testing::test_seed());
+  const auto order = by_prob(softmax(z, 1.0));
+  SamplingParams p;
+  p.temperature = 0.0;
+  EXPECT_FALSE(p.needs_logits());
+  p.logit_bias = {{order[0], -100.0f}};
+  EXPECT_TRUE(p.needs_logits());
+  EXPECT_EQ(Sampler(p, 100, 1).sample(z.data()).id, order[1]);
+  p.logit_bias = {{order[50], 100.0f}};
+  EXPECT_EQ(Sampler(p, 100, 1).sample(z.data()).id, order[50]);
+  SamplingParams t;
+  t.temperature = 1.0;
+  EXPECT_TRUE(t.device_samplable());
+  t.logit_bias = {{order[3], 1.0f}};
+  EXPECT_FALSE(t.device_samplable());
+  const std::vector<double> base = Sampler(SamplingParams{}, 100, 1).distribution(z.data());
+  const std::vector<double> biased = Sampler(t, 100, 1).distribution(z.data());
+  const auto o3 = static_cast<size_t>(order[3]), o4 = static_cast<size_t>(order[4]);
+  EXPECT_NEAR(biased[o3] / biased[o4], std::exp(1.0) * base[o3] / base[o4], 1e-6 * base[o3] / base[o4]);
+  t.logit_bias = {{100, 1.0f}};
+  EXPECT_THROW(t.validate(100), Error);  // outside the vocabulary
+  t.logit_bias = {{3, 101.0f}};
+  EXPECT_THROW(t.validate(100), Error);  // outside [-100, 100]
+}
+
 TEST(Sampler, ValidateNamesTheField) {
   SamplingParams p;
   p.top_p = 1.5;

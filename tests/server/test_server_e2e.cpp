@@ -602,6 +602,48 @@ TEST_F(DefaultServer, NChoicesNonStreamingAndStreaming) {
   EXPECT_EQ(text[0], text[1]) << "greedy choices differ";
 }
 
+// logit_bias reaches the sampler: +100 on one token makes every greedy and sampled step pick it, -100
+// on the unbiased greedy token keeps it out; unsupported OpenAI fields are refused by name.
+TEST_F(DefaultServer, LogitBiasAndRefusedFields) {
+  HttpClient c(srv_->url(), kTimeout);
+  for (double temperature : {0.0, 1.0}) {
+    auto r = c.post("/generate", json{{"text", "hello"},
+                                      {"sampling_params",
+                                       {{"max_new_tokens", 4},
+                                        {"temperature", temperature},
+                                        {"ignore_eos", true},
+                                        {"logit_bias", {{"65", 100}}}}}}
+                                     .dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(parse(r.body)["output_ids"], json({65, 65, 65, 65})) << "temperature " << temperature;
+  }
+  auto ids = c.post("/generate",
+                    json{{"text", "hello"}, {"sampling_params", {{"max_new_tokens", 1}, {"temperature", 0}}}}.dump());
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  const int64_t argmax = parse(ids.body)["output_ids"][0].get<int64_t>();
+  auto bid = c.post(
+      "/generate", json{{"text", "hello"},
+                        {"sampling_params",
+                         {{"max_new_tokens", 1}, {"temperature", 0}, {"logit_bias", {{std::to_string(argmax), -100}}}}}}
+                       .dump());
+  ASSERT_EQ(bid.status, 200) << bid.body;
+  EXPECT_NE(parse(bid.body)["output_ids"][0].get<int64_t>(), argmax);
+  // The OpenAI route takes it too (the same -100 ban; any other token).
+  auto oc = c.post(
+      "/v1/completions",
+      json{{"prompt", "hello"}, {"max_tokens", 2}, {"temperature", 0}, {"logit_bias", {{std::to_string(argmax), -100}}}}
+          .dump());
+  EXPECT_EQ(oc.status, 200) << oc.body;
+  // Outside the vocabulary (272 tokens): 400 from the engine's validation, naming the token.
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 5}}}}.dump()), 400, "");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}}.dump()),
+               400, "response_format");
+  expect_error(
+      c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"best_of", 4}}.dump()),
+      400, "best_of");
+  EXPECT_EQ(c.get("/health").status, 200);
+}
+
 // A non-streaming reply that waits long enough to carry liveness probes (leading spaces) is still
 // one JSON object, equal field by field to the last cumulative object of the same greedy stream.
 TEST_F(DefaultServer, LongNonStreamingReplyEqualsStreamedResult) {

@@ -88,6 +88,13 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "sampling_params.stop", "stop[1]");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"x", 1}}}}, "logit_bias", "not a token id");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"5", 101}}}}, "logit_bias", "101");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", 3}}, "logit_bias", "object");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}},
+             "response_format", "not supported");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of = 3");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 65}}, "n", "65");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"top_logprobs_num", 21}}, "top_logprobs_num", "21");
   expect_bad(Endpoint::kCompletions, json{{"prompt", 5}}, "prompt", "5");
@@ -143,6 +150,18 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   EXPECT_EQ(g["output_ids"], json({5, 6}));
   EXPECT_EQ(g["meta_info"]["finish_reason"]["type"], "length");
   EXPECT_EQ(g["meta_info"]["finish_reason"]["length"], 2);
+  // logit_bias (OpenAI and SGLang), the plain response_format, best_of = n: accepted.
+  const ParsedRequest lb = parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}},
+                                                               {"logit_bias", {{"7", -100}, {"9", 2.5}}},
+                                                               {"response_format", {{"type", "text"}}},
+                                                               {"n", 2},
+                                                               {"best_of", 2}});
+  ASSERT_EQ(lb.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(lb.sampling.logit_bias[0], (std::pair<fp4moe::engine::TokenId, float>{7, -100.0f}));
+  EXPECT_EQ(lb.sampling.logit_bias[1], (std::pair<fp4moe::engine::TokenId, float>{9, 2.5f}));
+  EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"logit_bias", {{"3", 1}}}}}})
+                .sampling.logit_bias.size(),
+            1u);
   // n choices: one per Accumulated, indexed in order; usage counts the prompt once.
   ParsedRequest req3 =
       parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 3}});
