@@ -210,11 +210,22 @@ class RequestHandler {
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
     const engine::Tokenizer& tok = engine->tokenizer();
 
-    std::vector<engine::TokenId> prompt;
-    if (req.input_ids) {
-      prompt = *req.input_ids;
+    // The prompts (one, or a completions batch) as token ids, each with the field that names it.
+    std::vector<std::vector<engine::TokenId>> prompts;
+    std::vector<std::string> fields;
+    if (!req.batch.empty()) {
+      for (size_t i = 0; i < req.batch.size(); ++i) {
+        const ParsedRequest::BatchPrompt& bp = req.batch[i];
+        prompts.push_back(bp.input_ids ? *bp.input_ids
+                                       : tok.encode(*bp.text, {.add_special_tokens = true, .parse_special = true}));
+        fields.push_back("prompt[" + std::to_string(i) + "]");
+      }
+    } else if (req.input_ids) {
+      prompts.push_back(*req.input_ids);
+      fields.push_back(endpoint_ == Endpoint::kGenerate ? "input_ids" : "prompt");
     } else if (req.text) {
-      prompt = tok.encode(*req.text, {.add_special_tokens = true, .parse_special = true});
+      prompts.push_back(tok.encode(*req.text, {.add_special_tokens = true, .parse_special = true}));
+      fields.push_back(endpoint_ == Endpoint::kGenerate ? "text" : "prompt");
     } else {
       std::shared_ptr<const engine::ChatTemplate> tmpl;
       {
@@ -231,57 +242,69 @@ class RequestHandler {
       } catch (const fp4moe::Error& e) {
         throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
       }
-      prompt = tok.encode(rendered, {.add_special_tokens = false, .parse_special = true});
+      prompts.push_back(tok.encode(rendered, {.add_special_tokens = false, .parse_special = true}));
+      fields.push_back("messages");
     }
-    const std::string prompt_field = req.input_ids ? (endpoint_ == Endpoint::kGenerate ? "input_ids" : "prompt")
-                                                   : (req.text ? (endpoint_ == Endpoint::kGenerate ? "text" : "prompt")
-                                                               : "messages");
-    if (prompt.empty()) throw bad_request(prompt_field, prompt_field + " gives an empty prompt (0 tokens)");
     const int64_t vocab = engine->model_config().vocab_size;
-    for (size_t i = 0; i < prompt.size(); ++i) {
-      if (prompt[i] >= vocab) {
-        throw bad_request(prompt_field, prompt_field + "[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
-                                            " is outside the model's vocabulary of " + std::to_string(vocab));
-      }
-    }
-    const int64_t n_prompt = static_cast<int64_t>(prompt.size());
     const int64_t context = engine->context_length();
     const int64_t kv = engine->kv_capacity_tokens();
-    if (n_prompt >= context || n_prompt >= kv) {
-      ApiError e;
-      e.status = 413;
-      e.type = "context_length_exceeded";
-      e.param = prompt_field;
-      const bool ctx_bound = n_prompt >= context;
-      e.message = "the prompt has " + std::to_string(n_prompt) + " tokens; the " +
-                  (ctx_bound ? "context holds " + std::to_string(context)
-                             : "KV cache holds " + std::to_string(kv)) +
-                  " tokens, leaving no room for output";
-      e.extra = {{"prompt_tokens", n_prompt}, {"context_length", context}, {"kv_capacity_tokens", kv}};
-      throw e;
+    int64_t prompt_tokens = 0;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const std::vector<engine::TokenId>& prompt = prompts[p];
+      const std::string& field = fields[p];
+      // A batch's field param stays "prompt"; the message says which.
+      const std::string param = req.batch.empty() ? field : "prompt";
+      if (prompt.empty()) throw bad_request(param, field + " gives an empty prompt (0 tokens)");
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        if (prompt[i] >= vocab) {
+          throw bad_request(param, field + "[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
+                                       " is outside the model's vocabulary of " + std::to_string(vocab));
+        }
+      }
+      const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+      if (n_prompt >= context || n_prompt >= kv) {
+        ApiError e;
+        e.status = 413;
+        e.type = "context_length_exceeded";
+        e.param = param;
+        const bool ctx_bound = n_prompt >= context;
+        e.message = (req.batch.empty() ? std::string("the prompt") : field) + " has " + std::to_string(n_prompt) +
+                    " tokens; the " +
+                    (ctx_bound ? "context holds " + std::to_string(context) : "KV cache holds " + std::to_string(kv)) +
+                    " tokens, leaving no room for output";
+        e.extra = {{"prompt_tokens", n_prompt}, {"context_length", context}, {"kv_capacity_tokens", kv}};
+        throw e;
+      }
+      prompt_tokens += n_prompt;
     }
-    req.sampling.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens
-                                                     : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
 
-    // One engine request per choice (n), all or none admitted; their events share one channel and are
-    // told apart by request id.
+    // One engine request per prompt and choice (n), all or none admitted; their events share one channel
+    // and are told apart by request id. Choice p n + j: prompt p, seed + j (a prompt of a batch draws what
+    // it would alone).
     auto channel = std::make_shared<Channel>();
     const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
     std::vector<engine::RequestId> ids;
-    for (int64_t i = 0; i < req.n; ++i) {
-      engine::SamplingParams sp = req.sampling;
-      if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(i);
-      engine::SubmitResult sr =
-          engine->submit({prompt, sp}, [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
-            dispatcher->post(channel, out);
-          });
-      if (!sr.ok()) {
-        for (engine::RequestId id : ids) engine->abort(id);
-        ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
-        if (req.n > 1) e.message += " (choice " + std::to_string(i) + " of n = " + std::to_string(req.n) + ")";
-        throw e;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
+      for (int64_t j = 0; j < req.n; ++j) {
+        engine::SamplingParams sp = req.sampling;
+        sp.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens
+                                               : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
+        if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
+        engine::SubmitResult sr =
+            engine->submit({prompts[p], sp}, [channel, dispatcher = server_->dispatcher_](
+                                                 const engine::RequestOutput& out) { dispatcher->post(channel, out); });
+        if (!sr.ok()) {
+          for (engine::RequestId id : ids) engine->abort(id);
+          ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+          if (prompts.size() > 1 || req.n > 1) {
+            e.message += " (" + (prompts.size() > 1 ? fields[p] + ", " : std::string()) + "choice " +
+                         std::to_string(j) + " of n = " + std::to_string(req.n) + ")";
+          }
+          throw e;
+        }
+        ids.push_back(sr.id);
       }
-      ids.push_back(sr.id);
     }
 
     ResponseContext ctx;
@@ -291,7 +314,7 @@ class RequestHandler {
       ctx.model = server_->options_.served_model_name;
     }
     ctx.created = unix_now();
-    ctx.prompt_tokens = n_prompt;
+    ctx.prompt_tokens = prompt_tokens;
     ctx.tokenizer = &tok;
 
     if (!req.stream) {

@@ -241,6 +241,23 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         r.text = p->get<std::string>();
       } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
         r.text = (*p)[0].get<std::string>();
+      } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
+        r.input_ids = top.ids((*p)[0], "prompt[0]");
+      } else if (p->is_array() && p->size() >= 2 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+        for (size_t i = 0; i < p->size(); ++i) {  // a batch: all strings or all id lists
+          const json& e = (*p)[i];
+          const std::string at = "prompt[" + std::to_string(i) + "]";
+          ParsedRequest::BatchPrompt bp;
+          if (e.is_string() && (*p)[0].is_string()) {
+            bp.text = e.get<std::string>();
+          } else if (e.is_array() && (*p)[0].is_array()) {
+            bp.input_ids = top.ids(e, at);
+          } else {
+            throw bad_request("prompt",
+                              at + " = " + show(e) + ": a batch of prompts is all strings or all token id lists");
+          }
+          r.batch.push_back(std::move(bp));
+        }
       } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
         r.input_ids = top.ids(*p, "prompt");
       } else {
@@ -288,6 +305,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       }
       break;
     }
+  }
+  if (!r.batch.empty() && static_cast<int64_t>(r.batch.size()) * r.n > kMaxBatchChoices) {
+    throw bad_request("prompt", std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
+                                    std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +
+                                    std::to_string(kMaxBatchChoices) + " a request");
   }
   if (endpoint != Endpoint::kGenerate) {
     // OpenAI fields this server cannot honour are refused by name, not ignored (a request relying on
@@ -455,7 +477,6 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices) {
   engine::Usage u{ctx.prompt_tokens, 0};
   for (const Accumulated& acc : choices) {
-    if (acc.finish) u.prompt_tokens = acc.finish->usage.prompt_tokens;  // the engine's count (the same for all)
     u.completion_tokens += acc.finish ? acc.finish->usage.completion_tokens : static_cast<int64_t>(acc.tokens.size());
   }
   return u;

@@ -39,7 +39,7 @@ enum class Endpoint : uint8_t { kGenerate, kCompletions, kChat };
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kGenerate;
-  // Exactly one of: ids, text (to tokenize), messages (chat; rendered with the chat template).
+  // Exactly one of: ids, text (to tokenize), messages (chat; rendered with the chat template), batch.
   std::optional<std::vector<engine::TokenId>> input_ids;
   std::optional<std::string> text;
   std::optional<nlohmann::ordered_json> messages;
@@ -55,9 +55,17 @@ struct ParsedRequest {
   // OpenAI `n`: choices per request, each its own engine request (with a seed, choice i samples with
   // seed + i, so the choices differ and the request reproduces). /generate takes n = 1 only.
   int64_t n = 1;
+  // /v1/completions with a list of prompts (2+ strings or 2+ id lists): one entry each (text or ids),
+  // and then text / input_ids above are unset. Choice p n + j is prompt p's choice j.
+  struct BatchPrompt {
+    std::optional<std::vector<engine::TokenId>> input_ids;
+    std::optional<std::string> text;
+  };
+  std::vector<BatchPrompt> batch;
   std::string model;  // as sent (informational)
 };
-inline constexpr int64_t kMaxChoices = 64;  // the largest `n`
+inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
+inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
 
 // Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field.
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body);
@@ -81,7 +89,7 @@ struct ResponseContext {
   std::string id;            // "cmpl-..." / "chatcmpl-..." / the SGLang rid
   std::string model;         // served model name
   int64_t created = 0;       // unix seconds
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;                     // a batch of prompts: their sum (each prompt counted once, whatever n)
   const engine::Tokenizer* tokenizer = nullptr;  // for logprob token strings
 };
 
@@ -104,7 +112,7 @@ inline nlohmann::json completion_response(const ParsedRequest& req, const Respon
 inline nlohmann::json chat_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
   return chat_response(req, ctx, std::span<const Accumulated>(&acc, 1));
 }
-// The usage of a request's choices: the prompt once, the completion tokens of all.
+// The usage of a request's choices: ctx.prompt_tokens (each prompt once), the completion tokens of all.
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices);
 
 // OpenAI streaming chunks for one engine event of choice `index` (its new tokens and text;

@@ -602,6 +602,58 @@ TEST_F(DefaultServer, NChoicesNonStreamingAndStreaming) {
   EXPECT_EQ(text[0], text[1]) << "greedy choices differ";
 }
 
+// A batch of prompts on /v1/completions: choice p n + j is prompt p's choice j, each prompt's choices
+// what the prompt gives alone, usage with every prompt counted once.
+TEST_F(DefaultServer, BatchOfPromptsWithNChoices) {
+  HttpClient c(srv_->url(), kTimeout);
+  const std::vector<std::string> prompts = {"The quick brown fox", "hello"};
+  std::vector<std::string> alone;
+  int64_t prompt_tokens = 0;
+  for (const std::string& p : prompts) {
+    auto r = c.post("/v1/completions",
+                    json{{"prompt", p}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = parse(r.body);
+    alone.push_back(j["choices"][0]["text"].get<std::string>());
+    prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+  }
+  const json body = {{"prompt", prompts}, {"max_tokens", 3}, {"n", 2}, {"temperature", 0}, {"ignore_eos", true}};
+  auto r = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], alone[static_cast<size_t>(i / 2)]) << "choice " << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  // Streamed: every index finishes once, one [DONE].
+  json sb = body;
+  sb["stream"] = true;
+  int status = 0;
+  bool done = false;
+  const auto chunks = sse_chunks(c, "/v1/completions", sb, &status, &done);
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(done);
+  std::vector<int> finishes(4, 0);
+  std::vector<std::string> text(4);
+  for (const json& k : chunks) {
+    ASSERT_EQ(k["choices"].size(), 1u) << k.dump();
+    const int i = k["choices"][0]["index"].get<int>();
+    ASSERT_TRUE(i >= 0 && i < 4) << k.dump();
+    text[static_cast<size_t>(i)] += k["choices"][0]["text"].get<std::string>();
+    if (!k["choices"][0]["finish_reason"].is_null()) ++finishes[static_cast<size_t>(i)];
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(finishes[static_cast<size_t>(i)], 1) << "choice " << i;
+    EXPECT_EQ(text[static_cast<size_t>(i)], alone[static_cast<size_t>(i / 2)]) << "choice " << i;
+  }
+  // A bad prompt of the batch is named.
+  expect_error(c.post("/v1/completions", json{{"prompt", {json::array({1}), json::array({99999})}}}.dump()), 400,
+               "prompt");
+}
+
 // logit_bias reaches the sampler: +100 on one token makes every greedy and sampled step pick it, -100
 // on the unbiased greedy token keeps it out; unsupported OpenAI fields are refused by name.
 TEST_F(DefaultServer, LogitBiasAndRefusedFields) {

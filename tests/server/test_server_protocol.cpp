@@ -95,6 +95,11 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "response_format", "not supported");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of = 3");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", {"a", json::array({1, 2})}}}, "prompt", "prompt[1]");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", {json::array({1}), json::array({2, -3})}}}, "prompt[1]",
+             "prompt[1][1]");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", std::vector<std::string>(5, "a")}, {"n", 64}}, "prompt",
+             "5 prompts x n = 64 = 320 choices > 256");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 65}}, "n", "65");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"top_logprobs_num", 21}}, "top_logprobs_num", "21");
   expect_bad(Endpoint::kCompletions, json{{"prompt", 5}}, "prompt", "5");
@@ -162,6 +167,20 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"logit_bias", {{"3", 1}}}}}})
                 .sampling.logit_bias.size(),
             1u);
+  // A batch of prompts (completions): all strings or all id lists; one id list is a single prompt.
+  const ParsedRequest bt = parse_request(Endpoint::kCompletions, json{{"prompt", {"a", "bc"}}, {"n", 2}});
+  ASSERT_EQ(bt.batch.size(), 2u);
+  EXPECT_EQ(bt.batch[1].text, std::optional<std::string>("bc"));
+  EXPECT_FALSE(bt.text.has_value());
+  const ParsedRequest bi =
+      parse_request(Endpoint::kCompletions, json{{"prompt", {json::array({1, 2}), json::array({3})}}});
+  ASSERT_EQ(bi.batch.size(), 2u);
+  EXPECT_EQ(bi.batch[0].input_ids,
+            (std::optional<std::vector<fp4moe::engine::TokenId>>(std::vector<fp4moe::engine::TokenId>{1, 2})));
+  const ParsedRequest one = parse_request(Endpoint::kCompletions, json{{"prompt", {json::array({4, 5})}}});
+  EXPECT_TRUE(one.batch.empty());
+  EXPECT_EQ(one.input_ids,
+            (std::optional<std::vector<fp4moe::engine::TokenId>>(std::vector<fp4moe::engine::TokenId>{4, 5})));
   // n choices: one per Accumulated, indexed in order; usage counts the prompt once.
   ParsedRequest req3 =
       parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 3}});
