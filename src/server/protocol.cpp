@@ -321,6 +321,15 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
             "response_format",
             "response_format " + show(*rf) + " is not supported (no constrained decoding); only {\"type\": \"text\"}");
     }
+    if (const json* tools = top.find("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+      throw bad_request("tools",
+                        "tools (function calling) is not supported: no tool-call parser turns the model's "
+                        "output into tool_calls");
+    }
+    if (const json* tc = top.find("tool_choice");
+        tc != nullptr && !(tc->is_string() && tc->get<std::string>() == "none"))
+      throw bad_request("tool_choice",
+                        "tool_choice " + show(*tc) + " is not supported (function calling); only \"none\"");
     if (auto b = top.integer("best_of", 1, kMaxChoices); b && *b != r.n)
       throw bad_request("best_of", "best_of = " + std::to_string(*b) +
                                        " is not supported (only best_of = n = " + std::to_string(r.n) + ")");

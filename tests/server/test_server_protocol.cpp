@@ -94,6 +94,12 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}},
              "response_format", "not supported");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of = 3");
+  const json msgs = {{{"role", "user"}, {"content", "a"}}};
+  expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, "tools",
+             "function calling");
+  expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "auto"}}, "tool_choice", "\"auto\"");
+  EXPECT_NO_THROW(
+      parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tools", json::array()}, {"tool_choice", "none"}}));
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
   expect_bad(Endpoint::kCompletions, json{{"prompt", {"a", json::array({1, 2})}}}, "prompt", "prompt[1]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", {json::array({1}), json::array({2, -3})}}}, "prompt[1]",
