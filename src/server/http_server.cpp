@@ -146,6 +146,19 @@ ApiError unavailable(const std::string& message, int retry_after_s) {
   return e;
 }
 
+// A typed 500: only bugs get one (a request that failed in the engine after admission, a reply that
+// could not be built, a handler that threw something other than ApiError).
+ApiError internal_error(std::string message) {
+  ApiError e;
+  e.status = 500;
+  e.type = "internal_server_error";
+  e.message = std::move(message);
+  return e;
+}
+ApiError engine_failure(const std::string& request_id, const std::string& error) {
+  return internal_error("request " + request_id + " failed in the engine: " + error);
+}
+
 ApiError from_rejection(const engine::Rejection& r, int retry_after_s, const std::string& max_tokens_field) {
   ApiError e;
   switch (r.kind) {
@@ -213,18 +226,20 @@ class RequestHandler {
     // The prompts (one, or a completions batch) as token ids, each with the field that names it.
     std::vector<std::vector<engine::TokenId>> prompts;
     std::vector<std::string> fields;
+    auto encode_text = [&](const std::string& text) {
+      return tok.encode(text, {.add_special_tokens = true, .parse_special = true});
+    };
     if (!req.batch.empty()) {
       for (size_t i = 0; i < req.batch.size(); ++i) {
         const ParsedRequest::BatchPrompt& bp = req.batch[i];
-        prompts.push_back(bp.input_ids ? *bp.input_ids
-                                       : tok.encode(*bp.text, {.add_special_tokens = true, .parse_special = true}));
+        prompts.push_back(bp.input_ids ? *bp.input_ids : encode_text(*bp.text));
         fields.push_back("prompt[" + std::to_string(i) + "]");
       }
     } else if (req.input_ids) {
       prompts.push_back(*req.input_ids);
       fields.push_back(endpoint_ == Endpoint::kGenerate ? "input_ids" : "prompt");
     } else if (req.text) {
-      prompts.push_back(tok.encode(*req.text, {.add_special_tokens = true, .parse_special = true}));
+      prompts.push_back(encode_text(*req.text));
       fields.push_back(endpoint_ == Endpoint::kGenerate ? "text" : "prompt");
     } else {
       std::shared_ptr<const engine::ChatTemplate> tmpl;
@@ -286,10 +301,11 @@ class RequestHandler {
     std::vector<engine::RequestId> ids;
     for (size_t p = 0; p < prompts.size(); ++p) {
       const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
+      const int64_t max_new =
+          req.max_new_tokens ? *req.max_new_tokens : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
       for (int64_t j = 0; j < req.n; ++j) {
         engine::SamplingParams sp = req.sampling;
-        sp.max_new_tokens = req.max_new_tokens ? *req.max_new_tokens
-                                               : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
+        sp.max_new_tokens = max_new;
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
         engine::SubmitResult sr =
             engine->submit({prompts[p], sp}, [channel, dispatcher = server_->dispatcher_](
@@ -370,10 +386,7 @@ class RequestHandler {
           std::string body;
           try {
             if (const Accumulated* failed = st->choices.failed()) {
-              ApiError e;
-              e.status = 500;
-              e.type = "internal_server_error";
-              e.message = "request " + st->ctx.id + " failed in the engine: " + failed->finish->error;
+              const ApiError e = engine_failure(st->ctx.id, failed->finish->error);
               body = dump_json(e.to_json());
               server->count_error(e.status);
             } else {
@@ -383,10 +396,7 @@ class RequestHandler {
                                                                : completion_response(st->req, st->ctx, accs));
             }
           } catch (const std::exception& ex) {
-            ApiError e;
-            e.status = 500;
-            e.type = "internal_server_error";
-            e.message = std::string("bug: the reply to request ") + st->ctx.id + " failed: " + ex.what();
+            const ApiError e = internal_error("bug: the reply to request " + st->ctx.id + " failed: " + ex.what());
             body = dump_json(e.to_json());
             server->count_error(e.status);
           }
@@ -454,11 +464,7 @@ class RequestHandler {
             }
           }
           if (ev->finished && ev->finished->reason == engine::FinishReason::kError) {
-            ApiError e;
-            e.status = 500;
-            e.type = "internal_server_error";
-            e.message = "request " + st->ctx.id + " failed in the engine: " + ev->finished->error;
-            out += sse(e.to_json());
+            out += sse(engine_failure(st->ctx.id, ev->finished->error).to_json());
           }
           if (st->choices.all_finished()) {
             st->finished = true;
@@ -578,9 +584,7 @@ void HttpServer::install_routes() {
         err = e;
         failed = true;
       } catch (const std::exception& e) {
-        err.status = 500;
-        err.type = "internal_server_error";
-        err.message = std::string("bug: ") + req.method + " " + req.path + " failed: " + e.what();
+        err = internal_error("bug: " + req.method + " " + req.path + " failed: " + e.what());
         failed = true;
       }
       if (failed) {

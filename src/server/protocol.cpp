@@ -483,6 +483,19 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
 }
 
+namespace {
+
+// The fields every OpenAI body and chunk carries around its choices.
+json openai_envelope(const ResponseContext& ctx, const char* object, json choices) {
+  return {{"id", ctx.id},
+          {"object", object},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", std::move(choices)}};
+}
+
+}  // namespace
+
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices) {
   engine::Usage u{ctx.prompt_tokens, 0};
   for (const Accumulated& acc : choices) {
@@ -500,9 +513,9 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
     choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
     out.push_back(std::move(choice));
   }
-  return {{"id", ctx.id},           {"object", "text_completion"},
-          {"created", ctx.created}, {"model", ctx.model},
-          {"choices", out},         {"usage", usage_json(choices_usage(ctx, choices))}};
+  json body = openai_envelope(ctx, "text_completion", std::move(out));
+  body["usage"] = usage_json(choices_usage(ctx, choices));
+  return body;
 }
 
 json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::span<const Accumulated> choices) {
@@ -514,9 +527,9 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
     choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
     out.push_back(std::move(choice));
   }
-  return {{"id", ctx.id},           {"object", "chat.completion"},
-          {"created", ctx.created}, {"model", ctx.model},
-          {"choices", out},         {"usage", usage_json(choices_usage(ctx, choices))}};
+  json body = openai_envelope(ctx, "chat.completion", std::move(out));
+  body["usage"] = usage_json(choices_usage(ctx, choices));
+  return body;
 }
 
 json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
@@ -524,11 +537,7 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
   json choice = {{"index", index}, {"text", out.text}};
   choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, 0) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
-  return {{"id", ctx.id},
-          {"object", "text_completion"},
-          {"created", ctx.created},
-          {"model", ctx.model},
-          {"choices", json::array({choice})}};
+  return openai_envelope(ctx, "text_completion", json::array({choice}));
 }
 
 json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first,
@@ -539,20 +548,14 @@ json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engi
   json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
-  return {{"id", ctx.id},
-          {"object", "chat.completion.chunk"},
-          {"created", ctx.created},
-          {"model", ctx.model},
-          {"choices", json::array({choice})}};
+  return openai_envelope(ctx, "chat.completion.chunk", json::array({choice}));
 }
 
 json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage) {
-  return {{"id", ctx.id},
-          {"object", req.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
-          {"created", ctx.created},
-          {"model", ctx.model},
-          {"choices", json::array()},
-          {"usage", usage_json(usage)}};
+  json chunk = openai_envelope(ctx, req.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion",
+                               json::array());
+  chunk["usage"] = usage_json(usage);
+  return chunk;
 }
 
 }  // namespace fp4moe::server
