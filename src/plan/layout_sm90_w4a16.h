@@ -15,7 +15,7 @@
 //    chunks of each tile in flight per warp; scales come a group (8 chunks) ahead and activations 2
 //    chunks ahead in registers (kW4A16StreamXAhead), through L1 (every warp of the CTA reads the
 //    same rows); one activation load feeds both tiles' MMAs.
-//      block_w  rows per CTA: 64 or 128 (2 or 4 warps); block_t 8 or 16 tokens; block_k 64 (one
+//      block_w  rows per CTA: 64 or 128 (2 or 4 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
 //    Shared memory: one region, the code rings: block_w / 32 warps x 2 tiles x stages x 512 B (warp
@@ -98,6 +98,9 @@ struct W4A16Config {
 // 8 tokens (n8 64 a thread, n16 80: 32 / 24 warps per SM instead of 24 / 16), same speed or better at
 // 8-16 tokens per expert (H200, BENCHMARKS.md 2026-12-04 twelfth session).
 inline constexpr uint32_t kW4A16StreamXAhead = 2;
+// The activation ring of a stream tile of block_t tokens: n32 keeps one chunk ahead (32 registers
+// instead of 64: 149 a thread, 3 CTAs an SM without spills).
+FP4MOE_HD constexpr uint32_t w4a16_stream_x_ahead(uint32_t block_t) { return block_t > 16 ? 1 : kW4A16StreamXAhead; }
 // m16 row tiles a kStream warp owns (adjacent: 32 weight rows). 2, not 1: the activation fragments
 // it loads feed both tiles' MMAs and the two dequant chains overlap; at 16 tokens per expert 1.24x
 // (gate_up) / 1.10x (down) faster, equal at 1-8 (H200, BENCHMARKS.md 2026-12-04 thirteenth session).
@@ -140,7 +143,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   if (c.kind != W4A16Kind::kStream) return 64;
-  return 72 + (8 * kW4A16StreamXAhead + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
+  return 72 + (8 * w4a16_stream_x_ahead(c.block_t) + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
 // CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at
@@ -203,7 +206,7 @@ struct W4A16Layout {
   FP4MOE_HD static constexpr const char* check(const W4A16Config& c) {
     if (c.kind == W4A16Kind::kStream) {
       if (c.block_w != 64 && c.block_w != 128) return "stream: block_w (weight rows per CTA) must be 64 or 128";
-      if (c.block_t != 8 && c.block_t != 16) return "stream: block_t (tokens, MMA N) must be 8 or 16";
+      if (c.block_t != 8 && c.block_t != 16 && c.block_t != 32) return "stream: block_t (tokens, MMA N) must be 8, 16 or 32";
       if (c.block_k != 64) return "stream: block_k must be 64 (one chunk per step)";
       if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
       return nullptr;
@@ -318,6 +321,7 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
     {256, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s5
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
+    {128, 32, 64, 8, kStreamKind},         // w4a16_stream_m128n32_d8 (17-32 tokens; last: the ids above stay)
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

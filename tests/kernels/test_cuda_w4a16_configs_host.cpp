@@ -120,7 +120,7 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheCodeRings) {
               std::string::npos)
         << msg;
   }
-  EXPECT_EQ(n_stream, 6);
+  EXPECT_EQ(n_stream, 7);
   // By hand: config 0, m64n8_d8, is 64 / 32 = 2 warps x 2 row tiles x 8 x 512 = 16384 B.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)), "2 warps x 2 row tiles x code ring (8 chunks x 512 B) = 16384 B");
 }
@@ -247,7 +247,7 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
                                       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
                                       "w4a16_wgmma_m128n32_s6", "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
+                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4", "w4a16_stream_m128n32_d8"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -265,7 +265,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n32_s6",
       "w4a16_wgmma_m128n64_s5",      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",
-      "w4a16_wgmma_m256n64_s5",      "w4a16_wgmma_m256n128_s4"};
+      "w4a16_wgmma_m256n64_s5",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d8"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -274,7 +274,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
             std::string::npos)
       << msg;
   const std::string msg_id = error_of([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (17 configs, ids 0..16)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (18 configs, ids 0..17)"), std::string::npos) << msg_id;
   error_of([] { w4a16_config(-1); });
 }
 
@@ -389,7 +389,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   };
   const Case cases[] = {{1, "w4a16_stream_m128n8_d8"},        {8, "w4a16_stream_m128n8_d8"},
                         {9, "w4a16_stream_m128n16_d8"},       {16, "w4a16_stream_m128n16_d8"},
-                        {17, "w4a16_wgmma_m128n32_s6"},       {32, "w4a16_wgmma_m128n32_s6"},
+                        {17, "w4a16_stream_m128n32_d8"},      {32, "w4a16_stream_m128n32_d8"},
                         {33, "w4a16_wgmma_m128n64_s5"},       {64, "w4a16_wgmma_m128n64_s5"},
                         {65, "w4a16_wgmma_m256n128_s4"},      {128, "w4a16_wgmma_m256n128_s4"},
                         {129, "w4a16_wgmma_m128n256_s4"},     {500, "w4a16_wgmma_m128n256_s4"}};
@@ -435,9 +435,9 @@ TEST(W4A16Configs, InfeasibleConfigIsRefusedWithTheBytes) {
 
 TEST(W4A16Configs, StreamConfigRulesAreNamed) {
   constexpr W4A16Kind kS = W4A16Kind::kStream;
-  std::string msg = error_of([] { w4a16_check_config(W4A16Config{64, 32, 64, 4, kS}, kSm90SmemOptinBytes); });
-  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n32_d4 cannot be built: "
-                     "stream: block_t (tokens, MMA N) must be 8 or 16"),
+  std::string msg = error_of([] { w4a16_check_config(W4A16Config{64, 64, 64, 4, kS}, kSm90SmemOptinBytes); });
+  EXPECT_NE(msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n64_d4 cannot be built: "
+                     "stream: block_t (tokens, MMA N) must be 8, 16 or 32"),
             std::string::npos)
       << msg;
   msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 128, 4, kS}, kSm90SmemOptinBytes); });

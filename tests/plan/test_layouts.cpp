@@ -110,6 +110,8 @@ constexpr Pinned kPinned[] = {
     // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196672;
     // epilogue 128 x 528 = 67584.
     {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196672, 0},
+    // m128n32_d8 (appended last, a stream tile): 4 x 8192 = 32768, as m128n16_d8.
+    {"w4a16_stream_m128n32_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -221,6 +223,11 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     }
     return true;
   }());
+  // n32 keeps one activation chunk ahead (w4a16_stream_x_ahead): 72 + (8 + 8) x 4 = 136 registers,
+  // 65536 / (128 x 136) = 3 CTAs a SM (6 by smem).
+  constexpr W4A16Config n32 = kW4A16Configs[kNumW4A16Configs - 1];  // w4a16_stream_m128n32_d8
+  static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && w4a16_stream_x_ahead(32) == 1);
+  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 3);
   // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 10 by registers.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 10);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
@@ -278,7 +285,7 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_FALSE(W4A16Layout::make({96, 16, 128, 4}).fits(UINT32_MAX));
   constexpr W4A16Kind kS = W4A16Kind::kStream;
   EXPECT_NE(W4A16Layout::make({96, 8, 64, 4, kS}).invalid_reason, nullptr);    // block_w 96
-  EXPECT_NE(W4A16Layout::make({64, 32, 64, 4, kS}).invalid_reason, nullptr);   // block_t 32 (a pipeline size)
+  EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kS}).invalid_reason, nullptr);   // block_t 64 (a pipeline size)
   EXPECT_NE(W4A16Layout::make({64, 8, 128, 4, kS}).invalid_reason, nullptr);   // block_k 128
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 3, kS}).invalid_reason, nullptr);    // ring depth 3: not 4, 8 or 16
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 2, kS}).invalid_reason, nullptr);    // 2: one chunk in flight only

@@ -147,14 +147,15 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
 int w4a16_default_config(int64_t tokens_per_expert) {
   // Decode: the streaming kernel (per-warp code rings), 128 rows a CTA (4 warps of two row tiles: the
   // 64-row tiles' 2 warps ran 226 vs 179 us on gate_up at 16 tokens, BENCHMARKS.md 2026-12-04
-  // thirteenth session); past that the wgmma tiles, the fastest of each bucket on the GLM-5 shard (H200,
-  // BENCHMARKS.md 2026-12-04 seventeenth session runs 1 and 3, producer warpgroup: 17-32 tokens m128n32,
-  // 0.91-0.95x the time of the best mma.sync config and of m128n64 (no wgmma tile is faster than the
-  // streaming kernel at 16 tokens, m128n16 was 1.4-1.55x slower); 64 tokens m128n64 1.48-1.55x cuBLAS
-  // BF16, 128 m256n128 1.07-1.13x, 256 m128n256 0.94-0.98x).
+  // thirteenth session), up to 32 tokens (the n32 tile: 0.91-0.97x the time of wgmma m128n32 at 24-32
+  // tokens, BENCHMARKS.md 2026-12-05 nineteenth session run 2); past that the wgmma tiles, the fastest of
+  // each bucket on the GLM-5 shard (H200, BENCHMARKS.md 2026-12-04 seventeenth session runs 1 and 3,
+  // producer warpgroup; no wgmma tile is faster than the streaming kernel at 16 tokens, m128n16 was
+  // 1.4-1.55x slower; 64 tokens m128n64 1.48-1.55x cuBLAS BF16, 128 m256n128 1.07-1.13x, 256 m128n256
+  // 0.94-0.98x).
   if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m128n8_d8");
   if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m128n16_d8");
-  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_wgmma_m128n32_s6");
+  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_stream_m128n32_d8");
   if (tokens_per_expert <= 64) return w4a16_config_id("w4a16_wgmma_m128n64_s5");
   if (tokens_per_expert <= 128) return w4a16_config_id("w4a16_wgmma_m256n128_s4");
   return w4a16_config_id("w4a16_wgmma_m128n256_s4");

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   constexpr W4A16Layout kLayout = W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream});
   static_assert(kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   constexpr uint32_t kNTiles = BLOCK_T / 8;
-  constexpr uint32_t kXAhead = kW4A16StreamXAhead;
+  constexpr uint32_t kXAhead = plan::w4a16_stream_x_ahead(BLOCK_T);
   static_assert(kW4A16ScaleGroup % kXAhead == 0, "the activation ring must divide a scale group");
   static_assert(kW4A16StreamTilesPerWarp == 2, "the loop below is written for two row tiles per warp");
   extern __shared__ __align__(128) uint8_t smem[];
