@@ -463,9 +463,9 @@ void GpuMoeLayer::allocate_scratch(std::shared_ptr<GpuMoeWorkspace> share) {
     FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
     ev.reset(e);
   }
-  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {
-    class_side_.emplace();
-    shared_side_.emplace();
+  if (gemm_ == GpuExpertGemm::kNvfp4W4A16) {  // the workspace's side streams (see GpuMoeWorkspace)
+    if (ws_->class_sides.size() < kGpuMoeMaxRowClasses - 1) ws_->class_sides.resize(kGpuMoeMaxRowClasses - 1);
+    if (!ws_->shared_side) ws_->shared_side.emplace();
   }
 }
 
@@ -493,11 +493,11 @@ bool gpu_moe_row_classes_default() {
 std::vector<GpuMoeLayer::RoutedClass> GpuMoeLayer::routed_gemm_classes(int64_t n_tokens) const {
   const int c0 = routed_gemm_config(n_tokens);
   const int32_t t0 = static_cast<int32_t>(cuda::sm90::w4a16_config(c0).block_t);
-  if (!row_classes_ || gemm_ != GpuExpertGemm::kNvfp4W4A16 || n_tokens <= t0) return {RoutedClass{c0}};
-  // The larger tile: 4x the routed one, at least the 64-row wgmma tile, at most the 256-row one.
-  const int c1 = cuda::sm90::w4a16_default_config(std::min<int64_t>(256, std::max<int64_t>(64, 4 * int64_t{t0})));
-  if (static_cast<int32_t>(cuda::sm90::w4a16_config(c1).block_t) <= t0) return {RoutedClass{c0}};
-  return {RoutedClass{c0, 0, t0}, RoutedClass{c1, t0 + 1}};
+  if (!row_classes_ || gemm_ != GpuExpertGemm::kNvfp4W4A16) return {RoutedClass{c0}};
+  return gpu_moe_row_class_ladder(c0, t0, n_tokens, [](int64_t rows) {
+    const int id = cuda::sm90::w4a16_default_config(rows);
+    return std::pair<int, int32_t>{id, static_cast<int32_t>(cuda::sm90::w4a16_config(id).block_t)};
+  });
 }
 
 std::string GpuMoeLayer::routed_gemm_description(int64_t n_tokens) const {
@@ -542,12 +542,14 @@ void GpuMoeLayer::run_mlp(const GpuMlpStack& w, const __nv_bfloat16* x, int64_t 
       if (classes.size() == 1) {
         launch(classes[0], stream);
       } else {
-        // The classes write disjoint rows (different experts): the later ones on class_side_,
+        // The classes write disjoint rows (different experts): the later ones each on a side stream,
         // concurrent with the first, joined before the next GEMM reads act / out.
-        const cudaStream_t side = class_side_->fork(stream);
-        for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], side);
+        std::vector<cuda::SideStream>& sides = ws_->class_sides;
+        FP4MOE_CHECK(classes.size() <= sides.size() + 1)
+            << "GpuMoeLayer: " << classes.size() << " row classes, streams for " << sides.size() + 1;
+        for (size_t i = 1; i < classes.size(); ++i) launch(classes[i], sides[i - 1].fork(stream));
         launch(classes[0], stream);
-        class_side_->join(stream);
+        for (size_t i = 1; i < classes.size(); ++i) sides[i - 1].join(stream);
       }
       mark(gate_up ? after_gate_up : after_down, stream);
     }
@@ -640,7 +642,7 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
     h_offsets = host_offsets_.get();
   }
   // The dequantized path's weight scratch is idle on the W4A16 path: the split-K workspace, all of it,
-  // or a half each when the shared expert runs beside the routed GEMMs (shared_side_).
+  // or a half each when the shared expert runs beside the routed GEMMs (the workspace's shared_side).
   const bool overlap = has_shared_ && gemm_ == GpuExpertGemm::kNvfp4W4A16 && !dequant && !gemm_timing_;
   const SplitKSpace whole{ws_->w_scratch.bytes() > 0 ? ws_->w_scratch.as<float>() : nullptr, ws_->w_scratch.bytes()};
   const size_t half = whole.bytes / 2 / 16 * 16;
@@ -655,14 +657,14 @@ void GpuMoeLayer::forward(const __nv_bfloat16* x, int64_t n_tokens, __nv_bfloat1
             ws_->shared_out.as<__nv_bfloat16>(), gemm_events_[3].get(), gemm_events_[4].get(), on, shared_splitk);
   };
   // The shared expert reads x and shared_offsets_ (dispatch_plan): fork after it.
-  if (overlap) run_shared(shared_side_->fork(stream));
+  if (overlap) run_shared(ws_->shared_side->fork(stream));
   cuda::moe::gather_rows(x, row_token_.as<int32_t>(), R, H, ws_->xp.as<__nv_bfloat16>(), stream);
   mark(gemm_events_[0].get(), stream);
   run_mlp(routed_, ws_->xp.as<__nv_bfloat16>(), R, offsets_.as<int32_t>(), h_offsets, routed_gemm_classes(T), dequant,
           ws_->gu.as<__nv_bfloat16>(), ws_->act.as<__nv_bfloat16>(), ws_->down_out.as<__nv_bfloat16>(),
           gemm_events_[1].get(), gemm_events_[2].get(), stream, routed_splitk);
   if (overlap) {
-    shared_side_->join(stream);
+    ws_->shared_side->join(stream);
   } else if (has_shared_) {
     run_shared(stream);
   } else {

@@ -87,9 +87,21 @@ struct GpuDummyRouting {
 // after another on the model's stream and none reads them after its forward, so the layers share
 // one set (GpuMoeLayer::workspace() passed to the next layer's from_cpu / dummy): at GLM-5 widths
 // and 4352 tokens a step that is ~1.1 GB once instead of per layer. Per layer stay the small
-// routing buffers, incl. the expert offsets a step's trace copies after all layers ran.
+// routing buffers, incl. the expert offsets a step's trace copies after all layers ran. The side
+// streams of the NVFP4 layers' concurrent launches are shared the same way (one set, not 6 streams
+// a layer): each forward forks them from the caller's stream and joins them back before it returns.
 struct GpuMoeWorkspace {
   cuda::DeviceBuffer xp, act, down_out, gu, shared_act, shared_out, shared_gu, w_scratch;
+  // Row classes: class i >= 1 launches on class_sides[i - 1], forked from and joined back into the
+  // caller's stream (capturable), so that the launches overlap and each one's tail fills with the
+  // others' work instead of running one after the other.
+  std::vector<cuda::SideStream> class_sides;
+  // The shared expert (W4A16 GEMM, not the dequantized path, not under set_gemm_timing) on
+  // shared_side, concurrent with the routed GEMMs, forked after the dispatch plan and joined before
+  // the combine (capturable); the two split-K workspaces are the halves of w_scratch. At a glm5-shard
+  // decode step of batch 64 the routed GEMMs stream at ~34% of HBM, and the shared expert's ~100 us
+  // per layer fill that gap (3.71 -> 3.53 ms per step, BENCHMARKS.md 2026-12-04 fifteenth session).
+  std::optional<cuda::SideStream> shared_side;
 };
 
 // Whether new GpuMoeLayers use expert row classes: true unless FP4MOE_MOE_ROW_CLASSES is "0".
@@ -132,7 +144,7 @@ class GpuMoeLayer {
   // per layer cost a replayed glm5-shard decode step (3 MoE layers, batch 64) 3.96 vs 3.70 ms on the
   // H200 (BENCHMARKS.md 2026-12-04 thirteenth session, run 5). Set it before capturing graphs. While
   // on, the shared expert runs after the routed GEMMs on `stream` rather than beside them on
-  // shared_side_, so that each phase is its own interval between events of one stream.
+  // the workspace's shared_side, so that each phase is its own interval between events of one stream.
   struct GemmTimes {
     double routed_gate_up = 0, routed_down = 0, shared_gate_up = 0, shared_down = 0;
   };
@@ -192,14 +204,11 @@ class GpuMoeLayer {
   // rows than that config's token tile (n_tokens > block_t: a token picks an expert once), the routed
   // GEMMs launch twice, each launch skipping the other class's experts by their device-side counts
   // (W4A16GroupedGemmArgs::min/max_expert_rows; no host sync, capturable): experts with at most
-  // block_t rows on the routed config, the rest on the default config for 4 x block_t rows (64 to 256:
-  // wgmma m128n64 above a decode tile, m256n128 above a 32-row one, m128n256 above 64), the second
-  // launch on a side stream concurrent with the first (forked and joined by events: capturable). One
-  // launch otherwise.
-  struct RoutedClass {
-    int config_id = 0;
-    int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
-  };
+  // block_t rows on the routed config, the rest on a ladder of tiles (gpu_moe_row_class_ladder: each
+  // doubling of the token tile up to the default config for 4 x block_t rows, 64 to 256), every class
+  // after the first on its own side stream concurrent with the first (forked and joined by events:
+  // capturable). One launch otherwise.
+  using RoutedClass = GpuMoeRowClass;
   // The default is on; FP4MOE_MOE_ROW_CLASSES=0 in the environment turns it off for new layers (A/B).
   std::vector<RoutedClass> routed_gemm_classes(int64_t n_tokens) const;
   void set_row_classes(bool on) { row_classes_ = on; }
@@ -255,17 +264,6 @@ class GpuMoeLayer {
   };
   std::unique_ptr<cublasContext, CublasDestroy> cublas_;
   std::unique_ptr<int32_t, PinnedFree> host_offsets_;  // pinned [E + 1]
-  // Row classes (NVFP4 W4A16): the classes after the first launch on class_side_, forked from and
-  // joined back into the caller's stream (capturable), so that the launches overlap and each one's
-  // tail fills with the other's work instead of running one after the other.
-  std::optional<cuda::SideStream> class_side_;
-  // The shared expert (W4A16 GEMM, not the dequantized path, not under set_gemm_timing) on
-  // shared_side_, concurrent with the routed GEMMs, forked after the dispatch plan and joined
-  // before the combine (capturable); the two split-K workspaces are the halves of w_scratch. At a
-  // glm5-shard decode step of batch 64 the routed GEMMs stream at ~34% of HBM, and the shared
-  // expert's ~100 us per layer fill that gap (3.71 -> 3.53 ms per step, BENCHMARKS.md 2026-12-04
-  // fifteenth session).
-  std::optional<cuda::SideStream> shared_side_;
   // last_gemm_times: before the routed gate_up, after it, after the routed down, after the shared
   // gate_up, after the shared down (timing events); timed_ once a forward recorded them.
   std::unique_ptr<CUevent_st, cuda::EventDeleter> gemm_events_[5];

@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -33,6 +36,39 @@ inline int64_t gpu_moe_tokens_per_expert(int64_t n_tokens, int64_t top_k, int64_
   const int64_t rows = n_tokens * top_k;
   if (n_experts == 1) return rows <= kSharedSmallMax ? std::clamp<int64_t>(rows, 1, kSharedSmallTile) : rows;
   return std::max<int64_t>(1, (rows + n_experts - 1) / n_experts);
+}
+
+// One launch of the routed GEMMs over the experts with min_rows..max_rows rows (GpuMoeLayer's row classes).
+struct GpuMoeRowClass {
+  int config_id = 0;
+  int32_t min_rows = 0, max_rows = std::numeric_limits<int32_t>::max();
+};
+
+// The row classes of the routed GEMMs when the routed config (c0, token tile t0) is chosen for the
+// mean rows per expert and n_tokens tokens each pick an expert at most once: experts with at most t0
+// rows on c0; above, a ladder of doubling tiles, `tile(rows)` (-> {config id, token tile}: the
+// kernels' default config for that many rows) for 2 t0, 4 t0, ... while below the top tile, the top
+// tile being tile(clamp(4 t0, 64, 256)); a class only while an expert can reach it (n_tokens rows).
+// The ladder: an expert just above the mean (GLM-5 shard, batch 64: 17-30 rows over a 16-token tile)
+// runs on the 32-token tile, not the 64-token one, whose time is flat in the token count (the
+// dequantization bounds it: BENCHMARKS.md, seventeenth session, run 3). One class when n_tokens <= t0.
+// At most 4 classes: token tiles are >= 8 and the top one <= max(64, 4 t0), so 8 -> 16, 32 below 64.
+inline constexpr size_t kGpuMoeMaxRowClasses = 4;
+template <class Tile>
+std::vector<GpuMoeRowClass> gpu_moe_row_class_ladder(int c0, int32_t t0, int64_t n_tokens, Tile tile) {
+  if (n_tokens <= t0) return {GpuMoeRowClass{c0}};
+  const std::pair<int, int32_t> top = tile(std::min<int64_t>(256, std::max<int64_t>(64, 4 * int64_t{t0})));
+  if (top.second <= t0) return {GpuMoeRowClass{c0}};
+  std::vector<GpuMoeRowClass> out{GpuMoeRowClass{c0, 0, t0}};
+  int32_t below = t0;  // the largest rows the classes so far take
+  while (n_tokens > below) {
+    const std::pair<int, int32_t> next = tile(2 * int64_t{below});
+    if (next.second <= below || next.second >= top.second) break;
+    out.push_back(GpuMoeRowClass{next.first, below + 1, next.second});
+    below = next.second;
+  }
+  if (n_tokens > below) out.push_back(GpuMoeRowClass{top.first, below + 1});
+  return out;
 }
 
 // Rows per expert (the routed experts' mean, or the rows of a dense Linear / the shared expert) from

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -200,6 +201,51 @@ TEST(GpuMoePlan, UniformRoutingSplitsExpertsAboveTheMean) {
   }
   const double per_expert = static_cast<double>(tiles) / static_cast<double>(active);
   EXPECT_NEAR(per_expert, 1.433, 0.02) << "16-token tiles per active expert (Binomial(64, 1/4): 1.433)";
+}
+
+// The row-class ladder with the H200 defaults' token tiles (w4a16_default_config: 8, 16, 32, 64, 128,
+// 256 rows -> tiles 8 .. 256; ids stand in for the configs).
+TEST(GpuMoePlan, RowClassLadder) {
+  auto tile = [](int64_t rows) -> std::pair<int, int32_t> {
+    int32_t t = 8;
+    int id = 0;
+    while (t < rows && t < 256) {
+      t *= 2;
+      ++id;
+    }
+    return {id, t};
+  };
+  auto describe = [](const std::vector<GpuMoeRowClass>& cs) {
+    std::string s;
+    for (const GpuMoeRowClass& c : cs) {
+      s += std::to_string(c.config_id) + ":" + std::to_string(c.min_rows) + "-" +
+           (c.max_rows == std::numeric_limits<int32_t>::max() ? std::string("") : std::to_string(c.max_rows)) + " ";
+    }
+    return s;
+  };
+  // GLM-5 shard at batch 64 (16 rows a expert: the streaming n16 tile): 17-32 on the 32-row tile.
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(1, 16, 64, tile)), "1:0-16 2:17-32 3:33- ");
+  // No expert can pass 30 rows: no top class.
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(1, 16, 30, tile)), "1:0-16 2:17-32 ");
+  // An 8-row routed tile: 9-16 on the streaming n16 tile, then 32, then 64 (the most classes).
+  const auto eight = gpu_moe_row_class_ladder(0, 8, 64, tile);
+  EXPECT_EQ(describe(eight), "0:0-8 1:9-16 2:17-32 3:33- ");
+  EXPECT_EQ(eight.size(), kGpuMoeMaxRowClasses);
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(2, 32, 512, tile)), "2:0-32 3:33-64 4:65- ");
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(4, 128, 4096, tile)), "4:0-128 5:129- ");
+  // One class: the top tile is the routed one, or no expert can outgrow the routed tile.
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(5, 256, 4096, tile)), "5:0- ");
+  EXPECT_EQ(describe(gpu_moe_row_class_ladder(1, 16, 16, tile)), "1:0- ");
+  // Always a partition of [0, inf) into at most kGpuMoeMaxRowClasses ranges.
+  for (int32_t t0 = 8; t0 <= 256; t0 *= 2) {
+    for (int64_t n : {1, 9, 17, 33, 100, 1000, 100000}) {
+      const auto cs = gpu_moe_row_class_ladder(tile(t0).first, t0, n, tile);
+      ASSERT_LE(cs.size(), kGpuMoeMaxRowClasses) << t0 << " " << n;
+      EXPECT_EQ(cs.front().min_rows, 0);
+      for (size_t i = 1; i < cs.size(); ++i) EXPECT_EQ(cs[i].min_rows, cs[i - 1].max_rows + 1) << describe(cs);
+      EXPECT_GE(int64_t{cs.back().max_rows}, std::min<int64_t>(n, std::numeric_limits<int32_t>::max())) << describe(cs);
+    }
+  }
 }
 
 }  // namespace
