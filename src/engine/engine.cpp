@@ -281,6 +281,9 @@ struct Engine::Impl {
     std::vector<std::vector<float>> logits(plan.size());
     std::vector<int32_t> argmax(plan.size(), -1);  // model-side tokens (SeqChunk::argmax, greedy or sampled)
     std::vector<model::DeviceSampling> device_draws(plan.size());
+    // Prefill chunks that carry prompt logprobs (sampling.prompt_logprobs): the first position they
+    // forward (-1: none); their logits are all rows, [n, vocab], and the last row is the sampled one.
+    std::vector<int64_t> prompt_rows_from(plan.size(), -1);
     const bool model_argmax = model->supports_argmax();
     chunks.reserve(plan.size());
     StepInfo info;
@@ -298,13 +301,20 @@ struct Engine::Impl {
         info.n_prefill_tokens += plan[i].n_tokens;
       }
       const bool last = r->kv_length() + plan[i].n_tokens == r->n_all_tokens();
-      const bool device_draw = last && model_argmax && opt().device_sampling && r->sampling.device_samplable();
-      const bool want_argmax = (last && model_argmax && !r->sampling.needs_logits()) || device_draw;
-      if (last && !want_argmax) logits[i].resize(static_cast<size_t>(vocab));
+      const bool prompt_rows = !decode && r->wants_prompt_logits(r->kv_length(), plan[i].n_tokens);
+      const bool device_draw =
+          last && !prompt_rows && model_argmax && opt().device_sampling && r->sampling.device_samplable();
+      const bool want_argmax = !prompt_rows && ((last && model_argmax && !r->sampling.needs_logits()) || device_draw);
+      if (prompt_rows) {
+        prompt_rows_from[i] = r->kv_length();
+        logits[i].resize(static_cast<size_t>(plan[i].n_tokens * vocab));
+      } else if (last && !want_argmax) {
+        logits[i].resize(static_cast<size_t>(vocab));
+      }
       if (device_draw) device_draws[i] = r->device_sampling();
       chunks.push_back({r->kv.get(), r->tokens_from(r->kv_length(), plan[i].n_tokens),
-                        last && !want_argmax ? logits[i].data() : nullptr, false,
-                        want_argmax ? &argmax[i] : nullptr, device_draw ? &device_draws[i] : nullptr});
+                        logits[i].empty() ? nullptr : logits[i].data(), prompt_rows, want_argmax ? &argmax[i] : nullptr,
+                        device_draw ? &device_draws[i] : nullptr});
       n_tokens += plan[i].n_tokens;
     }
     model::ForwardTrace trace;
@@ -331,10 +341,16 @@ struct Engine::Impl {
     // Sample, stream, finish.
     for (size_t i = 0; i < plan.size(); ++i) {
       RequestState* r = plan[i].req;
+      const int64_t n_rows = plan[i].n_tokens;
+      if (prompt_rows_from[i] >= 0) {
+        r->on_prompt_logits(prompt_rows_from[i], n_rows, logits[i].data(), vocab);
+        if (prompt_rows_from[i] + n_rows != r->n_all_tokens()) continue;  // not the prefill's last chunk
+      }
       if (logits[i].empty() && chunks[i].argmax == nullptr) continue;
       const int64_t before = static_cast<int64_t>(r->generated.size());
+      const float* last_row = logits[i].data() + (prompt_rows_from[i] >= 0 ? (n_rows - 1) * vocab : 0);
       RequestOutput out = chunks[i].argmax != nullptr ? r->on_argmax(argmax[i], t1, eos_ids, context_length)
-                                                      : r->on_logits(logits[i].data(), t1, eos_ids, context_length);
+                                                      : r->on_logits(last_row, t1, eos_ids, context_length);
       {
         std::lock_guard<std::mutex> lock(mu);
         stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);

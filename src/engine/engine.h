@@ -145,6 +145,10 @@ struct RequestOutput {
   std::vector<GeneratedToken> tokens;
   std::string text;
   std::optional<Finish> finished;
+  // With sampling.prompt_logprobs >= 0, in the event of the first generated token: one entry per
+  // prompt token (id = the prompt token), its logprob given the tokens before it and the
+  // prompt_logprobs most likely tokens there; entry 0 has nothing before it (logprob NaN, no top).
+  std::vector<GeneratedToken> prompt_logprobs;
 };
 // Called on the inference thread; keep it short (queue the output); it may call abort().
 using OutputCallback = std::function<void(const RequestOutput&)>;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "core/error.h"
 
@@ -20,6 +21,35 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
       t_submit_(now) {
   if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
   sampler_.observe_prompt(prompt);
+  if (sampling.prompt_logprobs >= 0 && !prompt.empty()) {
+    GeneratedToken first;
+    first.id = prompt.front();
+    first.logprob = std::numeric_limits<float>::quiet_NaN();  // nothing precedes it
+    prompt_lps_.push_back(std::move(first));
+  }
+}
+
+bool RequestState::wants_prompt_logits(int64_t start, int64_t n) const {
+  // Row p of the forward holds the distribution of token p + 1; the due ones: [prompt_lp_next_, prompt size).
+  if (sampling.prompt_logprobs < 0) return false;
+  const int64_t lo = std::max(start, prompt_lp_next_ - 1);
+  const int64_t hi = std::min(start + n, static_cast<int64_t>(prompt.size()) - 1);
+  return lo < hi;
+}
+
+void RequestState::on_prompt_logits(int64_t start, int64_t n, const float* logits, int64_t vocab) {
+  for (int64_t p = std::max(start, prompt_lp_next_ - 1); p < start + n; ++p) {
+    const int64_t t = p + 1;
+    if (t >= static_cast<int64_t>(prompt.size())) break;
+    const SampleResult s =
+        logprobs_of(logits + (p - start) * vocab, vocab, prompt[static_cast<size_t>(t)], sampling.prompt_logprobs);
+    GeneratedToken g;
+    g.id = s.id;
+    g.logprob = s.logprob;
+    g.top_logprobs = s.top;
+    prompt_lps_.push_back(std::move(g));
+    prompt_lp_next_ = t + 1;
+  }
 }
 
 std::span<const TokenId> RequestState::tokens_from(int64_t start, int64_t n) const {
@@ -121,6 +151,7 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
   g.top_logprobs = s.top;
   g.time_s = token_times_s_.back();
   out.tokens.push_back(std::move(g));
+  if (generated.size() == 1 && sampling.prompt_logprobs >= 0) out.prompt_logprobs = std::move(prompt_lps_);
 
   const bool is_eos = !sampling.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), s.id) != eos_ids.end();
   const bool is_stop_id = std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), s.id) !=

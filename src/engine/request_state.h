@@ -43,6 +43,12 @@ class RequestState {
   void admitted(Clock::time_point now);
   void preempt();  // KV and blocks were freed by the engine; the next admission recomputes
 
+  // Prompt logprobs (sampling.prompt_logprobs >= 0): whether a forward of positions [start, start + n)
+  // yields logits for prompt tokens still without a logprob, and taking them from such a forward's
+  // logits ([n, vocab], all_logits). A recompute after a preemption finds them taken.
+  bool wants_prompt_logits(int64_t start, int64_t n) const;
+  void on_prompt_logits(int64_t start, int64_t n, const float* logits, int64_t vocab);
+
   // Samples from the logits of the last fed position, appends the token and builds the event
   // (token, logprobs, text). Sets finish_reason() when the request is done.
   RequestOutput on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
@@ -83,6 +89,8 @@ class RequestState {
   std::string held_;
   std::optional<RequestOutput> held_out_;  // events held back by hold(), not yet emitted
   Sampler sampler_;
+  std::vector<GeneratedToken> prompt_lps_;  // prompt logprobs so far, moved into the first token's event
+  int64_t prompt_lp_next_ = 1;              // the next prompt position whose logprob is due
   int64_t prefill_target_ = 0;
   int64_t n_preemptions_ = 0;
   std::optional<FinishReason> finish_reason_;

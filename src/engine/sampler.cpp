@@ -24,6 +24,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
   FP4MOE_CHECK(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0)
       << "presence_penalty " << presence_penalty << " must be in [-2, 2]";
   FP4MOE_CHECK(top_logprobs >= 0 && top_logprobs <= 20) << "top_logprobs " << top_logprobs << " must be in [0, 20]";
+  FP4MOE_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= 20)
+      << "prompt_logprobs " << prompt_logprobs << " must be -1 (off) or in [0, 20]";
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     FP4MOE_CHECK(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size)
         << "stop_token_ids[" << i << "] = " << stop_token_ids[i] << " is outside the vocabulary [0, " << vocab_size << ")";
@@ -198,21 +200,29 @@ SampleResult Sampler::sample(const float* logits) {
     r.id = sample_from(z.data(), vocab_, params_, next_uniform());
   }
   if (params_.logprobs || params_.top_logprobs > 0) {
-    const float mx = *std::max_element(z.begin(), z.end());
-    double sum = 0.0;
-    for (float v : z) sum += std::exp(static_cast<double>(v) - mx);
-    const double lse = mx + std::log(sum);
-    r.logprob = static_cast<float>(z[static_cast<size_t>(r.id)] - lse);
-    if (params_.top_logprobs > 0) {
-      const size_t n = std::min(static_cast<size_t>(params_.top_logprobs), static_cast<size_t>(vocab_));
-      std::vector<int32_t> order(static_cast<size_t>(vocab_));
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
-                        [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-      for (size_t i = 0; i < n; ++i) {
-        r.top.push_back({order[i], static_cast<float>(z[static_cast<size_t>(order[i])] - lse)});
-      }
-    }
+    const SampleResult lp = logprobs_of(z.data(), vocab_, r.id, params_.top_logprobs);
+    r.logprob = lp.logprob;
+    r.top = lp.top;
+  }
+  return r;
+}
+
+SampleResult logprobs_of(const float* z, int64_t vocab, TokenId id, int64_t n_top) {
+  FP4MOE_CHECK(id >= 0 && id < vocab) << "logprobs_of: token " << id << " outside the vocabulary [0, " << vocab << ")";
+  const float mx = *std::max_element(z, z + vocab);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(z[i]) - mx);
+  const double lse = mx + std::log(sum);
+  SampleResult r;
+  r.id = id;
+  r.logprob = static_cast<float>(z[id] - lse);
+  if (n_top > 0) {
+    const size_t n = std::min(static_cast<size_t>(n_top), static_cast<size_t>(vocab));
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+    for (size_t i = 0; i < n; ++i) r.top.push_back({order[i], static_cast<float>(z[order[i]] - lse)});
   }
   return r;
 }

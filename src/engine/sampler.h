@@ -43,6 +43,11 @@ struct SamplingParams {
   bool skip_special_tokens = true;   // in the streamed text
   bool logprobs = false;             // logprob of each chosen token
   int64_t top_logprobs = 0;          // >= 0: this many most likely tokens with their logprobs
+  // Prompt logprobs (vLLM's prompt_logprobs; what OpenAI echo + logprobs reports): -1 off; N in
+  // [0, 20]: each prompt token's logprob given the tokens before it, with the N most likely tokens
+  // there, delivered in the request's first event (RequestOutput::prompt_logprobs). The prefill
+  // then computes the logits of every prompt position (model::SeqChunk::all_logits).
+  int64_t prompt_logprobs = -1;
   // OpenAI logit_bias: added to the token's logit after the penalties, before temperature and the
   // truncations (bias in [-100, 100]: -100 bans a token in practice, +100 all but forces it).
   std::vector<std::pair<TokenId, float>> logit_bias;
@@ -74,6 +79,10 @@ struct SampleResult {
   float logprob = 0.0f;                  // filled when params.logprobs or top_logprobs > 0
   std::vector<TokenLogprob> top;         // params.top_logprobs entries
 };
+
+// Token `id`'s logprob under log_softmax(z) ([vocab] logits) and the n_top most likely tokens (ties:
+// the lower id first), the one definition the sampler's logprobs and the prompt logprobs share.
+SampleResult logprobs_of(const float* z, int64_t vocab, TokenId id, int64_t n_top);
 
 class Sampler {
  public:

@@ -50,18 +50,24 @@ class Channel {
 };
 
 // The choices of one HTTP request (OpenAI `n`): choice i is engine request ids[i]; its events, told
-// apart by id, accumulate in accs[i].
+// apart by id, accumulate in accs[i]. With `echo`, echo[i] is choice i's prompt text.
 struct Choices {
   std::vector<engine::RequestId> ids;
   std::vector<Accumulated> accs;
+  std::vector<std::string> echo;
+  std::vector<bool> started;
   Choices() = default;
-  explicit Choices(std::vector<engine::RequestId> request_ids) : ids(std::move(request_ids)), accs(ids.size()) {}
-  // Adds an event to its choice and returns the choice's index (-1, dropped: not one of these requests,
-  // which the channel per HTTP request rules out).
-  int64_t add(const engine::RequestOutput& out) {
+  Choices(std::vector<engine::RequestId> request_ids, std::vector<std::string> echo_texts)
+      : ids(std::move(request_ids)), accs(ids.size()), echo(std::move(echo_texts)), started(ids.size(), false) {}
+  // Adds an event to its choice (a choice's first event gets the echo in front: apply_echo) and returns
+  // the choice's index (-1, dropped: not one of these requests, which the channel per HTTP request
+  // rules out).
+  int64_t add(const ParsedRequest& req, engine::RequestOutput& out) {
     const auto it = std::find(ids.begin(), ids.end(), out.id);
     if (it == ids.end()) return -1;
     const auto i = static_cast<size_t>(it - ids.begin());
+    if (!started[i] && i < echo.size()) apply_echo(req, echo[i], out);
+    started[i] = true;
     accs[i].add(out);
     return static_cast<int64_t>(i);
   }
@@ -299,6 +305,13 @@ class RequestHandler {
     auto channel = std::make_shared<Channel>();
     const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
     std::vector<engine::RequestId> ids;
+    std::vector<std::string> echo;  // choice i's prompt text (`echo`): as sent, or the ids decoded
+    for (size_t p = 0; p < prompts.size() && req.echo; ++p) {
+      const std::optional<std::string>& sent = req.batch.empty() ? req.text : req.batch[p].text;
+      const std::string text =
+          sent ? *sent : tok.decode(prompts[p], {.skip_special_tokens = req.sampling.skip_special_tokens});
+      for (int64_t j = 0; j < req.n; ++j) echo.push_back(text);
+    }
     for (size_t p = 0; p < prompts.size(); ++p) {
       const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
       const int64_t max_new =
@@ -334,10 +347,11 @@ class RequestHandler {
     ctx.tokenizer = &tok;
 
     if (!req.stream) {
-      respond_when_done(std::move(engine), channel, std::move(ids), std::move(req), std::move(ctx), res);
+      respond_when_done(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
+                        res);
       return;
     }
-    stream(std::move(engine), channel, std::move(ids), std::move(req), std::move(ctx), res);
+    stream(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx), res);
   }
 
  private:
@@ -351,8 +365,8 @@ class RequestHandler {
   // error object as its body, since the 200 is already on the wire. The content type carries a
   // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
   void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
-                         std::vector<engine::RequestId> ids, ParsedRequest req, ResponseContext ctx,
-                         httplib::Response& res) {
+                         std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req,
+                         ResponseContext ctx, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
@@ -364,7 +378,7 @@ class RequestHandler {
     auto st = std::make_shared<State>();
     st->req = std::move(req);
     st->ctx = std::move(ctx);
-    st->choices = Choices(std::move(ids));
+    st->choices = Choices(std::move(ids), std::move(echo));
     st->last_probe = std::chrono::steady_clock::now();
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
@@ -380,7 +394,7 @@ class RequestHandler {
           }
           auto ev = channel->pop(std::chrono::duration_cast<std::chrono::milliseconds>(
               st->last_probe + kLivenessInterval - std::chrono::steady_clock::now()));
-          if (!ev || st->choices.add(*ev) < 0) return true;
+          if (!ev || st->choices.add(st->req, *ev) < 0) return true;
           if (!st->choices.all_finished()) return true;
           st->finished = true;
           std::string body;
@@ -414,7 +428,8 @@ class RequestHandler {
   // by httplib on this connection's thread after the handler returns; it waits for events and checks
   // the connection between them. Whatever ends the stream early, the releaser aborts the request.
   void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
-              std::vector<engine::RequestId> ids, ParsedRequest req, ResponseContext ctx, httplib::Response& res) {
+              std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req, ResponseContext ctx,
+              httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
@@ -427,7 +442,7 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->first.assign(ids.size(), true);
-    st->choices = Choices(std::move(ids));
+    st->choices = Choices(std::move(ids), std::move(echo));
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
     res.status = 200;
@@ -442,7 +457,7 @@ class RequestHandler {
             // waits is noticed at the first token write that fails.
             return sink.is_writable();
           }
-          const int64_t index = st->choices.add(*ev);
+          const int64_t index = st->choices.add(st->req, *ev);
           if (index < 0) return true;
           std::string out;
           switch (endpoint) {

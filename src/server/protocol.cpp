@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -232,6 +233,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       if (auto v = top.boolean("stream")) r.stream = *v;
       if (auto v = top.boolean("return_logprob")) r.return_logprob = *v;
       if (auto v = top.integer("top_logprobs_num", 0, kMaxTopLogprobs)) r.top_logprobs = *v;
+      if (auto v = top.integer("logprob_start_len", -1, std::numeric_limits<int32_t>::max()); v && *v >= 0)
+        r.logprob_start_len = *v;
       break;
     }
     case Endpoint::kCompletions: {
@@ -269,7 +272,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         r.return_logprob = true;
         r.top_logprobs = *v;
       }
-      if (auto v = top.boolean("echo"); v && *v) throw bad_request("echo", "echo = true is not supported");
+      if (auto v = top.boolean("echo")) r.echo = *v;
       if (auto v = top.string("suffix"); v && !v->empty())
         throw bad_request("suffix", "suffix (insertion) is not supported, got " + show(json(*v)));
       break;
@@ -336,6 +339,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
   }
   r.sampling.logprobs = r.return_logprob;
   r.sampling.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
+  if (r.return_logprob && (r.echo || r.logprob_start_len)) r.sampling.prompt_logprobs = r.top_logprobs;
   return r;
 }
 
@@ -350,9 +354,19 @@ int64_t default_max_new_tokens(Endpoint endpoint, int64_t prompt_tokens, int64_t
 }
 
 void Accumulated::add(const engine::RequestOutput& out) {
+  if (!out.prompt_logprobs.empty()) prompt_logprobs = out.prompt_logprobs;
   tokens.insert(tokens.end(), out.tokens.begin(), out.tokens.end());
   text += out.text;
   if (out.finished) finish = out.finished;
+}
+
+void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event) {
+  if (!req.echo) return;
+  first_event.text = prompt_text + first_event.text;
+  if (req.return_logprob) {
+    first_event.tokens.insert(first_event.tokens.begin(), first_event.prompt_logprobs.begin(),
+                              first_event.prompt_logprobs.end());
+  }
 }
 
 std::string finish_reason_string(const engine::Finish& f) { return engine::to_string(f.reason); }
@@ -427,10 +441,11 @@ json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::G
   size_t off = text_offset;
   for (const auto& t : tokens) {
     tok.push_back(token_text(ctx, t.id));
-    lps.push_back(t.logprob);
+    const bool none = std::isnan(t.logprob);  // an echoed prompt's first token: nothing precedes it
+    lps.push_back(none ? json(nullptr) : json(t.logprob));
     json top = json::object();
     for (const auto& e : t.top_logprobs) top[token_text(ctx, e.id)] = e.logprob;
-    tops.push_back(top);
+    tops.push_back(none ? json(nullptr) : top);
     offs.push_back(off);
     off += token_bytes(ctx, t.id).size();  // byte offsets into the completion text
   }
@@ -479,6 +494,20 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
     }
     meta["output_token_logprobs"] = lp;
     if (req.top_logprobs > 0) meta["output_top_logprobs"] = top;
+    if (req.logprob_start_len) {
+      // SGLang: the prompt's entries from logprob_start_len on, the first prompt token's logprob null.
+      json in_lp = json::array(), in_top = json::array();
+      for (size_t i = static_cast<size_t>(*req.logprob_start_len); i < acc.prompt_logprobs.size(); ++i) {
+        const engine::GeneratedToken& t = acc.prompt_logprobs[i];
+        const bool none = std::isnan(t.logprob);
+        in_lp.push_back(json::array({none ? json(nullptr) : json(t.logprob), t.id, nullptr}));
+        json row = json::array();
+        for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, nullptr}));
+        in_top.push_back(none ? json(nullptr) : row);
+      }
+      meta["input_token_logprobs"] = in_lp;
+      if (req.top_logprobs > 0) meta["input_top_logprobs"] = in_top;
+    }
   }
   return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
 }

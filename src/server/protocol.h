@@ -52,6 +52,13 @@ struct ParsedRequest {
   bool include_usage = false;  // OpenAI stream_options.include_usage
   bool return_logprob = false;
   int64_t top_logprobs = 0;
+  // /v1/completions `echo`: each choice's text starts with its prompt and, with logprobs, its logprobs
+  // start with the prompt tokens' (the first one null), as OpenAI / vLLM reply; lm-eval's
+  // loglikelihood requests (echo, logprobs 1, max_tokens 1) read them. See apply_echo.
+  bool echo = false;
+  // /generate (SGLang): with return_logprob, meta_info.input_token_logprobs (and input_top_logprobs)
+  // from this prompt position on; nullopt / -1: none.
+  std::optional<int64_t> logprob_start_len;
   // OpenAI `n`: choices per request, each its own engine request (with a seed, choice i samples with
   // seed + i, so the choices differ and the request reproduces). /generate takes n = 1 only.
   int64_t n = 1;
@@ -82,8 +89,14 @@ struct Accumulated {
   std::vector<engine::GeneratedToken> tokens;
   std::string text;
   std::optional<engine::Finish> finish;
+  std::vector<engine::GeneratedToken> prompt_logprobs;  // RequestOutput::prompt_logprobs, once they came
   void add(const engine::RequestOutput& out);
 };
+
+// `echo` on a choice's first event: its text starts with the prompt's text and, when the request
+// asked for logprobs, its tokens with the prompt's entries (out.prompt_logprobs, the first one
+// without a logprob, written null), so that the stream and the whole body both carry them in front.
+void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event);
 
 struct ResponseContext {
   std::string id;            // "cmpl-..." / "chatcmpl-..." / the SGLang rid

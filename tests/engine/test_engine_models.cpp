@@ -3,6 +3,8 @@
 // default model + byte-level tokenizer (round trip, specials, chat template, batch == alone).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -93,6 +95,109 @@ TEST_P(GoldenThroughEngine, GreedyIdsEqualGolden) {
     int64_t routed = 0;
     for (int64_t c : st.expert_tokens[0]) routed += c;
     EXPECT_EQ(routed, static_cast<int64_t>(st.forward_tokens_total) * e.model_config().num_experts_per_tok);
+  }
+}
+
+// Prompt logprobs (SamplingParams::prompt_logprobs) against log_softmax of the model's own all-position
+// logits (CausalLM::forward_one, computed here in double): whole, chunked and through a preemption
+// (the recompute must not report them again); only the first event carries them, the generated ids
+// are those of the same request without them.
+TEST_P(GoldenThroughEngine, PromptLogprobsMatchTheModelsLogits) {
+  const auto dir = testing::shared_path("golden/models/" + GetParam());
+  format::SafetensorsFile f(dir / "golden.safetensors");
+  const TensorView in = f.view("input_ids");
+  const int64_t n_seq = in.dim(0), S = in.dim(1);
+  std::vector<std::vector<TokenId>> prompts;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    std::vector<TokenId> p;
+    for (int64_t i = 0; i < S; ++i) p.push_back(static_cast<TokenId>(in.as<int64_t>()[s * S + i]));
+    prompts.push_back(p);
+  }
+  model::LoadOptions lo;
+  lo.progress = false;
+  constexpr int64_t kTop = 3;
+  // The reference: [prompt position t >= 1] -> (logprob of prompt[t], the kTop most likely (id, logprob)).
+  std::vector<std::vector<std::pair<double, std::vector<std::pair<TokenId, double>>>>> want(prompts.size());
+  {
+    auto lm = model::load_model(dir, lo);
+    const int64_t V = lm->vocab_size();
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      auto state = lm->new_state();
+      const std::vector<float> logits = lm->forward_one(*state, prompts[s], /*all_logits=*/true);
+      for (size_t t = 1; t < prompts[s].size(); ++t) {
+        const float* z = logits.data() + (t - 1) * static_cast<size_t>(V);
+        double mx = z[0], sum = 0.0;
+        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+        const double lse = mx + std::log(sum);
+        std::vector<std::pair<TokenId, double>> all;
+        for (int64_t v = 0; v < V; ++v) all.push_back({static_cast<TokenId>(v), z[v] - lse});
+        std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+        all.resize(kTop + 1);  // one past the top: ties at its end are told apart
+        want[s].push_back({z[prompts[s][t]] - lse, all});
+      }
+    }
+  }
+  std::vector<EngineOptions> setups(4);
+  setups[1].chunked_prefill_size = 5;
+  setups[1].max_prefill_tokens = 7;
+  setups[2].max_total_tokens = 40;  // as in GreedyIdsEqualGolden: the newer request is preempted
+  setups[2].page_size = 4;
+  setups[3] = setups[2];  // and chunked: a preemption can catch the newer request mid-prefill
+  setups[3].chunked_prefill_size = 3;
+  setups[3].max_prefill_tokens = 3;
+  for (size_t k = 0; k < setups.size(); ++k) {
+    SCOPED_TRACE("setup " + std::to_string(k));
+    std::vector<std::vector<TokenId>> plain_ids(prompts.size());
+    {
+      Engine e(setups[k], model::load_model(dir, lo), nullptr);
+      Outputs run;
+      const auto ids = submit_all(e, run, prompts, greedy(8));
+      e.run_until_idle();
+      for (size_t s = 0; s < prompts.size(); ++s) plain_ids[s] = run.ids[ids[s]];
+    }
+    Engine e(setups[k], model::load_model(dir, lo), nullptr);
+    SamplingParams sp = greedy(8);
+    sp.prompt_logprobs = kTop;
+    std::map<RequestId, std::vector<GeneratedToken>> got;
+    std::map<RequestId, int> events_with;
+    std::map<RequestId, std::vector<TokenId>> gen;
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) {
+      SubmitResult r = e.submit({p, sp}, [&](const RequestOutput& out) {
+        for (const auto& t : out.tokens) gen[out.id].push_back(t.id);
+        if (out.prompt_logprobs.empty()) return;
+        EXPECT_FALSE(out.tokens.empty()) << "prompt logprobs come with the first token";
+        ++events_with[out.id];
+        got[out.id] = out.prompt_logprobs;
+      });
+      ASSERT_TRUE(r.ok());
+      ids.push_back(r.id);
+    }
+    e.run_until_idle();
+    if (k >= 2) EXPECT_GT(e.stats().preemptions_total, 0u);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SCOPED_TRACE("sequence " + std::to_string(s));
+      EXPECT_EQ(events_with[ids[s]], 1);
+      EXPECT_EQ(gen[ids[s]], plain_ids[s]);
+      const std::vector<GeneratedToken>& lp = got[ids[s]];
+      ASSERT_EQ(lp.size(), prompts[s].size());
+      EXPECT_EQ(lp[0].id, prompts[s][0]);
+      EXPECT_TRUE(std::isnan(lp[0].logprob));
+      EXPECT_TRUE(lp[0].top_logprobs.empty());
+      for (size_t t = 1; t < lp.size(); ++t) {
+        EXPECT_EQ(lp[t].id, prompts[s][t]);
+        EXPECT_NEAR(lp[t].logprob, want[s][t - 1].first, 1e-4) << "position " << t;
+        ASSERT_EQ(lp[t].top_logprobs.size(), static_cast<size_t>(kTop));
+        for (int64_t j = 0; j < kTop; ++j) {
+          EXPECT_NEAR(lp[t].top_logprobs[j].logprob, want[s][t - 1].second[j].second, 1e-4);
+          // The ids agree unless a neighbour's logprob ties with this one within the tolerance.
+          const auto& w = want[s][t - 1].second;
+          if ((j == 0 || w[j - 1].second - w[j].second > 1e-3) && w[j].second - w[j + 1].second > 1e-3)
+            EXPECT_EQ(lp[t].top_logprobs[j].id, want[s][t - 1].second[j].first) << "position " << t << " top " << j;
+        }
+      }
+    }
   }
 }
 

@@ -239,6 +239,24 @@ TEST(Sampler, Logprobs) {
   }
 }
 
+// logprobs_of (the prompt logprobs' definition): any token's logprob, ties in the top list by the lower
+// id, an id outside the vocabulary named.
+TEST(Sampler, LogprobsOfAnyToken) {
+  const int64_t V = 30;
+  auto z = random_logits(V, testing::test_seed() + 5);
+  z[7] = z[21] = 50.0f;  // a tie at the top
+  const auto lp = softmax(z, 1.0);
+  const SampleResult r = logprobs_of(z.data(), V, 3, 2);
+  EXPECT_EQ(r.id, 3);
+  EXPECT_NEAR(r.logprob, std::log(lp[3]), 1e-5);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].id, 7);
+  EXPECT_EQ(r.top[1].id, 21);
+  EXPECT_NEAR(r.top[1].logprob, std::log(lp[21]), 1e-5);
+  EXPECT_TRUE(logprobs_of(z.data(), V, 0, 0).top.empty());
+  EXPECT_THROW(logprobs_of(z.data(), V, static_cast<TokenId>(V), 0), Error);
+}
+
 // logit_bias is added after the penalties: -100 removes the argmax from a greedy draw, +100 forces a
 // token, and the sampled distribution moves by exp(bias) for a small bias. It needs the logits (no
 // argmax-only step, no device draw).
@@ -282,6 +300,11 @@ TEST(Sampler, ValidateNamesTheField) {
   EXPECT_THROW(p.validate(10), Error);
   p = {};
   p.max_new_tokens = 0;
+  EXPECT_THROW(p.validate(10), Error);
+  p = {};
+  p.prompt_logprobs = 21;
+  EXPECT_THROW(p.validate(10), Error);
+  p.prompt_logprobs = -2;
   EXPECT_THROW(p.validate(10), Error);
 }
 

@@ -654,6 +654,96 @@ TEST_F(DefaultServer, BatchOfPromptsWithNChoices) {
                "prompt");
 }
 
+// echo as lm-eval's loglikelihood requests send it (echo, logprobs 1, max_tokens 1): the text is the
+// prompt followed by the completion, the logprobs cover the prompt (the first token's null) and then
+// the generated token, with the values /generate's input_token_logprobs reports for the same ids;
+// streamed, the first chunk carries the prompt.
+TEST_F(DefaultServer, EchoWithPromptLogprobs) {
+  HttpClient c(srv_->url(), kTimeout);
+  const std::string prompt = "The quick brown fox";
+  json body = {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}, {"ignore_eos", true}};
+  auto plain = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json pj = parse(plain.body);
+  body["echo"] = true;
+  auto r = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse(r.body);
+  const json& ch = j["choices"][0];
+  EXPECT_EQ(ch["text"], prompt + pj["choices"][0]["text"].get<std::string>());
+  const int64_t n_prompt = j["usage"]["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(j["usage"]["completion_tokens"], 1);
+  const json& lp = ch["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n_prompt + 1)) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(n_prompt + 1));
+  ASSERT_EQ(lp["top_logprobs"].size(), static_cast<size_t>(n_prompt + 1));
+  ASSERT_EQ(lp["text_offset"].size(), static_cast<size_t>(n_prompt + 1));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (int64_t i = 1; i <= n_prompt; ++i) {
+    ASSERT_TRUE(lp["token_logprobs"][i].is_number()) << i;
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_GE(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>());
+  }
+  EXPECT_NEAR(lp["token_logprobs"][n_prompt].get<double>(),
+              pj["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), 1e-5);
+
+  // Token ids: the echo is the ids decoded; the prompt logprobs equal /generate's input_token_logprobs.
+  const std::vector<int> ids = {84, 104, 101, 32, 113, 117, 105, 99, 107};  // "The quick" as bytes
+  auto ri = c.post(
+      "/v1/completions",
+      json{
+          {"prompt", ids}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", 0}, {"echo", true}, {"ignore_eos", true}}
+          .dump());
+  ASSERT_EQ(ri.status, 200) << ri.body;
+  const json ij = parse(ri.body);
+  EXPECT_EQ(ij["choices"][0]["text"].get<std::string>().rfind("The quick", 0), 0u) << ri.body;
+  const json& ilp = ij["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(ilp.size(), ids.size() + 2);
+  auto g = c.post("/generate", json{{"input_ids", ids},
+                                    {"sampling_params", {{"max_new_tokens", 2}, {"temperature", 0}}},
+                                    {"return_logprob", true},
+                                    {"logprob_start_len", 0},
+                                    {"top_logprobs_num", 2}}
+                                   .dump());
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json meta = parse(g.body)["meta_info"];
+  ASSERT_EQ(meta["input_token_logprobs"].size(), ids.size()) << meta.dump();
+  ASSERT_EQ(meta["input_top_logprobs"].size(), ids.size());
+  EXPECT_TRUE(meta["input_token_logprobs"][0][0].is_null());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(meta["input_token_logprobs"][i][1], ids[i]);
+    if (i == 0) continue;
+    EXPECT_NEAR(meta["input_token_logprobs"][i][0].get<double>(), ilp[i].get<double>(), 1e-5) << i;
+    EXPECT_EQ(meta["input_top_logprobs"][i].size(), 2u);
+  }
+  auto g2 = c.post("/generate", json{{"input_ids", ids},
+                                     {"sampling_params", {{"max_new_tokens", 1}}},
+                                     {"return_logprob", true},
+                                     {"logprob_start_len", 5}}
+                                    .dump());
+  ASSERT_EQ(g2.status, 200) << g2.body;
+  EXPECT_EQ(parse(g2.body)["meta_info"]["input_token_logprobs"].size(), ids.size() - 5);
+
+  // Streamed: the first chunk starts with the prompt, the text and the tokens are the whole reply's.
+  body["stream"] = true;
+  int status = 0;
+  bool done = false;
+  const auto chunks = sse_chunks(c, "/v1/completions", body, &status, &done);
+  ASSERT_EQ(status, 200);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks[0]["choices"][0]["text"].get<std::string>().rfind(prompt, 0), 0u) << chunks[0].dump();
+  std::string text;
+  size_t n_tokens = 0;
+  for (const json& k : chunks) {
+    text += k["choices"][0]["text"].get<std::string>();
+    n_tokens += k["choices"][0]["logprobs"]["tokens"].size();
+  }
+  EXPECT_EQ(text, ch["text"].get<std::string>());
+  EXPECT_EQ(n_tokens, static_cast<size_t>(n_prompt + 1));
+}
+
 // logit_bias reaches the sampler: +100 on one token makes every greedy and sampled step pick it, -100
 // on the unbiased greedy token keeps it out; unsupported OpenAI fields are refused by name.
 TEST_F(DefaultServer, LogitBiasAndRefusedFields) {

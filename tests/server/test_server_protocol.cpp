@@ -2,6 +2,8 @@
 // max_new_tokens defaults, error bodies, response shapes and the Prometheus rendering.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "server/metrics.h"
@@ -109,7 +111,8 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 65}}, "n", "65");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"top_logprobs_num", 21}}, "top_logprobs_num", "21");
   expect_bad(Endpoint::kCompletions, json{{"prompt", 5}}, "prompt", "5");
-  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"echo", true}}, "echo", "echo");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"echo", 3}}, "echo", "echo");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"logprob_start_len", -2}}, "logprob_start_len", "-2");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"stream", "yes"}}, "stream", "\"yes\"");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"presence_penalty", 3}}, "presence_penalty", "3");
   expect_bad(Endpoint::kChat, json{{"messages", json::array()}}, "messages", "non-empty");
@@ -208,6 +211,54 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   EXPECT_EQ(chat_chunk(req3, ctx, out, true, 1)["choices"][0]["index"], 1);
   // Invalid UTF-8 never throws out of dump_json.
   EXPECT_NO_THROW(dump_json(json{{"t", std::string("\xff\xfe")}}));
+}
+
+// echo / logprob_start_len turn on the engine's prompt logprobs only with logprobs asked for; the
+// echoed event starts with the prompt's text and entries, the first entry's logprob written null.
+TEST(ServerProtocol, EchoAndPromptLogprobs) {
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"echo", true}}).sampling.prompt_logprobs, -1);
+  const ParsedRequest req =
+      parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"echo", true}, {"logprobs", 2}});
+  EXPECT_TRUE(req.echo);
+  EXPECT_EQ(req.sampling.prompt_logprobs, 2);
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"logprobs", 2}}).sampling.prompt_logprobs, -1);
+  EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"logprob_start_len", 0}}).sampling.prompt_logprobs,
+            -1);
+  const ParsedRequest gen =
+      parse_request(Endpoint::kGenerate,
+                    json{{"text", "x"}, {"return_logprob", true}, {"logprob_start_len", 1}, {"top_logprobs_num", 1}});
+  EXPECT_EQ(gen.sampling.prompt_logprobs, 1);
+  EXPECT_FALSE(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"logprob_start_len", -1}}).logprob_start_len);
+
+  fp4moe::engine::RequestOutput out;
+  out.tokens.push_back({.id = 9, .logprob = -0.5f});
+  out.text = "!";
+  out.prompt_logprobs.push_back({.id = 3, .logprob = std::numeric_limits<float>::quiet_NaN()});
+  out.prompt_logprobs.push_back({.id = 4, .logprob = -1.25f, .top_logprobs = {{4, -1.25f}, {5, -2.0f}}});
+  fp4moe::engine::RequestOutput plain = out;
+  apply_echo(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}}), "ab", plain);  // no echo: untouched
+  EXPECT_EQ(plain.text, "!");
+  EXPECT_EQ(plain.tokens.size(), 1u);
+  apply_echo(req, "ab", out);
+  EXPECT_EQ(out.text, "ab!");
+  ASSERT_EQ(out.tokens.size(), 3u);
+  out.finished = fp4moe::engine::Finish{};
+  Accumulated acc;
+  acc.add(out);
+  const ResponseContext ctx{"cmpl-1", "m", 1, 2, nullptr};
+  const json lp = completion_response(req, ctx, acc)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["token_logprobs"], json({nullptr, -1.25, -0.5}));
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["top_logprobs"][1].size(), 1u);  // both ids print as "" without a tokenizer: one key
+  // /generate: input_token_logprobs from logprob_start_len on.
+  Accumulated gacc;
+  fp4moe::engine::RequestOutput gout = out;
+  gout.tokens = {out.tokens.back()};
+  gacc.add(gout);
+  const json meta = generate_response(gen, ctx, gacc)["meta_info"];
+  EXPECT_EQ(meta["input_token_logprobs"], json::array({json::array({-1.25, 4, nullptr})}));
+  EXPECT_EQ(meta["input_top_logprobs"],
+            json::array({json::array({json::array({-1.25, 4, nullptr}), json::array({-2.0, 5, nullptr})})}));
 }
 
 TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
