@@ -726,6 +726,17 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
   ASSERT_EQ(g2.status, 200) << g2.body;
   EXPECT_EQ(parse(g2.body)["meta_info"]["input_token_logprobs"].size(), ids.size() - 5);
 
+  // A batch of prompts with n = 2: choice p n + j echoes prompt p.
+  auto rb =
+      c.post("/v1/completions",
+             json{{"prompt", {"ab", "xyz"}}, {"n", 2}, {"max_tokens", 1}, {"echo", true}, {"ignore_eos", true}}.dump());
+  ASSERT_EQ(rb.status, 200) << rb.body;
+  const json bj = parse(rb.body);
+  ASSERT_EQ(bj["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(bj["choices"][i]["text"].get<std::string>().rfind(i < 2 ? "ab" : "xyz", 0), 0u) << bj.dump();
+  }
+
   // Streamed: the first chunk starts with the prompt, the text and the tokens are the whole reply's.
   body["stream"] = true;
   int status = 0;
