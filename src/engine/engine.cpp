@@ -65,6 +65,8 @@ void EngineOptions::validate() const {
       << "num_continuous_decode_steps " << num_continuous_decode_steps << " must be >= 1";
   FP4MOE_CHECK(max_queued_requests >= 1) << "max_queued_requests " << max_queued_requests << " must be >= 1";
   FP4MOE_CHECK(context_length >= 0) << "context_length " << context_length << " must be >= 0 (0 = the model's)";
+  FP4MOE_CHECK(max_prompt_logits_bytes >= 1)
+      << "max_prompt_logits_bytes " << max_prompt_logits_bytes << " must be >= 1";
 }
 
 Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
@@ -217,6 +219,17 @@ struct Engine::Impl {
 
   // One step: schedule (admit unless `continuous`), forward, sample, stream. Returns false when
   // nothing ran.
+  // A request's next prefill chunk: its remaining prefill within the chunk cap and the step's budget,
+  // and, while it computes prompt logprobs, within max_prompt_logits_bytes of logits.
+  int64_t prefill_chunk(const RequestState& r, int64_t chunk_cap, int64_t budget) const {
+    int64_t n = std::min({r.remaining_prefill(), chunk_cap, budget});
+    if (n > 0 && r.wants_prompt_logits(r.kv_length(), n)) {
+      const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(float));
+      n = std::min(n, std::max<int64_t>(1, opt().max_prompt_logits_bytes / row_bytes));
+    }
+    return n;
+  }
+
   bool run_step(bool continuous, int64_t* n_decode_out) {
     const auto t_step = Clock::now();
     take_pending_and_aborts();
@@ -231,7 +244,7 @@ struct Engine::Impl {
       RequestState* r = running[i].get();
       if (r->in_prefill()) {
         if (continuous) continue;
-        const int64_t n = std::min({r->remaining_prefill(), chunk_cap, prefill_budget});
+        const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
         if (n <= 0) continue;
         prefill_budget -= n;
         plan.push_back({r, n});
@@ -261,7 +274,7 @@ struct Engine::Impl {
         if (!blocks.reserve(r->blocks, r->n_all_tokens() + 1)) break;
         r->kv = model->new_state();
         r->admitted(Clock::now());
-        const int64_t n = std::min({r->remaining_prefill(), chunk_cap, prefill_budget});
+        const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
         prefill_budget -= n;
         plan.push_back({r, n});
         if (!r->counted_prompt) {

@@ -88,6 +88,10 @@ struct EngineOptions {
   // instead of a vocab-wide f32 row per request crosses PCIe); false: every sampled request's logits
   // come to the host (engine::Sampler). Penalties and logprobs always sample on the host.
   bool device_sampling = true;
+  // A prefill chunk that computes prompt logprobs (SamplingParams::prompt_logprobs) copies its logits,
+  // [tokens, vocab] f32, to the host: its tokens are capped to keep that within these bytes (at least
+  // one token a chunk): 256 MiB is 433 tokens at GLM-5's vocabulary of 154,880.
+  int64_t max_prompt_logits_bytes = int64_t{256} << 20;
   std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
 
   void validate() const;  // fails naming the field and its value

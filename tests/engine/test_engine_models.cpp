@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "core/error.h"
 #include "engine/chat_template.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
@@ -202,6 +203,42 @@ TEST_P(GoldenThroughEngine, PromptLogprobsMatchTheModelsLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenThroughEngine, ::testing::Values("glm5_tiny", "glm4_moe_tiny"));
+
+// max_prompt_logits_bytes caps the prefill chunks that compute prompt logprobs (3 rows of the default
+// model's 272-entry vocabulary here) and only those; the logprobs are those of the uncapped engine.
+TEST(DefaultModel, PromptLogprobChunksStayWithinTheLogitsBudget) {
+  auto tok = make_default_tokenizer();
+  const std::vector<TokenId> prompt = tok->encode("1 2 3 4 5 6 7 8 9 10");
+  ASSERT_GT(prompt.size(), 12u);
+  SamplingParams sp = greedy(2);
+  sp.prompt_logprobs = 1;
+  auto run = [&](int64_t budget_bytes, std::vector<int64_t>* prefill_steps) {
+    EngineOptions o;
+    o.max_prompt_logits_bytes = budget_bytes;
+    o.step_observer = [prefill_steps](const StepInfo& info) {
+      if (info.n_prefill_tokens > 0) prefill_steps->push_back(info.n_prefill_tokens);
+    };
+    Engine e(o, make_default_model(0), tok);
+    std::vector<GeneratedToken> lps;
+    EXPECT_TRUE(e.submit({prompt, sp}, [&](const RequestOutput& out) {
+                   if (!out.prompt_logprobs.empty()) lps = out.prompt_logprobs;
+                 }).ok());
+    e.run_until_idle();
+    return lps;
+  };
+  std::vector<int64_t> capped_steps, whole_steps;
+  const auto capped = run(3 * 272 * 4, &capped_steps);
+  const auto whole = run(EngineOptions{}.max_prompt_logits_bytes, &whole_steps);
+  EXPECT_EQ(whole_steps, std::vector<int64_t>{static_cast<int64_t>(prompt.size())});
+  ASSERT_EQ(capped_steps.size(), (prompt.size() - 1 + 2) / 3) << "chunks of 3, the last prompt token's logits unneeded";
+  for (int64_t n : capped_steps) EXPECT_LE(n, 3);
+  ASSERT_EQ(capped.size(), prompt.size());
+  ASSERT_EQ(whole.size(), prompt.size());
+  for (size_t t = 1; t < prompt.size(); ++t) EXPECT_NEAR(capped[t].logprob, whole[t].logprob, 1e-5) << t;
+  EngineOptions bad;
+  bad.max_prompt_logits_bytes = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
 
 TEST(DefaultModel, TokenizerIsByteLevelWithSpecials) {
   auto tok = make_default_tokenizer();
