@@ -38,7 +38,8 @@ void parse_url(const std::string& url, std::string* host, int* port) {
   FP4MOE_CHECK(!host->empty()) << "URL \"" << url << "\" has no host";
 }
 
-void configure(httplib::Client& c, double timeout_s) {
+void configure(httplib::Client& c, double timeout_s, const std::string& bearer) {
+  if (!bearer.empty()) c.set_bearer_token_auth(bearer);
   const auto sec = static_cast<time_t>(std::floor(timeout_s));
   const auto usec = static_cast<time_t>((timeout_s - static_cast<double>(sec)) * 1e6);
   c.set_connection_timeout(sec, usec);
@@ -77,14 +78,14 @@ HttpClient::~HttpClient() = default;
 
 HttpResponse HttpClient::get(const std::string& path) {
   httplib::Client c(host_, port_);
-  configure(c, timeout_s_);
+  configure(c, timeout_s_, bearer_);
   auto r = c.Get(path);
   return from_result(r);
 }
 
 HttpResponse HttpClient::post(const std::string& path, const std::string& body, const std::string& content_type) {
   httplib::Client c(host_, port_);
-  configure(c, timeout_s_);
+  configure(c, timeout_s_, bearer_);
   auto r = c.Post(path, body, content_type);
   return from_result(r);
 }
@@ -92,7 +93,7 @@ HttpResponse HttpClient::post(const std::string& path, const std::string& body, 
 HttpResponse HttpClient::post_sse(const std::string& path, const std::string& body,
                                   const std::function<bool(std::string_view)>& on_data) {
   httplib::Client c(host_, port_);
-  configure(c, timeout_s_);
+  configure(c, timeout_s_, bearer_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   HttpResponse out;
   std::string pending;  // bytes of an event not yet terminated by a blank line

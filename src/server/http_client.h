@@ -42,6 +42,9 @@ class HttpClient {
   HttpResponse post_sse(const std::string& path, const std::string& body,
                         const std::function<bool(std::string_view data)>& on_data);
 
+  // Sends `Authorization: Bearer <token>` with every request from now on (a server's --api-key).
+  void set_bearer_token(std::string token) { bearer_ = std::move(token); }
+
   const std::string& host() const { return host_; }
   int port() const { return port_; }
 
@@ -49,6 +52,7 @@ class HttpClient {
   std::string host_;
   int port_ = 0;
   double timeout_s_;
+  std::string bearer_;
 };
 
 }  // namespace fp4moe::server

@@ -585,7 +585,40 @@ void HttpServer::count_error(int status) {
   ++counters_.errors_by_status[status];
 }
 
+namespace {
+
+// The request carries `Authorization: Bearer <key>` (compared in time independent of where it differs).
+bool bearer_matches(const httplib::Request& req, const std::string& key) {
+  const std::string got = req.get_header_value("Authorization");
+  const std::string want = "Bearer " + key;
+  if (got.size() != want.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) diff |= static_cast<unsigned char>(got[i] ^ want[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
 void HttpServer::install_routes() {
+  if (!options_.api_key.empty()) {
+    http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics") {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      if (bearer_matches(req, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+      ApiError e;
+      e.status = 401;
+      e.type = "authentication_error";
+      e.message = req.has_header("Authorization")
+                      ? "the Authorization header does not carry this server's API key (--api-key)"
+                      : "this server wants an API key: send the header Authorization: Bearer <key> (--api-key)";
+      count_error(e.status);
+      res.status = e.status;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content(dump_json(e.to_json()), "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Every handler: count it as active, turn ApiError into its JSON reply and anything else into a 500
   // that says it is a bug (with the exception's text).
   auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {

@@ -52,6 +52,9 @@ struct ServerOptions {
   nlohmann::json launch_args = nlohmann::json::object();  // reported by /get_server_info
   double health_probe_timeout_s = 20.0;
   int retry_after_s = 1;             // Retry-After of 503 replies
+  // Non-empty: every route but /health, /health_generate and /metrics (probes and scrapers, as SGLang
+  // exempts them) wants `Authorization: Bearer <api_key>`; otherwise a 401 naming the header.
+  std::string api_key;
 };
 
 class HttpServer {

@@ -37,7 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct AnalyzeArgs {
-  std::string metrics_file, url, model_dir, weights = "auto";
+  std::string metrics_file, url, model_dir, weights = "auto", api_key;
   Roofline roofline;
   int64_t max_running_requests = 0;
   double timeout_s = 30;
@@ -60,11 +60,14 @@ void run_analyze(AnalyzeArgs a) {
   std::string model_path;  // from the server, when it says
   if (!a.url.empty()) {
     server::HttpClient client(a.url, a.timeout_s);
+    client.set_bearer_token(a.api_key);
     const server::HttpResponse r = client.get("/metrics");
     FP4MOE_CHECK(r.status == 200) << "GET " << a.url << "/metrics: status " << r.status
                                   << (r.error.empty() ? "" : " (" + r.error + ")");
     text = r.body;
     const server::HttpResponse info = client.get("/get_server_info");
+    FP4MOE_CHECK(info.status != 401) << "GET " << a.url
+                                     << "/get_server_info: 401, the server wants its API key: pass --api-key";
     if (info.status == 200) {
       const nlohmann::json j = nlohmann::json::parse(info.body, nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.contains("model_path") && j["model_path"].is_string()) model_path = j["model_path"];
@@ -124,6 +127,7 @@ void register_analyze_command(CLI::App& app) {
   cmd->add_option("--max-running-requests", a->max_running_requests,
                   "The server's current value, for the what-if rows (default: from /get_server_info with --url)");
   cmd->add_option("--timeout", a->timeout_s, "HTTP timeout in seconds (default 30)");
+  cmd->add_option("--api-key", a->api_key, "The server's --api-key (sent as Authorization: Bearer)");
   cmd->add_flag("--json", a->json_out, "Print JSON (schema fp4moe.analyze.v1) instead of tables");
   cmd->callback([a] { run_analyze(*a); });
 }

@@ -46,6 +46,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
   std::string url = "http://127.0.0.1:30000";
+  std::string api_key;  // the server's --api-key
   int64_t num_prompts = 64;
   std::string max_concurrency;  // "N" or "N1,N2,..."; empty = num_prompts
   int64_t input_len = 128;
@@ -154,6 +155,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   }
   body["stream"] = true;
   server::HttpClient client(url, timeout_s);
+  client.set_bearer_token(a.api_key);
   const auto t0 = Clock::now();
   auto last = t0;
   int64_t tokens = 0;
@@ -344,6 +346,7 @@ void run_bench(const BenchArgs& a) {
                                           ? std::vector<int64_t>{a.num_prompts}
                                           : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
   server::HttpClient client(a.url, 30);
+  client.set_bearer_token(a.api_key);
   auto info = client.get("/get_server_info");
   FP4MOE_CHECK(info.status == 200) << a.url << "/get_server_info answered " << info.status << " " << info.error << " "
                                    << info.body.substr(0, 300);
@@ -391,6 +394,7 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
+  cmd->add_option("--api-key", a->api_key, "The server's --api-key (sent as Authorization: Bearer)");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "top_p of sampled requests (default 1)");
   cmd->add_option("--top-k", a->top_k, "top_k of sampled requests (default -1: off)");

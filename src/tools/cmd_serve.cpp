@@ -48,6 +48,7 @@ struct ServeArgs {
   std::string model_dir;
   std::string tokenizer_path;
   std::string served_model_name;
+  std::string api_key;
   std::string host = "127.0.0.1";
   int port = 30000;
   DeviceArgs device;
@@ -113,7 +114,8 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"load_format", a.load_format},
           {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
-          {"http_threads", a.http_threads}};
+          {"http_threads", a.http_threads},
+          {"api_key", a.api_key.empty() ? "" : "(set)"}};  // never the key itself
 }
 
 void run_serve(ServeArgs a) {
@@ -142,6 +144,7 @@ void run_serve(ServeArgs a) {
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
   so.launch_args = launch_args(a);
+  so.api_key = a.api_key;
   server::HttpServer http(so);
   http.bind();
   http.start();
@@ -206,6 +209,8 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--model,--model-path", a->model_dir, "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; then --tokenizer-path); default: the embedded synthetic GLM-5 model");
   cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
+  cmd->add_option("--api-key", a->api_key,
+                  "Clients must send Authorization: Bearer <key> (all routes but /health, /health_generate, /metrics)");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
   add_device_options(*cmd, a->device);

@@ -922,6 +922,49 @@ TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
   EXPECT_EQ(final_ids.size(), 60u);  // the running request finished
 }
 
+// --api-key: every route but the probes and /metrics wants the Bearer key (401 naming the header
+// otherwise, counted in /metrics), /get_server_info never shows the key, and bench-serving / analyze
+// send it with their --api-key.
+TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
+  const std::string key = "s3cret-key";
+  ServerProcess srv(FP4MOE_CLI, {"--api-key", key});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient open(srv.url(), kTimeout), wrong(srv.url(), kTimeout), keyed(srv.url(), kTimeout);
+  wrong.set_bearer_token("not-it");
+  keyed.set_bearer_token(key);
+  const json body = {{"prompt", "hi"}, {"max_tokens", 2}};
+  for (HttpClient* c : {&open, &wrong}) {
+    for (const auto& r : {c->get("/v1/models"), c->get("/get_server_info"), c->post("/v1/completions", body.dump()),
+                          c->post("/generate", json{{"text", "hi"}}.dump())}) {
+      EXPECT_EQ(r.status, 401) << r.body;
+      const json j = parse(r.body);
+      EXPECT_EQ(j["error"]["type"], "authentication_error");
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("--api-key"), std::string::npos) << r.body;
+      EXPECT_EQ(r.header("WWW-Authenticate"), "Bearer");
+    }
+  }
+  EXPECT_EQ(open.get("/health").status, 200);
+  EXPECT_EQ(open.get("/health_generate").status, 200);
+  EXPECT_EQ(open.get("/metrics").status, 200);
+  EXPECT_EQ(keyed.post("/v1/completions", body.dump()).status, 200);
+  const auto info = keyed.get("/get_server_info");
+  ASSERT_EQ(info.status, 200);
+  EXPECT_EQ(info.body.find(key), std::string::npos) << "the key leaks: " << info.body;
+  EXPECT_EQ(parse(info.body)["api_key"], "(set)");
+  EXPECT_GE(metric(srv.url(), "fp4moe:http_errors_total{code=\"401\"}"), 8.0);
+
+  std::string text;
+  const std::string bench =
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 2 --input-len 8 --output-len 2";
+  EXPECT_NE(fp4moe::testing::run_command(bench, &text), 0) << text;
+  EXPECT_NE(text.find("401"), std::string::npos) << text;
+  EXPECT_EQ(fp4moe::testing::run_command(bench + " --api-key " + key, &text), 0) << text;
+  const std::string analyze = std::string(FP4MOE_CLI) + " analyze --url " + srv.url();
+  EXPECT_NE(fp4moe::testing::run_command(analyze, &text), 0) << text;
+  EXPECT_NE(text.find("--api-key"), std::string::npos) << text;
+  EXPECT_EQ(fp4moe::testing::run_command(analyze + " --api-key " + key, &text), 0) << text;
+}
+
 TEST(ServerE2E, BenchServingReportsAndPlots) {
   ServerProcess srv(FP4MOE_CLI, {});
   ASSERT_TRUE(srv.wait_ready(60));
