@@ -18,6 +18,7 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
       callback_(std::move(callback)),
       tokenizer_(tokenizer),
       sampler_(sampling, vocab, seed),
+      vocab_(vocab),
       t_submit_(now) {
   if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
   sampler_.observe_prompt(prompt);
@@ -72,12 +73,12 @@ namespace {
 double secs(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
-bool RequestState::stream_text(const std::string& piece, std::string& out) {
+bool RequestState::stream_text(const std::string& piece, std::string& out, bool match) {
   held_ += piece;
   size_t best = std::string::npos;
   const std::string* which = nullptr;
   for (const std::string& s : sampling.stop) {
-    const size_t p = held_.find(s);
+    const size_t p = match ? held_.find(s) : std::string::npos;
     if (p != std::string::npos && (best == std::string::npos || p < best)) {
       best = p;
       which = &s;
@@ -114,6 +115,18 @@ void RequestState::flush_text(std::string& out) {
 
 RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                                       int64_t context_length) {
+  if (static_cast<int64_t>(generated.size()) < sampling.min_new_tokens) {
+    // min_new_tokens: the tokens that would end the request cannot be drawn yet.
+    std::vector<float> z(logits, logits + vocab_);
+    const float ban = -std::numeric_limits<float>::infinity();
+    for (TokenId t : sampling.stop_token_ids) z[static_cast<size_t>(t)] = ban;
+    if (!sampling.ignore_eos) {
+      for (TokenId t : eos_ids) {
+        if (t >= 0 && t < vocab_) z[static_cast<size_t>(t)] = ban;
+      }
+    }
+    return on_sampled(sampler_.sample(z.data()), now, eos_ids, context_length);
+  }
   return on_sampled(sampler_.sample(logits), now, eos_ids, context_length);
 }
 
@@ -161,7 +174,8 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     finish_reason_ = FinishReason::kStop;
     return out;  // the stop token adds no text
   }
-  if (detok_ && stream_text(detok_->push(s.id), out.text)) {
+  const bool past_min = static_cast<int64_t>(generated.size()) >= sampling.min_new_tokens;
+  if (detok_ && stream_text(detok_->push(s.id), out.text, past_min)) {
     finish_reason_ = FinishReason::kStop;
     return out;
   }

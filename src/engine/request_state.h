@@ -79,7 +79,7 @@ class RequestState {
                            int64_t context_length);
   // Appends text to the held buffer and moves what can no longer start a stop string to `out`;
   // returns true when a stop string matched (held text from the match on is dropped).
-  bool stream_text(const std::string& piece, std::string& out);
+  bool stream_text(const std::string& piece, std::string& out, bool match = true);
   void flush_text(std::string& out);
 
   std::vector<TokenId> tokens_;  // prompt + generated
@@ -89,6 +89,7 @@ class RequestState {
   std::string held_;
   std::optional<RequestOutput> held_out_;  // events held back by hold(), not yet emitted
   Sampler sampler_;
+  int64_t vocab_ = 0;
   std::vector<GeneratedToken> prompt_lps_;  // prompt logprobs so far, moved into the first token's event
   int64_t prompt_lp_next_ = 1;              // the next prompt position whose logprob is due
   int64_t prefill_target_ = 0;

@@ -12,6 +12,8 @@ namespace fp4moe::engine {
 
 void SamplingParams::validate(int64_t vocab_size) const {
   FP4MOE_CHECK(max_new_tokens >= 1) << "max_new_tokens " << max_new_tokens << " must be >= 1";
+  FP4MOE_CHECK(min_new_tokens >= 0 && min_new_tokens <= max_new_tokens)
+      << "min_new_tokens " << min_new_tokens << " must be in [0, max_new_tokens = " << max_new_tokens << "]";
   FP4MOE_CHECK(std::isfinite(temperature) && temperature >= 0.0)
       << "temperature " << temperature << " must be >= 0 (0 = greedy)";
   FP4MOE_CHECK(top_k == -1 || top_k >= 0) << "top_k " << top_k << " must be -1 (off), 0 (off) or >= 1";

@@ -29,6 +29,9 @@ using TokenId = int32_t;
 
 struct SamplingParams {
   int64_t max_new_tokens = 128;
+  // vLLM's min_tokens / SGLang's min_new_tokens: until this many tokens were generated, EOS (unless
+  // ignore_eos) and stop_token_ids are not drawn (their logits masked) and stop strings do not match.
+  int64_t min_new_tokens = 0;
   double temperature = 1.0;          // 0 = greedy
   int64_t top_k = -1;                // <= 0 or -1: off
   double top_p = 1.0;                // (0, 1]
@@ -59,13 +62,13 @@ struct SamplingParams {
   // then a model may return only that argmax (model::SeqChunk::argmax).
   bool needs_logits() const {
     return !greedy() || logprobs || top_logprobs > 0 || repetition_penalty != 1.0 || frequency_penalty != 0.0 ||
-           presence_penalty != 0.0 || !logit_bias.empty();
+           presence_penalty != 0.0 || !logit_bias.empty() || min_new_tokens > 0;
   }
   // True when a model can draw the token itself (model::SeqChunk::sample: temperature, top-k/p,
   // min-p on the device, given next_uniform()): not greedy, no penalties, no logprobs.
   bool device_samplable() const {
     return !greedy() && !logprobs && top_logprobs == 0 && repetition_penalty == 1.0 && frequency_penalty == 0.0 &&
-           presence_penalty == 0.0 && logit_bias.empty();
+           presence_penalty == 0.0 && logit_bias.empty() && min_new_tokens == 0;
   }
 };
 

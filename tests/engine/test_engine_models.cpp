@@ -240,6 +240,56 @@ TEST(DefaultModel, PromptLogprobChunksStayWithinTheLogitsBudget) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+// min_new_tokens: the greedy first token made a stop token, or the first character of the greedy text
+// made a stop string, ends the request at once; with min_new_tokens 3 neither can before 3 tokens.
+TEST(DefaultModel, MinNewTokensHoldsOffStopTokensAndStrings) {
+  auto tok = make_default_tokenizer();
+  const std::vector<TokenId> prompt = tok->encode("The quick brown fox");
+  struct Result {
+    std::vector<TokenId> ids;
+    std::string text;
+    FinishReason reason = FinishReason::kAbort;
+  };
+  auto run = [&](const SamplingParams& sp) {
+    Engine e(EngineOptions{}, make_default_model(0), tok);
+    Result r;
+    EXPECT_TRUE(e.submit({prompt, sp}, [&](const RequestOutput& out) {
+                   for (const auto& t : out.tokens) r.ids.push_back(t.id);
+                   r.text += out.text;
+                   if (out.finished) r.reason = out.finished->reason;
+                 }).ok());
+    e.run_until_idle();
+    return r;
+  };
+  SamplingParams sp = greedy(6);
+  const Result free_run = run(sp);
+  ASSERT_EQ(free_run.ids.size(), 6u);
+  ASSERT_FALSE(free_run.text.empty());
+
+  SamplingParams by_id = sp;
+  by_id.stop_token_ids = {free_run.ids[0]};
+  EXPECT_EQ(run(by_id).ids.size(), 1u);
+  by_id.min_new_tokens = 3;
+  const Result held = run(by_id);
+  ASSERT_GE(held.ids.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(held.ids[i], free_run.ids[0]) << "token " << i;
+
+  SamplingParams by_str = sp;
+  by_str.stop = {free_run.text.substr(0, 1)};
+  const Result cut = run(by_str);
+  EXPECT_EQ(cut.reason, FinishReason::kStop);
+  EXPECT_EQ(cut.text, "");
+  by_str.min_new_tokens = 3;
+  const Result kept = run(by_str);
+  EXPECT_GE(kept.ids.size(), 3u);
+  EXPECT_EQ(kept.ids, std::vector<TokenId>(free_run.ids.begin(), free_run.ids.begin() + kept.ids.size()))
+      << "a stop string does not change the tokens";
+
+  SamplingParams bad = sp;
+  bad.min_new_tokens = 7;
+  EXPECT_THROW(bad.validate(tok->vocab_size()), Error);
+}
+
 TEST(DefaultModel, TokenizerIsByteLevelWithSpecials) {
   auto tok = make_default_tokenizer();
   EXPECT_EQ(tok->vocab_size(), 272);

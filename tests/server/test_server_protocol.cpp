@@ -261,6 +261,19 @@ TEST(ServerProtocol, EchoAndPromptLogprobs) {
             json::array({json::array({json::array({-1.25, 4, nullptr}), json::array({-2.0, 5, nullptr})})}));
 }
 
+// vLLM's min_tokens on the OpenAI routes, SGLang's sampling_params.min_new_tokens on /generate.
+TEST(ServerProtocol, MinTokensByEachApisName) {
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", 4}}).sampling.min_new_tokens, 4);
+  EXPECT_EQ(
+      parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"min_tokens", 2}})
+          .sampling.min_new_tokens,
+      2);
+  EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"sampling_params", {{"min_new_tokens", 3}}}})
+                .sampling.min_new_tokens,
+            3);
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", -1}}, "min_tokens", "-1");
+}
+
 TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
   fp4moe::engine::EngineStats s;
   s.ttft_s = fp4moe::engine::Histogram({0.1, 1.0});
