@@ -85,7 +85,7 @@ bool RequestState::stream_text(const std::string& piece, std::string& out, bool 
     }
   }
   if (which) {
-    out += held_.substr(0, best);
+    out += held_.substr(0, best + (sampling.include_stop_str ? which->size() : 0));
     held_.clear();
     matched_stop_str_ = *which;
     return true;

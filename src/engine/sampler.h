@@ -41,7 +41,9 @@ struct SamplingParams {
   double presence_penalty = 0.0;     // [-2, 2]
   std::optional<uint64_t> seed;      // nullopt: drawn from the engine's generator
   std::vector<TokenId> stop_token_ids;
-  std::vector<std::string> stop;     // stop strings (not emitted)
+  std::vector<std::string> stop;  // stop strings (not emitted, unless include_stop_str)
+  // vLLM's include_stop_str_in_output / SGLang's no_stop_trim: the matched stop string ends the text.
+  bool include_stop_str = false;
   bool ignore_eos = false;
   bool skip_special_tokens = true;   // in the streamed text
   bool logprobs = false;             // logprob of each chosen token

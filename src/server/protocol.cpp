@@ -156,6 +156,7 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   s.stop = f.strings_or_string("stop");
   if (const json* v = f.find("stop_token_ids")) s.stop_token_ids = f.ids(*v, f.name("stop_token_ids"));
   if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
+  if (auto v = f.boolean(openai ? "include_stop_str_in_output" : "no_stop_trim")) s.include_stop_str = *v;
   if (auto v = f.integer(openai ? "min_tokens" : "min_new_tokens", 0, kMaxTokensLimit)) s.min_new_tokens = *v;
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
   s.logit_bias = f.logit_bias("logit_bias");

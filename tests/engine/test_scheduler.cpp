@@ -422,6 +422,12 @@ TEST(Scheduler, StopStringsAcrossTokens) {
   EXPECT_EQ(c.finish->matched_stop_str, "<ld>");
   EXPECT_EQ(c.ids.size(), 13u);  // the token completing the stop string is counted
   EXPECT_EQ(c.finish->usage.completion_tokens, 13);
+  // include_stop_str: the same tokens, the text through the stop string.
+  sp.include_stop_str = true;
+  const RequestId kept = h.submit({65}, sp);
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(kept).text, "Hello wor<ld>");
+  EXPECT_EQ(h.results.at(kept).ids.size(), 13u);
 }
 
 TEST(Scheduler, StopTokenAndUtf8AcrossTokens) {

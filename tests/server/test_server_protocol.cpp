@@ -261,8 +261,9 @@ TEST(ServerProtocol, EchoAndPromptLogprobs) {
             json::array({json::array({json::array({-1.25, 4, nullptr}), json::array({-2.0, 5, nullptr})})}));
 }
 
-// vLLM's min_tokens on the OpenAI routes, SGLang's sampling_params.min_new_tokens on /generate.
-TEST(ServerProtocol, MinTokensByEachApisName) {
+// vLLM's min_tokens / include_stop_str_in_output on the OpenAI routes, SGLang's min_new_tokens / no_stop_trim on
+// /generate.
+TEST(ServerProtocol, MinTokensAndStopTrimByEachApisName) {
   EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", 4}}).sampling.min_new_tokens, 4);
   EXPECT_EQ(
       parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"min_tokens", 2}})
@@ -272,6 +273,11 @@ TEST(ServerProtocol, MinTokensByEachApisName) {
                 .sampling.min_new_tokens,
             3);
   expect_bad(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", -1}}, "min_tokens", "-1");
+  // The stop string kept in the text: vLLM's include_stop_str_in_output, SGLang's no_stop_trim.
+  EXPECT_TRUE(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"include_stop_str_in_output", true}})
+                  .sampling.include_stop_str);
+  EXPECT_TRUE(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"sampling_params", {{"no_stop_trim", true}}}})
+                  .sampling.include_stop_str);
 }
 
 TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
