@@ -345,6 +345,7 @@ class RequestHandler {
     ctx.created = unix_now();
     ctx.prompt_tokens = prompt_tokens;
     ctx.tokenizer = &tok;
+    server_->register_rid(ctx.id, ids);  // the replies' releasers unregister it
 
     if (!req.stream) {
       respond_when_done(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
@@ -418,8 +419,9 @@ class RequestHandler {
           sink.done();
           return true;
         },
-        [engine, st](bool) {
+        [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
+          server->unregister_rid(st->ctx.id);
           st->active.reset();
         });
   }
@@ -493,8 +495,9 @@ class RequestHandler {
           if (st->finished) sink.done();
           return true;
         },
-        [engine, st](bool) {
+        [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
+          server->unregister_rid(st->ctx.id);
           st->active.reset();
         });
   }
@@ -578,6 +581,16 @@ std::shared_ptr<engine::Engine> HttpServer::engine_or_503() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!engine_ || !engine_->is_ready()) throw unavailable("the model is loading", options_.retry_after_s);
   return engine_;
+}
+
+void HttpServer::register_rid(const std::string& rid, std::vector<engine::RequestId> ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rids_[rid] = std::move(ids);
+}
+
+void HttpServer::unregister_rid(const std::string& rid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rids_.erase(rid);
 }
 
 void HttpServer::count_error(int status) {
@@ -712,6 +725,39 @@ void HttpServer::install_routes() {
     }
     res.set_content(dump_json(info), "application/json");
   }));
+  // SGLang's POST /abort_request: {"rid": id} ends that request's choices with finish_reason "abort"
+  // (the id its reply carries: SGLang's rid, "cmpl-..." or "chatcmpl-..."), {"abort_all": true} every
+  // open one; the replies end as when their client goes away. An unknown rid is a 404 naming it.
+  http_->Post(
+      "/abort_request", wrap([this](const httplib::Request& req, httplib::Response& res) {
+        auto engine = engine_or_503();
+        const json body = parse_body(req.body);
+        const bool all = body.contains("abort_all") && body["abort_all"].is_boolean() && body["abort_all"].get<bool>();
+        const auto rid_it = body.find("rid");
+        if (!all && (rid_it == body.end() || !rid_it->is_string()))
+          throw bad_request("rid", "rid (the id of a request's reply) is required, or abort_all: true");
+        std::vector<engine::RequestId> ids;
+        int64_t n_replies = 0;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const auto& [rid, rid_ids] : rids_) {
+            if (!all && rid != rid_it->get<std::string>()) continue;
+            ids.insert(ids.end(), rid_ids.begin(), rid_ids.end());
+            ++n_replies;
+          }
+        }
+        if (!all && n_replies == 0) {
+          ApiError e;
+          e.status = 404;
+          e.type = "not_found_error";
+          e.param = "rid";
+          e.message = "no open request has rid \"" + rid_it->get<std::string>() + "\" (finished, or never admitted)";
+          throw e;
+        }
+        int64_t n_aborted = 0;
+        for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
+        res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
+      }));
   http_->Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
     std::shared_ptr<engine::Engine> engine;
     {

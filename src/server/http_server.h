@@ -27,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,6 +82,11 @@ class HttpServer {
   void install_routes();
   std::shared_ptr<engine::Engine> engine_or_503() const;
   void count_error(int status);
+  // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's
+  // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
+  // removed when its reply ends.
+  void register_rid(const std::string& rid, std::vector<engine::RequestId> ids);
+  void unregister_rid(const std::string& rid);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
@@ -96,6 +102,7 @@ class HttpServer {
   std::shared_ptr<engine::Engine> engine_;
   std::shared_ptr<const engine::ChatTemplate> chat_template_;
   HttpCounters counters_;
+  std::map<std::string, std::vector<engine::RequestId>> rids_;  // under mu_
 
   // Open request handlers and streams (drained before the listener closes).
   std::mutex active_mu_;

@@ -755,6 +755,66 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
   EXPECT_EQ(n_tokens, static_cast<size_t>(n_prompt + 1));
 }
 
+// POST /abort_request (SGLang): a streamed /generate aborted by the rid its chunks carry ends with
+// finish_reason "abort"; abort_all ends every open reply (two non-streamed completions); an unknown rid
+// is a 404 naming it, a body without rid or abort_all a 400. The server keeps serving.
+TEST_F(DefaultServer, AbortRequestByRidAndAll) {
+  HttpClient c(srv_->url(), kTimeout);
+  std::atomic<bool> have_rid{false};
+  std::string rid;
+  json last;
+  std::thread streamer([&] {
+    HttpClient s(srv_->url(), kTimeout);
+    const json body = {{"text", "count with me"},
+                       {"stream", true},
+                       {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
+    s.post_sse("/generate", body.dump(), [&](std::string_view data) {
+      if (data == "[DONE]") return true;
+      last = json::parse(data);
+      if (!have_rid) {
+        rid = last["meta_info"]["id"].get<std::string>();
+        have_rid = true;
+      }
+      return true;
+    });
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!have_rid && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(have_rid.load());
+  auto r = c.post("/abort_request", json{{"rid", rid}}.dump());
+  streamer.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(parse(r.body)["requests"], 1);
+  EXPECT_EQ(last["meta_info"]["finish_reason"]["type"], "abort") << last.dump();
+  EXPECT_LT(last["meta_info"]["completion_tokens"].get<int64_t>(), 480);
+
+  std::vector<std::string> reasons(2);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      HttpClient k(srv_->url(), kTimeout);
+      auto res = k.post("/v1/completions",
+                        json{{"prompt", "go " + std::to_string(i)}, {"max_tokens", 480}, {"ignore_eos", true}}.dump());
+      if (res.status == 200) reasons[static_cast<size_t>(i)] = parse(res.body)["choices"][0]["finish_reason"];
+    });
+  }
+  int64_t running = 0;
+  const auto deadline2 = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (running < 2 && std::chrono::steady_clock::now() < deadline2) {
+    running = parse(c.get("/get_server_info").body)["internal_states"][0]["num_running_reqs"].get<int64_t>();
+  }
+  auto all = c.post("/abort_request", json{{"abort_all", true}}.dump());
+  for (auto& t : clients) t.join();
+  ASSERT_EQ(all.status, 200) << all.body;
+  EXPECT_EQ(parse(all.body)["requests"], 2) << all.body;
+  EXPECT_EQ(reasons, (std::vector<std::string>{"abort", "abort"}));
+
+  expect_error(c.post("/abort_request", json{{"rid", "cmpl-999999"}}.dump()), 404, "rid");
+  expect_error(c.post("/abort_request", json::object().dump()), 400, "rid");
+  EXPECT_EQ(c.post("/v1/completions", json{{"prompt", "still here"}, {"max_tokens", 2}}.dump()).status, 200);
+}
+
 // logit_bias reaches the sampler: +100 on one token makes every greedy and sampled step pick it, -100
 // on the unbiased greedy token keeps it out; unsupported OpenAI fields are refused by name.
 TEST_F(DefaultServer, LogitBiasAndRefusedFields) {
