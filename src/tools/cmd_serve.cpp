@@ -210,7 +210,9 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--api-key", a->api_key,
-                  "Clients must send Authorization: Bearer <key> (all routes but /health, /health_generate, /metrics)");
+                  "Clients must send Authorization: Bearer <key> (all routes but /health, /health_generate, /metrics); "
+                  "or the environment's FP4MOE_API_KEY, which keeps the key out of the process list")
+      ->envname("FP4MOE_API_KEY");
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
   add_device_options(*cmd, a->device);

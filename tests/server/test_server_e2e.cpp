@@ -1023,6 +1023,16 @@ TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
   EXPECT_NE(fp4moe::testing::run_command(analyze, &text), 0) << text;
   EXPECT_NE(text.find("--api-key"), std::string::npos) << text;
   EXPECT_EQ(fp4moe::testing::run_command(analyze + " --api-key " + key, &text), 0) << text;
+
+  // The key from the environment (FP4MOE_API_KEY), out of the process list.
+  ::setenv("FP4MOE_API_KEY", "from-env", 1);
+  ServerProcess env_srv(FP4MOE_CLI, {});
+  ::unsetenv("FP4MOE_API_KEY");
+  ASSERT_TRUE(env_srv.wait_ready(60));
+  HttpClient env_open(env_srv.url(), kTimeout), env_keyed(env_srv.url(), kTimeout);
+  env_keyed.set_bearer_token("from-env");
+  EXPECT_EQ(env_open.get("/v1/models").status, 401);
+  EXPECT_EQ(env_keyed.get("/v1/models").status, 200);
 }
 
 TEST(ServerE2E, BenchServingReportsAndPlots) {
