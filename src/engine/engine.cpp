@@ -24,13 +24,15 @@ using Clock = std::chrono::steady_clock;
 
 SchedulePolicy parse_schedule_policy(const std::string& s) {
   if (s == "fcfs") return SchedulePolicy::kFcfs;
-  FP4MOE_FAIL() << "schedule policy \"" << s << "\" is not one of: fcfs";
+  if (s == "priority") return SchedulePolicy::kPriority;
+  FP4MOE_FAIL() << "schedule policy \"" << s << "\" is not one of: fcfs, priority";
   return SchedulePolicy::kFcfs;
 }
 
 const char* to_string(SchedulePolicy p) {
   switch (p) {
     case SchedulePolicy::kFcfs: return "fcfs";
+    case SchedulePolicy::kPriority: return "priority";
   }
   return "?";
 }
@@ -180,6 +182,7 @@ struct Engine::Impl {
       }
       aborts = abort_ids;
     }
+    order_by_priority();
     if (aborts.empty()) return;
     for (auto& r : waiting) {
       if (aborts.count(r->id)) finish(r, FinishReason::kAbort);
@@ -188,6 +191,18 @@ struct Engine::Impl {
       if (aborts.count(r->id)) finish(r, FinishReason::kAbort);
     }
     compact();
+  }
+
+  // SchedulePolicy::kPriority: waiting and running requests stably sorted by priority (lower first),
+  // so that admission takes waiting.front() and a preemption running.back(), as under kFcfs.
+  // (Running requests only between steps: run_step walks them by index.)
+  void order_by_priority(bool running_too = true) {
+    if (opt().schedule_policy != SchedulePolicy::kPriority) return;
+    auto by_priority = [](const std::unique_ptr<RequestState>& a, const std::unique_ptr<RequestState>& b) {
+      return a->priority < b->priority;
+    };
+    std::stable_sort(waiting.begin(), waiting.end(), by_priority);
+    if (running_too) std::stable_sort(running.begin(), running.end(), by_priority);
   }
 
   void compact() {
@@ -208,6 +223,7 @@ struct Engine::Impl {
     r->kv.reset();
     r->preempt();
     waiting.push_front(std::move(r));
+    order_by_priority(/*running_too=*/false);
     std::lock_guard<std::mutex> lock(mu);
     ++stats.preemptions_total;
   }
@@ -568,6 +584,11 @@ SubmitResult Engine::submit(Request request, OutputCallback callback) {
     request.sampling.validate(impl_->vocab);
   } catch (const Error& e) {
     return reject(RejectKind::kBadParam, e.what());
+  }
+  if (request.priority != 0 && options_.schedule_policy != SchedulePolicy::kPriority) {
+    return reject(RejectKind::kBadParam, "priority " + std::to_string(request.priority) +
+                                             " needs the priority schedule policy (the server runs " +
+                                             to_string(options_.schedule_policy) + ")");
   }
   const int64_t total = n_prompt + request.sampling.max_new_tokens;
   if (total > impl_->context_length) {

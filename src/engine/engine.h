@@ -56,8 +56,13 @@
 
 namespace fp4moe::engine {
 
-enum class SchedulePolicy : uint8_t { kFcfs };
-SchedulePolicy parse_schedule_policy(const std::string& s);  // "fcfs"; fails naming the value
+// kFcfs: waiting requests are admitted in arrival order (a preempted one first); the newest running
+// request is preempted when KV blocks run out. kPriority (vLLM's --scheduling-policy priority):
+// ordered by Request::priority first (lower = sooner), then as kFcfs within a priority, and the
+// victim of a preemption is the running request of the largest priority value, the newest among them.
+// A running request is never preempted to admit a waiting one.
+enum class SchedulePolicy : uint8_t { kFcfs, kPriority };
+SchedulePolicy parse_schedule_policy(const std::string& s);  // "fcfs" | "priority"; fails naming the value
 const char* to_string(SchedulePolicy p);
 
 // Per step, for tests and tracing (EngineOptions::step_observer, called on the inference thread).
@@ -102,6 +107,7 @@ using RequestId = uint64_t;
 struct Request {
   std::vector<TokenId> prompt_ids;  // >= 1 token
   SamplingParams sampling;
+  int64_t priority = 0;  // SchedulePolicy::kPriority: lower is sooner; must be 0 under kFcfs
 };
 
 // One sampled token as streamed.

@@ -12,6 +12,7 @@ namespace fp4moe::engine {
 RequestState::RequestState(RequestId id_, Request request, OutputCallback callback, const Tokenizer* tokenizer,
                            int64_t vocab, uint64_t seed, Clock::time_point now)
     : id(id_),
+      priority(request.priority),
       prompt(std::move(request.prompt_ids)),
       sampling(std::move(request.sampling)),
       tokens_(prompt),

@@ -26,6 +26,7 @@ class RequestState {
                uint64_t seed, Clock::time_point now);
 
   const RequestId id;
+  const int64_t priority;            // Request::priority
   std::vector<TokenId> prompt;       // as submitted
   SamplingParams sampling;
   std::vector<TokenId> generated;    // sampled so far

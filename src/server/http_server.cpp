@@ -228,6 +228,11 @@ class RequestHandler {
     auto engine = server_->engine_or_503();
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
     const engine::Tokenizer& tok = engine->tokenizer();
+    if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
+      throw bad_request("priority", "priority = " + std::to_string(req.priority) +
+                                        " needs --schedule-policy priority (this server runs " +
+                                        engine::to_string(engine->options().schedule_policy) + ")");
+    }
 
     // The prompts (one, or a completions batch) as token ids, each with the field that names it.
     std::vector<std::vector<engine::TokenId>> prompts;
@@ -320,9 +325,9 @@ class RequestHandler {
         engine::SamplingParams sp = req.sampling;
         sp.max_new_tokens = max_new;
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        engine::SubmitResult sr =
-            engine->submit({prompts[p], sp}, [channel, dispatcher = server_->dispatcher_](
-                                                 const engine::RequestOutput& out) { dispatcher->post(channel, out); });
+        engine::SubmitResult sr = engine->submit(
+            {prompts[p], sp, req.priority}, [channel, dispatcher = server_->dispatcher_](
+                                                const engine::RequestOutput& out) { dispatcher->post(channel, out); });
         if (!sr.ok()) {
           for (engine::RequestId id : ids) engine->abort(id);
           ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);

@@ -311,6 +311,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       break;
     }
   }
+  if (auto v = top.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()))
+    r.priority = *v;
   if (!r.batch.empty() && static_cast<int64_t>(r.batch.size()) * r.n > kMaxBatchChoices) {
     throw bad_request("prompt", std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
                                     std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +

@@ -70,6 +70,8 @@ struct ParsedRequest {
   };
   std::vector<BatchPrompt> batch;
   std::string model;  // as sent (informational)
+  // vLLM's / SGLang's request priority (lower is sooner) under --schedule-policy priority; 0 otherwise.
+  int64_t priority = 0;
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request

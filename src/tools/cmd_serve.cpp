@@ -4,7 +4,8 @@
 //   fp4moe serve --model DIR [--tokenizer-path DIR] [--host H] [--port P] [--device cpu]
 //       [--max-running-requests N] [--max-total-tokens N] [--chunked-prefill-size N]
 //       [--max-prefill-tokens N] [--num-continuous-decode-steps N] [--max-queued-requests N]
-//       [--schedule-policy fcfs] [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--seed S] [--context-length N]
+//       [--schedule-policy fcfs|priority] [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--seed S]
+//       [--context-length N]
 //
 // Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
 // the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
@@ -227,7 +228,8 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-queued-requests", a->engine.max_queued_requests,
                   "Waiting-queue bound; beyond it requests get 503 + Retry-After (default 1024)");
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
-  cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs (default)");
+  cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
+                  "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)");
   cmd->add_flag_callback(
       "--disable-device-sampling", [a] { a->engine.device_sampling = false; },
       "Sample temperature / top-k / top-p / min-p requests on the host from copied logits rows (default: on the "

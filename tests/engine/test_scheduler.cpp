@@ -4,6 +4,7 @@
 // continuous-decode gate and its once-per-run delivery, stop strings across token boundaries, the threaded engine and its probe.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "core/error.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
 #include "engine/scripted_model.h"
@@ -34,8 +36,8 @@ struct Harness {
                    std::shared_ptr<const Tokenizer> tok = make_default_tokenizer())
       : engine(std::move(o), std::move(m), std::move(tok)) {}
 
-  RequestId submit(std::vector<TokenId> prompt, SamplingParams sp) {
-    SubmitResult r = engine.submit({std::move(prompt), sp}, [this](const RequestOutput& out) {
+  RequestId submit(std::vector<TokenId> prompt, SamplingParams sp, int64_t priority = 0) {
+    SubmitResult r = engine.submit({std::move(prompt), sp, priority}, [this](const RequestOutput& out) {
       std::lock_guard<std::mutex> lock(mu);
       Collected& c = results[out.id];
       ++c.n_events;
@@ -229,6 +231,58 @@ EngineStats expect_growth_preemption_keeps_outputs(EngineOptions o) {
 
 TEST(Scheduler, GrowthPastCapacityPreemptsAndKeepsOutputs) {
   EXPECT_EQ(expect_growth_preemption_keeps_outputs(EngineOptions{}).kv_used_tokens, 0);
+}
+
+// SchedulePolicy::kPriority: one slot, four requests queued before the first step are served by
+// priority (lower first), arrival order within a priority; the KV-bound preemption takes the request
+// of the largest priority value even when it is the older one (kFcfs takes the newer); outputs are
+// those of each request alone; a priority under kFcfs is refused naming the policy.
+TEST(Scheduler, PriorityPolicyOrdersAdmissionAndPreemption) {
+  EngineOptions o;
+  o.schedule_policy = SchedulePolicy::kPriority;
+  o.max_running_requests = 1;
+  Harness h(o);
+  std::vector<RequestId> order;
+  const std::vector<int64_t> priorities = {5, 0, 5, -1};
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < priorities.size(); ++i) {
+    ids.push_back(h.submit({static_cast<TokenId>(10 + i), 2, 3}, greedy(3), priorities[i]));
+  }
+  while (h.engine.step()) {
+    for (RequestId id : ids) {
+      const auto it = h.results.find(id);
+      if (it != h.results.end() && !it->second.ids.empty() && std::find(order.begin(), order.end(), id) == order.end())
+        order.push_back(id);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<RequestId>{ids[3], ids[1], ids[0], ids[2]}));
+
+  for (SchedulePolicy policy : {SchedulePolicy::kFcfs, SchedulePolicy::kPriority}) {
+    SCOPED_TRACE(to_string(policy));
+    EngineOptions k;
+    k.schedule_policy = policy;
+    k.max_total_tokens = 32;  // 4 blocks of 8: two 7-token prompts + 16 new tokens cannot both grow
+    k.page_size = 8;
+    Harness hk(k);
+    const std::vector<TokenId> pa = {1, 2, 3, 4, 5, 6, 7}, pb = {7, 6, 5, 4, 3, 2, 1};
+    const bool prio = policy == SchedulePolicy::kPriority;
+    const RequestId a = hk.submit(pa, greedy(16), prio ? 5 : 0), b = hk.submit(pb, greedy(16), 0);
+    hk.engine.run_until_idle();
+    ASSERT_TRUE(hk.results.at(a).finish && hk.results.at(b).finish);
+    EXPECT_EQ(hk.results.at(a).finish->n_preemptions > 0, prio) << "the older, lower-priority request";
+    EXPECT_EQ(hk.results.at(b).finish->n_preemptions > 0, !prio) << "the newer request";
+    EXPECT_EQ(hk.results.at(a).ids, alone(pa, greedy(16)));
+    EXPECT_EQ(hk.results.at(b).ids, alone(pb, greedy(16)));
+  }
+
+  Harness fcfs(EngineOptions{});
+  const SubmitResult r = fcfs.engine.submit({{1, 2}, greedy(2), 3}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
+  EXPECT_NE(r.rejection->message.find("priority 3 needs the priority schedule policy"), std::string::npos)
+      << r.rejection->message;
+  EXPECT_EQ(parse_schedule_policy("priority"), SchedulePolicy::kPriority);
+  EXPECT_THROW(parse_schedule_policy("lpm"), Error);
 }
 
 TEST(Scheduler, RejectsTooLongWithBothNumbers) {

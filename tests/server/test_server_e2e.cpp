@@ -384,6 +384,7 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(c.post("/generate", json{{"input_ids", {1, 100000}}}.dump()), 400, "input_ids");
   expect_error(c.post("/generate", json{{"input_ids", json::array()}}.dump()), 400, "input_ids");
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", "many"}}.dump()), 400, "max_tokens");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"priority", 2}}.dump()), 400, "priority");  // fcfs
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"n", 65}}.dump()), 400, "n");
   expect_error(c.post("/v1/completions", json{{"max_tokens", 2}}.dump()), 400, "prompt");
   expect_error(c.post("/v1/chat/completions", json{{"messages", "hi"}}.dump()), 400, "messages");

@@ -273,6 +273,12 @@ TEST(ServerProtocol, MinTokensAndStopTrimByEachApisName) {
                 .sampling.min_new_tokens,
             3);
   expect_bad(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", -1}}, "min_tokens", "-1");
+  // The request priority (top level on every route).
+  EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"priority", -3}}).priority, -3);
+  EXPECT_EQ(parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"priority", 7}})
+                .priority,
+            7);
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "x"}, {"priority", 1.5}}, "priority", "integer");
   // The stop string kept in the text: vLLM's include_stop_str_in_output, SGLang's no_stop_trim.
   EXPECT_TRUE(parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"include_stop_str_in_output", true}})
                   .sampling.include_stop_str);
