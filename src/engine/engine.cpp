@@ -233,8 +233,6 @@ struct Engine::Impl {
     int64_t n_tokens;
   };
 
-  // One step: schedule (admit unless `continuous`), forward, sample, stream. Returns false when
-  // nothing ran.
   // A request's next prefill chunk: its remaining prefill within the chunk cap and the step's budget,
   // and, while it computes prompt logprobs, within max_prompt_logits_bytes of logits.
   int64_t prefill_chunk(const RequestState& r, int64_t chunk_cap, int64_t budget) const {
@@ -246,6 +244,8 @@ struct Engine::Impl {
     return n;
   }
 
+  // One step: schedule (admit unless `continuous`), forward, sample, stream. Returns false when
+  // nothing ran.
   bool run_step(bool continuous, int64_t* n_decode_out) {
     const auto t_step = Clock::now();
     take_pending_and_aborts();

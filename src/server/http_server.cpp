@@ -598,6 +598,13 @@ void HttpServer::unregister_rid(const std::string& rid) {
   rids_.erase(rid);
 }
 
+void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
+  count_error(e.status);
+  res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_content(dump_json(e.to_json()), "application/json");
+}
+
 void HttpServer::count_error(int status) {
   std::lock_guard<std::mutex> lock(mu_);
   ++counters_.errors_by_status[status];
@@ -630,10 +637,8 @@ void HttpServer::install_routes() {
       e.message = req.has_header("Authorization")
                       ? "the Authorization header does not carry this server's API key (--api-key)"
                       : "this server wants an API key: send the header Authorization: Bearer <key> (--api-key)";
-      count_error(e.status);
-      res.status = e.status;
       res.set_header("WWW-Authenticate", "Bearer");
-      res.set_content(dump_json(e.to_json()), "application/json");
+      reply_error(e, res);
       return httplib::Server::HandlerResponse::Handled;
     });
   }
@@ -653,12 +658,7 @@ void HttpServer::install_routes() {
         err = internal_error("bug: " + req.method + " " + req.path + " failed: " + e.what());
         failed = true;
       }
-      if (failed) {
-        count_error(err.status);
-        res.status = err.status;
-        if (err.retry_after_s > 0) res.set_header("Retry-After", std::to_string(err.retry_after_s));
-        res.set_content(dump_json(err.to_json()), "application/json");
-      }
+      if (failed) reply_error(err, res);
     };
   };
   auto generation = [this, wrap](Endpoint e) {
@@ -745,10 +745,14 @@ void HttpServer::install_routes() {
         int64_t n_replies = 0;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          for (const auto& [rid, rid_ids] : rids_) {
-            if (!all && rid != rid_it->get<std::string>()) continue;
+          auto take = [&](const std::vector<engine::RequestId>& rid_ids) {
             ids.insert(ids.end(), rid_ids.begin(), rid_ids.end());
             ++n_replies;
+          };
+          if (all) {
+            for (const auto& entry : rids_) take(entry.second);
+          } else if (const auto it = rids_.find(rid_it->get<std::string>()); it != rids_.end()) {
+            take(it->second);
           }
         }
         if (!all && n_replies == 0) {

@@ -38,9 +38,11 @@
 #include "engine/chat_template.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "server/protocol.h"
 
 namespace httplib {
 class Server;
+struct Response;
 }
 
 namespace fp4moe::server {
@@ -82,6 +84,8 @@ class HttpServer {
   void install_routes();
   std::shared_ptr<engine::Engine> engine_or_503() const;
   void count_error(int status);
+  // An error reply: counted by status, Retry-After when it has one, the typed JSON body.
+  void reply_error(const ApiError& e, httplib::Response& res);
   // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's
   // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
   // removed when its reply ends.
