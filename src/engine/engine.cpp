@@ -13,9 +13,11 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "core/error.h"
 #include "engine/kv_blocks.h"
+#include "engine/prefix_cache.h"
 #include "engine/request_state.h"
 
 namespace fp4moe::engine {
@@ -123,6 +125,7 @@ struct Engine::Impl {
   bool drain = true;
   bool started = false;
   std::atomic<bool> ready{false};
+  bool flush_cache = false;     // flush_prefix_cache() asked, done at the next step
   int64_t n_waiting_owned = 0;  // waiting.size(), published for submit's queue bound
   int64_t n_running_owned = 0;
   EngineStats stats;
@@ -131,6 +134,7 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<RequestState>> waiting;
   std::vector<std::unique_ptr<RequestState>> running;  // admission order: oldest first
   KvBlockAllocator blocks;
+  std::optional<PrefixCache> cache;  // EngineOptions::enable_prefix_cache, for models with copy_prefix
   int64_t step_index = 0;
   std::map<int64_t, std::vector<int64_t>> expert_tokens;  // moe layer -> per-expert tokens
   std::map<int64_t, int64_t> active_experts;              // moe layer -> sum over steps of experts hit
@@ -145,6 +149,7 @@ struct Engine::Impl {
     context_length = o.context_length > 0 ? o.context_length : cfg.max_position_embeddings;
     FP4MOE_CHECK(context_length >= 2) << "context length " << context_length << " must be >= 2";
     for (int64_t t : cfg.eos_token_ids) eos_ids.push_back(static_cast<TokenId>(t));
+    if (o.enable_prefix_cache && model->new_state()->copy_prefix(0) != nullptr) cache.emplace(o.page_size);
     stats = empty_stats();
     stats.kv_total_tokens = blocks.capacity_tokens();
     stats.page_size = blocks.page_size();
@@ -156,6 +161,11 @@ struct Engine::Impl {
 
   void finish(std::unique_ptr<RequestState>& r, FinishReason reason, const std::string& error = {},
               RequestOutput base = {}) {
+    // The KV of what it forwarded goes to the prefix cache (not after a failed forward).
+    if (cache && r->kv && reason != FinishReason::kError && r->kv_length() > 0) {
+      const std::span<const TokenId> fed = r->tokens_from(0, r->kv_length());
+      cache->insert(fed, std::move(r->kv), r->blocks, blocks);
+    }
     blocks.release(r->blocks);
     r->kv.reset();
     RequestOutput out = r->finish(reason, error, Clock::now(), std::move(base));
@@ -249,7 +259,9 @@ struct Engine::Impl {
   bool run_step(bool continuous, int64_t* n_decode_out) {
     const auto t_step = Clock::now();
     take_pending_and_aborts();
+    if (take_flush_request() && cache) cache->clear(blocks);
     int64_t n_preempted = 0;
+    int64_t info_cached_tokens = 0;
     std::vector<Planned> plan;
     int64_t prefill_budget = opt().max_prefill_tokens;
     const int64_t chunk_cap = opt().chunked_prefill_size > 0 ? opt().chunked_prefill_size : INT64_MAX;
@@ -266,7 +278,7 @@ struct Engine::Impl {
         plan.push_back({r, n});
         continue;
       }
-      while (!blocks.reserve(r->blocks, r->kv_length() + 1)) {
+      while (!reserve_evicting(r->blocks, r->kv_length() + 1)) {
         FP4MOE_CHECK(running.size() > 0) << "no running request to preempt";
         const bool self_victim = running.back().get() == r;
         // Drop the victim's planned work before freeing it.
@@ -287,9 +299,22 @@ struct Engine::Impl {
       while (!waiting.empty() && static_cast<int64_t>(running.size()) < opt().max_running_requests &&
              prefill_budget > 0) {
         RequestState* r = waiting.front().get();
-        if (!blocks.reserve(r->blocks, r->n_all_tokens() + 1)) break;
-        r->kv = model->new_state();
+        // The longest cached prefix, leaving at least one token to forward (its logits are sampled);
+        // prompt logprobs need every prompt position forwarded.
+        PrefixCache::Hit hit;
+        const bool may_hit = cache && r->sampling.prompt_logprobs < 0;
+        if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
+        if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) break;
+        r->kv = hit.tokens > 0 ? hit.kv->copy_prefix(hit.tokens) : model->new_state();
+        const int64_t cached = r->kv_length();
+        info_cached_tokens += cached;
         r->admitted(Clock::now());
+        if (!r->counted_prompt && may_hit) {
+          r->cached_tokens = std::min<int64_t>(cached, static_cast<int64_t>(r->prompt.size()));
+          std::lock_guard<std::mutex> lock(mu);
+          stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
+          stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
+        }
         const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
         prefill_budget -= n;
         plan.push_back({r, n});
@@ -319,6 +344,7 @@ struct Engine::Impl {
     info.step = step_index++;
     info.continuous = continuous;
     info.n_preempted = n_preempted;
+    info.n_cached_tokens = info_cached_tokens;
     int64_t n_tokens = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       RequestState* r = plan[i].req;
@@ -400,7 +426,7 @@ struct Engine::Impl {
 
     info.n_running = static_cast<int64_t>(running.size());
     info.n_waiting = static_cast<int64_t>(waiting.size());
-    info.kv_used_tokens = blocks.n_used() * blocks.page_size();
+    info.kv_used_tokens = request_blocks() * blocks.page_size();
     for (const model::MoeLayerTrace& t : trace.moe_layers) {
       std::vector<int64_t>& acc = expert_tokens[t.layer];
       if (acc.size() < t.tokens_per_expert.size()) acc.resize(t.tokens_per_expert.size(), 0);
@@ -445,7 +471,24 @@ struct Engine::Impl {
     n_running_owned = static_cast<int64_t>(running.size());
     stats.n_running = n_running_owned;
     stats.n_waiting = n_waiting_owned + static_cast<int64_t>(pending.size());
-    stats.kv_used_tokens = blocks.n_used() * blocks.page_size();
+    stats.kv_used_tokens = request_blocks() * blocks.page_size();
+    stats.prefix_cache_tokens = cache ? cache->cached_tokens() : 0;
+  }
+
+  int64_t request_blocks() const { return blocks.n_used() - (cache ? cache->n_blocks() : 0); }
+
+  // blocks.reserve, evicting prefix cache entries (least recently used first, never the one holding
+  // `keep`) while blocks are short.
+  bool reserve_evicting(std::vector<int32_t>& table, int64_t n_tokens, const model::KvState* keep = nullptr) {
+    while (!blocks.reserve(table, n_tokens)) {
+      if (!cache || !cache->evict_one(blocks, keep)) return false;
+    }
+    return true;
+  }
+
+  bool take_flush_request() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(flush_cache, false);
   }
 
   // A scheduled step, then up to N - 1 decode-only steps while nothing waits and every running
@@ -494,7 +537,7 @@ struct Engine::Impl {
       const bool busy = !waiting.empty() || !running.empty();
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (!busy) work_cv.wait(lock, [&] { return stop || !pending.empty() || !abort_ids.empty(); });
+        if (!busy) work_cv.wait(lock, [&] { return stop || !pending.empty() || !abort_ids.empty() || flush_cache; });
         if (stop && !drain) break;
         if (stop && drain && !busy && pending.empty()) break;
       }
@@ -641,6 +684,18 @@ bool Engine::abort(RequestId id) {
 }
 
 bool Engine::is_ready() const { return impl_->ready.load(); }
+
+bool Engine::prefix_cache_enabled() const { return impl_->cache.has_value(); }
+
+bool Engine::flush_prefix_cache() {
+  if (!impl_->cache) return false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->flush_cache = true;
+  }
+  impl_->work_cv.notify_one();
+  return true;
+}
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

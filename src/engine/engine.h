@@ -33,6 +33,10 @@
 // a running request cannot grow, the newest running request is preempted by recompute (its blocks
 // and KV state are freed, it goes back to the front of the waiting queue with prompt + generated
 // tokens as its new prompt; streamed output is unchanged, greedy outputs identical).
+// Prefix cache (EngineOptions::enable_prefix_cache, engine/prefix_cache.h): a finished request's KV
+// (whole pages) is kept; admission copies the longest kept prefix of a request's tokens
+// (KvState::copy_prefix) and prefills the rest; kept entries are evicted, least recently used first,
+// before a request waits for blocks or a running one is preempted.
 // A request whose prompt + max_new_tokens exceeds the KV capacity or the context length is rejected
 // at submit() with both numbers.
 //
@@ -74,7 +78,8 @@ struct StepInfo {
   int64_t n_decode_requests = 0;    // requests advanced by one decode token
   int64_t n_waiting = 0;            // waiting requests after scheduling this step
   int64_t n_running = 0;            // running requests in this step
-  int64_t kv_used_tokens = 0;       // blocks in use * page_size, after the step
+  int64_t kv_used_tokens = 0;       // blocks held by requests * page_size, after the step (not the prefix cache's)
+  int64_t n_cached_tokens = 0;      // prompt tokens this step's admissions took from the prefix cache
   int64_t n_preempted = 0;          // requests preempted while scheduling this step
   double forward_s = 0.0;           // wall time of the model forward
 };
@@ -97,6 +102,10 @@ struct EngineOptions {
   // [tokens, vocab] f32, to the host: its tokens are capped to keep that within these bytes (at least
   // one token a chunk): 256 MiB is 433 tokens at GLM-5's vocabulary of 154,880.
   int64_t max_prompt_logits_bytes = int64_t{256} << 20;
+  // Keep finished requests' KV for requests that start with the same tokens (engine/prefix_cache.h:
+  // SGLang's radix cache, on by default there too; `serve --disable-radix-cache`). Only for models
+  // whose states implement KvState::copy_prefix; requests computing prompt logprobs never hit.
+  bool enable_prefix_cache = true;
   std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
 
   void validate() const;  // fails naming the field and its value
@@ -129,6 +138,7 @@ const char* to_string(FinishReason r);  // "stop", "length", "abort", "error"
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache (first admission)
 };
 
 struct Timings {
@@ -192,7 +202,7 @@ struct EngineStats {
   bool ready = false;
   int64_t n_running = 0;
   int64_t n_waiting = 0;
-  int64_t kv_used_tokens = 0;   // blocks in use * page_size
+  int64_t kv_used_tokens = 0;   // blocks held by requests * page_size (not the prefix cache's: evictable)
   int64_t kv_total_tokens = 0;  // max_total_tokens rounded down to whole blocks
   int64_t page_size = 0;
   uint64_t prompt_tokens_total = 0;      // prompt tokens of admitted requests (first admission)
@@ -202,6 +212,10 @@ struct EngineStats {
   uint64_t requests_aborted_total = 0;
   uint64_t requests_rejected_total = 0;
   uint64_t preemptions_total = 0;
+  // Prefix cache: prompt tokens looked up (first admissions of requests that may hit) and found.
+  uint64_t prefix_cache_queries_total = 0;
+  uint64_t prefix_cache_hits_total = 0;
+  int64_t prefix_cache_tokens = 0;  // tokens its entries hold (whole blocks, not in kv_used_tokens)
   uint64_t steps_total = 0;
   uint64_t continuous_steps_total = 0;
   uint64_t forward_tokens_total = 0;
@@ -255,6 +269,10 @@ class Engine {
   // running or waiting, waits for the next completed step without adding work; else runs a
   // 1-token probe request and waits for it.
   bool run_health_probe(std::chrono::milliseconds timeout);
+  // Thread-safe: empties the prefix cache at the next step (SGLang's /flush_cache). False when the
+  // engine runs without one.
+  bool flush_prefix_cache();
+  bool prefix_cache_enabled() const;
 
   // Manual mode (tests, tools): without start(), runs one scheduling step on the caller's thread
   // (with its continuous decode steps); returns false when there was nothing to do.

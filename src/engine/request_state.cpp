@@ -203,6 +203,7 @@ RequestOutput RequestState::finish(FinishReason reason, const std::string& error
   f.error = error;
   f.usage.prompt_tokens = static_cast<int64_t>(prompt.size());
   f.usage.completion_tokens = static_cast<int64_t>(generated.size());
+  f.usage.cached_tokens = cached_tokens;
   f.timings.queue_s = t_first_scheduled_ ? secs(*t_first_scheduled_ - t_submit_) : secs(now - t_submit_);
   f.timings.ttft_s = token_times_s_.empty() ? 0.0 : token_times_s_.front();
   f.timings.e2e_s = secs(now - t_submit_);

@@ -33,6 +33,7 @@ class RequestState {
   std::unique_ptr<model::KvState> kv;  // while running
   std::vector<int32_t> blocks;       // KV blocks held
   bool counted_prompt = false;
+  int64_t cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
 
   int64_t kv_length() const { return kv ? kv->length() : 0; }
   int64_t n_all_tokens() const { return static_cast<int64_t>(tokens_.size()); }

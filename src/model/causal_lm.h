@@ -35,6 +35,14 @@ class KvState {
   virtual int64_t length() const = 0;       // tokens cached so far = position of the next token
   virtual void truncate(int64_t n_tokens) = 0;  // drop cached tokens >= n_tokens (n <= length())
   virtual size_t bytes() const = 0;         // memory held by the cache
+  // A new state of the same model holding this state's first n_tokens tokens (n <= length()), for the
+  // engine's prefix cache (engine/prefix_cache.h); a model may round n down to its page size (the
+  // result's length() says), and this state may be dropped afterwards. nullptr: this kind of state
+  // cannot be copied (the engine then runs without a prefix cache).
+  virtual std::unique_ptr<KvState> copy_prefix(int64_t n_tokens) const {
+    (void)n_tokens;
+    return nullptr;
+  }
 };
 
 // A token drawn on the device from the last token's logits (engine::sample_from given u; no penalties).

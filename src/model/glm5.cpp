@@ -69,6 +69,11 @@ class Glm5State : public KvState {
     for (auto& k : index) k.truncate(std::min(n, k.n_tokens()));
     length_ = n;
   }
+  std::unique_ptr<KvState> copy_prefix(int64_t n) const override {
+    auto out = std::make_unique<Glm5State>(*this);
+    out->truncate(n);
+    return out;
+  }
   size_t bytes() const override {
     size_t b = 0;
     for (const auto& m : mla) b += static_cast<size_t>(m.n_tokens() * m.bytes_per_token());

@@ -37,6 +37,18 @@ size_t ContiguousKvState::bytes() const {
   return total;
 }
 
+std::unique_ptr<KvState> ContiguousKvState::copy_prefix(int64_t n_tokens) const {
+  FP4MOE_CHECK(n_tokens >= 0 && n_tokens <= length_)
+      << "copying the first " << n_tokens << " tokens of a KV cache holding " << length_;
+  auto out = std::make_unique<ContiguousKvState>(owner_, n_layers_, widths_);
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    const auto n = static_cast<std::ptrdiff_t>(n_tokens * widths_[i % widths_.size()]);
+    out->bufs_[i].assign(bufs_[i].begin(), bufs_[i].begin() + n);
+  }
+  out->length_ = n_tokens;
+  return out;
+}
+
 float* ContiguousKvState::append(int64_t layer, int stream, int64_t n) {
   std::vector<float>& b = buf(layer, stream);
   const size_t old = b.size();

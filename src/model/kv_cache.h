@@ -25,6 +25,7 @@ class ContiguousKvState : public KvState {
   int64_t length() const override { return length_; }
   void truncate(int64_t n_tokens) override;
   size_t bytes() const override;
+  std::unique_ptr<KvState> copy_prefix(int64_t n_tokens) const override;  // copies the rows
 
   const void* owner() const { return owner_; }
   int64_t n_layers() const { return n_layers_; }

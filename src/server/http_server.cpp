@@ -717,6 +717,7 @@ void HttpServer::install_routes() {
       info["device_sampling"] = o.device_sampling;
       info["max_queued_requests"] = o.max_queued_requests;
       info["schedule_policy"] = engine::to_string(o.schedule_policy);
+      info["disable_radix_cache"] = !engine->prefix_cache_enabled();
       info["context_length"] = engine->context_length();
       info["vocab_size"] = engine->model_config().vocab_size;
       info["architecture"] = engine->model_config().architecture;
@@ -724,6 +725,7 @@ void HttpServer::install_routes() {
       info["internal_states"] = json::array({{{"num_running_reqs", s.n_running},
                                               {"num_queue_reqs", s.n_waiting},
                                               {"num_used_tokens", s.kv_used_tokens},
+                                              {"prefix_cache_tokens", s.prefix_cache_tokens},
                                               {"max_total_num_tokens", s.kv_total_tokens},
                                               {"generation_tokens_total", s.generation_tokens_total},
                                               {"prompt_tokens_total", s.prompt_tokens_total}}});
@@ -767,6 +769,17 @@ void HttpServer::install_routes() {
         for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
         res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
       }));
+  // SGLang's /flush_cache (GET or POST): empties the prefix cache at the engine's next step (running
+  // requests keep their own KV). 400 when the engine runs without one.
+  auto flush_cache = wrap([this](const httplib::Request&, httplib::Response& res) {
+    auto engine = engine_or_503();
+    if (!engine->flush_prefix_cache()) {
+      throw bad_request("", "the prefix cache is off (--disable-radix-cache, or a model whose KV cannot be copied)");
+    }
+    res.set_content("Cache flushed.\n", "text/plain");
+  });
+  http_->Post("/flush_cache", flush_cache);
+  http_->Get("/flush_cache", flush_cache);
   http_->Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
     std::shared_ptr<engine::Engine> engine;
     {

@@ -72,8 +72,19 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
   scalar(o, "num_queue_reqs", "gauge", "Requests waiting to be scheduled.", static_cast<double>(s.n_waiting));
   scalar(o, "num_used_tokens", "gauge", "KV cache tokens in use (whole blocks).", static_cast<double>(s.kv_used_tokens));
   scalar(o, "max_total_num_tokens", "gauge", "KV cache capacity in tokens.", static_cast<double>(s.kv_total_tokens));
-  scalar(o, "token_usage", "gauge", "Fraction of the KV cache in use.",
+  scalar(o, "token_usage", "gauge", "Fraction of the KV cache in use by requests (not the evictable prefix cache).",
          s.kv_total_tokens > 0 ? static_cast<double>(s.kv_used_tokens) / static_cast<double>(s.kv_total_tokens) : 0.0);
+  scalar(o, "prefix_cache_queries_total", "counter",
+         "Prompt tokens of admitted requests that looked up the prefix cache.",
+         static_cast<double>(s.prefix_cache_queries_total));
+  scalar(o, "prefix_cache_hits_total", "counter", "Prompt tokens whose KV came from the prefix cache.",
+         static_cast<double>(s.prefix_cache_hits_total));
+  scalar(o, "cache_hit_rate", "gauge", "prefix_cache_hits_total / prefix_cache_queries_total.",
+         s.prefix_cache_queries_total > 0
+             ? static_cast<double>(s.prefix_cache_hits_total) / static_cast<double>(s.prefix_cache_queries_total)
+             : 0.0);
+  scalar(o, "prefix_cache_tokens", "gauge", "Tokens the prefix cache holds (evicted when requests need the blocks).",
+         static_cast<double>(s.prefix_cache_tokens));
   histogram(o, "time_to_first_token_seconds", "Time from submit to the first generated token.", s.ttft_s);
   histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", s.inter_token_s);
   histogram(o, "e2e_request_latency_seconds", "Time from submit to finish.", s.e2e_s);

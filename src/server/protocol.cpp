@@ -378,7 +378,8 @@ std::string finish_reason_string(const engine::Finish& f) { return engine::to_st
 json usage_json(const engine::Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -480,7 +481,7 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   json meta = {{"id", ctx.id},
                {"prompt_tokens", ctx.prompt_tokens},
                {"completion_tokens", static_cast<int64_t>(acc.tokens.size())},
-               {"cached_tokens", 0}};
+               {"cached_tokens", acc.finish ? acc.finish->usage.cached_tokens : 0}};
   meta["finish_reason"] = acc.finish ? finish_json(*acc.finish) : json(nullptr);
   if (acc.finish) {
     meta["e2e_latency"] = acc.finish->timings.e2e_s;
@@ -533,6 +534,8 @@ engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumula
   engine::Usage u{ctx.prompt_tokens, 0};
   for (const Accumulated& acc : choices) {
     u.completion_tokens += acc.finish ? acc.finish->usage.completion_tokens : static_cast<int64_t>(acc.tokens.size());
+    // The prompt is counted once: its tokens from the prefix cache are the most any choice had.
+    if (acc.finish) u.cached_tokens = std::max(u.cached_tokens, acc.finish->usage.cached_tokens);
   }
   return u;
 }

@@ -231,6 +231,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)");
   cmd->add_flag_callback(
+      "--disable-radix-cache,--no-enable-prefix-caching", [a] { a->engine.enable_prefix_cache = false; },
+      "Do not keep finished requests' KV for later requests with the same prefix (default: kept, in whole "
+      "pages, evicted least recently used first when requests need the blocks)");
+  cmd->add_flag_callback(
       "--disable-device-sampling", [a] { a->engine.device_sampling = false; },
       "Sample temperature / top-k / top-p / min-p requests on the host from copied logits rows (default: on the "
       "GPU with --device cuda)");

@@ -23,7 +23,15 @@ class ScriptedState : public model::KvState {
   int64_t length() const override { return static_cast<int64_t>(tokens.size()); }
   void truncate(int64_t n) override { tokens.resize(static_cast<size_t>(n)); }
   size_t bytes() const override { return tokens.size() * sizeof(int32_t); }
+  std::unique_ptr<model::KvState> copy_prefix(int64_t n) const override {
+    if (!copyable) return nullptr;
+    auto out = std::make_unique<ScriptedState>();
+    out->copyable = copyable;
+    out->tokens.assign(tokens.begin(), tokens.begin() + n);
+    return out;
+  }
   std::vector<int32_t> tokens;
+  bool copyable = true;  // false: like a model without copy_prefix (no prefix cache)
 };
 
 class ScriptedModel : public model::CausalLM {
@@ -50,7 +58,12 @@ class ScriptedModel : public model::CausalLM {
   bool argmax_supported = false;  // answer SeqChunk::argmax like a GPU model (tests of that path)
   int64_t argmax_answers = 0;     // how many argmax-only rows it answered
   int64_t sample_answers = 0;     // how many device draws (SeqChunk::sample) it answered
-  std::unique_ptr<model::KvState> new_state() const override { return std::make_unique<ScriptedState>(); }
+  std::unique_ptr<model::KvState> new_state() const override {
+    auto s = std::make_unique<ScriptedState>();
+    s->copyable = states_copyable;
+    return s;
+  }
+  bool states_copyable = true;  // false: states without copy_prefix (the engine runs without a prefix cache)
 
   void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
     int64_t n_tokens = 0;

@@ -75,14 +75,26 @@ TEST_P(GoldenThroughEngine, GreedyIdsEqualGolden) {
   setups[2].name = "KV for 40 tokens in pages of 4 (preemption)";
   setups[2].o.max_total_tokens = 40;
   setups[2].o.page_size = 4;
+  // The prompts run once, then again from the prefix cache: their whole pages of 4 (S - 1 tokens at
+  // most: the last one is forwarded for its logits) are copied from the first run's KV.
+  setups.push_back({"prefix cache hits (each prompt twice, pages of 4)", {}});
+  setups.back().o.page_size = 4;
   for (const Setup& su : setups) {
     SCOPED_TRACE(su.name);
     model::LoadOptions lo;
     lo.progress = false;
     Engine e(su.o, model::load_model(dir, lo), nullptr);
     Outputs run;
+    const bool twice = su.o.page_size == 4 && su.o.max_total_tokens != 40;
+    if (twice) {
+      submit_all(e, run, prompts, greedy(T - S));
+      e.run_until_idle();
+    }
     const auto ids = submit_all(e, run, prompts, greedy(T - S));
     e.run_until_idle();
+    if (twice) {
+      EXPECT_EQ(e.stats().prefix_cache_hits_total, static_cast<uint64_t>(n_seq * ((S - 1) / 4 * 4)));
+    }
     for (int64_t s = 0; s < n_seq; ++s) {
       EXPECT_EQ(run.ids[ids[static_cast<size_t>(s)]], expected[static_cast<size_t>(s)]) << "sequence " << s;
       EXPECT_EQ(run.reason[ids[static_cast<size_t>(s)]], FinishReason::kLength);

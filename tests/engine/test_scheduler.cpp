@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "engine/default_model.h"
@@ -231,6 +232,126 @@ EngineStats expect_growth_preemption_keeps_outputs(EngineOptions o) {
 
 TEST(Scheduler, GrowthPastCapacityPreemptsAndKeepsOutputs) {
   EXPECT_EQ(expect_growth_preemption_keeps_outputs(EngineOptions{}).kv_used_tokens, 0);
+}
+
+// ---- prefix cache (engine/prefix_cache.h; the cache alone: test_prefix_cache.cpp) ----
+
+int64_t forwarded_tokens(ScriptedModel& m) {
+  int64_t n = 0;
+  for (const auto& c : m.calls) n += c.n_tokens;
+  m.calls.clear();
+  return n;
+}
+
+// The same prompt again forwards only what its whole cached pages do not hold; a follow-up turn
+// (prompt + reply + more) reuses the reply's pages too; outputs equal those without a cache (the
+// scripted logits depend on the whole history, so a wrong copied prefix would show); usage and the
+// stats count the cached tokens; blocks held by the cache are not the requests'; a flush empties it.
+TEST(Scheduler, PrefixCacheSkipsCachedPagesAndKeepsOutputs) {
+  EngineOptions o;  // page_size 16, prefix cache on
+  auto owned = std::make_unique<ScriptedModel>();
+  ScriptedModel& m = *owned;
+  Harness h(o, std::move(owned));
+  ASSERT_TRUE(h.engine.prefix_cache_enabled());
+  EngineOptions off;
+  off.enable_prefix_cache = false;
+  auto without_cache = [&](const std::vector<TokenId>& prompt) {
+    Harness h0(off);
+    EXPECT_FALSE(h0.engine.prefix_cache_enabled());
+    const RequestId id = h0.submit(prompt, greedy(30));
+    h0.engine.run_until_idle();
+    return h0.results.at(id).ids;
+  };
+  std::mt19937_64 rng(testing::test_seed() + 40);
+  const std::vector<TokenId> prompt = random_prompt(rng, 40);
+
+  const RequestId a = h.submit(prompt, greedy(30));
+  h.engine.run_until_idle();
+  EXPECT_EQ(forwarded_tokens(m), 40 + 29);
+  EXPECT_EQ(h.results.at(a).finish->usage.cached_tokens, 0);
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 64) << "69 tokens forwarded: 4 whole pages kept";
+  EXPECT_EQ(h.engine.stats().kv_used_tokens, 0);
+
+  const RequestId b = h.submit(prompt, greedy(30));
+  h.engine.run_until_idle();
+  EXPECT_EQ(forwarded_tokens(m), 40 - 32 + 29) << "the prompt's 2 whole pages came from the cache";
+  EXPECT_EQ(h.results.at(b).finish->usage.cached_tokens, 32);
+  EXPECT_EQ(h.results.at(b).ids, h.results.at(a).ids);
+  EXPECT_EQ(h.results.at(a).ids, without_cache(prompt));
+
+  std::vector<TokenId> turn2 = prompt;
+  turn2.insert(turn2.end(), h.results.at(a).ids.begin(), h.results.at(a).ids.end());
+  for (int i = 0; i < 10; ++i) turn2.push_back(static_cast<TokenId>(rng() % 256));  // 80 tokens
+  const RequestId c = h.submit(turn2, greedy(30));
+  h.engine.run_until_idle();
+  EXPECT_EQ(forwarded_tokens(m), 80 - 64 + 29) << "prompt + 24 of the reply's tokens came from the cache";
+  EXPECT_EQ(h.results.at(c).finish->usage.cached_tokens, 64);
+  EXPECT_EQ(h.results.at(c).ids, without_cache(turn2));
+
+  const EngineStats st = h.engine.stats();
+  EXPECT_EQ(st.prefix_cache_queries_total, 40u + 40u + 80u);
+  EXPECT_EQ(st.prefix_cache_hits_total, 32u + 64u);
+  EXPECT_EQ(st.prefix_cache_tokens, 96) << "turn 2's 109 tokens (6 pages) replaced the entry it extends";
+  EXPECT_EQ(st.kv_used_tokens, 0);
+  EXPECT_TRUE(h.engine.flush_prefix_cache());
+  EXPECT_FALSE(h.engine.step()) << "nothing to run";
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 0);
+  const RequestId d = h.submit(prompt, greedy(30));
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(d).finish->usage.cached_tokens, 0) << "flushed";
+  EXPECT_EQ(h.results.at(d).ids, h.results.at(a).ids);
+}
+
+// No hit: with the cache off, for a model whose states cannot be copied, and for a request that
+// computes prompt logprobs (every prompt position must be forwarded).
+TEST(Scheduler, PrefixCacheOffUncopyableOrPromptLogprobsForwardEverything) {
+  std::mt19937_64 rng(testing::test_seed() + 41);
+  const std::vector<TokenId> prompt = random_prompt(rng, 40);
+  auto run_twice = [&](EngineOptions o, bool copyable, int64_t prompt_logprobs) {
+    auto owned = std::make_unique<ScriptedModel>();
+    ScriptedModel& m = *owned;
+    m.states_copyable = copyable;
+    Harness h(o, std::move(owned));
+    SamplingParams sp = greedy(4);
+    h.submit(prompt, greedy(4));
+    h.engine.run_until_idle();
+    forwarded_tokens(m);
+    sp.prompt_logprobs = prompt_logprobs;
+    const RequestId id = h.submit(prompt, sp);
+    h.engine.run_until_idle();
+    return std::make_tuple(forwarded_tokens(m), h.results.at(id).finish->usage.cached_tokens,
+                           h.engine.prefix_cache_enabled());
+  };
+  EngineOptions off;
+  off.enable_prefix_cache = false;
+  using R = std::tuple<int64_t, int64_t, bool>;  // forwarded, cached, cache on
+  EXPECT_EQ(run_twice(off, true, -1), R(43, 0, false));
+  EXPECT_EQ(run_twice(EngineOptions{}, false, -1), R(43, 0, false));
+  EXPECT_EQ(run_twice(EngineOptions{}, true, 2), R(43, 0, true));
+  EXPECT_EQ(run_twice(EngineOptions{}, true, -1), R(40 - 32 + 3, 32, true)) << "the control";
+}
+
+// The cache only uses blocks nothing else wants: 4 blocks of 16; a cached entry of 2 blocks is
+// evicted for a request that needs all 4, which runs at once and equals its output alone.
+TEST(Scheduler, PrefixCacheGivesItsBlocksToRequests) {
+  EngineOptions o;
+  o.max_total_tokens = 64;
+  std::vector<StepInfo> steps;
+  o.step_observer = [&](const StepInfo& s) { steps.push_back(s); };
+  Harness h(o);
+  std::mt19937_64 rng(testing::test_seed() + 42);
+  h.submit(random_prompt(rng, 40), greedy(8));
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 32);
+  const std::vector<TokenId> big = random_prompt(rng, 50);
+  steps.clear();
+  const RequestId id = h.submit(big, greedy(8));
+  ASSERT_TRUE(h.engine.step());
+  EXPECT_EQ(steps.at(0).n_prefill_requests, 1) << "admitted at once: the cache gave way";
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(id).ids, alone(big, greedy(8)));
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 48) << "its own 57 forwarded tokens: 3 pages";
+  EXPECT_EQ(h.engine.stats().preemptions_total, 0u);
 }
 
 // SchedulePolicy::kPriority: one slot, four requests queued before the first step are served by

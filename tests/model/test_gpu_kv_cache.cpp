@@ -2,7 +2,8 @@
 // positions need them, given back by truncate and destruction, a short pool refuses with the
 // numbers and takes nothing, rollback undoes a reserve, slots map positions through the block list,
 // and double frees are caught. Random interleavings keep the pool's free count equal to the blocks
-// no state holds.
+// no state holds. copy_prefix shares whole pages (counted holders; free when the last lets go) and a
+// write into a shared page is refused.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -41,6 +42,53 @@ TEST(GpuKvCache, ReserveCommitTruncateAndSlots) {
   s.truncate(0);
   EXPECT_EQ(pool->n_free(), 8);
   EXPECT_THROW(s.truncate(1), Error);
+}
+
+TEST(GpuKvCache, CopyPrefixSharesWholePagesUntilTheLastHolderLetsGo) {
+  auto pool = std::make_shared<KvBlockPool>(8, 16);
+  auto src = std::make_unique<GpuKvState>(nullptr, pool, 100);
+  src->reserve(40);
+  src->commit(40);  // 3 blocks
+  EXPECT_EQ(pool->n_free(), 5);
+  std::unique_ptr<KvState> copy = src->copy_prefix(39);
+  auto* c = dynamic_cast<GpuKvState*>(copy.get());
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->length(), 32) << "rounded down to whole pages";
+  ASSERT_EQ(c->blocks().size(), 2u);
+  EXPECT_EQ(c->blocks()[0], src->blocks()[0]);
+  EXPECT_EQ(c->blocks()[1], src->blocks()[1]);
+  EXPECT_EQ(pool->holders(src->blocks()[0]), 2);
+  EXPECT_EQ(pool->holders(src->blocks()[2]), 1);
+  EXPECT_EQ(pool->n_free(), 5) << "nothing taken: the pages are shared";
+  EXPECT_EQ(c->slot(17), src->slot(17));
+  EXPECT_EQ(c->reserve(5), 1) << "the copy writes from position 32 on, into a block of its own";
+  c->commit(5);
+  EXPECT_NE(c->blocks()[2], src->blocks()[2]);
+  EXPECT_EQ(pool->n_free(), 4);
+  src.reset();  // the source goes (an evicted cache entry): the shared pages stay the copy's
+  EXPECT_EQ(pool->n_free(), 5);
+  EXPECT_EQ(pool->holders(c->blocks()[0]), 1);
+  copy.reset();
+  EXPECT_EQ(pool->n_free(), 8);
+
+  // A state truncated into a shared page must not write there.
+  GpuKvState a(nullptr, pool, 1);
+  a.reserve(32);
+  a.commit(32);
+  std::unique_ptr<KvState> b = a.copy_prefix(32);
+  a.truncate(20);
+  try {
+    a.reserve(1);
+    FAIL() << "a write into a shared page was allowed";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("position 20 would be written into block"), std::string::npos) << w;
+    EXPECT_NE(w.find("which 2 states share"), std::string::npos) << w;
+  }
+  b.reset();
+  EXPECT_EQ(a.reserve(1), 0) << "no longer shared";
+  EXPECT_THROW(pool->share({a.blocks()[0], 7}), Error) << "block 7 is free";
+  EXPECT_EQ(pool->holders(a.blocks()[0]), 1) << "a failed share changes nothing";
 }
 
 TEST(GpuKvCache, ShortPoolRefusesWithNumbersAndTakesNothing) {

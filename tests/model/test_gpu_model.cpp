@@ -38,6 +38,7 @@
 #include "kernels/cuda_test_util.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/moe/device_buffer.h"
+#include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
 #include "model/cuda/gpu_models.h"
 #include "moe/weights.h"
@@ -262,6 +263,43 @@ TEST_P(GpuGolden, TeacherForcedStepsAgreeWithCpuAndGolden) {
               static_cast<long long>(vs_golden.tight), static_cast<long long>(vs_golden.rows));
   expect_bf16_tolerance(vs_golden, router_near_tie(GetParam()), "teacher-forced steps vs golden");
   EXPECT_GE(static_cast<double>(same_as_cpu), 0.95 * static_cast<double>(steps));
+}
+
+// The prefix cache's copies (KvState::copy_prefix: the GPU state shares whole pages): a copy of the
+// first 32 tokens continued with the rest gives the full forward's logits; the source, still holding
+// the shared pages, continues unchanged by the copy's writes (its next step equals that of a state
+// no one copied); the pages are freed when both are gone.
+TEST_P(GpuGolden, CopiedPrefixContinuesLikeTheFullForward) {
+  auto lm = load_model(dir_, gpu_options());
+  const int64_t V = golden_.vocab, N = golden_.total_len;
+  const auto& ids = golden_.greedy_ids[1];
+  ASSERT_GT(N, 34);
+  auto full_state = lm->new_state();
+  const std::vector<float> full = lm->forward_one(*full_state, ids, true);
+
+  auto src = lm->new_state();
+  lm->forward_one(*src, std::span<const int32_t>(ids.data(), static_cast<size_t>(N - 1)), false);
+  std::unique_ptr<KvState> copy = src->copy_prefix(N - 2);
+  ASSERT_NE(copy, nullptr);
+  const int64_t n = copy->length();
+  EXPECT_EQ(n, (N - 2) / 16 * 16) << "whole pages of 16";
+  const std::vector<float> rest =
+      lm->forward_one(*copy, std::span<const int32_t>(ids.data() + n, static_cast<size_t>(N - n)), true);
+  for (int64_t t = n; t < N; ++t) {
+    EXPECT_GE(cosine(rest.data() + (t - n) * V, full.data() + t * V, V), 0.9999) << "copy, position " << t;
+    EXPECT_EQ(argmax_of(rest.data() + (t - n) * V, V), argmax_of(full.data() + t * V, V)) << "copy, position " << t;
+  }
+  const std::vector<float> src_next = lm->forward_one(*src, std::span<const int32_t>(ids.data() + N - 1, 1), false);
+  EXPECT_GE(cosine(src_next.data(), full.data() + (N - 1) * V, V), 0.9999) << "the source after the copy's writes";
+  auto* gs = dynamic_cast<GpuKvState*>(src.get());
+  ASSERT_NE(gs, nullptr);
+  const int32_t shared_block = gs->blocks()[0];
+  EXPECT_EQ(dynamic_cast<GpuKvState&>(*copy).blocks()[0], shared_block);
+  src.reset();
+  copy.reset();
+  auto probe = lm->new_state();
+  lm->forward_one(*probe, std::span<const int32_t>(ids.data(), 1), false);  // the pool still works
+  EXPECT_EQ(probe->length(), 1);
 }
 
 TEST_P(GpuGolden, PrefillDecodeAndBatchingAgreeWithOneFullForward) {

@@ -1,4 +1,4 @@
-// ContiguousKvState: append / rows / commit / rollback / truncate bookkeeping and its errors.
+// ContiguousKvState: append / rows / commit / rollback / truncate bookkeeping and its errors; copy_prefix.
 //   ctest --test-dir build -R KvCache
 #include <gtest/gtest.h>
 
@@ -49,6 +49,36 @@ TEST(KvCache, AppendCommitRollbackTruncate) {
   EXPECT_THROW(st.append(0, 2, 1), Error);
   EXPECT_THROW(ContiguousKvState(&owner, 0, {4}), Error);
   EXPECT_THROW(ContiguousKvState(&owner, 1, {0}), Error);
+}
+
+// copy_prefix (the engine's prefix cache): the first n rows of every (layer, stream), an independent
+// state of the same owner; the source is untouched.
+TEST(KvCache, CopyPrefixCopiesTheFirstRows) {
+  int owner = 0;
+  ContiguousKvState st(&owner, 2, {3, 1});
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int s = 0; s < 2; ++s) {
+      float* p = st.append(l, s, 5);
+      for (int64_t i = 0; i < 5 * st.width(s); ++i) p[i] = static_cast<float>(1000 * l + 100 * s + i);
+    }
+  }
+  st.commit(5);
+  std::unique_ptr<KvState> copy = st.copy_prefix(3);
+  auto* c = dynamic_cast<ContiguousKvState*>(copy.get());
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->owner(), &owner);
+  EXPECT_EQ(c->length(), 3);
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_EQ(c->rows_in(l, s), 3);
+      for (int64_t i = 0; i < 3 * st.width(s); ++i) EXPECT_EQ(c->rows(l, s)[i], st.rows(l, s)[i]);
+    }
+  }
+  c->append(0, 0, 1)[0] = -1.0f;  // the copy grows on its own
+  EXPECT_EQ(st.rows_in(0, 0), 5);
+  EXPECT_EQ(st.rows(0, 0)[9], 9.0f);
+  EXPECT_EQ(st.copy_prefix(0)->length(), 0);
+  EXPECT_THROW(st.copy_prefix(6), Error);
 }
 
 }  // namespace

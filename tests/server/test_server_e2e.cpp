@@ -317,7 +317,13 @@ TEST_F(DefaultServer, ChatCompletionsFieldByField) {
   }
   EXPECT_FALSE(chunks[chunks.size() - 2]["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(chunks.back()["choices"].empty());
-  EXPECT_EQ(chunks.back()["usage"], j["usage"]);
+  // The same usage, but for the prompt's whole pages the stream found in the prefix cache (the
+  // non-streamed request left them there).
+  json usage = chunks.back()["usage"], usage0 = j["usage"];
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], (usage0["prompt_tokens"].get<int64_t>() - 1) / 16 * 16);
+  usage.erase("prompt_tokens_details");
+  usage0.erase("prompt_tokens_details");
+  EXPECT_EQ(usage, usage0);
   EXPECT_EQ(text, ch["message"]["content"].get<std::string>());
 }
 
@@ -865,6 +871,10 @@ TEST_F(DefaultServer, LongNonStreamingReplyEqualsStreamedResult) {
   json body = {{"text", "The quick brown fox"},
                {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}}},
                {"return_logprob", true}};
+  // Bit-equal logprobs need the same computation: both requests prefill the whole prompt (a prefix
+  // cache hit, from an earlier test or the first request, splits the prefill at a page boundary and
+  // changes f32 rounding: 5e-3 by token 298).
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = c.post("/generate", body.dump());
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -883,13 +893,16 @@ TEST_F(DefaultServer, LongNonStreamingReplyEqualsStreamedResult) {
   EXPECT_EQ(j["meta_info"]["completion_tokens"], 300);
   EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "length");
   EXPECT_EQ(j["meta_info"]["output_token_logprobs"].size(), 300u);
+  EXPECT_EQ(j["meta_info"]["cached_tokens"], 0);
 
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
   body["stream"] = true;
   int status = 0;
   auto chunks = sse_chunks(c, "/generate", body, &status);
   ASSERT_EQ(status, 200);
   ASSERT_FALSE(chunks.empty());
   const json& last = chunks.back();
+  EXPECT_EQ(last["meta_info"]["cached_tokens"], 0);
   EXPECT_EQ(last["text"], j["text"]);
   EXPECT_EQ(last["output_ids"], j["output_ids"]);
   std::vector<std::string> keys, stream_keys;
@@ -934,6 +947,58 @@ TEST(ServerE2E, QueueFullGets503WithRetryAfter) {
 }
 
 // --disable-device-sampling: reported by /get_server_info; seeded sampled requests still repeat.
+// The prefix cache over HTTP: the same long prompt twice, the second's usage counts its cached whole
+// pages (prompt_tokens_details.cached_tokens, meta_info.cached_tokens on /generate) and the text is
+// the same; /metrics counts queries and hits; /flush_cache empties it; --disable-radix-cache turns it
+// off (/flush_cache then a 400 naming the flag, /get_server_info says so).
+TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
+  const std::string prompt(60, 'x');  // the embedded default's byte-level tokens: 60 + specials
+  {
+    ServerProcess srv(FP4MOE_CLI, {});
+    ASSERT_TRUE(srv.wait_ready(60));
+    HttpClient c(srv.url(), kTimeout);
+    const json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}};
+    auto a = c.post("/v1/completions", body.dump());
+    auto b = c.post("/v1/completions", body.dump());
+    ASSERT_EQ(a.status, 200) << a.body;
+    ASSERT_EQ(b.status, 200) << b.body;
+    const json ja = parse(a.body), jb = parse(b.body);
+    EXPECT_EQ(ja["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    const int64_t n_prompt = jb["usage"]["prompt_tokens"].get<int64_t>();
+    EXPECT_EQ(jb["usage"]["prompt_tokens_details"]["cached_tokens"], (n_prompt - 1) / 16 * 16) << b.body;
+    EXPECT_EQ(ja["choices"][0]["text"], jb["choices"][0]["text"]);
+    auto g = c.post("/generate", json{{"text", prompt}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump());
+    ASSERT_EQ(g.status, 200) << g.body;
+    EXPECT_GE(parse(g.body)["meta_info"]["cached_tokens"].get<int64_t>(), 16) << g.body;
+    EXPECT_GT(metric(srv.url(), "fp4moe:prefix_cache_hits_total"), 0);
+    EXPECT_GT(metric(srv.url(), "fp4moe:prefix_cache_queries_total"),
+              metric(srv.url(), "fp4moe:prefix_cache_hits_total"));
+    EXPECT_GT(metric(srv.url(), "fp4moe:cache_hit_rate"), 0);
+    EXPECT_GT(metric(srv.url(), "fp4moe:prefix_cache_tokens"), 0);
+    EXPECT_EQ(parse(c.get("/get_server_info").body)["disable_radix_cache"], false);
+    auto f = c.post("/flush_cache", "");
+    EXPECT_EQ(f.status, 200) << f.body;
+    EXPECT_EQ(wait_metric(srv.url(), "fp4moe:prefix_cache_tokens", 0), 0);
+    auto d = c.post("/v1/completions", body.dump());
+    ASSERT_EQ(d.status, 200) << d.body;
+    EXPECT_EQ(parse(d.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "flushed";
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
+  ServerProcess srv(FP4MOE_CLI, {"--disable-radix-cache"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), kTimeout);
+  const json body = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+  ASSERT_EQ(c.post("/v1/completions", body.dump()).status, 200);
+  auto b = c.post("/v1/completions", body.dump());
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(parse(b.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(parse(c.get("/get_server_info").body)["disable_radix_cache"], true);
+  auto f = c.get("/flush_cache");
+  expect_error(f, 400, "");
+  EXPECT_NE(f.body.find("prefix cache is off"), std::string::npos) << f.body;
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
 TEST(ServerE2E, DisableDeviceSamplingFlag) {
   ServerProcess srv(FP4MOE_CLI, {"--disable-device-sampling"});
   ASSERT_TRUE(srv.wait_ready(60));

@@ -2,7 +2,11 @@
 // buffer per layer ([n_blocks, page_size, n_kv_heads, head_dim] bf16, kernels/cuda/ops/paged_attention.h),
 // and per sequence a GpuKvState holding its block list. Blocks are taken when a step's tokens need
 // them (take_for) and given back by truncate() and the state's destructor; the pool outlives its
-// states (they share it). A step that cannot get blocks fails naming the numbers, before anything
+// states (they share it). A block may be held by several states: copy_prefix() (the engine's prefix
+// cache) shares a state's whole pages with a new state instead of copying them; the pool counts the
+// holders, a block is free again when the last one gives it back, and a shared block is never
+// written (a state only writes past its length, and a copy's length is a page boundary; reserve()
+// checks it). A step that cannot get blocks fails naming the numbers, before anything
 // is written, and leaves every state as it was.
 // Tested by tests/model/test_gpu_kv_cache.cpp (the block accounting; no GPU needed for the pool
 // logic, which is kept separate from the device buffers) and through tests/model/test_gpu_model.cpp.
@@ -27,13 +31,15 @@ class KvBlockPool {
   int64_t n_free() const;
   // n blocks, or throws naming `n`, the free count and the pool size (nothing taken then).
   std::vector<int32_t> take(int64_t n);
-  void give(const std::vector<int32_t>& blocks);  // fails on a double free / foreign id
+  void give(const std::vector<int32_t>& blocks);   // one holder less each; fails on a free / foreign id
+  void share(const std::vector<int32_t>& blocks);  // one holder more each (blocks in use)
+  int32_t holders(int32_t block) const;            // 0 = free
 
  private:
   const int64_t n_blocks_, page_size_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;       // LIFO
-  std::vector<uint8_t> in_use_;     // [n_blocks]
+  std::vector<int32_t> holders_;    // [n_blocks]
 };
 
 // One sequence's cache: its blocks in position order (block i holds positions i*page .. i*page+page-1).
@@ -47,6 +53,8 @@ class GpuKvState : public KvState {
 
   int64_t length() const override { return length_; }
   void truncate(int64_t n_tokens) override;  // frees the blocks past n_tokens
+  // Shares the whole pages of the first n_tokens (rounded down to a page) with a new state.
+  std::unique_ptr<KvState> copy_prefix(int64_t n_tokens) const override;
   size_t bytes() const override {
     return static_cast<size_t>(blocks_.size()) * static_cast<size_t>(pool_->page_size() * bytes_per_token_);
   }
@@ -54,7 +62,8 @@ class GpuKvState : public KvState {
   const void* owner() const { return owner_; }
   const std::vector<int32_t>& blocks() const { return blocks_; }
   // Makes room for positions length() .. length() + n - 1 (takes blocks; throws when the pool is short,
-  // taking nothing). Returns how many blocks were added, for rollback().
+  // taking nothing, or when the block of position length() is shared). Returns how many blocks were added, for
+  // rollback().
   int64_t reserve(int64_t n);
   // Undoes the last reserve (gives its blocks back).
   void rollback(int64_t added_blocks);
