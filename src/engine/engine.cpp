@@ -338,6 +338,7 @@ struct Engine::Impl {
     // Prefill chunks that carry prompt logprobs (sampling.prompt_logprobs): the first position they
     // forward (-1: none); their logits are all rows, [n, vocab], and the last row is the sampled one.
     std::vector<int64_t> prompt_rows_from(plan.size(), -1);
+    std::vector<uint8_t> ends_prefill(plan.size(), 0);  // a prefill chunk that completes its request's prefill
     const bool model_argmax = model->supports_argmax();
     chunks.reserve(plan.size());
     StepInfo info;
@@ -356,6 +357,7 @@ struct Engine::Impl {
         info.n_prefill_tokens += plan[i].n_tokens;
       }
       const bool last = r->kv_length() + plan[i].n_tokens == r->n_all_tokens();
+      ends_prefill[i] = !decode && last;
       const bool prompt_rows = !decode && r->wants_prompt_logits(r->kv_length(), plan[i].n_tokens);
       const bool device_draw =
           last && !prompt_rows && model_argmax && opt().device_sampling && r->sampling.device_samplable();
@@ -391,6 +393,13 @@ struct Engine::Impl {
       return true;
     }
     const auto t1 = Clock::now();
+    // A completed prefill goes to the prefix cache now, not only when its request finishes (SGLang's
+    // cache_unfinished_req): requests sharing its prompt that arrive while it decodes find it.
+    if (cache) {
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (ends_prefill[i]) cache_prefill(*plan[i].req);
+      }
+    }
     info.forward_s = std::chrono::duration<double>(t1 - t0).count();
 
     // Sample, stream, finish.
@@ -473,6 +482,19 @@ struct Engine::Impl {
     stats.n_waiting = n_waiting_owned + static_cast<int64_t>(pending.size());
     stats.kv_used_tokens = request_blocks() * blocks.page_size();
     stats.prefix_cache_tokens = cache ? cache->cached_tokens() : 0;
+  }
+
+  // Keeps a copy of a running request's KV (its whole pages, charged blocks of their own) unless the
+  // cache already holds them or no block is free even after evicting older entries.
+  void cache_prefill(const RequestState& r) {
+    const int64_t n = r.kv_length() / blocks.page_size() * blocks.page_size();
+    if (n == 0) return;
+    const std::span<const TokenId> tokens = r.tokens_from(0, n);
+    if (cache->covers(tokens)) return;
+    std::vector<int32_t> table;
+    if (!reserve_evicting(table, n)) return;
+    std::unique_ptr<model::KvState> copy = r.kv->copy_prefix(n);
+    if (!copy || !cache->insert(tokens, std::move(copy), table, blocks)) blocks.release(table);
   }
 
   int64_t request_blocks() const { return blocks.n_used() - (cache ? cache->n_blocks() : 0); }

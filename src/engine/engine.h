@@ -33,9 +33,9 @@
 // a running request cannot grow, the newest running request is preempted by recompute (its blocks
 // and KV state are freed, it goes back to the front of the waiting queue with prompt + generated
 // tokens as its new prompt; streamed output is unchanged, greedy outputs identical).
-// Prefix cache (EngineOptions::enable_prefix_cache, engine/prefix_cache.h): a finished request's KV
-// (whole pages) is kept; admission copies the longest kept prefix of a request's tokens
-// (KvState::copy_prefix) and prefills the rest; kept entries are evicted, least recently used first,
+// Prefix cache (EngineOptions::enable_prefix_cache, engine/prefix_cache.h): a request's KV (whole
+// pages) is kept when its prefill completes (a copy) and when it finishes; admission copies the longest kept prefix of
+// a request's tokens (KvState::copy_prefix) and prefills the rest; kept entries are evicted, least recently used first,
 // before a request waits for blocks or a running one is preempted.
 // A request whose prompt + max_new_tokens exceeds the KV capacity or the context length is rejected
 // at submit() with both numbers.

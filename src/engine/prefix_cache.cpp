@@ -61,6 +61,12 @@ PrefixCache::Hit PrefixCache::lookup(std::span<const TokenId> tokens, int64_t ma
   return {it->kv.get(), pages * page_size_};
 }
 
+bool PrefixCache::covers(std::span<const TokenId> tokens) {
+  const int64_t n_pages = static_cast<int64_t>(tokens.size()) / page_size_;
+  Lru::iterator it;
+  return longest(tokens, n_pages, &it) == n_pages;
+}
+
 bool PrefixCache::insert(std::span<const TokenId> tokens, std::unique_ptr<model::KvState> kv,
                          std::vector<int32_t>& blocks, KvBlockAllocator& allocator) {
   FP4MOE_CHECK(kv != nullptr) << "prefix cache: insert without a KV state";

@@ -46,6 +46,9 @@ class PrefixCache {
   // it comes from becomes the most recently used.
   Hit lookup(std::span<const TokenId> tokens, int64_t max_tokens);
 
+  // Whether an entry holds all the whole pages of `tokens` (no use counted).
+  bool covers(std::span<const TokenId> tokens);
+
   // Keeps `kv` (holding the KV of tokens[0 .. kv->length())) and takes the allocator blocks it is
   // charged (`blocks` is left empty; those past its whole pages are released at once). Returns false
   // and takes nothing (the caller releases the blocks; kv is dropped) when it holds no whole page or

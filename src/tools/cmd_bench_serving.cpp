@@ -53,6 +53,12 @@ struct BenchArgs {
   int64_t output_len = 32;
   double range_ratio = 1.0;
   std::string dataset;
+  // "random" or SGLang's "generated-shared-prefix": gsp_groups x gsp_prompts_per_group prompts, each a
+  // group's random system prompt + its own random question (what the prefix cache is for).
+  std::string dataset_name = "random";
+  int64_t gsp_groups = 64, gsp_prompts_per_group = 16, gsp_system_prompt_len = 2048, gsp_question_len = 128,
+          gsp_output_len = 256;
+  bool flush_cache = true;  // POST /flush_cache before each run (when the server has a prefix cache)
   uint64_t seed = 1;
   std::string output_file;
   std::string plot;
@@ -72,6 +78,7 @@ struct RequestResult {
   std::string error;
   int64_t prompt_len = 0;
   int64_t output_len = 0;
+  int64_t cached_len = 0;  // prompt tokens the server took from its prefix cache (meta_info.cached_tokens)
   double ttft_s = 0, latency_s = 0;
   std::vector<double> itl_s;
 };
@@ -80,7 +87,7 @@ struct Summary {
   int64_t concurrency = 0;
   int64_t completed = 0, failed = 0;
   double duration_s = 0;
-  int64_t total_input = 0, total_output = 0;
+  int64_t total_input = 0, total_output = 0, total_cached = 0;
   std::vector<double> e2e_ms, ttft_ms, tpot_ms, itl_ms;
   std::string first_error;
 };
@@ -130,10 +137,30 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
     while (static_cast<int64_t>(out.size()) < a.num_prompts) out.push_back(out[out.size() % static_cast<size_t>(n_line)]);
     return out;
   }
-  FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
-      << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
   FP4MOE_CHECK(vocab >= 1) << "the server reports vocab_size " << vocab;
   std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
+  if (a.dataset_name == "generated-shared-prefix") {
+    FP4MOE_CHECK(a.gsp_groups >= 1 && a.gsp_prompts_per_group >= 1 && a.gsp_system_prompt_len >= 0 &&
+                 a.gsp_question_len >= 1 && a.gsp_output_len >= 1)
+        << "--gsp-num-groups " << a.gsp_groups << ", --gsp-prompts-per-group " << a.gsp_prompts_per_group
+        << ", --gsp-question-len " << a.gsp_question_len << " and --gsp-output-len " << a.gsp_output_len
+        << " must be >= 1, --gsp-system-prompt-len " << a.gsp_system_prompt_len << " >= 0";
+    for (int64_t g = 0; g < a.gsp_groups; ++g) {
+      std::vector<int64_t> system(static_cast<size_t>(a.gsp_system_prompt_len));
+      for (auto& t : system) t = tok(rng);
+      for (int64_t q = 0; q < a.gsp_prompts_per_group; ++q) {
+        std::vector<int64_t> ids = system;
+        for (int64_t i = 0; i < a.gsp_question_len; ++i) ids.push_back(tok(rng));
+        out.push_back({json{{"input_ids", ids}}, a.gsp_output_len});
+      }
+    }
+    std::shuffle(out.begin(), out.end(), rng);  // groups interleave, as requests would arrive
+    return out;
+  }
+  FP4MOE_CHECK(a.dataset_name == "random")
+      << "--dataset-name \"" << a.dataset_name << "\" is not one of: random, generated-shared-prefix";
+  FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
+      << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
   for (int64_t i = 0; i < a.num_prompts; ++i) {
     std::vector<int64_t> ids(static_cast<size_t>(len_in(a.input_len)));
     for (auto& t : ids) t = tok(rng);
@@ -170,6 +197,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
     }
     const int64_t n = j["meta_info"].value("completion_tokens", tokens);
     r.prompt_len = j["meta_info"].value("prompt_tokens", int64_t{0});
+    r.cached_len = j["meta_info"].value("cached_tokens", int64_t{0});
     if (n > tokens) {
       const double dt = std::chrono::duration<double>(now - last).count();
       if (tokens == 0) r.ttft_s = std::chrono::duration<double>(now - t0).count();
@@ -212,6 +240,7 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
     ++s.completed;
     s.total_input += r.prompt_len;
     s.total_output += r.output_len;
+    s.total_cached += r.cached_len;
     s.e2e_ms.push_back(r.latency_s * 1e3);
     s.ttft_ms.push_back(r.ttft_s * 1e3);
     if (r.output_len > 1) s.tpot_ms.push_back((r.latency_s - r.ttft_s) / static_cast<double>(r.output_len - 1) * 1e3);
@@ -224,7 +253,7 @@ json summary_json(const BenchArgs& a, const Summary& s) {
   const double d = s.duration_s > 0 ? s.duration_s : 1e-9;
   json j = {{"backend", "fp4moe"},
             {"url", a.url},
-            {"dataset", a.dataset.empty() ? std::string("random") : a.dataset},
+            {"dataset", a.dataset.empty() ? a.dataset_name : a.dataset},
             {"max_concurrency", s.concurrency},
             {"num_prompts", s.completed + s.failed},
             {"completed", s.completed},
@@ -232,6 +261,7 @@ json summary_json(const BenchArgs& a, const Summary& s) {
             {"duration", s.duration_s},
             {"total_input_tokens", s.total_input},
             {"total_output_tokens", s.total_output},
+            {"total_cached_input_tokens", s.total_cached},
             {"request_throughput", static_cast<double>(s.completed) / d},
             {"input_throughput", static_cast<double>(s.total_input) / d},
             {"output_throughput", static_cast<double>(s.total_output) / d},
@@ -267,6 +297,9 @@ void print_summary(const json& j) {
   line("Failed requests:", std::to_string(j["failed"].get<int64_t>()));
   line("Benchmark duration (s):", f2(j["duration"]));
   line("Total input tokens:", std::to_string(j["total_input_tokens"].get<int64_t>()));
+  const int64_t n_in = j["total_input_tokens"].get<int64_t>(), n_cached = j["total_cached_input_tokens"].get<int64_t>();
+  line("Prefix-cached input tokens:",
+       fmt::format("{} ({:.1f}%)", n_cached, n_in > 0 ? 100.0 * static_cast<double>(n_cached) / n_in : 0.0));
   line("Total generated tokens:", std::to_string(j["total_output_tokens"].get<int64_t>()));
   line("Request throughput (req/s):", f2(j["request_throughput"]));
   line("Input token throughput (tok/s):", f2(j["input_throughput"]));
@@ -342,9 +375,7 @@ std::string render_plot(const std::vector<json>& runs) {
 void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
-  const std::vector<int64_t> levels = a.max_concurrency.empty()
-                                          ? std::vector<int64_t>{a.num_prompts}
-                                          : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
+
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);
   auto info = client.get("/get_server_info");
@@ -353,8 +384,19 @@ void run_bench(const BenchArgs& a) {
   const json server_info = json::parse(info.body, nullptr, false);
   FP4MOE_CHECK(server_info.is_object()) << a.url << "/get_server_info is not JSON: " << info.body.substr(0, 300);
   const auto prompts = make_prompts(a, server_info.value("vocab_size", int64_t{0}));
+  const std::vector<int64_t> levels = a.max_concurrency.empty()
+                                          ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())}
+                                          : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
+  // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
+  // before it (the same prompts) cached; --no-flush-cache keeps what is there.
+  const bool flush = a.flush_cache && !server_info.value("disable_radix_cache", true);
   std::vector<json> runs;
   for (int64_t c : levels) {
+    if (flush) {
+      auto r = client.post("/flush_cache", "");
+      FP4MOE_CHECK(r.status == 200) << a.url << "/flush_cache answered " << r.status << " " << r.error << " "
+                                    << r.body.substr(0, 300);
+    }
     const Summary s = run_level(a, prompts, c);
     json j = summary_json(a, s);
     j["server"] = server_info;
@@ -390,6 +432,18 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--random-range-ratio", a->range_ratio,
                   "Lengths drawn uniformly from [len * ratio, len] (default 1: fixed)");
   cmd->add_option("--dataset", a->dataset, "JSON-lines prompts: {\"prompt\": ...} or {\"input_ids\": [...]}");
+  cmd->add_option("--dataset-name", a->dataset_name,
+                  "random (default) or generated-shared-prefix (--gsp-*: groups of prompts sharing a system prompt; "
+                  "--num-prompts is then groups x prompts per group)");
+  cmd->add_option("--gsp-num-groups", a->gsp_groups, "generated-shared-prefix: groups (default 64)");
+  cmd->add_option("--gsp-prompts-per-group", a->gsp_prompts_per_group, "Prompts per group (default 16)");
+  cmd->add_option("--gsp-system-prompt-len", a->gsp_system_prompt_len, "Shared tokens per group (default 2048)");
+  cmd->add_option("--gsp-question-len", a->gsp_question_len, "Own tokens per prompt (default 128)");
+  cmd->add_option("--gsp-output-len", a->gsp_output_len, "Tokens to generate per prompt (default 256)");
+  cmd->add_flag_callback(
+      "--no-flush-cache", [a] { a->flush_cache = false; },
+      "Keep the server's prefix cache between runs (default: POST /flush_cache before each run)");
+  cmd->add_flag("--flush-cache", a->flush_cache, "Flush the server's prefix cache before each run (the default)");
   cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)");
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");

@@ -302,6 +302,29 @@ TEST(Scheduler, PrefixCacheSkipsCachedPagesAndKeepsOutputs) {
   EXPECT_EQ(h.results.at(d).ids, h.results.at(a).ids);
 }
 
+// A completed prefill is cached at once (SGLang's cache_unfinished_req): a request with the same prompt
+// that arrives while the first still decodes finds its whole pages; both outputs equal.
+TEST(Scheduler, PrefixCacheHoldsAPrefillWhileItsRequestDecodes) {
+  EngineOptions o;
+  auto owned = std::make_unique<ScriptedModel>();
+  ScriptedModel& m = *owned;
+  Harness h(o, std::move(owned));
+  std::mt19937_64 rng(testing::test_seed() + 43);
+  const std::vector<TokenId> prompt = random_prompt(rng, 40);
+  const RequestId a = h.submit(prompt, greedy(30));
+  ASSERT_TRUE(h.engine.step());  // a's prefill
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 32);
+  forwarded_tokens(m);
+  const RequestId b = h.submit(prompt, greedy(30));
+  ASSERT_TRUE(h.engine.step());  // a decodes, b prefills what the cache lacks
+  EXPECT_EQ(forwarded_tokens(m), 1 + (40 - 32));
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(b).finish->usage.cached_tokens, 32);
+  EXPECT_EQ(h.results.at(b).ids, h.results.at(a).ids);
+  EXPECT_EQ(h.engine.stats().kv_used_tokens, 0);
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 64) << "a's and b's finished states: one entry of 4 pages";
+}
+
 // No hit: with the cache off, for a model whose states cannot be copied, and for a request that
 // computes prompt logprobs (every prompt position must be forwarded).
 TEST(Scheduler, PrefixCacheOffUncopyableOrPromptLogprobsForwardEverything) {

@@ -1108,10 +1108,11 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   const fs::path svg = fs::temp_directory_path() / ("fp4moe_bench_" + std::to_string(getpid()) + ".svg");
   fs::remove(out);
   std::string text;
-  const int rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
-                                                  " --num-prompts 12 --max-concurrency 2,6 --input-len 24 --output-len 6"
-                                                  " --output-file " + out.string() + " --plot " + svg.string(),
-                                              &text);
+  int rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                            " --num-prompts 12 --max-concurrency 2,6 --input-len 24 --output-len 6"
+                                            " --output-file " +
+                                            out.string() + " --plot " + svg.string(),
+                                        &text);
   ASSERT_EQ(rc, 0) << text;
   for (const char* k : {"Serving Benchmark Result", "Successful requests:", "Request throughput (req/s):",
                         "Input token throughput (tok/s):", "Output token throughput (tok/s):", "Mean TTFT (ms):",
@@ -1129,6 +1130,7 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_EQ(runs[i]["failed"], 0);
     EXPECT_EQ(runs[i]["total_output_tokens"], 72);
     EXPECT_EQ(runs[i]["total_input_tokens"], 12 * 24);
+    EXPECT_EQ(runs[i]["total_cached_input_tokens"], 0) << "each run starts from a flushed prefix cache";
     EXPECT_GT(runs[i]["output_throughput"].get<double>(), 0);
     EXPECT_GT(runs[i]["median_ttft_ms"].get<double>(), 0);
     EXPECT_GE(runs[i]["p99_itl_ms"].get<double>(), runs[i]["median_itl_ms"].get<double>());
@@ -1141,6 +1143,40 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   EXPECT_NE(ss.str().find("</svg>"), std::string::npos);
   fs::remove(out);
   fs::remove(svg);
+
+  // SGLang's generated-shared-prefix dataset, one request at a time: 2 groups x 4 prompts of a 48-token
+  // system prompt + an 8-token question; all but each group's first find the 3 system pages cached.
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --dataset-name generated-shared-prefix --gsp-num-groups 2"
+                                        " --gsp-prompts-per-group 4 --gsp-system-prompt-len 48 --gsp-question-len 8"
+                                        " --gsp-output-len 4 --max-concurrency 1 --output-file " +
+                                        out.string(),
+                                    &text);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("Prefix-cached input tokens:"), std::string::npos) << text;
+  std::ifstream f1(out);
+  ASSERT_TRUE(std::getline(f1, line));
+  const json gsp = parse(line);
+  EXPECT_EQ(gsp["dataset"], "generated-shared-prefix");
+  EXPECT_EQ(gsp["completed"], 8);
+  EXPECT_EQ(gsp["total_input_tokens"], 8 * 56);
+  EXPECT_EQ(gsp["total_output_tokens"], 8 * 4);
+  EXPECT_EQ(gsp["total_cached_input_tokens"], 2 * 3 * 48);
+  fs::remove(out);
+  // --no-flush-cache: the second run finds the first's prompts (one whole page of each 24-token prompt).
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --num-prompts 12 --max-concurrency 4,4 --input-len 24 --output-len 2"
+                                        " --seed 9 --no-flush-cache --output-file " +
+                                        out.string(),
+                                    &text);
+  ASSERT_EQ(rc, 0) << text;
+  runs.clear();
+  std::ifstream f2(out);
+  while (std::getline(f2, line)) runs.push_back(parse(line));
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0]["total_cached_input_tokens"], 0);
+  EXPECT_EQ(runs[1]["total_cached_input_tokens"], 12 * 16);
+  fs::remove(out);
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
