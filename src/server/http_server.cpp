@@ -625,23 +625,6 @@ bool bearer_matches(const httplib::Request& req, const std::string& key) {
 }  // namespace
 
 void HttpServer::install_routes() {
-  if (!options_.api_key.empty()) {
-    http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics") {
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
-      if (bearer_matches(req, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
-      ApiError e;
-      e.status = 401;
-      e.type = "authentication_error";
-      e.message = req.has_header("Authorization")
-                      ? "the Authorization header does not carry this server's API key (--api-key)"
-                      : "this server wants an API key: send the header Authorization: Bearer <key> (--api-key)";
-      res.set_header("WWW-Authenticate", "Bearer");
-      reply_error(e, res);
-      return httplib::Server::HandlerResponse::Handled;
-    });
-  }
   // Every handler: count it as active, turn ApiError into its JSON reply and anything else into a 500
   // that says it is a bug (with the exception's text).
   auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {
@@ -661,6 +644,45 @@ void HttpServer::install_routes() {
       if (failed) reply_error(err, res);
     };
   };
+  // SGLang's /flush_cache (GET or POST): empties the prefix cache at the engine's next step (running
+  // requests keep their own KV). 400 when the engine runs without one.
+  auto flush_cache = wrap([this](const httplib::Request&, httplib::Response& res) {
+    auto engine = engine_or_503();
+    if (!engine->flush_prefix_cache()) {
+      throw bad_request("", "the prefix cache is off (--disable-radix-cache, or a model whose KV cannot be copied)");
+    }
+    res.set_content("Cache flushed.\n", "text/plain");
+  });
+  http_->Post("/flush_cache", flush_cache);
+  http_->Get("/flush_cache", flush_cache);
+  // Before routing: the --api-key check, and POSTs without a body length. HTTP/1.1 gives a request with
+  // neither Content-Length nor chunked encoding an empty body (RFC 9112 6.3; `curl -X POST` without -d
+  // sends one), but httplib would wait for a body until its read timeout (30 s) and then answer 400.
+  http_->set_pre_routing_handler([this, flush_cache](const httplib::Request& req, httplib::Response& res) {
+    const bool exempt = req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics";
+    if (!options_.api_key.empty() && !exempt && !bearer_matches(req, options_.api_key)) {
+      ApiError e;
+      e.status = 401;
+      e.type = "authentication_error";
+      e.message = req.has_header("Authorization")
+                      ? "the Authorization header does not carry this server's API key (--api-key)"
+                      : "this server wants an API key: send the header Authorization: Bearer <key> (--api-key)";
+      res.set_header("WWW-Authenticate", "Bearer");
+      reply_error(e, res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool no_body = (req.method == "POST" || req.method == "PUT") && !req.has_header("Content-Length") &&
+                         req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos;
+    if (!no_body) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.method == "POST" && req.path == "/flush_cache") {
+      flush_cache(req, res);
+    } else {
+      reply_error(bad_request("", req.method + " " + req.path +
+                                      " came without a body (no Content-Length header): " + "send the JSON request"),
+                  res);
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  });
   auto generation = [this, wrap](Endpoint e) {
     return wrap([this, e](const httplib::Request& req, httplib::Response& res) { RequestHandler(this, e).handle(req, res); });
   };
@@ -769,17 +791,6 @@ void HttpServer::install_routes() {
         for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
         res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
       }));
-  // SGLang's /flush_cache (GET or POST): empties the prefix cache at the engine's next step (running
-  // requests keep their own KV). 400 when the engine runs without one.
-  auto flush_cache = wrap([this](const httplib::Request&, httplib::Response& res) {
-    auto engine = engine_or_503();
-    if (!engine->flush_prefix_cache()) {
-      throw bad_request("", "the prefix cache is off (--disable-radix-cache, or a model whose KV cannot be copied)");
-    }
-    res.set_content("Cache flushed.\n", "text/plain");
-  });
-  http_->Post("/flush_cache", flush_cache);
-  http_->Get("/flush_cache", flush_cache);
   http_->Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
     std::shared_ptr<engine::Engine> engine;
     {

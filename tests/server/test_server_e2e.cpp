@@ -458,8 +458,9 @@ TEST_F(DefaultServer, ClientDisconnectMidStreamFreesItsRequest) {
   EXPECT_EQ(c2.get("/health").status, 200);
 }
 
-// A raw HTTP/1.1 POST on a plain socket (so the test controls when the connection closes).
-int raw_post(int port, const std::string& path, const std::string& body) {
+// A raw HTTP/1.1 POST on a plain socket (so the test controls when the connection closes, and may
+// leave out the Content-Length header).
+int raw_post(int port, const std::string& path, const std::string& body, bool with_length = true) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -470,8 +471,9 @@ int raw_post(int port, const std::string& path, const std::string& body) {
     if (fd >= 0) ::close(fd);
     return -1;
   }
+  const std::string length = with_length ? "Content-Length: " + std::to_string(body.size()) + "\r\n" : "";
   const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+                          length + "Connection: close\r\n\r\n" + body;
   EXPECT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
   return fd;
 }
@@ -976,6 +978,27 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
     EXPECT_GT(metric(srv.url(), "fp4moe:cache_hit_rate"), 0);
     EXPECT_GT(metric(srv.url(), "fp4moe:prefix_cache_tokens"), 0);
     EXPECT_EQ(parse(c.get("/get_server_info").body)["disable_radix_cache"], false);
+    // curl -X POST without -d sends no Content-Length: an empty body, answered at once (httplib alone
+    // would wait 30 s for a body); a bodiless POST to a route that needs one is a 400 naming it.
+    auto raw_reply = [&](const std::string& path) {
+      const int fd = raw_post(srv.port(), path, "", /*with_length=*/false);
+      if (fd < 0) return std::string();
+      timeval tv{10, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      std::string reply;
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, static_cast<size_t>(n));
+      ::close(fd);
+      return reply;
+    };
+    const auto t_raw = std::chrono::steady_clock::now();
+    const std::string flushed = raw_reply("/flush_cache");
+    EXPECT_EQ(flushed.rfind("HTTP/1.1 200", 0), 0u) << flushed;
+    EXPECT_NE(flushed.find("Cache flushed."), std::string::npos) << flushed;
+    const std::string refused = raw_reply("/generate");
+    EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+    EXPECT_NE(refused.find("POST /generate came without a body"), std::string::npos) << refused;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_raw).count(), 5.0);
     auto f = c.post("/flush_cache", "");
     EXPECT_EQ(f.status, 200) << f.body;
     EXPECT_EQ(wait_metric(srv.url(), "fp4moe:prefix_cache_tokens", 0), 0);
