@@ -227,6 +227,8 @@ class RequestHandler {
   void handle(const httplib::Request& http_req, httplib::Response& res) {
     auto engine = server_->engine_or_503();
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
+    if (endpoint_ == Endpoint::kChat && req.separate_reasoning.value_or(true))
+      req.reasoning = server_->options_.reasoning;
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
       throw bad_request("priority", "priority = " + std::to_string(req.priority) +
@@ -442,6 +444,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
+      std::vector<ReasoningParser> reasoning;  // chat with --reasoning-parser: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
     };
@@ -449,6 +452,7 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->first.assign(ids.size(), true);
+    if (st->req.reasoning != nullptr) st->reasoning.assign(ids.size(), ReasoningParser(*st->req.reasoning));
     st->choices = Choices(std::move(ids), std::move(echo));
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
@@ -479,7 +483,8 @@ class RequestHandler {
             case Endpoint::kChat: {
               std::vector<bool>::reference first = st->first[static_cast<size_t>(index)];
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || first) {
-                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index));
+                ReasoningParser* rp = st->reasoning.empty() ? nullptr : &st->reasoning[static_cast<size_t>(index)];
+                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index, rp));
                 first = false;
               }
               break;
@@ -740,6 +745,7 @@ void HttpServer::install_routes() {
       info["max_queued_requests"] = o.max_queued_requests;
       info["schedule_policy"] = engine::to_string(o.schedule_policy);
       info["disable_radix_cache"] = !engine->prefix_cache_enabled();
+      info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);
       info["context_length"] = engine->context_length();
       info["vocab_size"] = engine->model_config().vocab_size;
       info["architecture"] = engine->model_config().architecture;

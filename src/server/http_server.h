@@ -58,6 +58,8 @@ struct ServerOptions {
   // Non-empty: every route but /health, /health_generate and /metrics (probes and scrapers, as SGLang
   // exempts them) wants `Authorization: Bearer <api_key>`; otherwise a 401 naming the header.
   std::string api_key;
+  // --reasoning-parser: chat replies split into reasoning_content and content (null: not split).
+  const ReasoningFormat* reasoning = nullptr;
 };
 
 class HttpServer {

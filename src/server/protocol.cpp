@@ -303,6 +303,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         r.top_logprobs = *v;
       }
       if (auto v = top.boolean("add_generation_prompt")) r.add_generation_prompt = *v;
+      if (auto v = top.boolean("separate_reasoning")) r.separate_reasoning = *v;
       if (const json* kw = top.find("chat_template_kwargs")) {
         if (!kw->is_object())
           throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object, got " + show(*kw));
@@ -559,6 +560,11 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
   for (size_t i = 0; i < choices.size(); ++i) {
     const Accumulated& acc = choices[i];
     json choice = {{"index", i}, {"message", {{"role", "assistant"}, {"content", acc.text}}}};
+    if (req.reasoning != nullptr) {  // --reasoning-parser: the thinking apart from the answer
+      ReasoningSplit split = split_reasoning(*req.reasoning, acc.text);
+      choice["message"]["content"] = std::move(split.content);
+      choice["message"]["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
+    }
     choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
     choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
     out.push_back(std::move(choice));
@@ -577,10 +583,21 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
 }
 
 json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first,
-                int64_t index) {
+                int64_t index, ReasoningParser* reasoning) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
-  if (!out.text.empty() || first) delta["content"] = out.text;
+  if (req.reasoning != nullptr && reasoning != nullptr) {
+    ReasoningSplit split = reasoning->push(out.text);
+    if (out.finished) {
+      ReasoningSplit tail = reasoning->finish();
+      split.reasoning += tail.reasoning;
+      split.content += tail.content;
+    }
+    if (!split.reasoning.empty()) delta["reasoning_content"] = std::move(split.reasoning);
+    if (!split.content.empty() || first) delta["content"] = std::move(split.content);
+  } else if (!out.text.empty() || first) {
+    delta["content"] = out.text;
+  }
   json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);

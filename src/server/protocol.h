@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "server/reasoning.h"
 
 namespace fp4moe::server {
 
@@ -72,6 +73,10 @@ struct ParsedRequest {
   std::string model;  // as sent (informational)
   // vLLM's / SGLang's request priority (lower is sooner) under --schedule-policy priority; 0 otherwise.
   int64_t priority = 0;
+  // Chat: SGLang's `separate_reasoning` as sent (the server's --reasoning-parser applies unless false),
+  // and the format the reply is split with (set by the server; null: the text is all content).
+  std::optional<bool> separate_reasoning;
+  const ReasoningFormat* reasoning = nullptr;
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
@@ -134,8 +139,10 @@ engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumula
 // finish_reason on the choice's last).
 nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
                                 int64_t index = 0);
+// With req.reasoning, `reasoning` is the choice's parser (one per choice, kept across its events): the
+// delta carries `reasoning_content` and / or `content`, held-back text released with the last event.
 nlohmann::json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                          bool first, int64_t index = 0);
+                          bool first, int64_t index = 0, ReasoningParser* reasoning = nullptr);
 // The final usage-only chunk (stream_options.include_usage): "choices": [] and "usage".
 nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage);
 

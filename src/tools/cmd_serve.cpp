@@ -50,6 +50,7 @@ struct ServeArgs {
   std::string tokenizer_path;
   std::string served_model_name;
   std::string api_key;
+  std::string reasoning_parser;  // --reasoning-parser (empty: replies are not split)
   std::string host = "127.0.0.1";
   int port = 30000;
   DeviceArgs device;
@@ -116,7 +117,8 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
           {"http_threads", a.http_threads},
-          {"api_key", a.api_key.empty() ? "" : "(set)"}};  // never the key itself
+          {"api_key", a.api_key.empty() ? "" : "(set)"},
+          {"reasoning_parser", a.reasoning_parser}};  // never the key itself
 }
 
 void run_serve(ServeArgs a) {
@@ -124,6 +126,12 @@ void run_serve(ServeArgs a) {
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
+  const server::ReasoningFormat* reasoning = nullptr;
+  if (!a.reasoning_parser.empty()) {
+    reasoning = server::find_reasoning_format(a.reasoning_parser);
+    FP4MOE_CHECK(reasoning != nullptr) << "--reasoning-parser \"" << a.reasoning_parser
+                                       << "\" is not one of: " << server::reasoning_format_names();
+  }
   model::parse_load_format(a.load_format);  // bad values fail before the socket opens
   model::parse_dummy_weights(a.dummy_weights);
 
@@ -146,6 +154,7 @@ void run_serve(ServeArgs a) {
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
   so.launch_args = launch_args(a);
   so.api_key = a.api_key;
+  so.reasoning = reasoning;
   server::HttpServer http(so);
   http.bind();
   http.start();
@@ -230,6 +239,9 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)");
+  cmd->add_option("--reasoning-parser", a->reasoning_parser,
+                  "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
+                  "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)");
   cmd->add_flag_callback(
       "--disable-radix-cache,--no-enable-prefix-caching", [a] { a->engine.enable_prefix_cache = false; },
       "Do not keep finished requests' KV for later requests with the same prefix (default: kept, in whole "

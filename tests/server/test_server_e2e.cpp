@@ -20,14 +20,18 @@
 
 #include "format/safetensors.h"
 #include "server/http_client.h"
+#include "server/reasoning.h"
 #include "server_process.h"
 #include "testing/testing.h"
 
 namespace {
 
-using nlohmann::json;
+using fp4moe::server::find_reasoning_format;
 using fp4moe::server::HttpClient;
+using fp4moe::server::ReasoningSplit;
+using fp4moe::server::split_reasoning;
 using fp4moe::testing::ServerProcess;
+using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr double kTimeout = 60;  // seconds, every request
@@ -1019,6 +1023,57 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
   auto f = c.get("/flush_cache");
   expect_error(f, 400, "");
   EXPECT_NE(f.body.find("prefix cache is off"), std::string::npos) << f.body;
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+// --reasoning-parser glm45: chat replies split into reasoning_content and content, streamed and not,
+// agreeing with the parser applied to the same reply unsplit (separate_reasoning: false); an unknown
+// parser name stops the server before it listens, naming the known ones.
+TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
+  std::string text;
+  EXPECT_NE(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --reasoning-parser glm4", &text),
+            0);
+  EXPECT_NE(text.find("--reasoning-parser \"glm4\" is not one of: glm45, qwen3, deepseek-r1"), std::string::npos)
+      << text;
+
+  ServerProcess srv(FP4MOE_CLI, {"--reasoning-parser", "glm45"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), kTimeout);
+  EXPECT_EQ(parse(c.get("/get_server_info").body)["reasoning_parser"], "glm45");
+  json body = {{"messages", {{{"role", "user"}, {"content", "Think, then answer."}}}},
+               {"max_tokens", 40},
+               {"temperature", 0},
+               {"separate_reasoning", false}};
+  // Each request recomputes its prompt (no prefix-cache hit), so the three replies are the same tokens.
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+  auto whole = c.post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const std::string reply = parse(whole.body)["choices"][0]["message"]["content"].get<std::string>();
+  EXPECT_FALSE(parse(whole.body)["choices"][0]["message"].contains("reasoning_content"));
+  const ReasoningSplit want = split_reasoning(*find_reasoning_format("glm45"), reply);
+
+  body.erase("separate_reasoning");
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+  auto split = c.post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(split.status, 200) << split.body;
+  const json msg = parse(split.body)["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], want.content);
+  EXPECT_EQ(msg["reasoning_content"], want.reasoning.empty() ? json(nullptr) : json(want.reasoning));
+
+  body["stream"] = true;
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+  int status = 0;
+  auto chunks = sse_chunks(c, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200);
+  std::string reasoning, content;
+  for (const json& ch : chunks) {
+    if (ch["choices"].empty()) continue;
+    const json& d = ch["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, want.reasoning);
+  EXPECT_EQ(content, want.content);
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 

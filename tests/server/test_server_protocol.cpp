@@ -308,4 +308,60 @@ TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
   }
 }
 
+// --reasoning-parser on the chat routes: the non-streaming message carries reasoning_content beside the
+// answer (null when the reply had no block); streamed, each delta carries what its event decided, the
+// last one what was held back; separate_reasoning is parsed; without a format the text is all content.
+TEST(ServerProtocol, ChatReasoningContentWholeAndStreamed) {
+  ParsedRequest req = parse_request(
+      Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"separate_reasoning", false}});
+  EXPECT_EQ(req.separate_reasoning, std::optional<bool>(false));
+  EXPECT_FALSE(parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}})
+                   .separate_reasoning.has_value());
+  ResponseContext ctx{"chatcmpl-1", "m", 123, 4, nullptr};
+  std::vector<std::string> pieces = {"<thi", "nk>Two and", " two.</th", "ink>\n\nFour", "."};
+  Accumulated acc;
+  fp4moe::engine::RequestOutput out;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    out.text = pieces[i];
+    if (i + 1 == pieces.size()) {
+      out.finished = fp4moe::engine::Finish{};
+      out.finished->usage = {4, 5};
+    }
+    acc.add(out);
+  }
+  json plain = chat_response(req, ctx, acc);  // no format: as before
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "<think>Two and two.</think>\n\nFour.");
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
+  req.reasoning = find_reasoning_format("glm45");
+  json split = chat_response(req, ctx, acc);
+  EXPECT_EQ(split["choices"][0]["message"]["content"], "Four.");
+  EXPECT_EQ(split["choices"][0]["message"]["reasoning_content"], "Two and two.");
+
+  ReasoningParser parser(*req.reasoning);
+  std::string reasoning, content;
+  out.finished.reset();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    out.text = pieces[i];
+    if (i + 1 == pieces.size()) out.finished = acc.finish;
+    const json d = chat_chunk(req, ctx, out, i == 0, 0, &parser)["choices"][0]["delta"];
+    if (i == 0) {
+      EXPECT_EQ(d["role"], "assistant");
+      EXPECT_EQ(d["content"], "") << "the first delta carries the role and an empty content";
+    }
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    EXPECT_EQ(d.dump().find("think>"), std::string::npos) << d.dump();
+  }
+  EXPECT_EQ(reasoning, "Two and two.");
+  EXPECT_EQ(content, "Four.");
+
+  Accumulated no_block;
+  out.text = "Just an answer.";
+  out.finished = acc.finish;
+  no_block.add(out);
+  const json nb = chat_response(req, ctx, no_block);
+  EXPECT_EQ(nb["choices"][0]["message"]["content"], "Just an answer.");
+  EXPECT_TRUE(nb["choices"][0]["message"]["reasoning_content"].is_null());
+}
+
 }  // namespace
