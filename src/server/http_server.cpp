@@ -229,6 +229,15 @@ class RequestHandler {
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
     if (endpoint_ == Endpoint::kChat && req.separate_reasoning.value_or(true))
       req.reasoning = server_->options_.reasoning;
+    if (!req.tools.is_null()) {
+      if (endpoint_ != Endpoint::kChat) throw bad_request("tools", "tools are for /v1/chat/completions");
+      if (server_->options_.tool_calls == nullptr)
+        throw bad_request("tools",
+                          "tools (function calling) need a tool-call parser: start the server with "
+                          "--tool-call-parser " +
+                              tool_call_format_names());
+      if (req.tool_choice != "none") req.tool_calls = server_->options_.tool_calls;
+    }
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
       throw bad_request("priority", "priority = " + std::to_string(req.priority) +
@@ -266,6 +275,7 @@ class RequestHandler {
         engine::ChatTemplate::RenderOptions ro;
         ro.add_generation_prompt = req.add_generation_prompt;
         ro.extra = req.chat_template_kwargs;
+        if (!req.tools.is_null()) ro.tools = req.tools;
         rendered = tmpl->render(*req.messages, ro);
       } catch (const fp4moe::Error& e) {
         throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
@@ -444,7 +454,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
-      std::vector<ReasoningParser> reasoning;  // chat with --reasoning-parser: one per choice
+      std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
     };
@@ -452,7 +462,8 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->first.assign(ids.size(), true);
-    if (st->req.reasoning != nullptr) st->reasoning.assign(ids.size(), ReasoningParser(*st->req.reasoning));
+    if (st->req.reasoning != nullptr || st->req.tool_calls != nullptr)
+      st->parsers.assign(ids.size(), ChatChoiceStream::for_request(st->req));
     st->choices = Choices(std::move(ids), std::move(echo));
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
@@ -483,8 +494,8 @@ class RequestHandler {
             case Endpoint::kChat: {
               std::vector<bool>::reference first = st->first[static_cast<size_t>(index)];
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || first) {
-                ReasoningParser* rp = st->reasoning.empty() ? nullptr : &st->reasoning[static_cast<size_t>(index)];
-                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index, rp));
+                ChatChoiceStream* ps = st->parsers.empty() ? nullptr : &st->parsers[static_cast<size_t>(index)];
+                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index, ps));
                 first = false;
               }
               break;
@@ -746,6 +757,7 @@ void HttpServer::install_routes() {
       info["schedule_policy"] = engine::to_string(o.schedule_policy);
       info["disable_radix_cache"] = !engine->prefix_cache_enabled();
       info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);
+      info["tool_call_parser"] = options_.tool_calls ? json(std::string(options_.tool_calls->name)) : json(nullptr);
       info["context_length"] = engine->context_length();
       info["vocab_size"] = engine->model_config().vocab_size;
       info["architecture"] = engine->model_config().architecture;

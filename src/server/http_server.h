@@ -60,6 +60,8 @@ struct ServerOptions {
   std::string api_key;
   // --reasoning-parser: chat replies split into reasoning_content and content (null: not split).
   const ReasoningFormat* reasoning = nullptr;
+  // --tool-call-parser: chat requests may send tools; the reply's calls become tool_calls.
+  const ToolCallFormat* tool_calls = nullptr;
 };
 
 class HttpServer {

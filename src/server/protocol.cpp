@@ -329,15 +329,28 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
             "response_format",
             "response_format " + show(*rf) + " is not supported (no constrained decoding); only {\"type\": \"text\"}");
     }
-    if (const json* tools = top.find("tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-      throw bad_request("tools",
-                        "tools (function calling) is not supported: no tool-call parser turns the model's "
-                        "output into tool_calls");
+    if (const json* tools = top.find("tools"); tools != nullptr && !tools->is_null()) {
+      if (!tools->is_array()) throw bad_request("tools", "tools must be a list of functions, got " + show(*tools));
+      for (size_t i = 0; i < tools->size(); ++i) {
+        const json& t = (*tools)[i];
+        const bool ok = t.is_object() && t.value("type", std::string()) == "function" && t.contains("function") &&
+                        t["function"].is_object() && t["function"].contains("name") &&
+                        t["function"]["name"].is_string();
+        if (!ok)
+          throw bad_request("tools", "tools[" + std::to_string(i) +
+                                         "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
+                                         show(t));
+      }
+      if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());
     }
-    if (const json* tc = top.find("tool_choice");
-        tc != nullptr && !(tc->is_string() && tc->get<std::string>() == "none"))
-      throw bad_request("tool_choice",
-                        "tool_choice " + show(*tc) + " is not supported (function calling); only \"none\"");
+    if (const json* tc = top.find("tool_choice"); tc != nullptr && !tc->is_null()) {
+      const std::string choice = tc->is_string() ? tc->get<std::string>() : std::string();
+      if (choice != "auto" && choice != "none")
+        throw bad_request("tool_choice", "tool_choice " + show(*tc) +
+                                             " is not supported (forcing a call needs constrained decoding); "
+                                             "\"auto\" or \"none\"");
+      r.tool_choice = choice;
+    }
     if (auto b = top.integer("best_of", 1, kMaxChoices); b && *b != r.n)
       throw bad_request("best_of", "best_of = " + std::to_string(*b) +
                                        " is not supported (only best_of = n = " + std::to_string(r.n) + ")");
@@ -555,6 +568,17 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
   return body;
 }
 
+// OpenAI: "tool_calls" when the model stopped after calling a tool.
+std::string chat_finish_reason(const engine::Finish& f, bool called_tools) {
+  return called_tools && f.reason == engine::FinishReason::kStop ? "tool_calls" : finish_reason_string(f);
+}
+
+json tool_call_json(const ResponseContext& ctx, size_t choice, size_t k, const ToolCall& c) {
+  return {{"id", "call_" + std::to_string(choice) + "_" + std::to_string(k) + "_" + ctx.id},
+          {"type", "function"},
+          {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
 json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::span<const Accumulated> choices) {
   json out = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -565,8 +589,17 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
       choice["message"]["content"] = std::move(split.content);
       choice["message"]["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
     }
+    bool called = false;
+    if (req.tool_calls != nullptr) {  // --tool-call-parser: the answer's calls as tool_calls
+      ToolCallSplit split = parse_tool_calls(*req.tool_calls, choice["message"]["content"].get<std::string>());
+      called = !split.calls.empty();
+      choice["message"]["content"] = called && split.content.empty() ? json(nullptr) : json(split.content);
+      json calls = json::array();
+      for (size_t k = 0; k < split.calls.size(); ++k) calls.push_back(tool_call_json(ctx, i, k, split.calls[k]));
+      choice["message"]["tool_calls"] = std::move(calls);
+    }
     choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
-    choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
+    choice["finish_reason"] = acc.finish ? json(chat_finish_reason(*acc.finish, called)) : json(nullptr);
     out.push_back(std::move(choice));
   }
   json body = openai_envelope(ctx, "chat.completion", std::move(out));
@@ -582,25 +615,49 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
   return openai_envelope(ctx, "text_completion", json::array({choice}));
 }
 
+ChatChoiceStream ChatChoiceStream::for_request(const ParsedRequest& req) {
+  ChatChoiceStream s;
+  if (req.reasoning != nullptr) s.reasoning.emplace(*req.reasoning);
+  if (req.tool_calls != nullptr) s.tools.emplace(*req.tool_calls);
+  return s;
+}
+
 json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first,
-                int64_t index, ReasoningParser* reasoning) {
+                int64_t index, ChatChoiceStream* stream) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
-  if (req.reasoning != nullptr && reasoning != nullptr) {
-    ReasoningSplit split = reasoning->push(out.text);
+  std::string content = out.text;
+  json calls = json::array();
+  if (stream != nullptr && stream->reasoning) {
+    ReasoningSplit split = stream->reasoning->push(out.text);
     if (out.finished) {
-      ReasoningSplit tail = reasoning->finish();
+      ReasoningSplit tail = stream->reasoning->finish();
       split.reasoning += tail.reasoning;
       split.content += tail.content;
     }
     if (!split.reasoning.empty()) delta["reasoning_content"] = std::move(split.reasoning);
-    if (!split.content.empty() || first) delta["content"] = std::move(split.content);
-  } else if (!out.text.empty() || first) {
-    delta["content"] = out.text;
+    content = std::move(split.content);
   }
+  if (stream != nullptr && stream->tools) {
+    ToolCallSplit split = stream->tools->push(content);
+    if (out.finished) {
+      ToolCallSplit tail = stream->tools->finish();
+      split.content += tail.content;
+      for (ToolCall& c : tail.calls) split.calls.push_back(std::move(c));
+    }
+    for (const ToolCall& c : split.calls) {
+      json call = tool_call_json(ctx, index, static_cast<size_t>(stream->n_calls), c);
+      call["index"] = stream->n_calls++;
+      calls.push_back(std::move(call));
+    }
+    content = std::move(split.content);
+  }
+  if (!content.empty() || first) delta["content"] = std::move(content);
+  if (!calls.empty()) delta["tool_calls"] = std::move(calls);
   json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
-  choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
+  const bool called = stream != nullptr && stream->n_calls > 0;
+  choice["finish_reason"] = out.finished ? json(chat_finish_reason(*out.finished, called)) : json(nullptr);
   return openai_envelope(ctx, "chat.completion.chunk", json::array({choice}));
 }
 

@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "server/reasoning.h"
+#include "server/tool_calls.h"
 
 namespace fp4moe::server {
 
@@ -77,6 +78,12 @@ struct ParsedRequest {
   // and the format the reply is split with (set by the server; null: the text is all content).
   std::optional<bool> separate_reasoning;
   const ReasoningFormat* reasoning = nullptr;
+  // Chat `tools` (OpenAI function definitions, rendered by the chat template) and `tool_choice` ("auto"
+  // or "none"); the format the reply's calls are parsed with (set by the server's --tool-call-parser
+  // when tools came and tool_choice is not "none"; null: no tool_calls).
+  nlohmann::ordered_json tools;  // null: none
+  std::string tool_choice = "auto";
+  const ToolCallFormat* tool_calls = nullptr;
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
@@ -139,10 +146,18 @@ engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumula
 // finish_reason on the choice's last).
 nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
                                 int64_t index = 0);
-// With req.reasoning, `reasoning` is the choice's parser (one per choice, kept across its events): the
-// delta carries `reasoning_content` and / or `content`, held-back text released with the last event.
+// One streamed chat choice's parsers (--reasoning-parser, --tool-call-parser), kept across its events.
+struct ChatChoiceStream {
+  std::optional<ReasoningParser> reasoning;
+  std::optional<ToolCallParser> tools;
+  int64_t n_calls = 0;  // tool calls sent so far (the next one's index)
+  static ChatChoiceStream for_request(const ParsedRequest& req);
+};
+// With a stream state (req.reasoning / req.tool_calls), the delta carries `reasoning_content`, `content`
+// and complete `tool_calls` as the parsers release them, held-back text with the last event, whose
+// finish_reason is "tool_calls" when the choice called a tool.
 nlohmann::json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                          bool first, int64_t index = 0, ReasoningParser* reasoning = nullptr);
+                          bool first, int64_t index = 0, ChatChoiceStream* stream = nullptr);
 // The final usage-only chunk (stream_options.include_usage): "choices": [] and "usage".
 nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::Usage& usage);
 

@@ -3,6 +3,8 @@
 
 #include <array>
 
+#include "server/markup.h"
+
 namespace fp4moe::server {
 
 namespace {
@@ -15,28 +17,11 @@ constexpr std::array<ReasoningFormat, 3> kFormats = {{
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
-// The length of the longest suffix of s that is a proper prefix of tag (a tag that may still complete).
-size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n) {
-    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
-  }
-  return 0;
-}
-
 }  // namespace
 
-const ReasoningFormat* find_reasoning_format(std::string_view name) {
-  for (const ReasoningFormat& f : kFormats) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
-}
+const ReasoningFormat* find_reasoning_format(std::string_view name) { return markup::find_by_name(kFormats, name); }
 
-std::string reasoning_format_names() {
-  std::string s;
-  for (const ReasoningFormat& f : kFormats) s += (s.empty() ? "" : ", ") + std::string(f.name);
-  return s;
-}
+std::string reasoning_format_names() { return markup::names_of(kFormats); }
 
 void ReasoningParser::to_content(std::string_view s, ReasoningSplit& out) {
   if (!content_started_) {
@@ -71,7 +56,7 @@ ReasoningSplit ReasoningParser::push(std::string_view delta) {
     if (phase_ == Phase::kReasoning) {
       const size_t end = held_.find(f_->end);
       if (end == std::string::npos) {
-        const size_t keep = partial_tag_suffix(held_, f_->end);
+        const size_t keep = markup::partial_tag_suffix(held_, f_->end);
         out.reasoning += held_.substr(0, held_.size() - keep);
         held_.erase(0, held_.size() - keep);
         return out;

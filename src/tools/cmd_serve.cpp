@@ -51,6 +51,7 @@ struct ServeArgs {
   std::string served_model_name;
   std::string api_key;
   std::string reasoning_parser;  // --reasoning-parser (empty: replies are not split)
+  std::string tool_call_parser;  // --tool-call-parser (empty: requests with tools are refused)
   std::string host = "127.0.0.1";
   int port = 30000;
   DeviceArgs device;
@@ -117,8 +118,9 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
           {"http_threads", a.http_threads},
-          {"api_key", a.api_key.empty() ? "" : "(set)"},
-          {"reasoning_parser", a.reasoning_parser}};  // never the key itself
+          {"api_key", a.api_key.empty() ? "" : "(set)"},  // never the key itself
+          {"reasoning_parser", a.reasoning_parser},
+          {"tool_call_parser", a.tool_call_parser}};
 }
 
 void run_serve(ServeArgs a) {
@@ -126,6 +128,12 @@ void run_serve(ServeArgs a) {
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   a.engine.validate();
+  const server::ToolCallFormat* tool_calls = nullptr;
+  if (!a.tool_call_parser.empty()) {
+    tool_calls = server::find_tool_call_format(a.tool_call_parser);
+    FP4MOE_CHECK(tool_calls != nullptr) << "--tool-call-parser \"" << a.tool_call_parser
+                                        << "\" is not one of: " << server::tool_call_format_names();
+  }
   const server::ReasoningFormat* reasoning = nullptr;
   if (!a.reasoning_parser.empty()) {
     reasoning = server::find_reasoning_format(a.reasoning_parser);
@@ -155,6 +163,7 @@ void run_serve(ServeArgs a) {
   so.launch_args = launch_args(a);
   so.api_key = a.api_key;
   so.reasoning = reasoning;
+  so.tool_calls = tool_calls;
   server::HttpServer http(so);
   http.bind();
   http.start();
@@ -239,6 +248,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)");
+  cmd->add_option(
+      "--tool-call-parser", a->tool_call_parser,
+      "Accept chat tools (rendered by the chat template) and return the reply's calls as tool_calls: "
+      "glm45 (GLM-4.5 and GLM-5: <tool_call>name <arg_key>k</arg_key><arg_value>v</arg_value></tool_call>)");
   cmd->add_option("--reasoning-parser", a->reasoning_parser,
                   "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
                   "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)");

@@ -867,6 +867,12 @@ TEST_F(DefaultServer, LogitBiasAndRefusedFields) {
   expect_error(
       c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"best_of", 4}}.dump()),
       400, "best_of");
+  // Tools without --tool-call-parser: refused, naming the flag.
+  auto tl = c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "a"}}}},
+                                                {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}
+                                               .dump());
+  expect_error(tl, 400, "tools");
+  EXPECT_NE(tl.body.find("--tool-call-parser glm45"), std::string::npos) << tl.body;
   EXPECT_EQ(c.get("/health").status, 200);
 }
 
@@ -1035,11 +1041,26 @@ TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
             0);
   EXPECT_NE(text.find("--reasoning-parser \"glm4\" is not one of: glm45, qwen3, deepseek-r1"), std::string::npos)
       << text;
+  EXPECT_NE(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --tool-call-parser hermes", &text),
+            0);
+  EXPECT_NE(text.find("--tool-call-parser \"hermes\" is not one of: glm45"), std::string::npos) << text;
 
-  ServerProcess srv(FP4MOE_CLI, {"--reasoning-parser", "glm45"});
+  ServerProcess srv(FP4MOE_CLI, {"--reasoning-parser", "glm45", "--tool-call-parser", "glm45"});
   ASSERT_TRUE(srv.wait_ready(60));
   HttpClient c(srv.url(), kTimeout);
   EXPECT_EQ(parse(c.get("/get_server_info").body)["reasoning_parser"], "glm45");
+  EXPECT_EQ(parse(c.get("/get_server_info").body)["tool_call_parser"], "glm45");
+  // Tools are rendered into the prompt and the reply parsed for calls: tool_calls is there (the random
+  // default model calls none); forcing a call is refused by name.
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}}});
+  const json weather = {{{"role", "user"}, {"content", "Weather?"}}};
+  auto t = c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"max_tokens", 4}}.dump());
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_TRUE(parse(t.body)["choices"][0]["message"]["tool_calls"].is_array()) << t.body;
+  expect_error(
+      c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"tool_choice", "required"}}.dump()),
+      400, "tool_choice");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"tools", tools}}.dump()), 400, "tools");
   json body = {{"messages", {{{"role", "user"}, {"content", "Think, then answer."}}}},
                {"max_tokens", 40},
                {"temperature", 0},

@@ -2,6 +2,8 @@
 // max_new_tokens defaults, error bodies, response shapes and the Prometheus rendering.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -98,8 +100,9 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of = 3");
   const json msgs = {{{"role", "user"}, {"content", "a"}}};
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, "tools",
-             "function calling");
-  expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "auto"}}, "tool_choice", "\"auto\"");
+             "tools[0] must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "required"}}, "tool_choice",
+             "forcing a call needs constrained decoding");
   EXPECT_NO_THROW(
       parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tools", json::array()}, {"tool_choice", "none"}}));
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
@@ -337,7 +340,7 @@ TEST(ServerProtocol, ChatReasoningContentWholeAndStreamed) {
   EXPECT_EQ(split["choices"][0]["message"]["content"], "Four.");
   EXPECT_EQ(split["choices"][0]["message"]["reasoning_content"], "Two and two.");
 
-  ReasoningParser parser(*req.reasoning);
+  ChatChoiceStream parser = ChatChoiceStream::for_request(req);
   std::string reasoning, content;
   out.finished.reset();
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -362,6 +365,97 @@ TEST(ServerProtocol, ChatReasoningContentWholeAndStreamed) {
   const json nb = chat_response(req, ctx, no_block);
   EXPECT_EQ(nb["choices"][0]["message"]["content"], "Just an answer.");
   EXPECT_TRUE(nb["choices"][0]["message"]["reasoning_content"].is_null());
+}
+
+// --tool-call-parser on the chat route: tools and tool_choice parsed (forcing a call refused by name);
+// the reply's calls become message.tool_calls (content null when nothing else was said, finish_reason
+// "tool_calls"); streamed, each call arrives whole in one delta with its index, after the reasoning.
+TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  ParsedRequest req = parse_request(
+      Endpoint::kChat,
+      json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"tools", tools}, {"tool_choice", "auto"}});
+  ASSERT_TRUE(req.tools.is_array());
+  EXPECT_EQ(req.tools[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(req.tool_choice, "auto");
+  const json msgs = {{{"role", "user"}, {"content", "a"}}};
+  auto param_of = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of([&] {
+              parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "required"}});
+            }),
+            "tool_choice");
+  EXPECT_EQ(param_of([&] {
+              parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tools", {{{"type", "x"}}}}});
+            }),
+            "tools");
+  EXPECT_EQ(parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "none"}}).tool_choice, "none");
+
+  req.reasoning = find_reasoning_format("glm45");
+  req.tool_calls = find_tool_call_format("glm45");
+  ResponseContext ctx{"chatcmpl-9", "m", 123, 4, nullptr};
+  const std::vector<std::string> pieces = {"<think>need the weather</think>\n", "<tool_c",
+                                           "all>get_weather\n<arg_key>city",
+                                           "</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"};
+  Accumulated acc;
+  fp4moe::engine::RequestOutput out;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    out.text = pieces[i];
+    if (i + 1 == pieces.size()) {
+      out.finished = fp4moe::engine::Finish{};
+      out.finished->reason = fp4moe::engine::FinishReason::kStop;
+    }
+    acc.add(out);
+  }
+  const json whole = chat_response(req, ctx, acc);
+  const json& m = whole["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "need the weather");
+  EXPECT_TRUE(m["content"].is_null());
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+
+  ChatChoiceStream stream = ChatChoiceStream::for_request(req);
+  out.finished.reset();
+  std::vector<json> calls;
+  std::string reasoning;
+  json last;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    out.text = pieces[i];
+    if (i + 1 == pieces.size()) out.finished = acc.finish;
+    last = chat_chunk(req, ctx, out, i == 0, 0, &stream)["choices"][0];
+    const json& d = last["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) EXPECT_EQ(d["content"], "") << d.dump();
+    if (d.contains("tool_calls")) {
+      for (const json& c : d["tool_calls"]) calls.push_back(c);
+    }
+  }
+  EXPECT_EQ(reasoning, "need the weather");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(calls[0]["id"], m["tool_calls"][0]["id"]);
+  EXPECT_EQ(last["finish_reason"], "tool_calls");
+
+  // No call in the reply: content as usual, an empty tool_calls list, the engine's finish_reason.
+  Accumulated plain;
+  out.text = "It is sunny.";
+  plain.add(out);
+  const json p = chat_response(req, ctx, plain)["choices"][0];
+  EXPECT_EQ(p["message"]["content"], "It is sunny.");
+  EXPECT_TRUE(p["message"]["tool_calls"].empty());
+  EXPECT_EQ(p["finish_reason"], "stop");
 }
 
 }  // namespace

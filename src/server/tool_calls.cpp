@@ -1,0 +1,134 @@
+// server::ToolCallParser (see tool_calls.h). Tested by tests/server/test_tool_calls.cpp.
+#include "server/tool_calls.h"
+
+#include <array>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "server/markup.h"
+
+namespace fp4moe::server {
+
+namespace {
+
+constexpr std::array<ToolCallFormat, 1> kFormats = {{
+    {"glm45", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"},
+}};
+
+std::string_view trim(std::string_view s) {
+  const auto sp = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+  while (!s.empty() && sp(s.front())) s.remove_prefix(1);
+  while (!s.empty() && sp(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// The body of one call (between the tags); nullopt when it is not name + key / value pairs.
+std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view body) {
+  const size_t first_key = body.find(f.key_open);
+  ToolCall call;
+  call.name = std::string(trim(body.substr(0, first_key)));
+  if (call.name.empty() || call.name.find_first_of(" \n\t<>") != std::string::npos) return std::nullopt;
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  size_t at = first_key;
+  while (at != std::string_view::npos) {
+    const size_t k0 = at + f.key_open.size();
+    const size_t k1 = body.find(f.key_close, k0);
+    if (k1 == std::string_view::npos) return std::nullopt;
+    const size_t v_open = body.find(f.value_open, k1 + f.key_close.size());
+    if (v_open == std::string_view::npos ||
+        !trim(body.substr(k1 + f.key_close.size(), v_open - k1 - f.key_close.size())).empty())
+      return std::nullopt;
+    const size_t v0 = v_open + f.value_open.size();
+    const size_t v1 = body.find(f.value_close, v0);
+    if (v1 == std::string_view::npos) return std::nullopt;
+    const std::string key(trim(body.substr(k0, k1 - k0)));
+    const std::string_view raw = body.substr(v0, v1 - v0);
+    nlohmann::ordered_json value = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
+    args[key] = value.is_discarded() ? nlohmann::ordered_json(std::string(raw)) : std::move(value);
+    at = body.find(f.key_open, v1 + f.value_close.size());
+    if (!trim(body.substr(v1 + f.value_close.size(),
+                          (at == std::string_view::npos ? body.size() : at) - v1 - f.value_close.size()))
+             .empty())
+      return std::nullopt;
+  }
+  call.arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return call;
+}
+
+}  // namespace
+
+const ToolCallFormat* find_tool_call_format(std::string_view name) { return markup::find_by_name(kFormats, name); }
+
+std::string tool_call_format_names() { return markup::names_of(kFormats); }
+
+void ToolCallParser::add_content(std::string_view s, ToolCallSplit& out) {
+  const size_t last = s.find_last_not_of(" \n\r\t");
+  if (last == std::string_view::npos) {
+    pending_ws_ += s;
+    return;
+  }
+  out.content += pending_ws_;
+  out.content += s.substr(0, last + 1);
+  pending_ws_ = std::string(s.substr(last + 1));
+}
+
+ToolCallSplit ToolCallParser::push(std::string_view delta) {
+  ToolCallSplit out;
+  held_ += delta;
+  while (!held_.empty()) {
+    if (!in_call_) {
+      const size_t p = held_.find(f_->start);
+      if (p == std::string::npos) {
+        const size_t keep = markup::partial_tag_suffix(held_, f_->start);
+        add_content(std::string_view(held_).substr(0, held_.size() - keep), out);
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      add_content(std::string_view(held_).substr(0, p), out);
+      ws_before_call_ = std::move(pending_ws_);
+      pending_ws_.clear();
+      held_.erase(0, p + f_->start.size());
+      in_call_ = true;
+      after_call_ = true;
+      continue;
+    }
+    const size_t e = held_.find(f_->end);
+    if (e == std::string::npos) return out;  // the call is not complete yet
+    if (std::optional<ToolCall> call = parse_call(*f_, std::string_view(held_).substr(0, e))) {
+      out.calls.push_back(std::move(*call));
+      ++n_calls_;
+    } else {  // not a call after all: the text as written
+      pending_ws_ = std::move(ws_before_call_);
+      add_content(std::string(f_->start) + held_.substr(0, e + f_->end.size()), out);
+    }
+    held_.erase(0, e + f_->end.size());
+    in_call_ = false;
+  }
+  return out;
+}
+
+ToolCallSplit ToolCallParser::finish() {
+  ToolCallSplit out;
+  if (in_call_) {
+    out.content = ws_before_call_ + std::string(f_->start) + held_;  // cut off inside a call: as written
+  } else {
+    add_content(held_, out);
+    if (!after_call_) out.content += pending_ws_;  // a reply without calls keeps its text as it is
+  }
+  pending_ws_.clear();
+  held_.clear();
+  in_call_ = false;
+  return out;
+}
+
+ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text) {
+  ToolCallParser p(format);
+  ToolCallSplit out = p.push(text);
+  ToolCallSplit tail = p.finish();
+  out.content += tail.content;
+  for (ToolCall& c : tail.calls) out.calls.push_back(std::move(c));
+  return out;
+}
+
+}  // namespace fp4moe::server

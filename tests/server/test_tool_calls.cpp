@@ -1,0 +1,97 @@
+// server::ToolCallParser (glm45): calls with typed and string arguments in order, content around them,
+// malformed and cut-off calls kept as text, and streams cut at every place equal to the one-shot parse.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/tool_calls.h"
+#include "testing/testing.h"
+
+namespace fp4moe::server {
+namespace {
+
+const ToolCallFormat& glm45() { return *find_tool_call_format("glm45"); }
+
+TEST(ToolCalls, FormatsByName) {
+  ASSERT_NE(find_tool_call_format("glm45"), nullptr);
+  EXPECT_EQ(find_tool_call_format("hermes"), nullptr);
+  EXPECT_EQ(tool_call_format_names(), "glm45");
+}
+
+TEST(ToolCalls, OneShotParse) {
+  ToolCallSplit s = parse_tool_calls(glm45(),
+                                     "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+                                     "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>opts"
+                                     "</arg_key>\n<arg_value>{\"unit\": \"C\"}</arg_value>\n</tool_call>\n<tool_call>"
+                                     "now\n</tool_call>\n");
+  EXPECT_EQ(s.content, "Let me check.");
+  ASSERT_EQ(s.calls.size(), 2u);
+  EXPECT_EQ(s.calls[0].name, "get_weather");
+  EXPECT_EQ(s.calls[0].arguments, R"({"city":"Paris","days":3,"opts":{"unit":"C"}})");
+  EXPECT_EQ(s.calls[1].name, "now");
+  EXPECT_EQ(s.calls[1].arguments, "{}");
+
+  s = parse_tool_calls(glm45(), "<tool_call>f\n<arg_key>q</arg_key><arg_value>\"7\"</arg_value></tool_call>");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].arguments, R"({"q":"7"})") << "a quoted value is the JSON string";
+  EXPECT_EQ(s.content, "");
+
+  s = parse_tool_calls(glm45(), "  A plain answer.\n");
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, "  A plain answer.\n") << "no call: the text as it is";
+
+  s = parse_tool_calls(glm45(), "x <tool_call>bad name\n<arg_key>a</arg_key></tool_call> y");
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, "x <tool_call>bad name\n<arg_key>a</arg_key></tool_call> y") << "malformed: kept as text";
+
+  s = parse_tool_calls(glm45(), "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1");
+  EXPECT_TRUE(s.calls.empty());
+  EXPECT_EQ(s.content, "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1") << "cut off: kept as text";
+}
+
+TEST(ToolCalls, StreamsEqualTheOneShotParse) {
+  const std::vector<std::string> pieces = {"<tool_call>",
+                                           "</tool_call>",
+                                           "f",
+                                           "\n",
+                                           " ",
+                                           "<arg_key>k</arg_key>",
+                                           "<arg_value>1</arg_value>",
+                                           "<arg_value>v w</arg_value>",
+                                           "<tool",
+                                           "_call>",
+                                           "text",
+                                           "<",
+                                           ">",
+                                           "</arg_key>"};
+  std::mt19937_64 rng(testing::test_seed() + 11);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 14);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    const ToolCallSplit whole = parse_tool_calls(glm45(), text);
+    ToolCallParser p(glm45());
+    ToolCallSplit streamed;
+    for (size_t at = 0; at < text.size();) {
+      const size_t len = std::min<size_t>(text.size() - at, 1 + rng() % 5);
+      ToolCallSplit d = p.push(std::string_view(text).substr(at, len));
+      streamed.content += d.content;
+      for (auto& c : d.calls) streamed.calls.push_back(c);
+      at += len;
+    }
+    ToolCallSplit tail = p.finish();
+    streamed.content += tail.content;
+    for (auto& c : tail.calls) streamed.calls.push_back(c);
+    ASSERT_EQ(streamed.content, whole.content) << "\"" << text << "\"";
+    ASSERT_EQ(streamed.calls.size(), whole.calls.size()) << "\"" << text << "\"";
+    for (size_t i = 0; i < whole.calls.size(); ++i) {
+      ASSERT_EQ(streamed.calls[i].name, whole.calls[i].name);
+      ASSERT_EQ(streamed.calls[i].arguments, whole.calls[i].arguments);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp4moe::server
