@@ -295,6 +295,18 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       }
       // Re-parse with key order kept: the template's tojson prints keys as the client sent them.
       r.messages = nlohmann::ordered_json::parse(m->dump());
+      // An assistant turn's tool_calls carry `arguments` as JSON text (OpenAI); the GLM templates iterate
+      // them as a mapping (arguments.items()), so an object's text becomes the object, as vLLM does.
+      for (auto& msg : *r.messages) {
+        if (!msg.is_object() || !msg.contains("tool_calls") || !msg["tool_calls"].is_array()) continue;
+        for (auto& tc : msg["tool_calls"]) {
+          if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
+          auto& args = tc["function"]["arguments"];
+          if (!args.is_string()) continue;
+          auto parsed = nlohmann::ordered_json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_object()) args = std::move(parsed);
+        }
+      }
       parse_sampling(top, &r, true);
       parse_stream(top, &r);
       if (auto v = top.boolean("logprobs")) r.return_logprob = *v;

@@ -397,6 +397,17 @@ TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
             }),
             "tools");
   EXPECT_EQ(parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "none"}}).tool_choice, "none");
+  // A tool round trip's assistant turn: arguments text becomes the object the template iterates.
+  const json turn = {
+      {{"role", "user"}, {"content", "a"}},
+      {{"role", "assistant"},
+       {"tool_calls",
+        {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", R"({"b": 2, "a": [1]})"}}}}}}},
+      {{"role", "tool"}, {"content", "ok"}}};
+  const ParsedRequest rt = parse_request(Endpoint::kChat, json{{"messages", turn}});
+  const auto& args = (*rt.messages)[1]["tool_calls"][0]["function"]["arguments"];
+  ASSERT_TRUE(args.is_object());
+  EXPECT_EQ(args.dump(), R"({"b":2,"a":[1]})") << "keys in the order sent";
 
   req.reasoning = find_reasoning_format("glm45");
   req.tool_calls = find_tool_call_format("glm45");
