@@ -130,6 +130,9 @@ Measured read_measured(const PromText& p) {
   m.step_seconds = p.get(P + "step_seconds_total").value_or(0.0);
   m.timed_steps = p.get(P + "layer_timed_steps_total").value_or(0.0);
   m.graph_steps = p.get(P + "cuda_graph_steps_total").value_or(0.0);
+  m.prefix_queries = p.get(P + "prefix_cache_queries_total").value_or(0.0);
+  m.prefix_hits = p.get(P + "prefix_cache_hits_total").value_or(0.0);
+  m.prefix_tokens = p.get(P + "prefix_cache_tokens").value_or(0.0);
   const double dsum = p.get(P + "decode_batch_size_sum").value_or(0.0);
   const double dcount = p.get(P + "decode_batch_size_count").value_or(0.0);
   m.decode_batch_mean = dcount > 0 ? dsum / dcount : 0.0;
@@ -193,6 +196,10 @@ Analysis analyze(const Measured& m, const model::ModelConfig& cfg, WeightFormat 
   a.tokens_per_step = m.forward_tokens / m.steps;
   a.decode_batch_mean = m.decode_batch_mean;
   a.measured_tokens_per_s = m.forward_seconds > 0 ? m.forward_tokens / m.forward_seconds : 0.0;
+  a.prefix_queries = m.prefix_queries;
+  a.prefix_hits = m.prefix_hits;
+  a.prefix_tokens = m.prefix_tokens;
+  if (m.prefix_queries > 0) a.prefix_hit_rate = m.prefix_hits / m.prefix_queries;
   if (m.step_seconds > 0) {
     a.step_ms = 1e3 * m.step_seconds / m.steps;
     a.overhead_ms = 1e3 * std::max(0.0, m.step_seconds - m.forward_seconds) / m.steps;
@@ -336,6 +343,11 @@ std::string format_analysis(const Analysis& a) {
                                        "streaming, bookkeeping) {} ms = {:.1f}%\n",
                                        f(a.step_ms, 3), f(a.overhead_ms, 3), 100 * a.overhead_fraction));
   }
+  if (a.prefix_hit_rate >= 0) {
+    o.insert(o.size() - 1, fmt::format("prefix cache: {:.1f}% of prompt tokens found ({:.0f} of {:.0f}), {:.0f} "
+                                       "tokens held\n",
+                                       100 * a.prefix_hit_rate, a.prefix_hits, a.prefix_queries, a.prefix_tokens));
+  }
 
   o += "Tokens one expert receives in one step (all MoE layers, measured):\n";
   {
@@ -453,7 +465,11 @@ nlohmann::json analysis_json(const Analysis& a) {
          {"measured_tokens_per_s", a.measured_tokens_per_s},
          {"step_ms", a.step_ms},
          {"overhead_ms", a.overhead_ms},
-         {"overhead_fraction", a.overhead_fraction}};
+         {"overhead_fraction", a.overhead_fraction},
+         {"prefix_hit_rate", a.prefix_hit_rate},
+         {"prefix_hits", a.prefix_hits},
+         {"prefix_queries", a.prefix_queries},
+         {"prefix_tokens", a.prefix_tokens}};
   json dist = json::object();
   for (size_t b = 0; b < 5; ++b) dist[kStepTokenBuckets[b]] = a.step_token_fraction[b];
   j["step_token_fraction"] = dist;

@@ -61,6 +61,8 @@ struct Measured {
   double timed_steps = 0;         // layer_timed_steps_total (0: the model reported no layer times)
   double graph_steps = 0;         // cuda_graph_steps_total (0 when absent)
   double decode_batch_mean = 0;   // decode_batch_size _sum / _count (0 when no decode step yet)
+  // The prefix cache (0 when absent): prompt tokens looked up / found, tokens it holds.
+  double prefix_queries = 0, prefix_hits = 0, prefix_tokens = 0;
   struct MoeLayer {
     int64_t layer = 0;
     std::vector<double> expert_tokens;  // [E] moe_expert_tokens_total
@@ -129,6 +131,8 @@ struct Analysis {
   // Engine time per step outside the model forward (scheduling, sampling, streaming, bookkeeping):
   // (step_seconds - forward_seconds) / steps, and as a fraction of the step; -1 without step_seconds.
   double step_ms = -1, overhead_ms = -1, overhead_fraction = -1;
+  // Prefix cache: prompt tokens found / looked up (-1 when nothing was looked up), tokens held.
+  double prefix_hit_rate = -1, prefix_hits = 0, prefix_queries = 0, prefix_tokens = 0;
   std::array<double, 5> step_token_fraction{};  // of expert-steps in each kStepTokenBuckets bucket
   std::vector<LayerRow> layers;
   // Over the MoE layers: tokens, assignments, active_experts are means per layer; flops, bytes,

@@ -1,11 +1,14 @@
 // server::ToolCallParser (glm45): calls with typed and string arguments in order, content around them,
-// malformed and cut-off calls kept as text, and streams cut at every place equal to the one-shot parse.
+// malformed and cut-off calls kept as text, and streams cut at every place equal to the one-shot parse;
+// a tool round trip through a GLM-4.5-style template (the calls it renders parse back to themselves).
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
+#include "engine/chat_template.h"
+#include "server/protocol.h"
 #include "server/tool_calls.h"
 #include "testing/testing.h"
 
@@ -91,6 +94,57 @@ TEST(ToolCalls, StreamsEqualTheOneShotParse) {
       ASSERT_EQ(streamed.calls[i].arguments, whole.calls[i].arguments);
     }
   }
+}
+
+// A client sends back the assistant's tool_calls (arguments as JSON text) with the tool's result: the
+// request parser hands the template objects, a template written the way GLM-4.5's renders assistant
+// calls (name, then key / value pairs; non-string values as JSON) and the tool turn, and the glm45
+// parser reads the rendered calls back as the same name and arguments.
+TEST(ToolCalls, RoundTripThroughAGlmStyleTemplate) {
+  const std::string source = R"J({%- for m in messages -%}
+{%- if m.role == 'user' -%}<|user|>
+{{ m.content }}
+{%- elif m.role == 'assistant' -%}<|assistant|>
+{{ m.content or '' }}
+{%- if m.tool_calls -%}
+{%- for tc in m.tool_calls -%}
+{%- if tc.function %}{%- set tc = tc.function %}{%- endif %}
+{{ '<tool_call>' + tc.name }}
+{% for k, v in tc.arguments.items() -%}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor -%}
+</tool_call>
+{%- endfor -%}
+{%- endif -%}
+{%- elif m.role == 'tool' -%}<|observation|>
+<tool_response>{{ m.content }}</tool_response>
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|assistant|>{% endif -%})J";
+  const engine::ChatTemplate tmpl(source, nlohmann::ordered_json::object());
+  const std::string args_text = R"({"city": "Paris", "days": 3, "opts": {"unit": "C"}, "note": "a b"})";
+  const nlohmann::json body = {{"messages",
+                                {{{"role", "user"}, {"content", "Weather?"}},
+                                 {{"role", "assistant"},
+                                  {"content", ""},
+                                  {"tool_calls",
+                                   {{{"id", "call_1"},
+                                     {"type", "function"},
+                                     {"function", {{"name", "get_weather"}, {"arguments", args_text}}}}}}},
+                                 {{"role", "tool"}, {"content", "sunny"}}}}};
+  const ParsedRequest req = parse_request(Endpoint::kChat, body);
+  const std::string rendered = tmpl.render(*req.messages);
+  EXPECT_NE(rendered.find("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>"),
+            std::string::npos)
+      << rendered;
+  EXPECT_NE(rendered.find("<tool_response>sunny</tool_response>"), std::string::npos) << rendered;
+  const size_t a = rendered.find("<tool_call>"), b = rendered.find("</tool_call>") + std::string("</tool_call>").size();
+  ASSERT_NE(a, std::string::npos);
+  const ToolCallSplit back = parse_tool_calls(glm45(), rendered.substr(a, b - a));
+  ASSERT_EQ(back.calls.size(), 1u) << rendered;
+  EXPECT_EQ(back.calls[0].name, "get_weather");
+  EXPECT_EQ(back.calls[0].arguments, R"({"city":"Paris","days":3,"opts":{"unit":"C"},"note":"a b"})");
 }
 
 }  // namespace

@@ -117,6 +117,9 @@ fp4moe:layer_timed_steps_total 10
 fp4moe:cuda_graph_steps_total 7
 fp4moe:decode_batch_size_sum 36
 fp4moe:decode_batch_size_count 9
+fp4moe:prefix_cache_queries_total 400
+fp4moe:prefix_cache_hits_total 96
+fp4moe:prefix_cache_tokens 128
 fp4moe:moe_expert_tokens_total{layer="1",expert="0"} 40
 fp4moe:moe_expert_tokens_total{layer="1",expert="1"} 20
 fp4moe:moe_expert_tokens_total{layer="1",expert="2"} 10
@@ -151,6 +154,8 @@ TEST(Analyze, HandComputedNumbers) {
   EXPECT_NEAR(a.step_ms, 55.0, 1e-9);       // 0.55 s over 10 steps
   EXPECT_NEAR(a.overhead_ms, 5.0, 1e-9);    // (0.55 - 0.5) s over 10 steps
   EXPECT_NEAR(a.overhead_fraction, 5.0 / 55.0, 1e-12);
+  EXPECT_DOUBLE_EQ(a.prefix_hit_rate, 0.24);  // 96 of 400 prompt tokens from the prefix cache
+  EXPECT_DOUBLE_EQ(a.prefix_tokens, 128);
   EXPECT_DOUBLE_EQ(a.shared_intermediate, 32);
   EXPECT_DOUBLE_EQ(a.step_token_fraction[0], 0.1);
   EXPECT_DOUBLE_EQ(a.step_token_fraction[1], 0.9);
@@ -244,7 +249,10 @@ TEST(Analyze, HandComputedNumbers) {
   EXPECT_NE(text.find("routed gate_up"), std::string::npos) << text;
   EXPECT_NE(text.find("tok/s ceiling"), std::string::npos) << text;
   EXPECT_NE(text.find("8 (x2)"), std::string::npos) << text;
+  EXPECT_NE(text.find("prefix cache: 24.0% of prompt tokens found (96 of 400), 128 tokens held"), std::string::npos)
+      << text;
   const auto j = analysis_json(a);
+  EXPECT_DOUBLE_EQ(j["prefix_hit_rate"].get<double>(), 0.24);
   EXPECT_EQ(j["schema"], "fp4moe.analyze.v1");
   EXPECT_DOUBLE_EQ(j["layers"][0]["tokens_per_expert"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(j["step_token_fraction"]["1-7"].get<double>(), 0.9);
