@@ -261,7 +261,6 @@ struct Engine::Impl {
     take_pending_and_aborts();
     if (take_flush_request() && cache) cache->clear(blocks);
     int64_t n_preempted = 0;
-    int64_t info_cached_tokens = 0;
     std::vector<Planned> plan;
     int64_t prefill_budget = opt().max_prefill_tokens;
     const int64_t chunk_cap = opt().chunked_prefill_size > 0 ? opt().chunked_prefill_size : INT64_MAX;
@@ -306,11 +305,9 @@ struct Engine::Impl {
         if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) break;
         r->kv = hit.tokens > 0 ? hit.kv->copy_prefix(hit.tokens) : model->new_state();
-        const int64_t cached = r->kv_length();
-        info_cached_tokens += cached;
         r->admitted(Clock::now());
         if (!r->counted_prompt && may_hit) {
-          r->cached_tokens = std::min<int64_t>(cached, static_cast<int64_t>(r->prompt.size()));
+          r->cached_tokens = std::min<int64_t>(r->kv_length(), static_cast<int64_t>(r->prompt.size()));
           std::lock_guard<std::mutex> lock(mu);
           stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
           stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
@@ -345,7 +342,6 @@ struct Engine::Impl {
     info.step = step_index++;
     info.continuous = continuous;
     info.n_preempted = n_preempted;
-    info.n_cached_tokens = info_cached_tokens;
     int64_t n_tokens = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       RequestState* r = plan[i].req;

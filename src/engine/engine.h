@@ -79,7 +79,6 @@ struct StepInfo {
   int64_t n_waiting = 0;            // waiting requests after scheduling this step
   int64_t n_running = 0;            // running requests in this step
   int64_t kv_used_tokens = 0;       // blocks held by requests * page_size, after the step (not the prefix cache's)
-  int64_t n_cached_tokens = 0;      // prompt tokens this step's admissions took from the prefix cache
   int64_t n_preempted = 0;          // requests preempted while scheduling this step
   double forward_s = 0.0;           // wall time of the model forward
 };

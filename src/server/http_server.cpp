@@ -694,7 +694,7 @@ void HttpServer::install_routes() {
       flush_cache(req, res);
     } else {
       reply_error(bad_request("", req.method + " " + req.path +
-                                      " came without a body (no Content-Length header): " + "send the JSON request"),
+                                      " came without a body (no Content-Length header): send the JSON request"),
                   res);
     }
     return httplib::Server::HandlerResponse::Handled;

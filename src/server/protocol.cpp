@@ -595,19 +595,18 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
   json out = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Accumulated& acc = choices[i];
-    json choice = {{"index", i}, {"message", {{"role", "assistant"}, {"content", acc.text}}}};
+    ChatChoiceStream::Pieces p = ChatChoiceStream::for_request(req).take(acc.text, /*last=*/true);
+    const bool called = !p.calls.empty();
+    json choice = {
+        {"index", i},
+        {"message",
+         {{"role", "assistant"}, {"content", called && p.content.empty() ? json(nullptr) : json(p.content)}}}};
     if (req.reasoning != nullptr) {  // --reasoning-parser: the thinking apart from the answer
-      ReasoningSplit split = split_reasoning(*req.reasoning, acc.text);
-      choice["message"]["content"] = std::move(split.content);
-      choice["message"]["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
+      choice["message"]["reasoning_content"] = p.reasoning.empty() ? json(nullptr) : json(p.reasoning);
     }
-    bool called = false;
     if (req.tool_calls != nullptr) {  // --tool-call-parser: the answer's calls as tool_calls
-      ToolCallSplit split = parse_tool_calls(*req.tool_calls, choice["message"]["content"].get<std::string>());
-      called = !split.calls.empty();
-      choice["message"]["content"] = called && split.content.empty() ? json(nullptr) : json(split.content);
       json calls = json::array();
-      for (size_t k = 0; k < split.calls.size(); ++k) calls.push_back(tool_call_json(ctx, i, k, split.calls[k]));
+      for (size_t k = 0; k < p.calls.size(); ++k) calls.push_back(tool_call_json(ctx, i, k, p.calls[k]));
       choice["message"]["tool_calls"] = std::move(calls);
     }
     choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
@@ -634,38 +633,44 @@ ChatChoiceStream ChatChoiceStream::for_request(const ParsedRequest& req) {
   return s;
 }
 
+ChatChoiceStream::Pieces ChatChoiceStream::take(std::string_view text, bool last) {
+  Pieces p;
+  p.content = std::string(text);
+  if (reasoning) {
+    ReasoningSplit split = reasoning->take(text, last);
+    p.reasoning = std::move(split.reasoning);
+    p.content = std::move(split.content);
+  }
+  if (tools) {
+    ToolCallSplit split = tools->take(p.content, last);
+    p.content = std::move(split.content);
+    p.calls = std::move(split.calls);
+    n_calls += static_cast<int64_t>(p.calls.size());
+  }
+  return p;
+}
+
 json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out, bool first,
                 int64_t index, ChatChoiceStream* stream) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
-  std::string content = out.text;
-  json calls = json::array();
-  if (stream != nullptr && stream->reasoning) {
-    ReasoningSplit split = stream->reasoning->push(out.text);
-    if (out.finished) {
-      ReasoningSplit tail = stream->reasoning->finish();
-      split.reasoning += tail.reasoning;
-      split.content += tail.content;
-    }
-    if (!split.reasoning.empty()) delta["reasoning_content"] = std::move(split.reasoning);
-    content = std::move(split.content);
-  }
-  if (stream != nullptr && stream->tools) {
-    ToolCallSplit split = stream->tools->push(content);
-    if (out.finished) {
-      ToolCallSplit tail = stream->tools->finish();
-      split.content += tail.content;
-      for (ToolCall& c : tail.calls) split.calls.push_back(std::move(c));
-    }
-    for (const ToolCall& c : split.calls) {
-      json call = tool_call_json(ctx, index, static_cast<size_t>(stream->n_calls), c);
-      call["index"] = stream->n_calls++;
+  ChatChoiceStream::Pieces p;
+  if (stream != nullptr) {
+    const int64_t before = stream->n_calls;
+    p = stream->take(out.text, out.finished.has_value());
+    if (!p.reasoning.empty()) delta["reasoning_content"] = std::move(p.reasoning);
+    json calls = json::array();
+    for (size_t k = 0; k < p.calls.size(); ++k) {
+      const int64_t call_index = before + static_cast<int64_t>(k);
+      json call = tool_call_json(ctx, static_cast<size_t>(index), static_cast<size_t>(call_index), p.calls[k]);
+      call["index"] = call_index;
       calls.push_back(std::move(call));
     }
-    content = std::move(split.content);
+    if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+  } else {
+    p.content = out.text;
   }
-  if (!content.empty() || first) delta["content"] = std::move(content);
-  if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+  if (!p.content.empty() || first) delta["content"] = std::move(p.content);
   json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   const bool called = stream != nullptr && stream->n_calls > 0;

@@ -146,12 +146,20 @@ engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumula
 // finish_reason on the choice's last).
 nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
                                 int64_t index = 0);
-// One streamed chat choice's parsers (--reasoning-parser, --tool-call-parser), kept across its events.
+// One chat choice's parsers (--reasoning-parser, --tool-call-parser), kept across a stream's events;
+// a whole reply is one take(text, true).
 struct ChatChoiceStream {
   std::optional<ReasoningParser> reasoning;
   std::optional<ToolCallParser> tools;
-  int64_t n_calls = 0;  // tool calls sent so far (the next one's index)
+  int64_t n_calls = 0;  // tool calls taken so far (the next one's index)
   static ChatChoiceStream for_request(const ParsedRequest& req);
+  struct Pieces {
+    std::string reasoning, content;  // without a parser: "" and the text
+    std::vector<ToolCall> calls;
+  };
+  // The next piece of the choice's text through the reasoning parser, then the tool-call parser on
+  // what is answer; `last`: the reply ends with it (held-back text released).
+  Pieces take(std::string_view text, bool last);
 };
 // With a stream state (req.reasoning / req.tool_calls), the delta carries `reasoning_content`, `content`
 // and complete `tool_calls` as the parsers release them, held-back text with the last event, whose

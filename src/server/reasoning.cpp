@@ -85,13 +85,18 @@ ReasoningSplit ReasoningParser::finish() {
   return out;
 }
 
-ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text) {
-  ReasoningParser p(format);
-  ReasoningSplit out = p.push(text);
-  ReasoningSplit tail = p.finish();
-  out.reasoning += tail.reasoning;
-  out.content += tail.content;
+ReasoningSplit ReasoningParser::take(std::string_view delta, bool last) {
+  ReasoningSplit out = push(delta);
+  if (last) {
+    ReasoningSplit tail = finish();
+    out.reasoning += tail.reasoning;
+    out.content += tail.content;
+  }
   return out;
+}
+
+ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text) {
+  return ReasoningParser(format).take(text, /*last=*/true);
 }
 
 }  // namespace fp4moe::server

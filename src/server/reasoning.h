@@ -41,6 +41,8 @@ class ReasoningParser {
   ReasoningSplit push(std::string_view delta);
   // The end of the reply: whatever was held back.
   ReasoningSplit finish();
+  // push(delta), and with `last` (the reply ends with it) finish() too, in one split.
+  ReasoningSplit take(std::string_view delta, bool last);
   bool saw_reasoning() const { return saw_reasoning_; }
 
  private:

@@ -122,13 +122,18 @@ ToolCallSplit ToolCallParser::finish() {
   return out;
 }
 
-ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text) {
-  ToolCallParser p(format);
-  ToolCallSplit out = p.push(text);
-  ToolCallSplit tail = p.finish();
-  out.content += tail.content;
-  for (ToolCall& c : tail.calls) out.calls.push_back(std::move(c));
+ToolCallSplit ToolCallParser::take(std::string_view delta, bool last) {
+  ToolCallSplit out = push(delta);
+  if (last) {
+    ToolCallSplit tail = finish();
+    out.content += tail.content;
+    for (ToolCall& c : tail.calls) out.calls.push_back(std::move(c));
+  }
   return out;
+}
+
+ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text) {
+  return ToolCallParser(format).take(text, /*last=*/true);
 }
 
 }  // namespace fp4moe::server

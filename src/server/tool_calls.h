@@ -50,6 +50,8 @@ class ToolCallParser {
   explicit ToolCallParser(const ToolCallFormat& format) : f_(&format) {}
   ToolCallSplit push(std::string_view delta);
   ToolCallSplit finish();
+  // push(delta), and with `last` (the reply ends with it) finish() too, in one split.
+  ToolCallSplit take(std::string_view delta, bool last);
   int64_t n_calls() const { return n_calls_; }
 
  private:
