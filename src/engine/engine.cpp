@@ -419,7 +419,8 @@ struct Engine::Impl {
       }
       if (r->finish_reason()) {
         for (auto& q : running) {
-          if (q.get() == r) finish(q, *r->finish_reason(), {}, std::move(out));  // one event: token + finished
+          if (q.get() == r)
+            finish(q, *r->finish_reason(), r->finish_error(), std::move(out));  // one event: token + finished
         }
       } else if (opt().num_continuous_decode_steps > 1 && before > 0) {
         r->hold(std::move(out));  // delivered once per run by scheduled_step (first tokens never wait)

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "engine/constraint.h"
 
 namespace fp4moe::engine {
 
@@ -23,6 +24,7 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
       t_submit_(now) {
   if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
   sampler_.observe_prompt(prompt);
+  if (sampling.constraint) constraint_state_ = sampling.constraint->start();
   if (sampling.prompt_logprobs >= 0 && !prompt.empty()) {
     GeneratedToken first;
     first.id = prompt.front();
@@ -116,19 +118,44 @@ void RequestState::flush_text(std::string& out) {
 
 RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                                       int64_t context_length) {
-  if (static_cast<int64_t>(generated.size()) < sampling.min_new_tokens) {
+  const bool before_min = static_cast<int64_t>(generated.size()) < sampling.min_new_tokens;
+  if (!before_min && !sampling.constraint) return on_sampled(sampler_.sample(logits), now, eos_ids, context_length);
+  std::vector<float> z(logits, logits + vocab_);
+  const float ban = -std::numeric_limits<float>::infinity();
+  auto is_eos = [&](TokenId t) { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); };
+  if (sampling.constraint) {
+    // Only tokens that keep a match possible; EOS (a special token, never in the mask) where the
+    // text so far is a whole match.
+    const TokenConstraint& c = *sampling.constraint;
+    const std::shared_ptr<const TokenMask> mask = c.allowed(constraint_state_);
+    const bool eos_ok = c.accepting(constraint_state_) && !sampling.ignore_eos;
+    int64_t n_ok = 0;
+    for (int64_t t = 0; t < vocab_; ++t) {
+      if (mask->test(static_cast<TokenId>(t)) || (eos_ok && is_eos(static_cast<TokenId>(t)))) {
+        ++n_ok;
+      } else {
+        z[static_cast<size_t>(t)] = ban;
+      }
+    }
+    if (n_ok == 0) {
+      finish_error_ = "the " + c.description() + " constraint allows no token of the vocabulary after " +
+                      std::to_string(generated.size()) + " generated tokens";
+      finish_reason_ = FinishReason::kError;
+      RequestOutput out;
+      out.id = id;
+      return out;
+    }
+  }
+  if (before_min) {
     // min_new_tokens: the tokens that would end the request cannot be drawn yet.
-    std::vector<float> z(logits, logits + vocab_);
-    const float ban = -std::numeric_limits<float>::infinity();
     for (TokenId t : sampling.stop_token_ids) z[static_cast<size_t>(t)] = ban;
     if (!sampling.ignore_eos) {
       for (TokenId t : eos_ids) {
         if (t >= 0 && t < vocab_) z[static_cast<size_t>(t)] = ban;
       }
     }
-    return on_sampled(sampler_.sample(z.data()), now, eos_ids, context_length);
   }
-  return on_sampled(sampler_.sample(logits), now, eos_ids, context_length);
+  return on_sampled(sampler_.sample(z.data()), now, eos_ids, context_length);
 }
 
 RequestOutput RequestState::on_argmax(TokenId id_chosen, Clock::time_point now, const std::vector<TokenId>& eos_ids,
@@ -175,9 +202,15 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     finish_reason_ = FinishReason::kStop;
     return out;  // the stop token adds no text
   }
+  if (sampling.constraint) constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
   const bool past_min = static_cast<int64_t>(generated.size()) >= sampling.min_new_tokens;
   if (detok_ && stream_text(detok_->push(s.id), out.text, past_min)) {
     finish_reason_ = FinishReason::kStop;
+    return out;
+  }
+  if (sampling.constraint && constraint_state_ != ByteAutomaton::kDead &&
+      !sampling.constraint->can_continue(constraint_state_)) {
+    finish_reason_ = FinishReason::kStop;  // a whole match that nothing may follow: done without an EOS step
     return out;
   }
   if (static_cast<int64_t>(generated.size()) >= sampling.max_new_tokens || n_all_tokens() >= context_length) {

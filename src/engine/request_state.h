@@ -63,6 +63,7 @@ class RequestState {
   // generator, as a host sample would).
   model::DeviceSampling device_sampling();
   const std::optional<FinishReason>& finish_reason() const { return finish_reason_; }
+  const std::string& finish_error() const { return finish_error_; }  // with FinishReason::kError
 
   // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.
   RequestOutput finish(FinishReason reason, const std::string& error, Clock::time_point now, RequestOutput base = {});
@@ -97,6 +98,8 @@ class RequestState {
   int64_t prefill_target_ = 0;
   int64_t n_preemptions_ = 0;
   std::optional<FinishReason> finish_reason_;
+  std::string finish_error_;
+  uint64_t constraint_state_ = 0;  // sampling.constraint's automaton after the generated tokens
   std::optional<TokenId> matched_stop_token_;
   std::optional<std::string> matched_stop_str_;
   Clock::time_point t_submit_;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -26,6 +27,7 @@
 namespace fp4moe::engine {
 
 using TokenId = int32_t;
+class TokenConstraint;  // engine/constraint.h
 
 struct SamplingParams {
   int64_t max_new_tokens = 128;
@@ -56,6 +58,10 @@ struct SamplingParams {
   // OpenAI logit_bias: added to the token's logit after the penalties, before temperature and the
   // truncations (bias in [-100, 100]: -100 bans a token in practice, +100 all but forces it).
   std::vector<std::pair<TokenId, float>> logit_bias;
+  // Structured outputs (engine/constraint.h): only tokens that keep the reply a possible match are
+  // drawn, end-of-sequence only where it is a whole match, and the request ends (stop) once nothing
+  // can follow. Applied by RequestState on the logits, so such requests always sample on the host.
+  std::shared_ptr<const TokenConstraint> constraint;
 
   // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
   void validate(int64_t vocab_size) const;
@@ -64,13 +70,13 @@ struct SamplingParams {
   // then a model may return only that argmax (model::SeqChunk::argmax).
   bool needs_logits() const {
     return !greedy() || logprobs || top_logprobs > 0 || repetition_penalty != 1.0 || frequency_penalty != 0.0 ||
-           presence_penalty != 0.0 || !logit_bias.empty() || min_new_tokens > 0;
+           presence_penalty != 0.0 || !logit_bias.empty() || min_new_tokens > 0 || constraint != nullptr;
   }
   // True when a model can draw the token itself (model::SeqChunk::sample: temperature, top-k/p,
   // min-p on the device, given next_uniform()): not greedy, no penalties, no logprobs.
   bool device_samplable() const {
     return !greedy() && !logprobs && top_logprobs == 0 && repetition_penalty == 1.0 && frequency_penalty == 0.0 &&
-           presence_penalty == 0.0 && logit_bias.empty() && min_new_tokens == 0;
+           presence_penalty == 0.0 && logit_bias.empty() && min_new_tokens == 0 && constraint == nullptr;
   }
 };
 

@@ -238,6 +238,18 @@ class RequestHandler {
                               tool_call_format_names());
       if (req.tool_choice != "none") req.tool_calls = server_->options_.tool_calls;
     }
+    if (req.constraint) {
+      std::shared_ptr<engine::ConstraintCompiler> compiler;
+      {
+        std::lock_guard<std::mutex> lock(server_->mu_);
+        compiler = server_->constraints_;
+      }
+      try {
+        req.sampling.constraint = compiler->compile(*req.constraint);
+      } catch (const fp4moe::Error& e) {
+        throw bad_request(req.constraint->param, req.constraint->param + ": " + e.what());
+      }
+    }
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
       throw bad_request("priority", "priority = " + std::to_string(req.priority) +
@@ -574,9 +586,12 @@ void HttpServer::start() {
 
 void HttpServer::set_engine(std::shared_ptr<engine::Engine> engine,
                             std::shared_ptr<const engine::ChatTemplate> chat_template) {
+  auto constraints =
+      engine ? std::make_shared<engine::ConstraintCompiler>(engine->tokenizer(), options_.constraints) : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   engine_ = std::move(engine);
   chat_template_ = std::move(chat_template);
+  constraints_ = std::move(constraints);
 }
 
 void HttpServer::shutdown(bool drain, double timeout_s) {

@@ -62,6 +62,9 @@ struct ServerOptions {
   const ReasoningFormat* reasoning = nullptr;
   // --tool-call-parser: chat requests may send tools; the reply's calls become tool_calls.
   const ToolCallFormat* tool_calls = nullptr;
+  // Structured outputs (regex / json_schema / response_format): the JSON whitespace pattern and the
+  // compiled-constraint cache size (engine/constraint.h).
+  engine::ConstraintOptions constraints;
 };
 
 class HttpServer {
@@ -109,6 +112,7 @@ class HttpServer {
   mutable std::mutex mu_;
   std::shared_ptr<engine::Engine> engine_;
   std::shared_ptr<const engine::ChatTemplate> chat_template_;
+  std::shared_ptr<engine::ConstraintCompiler> constraints_;  // over the engine's tokenizer (set_engine)
   HttpCounters counters_;
   std::map<std::string, std::vector<engine::RequestId>> rids_;  // under mu_
 

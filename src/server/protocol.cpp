@@ -125,6 +125,8 @@ class Fields {
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
 constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound
 
+void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
+
 // The sampling fields SGLang's sampling_params and OpenAI's bodies share (OpenAI names the token
 // budget max_tokens / max_completion_tokens; SGLang max_new_tokens).
 void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
@@ -166,6 +168,76 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
                         f.name("n") + " = " + std::to_string(*n) + ": only n = 1 is supported on /generate");
     r->n = *n;
   }
+  parse_constraint(f, r, openai);
+}
+
+// Structured outputs (engine/constraint.h): SGLang's regex / json_schema / ebnf (in sampling_params on
+// /generate, at the top of OpenAI bodies), vLLM's guided_json / guided_regex / guided_choice /
+// guided_grammar and OpenAI's response_format. At most one may be given.
+void parse_constraint(const Fields& f, ParsedRequest* r, bool openai) {
+  std::vector<engine::ConstraintSpec> given;
+  auto add = [&](engine::ConstraintSpec::Kind kind, const std::string& key, std::string text) {
+    engine::ConstraintSpec c;
+    c.kind = kind;
+    c.param = f.name(key);
+    c.text = std::move(text);
+    given.push_back(std::move(c));
+  };
+  auto schema_text = [&](const std::string& key, const json& v) {
+    if (v.is_string()) return v.get<std::string>();  // SGLang sends the schema as a JSON string
+    if (v.is_object() || v.is_boolean()) return v.dump();
+    throw bad_request(f.name(key), f.name(key) + " must be a JSON schema (an object or its JSON text), got " + show(v));
+  };
+  for (const char* key : {"ebnf", "guided_grammar"}) {
+    if (f.find(key))
+      throw bad_request(f.name(key), f.name(key) +
+                                         ": grammars (EBNF / GBNF) are not supported; use regex, json_schema or "
+                                         "response_format");
+  }
+  for (const char* key : {"regex", "guided_regex"}) {
+    if (auto v = f.string(key)) add(engine::ConstraintSpec::Kind::kRegex, key, *v);
+  }
+  for (const char* key : {"json_schema", "guided_json"}) {
+    if (const json* v = f.find(key)) add(engine::ConstraintSpec::Kind::kJsonSchema, key, schema_text(key, *v));
+  }
+  if (const json* v = f.find("guided_choice")) {
+    if (!v->is_array() || v->empty())
+      throw bad_request(f.name("guided_choice"),
+                        f.name("guided_choice") + " must be a non-empty list of strings, got " + show(*v));
+    engine::ConstraintSpec c;
+    c.kind = engine::ConstraintSpec::Kind::kChoice;
+    c.param = f.name("guided_choice");
+    for (size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string() || (*v)[i].get<std::string>().empty())
+        throw bad_request(c.param,
+                          c.param + "[" + std::to_string(i) + "] = " + show((*v)[i]) + " is not a non-empty string");
+      c.choices.push_back((*v)[i].get<std::string>());
+    }
+    given.push_back(std::move(c));
+  }
+  if (const json* rf = openai ? f.find("response_format") : nullptr) {
+    const std::string p = f.name("response_format");
+    const json* type = rf->is_object() && rf->contains("type") ? &(*rf)["type"] : nullptr;
+    const std::string t = type != nullptr && type->is_string() ? type->get<std::string>() : std::string();
+    if (t == "json_object") {
+      add(engine::ConstraintSpec::Kind::kJsonObject, "response_format", "");
+    } else if (t == "json_schema") {
+      const json* js = rf->contains("json_schema") ? &(*rf)["json_schema"] : nullptr;
+      if (js == nullptr || !js->is_object() || !js->contains("schema"))
+        throw bad_request(
+            p,
+            p + " of type json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}, got " + show(*rf));
+      add(engine::ConstraintSpec::Kind::kJsonSchema, "response_format",
+          schema_text("response_format", (*js)["schema"]));
+    } else if (t != "text") {
+      throw bad_request(
+          p, p + " " + show(*rf) + " is not supported; {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+    }
+  }
+  if (given.size() > 1)
+    throw bad_request(given[1].param,
+                      "give one structured-output constraint, got " + given[0].param + " and " + given[1].param);
+  if (!given.empty()) r->constraint = std::move(given[0]);
 }
 
 void parse_stream(const Fields& f, ParsedRequest* r) {
@@ -334,13 +406,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
   if (endpoint != Endpoint::kGenerate) {
     // OpenAI fields this server cannot honour are refused by name, not ignored (a request relying on
     // them would otherwise get a quietly different result). Unknown fields are ignored, as vLLM does.
-    if (const json* rf = top.find("response_format")) {
-      const json* type = rf->is_object() && rf->contains("type") ? &(*rf)["type"] : nullptr;
-      if (type == nullptr || !type->is_string() || type->get<std::string>() != "text")
-        throw bad_request(
-            "response_format",
-            "response_format " + show(*rf) + " is not supported (no constrained decoding); only {\"type\": \"text\"}");
-    }
     if (const json* tools = top.find("tools"); tools != nullptr && !tools->is_null()) {
       if (!tools->is_array()) throw bad_request("tools", "tools must be a list of functions, got " + show(*tools));
       for (size_t i = 0; i < tools->size(); ++i) {
@@ -358,9 +423,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
     if (const json* tc = top.find("tool_choice"); tc != nullptr && !tc->is_null()) {
       const std::string choice = tc->is_string() ? tc->get<std::string>() : std::string();
       if (choice != "auto" && choice != "none")
-        throw bad_request("tool_choice", "tool_choice " + show(*tc) +
-                                             " is not supported (forcing a call needs constrained decoding); "
-                                             "\"auto\" or \"none\"");
+        throw bad_request("tool_choice",
+                          "tool_choice " + show(*tc) + " is not supported (forcing a call); \"auto\" or \"none\"");
       r.tool_choice = choice;
     }
     if (auto b = top.integer("best_of", 1, kMaxChoices); b && *b != r.n)

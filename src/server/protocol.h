@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/constraint.h"
 #include "engine/engine.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
@@ -84,6 +85,9 @@ struct ParsedRequest {
   nlohmann::ordered_json tools;  // null: none
   std::string tool_choice = "auto";
   const ToolCallFormat* tool_calls = nullptr;
+  // Structured outputs as asked (regex, json_schema, response_format, guided_*); the server compiles it
+  // into sampling.constraint.
+  std::optional<engine::ConstraintSpec> constraint;
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request

@@ -35,6 +35,7 @@
 #include "engine/chat_template.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
+#include "engine/regex_dfa.h"
 #include "model/registry.h"
 #include "server/http_server.h"
 #include "tools/commands.h"
@@ -52,6 +53,7 @@ struct ServeArgs {
   std::string api_key;
   std::string reasoning_parser;  // --reasoning-parser (empty: replies are not split)
   std::string tool_call_parser;  // --tool-call-parser (empty: requests with tools are refused)
+  engine::ConstraintOptions constraints;  // --constrained-json-whitespace-pattern
   std::string host = "127.0.0.1";
   int port = 30000;
   DeviceArgs device;
@@ -120,7 +122,8 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"http_threads", a.http_threads},
           {"api_key", a.api_key.empty() ? "" : "(set)"},  // never the key itself
           {"reasoning_parser", a.reasoning_parser},
-          {"tool_call_parser", a.tool_call_parser}};
+          {"tool_call_parser", a.tool_call_parser},
+          {"constrained_json_whitespace_pattern", a.constraints.json_whitespace}};
 }
 
 void run_serve(ServeArgs a) {
@@ -139,6 +142,11 @@ void run_serve(ServeArgs a) {
     reasoning = server::find_reasoning_format(a.reasoning_parser);
     FP4MOE_CHECK(reasoning != nullptr) << "--reasoning-parser \"" << a.reasoning_parser
                                        << "\" is not one of: " << server::reasoning_format_names();
+  }
+  try {
+    engine::compile_regex(a.constraints.json_whitespace);  // a bad pattern fails before the socket opens
+  } catch (const fp4moe::Error& e) {
+    FP4MOE_FAIL() << "--constrained-json-whitespace-pattern: " << e.what();
   }
   model::parse_load_format(a.load_format);  // bad values fail before the socket opens
   model::parse_dummy_weights(a.dummy_weights);
@@ -164,6 +172,7 @@ void run_serve(ServeArgs a) {
   so.api_key = a.api_key;
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;
+  so.constraints = a.constraints;
   server::HttpServer http(so);
   http.bind();
   http.start();
@@ -252,6 +261,9 @@ void register_serve_command(CLI::App& app) {
       "--tool-call-parser", a->tool_call_parser,
       "Accept chat tools (rendered by the chat template) and return the reply's calls as tool_calls: "
       "glm45 (GLM-4.5 and GLM-5: <tool_call>name <arg_key>k</arg_key><arg_value>v</arg_value></tool_call>)");
+  cmd->add_option("--constrained-json-whitespace-pattern", a->constraints.json_whitespace,
+                  "Regex of the whitespace allowed between JSON tokens of json_schema replies (default "
+                  "[ \\t\\n\\r]{0,20}; e.g. [ ]? for compact JSON)");
   cmd->add_option("--reasoning-parser", a->reasoning_parser,
                   "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
                   "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)");

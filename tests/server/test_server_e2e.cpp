@@ -862,8 +862,8 @@ TEST_F(DefaultServer, LogitBiasAndRefusedFields) {
   EXPECT_EQ(oc.status, 200) << oc.body;
   // Outside the vocabulary (272 tokens): 400 from the engine's validation, naming the token.
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 5}}}}.dump()), 400, "");
-  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}}.dump()),
-               400, "response_format");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"response_format", {{"type", "grammar"}}}}.dump()), 400,
+               "response_format");
   expect_error(
       c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"best_of", 4}}.dump()),
       400, "best_of");

@@ -95,14 +95,24 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"x", 1}}}}, "logit_bias", "not a token id");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"5", 101}}}}, "logit_bias", "101");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", 3}}, "logit_bias", "object");
-  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}},
-             "response_format", "not supported");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "structural_tag"}}}},
+             "response_format", "is not supported; {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "json_schema"}}}},
+             "response_format", "needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"regex", "a+"}, {"guided_json", {{"type", "string"}}}},
+             "guided_json", "give one structured-output constraint, got regex and guided_json");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"guided_choice", {"x", 3}}}, "guided_choice",
+             "guided_choice[1] = 3 is not a non-empty string");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"guided_grammar", "root ::= x"}}, "guided_grammar",
+             "grammars (EBNF / GBNF) are not supported");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"json_schema", 3}}, "json_schema",
+             "must be a JSON schema (an object or its JSON text), got 3");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of = 3");
   const json msgs = {{{"role", "user"}, {"content", "a"}}};
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, "tools",
              "tools[0] must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "required"}}, "tool_choice",
-             "forcing a call needs constrained decoding");
+             "tool_choice \"required\" is not supported (forcing a call)");
   EXPECT_NO_THROW(
       parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tools", json::array()}, {"tool_choice", "none"}}));
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
@@ -179,6 +189,36 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"logit_bias", {{"3", 1}}}}}})
                 .sampling.logit_bias.size(),
             1u);
+  EXPECT_FALSE(lb.constraint) << "response_format text asks for nothing";
+  // Structured outputs: each spelling becomes one ConstraintSpec naming its field (compiled by the server).
+  using Kind = fp4moe::engine::ConstraintSpec::Kind;
+  const ParsedRequest jo = parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}},
+                                                               {"response_format", {{"type", "json_object"}}}});
+  ASSERT_TRUE(jo.constraint);
+  EXPECT_EQ(jo.constraint->kind, Kind::kJsonObject);
+  EXPECT_EQ(jo.constraint->param, "response_format");
+  const ParsedRequest js = parse_request(
+      Endpoint::kCompletions,
+      json{{"prompt", "a"},
+           {"response_format",
+            {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", {{"type", "integer"}}}}}}}});
+  ASSERT_TRUE(js.constraint);
+  EXPECT_EQ(js.constraint->kind, Kind::kJsonSchema);
+  EXPECT_EQ(js.constraint->text, R"({"type":"integer"})");
+  const ParsedRequest rg =
+      parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"regex", "[ab]+"}}}});
+  ASSERT_TRUE(rg.constraint);
+  EXPECT_EQ(rg.constraint->kind, Kind::kRegex);
+  EXPECT_EQ(rg.constraint->param, "sampling_params.regex");
+  EXPECT_EQ(rg.constraint->text, "[ab]+");
+  const ParsedRequest sj = parse_request(
+      Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"json_schema", R"({"type": "string"})"}}}});
+  ASSERT_TRUE(sj.constraint);
+  EXPECT_EQ(sj.constraint->text, R"({"type": "string"})") << "SGLang sends the schema as JSON text, kept as sent";
+  const ParsedRequest gc = parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"guided_choice", {"x", "y"}}});
+  ASSERT_TRUE(gc.constraint);
+  EXPECT_EQ(gc.constraint->kind, Kind::kChoice);
+  EXPECT_EQ(gc.constraint->choices, (std::vector<std::string>{"x", "y"}));
   // A batch of prompts (completions): all strings or all id lists; one id list is a single prompt.
   const ParsedRequest bt = parse_request(Endpoint::kCompletions, json{{"prompt", {"a", "bc"}}, {"n", 2}});
   ASSERT_EQ(bt.batch.size(), 2u);

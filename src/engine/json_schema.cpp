@@ -1,0 +1,283 @@
+// JSON schema -> regex. See json_schema.h; tests in tests/engine/test_constraint.cpp.
+#include "engine/json_schema.h"
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/regex_dfa.h"
+
+namespace fp4moe::engine {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// One JSON string character: anything but '"', '\\' and control characters, or an escape; a \u
+// escape of a UTF-16 surrogate only as a high + low pair (strict parsers refuse lone ones).
+constexpr const char* kStringChar =
+    R"((?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)"
+    R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
+constexpr const char* kInteger = R"(-?(?:0|[1-9][0-9]*))";
+constexpr const char* kNumber = R"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)";
+
+class SchemaRegex {
+ public:
+  SchemaRegex(const ojson& root, std::string ws) : root_(root), ws_("(?:" + std::move(ws) + ")") {}
+
+  std::string value(const ojson& s, const std::string& where) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail(where, "the schema false matches nothing");
+      return any_value(kAnyValueDepth);
+    }
+    if (!s.is_object()) fail(where, "a schema must be an object or a boolean, got " + s.dump());
+    static const std::set<std::string> kKnown = {"type",      "properties",  "required",    "additionalProperties",
+                                                 "items",     "minItems",    "maxItems",    "enum",
+                                                 "const",     "anyOf",       "oneOf",       "allOf",
+                                                 "$ref",      "$defs",       "definitions", "minLength",
+                                                 "maxLength", "pattern",     "format",      "nullable",
+                                                 "title",     "description", "default",     "examples",
+                                                 "$schema",   "$id",         "$comment",    "strict"};
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (!kKnown.count(it.key()))
+        fail(where,
+             "keyword '" + it.key() + "' is not supported (structured outputs take the subset in docs/server.md)");
+    }
+    std::string r = value_of_keywords(s, where);
+    if (s.contains("nullable") && s["nullable"].is_boolean() && s["nullable"].get<bool>()) r = "(?:" + r + "|null)";
+    return r;
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& where, const std::string& what) {
+    throw Error("JSON schema at " + (where.empty() ? std::string("#") : where) + ": " + what);
+  }
+  static std::string literal(const ojson& v) { return regex_escape(v.dump()); }
+  std::string sep() const { return ws_ + "," + ws_; }
+
+  std::string value_of_keywords(const ojson& s, const std::string& where) {
+    if (s.contains("$ref")) {
+      const ojson& ref = s["$ref"];
+      if (!ref.is_string()) fail(where, "$ref must be a string");
+      const std::string path = ref.get<std::string>();
+      if (path.rfind("#", 0) != 0) fail(where, "$ref '" + path + "' is not inside this schema (only #/... refs)");
+      for (const std::string& open : refs_) {
+        if (open == path) fail(where, "$ref '" + path + "' refers to itself (recursive schemas are not supported)");
+      }
+      const ojson* target = nullptr;
+      try {
+        target = &root_.at(ojson::json_pointer(path.substr(1)));
+      } catch (const std::exception&) {
+        fail(where, "$ref '" + path + "' points at nothing");
+      }
+      refs_.push_back(path);
+      std::string r = value(*target, path.substr(1));
+      refs_.pop_back();
+      return r;
+    }
+    if (s.contains("const")) return literal(s["const"]);
+    if (s.contains("enum")) {
+      const ojson& e = s["enum"];
+      if (!e.is_array() || e.empty()) fail(where, "enum must be a non-empty list");
+      std::string r;
+      for (size_t i = 0; i < e.size(); ++i) {
+        r += i ? "|" : "";
+        r += literal(e[i]);
+      }
+      return "(?:" + r + ")";
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!s.contains(key)) continue;
+      const ojson& alts = s[key];
+      if (!alts.is_array() || alts.empty()) fail(where, std::string(key) + " must be a non-empty list");
+      std::string r;
+      for (size_t i = 0; i < alts.size(); ++i) {
+        r += i ? "|" : "";
+        r += value(alts[i], where + "/" + key + "/" + std::to_string(i));
+      }
+      return "(?:" + r + ")";
+    }
+    if (s.contains("allOf")) {
+      const ojson& all = s["allOf"];
+      if (!all.is_array() || all.size() != 1) fail(where, "allOf is supported with exactly one schema");
+      return value(all[0], where + "/allOf/0");
+    }
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const ojson& t = s["type"];
+      if (t.is_string()) {
+        types.push_back(t.get<std::string>());
+      } else if (t.is_array() && !t.empty()) {
+        for (const ojson& x : t) {
+          if (!x.is_string()) fail(where, "type must be a string or a list of strings");
+          types.push_back(x.get<std::string>());
+        }
+      } else {
+        fail(where, "type must be a string or a list of strings");
+      }
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types = {"object"};
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types = {"array"};
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format")) {
+      types = {"string"};
+    } else {
+      return any_value(kAnyValueDepth);
+    }
+    std::string r;
+    for (size_t i = 0; i < types.size(); ++i) {
+      r += i ? "|" : "";
+      r += typed(types[i], s, where);
+    }
+    return types.size() == 1 ? r : "(?:" + r + ")";
+  }
+
+  static int64_t count(const ojson& s, const char* key, const std::string& where, int64_t dflt) {
+    if (!s.contains(key)) return dflt;
+    const ojson& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail(where, std::string(key) + " must be an integer >= 0");
+    return v.get<int64_t>();
+  }
+
+  static std::string bounds(int64_t lo, int64_t hi) {
+    std::string r = "{";
+    if (hi < 0 && lo == 0) return "*";
+    r += std::to_string(lo);
+    r += ",";
+    if (hi >= 0) r += std::to_string(hi);
+    r += "}";
+    return r;
+  }
+
+  std::string typed(const std::string& type, const ojson& s, const std::string& where) {
+    if (type == "null") return "null";
+    if (type == "boolean") return "(?:true|false)";
+    if (type == "integer") return kInteger;
+    if (type == "number") return kNumber;
+    if (type == "string") return string_regex(s, where);
+    if (type == "array") return array_regex(s, where);
+    if (type == "object") return object_regex(s, where);
+    fail(where, "unknown type '" + type + "'");
+  }
+
+  std::string string_regex(const ojson& s, const std::string& where) {
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) fail(where, "pattern must be a string");
+      std::string p = s["pattern"].get<std::string>();
+      if (!p.empty() && p.front() == '^') p.erase(0, 1);
+      if (!p.empty() && p.back() == '$' && (p.size() < 2 || p[p.size() - 2] != '\\')) p.pop_back();
+      return "\"(?:" + p + ")\"";
+    }
+    if (s.contains("format")) {
+      if (!s["format"].is_string()) fail(where, "format must be a string");
+      const std::string f = s["format"].get<std::string>();
+      const std::string date = R"([0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01]))";
+      const std::string time =
+          R"((?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?)";
+      if (f == "date") return "\"" + date + "\"";
+      if (f == "time") return "\"" + time + "\"";
+      if (f == "date-time") return "\"" + date + "T" + time + "\"";
+      if (f == "uuid") return R"("[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")";
+      fail(where, "format '" + f + "' is not supported (date, time, date-time, uuid)");
+    }
+    const int64_t lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
+    if (hi >= 0 && hi < lo) fail(where, "maxLength < minLength");
+    return std::string("\"") + kStringChar + bounds(lo, hi) + "\"";
+  }
+
+  std::string array_regex(const ojson& s, const std::string& where) {
+    const int64_t lo = count(s, "minItems", where, 0), hi = count(s, "maxItems", where, -1);
+    if (hi >= 0 && hi < lo) fail(where, "maxItems < minItems");
+    const std::string item = s.contains("items") ? value(s["items"], where + "/items") : any_value(kAnyValueDepth);
+    const std::string open = "\\[" + ws_, close = ws_ + "\\]";
+    if (hi == 0) return open + close;
+    const std::string more = "(?:" + sep() + "(?:" + item + "))" + bounds(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+    const std::string items = "(?:" + item + ")" + more;
+    return open + (lo == 0 ? "(?:" + items + ")?" : items) + close;
+  }
+
+  std::string object_regex(const ojson& s, const std::string& where) {
+    std::vector<std::pair<std::string, std::string>> props;  // (key regex, value regex)
+    std::vector<bool> required;
+    std::set<std::string> req_names;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) fail(where, "required must be a list of names");
+      for (const ojson& n : s["required"]) {
+        if (!n.is_string()) fail(where, "required must be a list of names");
+        req_names.insert(n.get<std::string>());
+      }
+    }
+    const ojson* properties = s.contains("properties") ? &s["properties"] : nullptr;
+    if (properties != nullptr && !properties->is_object()) fail(where, "properties must be an object");
+    std::set<std::string> listed;
+    auto key_regex = [](const std::string& name) { return regex_escape(ojson(name).dump()); };
+    if (properties != nullptr) {
+      for (auto it = properties->begin(); it != properties->end(); ++it) {
+        listed.insert(it.key());
+        props.emplace_back(key_regex(it.key()), value(it.value(), where + "/properties/" + it.key()));
+        required.push_back(req_names.count(it.key()) > 0);
+      }
+    }
+    for (const std::string& name : req_names) {  // required but not described: any value
+      if (listed.count(name)) continue;
+      props.emplace_back(key_regex(name), any_value(kAnyValueDepth));
+      required.push_back(true);
+    }
+    const std::string open = "\\{" + ws_, close = ws_ + "\\}";
+    if (props.empty()) {
+      const ojson* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+      if (extra != nullptr && extra->is_boolean() && !extra->get<bool>()) return open + close;
+      const std::string v =
+          extra != nullptr ? value(*extra, where + "/additionalProperties") : any_value(kAnyValueDepth);
+      const std::string member = std::string("\"") + kStringChar + "*\"" + ws_ + ":" + ws_ + "(?:" + v + ")";
+      return open + "(?:" + member + "(?:" + sep() + member + ")*)?" + close;
+    }
+    // rest(i, first): properties i.. when none has been written yet (first) or some has. Optional ones
+    // may be skipped; linear in the properties when one has been written, quadratic before.
+    const size_t n = props.size();
+    std::vector<std::string> after(n + 1);  // rest(i, false): each present property is preceded by ','
+    for (size_t i = n; i-- > 0;) {
+      const std::string member = sep() + props[i].first + ws_ + ":" + ws_ + "(?:" + props[i].second + ")";
+      after[i] = required[i] ? member + after[i + 1] : "(?:" + member + ")?" + after[i + 1];
+    }
+    std::string first;  // rest(0, true)
+    std::vector<std::string> alts;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string member = props[i].first + ws_ + ":" + ws_ + "(?:" + props[i].second + ")";
+      alts.push_back(member + after[i + 1]);  // property i is the first one written
+      if (required[i]) break;                 // none after a required one can come first
+    }
+    const bool all_optional = std::none_of(required.begin(), required.end(), [](bool b) { return b; });
+    std::string body = "(?:";
+    for (size_t i = 0; i < alts.size(); ++i) body += (i ? "|" : "") + alts[i];
+    body += ")";
+    if (all_optional) body += "?";
+    return open + body + close;
+  }
+
+  // Any JSON value with containers nested at most `depth` deep.
+  std::string any_value(int depth) {
+    const std::string string = std::string("\"") + kStringChar + "*\"";
+    std::string r = "(?:" + string + "|" + kNumber + "|true|false|null";
+    if (depth > 0) {
+      const std::string v = any_value(depth - 1);
+      const std::string member = string + ws_ + ":" + ws_ + v;
+      r += "|\\{" + ws_ + "(?:" + member + "(?:" + sep() + member + ")*)?" + ws_ + "\\}";
+      r += "|\\[" + ws_ + "(?:" + v + "(?:" + sep() + v + ")*)?" + ws_ + "\\]";
+    }
+    return r + ")";
+  }
+
+  const ojson& root_;
+  std::string ws_;
+  std::vector<std::string> refs_;
+};
+
+}  // namespace
+
+std::string json_schema_to_regex(const nlohmann::ordered_json& schema, const std::string& whitespace) {
+  SchemaRegex b(schema, whitespace);
+  return b.value(schema, "");
+}
+
+}  // namespace fp4moe::engine
