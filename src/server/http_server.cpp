@@ -227,6 +227,7 @@ class RequestHandler {
   void handle(const httplib::Request& http_req, httplib::Response& res) {
     auto engine = server_->engine_or_503();
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
+    restore_key_order(req, http_req.body);
     if (endpoint_ == Endpoint::kChat && req.separate_reasoning.value_or(true))
       req.reasoning = server_->options_.reasoning;
     if (!req.tools.is_null()) {

@@ -26,6 +26,12 @@ class Fields {
   Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
 
   std::string name(const std::string& key) const { return prefix_ + key; }
+  // The field as a JSON pointer into the body ("sampling_params.json_schema" -> "/sampling_params/json_schema").
+  std::string pointer(const std::string& key) const {
+    std::string p = "/" + name(key);
+    std::replace(p.begin(), p.end(), '.', '/');
+    return p;
+  }
   const json* find(const std::string& key) const {
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
@@ -183,8 +189,11 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai) {
     c.text = std::move(text);
     given.push_back(std::move(c));
   };
-  auto schema_text = [&](const std::string& key, const json& v) {
+  // An object schema's text is re-read from the body in the order sent (restore_key_order): the order
+  // of its properties is the order a reply writes them.
+  auto schema_text = [&](const std::string& key, const json& v, const std::string& pointer) {
     if (v.is_string()) return v.get<std::string>();  // SGLang sends the schema as a JSON string
+    if (v.is_object()) r->schema_pointer = pointer;
     if (v.is_object() || v.is_boolean()) return v.dump();
     throw bad_request(f.name(key), f.name(key) + " must be a JSON schema (an object or its JSON text), got " + show(v));
   };
@@ -198,7 +207,8 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai) {
     if (auto v = f.string(key)) add(engine::ConstraintSpec::Kind::kRegex, key, *v);
   }
   for (const char* key : {"json_schema", "guided_json"}) {
-    if (const json* v = f.find(key)) add(engine::ConstraintSpec::Kind::kJsonSchema, key, schema_text(key, *v));
+    if (const json* v = f.find(key))
+      add(engine::ConstraintSpec::Kind::kJsonSchema, key, schema_text(key, *v, f.pointer(key)));
   }
   if (const json* v = f.find("guided_choice")) {
     if (!v->is_array() || v->empty())
@@ -228,7 +238,7 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai) {
             p,
             p + " of type json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}, got " + show(*rf));
       add(engine::ConstraintSpec::Kind::kJsonSchema, "response_format",
-          schema_text("response_format", (*js)["schema"]));
+          schema_text("response_format", (*js)["schema"], f.pointer("response_format") + "/json_schema/schema"));
     } else if (t != "text") {
       throw bad_request(
           p, p + " " + show(*rf) + " is not supported; {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
@@ -418,7 +428,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
                                          "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
                                          show(t));
       }
-      if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());
+      if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());  // key order: restore_key_order
     }
     if (const json* tc = top.find("tool_choice"); tc != nullptr && !tc->is_null()) {
       const std::string choice = tc->is_string() ? tc->get<std::string>() : std::string();
@@ -435,6 +445,17 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
   r.sampling.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
   if (r.return_logprob && (r.echo || r.logprob_start_len)) r.sampling.prompt_logprobs = r.top_logprobs;
   return r;
+}
+
+void restore_key_order(ParsedRequest& r, const std::string& body) {
+  if (r.tools.is_null() && r.schema_pointer.empty()) return;
+  const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!ordered.is_object()) return;  // parse_body accepted it: cannot happen
+  if (!r.tools.is_null() && ordered.contains("tools")) r.tools = ordered["tools"];
+  if (!r.schema_pointer.empty() && r.constraint) {
+    const nlohmann::ordered_json::json_pointer ptr(r.schema_pointer);
+    if (ordered.contains(ptr)) r.constraint->text = ordered[ptr].dump();
+  }
 }
 
 int64_t default_max_new_tokens(Endpoint endpoint, int64_t prompt_tokens, int64_t context_length) {

@@ -88,12 +88,17 @@ struct ParsedRequest {
   // Structured outputs as asked (regex, json_schema, response_format, guided_*); the server compiles it
   // into sampling.constraint.
   std::optional<engine::ConstraintSpec> constraint;
+  std::string schema_pointer;  // where an object schema sat in the body ("" otherwise), for restore_key_order
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
 
 // Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field.
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body);
+// parse_body's JSON keeps object keys sorted; where the order sent matters it is re-read from the raw
+// body: `tools` (rendered into the prompt as sent, as HF's templates do) and an object JSON schema (its
+// properties are written in their order). Call after parse_request on the same body.
+void restore_key_order(ParsedRequest& r, const std::string& body);
 
 // Parses the raw body text; malformed JSON or a non-object throws ApiError 400 with nlohmann's position.
 nlohmann::json parse_body(const std::string& body);

@@ -215,6 +215,16 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
       Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"json_schema", R"({"type": "string"})"}}}});
   ASSERT_TRUE(sj.constraint);
   EXPECT_EQ(sj.constraint->text, R"({"type": "string"})") << "SGLang sends the schema as JSON text, kept as sent";
+  // parse_body sorts keys; restore_key_order re-reads an object schema and the tools as sent.
+  const std::string raw = R"({"messages": [{"role": "user", "content": "a"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"z": {}, "a": {}}}}}],
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {"properties": {"z": {}, "a": {}}}}}})";
+  ParsedRequest ord = parse_request(Endpoint::kChat, parse_body(raw));
+  EXPECT_EQ(ord.schema_pointer, "/response_format/json_schema/schema");
+  EXPECT_EQ(ord.constraint->text, R"({"properties":{"a":{},"z":{}}})");
+  restore_key_order(ord, raw);
+  EXPECT_EQ(ord.constraint->text, R"({"properties":{"z":{},"a":{}}})");
+  EXPECT_EQ(ord.tools[0]["function"]["parameters"].dump(), R"({"properties":{"z":{},"a":{}}})");
   const ParsedRequest gc = parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"guided_choice", {"x", "y"}}});
   ASSERT_TRUE(gc.constraint);
   EXPECT_EQ(gc.constraint->kind, Kind::kChoice);

@@ -105,6 +105,16 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
   ASSERT_EQ(s.status, 200);
   EXPECT_EQ(streamed, content) << "same seed, same constrained draws";
 
+  // The reply writes the properties in the order the schema lists them (the body as sent, not sorted).
+  const std::string raw = R"({"prompt": "p", "max_tokens": 60, "response_format": {"type": "json_schema",
+      "json_schema": {"name": "o", "schema": {"type": "object", "properties": {"zeta": {"type": "boolean"},
+      "alpha": {"type": "boolean"}}, "required": ["zeta", "alpha"]}}}})";
+  auto ordered = c.post("/v1/completions", raw);
+  ASSERT_EQ(ordered.status, 200) << ordered.body;
+  const std::string otext = parse(ordered.body)["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(otext.rfind("{\"zeta\":", 0), 0u) << otext;
+  EXPECT_NE(otext.find("\"alpha\":"), std::string::npos) << otext;
+
   // JSON mode and vLLM's guided_choice.
   auto jm = c.post("/v1/completions", json{{"prompt", "{"},
                                            {"response_format", {{"type", "json_object"}}},
