@@ -2,6 +2,8 @@
 #include "engine/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -31,13 +33,38 @@ class SchemaRegex {
       return any_value(kAnyValueDepth);
     }
     if (!s.is_object()) fail(where, "a schema must be an object or a boolean, got " + s.dump());
-    static const std::set<std::string> kKnown = {"type",      "properties",  "required",    "additionalProperties",
-                                                 "items",     "minItems",    "maxItems",    "enum",
-                                                 "const",     "anyOf",       "oneOf",       "allOf",
-                                                 "$ref",      "$defs",       "definitions", "minLength",
-                                                 "maxLength", "pattern",     "format",      "nullable",
-                                                 "title",     "description", "default",     "examples",
-                                                 "$schema",   "$id",         "$comment",    "strict"};
+    static const std::set<std::string> kKnown = {"type",
+                                                 "properties",
+                                                 "required",
+                                                 "additionalProperties",
+                                                 "items",
+                                                 "minItems",
+                                                 "maxItems",
+                                                 "enum",
+                                                 "const",
+                                                 "anyOf",
+                                                 "oneOf",
+                                                 "allOf",
+                                                 "$ref",
+                                                 "$defs",
+                                                 "definitions",
+                                                 "minLength",
+                                                 "maxLength",
+                                                 "pattern",
+                                                 "format",
+                                                 "nullable",
+                                                 "title",
+                                                 "description",
+                                                 "default",
+                                                 "examples",
+                                                 "$schema",
+                                                 "$id",
+                                                 "$comment",
+                                                 "strict",
+                                                 "minimum",
+                                                 "maximum",
+                                                 "exclusiveMinimum",
+                                                 "exclusiveMaximum"};
     for (auto it = s.begin(); it != s.end(); ++it) {
       if (!kKnown.count(it.key()))
         fail(where,
@@ -152,12 +179,105 @@ class SchemaRegex {
   std::string typed(const std::string& type, const ojson& s, const std::string& where) {
     if (type == "null") return "null";
     if (type == "boolean") return "(?:true|false)";
-    if (type == "integer") return kInteger;
-    if (type == "number") return kNumber;
+    if (type == "integer") return integer_regex(s, where);
+    if (type == "number") {
+      for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+        if (s.contains(key)) fail(where, std::string(key) + " is supported on integers only, not on numbers");
+      }
+      return kNumber;
+    }
     if (type == "string") return string_regex(s, where);
     if (type == "array") return array_regex(s, where);
     if (type == "object") return object_regex(s, where);
     fail(where, "unknown type '" + type + "'");
+  }
+
+  // An integer type with minimum / maximum / exclusiveMinimum / exclusiveMaximum: the decimal texts of
+  // the range, no leading zeros (the range-to-regex construction: split by digit count, then by the
+  // first digit that differs).
+  std::string integer_regex(const ojson& s, const std::string& where) {
+    std::optional<int64_t> lo, hi;
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      if (!s.contains(key)) return;
+      const ojson& v = s[key];
+      if (!v.is_number()) fail(where, std::string(key) + " must be a number");
+      const double d = v.get<double>();
+      constexpr double kLimit = 1e18;
+      if (!(std::fabs(d) <= kLimit)) fail(where, std::string(key) + " beyond +-1e18 is not supported");
+      int64_t x = static_cast<int64_t>(lower ? std::ceil(d) : std::floor(d));
+      if (exclusive && static_cast<double>(x) == d) x += lower ? 1 : -1;
+      std::optional<int64_t>& b = lower ? lo : hi;
+      b = !b ? x : lower ? std::max(*b, x) : std::min(*b, x);
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!lo && !hi) return kInteger;
+    if (lo && hi && *lo > *hi)
+      fail(where, "the integer range [" + std::to_string(*lo) + ", " + std::to_string(*hi) + "] is empty");
+    std::vector<std::string> alts;
+    // Negative part: "-" and the magnitudes |hi'| .. |lo| (hi' = min(hi, -1)).
+    if (!lo || *lo < 0) {
+      const int64_t top = hi ? std::min<int64_t>(*hi, -1) : -1;
+      std::string neg = "-";
+      neg += natural_range(-top, lo ? std::optional<int64_t>(-*lo) : std::nullopt);
+      alts.push_back(std::move(neg));
+    }
+    if (!hi || *hi >= 0) alts.push_back(natural_range(lo ? std::max<int64_t>(*lo, 0) : 0, hi));
+    std::string r = "(?:";
+    for (size_t i = 0; i < alts.size(); ++i) {
+      r += i ? "|" : "";
+      r += alts[i];
+    }
+    return r + ")";
+  }
+
+  // Decimal texts of a..b (b nullopt: no end), a >= 0.
+  static std::string natural_range(int64_t a, std::optional<int64_t> b) {
+    std::vector<std::string> parts;
+    const std::string as = std::to_string(a);
+    if (!b) {
+      // a .. 10^len(a) - 1, then every longer number.
+      parts.push_back(same_length(as, std::string(as.size(), '9')));
+      parts.push_back("[1-9][0-9]{" + std::to_string(as.size()) + ",}");
+    } else {
+      const std::string bs = std::to_string(*b);
+      for (size_t len = as.size(); len <= bs.size(); ++len) {
+        std::string from = as;
+        if (len != as.size()) from = std::string(1, '1').append(len - 1, '0');
+        const std::string to = len == bs.size() ? bs : std::string(len, '9');
+        parts.push_back(same_length(from, to));
+      }
+    }
+    std::string r = "(?:";
+    for (size_t i = 0; i < parts.size(); ++i) {
+      r += i ? "|" : "";
+      r += parts[i];
+    }
+    return r + ")";
+  }
+
+  // Numbers from x to y (same digit count, x <= y) as a regex.
+  static std::string same_length(const std::string& x, const std::string& y) {
+    if (x.empty()) return "";
+    const auto digit_class = [](char a, char b) {
+      if (a == b) return std::string(1, a);
+      return std::string{'[', a, '-', b, ']'};
+    };
+    const size_t rest = x.size() - 1;
+    if (x[0] == y[0]) return std::string(1, x[0]) + same_length(x.substr(1), y.substr(1));
+    if (x.substr(1) == std::string(rest, '0') && y.substr(1) == std::string(rest, '9'))
+      return digit_class(x[0], y[0]) + (rest ? "[0-9]{" + std::to_string(rest) + "}" : "");
+    std::string r = "(?:" + std::string(1, x[0]) + same_length(x.substr(1), std::string(rest, '9'));
+    if (y[0] - x[0] > 1) {
+      r += "|";
+      r += digit_class(static_cast<char>(x[0] + 1), static_cast<char>(y[0] - 1));
+      r += "[0-9]{" + std::to_string(rest) + "}";
+    }
+    r += "|";
+    r += std::string(1, y[0]) + same_length(std::string(rest, '0'), y.substr(1));
+    return r + ")";
   }
 
   std::string string_regex(const ojson& s, const std::string& where) {

@@ -8,10 +8,12 @@
 // schema, when there are no properties), items, minItems, maxItems, enum, const, anyOf, oneOf (as
 // anyOf), allOf of one schema, $ref into the document (#/$defs/..., #/definitions/...; not recursive),
 // minLength, maxLength, pattern (anchors stripped; it must match the whole string), format (date, time,
-// date-time, uuid), nullable, and the annotations (title, description, default, examples, $schema, $id,
+// date-time, uuid), minimum / maximum / exclusiveMinimum / exclusiveMaximum on integers (exact decimal
+// ranges), nullable, and the annotations (title, description, default, examples, $schema, $id,
 // $comment, strict). A schema with no type (`{}`, `true`) is any JSON value nested at most
-// kAnyValueDepth containers deep. Anything else (minimum, uniqueItems, prefixItems, recursion, ...) is
-// refused naming the keyword and where it is (a JSON pointer), rather than quietly ignored.
+// kAnyValueDepth containers deep. Anything else (bounds on numbers, uniqueItems, prefixItems,
+// recursion, ...) is refused naming the keyword and where it is (a JSON pointer), rather than quietly
+// ignored.
 //
 // Tested by tests/engine/test_constraint.cpp.
 #pragma once

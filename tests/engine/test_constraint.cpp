@@ -237,13 +237,49 @@ TEST(JsonSchema, RefsAnyOfConstFormatsAndFreeValues) {
   EXPECT_TRUE(accepts(*schema_automaton(s, "[ \\t\\n\\r]{0,20}"), "{\n  \"a\": 1\n}"));
 }
 
+// Integer bounds: every integer in a window is accepted exactly when it is in range, on random ranges
+// (negative, positive, across zero, open on either side, exclusive bounds).
+TEST(JsonSchema, IntegerRangesAreExact) {
+  std::uniform_int_distribution<int64_t> pick(-1100, 1100);
+  for (int c = 0; c < 40; ++c) {
+    ojson s = {{"type", "integer"}};
+    std::optional<int64_t> lo, hi;
+    const int shape = c % 4;  // 0 both, 1 only min, 2 only max, 3 exclusive both
+    int64_t a = pick(rng()), b = pick(rng());
+    if (a > b) std::swap(a, b);
+    if (shape == 0 || shape == 1) s["minimum"] = a, lo = a;
+    if (shape == 0 || shape == 2) s["maximum"] = b, hi = b;
+    if (shape == 3) s["exclusiveMinimum"] = a, s["exclusiveMaximum"] = b + 2, lo = a + 1, hi = b + 1;
+    SCOPED_TRACE(s.dump());
+    const auto dfa = schema_automaton(s);
+    for (int64_t n = -1300; n <= 1300; ++n) {
+      const bool want = (!lo || n >= *lo) && (!hi || n <= *hi);
+      ASSERT_EQ(accepts(*dfa, std::to_string(n)), want) << n;
+    }
+    for (int64_t n : {int64_t{123456}, int64_t{-98765}, int64_t{1000000000000}})
+      ASSERT_EQ(accepts(*dfa, std::to_string(n)), (!lo || n >= *lo) && (!hi || n <= *hi)) << n;
+    EXPECT_FALSE(accepts(*dfa, "-0"));
+    EXPECT_FALSE(accepts(*dfa, "007"));
+  }
+  const auto frac = schema_automaton(ojson::parse(R"({"type": "integer", "minimum": 1.5, "maximum": 3.5})"));
+  EXPECT_FALSE(accepts(*frac, "1"));
+  EXPECT_TRUE(accepts(*frac, "2"));
+  EXPECT_TRUE(accepts(*frac, "3"));
+  EXPECT_FALSE(accepts(*frac, "4"));
+}
+
 TEST(JsonSchema, RefusedKeywordsNameTheirPlace) {
   auto err = [](const char* s) { return testing::error_of([&] { json_schema_to_regex(ojson::parse(s), ""); }); };
-  EXPECT_NE(err(R"({"type": "integer", "minimum": 0})").find("JSON schema at #: keyword 'minimum' is not supported"),
-            std::string::npos)
-      << err(R"({"type": "integer", "minimum": 0})");
-  EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})")
-                .find("JSON schema at /properties/a: keyword 'uniqueItems'"),
+  EXPECT_NE(
+      err(R"({"type": "array", "uniqueItems": true})").find("JSON schema at #: keyword 'uniqueItems' is not supported"),
+      std::string::npos)
+      << err(R"({"type": "array", "uniqueItems": true})");
+  EXPECT_NE(err(R"({"type": "number", "minimum": 0})").find("minimum is supported on integers only"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"type": "integer", "minimum": 5, "maximum": 4})").find("the integer range [5, 4] is empty"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "prefixItems": []}}})")
+                .find("JSON schema at /properties/a: keyword 'prefixItems'"),
             std::string::npos);
   const char* rec =
       R"({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"})";

@@ -138,9 +138,9 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
   json bad_schema = body;
   bad_schema["response_format"]["json_schema"]["schema"]["properties"]["city"]["minLength"] = "x";
   expect_400(c.post("/v1/chat/completions", bad_schema.dump()), "response_format", "minLength must be an integer");
-  bad_schema["response_format"]["json_schema"]["schema"] = {{"type", "integer"}, {"minimum", 3}};
+  bad_schema["response_format"]["json_schema"]["schema"] = {{"type", "array"}, {"uniqueItems", true}};
   expect_400(c.post("/v1/chat/completions", bad_schema.dump()), "response_format",
-             "keyword 'minimum' is not supported");
+             "keyword 'uniqueItems' is not supported");
   expect_400(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"json_schema", "{nope"}}}}.dump()),
              "sampling_params.json_schema", "not valid JSON");
   expect_400(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"ebnf", "root ::= \"a\""}}}}.dump()),
