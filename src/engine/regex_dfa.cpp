@@ -556,7 +556,8 @@ ByteDfa compile_regex(std::string_view pattern, const RegexLimits& limits) {
   Nfa nfa;
   nfa.limit = limits.max_nfa_states;
   nfa.pattern = pattern;
-  auto [nfa_start, nfa_accept] = nfa.build(parser.nodes, root);
+  const auto [nfa_start, nfa_end] = nfa.build(parser.nodes, root);
+  const int32_t nfa_accept = nfa_end;  // (lambdas below capture it: not a structured binding)
 
   // Byte classes: bytes no set tells apart share a class (JSON-schema regexes have a few dozen).
   std::vector<int32_t> class_of(256, 0);
