@@ -580,9 +580,19 @@ ByteDfa compile_regex(std::string_view pattern, const RegexLimits& limits) {
 
   // Subset construction. A DFA state is the sorted set of the closure's byte-reading states, plus the
   // accept state when the closure reaches it.
+  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
+  std::vector<std::vector<int32_t>> dstates;
+  std::vector<int32_t> dnext;  // [state * n_classes]
   std::vector<uint32_t> stamp(nfa.states.size(), 0);
   uint32_t epoch = 0;
   std::vector<int32_t> stack;
+  int64_t visits = 0;
+  auto charge = [&](size_t n) {
+    visits += static_cast<int64_t>(n);
+    if (visits > limits.max_work)
+      throw Error("regex: compiling " + show_pattern(pattern) + " takes more than " + std::to_string(limits.max_work) +
+                  " NFA state visits (" + std::to_string(dstates.size()) + " DFA states so far); simplify the pattern");
+  };
   auto closure = [&](const std::vector<int32_t>& from) {
     ++epoch;
     std::vector<int32_t> key;
@@ -601,11 +611,9 @@ ByteDfa compile_regex(std::string_view pattern, const RegexLimits& limits) {
       }
     }
     std::sort(key.begin(), key.end());
+    charge(key.size() + from.size());
     return key;
   };
-  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
-  std::vector<std::vector<int32_t>> dstates;
-  std::vector<int32_t> dnext;  // [state * n_classes]
   auto intern = [&](std::vector<int32_t> key) -> int32_t {
     if (key.empty()) return ByteDfa::kDead;
     auto it = ids.find(key);
@@ -625,6 +633,7 @@ ByteDfa compile_regex(std::string_view pattern, const RegexLimits& limits) {
     dnext.resize((d + 1) * static_cast<size_t>(n_classes), ByteDfa::kDead);
     for (int32_t c = 0; c < n_classes; ++c) {
       targets.clear();
+      charge(dstates[d].size());
       const auto b = static_cast<size_t>(rep[static_cast<size_t>(c)]);
       for (int32_t s : dstates[d]) {
         const Nfa::State& st = nfa.states[static_cast<size_t>(s)];

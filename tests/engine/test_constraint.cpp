@@ -143,6 +143,10 @@ TEST(RegexDfa, RefusedSyntaxAndLimitsNameWhatAndWhere) {
   small.max_dfa_states = 1000;  // the n-th symbol from the end is an 'a': 2^13 states
   EXPECT_NE(err("(a|b)*a(a|b){12}", small).find("more than 1000 DFA states"), std::string::npos);
   EXPECT_EQ(compile_regex("(a|b)*a(a|b){12}").n_states(), 8192);
+  small = {};
+  small.max_work = 10000;
+  EXPECT_NE(err("(a|b)*a(a|b){12}", small).find("takes more than 10000 NFA state visits"), std::string::npos)
+      << err("(a|b)*a(a|b){12}", small);
 }
 
 TEST(RegexDfa, EscapeMakesLiterals) {
