@@ -236,10 +236,20 @@ uint64_t JsonObjectAutomaton::step(uint64_t state, uint8_t b) const {
 
 TokenVocab::TokenVocab(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_size()) {
   bytes_.resize(static_cast<size_t>(vocab_size_));
+  for (TokenId id = 0; id < vocab_size_; ++id) {
+    if (!tokenizer.is_special(id)) bytes_[static_cast<size_t>(id)] = tokenizer.token_bytes(id);
+  }
+  build_trie();
+}
+
+TokenVocab::TokenVocab(std::vector<std::string> token_bytes)
+    : vocab_size_(static_cast<int32_t>(token_bytes.size())), bytes_(std::move(token_bytes)) {
+  build_trie();
+}
+
+void TokenVocab::build_trie() {
   std::vector<TokenId> order;
   for (TokenId id = 0; id < vocab_size_; ++id) {
-    if (tokenizer.is_special(id)) continue;
-    bytes_[static_cast<size_t>(id)] = tokenizer.token_bytes(id);
     if (!bytes_[static_cast<size_t>(id)].empty()) order.push_back(id);
   }
   std::sort(order.begin(), order.end(), [&](TokenId a, TokenId b) {
@@ -273,7 +283,8 @@ TokenVocab::TokenVocab(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab
     nodes_[path.back()].token = id;
     prev = &s;
   }
-  // subtree_end: scan backwards with a stack of (depth, index).
+  for (const Node& n : nodes_) max_depth_ = std::max<uint32_t>(max_depth_, n.depth);
+  // subtree_end: one forward scan; a node's subtree ends at the next node no deeper than it.
   std::vector<uint32_t> open;
   const auto n = static_cast<uint32_t>(nodes_.size());
   for (uint32_t i = 0; i < n; ++i) {
@@ -300,29 +311,37 @@ std::shared_ptr<const TokenMask> TokenConstraint::allowed(uint64_t state) const 
   auto mask = std::make_shared<TokenMask>();
   mask->bits.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
   const std::vector<TokenVocab::Node>& nodes = vocab_->nodes();
-  std::vector<uint8_t> node_ok(nodes.size(), 0);
-  std::vector<uint64_t> at_depth(1, state);
+  std::vector<uint64_t> at_depth(vocab_->max_depth() + 1u, state);
   auto allow = [&](TokenId id) {
     mask->bits[static_cast<size_t>(id) / 64] |= uint64_t{1} << (static_cast<size_t>(id) % 64);
     ++mask->n_allowed;
   };
-  for (uint32_t i = 1; i < nodes.size();) {
-    const TokenVocab::Node& n = nodes[i];
-    const uint64_t t = automaton_->step(at_depth[n.depth - 1u], n.byte);
-    if (t == ByteAutomaton::kDead) {
-      i = n.subtree_end;  // no token under this prefix can continue a match
-      continue;
+  // The walk: a node's prefix dies -> skip its subtree. The DFA case is written out so its step inlines
+  // (a table load per node: ~2x faster than the virtual call on a 563k-node trie).
+  auto walk = [&](auto&& step) {
+    for (uint32_t i = 1; i < nodes.size();) {
+      const TokenVocab::Node& n = nodes[i];
+      const uint64_t t = step(at_depth[n.depth - 1u], n.byte);
+      if (t == ByteAutomaton::kDead) {
+        i = n.subtree_end;  // no token under this prefix can continue a match
+        continue;
+      }
+      at_depth[n.depth] = t;
+      if (n.token >= 0) allow(n.token);
+      ++i;
     }
-    if (at_depth.size() <= n.depth) at_depth.resize(n.depth + 1u);
-    at_depth[n.depth] = t;
-    if (n.token >= 0) {
-      allow(n.token);
-      node_ok[i] = 1;
-    }
-    ++i;
+  };
+  if (const auto* d = dynamic_cast<const DfaAutomaton*>(automaton_.get())) {
+    const ByteDfa& dfa = d->dfa();
+    walk([&dfa](uint64_t st, uint8_t b) {
+      const int32_t t = dfa.step(static_cast<int32_t>(st), b);
+      return t < 0 ? ByteAutomaton::kDead : static_cast<uint64_t>(t);
+    });
+  } else {
+    walk([this](uint64_t st, uint8_t b) { return automaton_->step(st, b); });
   }
   for (auto [node, id] : vocab_->duplicates()) {
-    if (node_ok[node]) allow(id);
+    if (mask->test(nodes[node].token)) allow(id);  // the same bytes as the node's own token
   }
   std::lock_guard<std::mutex> lock(mu_);
   // At most kMaxMasks (vocab / 8 bytes each: 19 KB at GLM's 154,880 tokens, 5 MB for all); when full the

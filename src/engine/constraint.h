@@ -92,6 +92,8 @@ class JsonObjectAutomaton final : public ByteAutomaton {
 class TokenVocab {
  public:
   explicit TokenVocab(const Tokenizer& tokenizer);
+  // Token id -> its bytes (empty: never allowed), e.g. a synthetic vocabulary for bench_constraint.
+  explicit TokenVocab(std::vector<std::string> token_bytes);
   int32_t vocab_size() const { return vocab_size_; }
   const std::string& bytes(TokenId id) const { return bytes_[static_cast<size_t>(id)]; }
   bool usable(TokenId id) const { return id >= 0 && id < vocab_size_ && !bytes_[static_cast<size_t>(id)].empty(); }
@@ -103,12 +105,15 @@ class TokenVocab {
     uint32_t subtree_end = 0;  // one past this node's last descendant
   };
   const std::vector<Node>& nodes() const { return nodes_; }  // nodes_[0] is the root
+  uint32_t max_depth() const { return max_depth_; }          // the longest token's bytes
   const std::vector<std::pair<uint32_t, TokenId>>& duplicates() const { return duplicates_; }
 
  private:
+  void build_trie();
   int32_t vocab_size_ = 0;
   std::vector<std::string> bytes_;
   std::vector<Node> nodes_;
+  uint32_t max_depth_ = 0;
   std::vector<std::pair<uint32_t, TokenId>> duplicates_;  // (node, token) of tokens spelling the same bytes
 };
 

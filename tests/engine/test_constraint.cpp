@@ -418,6 +418,21 @@ TEST(TokenConstraint, MasksEqualBruteForceOverTheVocabulary) {
   EXPECT_FALSE(accepts(lit->automaton(), "a"));
 }
 
+// Tokens spelling the same bytes are allowed together; an empty token never.
+TEST(TokenConstraint, DuplicateAndEmptyTokens) {
+  auto vocab = std::make_shared<const TokenVocab>(std::vector<std::string>{"a", "ab", "a", "", "b", "ba"});
+  EXPECT_EQ(vocab->max_depth(), 2u);
+  TokenConstraint c(std::make_shared<DfaAutomaton>(compile_regex("ab?")), vocab, "test");
+  const auto m = c.allowed(c.start());
+  EXPECT_EQ(m->n_allowed, 3);
+  for (TokenId id : {0, 1, 2}) EXPECT_TRUE(m->test(id)) << id;
+  for (TokenId id : {3, 4, 5, 6, -1}) EXPECT_FALSE(m->test(id)) << id;
+  const uint64_t after_a = c.advance(c.start(), 2);
+  EXPECT_TRUE(c.accepting(after_a));
+  EXPECT_TRUE(c.allowed(after_a)->test(4));
+  EXPECT_EQ(c.advance(c.start(), 3), ByteAutomaton::kDead);
+}
+
 struct Reply {
   std::string text;
   std::vector<TokenId> ids;
