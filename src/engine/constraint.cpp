@@ -364,7 +364,7 @@ uint64_t TokenConstraint::advance(uint64_t state, TokenId id) const {
 
 ConstraintCompiler::ConstraintCompiler(const Tokenizer& tokenizer, ConstraintOptions options)
     : options_(std::move(options)), vocab_(std::make_shared<TokenVocab>(tokenizer)) {
-  compile_regex(options_.json_whitespace, options_.limits);  // fails early, naming the pattern
+  compile_regex("(?:" + options_.json_whitespace + ")", options_.limits);  // as schemas use it; fails early
 }
 
 std::shared_ptr<const TokenConstraint> ConstraintCompiler::compile(const ConstraintSpec& spec) {

@@ -28,6 +28,22 @@ class SchemaRegex {
   SchemaRegex(const ojson& root, std::string ws) : root_(root), ws_("(?:" + std::move(ws) + ")") {}
 
   std::string value(const ojson& s, const std::string& where) {
+    if (depth_ >= kMaxSchemaDepth)
+      fail(where, "schemas nested deeper than " + std::to_string(kMaxSchemaDepth) + " levels are not supported");
+    ++depth_;
+    std::string r = value_unguarded(s, where);
+    --depth_;
+    if (r.size() > kMaxRegexBytes)
+      fail(where, "the schema's regex exceeds " + std::to_string(kMaxRegexBytes) +
+                      " bytes (nested arrays copy their items); simplify the schema");
+    return r;
+  }
+
+ private:
+  static constexpr int kMaxSchemaDepth = 64;
+  static constexpr size_t kMaxRegexBytes = size_t{1} << 20;
+
+  std::string value_unguarded(const ojson& s, const std::string& where) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(where, "the schema false matches nothing");
       return any_value(kAnyValueDepth);
@@ -75,7 +91,6 @@ class SchemaRegex {
     return r;
   }
 
- private:
   [[noreturn]] static void fail(const std::string& where, const std::string& what) {
     throw Error("JSON schema at " + (where.empty() ? std::string("#") : where) + ": " + what);
   }
@@ -87,6 +102,13 @@ class SchemaRegex {
       const ojson& ref = s["$ref"];
       if (!ref.is_string()) fail(where, "$ref must be a string");
       const std::string path = ref.get<std::string>();
+      static const std::set<std::string> kBesideRef = {"$ref",     "title",   "description", "default",
+                                                       "examples", "$schema", "$id",         "$comment",
+                                                       "strict",   "$defs",   "definitions"};
+      for (auto it = s.begin(); it != s.end(); ++it) {
+        if (!kBesideRef.count(it.key()))
+          fail(where, "$ref next to '" + it.key() + "' is not supported (put it in the referenced schema)");
+      }
       if (path.rfind("#", 0) != 0) fail(where, "$ref '" + path + "' is not inside this schema (only #/... refs)");
       for (const std::string& open : refs_) {
         if (open == path) fail(where, "$ref '" + path + "' refers to itself (recursive schemas are not supported)");
@@ -102,15 +124,38 @@ class SchemaRegex {
       refs_.pop_back();
       return r;
     }
-    if (s.contains("const")) return literal(s["const"]);
-    if (s.contains("enum")) {
-      const ojson& e = s["enum"];
-      if (!e.is_array() || e.empty()) fail(where, "enum must be a non-empty list");
-      std::string r;
-      for (size_t i = 0; i < e.size(); ++i) {
-        r += i ? "|" : "";
-        r += literal(e[i]);
+    // Keywords that constrain a value, besides the combinator or enum that decides it alone here.
+    auto constraining = [&](std::initializer_list<const char*> except) {
+      static const std::set<std::string> kNotConstraining = {"title",   "description", "default",  "examples",
+                                                             "$schema", "$id",         "$comment", "strict",
+                                                             "$defs",   "definitions", "nullable"};
+      for (auto it = s.begin(); it != s.end(); ++it) {
+        bool skip = kNotConstraining.count(it.key()) > 0;
+        for (const char* e : except) skip = skip || it.key() == e;
+        if (!skip) return it.key();
       }
+      return std::string();
+    };
+    for (const char* key : {"anyOf", "oneOf", "allOf"}) {
+      if (!s.contains(key)) continue;
+      if (const std::string other = constraining({key}); !other.empty())
+        fail(where, std::string(key) + " next to '" + other + "' is not supported (move it into each alternative)");
+    }
+    if (s.contains("const") || s.contains("enum")) {
+      // The listed values, those of the schema's type(s) only.
+      const bool is_const = s.contains("const");
+      const ojson values = is_const ? ojson::array({s["const"]}) : s["enum"];
+      if (!values.is_array() || values.empty()) fail(where, "enum must be a non-empty list");
+      if (const std::string other = constraining({is_const ? "const" : "enum", "type"}); !other.empty())
+        fail(where, std::string(is_const ? "const" : "enum") + " next to '" + other + "' is not supported");
+      std::string r;
+      int n = 0;
+      for (const ojson& v : values) {
+        if (s.contains("type") && !of_type(v, s["type"], where)) continue;
+        r += n++ ? "|" : "";
+        r += literal(v);
+      }
+      if (n == 0) fail(where, std::string(is_const ? "const" : "enum") + " has no value of the schema's type");
       return "(?:" + r + ")";
     }
     for (const char* key : {"anyOf", "oneOf"}) {
@@ -148,6 +193,9 @@ class SchemaRegex {
       types = {"array"};
     } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format")) {
       types = {"string"};
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum")) {
+      fail(where, "numeric bounds without a type: give \"type\": \"integer\"");
     } else {
       return any_value(kAnyValueDepth);
     }
@@ -157,6 +205,28 @@ class SchemaRegex {
       r += typed(types[i], s, where);
     }
     return types.size() == 1 ? r : "(?:" + r + ")";
+  }
+
+  // Whether a listed value (enum / const) is of the schema's type (a name or a list of names).
+  static bool of_type(const ojson& v, const ojson& type, const std::string& where) {
+    auto one = [&](const ojson& t) {
+      if (!t.is_string()) fail(where, "type must be a string or a list of strings");
+      const std::string n = t.get<std::string>();
+      if (n == "integer")
+        return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+      if (n == "number") return v.is_number();
+      if (n == "string") return v.is_string();
+      if (n == "boolean") return v.is_boolean();
+      if (n == "null") return v.is_null();
+      if (n == "array") return v.is_array();
+      if (n == "object") return v.is_object();
+      fail(where, "unknown type '" + n + "'");
+    };
+    if (!type.is_array()) return one(type);
+    for (const ojson& t : type) {
+      if (one(t)) return true;
+    }
+    return false;
   }
 
   static int64_t count(const ojson& s, const char* key, const std::string& where, int64_t dflt) {
@@ -201,11 +271,20 @@ class SchemaRegex {
       if (!s.contains(key)) return;
       const ojson& v = s[key];
       if (!v.is_number()) fail(where, std::string(key) + " must be a number");
-      const double d = v.get<double>();
-      constexpr double kLimit = 1e18;
-      if (!(std::fabs(d) <= kLimit)) fail(where, std::string(key) + " beyond +-1e18 is not supported");
-      int64_t x = static_cast<int64_t>(lower ? std::ceil(d) : std::floor(d));
-      if (exclusive && static_cast<double>(x) == d) x += lower ? 1 : -1;
+      constexpr int64_t kLimit = 1'000'000'000'000'000'000;
+      int64_t x = 0;
+      if (v.is_number_integer()) {  // exact: a double would round past 2^53
+        if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(kLimit)
+                                   : std::llabs(v.get<int64_t>()) > kLimit)
+          fail(where, std::string(key) + " beyond +-1e18 is not supported");
+        x = v.get<int64_t>();
+        if (exclusive) x += lower ? 1 : -1;
+      } else {
+        const double d = v.get<double>();
+        if (!(std::fabs(d) <= 1e18)) fail(where, std::string(key) + " beyond +-1e18 is not supported");
+        x = static_cast<int64_t>(lower ? std::ceil(d) : std::floor(d));
+        if (exclusive && static_cast<double>(x) == d) x += lower ? 1 : -1;
+      }
       std::optional<int64_t>& b = lower ? lo : hi;
       b = !b ? x : lower ? std::max(*b, x) : std::min(*b, x);
     };
@@ -281,11 +360,31 @@ class SchemaRegex {
   }
 
   std::string string_regex(const ojson& s, const std::string& where) {
+    if ((s.contains("pattern") || s.contains("format")) && (s.contains("minLength") || s.contains("maxLength")))
+      fail(where, "minLength / maxLength next to pattern or format are not supported (bound the pattern instead)");
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "pattern must be a string");
       std::string p = s["pattern"].get<std::string>();
       if (!p.empty() && p.front() == '^') p.erase(0, 1);
-      if (!p.empty() && p.back() == '$' && (p.size() < 2 || p[p.size() - 2] != '\\')) p.pop_back();
+      size_t n_backslashes = 0;  // a final '$' is an anchor unless escaped (an odd run of backslashes)
+      while (p.size() >= 2 + n_backslashes && p[p.size() - 2 - n_backslashes] == '\\') ++n_backslashes;
+      if (!p.empty() && p.back() == '$' && n_backslashes % 2 == 0) p.pop_back();
+      // The pattern must stand alone (no breaking out of its group) and spell only characters a JSON
+      // string holds as they are: the reply's bytes between the quotes are matched, not the decoded string.
+      ByteDfa dfa;
+      try {
+        dfa = compile_regex(p);
+      } catch (const Error& e) {
+        fail(where + "/pattern", e.what());
+      }
+      for (int32_t st = 0; st < dfa.n_states(); ++st) {
+        for (int b = 0; b < 0x20; ++b) {
+          if (dfa.step(st, static_cast<uint8_t>(b)) != ByteDfa::kDead)
+            fail(where, "pattern may match a control character, which a JSON string must escape; not supported");
+        }
+        if (dfa.step(st, '"') != ByteDfa::kDead || dfa.step(st, '\\') != ByteDfa::kDead)
+          fail(where, "pattern may match '\"' or '\\', which a JSON string must escape; not supported");
+      }
       return "\"(?:" + p + ")\"";
     }
     if (s.contains("format")) {
@@ -338,14 +437,17 @@ class SchemaRegex {
         required.push_back(req_names.count(it.key()) > 0);
       }
     }
-    for (const std::string& name : req_names) {  // required but not described: any value
+    const ojson* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+    for (const std::string& name : req_names) {  // required but not in properties: additionalProperties' value
       if (listed.count(name)) continue;
-      props.emplace_back(key_regex(name), any_value(kAnyValueDepth));
+      if (extra != nullptr && extra->is_boolean() && !extra->get<bool>())
+        fail(where, "'" + name + "' is required but neither in properties nor allowed by additionalProperties: false");
+      props.emplace_back(key_regex(name),
+                         extra != nullptr ? value(*extra, where + "/additionalProperties") : any_value(kAnyValueDepth));
       required.push_back(true);
     }
     const std::string open = "\\{" + ws_, close = ws_ + "\\}";
     if (props.empty()) {
-      const ojson* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
       if (extra != nullptr && extra->is_boolean() && !extra->get<bool>()) return open + close;
       const std::string v =
           extra != nullptr ? value(*extra, where + "/additionalProperties") : any_value(kAnyValueDepth);
@@ -391,6 +493,7 @@ class SchemaRegex {
   const ojson& root_;
   std::string ws_;
   std::vector<std::string> refs_;
+  int depth_ = 0;
 };
 
 }  // namespace

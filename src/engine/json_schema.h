@@ -12,8 +12,9 @@
 // ranges), nullable, and the annotations (title, description, default, examples, $schema, $id,
 // $comment, strict). A schema with no type (`{}`, `true`) is any JSON value nested at most
 // kAnyValueDepth containers deep. Anything else (bounds on numbers, uniqueItems, prefixItems,
-// recursion, ...) is refused naming the keyword and where it is (a JSON pointer), rather than quietly
-// ignored.
+// recursion, a combinator or $ref beside constraining keywords, minLength beside pattern, a pattern
+// that can spell what JSON strings escape, depth over 64, a regex over 1 MiB) is refused naming the
+// keyword and where it is (a JSON pointer), rather than quietly ignored.
 //
 // Tested by tests/engine/test_constraint.cpp.
 #pragma once

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bitset>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -198,7 +199,7 @@ class Parser {
       const bool has_b = number(b);
       if (!has_b) b = -1;
       if (!has_a) a = 0;
-      if (j >= p_.size() || p_[j] != '}' || (!has_a && !has_b)) return false;
+      if (j >= p_.size() || p_[j] != '}') return false;  // {,} is {0,} (Python's re)
     } else {
       return false;
     }
@@ -213,6 +214,7 @@ class Parser {
 
   int32_t parse_repeat(int depth) {
     int32_t atom = parse_atom(depth);
+    int n_stacked = 0;  // a** ... : each one nests the NFA build a level deeper
     while (!at_end()) {
       const char c = p_[i_];
       int32_t lo = 0, hi = 0;
@@ -230,6 +232,7 @@ class Parser {
       } else if (!at_end() && p_[i_] == '+') {
         fail(i_, "possessive quantifiers are not supported");
       }
+      if (++n_stacked > 8) fail(i_, "more than 8 quantifiers on one atom");
       Node n;
       n.kind = Node::Kind::kRepeat;
       n.kids = {atom};
@@ -297,7 +300,13 @@ class Parser {
       case 'f': cp = '\f'; break;
       case 'v': cp = '\v'; break;
       case 'a': cp = 0x07; break;
-      case '0': cp = 0; break;
+      case '0': {  // \0, \0o, \0oo: octal, as Python's re
+        ++i_;
+        cp = 0;
+        for (int k = 0; k < 2 && !at_end() && p_[i_] >= '0' && p_[i_] <= '7'; ++k)
+          cp = cp * 8 + static_cast<uint32_t>(p_[i_++] - '0');
+        return false;
+      }
       case 'x':
         ++i_;
         cp = hex(2);
@@ -562,7 +571,8 @@ ByteDfa compile_regex(std::string_view pattern, const RegexLimits& limits) {
   // Byte classes: bytes no set tells apart share a class (JSON-schema regexes have a few dozen).
   std::vector<int32_t> class_of(256, 0);
   int32_t n_classes = 1;
-  for (const ByteSet& s : nfa.sets) {
+  std::unordered_set<ByteSet> distinct(nfa.sets.begin(), nfa.sets.end());
+  for (const ByteSet& s : distinct) {
     std::unordered_map<int64_t, int32_t> split;
     int32_t n = 0;
     std::vector<int32_t> next(256);

@@ -129,21 +129,9 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
     const TokenConstraint& c = *sampling.constraint;
     const std::shared_ptr<const TokenMask> mask = c.allowed(constraint_state_);
     const bool eos_ok = c.accepting(constraint_state_) && !sampling.ignore_eos;
-    int64_t n_ok = 0;
     for (int64_t t = 0; t < vocab_; ++t) {
-      if (mask->test(static_cast<TokenId>(t)) || (eos_ok && is_eos(static_cast<TokenId>(t)))) {
-        ++n_ok;
-      } else {
+      if (!mask->test(static_cast<TokenId>(t)) && !(eos_ok && is_eos(static_cast<TokenId>(t))))
         z[static_cast<size_t>(t)] = ban;
-      }
-    }
-    if (n_ok == 0) {
-      finish_error_ = "the " + c.description() + " constraint allows no token of the vocabulary after " +
-                      std::to_string(generated.size()) + " generated tokens";
-      finish_reason_ = FinishReason::kError;
-      RequestOutput out;
-      out.id = id;
-      return out;
     }
   }
   if (before_min) {
@@ -154,6 +142,16 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
         if (t >= 0 && t < vocab_) z[static_cast<size_t>(t)] = ban;
       }
     }
+  }
+  if (sampling.constraint && std::none_of(z.begin(), z.end(), [&](float v) { return v != ban; })) {
+    finish_error_ =
+        "the " + sampling.constraint->description() + " constraint allows no token of the vocabulary after " +
+        std::to_string(generated.size()) + " generated tokens" +
+        (before_min ? " (min_new_tokens " + std::to_string(sampling.min_new_tokens) + " bans ending it)" : "");
+    finish_reason_ = FinishReason::kError;
+    RequestOutput out;
+    out.id = id;
+    return out;
   }
   return on_sampled(sampler_.sample(z.data()), now, eos_ids, context_length);
 }
@@ -202,14 +200,21 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     finish_reason_ = FinishReason::kStop;
     return out;  // the stop token adds no text
   }
-  if (sampling.constraint) constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
+  if (sampling.constraint) {
+    constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
+    if (constraint_state_ == ByteAutomaton::kDead) {  // only a token the mask allowed is drawn: a bug
+      finish_error_ = "token " + std::to_string(s.id) + " left the " + sampling.constraint->description() +
+                      " constraint after " + std::to_string(generated.size()) + " tokens";
+      finish_reason_ = FinishReason::kError;
+      return out;
+    }
+  }
   const bool past_min = static_cast<int64_t>(generated.size()) >= sampling.min_new_tokens;
   if (detok_ && stream_text(detok_->push(s.id), out.text, past_min)) {
     finish_reason_ = FinishReason::kStop;
     return out;
   }
-  if (sampling.constraint && constraint_state_ != ByteAutomaton::kDead &&
-      !sampling.constraint->can_continue(constraint_state_)) {
+  if (sampling.constraint && !sampling.constraint->can_continue(constraint_state_)) {
     finish_reason_ = FinishReason::kStop;  // a whole match that nothing may follow: done without an EOS step
     return out;
   }

@@ -224,7 +224,12 @@ SampleResult logprobs_of(const float* z, int64_t vocab, TokenId id, int64_t n_to
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
                       [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-    for (size_t i = 0; i < n; ++i) r.top.push_back({order[i], static_cast<float>(z[order[i]] - lse)});
+    for (size_t i = 0; i < n; ++i) {
+      // A banned token (-inf: a structured-output mask, min_new_tokens) is no alternative: listed, its
+      // logprob would be -inf, which JSON cannot carry.
+      if (std::isinf(z[order[i]])) break;
+      r.top.push_back({order[i], static_cast<float>(z[order[i]] - lse)});
+    }
   }
   return r;
 }

@@ -149,6 +149,23 @@ TEST(RegexDfa, RefusedSyntaxAndLimitsNameWhatAndWhere) {
       << err("(a|b)*a(a|b){12}", small);
 }
 
+// Found by review: inputs that must be refused (not crash) or read as Python's re reads them.
+TEST(RegexDfa, StackedQuantifiersOctalAndOpenCounts) {
+  for (const std::string& p : {"a" + std::string(100000, '*'), [] {
+                                 std::string s = "a";
+                                 for (int i = 0; i < 100000; ++i) s += "{1}";
+                                 return s;
+                               }()}) {
+    EXPECT_NE(testing::error_of([&] { compile_regex(p); }).find("more than 8 quantifiers on one atom"),
+              std::string::npos);
+  }
+  EXPECT_TRUE(compile_regex("a**").matches("aaa"));
+  EXPECT_TRUE(compile_regex("a{,}").matches("aaa"));
+  EXPECT_TRUE(compile_regex("a{,}").matches(""));
+  EXPECT_TRUE(compile_regex("\\012").matches("\n"));
+  EXPECT_TRUE(compile_regex("x\\0y").matches(std::string("x\0y", 3)));
+}
+
 TEST(RegexDfa, EscapeMakesLiterals) {
   const std::string text = "a.b*c?(d)[e]{f}|g\\h^$+-/";
   EXPECT_TRUE(compile_regex(regex_escape(text)).matches(text));
@@ -270,6 +287,51 @@ TEST(JsonSchema, IntegerRangesAreExact) {
   EXPECT_TRUE(accepts(*frac, "2"));
   EXPECT_TRUE(accepts(*frac, "3"));
   EXPECT_FALSE(accepts(*frac, "4"));
+}
+
+// Found by review: deep or exploding schemas are refused, not a crash or gigabytes; keywords are not
+// silently dropped; values stay valid JSON of the schema.
+TEST(JsonSchema, ReviewFindings) {
+  auto err = [](const std::string& s) { return testing::error_of([&] { json_schema_to_regex(ojson::parse(s), ""); }); };
+  std::string deep;
+  for (int i = 0; i < 10000; ++i) deep += "{\"anyOf\":[";
+  deep += "{\"type\":\"null\"}";
+  for (int i = 0; i < 10000; ++i) deep += "]}";
+  EXPECT_NE(err(deep).find("nested deeper than 64 levels"), std::string::npos);
+  std::string arrays;
+  for (int i = 0; i < 22; ++i) arrays += "{\"items\":";
+  arrays += "{\"type\":\"integer\"}" + std::string(22, '}');
+  EXPECT_NE(err(arrays).find("regex exceeds 1048576 bytes"), std::string::npos) << err(arrays);
+  EXPECT_NE(err(R"({"type":"string","pattern":"^.*$"})").find("which a JSON string must escape; not supported"),
+            std::string::npos)
+      << err(R"({"type":"string","pattern":"^.*$"})");
+  EXPECT_NE(err(R"({"type":"string","pattern":"^[a-z\"]+$"})").find("may match '\"' or '\\'"), std::string::npos)
+      << err(R"({"type":"string","pattern":"^[a-z\"]+$"})");
+  EXPECT_NE(err(R"({"type":"string","pattern":"a)|(b"})").find("at /pattern: regex: unbalanced ')'"), std::string::npos)
+      << err(R"({"type":"string","pattern":"a)|(b"})");
+  EXPECT_TRUE(accepts(*schema_automaton(ojson::parse(R"({"type":"string","pattern":"^a\\$$"})")), R"("a$")"));
+  EXPECT_NE(err(R"({"type":"string","pattern":"^\\d+$","minLength":3})").find("minLength / maxLength next to pattern"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"minimum":5})").find("numeric bounds without a type"), std::string::npos);
+  const auto typed_enum = schema_automaton(ojson::parse(R"({"type":"string","enum":["a",1]})"));
+  EXPECT_TRUE(accepts(*typed_enum, R"("a")"));
+  EXPECT_FALSE(accepts(*typed_enum, "1"));
+  EXPECT_NE(err(R"({"type":"string","enum":[1]})").find("enum has no value of the schema's type"), std::string::npos);
+  EXPECT_NE(err(R"({"type":"object","properties":{"a":{"type":"integer"}},"anyOf":[{"required":["a"]}]})")
+                .find("anyOf next to 'type' is not supported"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"$ref":"#/$defs/A","type":"string","$defs":{"A":{}}})").find("$ref next to 'type'"),
+            std::string::npos);
+  const auto count = schema_automaton(
+      ojson::parse(R"({"type":"object","required":["count"],"additionalProperties":{"type":"integer"}})"));
+  EXPECT_TRUE(accepts(*count, R"({"count":3})"));
+  EXPECT_FALSE(accepts(*count, R"({"count":"x"})"));
+  EXPECT_NE(err(R"({"type":"object","required":["a"],"additionalProperties":false})")
+                .find("'a' is required but neither in properties nor allowed by additionalProperties: false"),
+            std::string::npos);
+  const auto big = schema_automaton(ojson::parse(R"({"type":"integer","minimum":9007199254740993})"));
+  EXPECT_FALSE(accepts(*big, "9007199254740992"));
+  EXPECT_TRUE(accepts(*big, "9007199254740993"));
 }
 
 TEST(JsonSchema, RefusedKeywordsNameTheirPlace) {
@@ -488,6 +550,44 @@ TEST(ConstrainedEngine, DefaultModelRepliesMatch) {
   ASSERT_TRUE(j.is_object()) << r.text;
   EXPECT_TRUE(j["ok"].is_boolean()) << r.text;
   EXPECT_TRUE(j["pick"] == "red" || j["pick"] == "green" || j["pick"] == 7) << r.text;
+
+  // Review findings: min_new_tokens banning the only ways on ends the request with an error naming why
+  // (it used to draw a banned token and read past the automaton); top logprobs list no banned token.
+  const TokenId b = tok->encode("b").at(0);
+  SamplingParams stuck;
+  stuck.temperature = 0.0;
+  stuck.max_new_tokens = 8;
+  stuck.min_new_tokens = 5;
+  stuck.stop_token_ids = {b};
+  stuck.constraint = compiler.compile({ConstraintSpec::Kind::kRegex, "regex", "a(?:b)?", {}});
+  r = run_default(stuck);
+  ASSERT_TRUE(r.finish);
+  EXPECT_EQ(r.finish->reason, FinishReason::kError);
+  EXPECT_NE(r.finish->error.find("allows no token of the vocabulary after 1 generated tokens (min_new_tokens 5"),
+            std::string::npos)
+      << r.finish->error;
+  SamplingParams lp;
+  lp.temperature = 1.0;
+  lp.seed = 2;
+  lp.logprobs = true;
+  lp.top_logprobs = 5;
+  lp.max_new_tokens = 8;
+  lp.constraint = compiler.compile({ConstraintSpec::Kind::kChoice, "guided_choice", "", {"yes", "no"}});
+  {
+    Engine e(EngineOptions{}, make_default_model(0), tok);
+    std::vector<GeneratedToken> toks;
+    ASSERT_TRUE(e.submit({tok->encode("?"), lp}, [&](const RequestOutput& out) {
+                   toks.insert(toks.end(), out.tokens.begin(), out.tokens.end());
+                 }).ok());
+    e.run_until_idle();
+    ASSERT_FALSE(toks.empty());
+    for (const GeneratedToken& g : toks) {
+      EXPECT_TRUE(std::isfinite(g.logprob));
+      EXPECT_FALSE(g.top_logprobs.empty());
+      for (const TokenLogprob& t : g.top_logprobs) EXPECT_TRUE(std::isfinite(t.logprob)) << t.id;
+    }
+    EXPECT_EQ(toks.size() > 1 ? toks[1].top_logprobs.size() : 1u, 1u) << "after 'y' or 'n' one token continues";
+  }
 
   // JSON mode: the text is always a live prefix of a JSON object, and a whole one when it stopped.
   auto json_mode = compiler.compile({ConstraintSpec::Kind::kJsonObject, "response_format", "", {}});

@@ -43,6 +43,11 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
   EXPECT_NE(out.find("--constrained-json-whitespace-pattern: regex: repetition {2,1} has min > max"), std::string::npos)
       << out;
 
+  EXPECT_NE(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " serve --port 0 --constrained-json-whitespace-pattern '[ ]*$'", &out),
+            0);
+  EXPECT_NE(out.find("'$' is supported only at the end"), std::string::npos) << out;
+
   ServerProcess srv(FP4MOE_CLI, {"--constrained-json-whitespace-pattern", "[ ]?"});
   ASSERT_TRUE(srv.wait_ready(60));
   HttpClient c(srv.url(), kTimeout);
