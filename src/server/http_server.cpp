@@ -238,6 +238,16 @@ class RequestHandler {
                           "--tool-call-parser " +
                               tool_call_format_names());
       if (req.tool_choice != "none") req.tool_calls = server_->options_.tool_calls;
+      if (req.tool_choice == "required" || req.tool_choice == "function") {
+        if (req.constraint)
+          throw bad_request("tool_choice", "tool_choice \"" + req.tool_choice +
+                                               "\" forces a call; it cannot be combined with " + req.constraint->param);
+        engine::ConstraintSpec c;
+        c.kind = engine::ConstraintSpec::Kind::kRegex;
+        c.param = "tool_choice";
+        c.text = forced_tool_call_regex(*server_->options_.tool_calls, req.tools, req.tool_choice_name);
+        req.constraint = std::move(c);
+      }
     }
     if (req.constraint) {
       std::shared_ptr<engine::ConstraintCompiler> compiler;

@@ -431,10 +431,24 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());  // key order: restore_key_order
     }
     if (const json* tc = top.find("tool_choice"); tc != nullptr && !tc->is_null()) {
-      const std::string choice = tc->is_string() ? tc->get<std::string>() : std::string();
-      if (choice != "auto" && choice != "none")
-        throw bad_request("tool_choice",
-                          "tool_choice " + show(*tc) + " is not supported (forcing a call); \"auto\" or \"none\"");
+      // "auto", "none", "required", or {"type": "function", "function": {"name": ...}} naming one of the tools.
+      const bool named = tc->is_object() && tc->value("type", std::string()) == "function" &&
+                         tc->contains("function") && (*tc)["function"].is_object() &&
+                         (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string();
+      const std::string choice = tc->is_string() ? tc->get<std::string>() : named ? "function" : std::string();
+      if (choice != "auto" && choice != "none" && choice != "required" && choice != "function")
+        throw bad_request("tool_choice", "tool_choice " + show(*tc) +
+                                             " is not one of \"auto\", \"none\", \"required\", "
+                                             "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+      if ((choice == "required" || named) && r.tools.is_null())
+        throw bad_request("tool_choice", "tool_choice " + show(*tc) + " needs tools");
+      if (named) {
+        r.tool_choice_name = (*tc)["function"]["name"].get<std::string>();
+        bool found = false;
+        for (const auto& t : r.tools) found = found || t["function"]["name"] == r.tool_choice_name;
+        if (!found)
+          throw bad_request("tool_choice", "tool_choice names \"" + r.tool_choice_name + "\", not one of the tools");
+      }
       r.tool_choice = choice;
     }
     if (auto b = top.integer("best_of", 1, kMaxChoices); b && *b != r.n)

@@ -83,7 +83,10 @@ struct ParsedRequest {
   // or "none"); the format the reply's calls are parsed with (set by the server's --tool-call-parser
   // when tools came and tool_choice is not "none"; null: no tool_calls).
   nlohmann::ordered_json tools;  // null: none
+  // "required" and "function" (a named one, tool_choice_name) force calls: the server constrains the
+  // reply to the call markup (tool_calls.h, forced_tool_call_regex).
   std::string tool_choice = "auto";
+  std::string tool_choice_name;
   const ToolCallFormat* tool_calls = nullptr;
   // Structured outputs as asked (regex, json_schema, response_format, guided_*); the server compiles it
   // into sampling.constraint.

@@ -1,11 +1,16 @@
 // server::ToolCallParser (see tool_calls.h). Tested by tests/server/test_tool_calls.cpp.
 #include "server/tool_calls.h"
 
+#include <algorithm>
 #include <array>
 #include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+#include "engine/json_schema.h"
+#include "engine/regex_dfa.h"
 #include "server/markup.h"
 
 namespace fp4moe::server {
@@ -134,6 +139,74 @@ ToolCallSplit ToolCallParser::take(std::string_view delta, bool last) {
 
 ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text) {
   return ToolCallParser(format).take(text, /*last=*/true);
+}
+
+std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::ordered_json& tools,
+                                   const std::string& only_name) {
+  using engine::regex_escape;
+  const std::string text = "(?:[^<]|<+[^</])*<*";  // no "</": cannot close the value early
+  std::string calls;
+  int n_calls = 0;
+  for (const auto& tool : tools) {
+    const nlohmann::ordered_json& fn = tool["function"];
+    const std::string name = fn["name"].get<std::string>();
+    if (!only_name.empty() && name != only_name) continue;
+    std::string pairs;
+    const nlohmann::ordered_json* props = nullptr;
+    if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties") &&
+        fn["parameters"]["properties"].is_object() && !fn["parameters"]["properties"].empty())
+      props = &fn["parameters"]["properties"];
+    auto pair = [&](const std::string& key, const std::string& value) {
+      std::string p = "\n";
+      p += regex_escape(f.key_open);
+      p += key;
+      p += regex_escape(f.key_close);
+      p += "\n";
+      p += regex_escape(f.value_open);
+      p += "(?:" + value + ")";
+      p += regex_escape(f.value_close);
+      return p;
+    };
+    std::set<std::string> required;
+    if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("required") &&
+        fn["parameters"]["required"].is_array()) {
+      for (const auto& r : fn["parameters"]["required"]) {
+        if (r.is_string()) required.insert(r.get<std::string>());
+      }
+    }
+    if (props == nullptr) {
+      pairs = "(?:" + pair("[^<\n]+", text) + ")*";  // arguments not described: any names, any number
+    } else {
+      for (auto it = props->begin(); it != props->end(); ++it) {
+        const nlohmann::ordered_json& ps = it.value();
+        std::string value = text;
+        const bool typed = ps.is_object() && ps.contains("type") && ps["type"] != "string";
+        if (!typed && ps.is_object() && ps.contains("enum") && ps["enum"].is_array() && !ps["enum"].empty()) {
+          value.clear();  // raw strings, as written between the tags
+          for (const auto& v : ps["enum"]) {
+            value += value.empty() ? "" : "|";
+            value += regex_escape(v.is_string() ? v.get<std::string>() : v.dump());
+          }
+        } else if (!typed && ps.is_object() && ps.contains("maxLength") && ps["maxLength"].is_number_unsigned()) {
+          value = "[^<]{0," + std::to_string(std::min<uint64_t>(ps["maxLength"].get<uint64_t>(), 1000)) + "}";
+        } else if (typed) {
+          try {
+            value = engine::json_schema_to_regex(ps, "[ ]?");
+          } catch (const Error&) {
+            value = text;  // outside the supported subset: raw text, parsed as the parser parses it
+          }
+        }
+        // Each argument at most once, in the schema's order; a required one always.
+        const std::string one = pair(regex_escape(it.key()), value);
+        pairs += required.count(it.key()) ? one : "(?:" + one + ")?";
+      }
+    }
+    calls += n_calls++ ? "|" : "";
+    calls += regex_escape(f.start) + regex_escape(name) + pairs + "\n" + regex_escape(f.end);
+  }
+  FP4MOE_CHECK(n_calls > 0) << "tool_choice names \"" << only_name << "\", which is not among the tools";
+  const std::string one = "(?:" + calls + ")";
+  return only_name.empty() ? one + "(?:\n" + one + ")*" : one;
 }
 
 }  // namespace fp4moe::server

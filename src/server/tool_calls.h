@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace fp4moe::server {
 
 struct ToolCallFormat {
@@ -67,5 +69,16 @@ class ToolCallParser {
 };
 
 ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text);
+
+// OpenAI tool_choice "required" (only_name empty: one or more calls of any of `tools`) or a named
+// function (exactly one call of it) as a regex (engine/regex_dfa.h) over `format`'s markup, laid out as
+// the chat templates render calls: the name, then "\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>"
+// pairs, then "\n</tool_call>". Arguments are the function's parameters.properties, each at most once
+// in their order, the `required` ones always (any names, any number, when it lists none); a value is JSON of its
+// property's schema (engine/json_schema.h, compact) when the property has a type other than string; for a string one of
+// its `enum` (raw), or at most `maxLength` characters without '<', otherwise raw text without "</" (a string as the
+// templates write it). A property schema the JSON-schema subset refuses falls back to raw text.
+std::string forced_tool_call_regex(const ToolCallFormat& format, const nlohmann::ordered_json& tools,
+                                   const std::string& only_name);
 
 }  // namespace fp4moe::server

@@ -1051,14 +1051,15 @@ TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
   EXPECT_EQ(parse(c.get("/get_server_info").body)["reasoning_parser"], "glm45");
   EXPECT_EQ(parse(c.get("/get_server_info").body)["tool_call_parser"], "glm45");
   // Tools are rendered into the prompt and the reply parsed for calls: tool_calls is there (the random
-  // default model calls none); forcing a call is refused by name.
+  // default model calls none); an unknown tool_choice is refused by name (forced calls:
+  // test_structured_outputs).
   const json tools = json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}}});
   const json weather = {{{"role", "user"}, {"content", "Weather?"}}};
   auto t = c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"max_tokens", 4}}.dump());
   ASSERT_EQ(t.status, 200) << t.body;
   EXPECT_TRUE(parse(t.body)["choices"][0]["message"]["tool_calls"].is_array()) << t.body;
   expect_error(
-      c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"tool_choice", "required"}}.dump()),
+      c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"tool_choice", "always"}}.dump()),
       400, "tool_choice");
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"tools", tools}}.dump()), 400, "tools");
   json body = {{"messages", {{{"role", "user"}, {"content", "Think, then answer."}}}},

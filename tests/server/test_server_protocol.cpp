@@ -112,7 +112,21 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tools", {{{"type", "function"}}}}}, "tools",
              "tools[0] must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "required"}}, "tool_choice",
-             "tool_choice \"required\" is not supported (forcing a call)");
+             "tool_choice \"required\" needs tools");
+  expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "sometimes"}}, "tool_choice",
+             "is not one of \"auto\", \"none\", \"required\"");
+  const json one_tool = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  expect_bad(Endpoint::kChat,
+             json{{"messages", msgs},
+                  {"tools", one_tool},
+                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+             "tool_choice", "tool_choice names \"g\", not one of the tools");
+  const ParsedRequest named =
+      parse_request(Endpoint::kChat, json{{"messages", msgs},
+                                          {"tools", one_tool},
+                                          {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}});
+  EXPECT_EQ(named.tool_choice, "function");
+  EXPECT_EQ(named.tool_choice_name, "f");
   EXPECT_NO_THROW(
       parse_request(Endpoint::kChat, json{{"messages", msgs}, {"tools", json::array()}, {"tool_choice", "none"}}));
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"suffix", "tail"}}, "suffix", "not supported");
@@ -417,7 +431,7 @@ TEST(ServerProtocol, ChatReasoningContentWholeAndStreamed) {
   EXPECT_TRUE(nb["choices"][0]["message"]["reasoning_content"].is_null());
 }
 
-// --tool-call-parser on the chat route: tools and tool_choice parsed (forcing a call refused by name);
+// --tool-call-parser on the chat route: tools and tool_choice parsed ("required" without tools refused);
 // the reply's calls become message.tool_calls (content null when nothing else was said, finish_reason
 // "tool_calls"); streamed, each call arrives whole in one delta with its index, after the reasoning.
 TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {

@@ -48,7 +48,7 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
             0);
   EXPECT_NE(out.find("'$' is supported only at the end"), std::string::npos) << out;
 
-  ServerProcess srv(FP4MOE_CLI, {"--constrained-json-whitespace-pattern", "[ ]?"});
+  ServerProcess srv(FP4MOE_CLI, {"--constrained-json-whitespace-pattern", "[ ]?", "--tool-call-parser", "glm45"});
   ASSERT_TRUE(srv.wait_ready(60));
   HttpClient c(srv.url(), kTimeout);
   EXPECT_EQ(parse(c.get("/get_server_info").body)["constrained_json_whitespace_pattern"], "[ ]?");
@@ -136,6 +136,40 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
   ASSERT_EQ(gc.status, 200) << gc.body;
   const std::string pick = parse(gc.body)["choices"][0]["text"].get<std::string>();
   EXPECT_TRUE(pick == "alpha" || pick == "beta" || pick == "gamma") << gc.body;
+
+  // tool_choice "required" / a named function: the reply is calls of the tools (the random default
+  // model would write none), finish_reason tool_calls.
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"properties": {"host": {"type": "string", "maxLength": 8}}}}}])");
+  const json ask = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "ping"}}}}}) {
+    auto tc = c.post("/v1/chat/completions", json{{"messages", ask},
+                                                  {"tools", tools},
+                                                  {"tool_choice", choice},
+                                                  {"max_tokens", 200},
+                                                  {"temperature", 0.7},
+                                                  {"seed", 4}}
+                                                 .dump());
+    ASSERT_EQ(tc.status, 200) << tc.body;
+    const json m = parse(tc.body)["choices"][0];
+    ASSERT_TRUE(m["message"]["tool_calls"].is_array() && !m["message"]["tool_calls"].empty()) << tc.body;
+    EXPECT_EQ(m["finish_reason"], "tool_calls") << tc.body;
+    for (const json& call : m["message"]["tool_calls"]) {
+      const std::string name = call["function"]["name"];
+      if (choice.is_object()) EXPECT_EQ(name, "ping") << tc.body;
+      EXPECT_TRUE(name == "ping" || name == "get_weather") << tc.body;
+      EXPECT_TRUE(parse(call["function"]["arguments"].get<std::string>()).is_object()) << tc.body;
+    }
+    if (choice.is_object()) EXPECT_EQ(m["message"]["tool_calls"].size(), 1u) << tc.body;
+  }
+  expect_400(c.post("/v1/chat/completions", json{{"messages", ask},
+                                                 {"tools", tools},
+                                                 {"tool_choice", "required"},
+                                                 {"response_format", {{"type", "json_object"}}}}
+                                                .dump()),
+             "tool_choice", "forces a call; it cannot be combined with response_format");
 
   // Bad constraints: 400 naming the field; the server goes on serving.
   expect_400(c.post("/v1/completions", json{{"prompt", "a"}, {"regex", "(a"}}.dump()), "regex",

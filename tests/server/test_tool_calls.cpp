@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/chat_template.h"
+#include "engine/constraint.h"
+#include "engine/regex_dfa.h"
 #include "server/protocol.h"
 #include "server/tool_calls.h"
 #include "testing/testing.h"
@@ -145,6 +148,91 @@ TEST(ToolCalls, RoundTripThroughAGlmStyleTemplate) {
   ASSERT_EQ(back.calls.size(), 1u) << rendered;
   EXPECT_EQ(back.calls[0].name, "get_weather");
   EXPECT_EQ(back.calls[0].arguments, R"({"city":"Paris","days":3,"opts":{"unit":"C"},"note":"a b"})");
+}
+
+// tool_choice "required" / a named function: the forced-call regex accepts the calls the templates
+// render and refuses others; random texts it accepts parse into calls of the tools with typed values.
+TEST(ToolCalls, ForcedCallRegex) {
+  const auto tools = nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"type": "string", "enum": ["C", "F"]}, "note": {"type": "string", "maxLength": 3}}}}},
+    {"type": "function", "function": {"name": "ping"}},
+    {"type": "function", "function": {"name": "must", "parameters": {"properties": {"a": {"type": "boolean"}},
+        "required": ["a"]}}}])");
+  const engine::ByteDfa any = engine::compile_regex(forced_tool_call_regex(glm45(), tools, ""));
+  const engine::ByteDfa ping = engine::compile_regex(forced_tool_call_regex(glm45(), tools, "ping"));
+  const std::string weather =
+      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris <3</arg_value>\n<arg_key>days</arg_key>\n"
+      "<arg_value>3</arg_value>\n</tool_call>";
+  const std::string pong = "<tool_call>ping\n<arg_key>host</arg_key>\n<arg_value>a.b</arg_value>\n</tool_call>";
+  EXPECT_TRUE(any.matches(weather));
+  EXPECT_TRUE(any.matches(weather + "\n" + pong));
+  EXPECT_TRUE(any.matches("<tool_call>ping\n</tool_call>"));
+  EXPECT_FALSE(any.matches("Sure. " + weather)) << "a forced reply is calls only";
+  EXPECT_FALSE(any.matches("<tool_call>get_time\n</tool_call>"));
+  EXPECT_FALSE(any.matches("<tool_call>get_weather\n<arg_key>town</arg_key>\n<arg_value>x</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(any.matches("<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>15</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(
+      any.matches("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>a</b</arg_value>\n</tool_call>"));
+  const std::string pre = "<tool_call>get_weather\n<arg_key>";
+  EXPECT_TRUE(any.matches(pre + "unit</arg_key>\n<arg_value>F</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(any.matches(pre + "unit</arg_key>\n<arg_value>K</arg_value>\n</tool_call>"));
+  EXPECT_TRUE(any.matches(pre + "note</arg_key>\n<arg_value>abc</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(any.matches(pre + "note</arg_key>\n<arg_value>abcd</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(any.matches(pre + "note</arg_key>\n<arg_value>a</arg_value>\n<arg_key>note</arg_key>\n"
+                                 "<arg_value>b</arg_value>\n</tool_call>"))
+      << "an argument at most once";
+  EXPECT_FALSE(any.matches(pre + "days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>city</arg_key>\n"
+                                 "<arg_value>b</arg_value>\n</tool_call>"))
+      << "in the schema's order";
+  EXPECT_TRUE(any.matches("<tool_call>must\n<arg_key>a</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(any.matches("<tool_call>must\n</tool_call>")) << "a required argument";
+  EXPECT_TRUE(ping.matches(pong));
+  EXPECT_FALSE(ping.matches(weather));
+  EXPECT_FALSE(ping.matches(pong + "\n" + pong)) << "a named function: one call";
+  EXPECT_NE(testing::error_of([&] { forced_tool_call_regex(glm45(), tools, "nope"); }).find("not among the tools"),
+            std::string::npos);
+
+  // Random accepted texts parse into calls of the tools, days an integer in range.
+  engine::DfaAutomaton a(engine::compile_regex(forced_tool_call_regex(glm45(), tools, "")));
+  std::mt19937_64 rng(testing::test_seed());
+  int n_texts = 0;
+  for (int walk = 0; walk < 200 && n_texts < 40; ++walk) {
+    std::string text;
+    uint64_t st = a.start();
+    while (text.size() < 400) {
+      if (a.accepting(st) && (!a.can_continue(st) || rng() % 4 == 0)) break;
+      std::vector<std::pair<char, uint64_t>> next;
+      for (int b = 0; b < 128; ++b) {  // ASCII keeps the walks short
+        const uint64_t t = a.step(st, static_cast<uint8_t>(b));
+        if (t != engine::ByteAutomaton::kDead) next.emplace_back(static_cast<char>(b), t);
+      }
+      if (next.empty()) break;
+      // Prefer closing markup so walks end: a byte that starts "</" or "\n" half the time when allowed.
+      auto pick = next[rng() % next.size()];
+      for (auto& n : next) {
+        if ((n.first == '<' || n.first == '\n') && rng() % 2 == 0) pick = n;
+      }
+      text.push_back(pick.first);
+      st = pick.second;
+    }
+    if (!a.accepting(st)) continue;
+    ++n_texts;
+    const ToolCallSplit split = parse_tool_calls(glm45(), text);
+    ASSERT_FALSE(split.calls.empty()) << text;
+    EXPECT_EQ(split.content, "") << text;
+    for (const ToolCall& c : split.calls) {
+      ASSERT_TRUE(c.name == "get_weather" || c.name == "ping" || c.name == "must") << text;
+      const auto args = nlohmann::json::parse(c.arguments);
+      if (c.name == "get_weather" && args.contains("days")) {
+        ASSERT_TRUE(args["days"].is_number_integer()) << text;
+        EXPECT_GE(args["days"].get<int>(), 1);
+        EXPECT_LE(args["days"].get<int>(), 14);
+      }
+    }
+  }
+  EXPECT_GT(n_texts, 5);
 }
 
 }  // namespace
