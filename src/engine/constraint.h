@@ -139,6 +139,7 @@ class TokenConstraint {
   bool can_continue(uint64_t state) const { return automaton_->can_continue(state); }
   const std::string& description() const { return description_; }  // e.g. "regex '(yes|no)'"
   const ByteAutomaton& automaton() const { return *automaton_; }
+  const TokenVocab& vocab() const { return *vocab_; }
 
  private:
   std::shared_ptr<const ByteAutomaton> automaton_;

@@ -25,6 +25,11 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
   if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
   sampler_.observe_prompt(prompt);
   if (sampling.constraint) constraint_state_ = sampling.constraint->start();
+  if (sampling.constraint && sampling.constraint_after_reasoning) {
+    const SamplingParams::ReasoningSpan& r = *sampling.constraint_after_reasoning;
+    phase_ = r.starts_inside ? Phase::kReasoning : Phase::kBeforeReasoning;
+    if (tokenizer_) reasoning_start_id_ = tokenizer_->token_to_id(r.start);
+  }
   if (sampling.prompt_logprobs >= 0 && !prompt.empty()) {
     GeneratedToken first;
     first.id = prompt.front();
@@ -123,15 +128,17 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
   std::vector<float> z(logits, logits + vocab_);
   const float ban = -std::numeric_limits<float>::infinity();
   auto is_eos = [&](TokenId t) { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); };
-  if (sampling.constraint) {
+  if (sampling.constraint && phase_ != Phase::kReasoning) {
     // Only tokens that keep a match possible; EOS (a special token, never in the mask) where the
-    // text so far is a whole match.
+    // text so far is a whole match. Before a possible reasoning block also its start tag and whitespace.
     const TokenConstraint& c = *sampling.constraint;
     const std::shared_ptr<const TokenMask> mask = c.allowed(constraint_state_);
     const bool eos_ok = c.accepting(constraint_state_) && !sampling.ignore_eos;
     for (int64_t t = 0; t < vocab_; ++t) {
-      if (!mask->test(static_cast<TokenId>(t)) && !(eos_ok && is_eos(static_cast<TokenId>(t))))
-        z[static_cast<size_t>(t)] = ban;
+      const auto id = static_cast<TokenId>(t);
+      const bool ok = mask->test(id) || (eos_ok && is_eos(id)) ||
+                      (phase_ == Phase::kBeforeReasoning && (id == reasoning_start_id_ || is_space_token(id)));
+      if (!ok) z[static_cast<size_t>(t)] = ban;
     }
   }
   if (before_min) {
@@ -154,6 +161,12 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
     return out;
   }
   return on_sampled(sampler_.sample(z.data()), now, eos_ids, context_length);
+}
+
+bool RequestState::is_space_token(TokenId id) const {
+  if (!sampling.constraint || !sampling.constraint->vocab().usable(id)) return false;
+  const std::string& b = sampling.constraint->vocab().bytes(id);
+  return std::all_of(b.begin(), b.end(), [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; });
 }
 
 RequestOutput RequestState::on_argmax(TokenId id_chosen, Clock::time_point now, const std::vector<TokenId>& eos_ids,
@@ -200,7 +213,26 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     finish_reason_ = FinishReason::kStop;
     return out;  // the stop token adds no text
   }
-  if (sampling.constraint) {
+  bool feed = sampling.constraint && phase_ == Phase::kConstrained;
+  if (sampling.constraint && phase_ == Phase::kBeforeReasoning) {
+    if (s.id == reasoning_start_id_) {
+      phase_ = Phase::kReasoning;
+    } else if (!is_space_token(s.id) || sampling.constraint->allowed(constraint_state_)->test(s.id)) {
+      phase_ = Phase::kConstrained;  // the reply itself begins (whitespace the constraint allows counts)
+      feed = true;
+    }
+  } else if (sampling.constraint && phase_ == Phase::kReasoning) {
+    reasoning_tail_ += tokenizer_ ? tokenizer_->token_bytes(s.id) : std::string();
+    const std::string& end = sampling.constraint_after_reasoning->end;
+    if (reasoning_tail_.size() >= end.size() &&
+        reasoning_tail_.compare(reasoning_tail_.size() - end.size(), end.size(), end) == 0) {
+      phase_ = Phase::kConstrained;  // constrained from the next token
+      reasoning_tail_.clear();
+    } else if (reasoning_tail_.size() > end.size()) {
+      reasoning_tail_.erase(0, reasoning_tail_.size() - end.size());
+    }
+  }
+  if (feed) {
     constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
     if (constraint_state_ == ByteAutomaton::kDead) {  // only a token the mask allowed is drawn: a bug
       finish_error_ = "token " + std::to_string(s.id) + " left the " + sampling.constraint->description() +
@@ -214,7 +246,7 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     finish_reason_ = FinishReason::kStop;
     return out;
   }
-  if (sampling.constraint && !sampling.constraint->can_continue(constraint_state_)) {
+  if (sampling.constraint && phase_ == Phase::kConstrained && !sampling.constraint->can_continue(constraint_state_)) {
     finish_reason_ = FinishReason::kStop;  // a whole match that nothing may follow: done without an EOS step
     return out;
   }

@@ -84,6 +84,7 @@ class RequestState {
   // returns true when a stop string matched (held text from the match on is dropped).
   bool stream_text(const std::string& piece, std::string& out, bool match = true);
   void flush_text(std::string& out);
+  bool is_space_token(TokenId id) const;  // the constraint's vocabulary spells it with whitespace only
 
   std::vector<TokenId> tokens_;  // prompt + generated
   OutputCallback callback_;
@@ -100,6 +101,11 @@ class RequestState {
   std::optional<FinishReason> finish_reason_;
   std::string finish_error_;
   uint64_t constraint_state_ = 0;  // sampling.constraint's automaton after the generated tokens
+  // sampling.constraint_after_reasoning: where the reply is (the constraint applies in kConstrained).
+  enum class Phase : uint8_t { kConstrained, kBeforeReasoning, kReasoning };
+  Phase phase_ = Phase::kConstrained;
+  std::optional<TokenId> reasoning_start_id_;  // the start tag as one token
+  std::string reasoning_tail_;                 // the reasoning's last bytes (to find its end tag)
   std::optional<TokenId> matched_stop_token_;
   std::optional<std::string> matched_stop_str_;
   Clock::time_point t_submit_;

@@ -62,6 +62,16 @@ struct SamplingParams {
   // drawn, end-of-sequence only where it is a whole match, and the request ends (stop) once nothing
   // can follow. Applied by RequestState on the logits, so such requests always sample on the host.
   std::shared_ptr<const TokenConstraint> constraint;
+  // With a constraint and a reasoning model (the server's --reasoning-parser): the reply may first
+  // think, unconstrained, between `start` and `end` (e.g. "<think>", "</think>"); the constraint applies
+  // from the token after `end`. With starts_inside the reply begins inside the block (its start tag is
+  // in the prompt); otherwise the first tokens may be whitespace or the `start` token (one token of the
+  // vocabulary), and any other token begins the constrained reply.
+  struct ReasoningSpan {
+    std::string start, end;
+    bool starts_inside = false;
+  };
+  std::optional<ReasoningSpan> constraint_after_reasoning;
 
   // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
   void validate(int64_t vocab_size) const;

@@ -260,6 +260,11 @@ class RequestHandler {
       } catch (const fp4moe::Error& e) {
         throw bad_request(req.constraint->param, req.constraint->param + ": " + e.what());
       }
+      // A reasoning model thinks first, unconstrained; the constraint applies to what follows (SGLang's
+      // reasoning-aware grammars).
+      if (req.reasoning != nullptr)
+        req.sampling.constraint_after_reasoning = engine::SamplingParams::ReasoningSpan{
+            std::string(req.reasoning->start), std::string(req.reasoning->end), req.reasoning->forced};
     }
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {

@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/json_schema.h"
 #include "engine/regex_dfa.h"
+#include "scripted_model.h"
 #include "testing/testing.h"
 
 namespace fp4moe::engine {
@@ -609,6 +610,86 @@ TEST(ConstrainedEngine, DefaultModelRepliesMatch) {
     }
   }
   std::printf("json_object: %d of 4 sampled replies closed within 200 tokens\n", n_whole);
+}
+
+// A reasoning model thinks first: with constraint_after_reasoning the block between the tags is free
+// and the constraint applies from the token after the end tag. A scripted model (golden tokenizer:
+// <think> = 10, </think> = 11, both special) writes "<think>", three tokens, "</think>", then its
+// favourites, which the constraint overrides; greedy, so each case is one deterministic reply.
+TEST(ConstrainedEngine, ReasoningBlockIsFreeThenTheConstraintApplies) {
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::load(testing::shared_path("golden/tokenizer")));
+  ASSERT_EQ(tok->token_to_id("<think>"), std::optional<TokenId>(10));
+  ASSERT_EQ(tok->token_to_id("</think>"), std::optional<TokenId>(11));
+  ConstraintCompiler compiler(*tok, {});
+  const std::vector<TokenId> prompt = {20, 21, 22};
+  const std::vector<TokenId> thought = tok->encode("hmm ok");
+  ASSERT_FALSE(thought.empty());
+  // The script: generated index i -> the favourite token.
+  auto script = [&](bool open_tag) {
+    return [=](std::span<const int32_t> h) -> int32_t {
+      const size_t i = h.size() - prompt.size();
+      size_t k = 0;
+      if (open_tag && i == k++) return 10;
+      for (TokenId t : thought) {
+        if (i == k++) return t;
+      }
+      if (i == k) return 11;
+      return static_cast<int32_t>((h.size() * 7919) % 4000 + 12);  // anything (masked by the constraint)
+    };
+  };
+  struct Out {
+    std::vector<TokenId> ids;
+    std::optional<Finish> finish;
+  };
+  auto run = [&](bool open_tag, std::optional<SamplingParams::ReasoningSpan> span) {
+    auto lm = std::make_unique<testing::ScriptedModel>(4096, script(open_tag));
+    Engine e(EngineOptions{}, std::move(lm), tok);
+    SamplingParams sp;
+    sp.temperature = 0.0;
+    sp.max_new_tokens = 40;
+    sp.skip_special_tokens = false;
+    sp.constraint = compiler.compile({ConstraintSpec::Kind::kRegex, "regex", "(yes|no)!", {}});
+    sp.constraint_after_reasoning = span;
+    Out out;
+    EXPECT_TRUE(e.submit({prompt, sp}, [&](const RequestOutput& o) {
+                   for (const auto& t : o.tokens) out.ids.push_back(t.id);
+                   if (o.finished) out.finish = o.finished;
+                 }).ok());
+    e.run_until_idle();
+    return out;
+  };
+  const ByteDfa dfa = compile_regex("(yes|no)!");
+  auto after_think = [&](const std::vector<TokenId>& ids) {
+    const auto end = std::find(ids.begin(), ids.end(), 11);
+    EXPECT_NE(end, ids.end());
+    return tok->decode(std::vector<TokenId>(end + 1, ids.end()));
+  };
+  const SamplingParams::ReasoningSpan glm{"<think>", "</think>", false};
+
+  // The model thinks: the block as scripted, then a match.
+  Out o = run(true, glm);
+  ASSERT_TRUE(o.finish);
+  EXPECT_EQ(o.finish->reason, FinishReason::kStop);
+  ASSERT_GT(o.ids.size(), thought.size() + 2);
+  EXPECT_EQ(o.ids[0], 10);
+  EXPECT_EQ(std::vector<TokenId>(o.ids.begin() + 1, o.ids.begin() + 1 + static_cast<long>(thought.size())), thought);
+  EXPECT_TRUE(dfa.matches(after_think(o.ids))) << "'" << after_think(o.ids) << "'";
+
+  // Without the span the tags are special tokens the mask never allows: constrained from the start.
+  o = run(true, std::nullopt);
+  EXPECT_TRUE(dfa.matches(tok->decode(o.ids))) << "'" << tok->decode(o.ids) << "'";
+  EXPECT_EQ(std::count(o.ids.begin(), o.ids.end(), 10), 0);
+
+  // The template opened the block (deepseek-r1): free until the end tag, then a match.
+  o = run(false, SamplingParams::ReasoningSpan{"<think>", "</think>", true});
+  EXPECT_EQ(std::vector<TokenId>(o.ids.begin(), o.ids.begin() + static_cast<long>(thought.size())), thought);
+  EXPECT_TRUE(dfa.matches(after_think(o.ids))) << "'" << after_think(o.ids) << "'";
+
+  // The model does not think (its first favourite is no start tag): the constraint applies at once.
+  o = run(false, glm);
+  EXPECT_NE(o.ids.at(0), 10);
+  EXPECT_TRUE(dfa.matches(tok->decode(o.ids))) << "'" << tok->decode(o.ids) << "'";
+  EXPECT_EQ(o.finish->reason, FinishReason::kStop);
 }
 
 }  // namespace
