@@ -303,7 +303,12 @@ struct Engine::Impl {
         PrefixCache::Hit hit;
         const bool may_hit = cache && r->sampling.prompt_logprobs < 0;
         if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
-        if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) break;
+        if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {
+          // The hit's own blocks may be what the request needs (a large entry): without the hit (its
+          // entry may then be evicted too) rather than never (the request would wait forever).
+          if (hit.tokens == 0 || !reserve_evicting(r->blocks, r->n_all_tokens() + 1)) break;
+          hit = {};
+        }
         r->kv = hit.tokens > 0 ? hit.kv->copy_prefix(hit.tokens) : model->new_state();
         r->admitted(Clock::now());
         if (!r->counted_prompt && may_hit) {

@@ -377,6 +377,25 @@ TEST(Scheduler, PrefixCacheGivesItsBlocksToRequests) {
   EXPECT_EQ(h.engine.stats().preemptions_total, 0u);
 }
 
+// A hit whose entry holds the blocks its request needs (4 blocks: an entry of 2 pinned + 3 needed) is
+// dropped rather than waited for forever (it used to wait with nothing running: a livelock); the output
+// equals the request's alone.
+TEST(Scheduler, PrefixCacheNeverStarvesAHit) {
+  EngineOptions o;
+  o.max_total_tokens = 64;
+  Harness h(o);
+  std::mt19937_64 rng(testing::test_seed() + 44);
+  const std::vector<TokenId> prompt = random_prompt(rng, 40);
+  h.submit(prompt, greedy(8));
+  h.engine.run_until_idle();
+  ASSERT_EQ(h.engine.stats().prefix_cache_tokens, 32);
+  const RequestId big = h.submit(prompt, greedy(20));  // 41 tokens to admit: 3 blocks, 2 free
+  h.engine.run_until_idle();
+  ASSERT_TRUE(h.results.at(big).finish) << "admitted without its hit";
+  EXPECT_EQ(h.results.at(big).finish->usage.cached_tokens, 0);
+  EXPECT_EQ(h.results.at(big).ids, alone(prompt, greedy(20)));
+}
+
 // SchedulePolicy::kPriority: one slot, four requests queued before the first step are served by
 // priority (lower first), arrival order within a priority; the KV-bound preemption takes the request
 // of the largest priority value even when it is the older one (kFcfs takes the newer); outputs are
