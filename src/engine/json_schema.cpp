@@ -20,12 +20,20 @@ using ojson = nlohmann::ordered_json;
 constexpr const char* kStringChar =
     R"((?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)"
     R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
+// The same without '<' (forced tool calls: a value must not spell the markup's closing tags; "\u003c"
+// still writes one).
+constexpr const char* kStringCharNoLt =
+    R"((?:[^"\\<\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)"
+    R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
 constexpr const char* kInteger = R"(-?(?:0|[1-9][0-9]*))";
 constexpr const char* kNumber = R"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)";
 
 class SchemaRegex {
  public:
-  SchemaRegex(const ojson& root, std::string ws) : root_(root), ws_("(?:" + std::move(ws) + ")") {}
+  SchemaRegex(const ojson& root, std::string ws, bool strings_without_lt)
+      : root_(root),
+        ws_("(?:" + std::move(ws) + ")"),
+        string_char_(strings_without_lt ? kStringCharNoLt : kStringChar) {}
 
   std::string value(const ojson& s, const std::string& where) {
     if (depth_ >= kMaxSchemaDepth)
@@ -33,15 +41,24 @@ class SchemaRegex {
     ++depth_;
     std::string r = value_unguarded(s, where);
     --depth_;
-    if (r.size() > kMaxRegexBytes)
-      fail(where, "the schema's regex exceeds " + std::to_string(kMaxRegexBytes) +
-                      " bytes (nested arrays copy their items); simplify the schema");
+    charge(r, where);
     return r;
   }
 
  private:
   static constexpr int kMaxSchemaDepth = 64;
   static constexpr size_t kMaxRegexBytes = size_t{1} << 20;
+  static constexpr size_t kMaxBuiltBytes = size_t{32} << 20;  // all the strings one schema builds
+
+  // Charges a built piece against kMaxBuiltBytes (loops over properties, alternatives and names would
+  // otherwise build gigabytes before a result's own size is checked).
+  const std::string& charge(const std::string& piece, const std::string& where) {
+    built_ += piece.size();
+    if (built_ > kMaxBuiltBytes || piece.size() > kMaxRegexBytes)
+      fail(where, "the schema's regex exceeds " + std::to_string(kMaxRegexBytes) + " bytes (" + std::to_string(built_) +
+                      " built); simplify the schema");
+    return piece;
+  }
 
   std::string value_unguarded(const ojson& s, const std::string& where) {
     if (s.is_boolean()) {
@@ -166,6 +183,7 @@ class SchemaRegex {
       for (size_t i = 0; i < alts.size(); ++i) {
         r += i ? "|" : "";
         r += value(alts[i], where + "/" + key + "/" + std::to_string(i));
+        charge(r, where);
       }
       return "(?:" + r + ")";
     }
@@ -275,7 +293,7 @@ class SchemaRegex {
       int64_t x = 0;
       if (v.is_number_integer()) {  // exact: a double would round past 2^53
         if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(kLimit)
-                                   : std::llabs(v.get<int64_t>()) > kLimit)
+                                   : v.get<int64_t>() < -kLimit || v.get<int64_t>() > kLimit)
           fail(where, std::string(key) + " beyond +-1e18 is not supported");
         x = v.get<int64_t>();
         if (exclusive) x += lower ? 1 : -1;
@@ -373,7 +391,8 @@ class SchemaRegex {
       // string holds as they are: the reply's bytes between the quotes are matched, not the decoded string.
       ByteDfa dfa;
       try {
-        dfa = compile_regex(p);
+        compile_regex(p);                      // alone: no breaking out of its group ("a)|(b")
+        dfa = compile_regex("(?:" + p + ")");  // as it is embedded: anchors left inside are refused here
       } catch (const Error& e) {
         fail(where + "/pattern", e.what());
       }
@@ -401,7 +420,7 @@ class SchemaRegex {
     }
     const int64_t lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
     if (hi >= 0 && hi < lo) fail(where, "maxLength < minLength");
-    return std::string("\"") + kStringChar + bounds(lo, hi) + "\"";
+    return std::string("\"") + string_char_ + bounds(lo, hi) + "\"";
   }
 
   std::string array_regex(const ojson& s, const std::string& where) {
@@ -451,7 +470,7 @@ class SchemaRegex {
       if (extra != nullptr && extra->is_boolean() && !extra->get<bool>()) return open + close;
       const std::string v =
           extra != nullptr ? value(*extra, where + "/additionalProperties") : any_value(kAnyValueDepth);
-      const std::string member = std::string("\"") + kStringChar + "*\"" + ws_ + ":" + ws_ + "(?:" + v + ")";
+      const std::string member = std::string("\"") + string_char_ + "*\"" + ws_ + ":" + ws_ + "(?:" + v + ")";
       return open + "(?:" + member + "(?:" + sep() + member + ")*)?" + close;
     }
     // rest(i, first): properties i.. when none has been written yet (first) or some has. Optional ones
@@ -461,12 +480,14 @@ class SchemaRegex {
     for (size_t i = n; i-- > 0;) {
       const std::string member = sep() + props[i].first + ws_ + ":" + ws_ + "(?:" + props[i].second + ")";
       after[i] = required[i] ? member + after[i + 1] : "(?:" + member + ")?" + after[i + 1];
+      charge(after[i], where);
     }
     std::string first;  // rest(0, true)
     std::vector<std::string> alts;
     for (size_t i = 0; i < n; ++i) {
       const std::string member = props[i].first + ws_ + ":" + ws_ + "(?:" + props[i].second + ")";
       alts.push_back(member + after[i + 1]);  // property i is the first one written
+      charge(alts.back(), where);
       if (required[i]) break;                 // none after a required one can come first
     }
     const bool all_optional = std::none_of(required.begin(), required.end(), [](bool b) { return b; });
@@ -479,7 +500,7 @@ class SchemaRegex {
 
   // Any JSON value with containers nested at most `depth` deep.
   std::string any_value(int depth) {
-    const std::string string = std::string("\"") + kStringChar + "*\"";
+    const std::string string = std::string("\"") + string_char_ + "*\"";
     std::string r = "(?:" + string + "|" + kNumber + "|true|false|null";
     if (depth > 0) {
       const std::string v = any_value(depth - 1);
@@ -492,14 +513,17 @@ class SchemaRegex {
 
   const ojson& root_;
   std::string ws_;
+  const char* string_char_;
   std::vector<std::string> refs_;
   int depth_ = 0;
+  size_t built_ = 0;
 };
 
 }  // namespace
 
-std::string json_schema_to_regex(const nlohmann::ordered_json& schema, const std::string& whitespace) {
-  SchemaRegex b(schema, whitespace);
+std::string json_schema_to_regex(const nlohmann::ordered_json& schema, const std::string& whitespace,
+                                 bool strings_without_lt) {
+  SchemaRegex b(schema, whitespace, strings_without_lt);
   return b.value(schema, "");
 }
 

@@ -27,7 +27,9 @@ namespace fp4moe::engine {
 
 inline constexpr int kAnyValueDepth = 2;
 
-// Fails (fp4moe::Error) naming the keyword and its JSON pointer.
-std::string json_schema_to_regex(const nlohmann::ordered_json& schema, const std::string& whitespace);
+// Fails (fp4moe::Error) naming the keyword and its JSON pointer. strings_without_lt: JSON strings may not
+// contain '<' as such ("\u003c" still does): values written inside markup (forced tool calls).
+std::string json_schema_to_regex(const nlohmann::ordered_json& schema, const std::string& whitespace,
+                                 bool strings_without_lt = false);
 
 }  // namespace fp4moe::engine

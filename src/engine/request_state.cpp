@@ -130,14 +130,16 @@ RequestOutput RequestState::on_logits(const float* logits, Clock::time_point now
   auto is_eos = [&](TokenId t) { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); };
   if (sampling.constraint && phase_ != Phase::kReasoning) {
     // Only tokens that keep a match possible; EOS (a special token, never in the mask) where the
-    // text so far is a whole match. Before a possible reasoning block also its start tag and whitespace.
+    // text so far is a whole match. Before a possible reasoning block also its start tag; right after one
+    // whitespace.
     const TokenConstraint& c = *sampling.constraint;
     const std::shared_ptr<const TokenMask> mask = c.allowed(constraint_state_);
     const bool eos_ok = c.accepting(constraint_state_) && !sampling.ignore_eos;
     for (int64_t t = 0; t < vocab_; ++t) {
       const auto id = static_cast<TokenId>(t);
       const bool ok = mask->test(id) || (eos_ok && is_eos(id)) ||
-                      (phase_ == Phase::kBeforeReasoning && (id == reasoning_start_id_ || is_space_token(id)));
+                      (phase_ == Phase::kBeforeReasoning && id == reasoning_start_id_) ||
+                      (phase_ == Phase::kAfterReasoning && is_space_token(id));
       if (!ok) z[static_cast<size_t>(t)] = ban;
     }
   }
@@ -214,27 +216,48 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     return out;  // the stop token adds no text
   }
   bool feed = sampling.constraint && phase_ == Phase::kConstrained;
+  std::string_view bytes;  // what the automaton reads of this token (all of it unless the phase says less)
+  std::string after_end;   // the bytes of a token that follow the reasoning's end tag
   if (sampling.constraint && phase_ == Phase::kBeforeReasoning) {
     if (s.id == reasoning_start_id_) {
       phase_ = Phase::kReasoning;
-    } else if (!is_space_token(s.id) || sampling.constraint->allowed(constraint_state_)->test(s.id)) {
-      phase_ = Phase::kConstrained;  // the reply itself begins (whitespace the constraint allows counts)
+    } else {
+      phase_ = Phase::kConstrained;  // the reply begins without a reasoning block
       feed = true;
     }
+  } else if (sampling.constraint && phase_ == Phase::kAfterReasoning) {
+    // One whitespace token the constraint does not take (a "\n" after the tag) is let through, no more.
+    phase_ = Phase::kConstrained;
+    feed = !is_space_token(s.id) || sampling.constraint->allowed(constraint_state_)->test(s.id);
   } else if (sampling.constraint && phase_ == Phase::kReasoning) {
+    // The end tag may arrive split over tokens or inside one ("</think" + ">\n"): what follows it in
+    // the same token is the reply's start (whitespace skipped, as the reasoning parser drops it).
     reasoning_tail_ += tokenizer_ ? tokenizer_->token_bytes(s.id) : std::string();
     const std::string& end = sampling.constraint_after_reasoning->end;
-    if (reasoning_tail_.size() >= end.size() &&
-        reasoning_tail_.compare(reasoning_tail_.size() - end.size(), end.size(), end) == 0) {
-      phase_ = Phase::kConstrained;  // constrained from the next token
+    const size_t at = reasoning_tail_.find(end);
+    if (at != std::string::npos) {
+      after_end = reasoning_tail_.substr(at + end.size());
+      after_end.erase(0, after_end.find_first_not_of(" \t\n\r") == std::string::npos
+                             ? after_end.size()
+                             : after_end.find_first_not_of(" \t\n\r"));
       reasoning_tail_.clear();
-    } else if (reasoning_tail_.size() > end.size()) {
-      reasoning_tail_.erase(0, reasoning_tail_.size() - end.size());
+      phase_ = after_end.empty() ? Phase::kAfterReasoning : Phase::kConstrained;
+      feed = !after_end.empty();
+      bytes = after_end;
+    } else if (reasoning_tail_.size() >= end.size()) {
+      reasoning_tail_.erase(0, reasoning_tail_.size() - (end.size() - 1));
     }
   }
   if (feed) {
-    constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
-    if (constraint_state_ == ByteAutomaton::kDead) {  // only a token the mask allowed is drawn: a bug
+    if (!bytes.empty()) {
+      for (char c : bytes) {
+        constraint_state_ = sampling.constraint->automaton().step(constraint_state_, static_cast<uint8_t>(c));
+        if (constraint_state_ == ByteAutomaton::kDead) break;
+      }
+    } else {
+      constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
+    }
+    if (constraint_state_ == ByteAutomaton::kDead) {  // a token the mask allowed, or the text after an end tag
       finish_error_ = "token " + std::to_string(s.id) + " left the " + sampling.constraint->description() +
                       " constraint after " + std::to_string(generated.size()) + " tokens";
       finish_reason_ = FinishReason::kError;

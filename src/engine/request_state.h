@@ -102,7 +102,9 @@ class RequestState {
   std::string finish_error_;
   uint64_t constraint_state_ = 0;  // sampling.constraint's automaton after the generated tokens
   // sampling.constraint_after_reasoning: where the reply is (the constraint applies in kConstrained).
-  enum class Phase : uint8_t { kConstrained, kBeforeReasoning, kReasoning };
+  // kBeforeReasoning: the start tag may come; kReasoning: free; kAfterReasoning: one whitespace token
+  // may come (the reasoning parser drops it), then the constraint applies.
+  enum class Phase : uint8_t { kConstrained, kBeforeReasoning, kReasoning, kAfterReasoning };
   Phase phase_ = Phase::kConstrained;
   std::optional<TokenId> reasoning_start_id_;  // the start tag as one token
   std::string reasoning_tail_;                 // the reasoning's last bytes (to find its end tag)

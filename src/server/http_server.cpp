@@ -245,7 +245,11 @@ class RequestHandler {
         engine::ConstraintSpec c;
         c.kind = engine::ConstraintSpec::Kind::kRegex;
         c.param = "tool_choice";
-        c.text = forced_tool_call_regex(*server_->options_.tool_calls, req.tools, req.tool_choice_name);
+        try {
+          c.text = forced_tool_call_regex(*server_->options_.tool_calls, req.tools, req.tool_choice_name);
+        } catch (const fp4moe::Error& e) {
+          throw bad_request("tool_choice", std::string("tool_choice: ") + e.what());
+        }
         req.constraint = std::move(c);
       }
     }

@@ -2,6 +2,7 @@
 #include "server/protocol.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -281,7 +282,12 @@ ApiError bad_request(const std::string& param, const std::string& message) {
 json parse_body(const std::string& body) {
   json j;
   try {
-    j = json::parse(body);
+    // Depth-bounded: what reads a body later (dump, schemas, templates) recurses per level.
+    j = json::parse(body, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxBodyDepth)
+        throw bad_request("body", "the JSON body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
+      return true;
+    });
   } catch (const json::parse_error& e) {
     throw bad_request("body", std::string("malformed JSON body (") + std::to_string(body.size()) +
                                   " bytes): " + e.what());
@@ -420,23 +426,31 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
       if (!tools->is_array()) throw bad_request("tools", "tools must be a list of functions, got " + show(*tools));
       for (size_t i = 0; i < tools->size(); ++i) {
         const json& t = (*tools)[i];
-        const bool ok = t.is_object() && t.value("type", std::string()) == "function" && t.contains("function") &&
+        const bool ok = t.is_object() && t.contains("type") && t["type"] == "function" && t.contains("function") &&
                         t["function"].is_object() && t["function"].contains("name") &&
                         t["function"]["name"].is_string();
         if (!ok)
           throw bad_request("tools", "tools[" + std::to_string(i) +
                                          "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
                                          show(t));
+        // OpenAI's rule for function names; other names could not be read back from the call markup.
+        const std::string name = t["function"]["name"].get<std::string>();
+        const bool name_ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+        });
+        if (!name_ok)
+          throw bad_request("tools", "tools[" + std::to_string(i) + "].function.name \"" + name +
+                                         "\" is not 1-64 letters, digits, '_', '-' or '.'");
       }
       if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());  // key order: restore_key_order
     }
     if (const json* tc = top.find("tool_choice"); tc != nullptr && !tc->is_null()) {
       // "auto", "none", "required", or {"type": "function", "function": {"name": ...}} naming one of the tools.
-      const bool named = tc->is_object() && tc->value("type", std::string()) == "function" &&
+      const bool named = tc->is_object() && tc->contains("type") && (*tc)["type"] == "function" &&
                          tc->contains("function") && (*tc)["function"].is_object() &&
                          (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string();
       const std::string choice = tc->is_string() ? tc->get<std::string>() : named ? "function" : std::string();
-      if (choice != "auto" && choice != "none" && choice != "required" && choice != "function")
+      if (choice != "auto" && choice != "none" && choice != "required" && !named)
         throw bad_request("tool_choice", "tool_choice " + show(*tc) +
                                              " is not one of \"auto\", \"none\", \"required\", "
                                              "{\"type\": \"function\", \"function\": {\"name\": ...}}");
@@ -728,7 +742,7 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
 ChatChoiceStream ChatChoiceStream::for_request(const ParsedRequest& req) {
   ChatChoiceStream s;
   if (req.reasoning != nullptr) s.reasoning.emplace(*req.reasoning);
-  if (req.tool_calls != nullptr) s.tools.emplace(*req.tool_calls);
+  if (req.tool_calls != nullptr) s.tools.emplace(*req.tool_calls, req.tools);
   return s;
 }
 

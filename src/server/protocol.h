@@ -94,6 +94,7 @@ struct ParsedRequest {
   std::string schema_pointer;  // where an object schema sat in the body ("" otherwise), for restore_key_order
 };
 inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
+inline constexpr int kMaxBodyDepth = 64;          // JSON nesting of a request body
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
 
 // Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field.

@@ -29,12 +29,14 @@ std::string_view trim(std::string_view s) {
 }
 
 // The body of one call (between the tags); nullopt when it is not name + key / value pairs.
-std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view body) {
+std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view body,
+                                   const std::map<std::string, std::set<std::string>>& string_args) {
   const size_t first_key = body.find(f.key_open);
   ToolCall call;
   call.name = std::string(trim(body.substr(0, first_key)));
   if (call.name.empty() || call.name.find_first_of(" \n\t<>") != std::string::npos) return std::nullopt;
   nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  const auto strings = string_args.find(call.name);
   size_t at = first_key;
   while (at != std::string_view::npos) {
     const size_t k0 = at + f.key_open.size();
@@ -49,8 +51,12 @@ std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view bod
     if (v1 == std::string_view::npos) return std::nullopt;
     const std::string key(trim(body.substr(k0, k1 - k0)));
     const std::string_view raw = body.substr(v0, v1 - v0);
-    nlohmann::ordered_json value = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
-    args[key] = value.is_discarded() ? nlohmann::ordered_json(std::string(raw)) : std::move(value);
+    if (strings != string_args.end() && strings->second.count(key)) {
+      args[key] = std::string(raw);  // declared a string: as written
+    } else {
+      nlohmann::ordered_json value = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
+      args[key] = value.is_discarded() ? nlohmann::ordered_json(std::string(raw)) : std::move(value);
+    }
     at = body.find(f.key_open, v1 + f.value_close.size());
     if (!trim(body.substr(v1 + f.value_close.size(),
                           (at == std::string_view::npos ? body.size() : at) - v1 - f.value_close.size()))
@@ -66,6 +72,22 @@ std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view bod
 const ToolCallFormat* find_tool_call_format(std::string_view name) { return markup::find_by_name(kFormats, name); }
 
 std::string tool_call_format_names() { return markup::names_of(kFormats); }
+
+ToolCallParser::ToolCallParser(const ToolCallFormat& format, const nlohmann::ordered_json& tools) : f_(&format) {
+  if (!tools.is_array()) return;
+  for (const auto& t : tools) {
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
+    const auto& fn = t["function"];
+    if (!fn.contains("name") || !fn["name"].is_string() || !fn.contains("parameters") ||
+        !fn["parameters"].is_object() || !fn["parameters"].contains("properties") ||
+        !fn["parameters"]["properties"].is_object())
+      continue;
+    for (auto it = fn["parameters"]["properties"].begin(); it != fn["parameters"]["properties"].end(); ++it) {
+      if (it.value().is_object() && it.value().contains("type") && it.value()["type"] == "string")
+        string_args_[fn["name"].get<std::string>()].insert(it.key());
+    }
+  }
+}
 
 void ToolCallParser::add_content(std::string_view s, ToolCallSplit& out) {
   const size_t last = s.find_last_not_of(" \n\r\t");
@@ -100,7 +122,7 @@ ToolCallSplit ToolCallParser::push(std::string_view delta) {
     }
     const size_t e = held_.find(f_->end);
     if (e == std::string::npos) return out;  // the call is not complete yet
-    if (std::optional<ToolCall> call = parse_call(*f_, std::string_view(held_).substr(0, e))) {
+    if (std::optional<ToolCall> call = parse_call(*f_, std::string_view(held_).substr(0, e), string_args_)) {
       out.calls.push_back(std::move(*call));
       ++n_calls_;
     } else {  // not a call after all: the text as written
@@ -137,14 +159,18 @@ ToolCallSplit ToolCallParser::take(std::string_view delta, bool last) {
   return out;
 }
 
-ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text) {
-  return ToolCallParser(format).take(text, /*last=*/true);
+ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text,
+                               const nlohmann::ordered_json& tools) {
+  return ToolCallParser(format, tools).take(text, /*last=*/true);
 }
 
 std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::ordered_json& tools,
                                    const std::string& only_name) {
   using engine::regex_escape;
   const std::string text = "(?:[^<]|<+[^</])*<*";  // no "</": cannot close the value early
+  // A longer maxLength is not counted (a counted UTF-8 character costs ~35 DFA states a position).
+  constexpr uint64_t kMaxCountedLength = 256;
+  constexpr size_t kMaxRegexBytes = size_t{1} << 20;
   std::string calls;
   int n_calls = 0;
   for (const auto& tool : tools) {
@@ -187,11 +213,12 @@ std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::orde
             value += value.empty() ? "" : "|";
             value += regex_escape(v.is_string() ? v.get<std::string>() : v.dump());
           }
-        } else if (!typed && ps.is_object() && ps.contains("maxLength") && ps["maxLength"].is_number_unsigned()) {
-          value = "[^<]{0," + std::to_string(std::min<uint64_t>(ps["maxLength"].get<uint64_t>(), 1000)) + "}";
+        } else if (!typed && ps.is_object() && ps.contains("maxLength") && ps["maxLength"].is_number_unsigned() &&
+                   ps["maxLength"].get<uint64_t>() <= kMaxCountedLength) {
+          value = "[^<]{0," + std::to_string(ps["maxLength"].get<uint64_t>()) + "}";
         } else if (typed) {
           try {
-            value = engine::json_schema_to_regex(ps, "[ ]?");
+            value = engine::json_schema_to_regex(ps, "[ ]?", /*strings_without_lt=*/true);
           } catch (const Error&) {
             value = text;  // outside the supported subset: raw text, parsed as the parser parses it
           }
@@ -203,10 +230,14 @@ std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::orde
     }
     calls += n_calls++ ? "|" : "";
     calls += regex_escape(f.start) + regex_escape(name) + pairs + "\n" + regex_escape(f.end);
+    if (calls.size() > kMaxRegexBytes)
+      throw Error("the forced-call regex of these tools exceeds " + std::to_string(kMaxRegexBytes) +
+                  " bytes; name one function or simplify the parameters");
   }
   FP4MOE_CHECK(n_calls > 0) << "tool_choice names \"" << only_name << "\", which is not among the tools";
-  const std::string one = "(?:" + calls + ")";
-  return only_name.empty() ? one + "(?:\n" + one + ")*" : one;
+  // "required": calls one after another (a newline between them optional, as the parser trims), the
+  // alternation written once.
+  return only_name.empty() ? "(?:(?:" + calls + ")\n?)+" : "(?:" + calls + ")";
 }
 
 }  // namespace fp4moe::server

@@ -10,7 +10,8 @@
 //
 // (what their chat templates render for an assistant's tool_calls): the name, then key / value pairs;
 // a value that parses as JSON (a number, true, an object, a quoted string) is that JSON, anything else
-// the string itself. `arguments` is the JSON object text, keys in the order written.
+// the string itself, and so is any value of an argument the tool declares a string. `arguments` is the JSON object
+// text, keys in the order written.
 //
 // As ReasoningParser (reasoning.h), one state machine for whole and streamed replies: text outside the
 // calls is content (the whitespace before a call, and at the end of a reply with calls, dropped), text that may still
@@ -19,6 +20,8 @@
 // tests/server/test_tool_calls.cpp.
 #pragma once
 
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,7 +52,9 @@ struct ToolCallSplit {
 
 class ToolCallParser {
  public:
-  explicit ToolCallParser(const ToolCallFormat& format) : f_(&format) {}
+  // `tools` (the request's OpenAI function definitions, or null): an argument its function declares
+  // "type": "string" keeps its text as written even when it would parse as JSON ("007", "true").
+  explicit ToolCallParser(const ToolCallFormat& format, const nlohmann::ordered_json& tools = nullptr);
   ToolCallSplit push(std::string_view delta);
   ToolCallSplit finish();
   // push(delta), and with `last` (the reply ends with it) finish() too, in one split.
@@ -59,6 +64,7 @@ class ToolCallParser {
  private:
   void add_content(std::string_view s, ToolCallSplit& out);
   const ToolCallFormat* f_;
+  std::map<std::string, std::set<std::string>> string_args_;  // function -> its string-typed arguments
   std::string held_;
   bool in_call_ = false;
   int64_t n_calls_ = 0;
@@ -68,7 +74,8 @@ class ToolCallParser {
   std::string ws_before_call_;  // the whitespace a call dropped, given back if it is no call
 };
 
-ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text);
+ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view text,
+                               const nlohmann::ordered_json& tools = nullptr);
 
 // OpenAI tool_choice "required" (only_name empty: one or more calls of any of `tools`) or a named
 // function (exactly one call of it) as a regex (engine/regex_dfa.h) over `format`'s markup, laid out as

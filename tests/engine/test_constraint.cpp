@@ -330,6 +330,15 @@ TEST(JsonSchema, ReviewFindings) {
   EXPECT_NE(err(R"({"type":"object","required":["a"],"additionalProperties":false})")
                 .find("'a' is required but neither in properties nor allowed by additionalProperties: false"),
             std::string::npos);
+  EXPECT_NE(err(R"({"type":"integer","minimum":-9223372036854775808})").find("beyond +-1e18"), std::string::npos);
+  std::string many = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 3000; ++i)
+    many += (i ? "," : "") + std::string("\"p") + std::to_string(i) + "\":{\"type\":\"boolean\"}";
+  many += "}}";
+  EXPECT_NE(err(many).find("built); simplify the schema"), std::string::npos) << "refused before gigabytes";
+  EXPECT_NE(err(R"({"type":"string","pattern":"^^a"})").find("/pattern: regex: '^' is supported only at the start"),
+            std::string::npos)
+      << err(R"({"type":"string","pattern":"^^a"})");
   const auto big = schema_automaton(ojson::parse(R"({"type":"integer","minimum":9007199254740993})"));
   EXPECT_FALSE(accepts(*big, "9007199254740992"));
   EXPECT_TRUE(accepts(*big, "9007199254740993"));
@@ -662,7 +671,10 @@ TEST(ConstrainedEngine, ReasoningBlockIsFreeThenTheConstraintApplies) {
   auto after_think = [&](const std::vector<TokenId>& ids) {
     const auto end = std::find(ids.begin(), ids.end(), 11);
     EXPECT_NE(end, ids.end());
-    return tok->decode(std::vector<TokenId>(end + 1, ids.end()));
+    std::string reply = tok->decode(std::vector<TokenId>(end + 1, ids.end()));
+    reply.erase(0,
+                reply.find_first_not_of(" \t\n\r"));  // one whitespace token may follow the tag (dropped by the parser)
+    return reply;
   };
   const SamplingParams::ReasoningSpan glm{"<think>", "</think>", false};
 
@@ -684,6 +696,42 @@ TEST(ConstrainedEngine, ReasoningBlockIsFreeThenTheConstraintApplies) {
   o = run(false, SamplingParams::ReasoningSpan{"<think>", "</think>", true});
   EXPECT_EQ(std::vector<TokenId>(o.ids.begin(), o.ids.begin() + static_cast<long>(thought.size())), thought);
   EXPECT_TRUE(dfa.matches(after_think(o.ids))) << "'" << after_think(o.ids) << "'";
+
+  // The end tag spelled by plain tokens, the last one running past it ("...>" + "\n"): the reply
+  // starts after it, its whitespace skipped.
+  const std::vector<TokenId> split_end =
+      tok->encode("</think>\n", {.add_special_tokens = false, .parse_special = false});
+  ASSERT_GT(split_end.size(), 1u);
+  {
+    auto lm = std::make_unique<testing::ScriptedModel>(4096, [&](std::span<const int32_t> h) -> int32_t {
+      const size_t i = h.size() - prompt.size();
+      if (i == 0) return 10;
+      if (i - 1 < split_end.size()) return split_end[i - 1];
+      return static_cast<int32_t>((h.size() * 7919) % 4000 + 12);
+    });
+    Engine e(EngineOptions{}, std::move(lm), tok);
+    SamplingParams sp;
+    sp.temperature = 0.0;
+    sp.max_new_tokens = 40;
+    sp.skip_special_tokens = false;
+    sp.constraint = compiler.compile({ConstraintSpec::Kind::kRegex, "regex", "(yes|no)!", {}});
+    sp.constraint_after_reasoning = glm;
+    std::vector<TokenId> ids;
+    std::optional<Finish> fin;
+    ASSERT_TRUE(e.submit({prompt, sp}, [&](const RequestOutput& o) {
+                   for (const auto& t : o.tokens) ids.push_back(t.id);
+                   if (o.finished) fin = o.finished;
+                 }).ok());
+    e.run_until_idle();
+    ASSERT_TRUE(fin);
+    EXPECT_EQ(fin->reason, FinishReason::kStop);
+    const std::string text = tok->decode(ids);
+    const size_t at = text.find("</think>");
+    ASSERT_NE(at, std::string::npos) << text;
+    std::string reply = text.substr(at + 8);
+    reply.erase(0, reply.find_first_not_of(" \t\n\r"));
+    EXPECT_TRUE(dfa.matches(reply)) << "'" << text << "'";
+  }
 
   // The model does not think (its first favourite is no start tag): the constraint applies at once.
   o = run(false, glm);

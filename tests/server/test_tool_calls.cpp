@@ -189,6 +189,13 @@ TEST(ToolCalls, ForcedCallRegex) {
   EXPECT_TRUE(any.matches("<tool_call>must\n<arg_key>a</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"));
   EXPECT_FALSE(any.matches("<tool_call>must\n</tool_call>")) << "a required argument";
   EXPECT_TRUE(ping.matches(pong));
+  // A typed value's JSON strings cannot spell the closing tags.
+  const auto obj_tool = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":
+      {"properties": {"o": {"type": "object", "properties": {"note": {"type": "string"}}}}}}}])");
+  const engine::ByteDfa obj = engine::compile_regex(forced_tool_call_regex(glm45(), obj_tool, ""));
+  const std::string f_pre = "<tool_call>f\n<arg_key>o</arg_key>\n<arg_value>";
+  EXPECT_TRUE(obj.matches(f_pre + R"({"note":"a\u003cb"})" + "</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(obj.matches(f_pre + R"({"note":"a</arg_value>b"})" + "</arg_value>\n</tool_call>"));
   EXPECT_FALSE(ping.matches(weather));
   EXPECT_FALSE(ping.matches(pong + "\n" + pong)) << "a named function: one call";
   EXPECT_NE(testing::error_of([&] { forced_tool_call_regex(glm45(), tools, "nope"); }).find("not among the tools"),
@@ -233,6 +240,21 @@ TEST(ToolCalls, ForcedCallRegex) {
     }
   }
   EXPECT_GT(n_texts, 5);
+}
+
+// With the tools, an argument declared a string keeps its text even when it would parse as JSON.
+TEST(ToolCalls, DeclaredStringArgumentsStayStrings) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "zip",
+      "parameters": {"properties": {"code": {"type": "string"}, "n": {"type": "integer"}}}}}])");
+  const std::string call =
+      "<tool_call>zip\n<arg_key>code</arg_key>\n<arg_value>007</arg_value>\n<arg_key>n</arg_key>\n"
+      "<arg_value>7</arg_value>\n</tool_call>";
+  EXPECT_EQ(parse_tool_calls(glm45(), call, tools).calls.at(0).arguments, R"({"code":"007","n":7})");
+  EXPECT_EQ(parse_tool_calls(glm45(), call).calls.at(0).arguments, R"({"code":"007","n":7})")
+      << "007 is no JSON number: a string either way";
+  const std::string t = "<tool_call>zip\n<arg_key>code</arg_key>\n<arg_value>true</arg_value>\n</tool_call>";
+  EXPECT_EQ(parse_tool_calls(glm45(), t, tools).calls.at(0).arguments, R"({"code":"true"})");
+  EXPECT_EQ(parse_tool_calls(glm45(), t).calls.at(0).arguments, R"({"code":true})");
 }
 
 }  // namespace
