@@ -388,7 +388,18 @@ std::shared_ptr<const TokenConstraint> ConstraintCompiler::compile(const Constra
       what = "regex '" + shown(spec.text) + "'";
       break;
     case ConstraintSpec::Kind::kJsonSchema: {
-      auto schema = nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+      // Depth-bounded like request bodies (SGLang sends the schema as text, parsed only here): the
+      // regex builder recurses per level.
+      constexpr int kMaxSchemaTextDepth = 64;
+      bool too_deep = false;
+      auto schema = nlohmann::ordered_json::parse(
+          spec.text,
+          [&](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+            too_deep = too_deep || depth > kMaxSchemaTextDepth;
+            return !too_deep;
+          },
+          /*allow_exceptions=*/false);
+      if (too_deep) throw Error("the JSON schema nests deeper than " + std::to_string(kMaxSchemaTextDepth) + " levels");
       if (schema.is_discarded()) throw Error("the JSON schema is not valid JSON");
       const std::string regex = json_schema_to_regex(schema, options_.json_whitespace);
       automaton = std::make_shared<DfaAutomaton>(compile_regex(regex, options_.limits));

@@ -226,6 +226,9 @@ std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::orde
         // Each argument at most once, in the schema's order; a required one always.
         const std::string one = pair(regex_escape(it.key()), value);
         pairs += required.count(it.key()) ? one : "(?:" + one + ")?";
+        if (pairs.size() > kMaxRegexBytes)
+          throw Error("the forced-call regex of tool \"" + name + "\" exceeds " + std::to_string(kMaxRegexBytes) +
+                      " bytes; simplify its parameters");
       }
     }
     calls += n_calls++ ? "|" : "";

@@ -490,6 +490,16 @@ TEST(TokenConstraint, MasksEqualBruteForceOverTheVocabulary) {
   EXPECT_FALSE(accepts(lit->automaton(), "a"));
 }
 
+// A schema sent as text (SGLang's json_schema string) is depth-bounded like request bodies.
+TEST(TokenConstraint, DeepSchemaTextIsRefused) {
+  ConstraintCompiler compiler(golden_tokenizer(), {});
+  const std::string deep_enum = R"({"enum":[)" + std::string(100000, '[') + std::string(100000, ']') + "]}";
+  EXPECT_NE(testing::error_of([&] {
+              compiler.compile({ConstraintSpec::Kind::kJsonSchema, "json_schema", deep_enum, {}});
+            }).find("nests deeper than 64 levels"),
+            std::string::npos);
+}
+
 // Tokens spelling the same bytes are allowed together; an empty token never.
 TEST(TokenConstraint, DuplicateAndEmptyTokens) {
   auto vocab = std::make_shared<const TokenVocab>(std::vector<std::string>{"a", "ab", "a", "", "b", "ba"});
