@@ -273,7 +273,7 @@ TEST_P(GpuGolden, CopiedPrefixContinuesLikeTheFullForward) {
   auto lm = load_model(dir_, gpu_options());
   const int64_t V = golden_.vocab, N = golden_.total_len;
   const auto& ids = golden_.greedy_ids[1];
-  ASSERT_GT(N, 34);
+  ASSERT_GT(N, 18);  // a whole page of 16 to copy and at least one token past it (golden: 24)
   auto full_state = lm->new_state();
   const std::vector<float> full = lm->forward_one(*full_state, ids, true);
 
