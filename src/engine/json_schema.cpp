@@ -15,25 +15,24 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// One JSON string character: anything but '"', '\\' and control characters, or an escape; a \u
-// escape of a UTF-16 surrogate only as a high + low pair (strict parsers refuse lone ones).
-constexpr const char* kStringChar =
-    R"((?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)"
-    R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
-// The same without '<' (forced tool calls: a value must not spell the markup's closing tags; "\u003c"
-// still writes one).
-constexpr const char* kStringCharNoLt =
-    R"((?:[^"\\<\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)"
-    R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
+// One JSON string character: anything but '"', '\\' and control characters (and '<' with without_lt:
+// forced tool calls, whose values must not spell the markup's closing tags; "\u003c" still writes one),
+// or an escape; a \u escape of a UTF-16 surrogate only as a high + low pair (strict parsers refuse lone
+// ones).
+std::string string_char(bool without_lt) {
+  std::string r = R"((?:[^"\\)";
+  if (without_lt) r += '<';
+  r += R"(\x00-\x1F]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|)";
+  r += R"([dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})))";
+  return r;
+}
 constexpr const char* kInteger = R"(-?(?:0|[1-9][0-9]*))";
 constexpr const char* kNumber = R"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)";
 
 class SchemaRegex {
  public:
   SchemaRegex(const ojson& root, std::string ws, bool strings_without_lt)
-      : root_(root),
-        ws_("(?:" + std::move(ws) + ")"),
-        string_char_(strings_without_lt ? kStringCharNoLt : kStringChar) {}
+      : root_(root), ws_("(?:" + std::move(ws) + ")"), string_char_(string_char(strings_without_lt)) {}
 
   std::string value(const ojson& s, const std::string& where) {
     if (depth_ >= kMaxSchemaDepth)
@@ -112,6 +111,19 @@ class SchemaRegex {
     throw Error("JSON schema at " + (where.empty() ? std::string("#") : where) + ": " + what);
   }
   static std::string literal(const ojson& v) { return regex_escape(v.dump()); }
+
+  // The first keyword of `s` that constrains a value, besides the annotations and `except` (the keyword
+  // that decides the value alone there); "" when none.
+  static std::string constraining(const ojson& s, std::initializer_list<const char*> except) {
+    static const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema",
+                                                       "$id",   "$comment",    "strict",  "$defs",    "definitions"};
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      bool skip = kAnnotations.count(it.key()) > 0;
+      for (const char* e : except) skip = skip || it.key() == e;
+      if (!skip) return it.key();
+    }
+    return std::string();
+  }
   std::string sep() const { return ws_ + "," + ws_; }
 
   std::string value_of_keywords(const ojson& s, const std::string& where) {
@@ -119,13 +131,8 @@ class SchemaRegex {
       const ojson& ref = s["$ref"];
       if (!ref.is_string()) fail(where, "$ref must be a string");
       const std::string path = ref.get<std::string>();
-      static const std::set<std::string> kBesideRef = {"$ref",     "title",   "description", "default",
-                                                       "examples", "$schema", "$id",         "$comment",
-                                                       "strict",   "$defs",   "definitions"};
-      for (auto it = s.begin(); it != s.end(); ++it) {
-        if (!kBesideRef.count(it.key()))
-          fail(where, "$ref next to '" + it.key() + "' is not supported (put it in the referenced schema)");
-      }
+      if (const std::string other = constraining(s, {"$ref"}); !other.empty())
+        fail(where, "$ref next to '" + other + "' is not supported (put it in the referenced schema)");
       if (path.rfind("#", 0) != 0) fail(where, "$ref '" + path + "' is not inside this schema (only #/... refs)");
       for (const std::string& open : refs_) {
         if (open == path) fail(where, "$ref '" + path + "' refers to itself (recursive schemas are not supported)");
@@ -141,21 +148,9 @@ class SchemaRegex {
       refs_.pop_back();
       return r;
     }
-    // Keywords that constrain a value, besides the combinator or enum that decides it alone here.
-    auto constraining = [&](std::initializer_list<const char*> except) {
-      static const std::set<std::string> kNotConstraining = {"title",   "description", "default",  "examples",
-                                                             "$schema", "$id",         "$comment", "strict",
-                                                             "$defs",   "definitions", "nullable"};
-      for (auto it = s.begin(); it != s.end(); ++it) {
-        bool skip = kNotConstraining.count(it.key()) > 0;
-        for (const char* e : except) skip = skip || it.key() == e;
-        if (!skip) return it.key();
-      }
-      return std::string();
-    };
     for (const char* key : {"anyOf", "oneOf", "allOf"}) {
       if (!s.contains(key)) continue;
-      if (const std::string other = constraining({key}); !other.empty())
+      if (const std::string other = constraining(s, {key, "nullable"}); !other.empty())
         fail(where, std::string(key) + " next to '" + other + "' is not supported (move it into each alternative)");
     }
     if (s.contains("const") || s.contains("enum")) {
@@ -163,7 +158,7 @@ class SchemaRegex {
       const bool is_const = s.contains("const");
       const ojson values = is_const ? ojson::array({s["const"]}) : s["enum"];
       if (!values.is_array() || values.empty()) fail(where, "enum must be a non-empty list");
-      if (const std::string other = constraining({is_const ? "const" : "enum", "type"}); !other.empty())
+      if (const std::string other = constraining(s, {is_const ? "const" : "enum", "type", "nullable"}); !other.empty())
         fail(where, std::string(is_const ? "const" : "enum") + " next to '" + other + "' is not supported");
       std::string r;
       int n = 0;
@@ -513,7 +508,7 @@ class SchemaRegex {
 
   const ojson& root_;
   std::string ws_;
-  const char* string_char_;
+  std::string string_char_;
   std::vector<std::string> refs_;
   int depth_ = 0;
   size_t built_ = 0;
