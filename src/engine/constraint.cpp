@@ -352,8 +352,11 @@ std::shared_ptr<const TokenMask> TokenConstraint::allowed(uint64_t state) const 
 }
 
 uint64_t TokenConstraint::advance(uint64_t state, TokenId id) const {
-  if (!vocab_->usable(id)) return ByteAutomaton::kDead;
-  for (char c : vocab_->bytes(id)) {
+  return vocab_->usable(id) ? advance(state, vocab_->bytes(id)) : ByteAutomaton::kDead;
+}
+
+uint64_t TokenConstraint::advance(uint64_t state, std::string_view bytes) const {
+  for (char c : bytes) {
     state = automaton_->step(state, static_cast<uint8_t>(c));
     if (state == ByteAutomaton::kDead) break;
   }

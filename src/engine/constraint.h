@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -135,6 +136,8 @@ class TokenConstraint {
   std::shared_ptr<const TokenMask> allowed(uint64_t state) const;
   // The state after `id`'s bytes (ByteAutomaton::kDead when id is not allowed there).
   uint64_t advance(uint64_t state, TokenId id) const;
+  // The state after `bytes` (kDead once they leave every match).
+  uint64_t advance(uint64_t state, std::string_view bytes) const;
   bool accepting(uint64_t state) const { return automaton_->accepting(state); }
   bool can_continue(uint64_t state) const { return automaton_->can_continue(state); }
   const std::string& description() const { return description_; }  // e.g. "regex '(yes|no)'"

@@ -237,9 +237,8 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     const size_t at = reasoning_tail_.find(end);
     if (at != std::string::npos) {
       after_end = reasoning_tail_.substr(at + end.size());
-      after_end.erase(0, after_end.find_first_not_of(" \t\n\r") == std::string::npos
-                             ? after_end.size()
-                             : after_end.find_first_not_of(" \t\n\r"));
+      const size_t text = after_end.find_first_not_of(" \t\n\r");
+      after_end.erase(0, text == std::string::npos ? after_end.size() : text);
       reasoning_tail_.clear();
       phase_ = after_end.empty() ? Phase::kAfterReasoning : Phase::kConstrained;
       feed = !after_end.empty();
@@ -249,14 +248,8 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
     }
   }
   if (feed) {
-    if (!bytes.empty()) {
-      for (char c : bytes) {
-        constraint_state_ = sampling.constraint->automaton().step(constraint_state_, static_cast<uint8_t>(c));
-        if (constraint_state_ == ByteAutomaton::kDead) break;
-      }
-    } else {
-      constraint_state_ = sampling.constraint->advance(constraint_state_, s.id);
-    }
+    const TokenConstraint& c = *sampling.constraint;
+    constraint_state_ = bytes.empty() ? c.advance(constraint_state_, s.id) : c.advance(constraint_state_, bytes);
     if (constraint_state_ == ByteAutomaton::kDead) {  // a token the mask allowed, or the text after an end tag
       finish_error_ = "token " + std::to_string(s.id) + " left the " + sampling.constraint->description() +
                       " constraint after " + std::to_string(generated.size()) + " tokens";
