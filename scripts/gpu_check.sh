@@ -7,8 +7,9 @@
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)
 #   FP4MOE_TARGETS build only these targets (default all; e.g. the sanitizer's test binaries)
 #   FP4MOE_SANITIZE which test binaries the sanitizer stage runs (default all of its list)
-#   FP4MOE_BENCH   which of "w4a16 large gemm moe" the bench stage runs (default all; "large": bench_w4a16
-#                  at 512-4096 rows, the sizes that decide the NVFP4 dequantize + cuBLAS thresholds)
+#   FP4MOE_BENCH   which of "w4a16 large gemm moe read" the bench stage runs (default all; "large": bench_w4a16
+#                  at 512-4096 rows, the sizes that decide the NVFP4 dequantize + cuBLAS thresholds; "read":
+#                  bench_hbm_read, the read-only ceiling of the decode GEMMs' bytes and access pattern)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 jobs=$(nproc)
@@ -66,7 +67,7 @@ fi
 if has bench; then
 step "GPU benchmarks"
 fp4moe=build-gpu/fp4moe
-benches=" ${FP4MOE_BENCH:-w4a16 large gemm moe} "
+benches=" ${FP4MOE_BENCH:-w4a16 large gemm moe read} "
 if [[ "$benches" == *" w4a16 "* ]]; then
   echo "--- bench_w4a16 (every config per row)"
   build-gpu/bench/bench_w4a16 --runs 20 2>&1 | tee "$out/bench_w4a16.txt" || status=1
@@ -84,6 +85,10 @@ fi
 if [[ "$benches" == *" moe "* ]]; then
   echo "--- fp4moe bench moe (GLM-5 shard and full layer, NVFP4 vs BF16 cuBLAS layer)"
   "$fp4moe" bench moe --iters 10 --warmup 3 2>&1 | tee "$out/bench_moe.txt" || status=1
+fi
+if [[ "$benches" == *" read "* ]]; then
+  echo "--- bench_hbm_read (the decode GEMMs' bytes read with no arithmetic: plain, the stream kernel's pattern, bulk)"
+  build-gpu/bench/bench_hbm_read --runs 20 2>&1 | tee "$out/bench_hbm_read.txt" || status=1
 fi
 fi
 

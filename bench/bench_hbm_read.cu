@@ -1,0 +1,283 @@
+// How fast can the bytes of a decode-sized NVFP4 GEMM be read at all? Issue #5 asks the W4A16 stream
+// kernel for >= 85% of the device-to-device copy bandwidth (read + write) over its weight + scale
+// bytes; this benchmark measures the ceiling that read pattern can reach with no arithmetic, so a
+// gap splits into "the memory system with this access pattern" and "the kernel's own work".
+//
+// Variants, each timed on the byte counts of the GLM-5 shard's gate_up (E=32, N=4096, K=6144) and
+// down (N=6144, K=2048) in the kernel layout (w4a16_weight_layout.h), median of --runs after 5
+// warm-ups, CUDA events around each launch (tune/gpu_bench.h's method; sets rotate past 3x the L2):
+//   ldg      grid-stride 16 B ld.global.nc per thread, UNROLL loads in flight, 256 threads, SMs x
+//            {2, 4, 8} CTAs: the plain read bandwidth of the device.
+//   ring     the stream kernel's access (sm90_nvfp4_w4a16_stream_kernel): CTAs of 4 warps, each warp
+//            two row tiles' code chunks (512 B a chunk, contiguous along K) by 16 B cp.async per
+//            lane into a ring of STAGES chunk slots a tile, the lane reading back its own 16 B, and
+//            the tile's scale groups by __ldg a group ahead; one CTA per 8 row tiles of an expert,
+//            CTAs per SM capped by padding the dynamic shared memory.
+//   bulk     the same work items, codes by cp.async.bulk (one elected lane a warp, a whole scale
+//            group = 8 chunks = 4 KB of a tile per copy, STAGES groups in flight, an mbarrier per slot).
+// Each variant XORs what it read into a value it stores only when it equals a constant, so nothing
+// is dropped by the compiler. Run: bench_hbm_read [--runs 30]. Needs a Hopper GPU.
+#include <cuda_runtime_api.h>
+#include <cutlass/arch/barrier.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/ptx.cuh"
+#include "kernels/cuda/sm90/w4a16_weight_layout.h"
+#include "tune/gpu_bench.h"
+
+namespace {
+
+using namespace fp4moe;
+using fp4moe::cuda::sm90::kW4A16ScaleGroup;
+using fp4moe::cuda::sm90::kW4A16TileBytes;
+
+constexpr uint32_t kSinkValue = 0x9E3779B9u;  // stored only on this XOR: never in practice
+
+template <int UNROLL>
+__global__ void __launch_bounds__(256) hbm_read_ldg(const uint4* __restrict__ src, int64_t n16, uint32_t* sink) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint32_t acc = 0;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (UNROLL - 1) * stride < n16; i += UNROLL * stride) {
+    uint4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) v[u] = __ldg(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = __ldg(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == kSinkValue) *sink = acc;
+}
+
+struct TileStreams {  // one warp's two row tiles
+  const uint8_t* codes[2];
+  const uint8_t* scales[2];
+};
+
+// Row tiles 2 w, 2 w + 1 of the CTA's 8 (blockIdx.x = expert x row_tiles / 8 + block).
+__device__ __forceinline__ TileStreams warp_tiles(const uint8_t* codes, const uint8_t* scales, int k_chunks,
+                                                  int k_groups, uint32_t warp, uint32_t lane) {
+  TileStreams s;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t tile = static_cast<int64_t>(blockIdx.x) * 8 + 2 * warp + h;
+    s.codes[h] = codes + tile * k_chunks * kW4A16TileBytes + lane * 16;
+    s.scales[h] = scales + tile * k_groups * kW4A16TileBytes + lane * 16;
+  }
+  return s;
+}
+
+__device__ __forceinline__ uint32_t xor16(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+template <int STAGES>
+__global__ void __launch_bounds__(128)
+    hbm_read_ring(const uint8_t* codes, const uint8_t* scales, int k_chunks, int k_groups, uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const TileStreams s = warp_tiles(codes, scales, k_chunks, k_groups, warp, lane);
+  const uint32_t ring = fp4moe::cuda::ptx::smem_u32(smem) + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
+  const uint8_t* ring_ptr = smem + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
+  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
+  auto load = [&](int kc) {
+    const bool ok = kc < k_chunks;
+    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
+    const int64_t off = static_cast<int64_t>(ok ? kc : 0) * kW4A16TileBytes;
+    fp4moe::cuda::ptx::cp_async_16(ring + slot, s.codes[0] + off, ok);
+    fp4moe::cuda::ptx::cp_async_16(ring + kRing1 + slot, s.codes[1] + off, ok);
+    fp4moe::cuda::ptx::cp_async_commit();
+  };
+  for (int d = 0; d < STAGES - 1; ++d) load(d);
+  uint32_t acc = 0;
+  uint4 sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0]));
+  uint4 sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1]));
+  for (int kc = 0; kc < k_chunks; ++kc) {
+    if (kc % kW4A16ScaleGroup == 0) {  // the next group's scales, a group ahead as the kernel
+      acc ^= xor16(sg0) ^ xor16(sg1);
+      const int kg = kc / static_cast<int>(kW4A16ScaleGroup) + 1;
+      if (kg < k_groups) {
+        sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + static_cast<int64_t>(kg) * kW4A16TileBytes));
+        sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + static_cast<int64_t>(kg) * kW4A16TileBytes));
+      }
+    }
+    fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
+    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
+    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + slot));
+    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot));
+    load(kc + STAGES - 1);
+  }
+  fp4moe::cuda::ptx::cp_async_wait<0>();
+  if (acc == kSinkValue) *sink = acc;
+}
+
+// A scale group of one tile (8 chunks, 4 KB) per bulk copy; slot = group % STAGES, one mbarrier each.
+template <int STAGES>
+__global__ void __launch_bounds__(128)
+    hbm_read_bulk(const uint8_t* codes, const uint8_t* scales, int k_chunks, int k_groups, uint32_t* sink) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr uint32_t kGroupBytes = kW4A16ScaleGroup * kW4A16TileBytes;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  uint8_t* ring = smem + warp * 2 * STAGES * kGroupBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 4 * 2 * STAGES * kGroupBytes) + warp * STAGES;
+  if (lane == 0) {
+    for (int i = 0; i < STAGES; ++i) Barrier::init(&bars[i], 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncwarp();
+  const TileStreams s = warp_tiles(codes, scales, k_chunks, k_groups, warp, 0);
+  auto load = [&](int kg) {
+    if (lane != 0 || kg >= k_groups) return;
+    const int slot = kg % STAGES;
+    const int chunks = min(static_cast<int>(kW4A16ScaleGroup), k_chunks - kg * static_cast<int>(kW4A16ScaleGroup));
+    const uint32_t bytes = static_cast<uint32_t>(chunks) * kW4A16TileBytes;
+    Barrier::arrive_and_expect_tx(&bars[slot], 2 * bytes);
+    for (int h = 0; h < 2; ++h) {
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                       fp4moe::cuda::ptx::smem_u32(ring + (2 * slot + h) * kGroupBytes)),
+                   "l"(s.codes[h] + static_cast<int64_t>(kg) * kGroupBytes), "r"(bytes),
+                   "r"(fp4moe::cuda::ptx::smem_u32(&bars[slot]))
+                   : "memory");
+    }
+  };
+  for (int d = 0; d < STAGES; ++d) load(d);
+  uint32_t acc = 0;
+  for (int kg = 0; kg < k_groups; ++kg) {
+    const int slot = kg % STAGES;
+    const uint4 sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + lane * 16 + kg * kW4A16TileBytes));
+    const uint4 sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + lane * 16 + kg * kW4A16TileBytes));
+    Barrier::wait(&bars[slot], static_cast<uint32_t>(kg / STAGES) & 1u);
+    const int chunks = min(static_cast<int>(kW4A16ScaleGroup), k_chunks - kg * static_cast<int>(kW4A16ScaleGroup));
+    for (int j = 0; j < chunks; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        acc ^= xor16(
+            *reinterpret_cast<const uint4*>(ring + (2 * slot + h) * kGroupBytes + j * kW4A16TileBytes + lane * 16));
+      }
+    }
+    acc ^= xor16(sg0) ^ xor16(sg1);
+    __syncwarp();  // every lane read the slot before it is refilled
+    load(kg + STAGES);
+  }
+  if (acc == kSinkValue) *sink = acc;
+}
+
+struct Weights {
+  std::string name;
+  int64_t n_experts, n, k;
+  int64_t codes_bytes() const { return fp4moe::cuda::sm90::w4a16_codes_bytes(n_experts, n, k); }
+  int64_t scales_bytes() const { return fp4moe::cuda::sm90::w4a16_scales_bytes(n_experts, n, k); }
+  int64_t bytes() const { return codes_bytes() + scales_bytes(); }
+};
+
+struct Row {
+  std::string variant;
+  double us;
+};
+
+int run(int runs) {
+  std::string why;
+  if (!fp4moe::cuda::cuda_device_available(&why)) {
+    std::fprintf(stderr, "bench_hbm_read: no usable GPU: %s\n", why.c_str());
+    return 1;
+  }
+  int sms = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int smem_per_sm = 0;
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+  const tune::TimingOptions timing{5, runs};
+  std::printf("bench_hbm_read: %s, %d SMs, L2 %lld MB, median of %d after %d warm-ups\n",
+              fp4moe::cuda::cuda_device_description(0).c_str(), sms,
+              static_cast<long long>(tune::device_l2_bytes() >> 20), runs, timing.warmup);
+  const double copy_bps = tune::measure_copy_bandwidth();
+  std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s\n", copy_bps / 1e12);
+  std::printf("%-8s %10s | %-26s %9s %8s %7s\n", "shape", "MB", "variant", "time us", "TB/s", "%copy");
+
+  uint32_t* sink = nullptr;
+  FP4MOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
+  const std::vector<Weights> shapes = {{"gate_up", 32, 4096, 6144}, {"down", 32, 6144, 2048}};
+  for (const Weights& w : shapes) {
+    const int64_t bytes = w.bytes();
+    // Sets (codes then scales, one allocation each) rotating past 3x the L2.
+    const int n_sets = static_cast<int>(3 * tune::device_l2_bytes() / bytes) + 1;
+    std::vector<uint8_t*> sets(static_cast<size_t>(n_sets));
+    for (uint8_t*& p : sets) {
+      FP4MOE_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(bytes)));
+      FP4MOE_CUDA_CHECK(cudaMemset(p, 0x5A, static_cast<size_t>(bytes)));
+    }
+    const int k_chunks = static_cast<int>(fp4moe::cuda::sm90::w4a16_k_chunks(w.k));
+    const int k_groups = static_cast<int>(fp4moe::cuda::sm90::w4a16_k_groups(w.k));
+    const int ctas = static_cast<int>(w.n_experts * fp4moe::cuda::sm90::w4a16_row_tiles(w.n) / 8);
+    FP4MOE_CHECK(fp4moe::cuda::sm90::w4a16_row_tiles(w.n) % 8 == 0) << w.name << ": row tiles not a multiple of 8";
+    std::vector<Row> rows;
+    auto time = [&](const std::string& variant, const std::function<void(uint8_t*)>& launch) {
+      const double us = tune::time_median_us([&](int set) { launch(sets[static_cast<size_t>(set)]); }, n_sets, timing);
+      FP4MOE_CUDA_CHECK(cudaGetLastError());
+      rows.push_back({variant, us});
+    };
+    for (int per_sm : {2, 4, 8}) {
+      time("ldg unroll4 " + std::to_string(per_sm) + " CTAs/SM", [&](uint8_t* p) {
+        hbm_read_ldg<4><<<sms * per_sm, 256>>>(reinterpret_cast<const uint4*>(p), bytes / 16, sink);
+      });
+    }
+    // Dynamic shared memory padded so that at most `per_sm` CTAs fit an SM (1 KB reserved per CTA).
+    auto padded = [&](int ring_bytes, int per_sm) { return std::max(ring_bytes, smem_per_sm / per_sm - 1024 - 64); };
+    auto ring_variant = [&](auto kernel, int stages, int per_sm) {
+      const int smem = padded(4 * 2 * stages * static_cast<int>(kW4A16TileBytes), per_sm);
+      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      time("ring d" + std::to_string(stages) + " " + std::to_string(per_sm) + " CTAs/SM",
+           [&](uint8_t* p) { kernel<<<ctas, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, sink); });
+    };
+    for (int per_sm : {3, 5, 7}) ring_variant(hbm_read_ring<8>, 8, per_sm);
+    ring_variant(hbm_read_ring<4>, 4, 7);
+    ring_variant(hbm_read_ring<12>, 12, 4);
+    auto bulk_variant = [&](auto kernel, int stages, int per_sm) {
+      const int ring = 4 * 2 * stages * static_cast<int>(kW4A16ScaleGroup * kW4A16TileBytes) + 4 * stages * 8;
+      const int smem = padded(ring, per_sm);
+      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      time("bulk 4KB x" + std::to_string(stages) + " " + std::to_string(per_sm) + " CTAs/SM",
+           [&](uint8_t* p) { kernel<<<ctas, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, sink); });
+    };
+    bulk_variant(hbm_read_bulk<1>, 1, 5);
+    bulk_variant(hbm_read_bulk<2>, 2, 3);
+    bulk_variant(hbm_read_bulk<2>, 2, 2);
+    for (const Row& r : rows) {
+      const double bps = static_cast<double>(bytes) / (r.us * 1e-6);
+      std::printf("%-8s %10.1f | %-26s %9.1f %8.2f %6.1f%%\n", w.name.c_str(), static_cast<double>(bytes) / 1e6,
+                  r.variant.c_str(), r.us, bps / 1e12, 100.0 * bps / copy_bps);
+    }
+    for (uint8_t* p : sets) FP4MOE_CUDA_CHECK(cudaFree(p));
+  }
+  FP4MOE_CUDA_CHECK(cudaFree(sink));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    int runs = 30;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--runs" && i + 1 < argc) {
+        runs = std::max(1, std::atoi(argv[++i]));
+      } else {
+        std::fprintf(stderr, "usage: bench_hbm_read [--runs 30]\n");
+        return 2;
+      }
+    }
+    return run(runs);
+  } catch (const fp4moe::Error& e) {
+    std::fprintf(stderr, "bench_hbm_read: %s\n", e.what());
+    return 1;
+  }
+}
