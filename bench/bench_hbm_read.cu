@@ -13,6 +13,8 @@
 //            lane into a ring of STAGES chunk slots a tile, the lane reading back its own 16 B, and
 //            the tile's scale groups by __ldg a group ahead; one CTA per 8 row tiles of an expert,
 //            CTAs per SM capped by padding the dynamic shared memory.
+//   ring persistent  the same ring in SMs x {4, 5, 7} CTAs, each warp walking tile pairs with its ring
+//            running on across them (no CTA turnover, no per-item prologue).
 //   bulk     the same work items, codes by cp.async.bulk (one elected lane a warp, a whole scale
 //            group = 8 chunks = 4 KB of a tile per copy, STAGES groups in flight, an mbarrier per slot).
 // Each variant XORs what it read into a value it stores only when it equals a constant, so nothing
@@ -117,6 +119,55 @@ __global__ void __launch_bounds__(128)
     load(kc + STAGES - 1);
   }
   fp4moe::cuda::ptx::cp_async_wait<0>();
+  if (acc == kSinkValue) *sink = acc;
+}
+
+// The ring without CTA turnover: SMs x per_sm CTAs, warp gw of n_warps takes tile pairs gw, gw + n_warps,
+// ...; its ring runs on across pairs (the next pair's first chunks are in flight while the current
+// pair's last ones are read), so a warp never waits for a fresh prologue.
+template <int STAGES>
+__global__ void __launch_bounds__(128)
+    hbm_read_ring_persistent(const uint8_t* codes, const uint8_t* scales, int k_chunks, int k_groups, int n_pairs,
+                             uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const int gw = static_cast<int>(blockIdx.x * 4 + warp), n_warps = static_cast<int>(gridDim.x * 4);
+  const uint32_t ring = fp4moe::cuda::ptx::smem_u32(smem) + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
+  const uint8_t* ring_ptr = smem + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
+  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
+  const int my_pairs = gw < n_pairs ? (n_pairs - gw + n_warps - 1) / n_warps : 0;
+  const int steps = my_pairs * k_chunks;
+  auto code_ptr = [&](int step, int h) {  // step = i x k_chunks + kc over this warp's pairs
+    const int64_t tile = 2 * static_cast<int64_t>(gw + (step / k_chunks) * n_warps) + h;
+    return codes + (tile * k_chunks + step % k_chunks) * kW4A16TileBytes + lane * 16;
+  };
+  auto load = [&](int step) {
+    const bool ok = step < steps;
+    const uint32_t slot = (static_cast<uint32_t>(step) % STAGES) * kW4A16TileBytes;
+    fp4moe::cuda::ptx::cp_async_16(ring + slot, ok ? code_ptr(step, 0) : codes, ok);
+    fp4moe::cuda::ptx::cp_async_16(ring + kRing1 + slot, ok ? code_ptr(step, 1) : codes, ok);
+    fp4moe::cuda::ptx::cp_async_commit();
+  };
+  for (int d = 0; d < STAGES - 1; ++d) load(d);
+  uint32_t acc = 0;
+  uint4 sg0 = make_uint4(0, 0, 0, 0), sg1 = sg0;
+  for (int step = 0; step < steps; ++step) {
+    const int kc = step % k_chunks;
+    if (kc % kW4A16ScaleGroup == 0) {
+      acc ^= xor16(sg0) ^ xor16(sg1);
+      const int64_t tile = 2 * static_cast<int64_t>(gw + (step / k_chunks) * n_warps);
+      const int64_t off = (tile * k_groups + kc / static_cast<int>(kW4A16ScaleGroup)) * kW4A16TileBytes + lane * 16;
+      sg0 = __ldg(reinterpret_cast<const uint4*>(scales + off));
+      sg1 = __ldg(reinterpret_cast<const uint4*>(scales + off + static_cast<int64_t>(k_groups) * kW4A16TileBytes));
+    }
+    fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
+    const uint32_t slot = (static_cast<uint32_t>(step) % STAGES) * kW4A16TileBytes;
+    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + slot));
+    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot));
+    load(step + STAGES - 1);
+  }
+  fp4moe::cuda::ptx::cp_async_wait<0>();
+  acc ^= xor16(sg0) ^ xor16(sg1);
   if (acc == kSinkValue) *sink = acc;
 }
 
@@ -240,6 +291,14 @@ int run(int runs) {
     for (int per_sm : {3, 5, 7}) ring_variant(hbm_read_ring<8>, 8, per_sm);
     ring_variant(hbm_read_ring<4>, 4, 7);
     ring_variant(hbm_read_ring<12>, 12, 4);
+    for (int per_sm : {4, 5, 7}) {
+      auto kernel = hbm_read_ring_persistent<8>;
+      const int smem = padded(4 * 2 * 8 * static_cast<int>(kW4A16TileBytes), per_sm);
+      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      time("ring d8 persistent " + std::to_string(per_sm) + "/SM", [&](uint8_t* p) {
+        kernel<<<sms * per_sm, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, ctas * 4, sink);
+      });
+    }
     auto bulk_variant = [&](auto kernel, int stages, int per_sm) {
       const int ring = 4 * 2 * stages * static_cast<int>(kW4A16ScaleGroup * kW4A16TileBytes) + 4 * stages * 8;
       const int smem = padded(ring, per_sm);
