@@ -13,6 +13,8 @@
 //            lane into a ring of STAGES chunk slots a tile, the lane reading back its own 16 B, and
 //            the tile's scale groups by __ldg a group ahead; one CTA per 8 row tiles of an expert,
 //            CTAs per SM capped by padding the dynamic shared memory.
+//   ring blocked  the same, on a layout where a CTA's 8 row tiles lie chunk by chunk (a CTA step reads
+//            4 KB contiguous instead of 8 tiles' 512 B pieces 48 KB (gate_up) apart).
 //   ring persistent  the same ring in SMs x {4, 5, 7} CTAs, each warp walking tile pairs with its ring
 //            running on across them (no CTA turnover, no per-item prologue).
 //   bulk     the same work items, codes by cp.async.bulk (one elected lane a warp, a whole scale
@@ -66,35 +68,42 @@ __global__ void __launch_bounds__(256) hbm_read_ldg(const uint4* __restrict__ sr
 struct TileStreams {  // one warp's two row tiles
   const uint8_t* codes[2];
   const uint8_t* scales[2];
+  int64_t chunk_stride, group_stride;  // bytes from chunk kc to kc + 1 of a tile (group kg to kg + 1)
 };
 
-// Row tiles 2 w, 2 w + 1 of the CTA's 8 (blockIdx.x = expert x row_tiles / 8 + block).
+// Row tiles 2 w, 2 w + 1 of the CTA's 8 (blockIdx.x = expert x row_tiles / 8 + block). BLOCKED: a
+// layout where the 8 row tiles of a CTA's block lie chunk by chunk (chunk kc of tiles 0..7 = 4 KB
+// contiguous, scales likewise a group at a time) instead of tile by tile (a tile's chunks contiguous).
+template <bool BLOCKED>
 __device__ __forceinline__ TileStreams warp_tiles(const uint8_t* codes, const uint8_t* scales, int k_chunks,
                                                   int k_groups, uint32_t warp, uint32_t lane) {
   TileStreams s;
   for (int h = 0; h < 2; ++h) {
-    const int64_t tile = static_cast<int64_t>(blockIdx.x) * 8 + 2 * warp + h;
-    s.codes[h] = codes + tile * k_chunks * kW4A16TileBytes + lane * 16;
-    s.scales[h] = scales + tile * k_groups * kW4A16TileBytes + lane * 16;
+    const int64_t block = blockIdx.x, t = 2 * warp + h;
+    const int64_t code_unit = BLOCKED ? block * k_chunks * 8 + t : (block * 8 + t) * k_chunks;
+    const int64_t scale_unit = BLOCKED ? block * k_groups * 8 + t : (block * 8 + t) * k_groups;
+    s.codes[h] = codes + code_unit * kW4A16TileBytes + lane * 16;
+    s.scales[h] = scales + scale_unit * kW4A16TileBytes + lane * 16;
   }
+  s.chunk_stride = s.group_stride = (BLOCKED ? 8 : 1) * kW4A16TileBytes;
   return s;
 }
 
 __device__ __forceinline__ uint32_t xor16(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
-template <int STAGES>
+template <int STAGES, bool BLOCKED>
 __global__ void __launch_bounds__(128)
     hbm_read_ring(const uint8_t* codes, const uint8_t* scales, int k_chunks, int k_groups, uint32_t* sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const TileStreams s = warp_tiles(codes, scales, k_chunks, k_groups, warp, lane);
+  const TileStreams s = warp_tiles<BLOCKED>(codes, scales, k_chunks, k_groups, warp, lane);
   const uint32_t ring = fp4moe::cuda::ptx::smem_u32(smem) + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
   const uint8_t* ring_ptr = smem + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
   constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
   auto load = [&](int kc) {
     const bool ok = kc < k_chunks;
     const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
-    const int64_t off = static_cast<int64_t>(ok ? kc : 0) * kW4A16TileBytes;
+    const int64_t off = (ok ? kc : 0) * s.chunk_stride;
     fp4moe::cuda::ptx::cp_async_16(ring + slot, s.codes[0] + off, ok);
     fp4moe::cuda::ptx::cp_async_16(ring + kRing1 + slot, s.codes[1] + off, ok);
     fp4moe::cuda::ptx::cp_async_commit();
@@ -108,8 +117,8 @@ __global__ void __launch_bounds__(128)
       acc ^= xor16(sg0) ^ xor16(sg1);
       const int kg = kc / static_cast<int>(kW4A16ScaleGroup) + 1;
       if (kg < k_groups) {
-        sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + static_cast<int64_t>(kg) * kW4A16TileBytes));
-        sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + static_cast<int64_t>(kg) * kW4A16TileBytes));
+        sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + kg * s.group_stride));
+        sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + kg * s.group_stride));
       }
     }
     fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
@@ -186,7 +195,7 @@ __global__ void __launch_bounds__(128)
     cutlass::arch::fence_barrier_init();
   }
   __syncwarp();
-  const TileStreams s = warp_tiles(codes, scales, k_chunks, k_groups, warp, 0);
+  const TileStreams s = warp_tiles<false>(codes, scales, k_chunks, k_groups, warp, 0);
   auto load = [&](int kg) {
     if (lane != 0 || kg >= k_groups) return;
     const int slot = kg % STAGES;
@@ -282,15 +291,16 @@ int run(int runs) {
     }
     // Dynamic shared memory padded so that at most `per_sm` CTAs fit an SM (1 KB reserved per CTA).
     auto padded = [&](int ring_bytes, int per_sm) { return std::max(ring_bytes, smem_per_sm / per_sm - 1024 - 64); };
-    auto ring_variant = [&](auto kernel, int stages, int per_sm) {
+    auto ring_variant = [&](auto kernel, int stages, int per_sm, const char* layout = "") {
       const int smem = padded(4 * 2 * stages * static_cast<int>(kW4A16TileBytes), per_sm);
       FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      time("ring d" + std::to_string(stages) + " " + std::to_string(per_sm) + " CTAs/SM",
+      time("ring d" + std::to_string(stages) + layout + " " + std::to_string(per_sm) + " CTAs/SM",
            [&](uint8_t* p) { kernel<<<ctas, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, sink); });
     };
-    for (int per_sm : {3, 5, 7}) ring_variant(hbm_read_ring<8>, 8, per_sm);
-    ring_variant(hbm_read_ring<4>, 4, 7);
-    ring_variant(hbm_read_ring<12>, 12, 4);
+    for (int per_sm : {3, 5, 7}) ring_variant(hbm_read_ring<8, false>, 8, per_sm);
+    ring_variant(hbm_read_ring<4, false>, 4, 7);
+    ring_variant(hbm_read_ring<12, false>, 12, 4);
+    for (int per_sm : {5, 7}) ring_variant(hbm_read_ring<8, true>, 8, per_sm, " blocked");
     for (int per_sm : {4, 5, 7}) {
       auto kernel = hbm_read_ring_persistent<8>;
       const int smem = padded(4 * 2 * 8 * static_cast<int>(kW4A16TileBytes), per_sm);
