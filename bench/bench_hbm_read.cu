@@ -4,7 +4,9 @@
 // gap splits into "the memory system with this access pattern" and "the kernel's own work".
 //
 // Variants, each timed on the byte counts of the GLM-5 shard's gate_up (E=32, N=4096, K=6144) and
-// down (N=6144, K=2048) in the kernel layout (w4a16_weight_layout.h), median of --runs after 5
+// down (N=6144, K=2048) in the kernel layout (w4a16_weight_layout.h), and gate_up at E=16 / 64 (does the
+// fraction grow with the size, as the stream kernel's does: 58% at E=16, 76% at E=64, fourteenth
+// session), median of --runs after 5
 // warm-ups, CUDA events around each launch (tune/gpu_bench.h's method; sets rotate past 3x the L2):
 //   ldg      grid-stride 16 B ld.global.nc per thread, UNROLL loads in flight, 256 threads, SMs x
 //            {2, 4, 8} CTAs: the plain read bandwidth of the device.
@@ -264,7 +266,10 @@ int run(int runs) {
 
   uint32_t* sink = nullptr;
   FP4MOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
-  const std::vector<Weights> shapes = {{"gate_up", 32, 4096, 6144}, {"down", 32, 6144, 2048}};
+  const std::vector<Weights> shapes = {{"gate_up", 32, 4096, 6144},
+                                       {"down", 32, 6144, 2048},
+                                       {"E16 g_up", 16, 4096, 6144},
+                                       {"E64 g_up", 64, 4096, 6144}};
   for (const Weights& w : shapes) {
     const int64_t bytes = w.bytes();
     // Sets (codes then scales, one allocation each) rotating past 3x the L2.
