@@ -213,7 +213,7 @@ class GpuMoeLayer {
   std::vector<RoutedClass> routed_gemm_classes(int64_t n_tokens) const;
   void set_row_classes(bool on) { row_classes_ = on; }
   bool row_classes() const { return row_classes_; }
-  // "w4a16_stream_m64n16_d8" or "w4a16_stream_m64n16_d8 <=16 + w4a16_wgmma_m128n64_s5 >16"
+  // "w4a16_stream_m64n16_d8" or "w4a16_stream_m64n16_d8 <=16 + w4a16_wgmma_m128n64_s4 >16"
   std::string routed_gemm_description(int64_t n_tokens) const;
 
  private:

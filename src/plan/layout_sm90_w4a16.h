@@ -45,7 +45,7 @@
 //    layout's K permutation never reaches the MMA; the activations come 128B-swizzled by TMA.
 //      block_w 128 or 256; block_t (tokens, the wgmma N) 32, 64, 128 or 256 (block_w / 128 x block_t
 //      <= 256: the accumulators); block_k 64
-//      (one chunk per stage); stages 3..8 (up to `stages` chunks in flight: the producer refills the
+//      (one chunk per stage); stages 4 or 8 (up to `stages` chunks in flight: the producer refills the
 //      slot of chunk i - stages once every consumer warp has released it, after its wgmma of that
 //      chunk completed).
 //    Name: "w4a16_wgmma_m<block_w>n<block_t>_s<stages>".
@@ -56,8 +56,10 @@
 //                the CTA's row tiles, a lane reads back its own 16 B)
 //    Once:
 //      a_tiles   kWgmmaABuffers x block_w rows x 128 B bf16, the same swizzle (the dequantized weights;
-//                3 buffers: the one chunk i writes was last read by the wgmma of chunk i - 3, which
-//                every warp waited for before the previous barrier)
+//                4 buffers: the one chunk i writes was last read by the wgmma of chunk i - 4, which
+//                every warp waited for before the barrier of chunk i - 2; 4, a power of 2 like the
+//                stage counts, so that a chunk's buffer and slot follow from its place in the scale
+//                group at compile time)
 //      mbarriers two per stage: full (both TMA loads landed: expect-tx of block_t x 128 + block_w x 32 B)
 //                and empty (the 8 consumer warps released the stage)
 //    Scales come through registers (a lane's 16 B per 8 chunks, one group ahead). The epilogue tile
@@ -111,7 +113,7 @@ FP4MOE_HD constexpr uint32_t W4A16Config::n_warps() const {
   return kind == W4A16Kind::kStream ? block_w / (16 * kW4A16StreamTilesPerWarp) : block_w / 16;
 }
 // kWgmma: dequantized A tiles in flight (see the file comment) and the 128B-swizzle atom.
-inline constexpr uint32_t kWgmmaABuffers = 3;
+inline constexpr uint32_t kWgmmaABuffers = 4;  // a power of 2 (w4a16_wgmma.cu)
 inline constexpr uint32_t kWgmmaSwizzleAtom = 1024;  // 8 rows x 128 B
 
 // kWgmma tiles (x_tile, a_tiles): byte offset of 16 B unit `unit16` (0..7: k = 8 unit16 .. + 7) of row
@@ -126,10 +128,14 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_swizzle(uint32_t row, uint32_t unit16) 
 // swizzled K-major layouts), stride byte offset 1024 >> 4 (8 rows of 128 B to the next 8) in bits
 // 32..45, base offset 0, layout type 1 (SWIZZLE_128B) in bits 62..63 (PTX ISA "Matrix Descriptor
 // Format"; checked against CuTe's GmmaDescriptor by tests/kernels/test_wgmma_layout_host.cpp).
-FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{kWgmmaSwizzleAtom >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
+// Split in two 32-bit halves: the high word is the same for every tile (stride, layout type), the low
+// word is the address field plus the leading byte offset, so a tile's descriptor at a constant offset
+// from another's is the other's low word + offset / 16 (the 14-bit address field of a shared address
+// below 256 KB does not carry into bit 16).
+inline constexpr uint32_t kWgmmaDescHi = (kWgmmaSwizzleAtom >> 4) | (1u << 30);
+FP4MOE_HD constexpr uint32_t w4a16_wgmma_desc_lo(uint32_t addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc_of_lo(uint32_t lo) { return (uint64_t{kWgmmaDescHi} << 32) | lo; }
+FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) { return w4a16_wgmma_desc_of_lo(w4a16_wgmma_desc_lo(addr)); }
 
 // Registers per thread a config is compiled for (kStream: the activation ring, kW4A16StreamXAhead
 // chunks x 8 registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus
@@ -222,7 +228,7 @@ struct W4A16Layout {
         return "wgmma: block_w / 128 x block_t must be <= 256 (f32 accumulators: at most 128 a thread)";
       }
       if (c.block_k != 64) return "wgmma: block_k must be 64 (one chunk per stage)";
-      if (c.stages < 3 || c.stages > 8) return "wgmma: stages must be 3..8";
+      if (c.stages != 4 && c.stages != 8) return "wgmma: stages must be 4 or 8 (a power of 2 dividing the 8-chunk scale group)";
       // The epilogue tile reuses the stage region (see the file comment).
       if (c.block_t * (c.block_w * 2 + kEpilogueRowPad) > c.stages * (c.block_t * 128 + c.block_w * 32)) {
         return "wgmma: the epilogue tile must fit in the stage region it reuses";
@@ -315,11 +321,11 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 32, 128, 4},              // w4a16_swapab_m128n32k128_s4
     {128, 64, 128, 4},              // w4a16_swapab_m128n64k128_s4
     {64, 64, 128, 4},               // w4a16_swapab_m64n64k128_s4
-    {128, 32, 64, 6, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n32_s6
-    {128, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s5
-    {128, 128, 64, 5, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s5
+    {128, 32, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n32_s4
+    {128, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s4
+    {128, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s4
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
-    {256, 64, 64, 5, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s5
+    {256, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s4
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
     {128, 32, 64, 8, kStreamKind},         // w4a16_stream_m128n32_d8 (17-32 tokens; last: the ids above stay)
 };

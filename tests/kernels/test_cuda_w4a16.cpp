@@ -467,8 +467,8 @@ INSTANTIATE_TEST_SUITE_P(TokensPerExpert, GlmShard, ::testing::Values(1, 2, 8, 1
 TEST(W4A16Gpu, WgmmaPrefillGlmShapes) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(testing::test_seed() ^ 0x96ull);
-  for (const char* name : {"w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                           "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}) {
+  for (const char* name : {"w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n128_s4", "w4a16_wgmma_m128n256_s4",
+                           "w4a16_wgmma_m256n64_s4", "w4a16_wgmma_m256n128_s4"}) {
     const int cfg = w4a16_config_id(name);
     run_and_check(rng, 4, 4096, 6144, std::vector<int32_t>(4, 256), cfg);
     run_and_check(rng, 4, 6144, 2048, std::vector<int32_t>(4, 512), cfg);
@@ -480,7 +480,7 @@ TEST(W4A16Gpu, WgmmaPrefillGlmShapes) {
   run_and_check(rng, 32, 4096, 6144, zipf, w4a16_config_id("w4a16_wgmma_m256n128_s4"));
   run_and_check(rng, 32, 4096, 6144, zipf, w4a16_config_id("w4a16_wgmma_m128n256_s4"));
   run_and_check(rng, 32, 6144, 2048, zipf, w4a16_config_id("w4a16_wgmma_m256n128_s4"));
-  run_and_check_swiglu(rng, 32, 256, 2048, zipf, w4a16_config_id("w4a16_wgmma_m128n128_s5"));  // a checked-in-full size
+  run_and_check_swiglu(rng, 32, 256, 2048, zipf, w4a16_config_id("w4a16_wgmma_m128n128_s4"));  // a checked-in-full size
   run_and_check_swiglu(rng, 32, 256, 2048, zipf, w4a16_config_id("w4a16_wgmma_m128n256_s4"));
 }
 
@@ -557,8 +557,8 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   const size_t big = size_t{64} << 20;
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8"),
                   w4a16_config_id("w4a16_swapab_m64n8k256_s4"), w4a16_config_id("w4a16_swapab_m128n32k128_s4"),
-                  w4a16_config_id("w4a16_swapab_m128n64k128_s4"), w4a16_config_id("w4a16_wgmma_m128n64_s5"),
-                  w4a16_config_id("w4a16_wgmma_m128n256_s4"), w4a16_config_id("w4a16_wgmma_m256n64_s5"),
+                  w4a16_config_id("w4a16_swapab_m128n64k128_s4"), w4a16_config_id("w4a16_wgmma_m128n64_s4"),
+                  w4a16_config_id("w4a16_wgmma_m128n256_s4"), w4a16_config_id("w4a16_wgmma_m256n64_s4"),
                   w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
     for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big, /*null_offsets=*/m != 5);
     if (w4a16_config(cfg).block_t >= 32) run_and_check(rng, 1, 1024, 6144, {64}, cfg, 0, big, true);
@@ -569,7 +569,7 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   }
   // The SwiGLU epilogue split too (MoE's shared expert: one expert, 2I rows): the reduction applies it.
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
-                  w4a16_config_id("w4a16_wgmma_m128n128_s5"), w4a16_config_id("w4a16_wgmma_m256n64_s5"),
+                  w4a16_config_id("w4a16_wgmma_m128n128_s4"), w4a16_config_id("w4a16_wgmma_m256n64_s4"),
                   w4a16_config_id("w4a16_wgmma_m128n256_s4")}) {
     run_and_check_swiglu(rng, 1, 512, 6144, {64}, cfg, big);
     run_and_check_swiglu(rng, 1, 520, 2064, {5}, cfg, big);  // K = 16 x 129: a partial last group
@@ -577,7 +577,7 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
-                  w4a16_config_id("w4a16_wgmma_m128n64_s5"), w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
+                  w4a16_config_id("w4a16_wgmma_m128n64_s4"), w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
     EXPECT_TRUE(run_gpu(p, cfg, 1, big) == run_gpu(p, cfg, 2, big)) << p.describe(cfg) << ": split-K outputs differ";
   }
 }
@@ -592,7 +592,7 @@ TEST(W4A16Gpu, ExpertRowClassesPartitionTheExperts) {
   const std::vector<int32_t> counts = {0, 3, 40, 1, 17, 100, 9, 16, 0, 300, 64, 65};
   const Problem p = make_problem(rng, static_cast<int64_t>(counts.size()), 1040, 2064, counts);
   const int small = w4a16_config_id("w4a16_stream_m64n16_d8");
-  for (const char* large_name : {"w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n256_s4", "w4a16_swapab_m128n32k128_s4"}) {
+  for (const char* large_name : {"w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n256_s4", "w4a16_swapab_m128n32k128_s4"}) {
     const int large = w4a16_config_id(large_name);
     const std::vector<ClassLaunch> both = {{small, 0, 16}, {large, 17}};
     const std::vector<uint16_t> y = run_gpu_launches(p, both, 1, size_t{64} << 20);

@@ -206,7 +206,7 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
 // fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
 // (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
 // m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the six wgmma configs are
-// rejected by the architecture (sm_89 has no wgmma; all but m128n32_s6, 98400 B, would not fit either):
+// rejected by the architecture (sm_89 has no wgmma; all but m128n32_s4, 98368 B, would not fit either):
 // 8 refusals. On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
 // 32768 B ones, all 5 pipeline ones (54400 B and up) and the 6 wgmma ones are refused, 15 in all.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
@@ -236,8 +236,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   ASSERT_EQ(ada.smem_optin_per_block, 101376u);
   EXPECT_EQ(check_refusals_agree(ada),
             (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
-                                      "w4a16_wgmma_m128n32_s6", "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4"}));
+                                      "w4a16_wgmma_m128n32_s4", "w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n128_s4", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m256n64_s4", "w4a16_wgmma_m256n128_s4"}));
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
@@ -246,8 +246,8 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
                                       "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
                                       "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
                                       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",
-                                      "w4a16_wgmma_m128n32_s6", "w4a16_wgmma_m128n64_s5", "w4a16_wgmma_m128n128_s5", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s5", "w4a16_wgmma_m256n128_s4", "w4a16_stream_m128n32_d8"}));
+                                      "w4a16_wgmma_m128n32_s4", "w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n128_s4", "w4a16_wgmma_m128n256_s4",
+                                      "w4a16_wgmma_m256n64_s4", "w4a16_wgmma_m256n128_s4", "w4a16_stream_m128n32_d8"}));
   // The stream refusal to the byte: 32768 - 20000 = 12768.
   const std::string msg =
       error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -263,9 +263,9 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_stream_m64n8_d8",       "w4a16_stream_m64n8_d16",      "w4a16_stream_m128n8_d8",
       "w4a16_stream_m64n16_d8",      "w4a16_stream_m64n16_d16",     "w4a16_stream_m128n16_d8",
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
-      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n32_s6",
-      "w4a16_wgmma_m128n64_s5",      "w4a16_wgmma_m128n128_s5",     "w4a16_wgmma_m128n256_s4",
-      "w4a16_wgmma_m256n64_s5",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d8"};
+      "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n32_s4",
+      "w4a16_wgmma_m128n64_s4",      "w4a16_wgmma_m128n128_s4",     "w4a16_wgmma_m128n256_s4",
+      "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d8"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -324,7 +324,7 @@ TEST(W4A16Configs, SplitKPlan) {
   EXPECT_EQ(w4a16_splitk_plan(a, stream, 132).parts, 1);
   // Never more than kW4A16MaxSplitK parts, never an empty part.
   a.splitk_workspace = ws;
-  const W4A16Config& wgmma = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
+  const W4A16Config& wgmma = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s4"));
   for (int64_t k = 512; k <= 65536; k += 512) {
     a.k = k;
     for (const W4A16Config* c : {&stream, &wgmma}) {
@@ -390,7 +390,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   const Case cases[] = {{1, "w4a16_stream_m128n8_d8"},        {8, "w4a16_stream_m128n8_d8"},
                         {9, "w4a16_stream_m128n16_d8"},       {16, "w4a16_stream_m128n16_d8"},
                         {17, "w4a16_stream_m128n32_d8"},      {32, "w4a16_stream_m128n32_d8"},
-                        {33, "w4a16_wgmma_m128n64_s5"},       {64, "w4a16_wgmma_m128n64_s5"},
+                        {33, "w4a16_wgmma_m128n64_s4"},       {64, "w4a16_wgmma_m128n64_s4"},
                         {65, "w4a16_wgmma_m256n128_s4"},      {128, "w4a16_wgmma_m256n128_s4"},
                         {129, "w4a16_wgmma_m128n256_s4"},     {500, "w4a16_wgmma_m128n256_s4"}};
   for (const Case& cs : cases) {
@@ -490,7 +490,7 @@ TEST(W4A16Problem, ExpertRowClassRulesGridAndNoSplit) {
   a.k = 6144;
   a.n_experts = 256;
   const W4A16Config& stream16 = w4a16_config(w4a16_config_id("w4a16_stream_m64n16_d8"));
-  const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
+  const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s4"));
   EXPECT_FALSE(a.filters_experts());
   a.min_expert_rows = 17;
   EXPECT_TRUE(a.filters_experts());
@@ -597,7 +597,7 @@ TEST(W4A16Problem, RefusesUnsupportedShapesNamingTheNumbers) {
     big.n_experts = 1;
     big.expert_offsets = nullptr;
     big.m_total = int64_t{65536} * 64;
-    const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s5"));
+    const W4A16Config& wg64 = w4a16_config(w4a16_config_id("w4a16_wgmma_m128n64_s4"));
     msg = error_of([&] { w4a16_check_problem(big, wg64); });
     EXPECT_NE(msg.find("grid 1 x 65536 exceeds CUDA's limits (2^31-1 x 65535) (the wgmma tiles launch row blocks along "
                        "x, token tiles along y)"),

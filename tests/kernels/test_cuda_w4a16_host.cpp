@@ -171,6 +171,23 @@ TEST(W4A16Decode, CodeSlotsOfATileAreDistinctAndFollowTheFragment) {
 
 // Every non-negative, non-NaN e4m3 code has a kernel scale byte, distinct, that maps back; no
 // other byte maps back. The 128 e4m3 codes with the sign bit and the NaN are refused at repack.
+// The wgmma kernel's per-chunk slot, A buffer and phase parity from (scale group, chunk in the group):
+// the ring arithmetic of chunk i = 8 group + j for every power-of-2 stage and buffer count dividing the
+// group (the 8-stage parity flips every group: a formula from j alone would be wrong there).
+TEST(W4A16WgmmaPhase, ChunkPhaseIsTheRingArithmeticOfTheChunkIndex) {
+  for (uint32_t stages : {1u, 2u, 4u, 8u}) {
+    for (uint32_t buffers : {1u, 2u, 4u, 8u}) {
+      for (uint32_t i = 0; i < 1000; ++i) {
+        const W4A16WgmmaChunkPhase ph = w4a16_wgmma_chunk_phase(i / kW4A16ScaleGroup, i % kW4A16ScaleGroup, stages, buffers);
+        ASSERT_EQ(ph.slot, i % stages) << stages << " stages, chunk " << i;
+        ASSERT_EQ(ph.abuf, i % buffers) << buffers << " buffers, chunk " << i;
+        ASSERT_EQ(ph.parity, (i / stages) & 1u) << stages << " stages, chunk " << i;
+      }
+    }
+  }
+  static_assert(w4a16_wgmma_chunk_phase(1, 0, 8, 4).parity == 1 && w4a16_wgmma_chunk_phase(1, 0, 4, 4).parity == 0);
+}
+
 TEST(W4A16Scale, ScaleByteIsABijectionOfTheUe4m3Codes) {
   std::set<uint32_t> image;
   for (uint32_t code = 0; code < 0x7F; ++code) {

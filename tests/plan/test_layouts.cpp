@@ -91,25 +91,21 @@ constexpr Pinned kPinned[] = {
     // epilogue at 4*20992 = 83968, 64*(64*2+16) = 9216 B; total 93184 = 728 x 128.
     {"w4a16_swapab_m64n64k128_s4", 16384, 4096, 512, 20992, 83968, 9216, 93184, 0},
     // kWgmma, per stage x_tile = block_t x 128 (1024 B aligned), w_tiles = 128 rows x 32 B = 4096; the
-    // a_tiles (3 x 128 rows x 128 B = 49152) after the stages, then two 8 B mbarriers per stage (full,
-    // empty); the epilogue (block_t x 272) at 0, inside the stages, adding nothing.
-    // m128n32_s6 (17-32 tokens): x_tile 32 x 128 = 4096, stride 4096 + 4096 = 8192, a_tiles at 49152, mbarriers at 98304, total 98400;
-    // epilogue 32 x 272 = 8704.
-    {"w4a16_wgmma_m128n32_s6", 4096, 4096, 0, 8192, 0, 8704, 98400, 0},
-    // m128n64_s5: stride 8192 + 4096 = 12288, a_tiles at 61440, mbarriers at 110592, total 110672.
-    {"w4a16_wgmma_m128n64_s5", 8192, 4096, 0, 12288, 0, 17408, 110672, 0},
-    // m128n128_s5: stride 16384 + 4096 = 20480, a_tiles at 102400, mbarriers at 151552, total 151632;
-    // epilogue 34816.
-    {"w4a16_wgmma_m128n128_s5", 16384, 4096, 0, 20480, 0, 34816, 151632, 0},
-    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, mbarriers at 196608, total 196672;
-    // epilogue 69632.
-    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 196672, 0},
-    // m256n64_s5: w_tiles 256 x 32 = 8192, stride 8192 + 8192 = 16384, a_tiles 3 x 256 x 128 = 98304 at
-    // 81920, mbarriers at 180224, total 180304; epilogue 64 x (512 + 16) = 33792.
-    {"w4a16_wgmma_m256n64_s5", 8192, 8192, 0, 16384, 0, 33792, 180304, 0},
-    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, mbarriers at 196608, total 196672;
-    // epilogue 128 x 528 = 67584.
-    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 196672, 0},
+    // a_tiles (4 x block_w rows x 128 B) after the 4 stages, then two 8 B mbarriers per stage (full,
+    // empty): 64 B; the epilogue (block_t x (block_w x 2 + 16)) at 0, inside the stages, adding nothing.
+    // m128n32_s4 (17-32 tokens): stride 4096 + 4096 = 8192, a_tiles 65536 at 32768, total 98368.
+    {"w4a16_wgmma_m128n32_s4", 4096, 4096, 0, 8192, 0, 8704, 98368, 0},
+    // m128n64_s4: stride 8192 + 4096 = 12288, a_tiles at 49152, total 114752 (2 CTAs an SM).
+    {"w4a16_wgmma_m128n64_s4", 8192, 4096, 0, 12288, 0, 17408, 114752, 0},
+    // m128n128_s4: stride 16384 + 4096 = 20480, a_tiles at 81920, total 147520; epilogue 34816.
+    {"w4a16_wgmma_m128n128_s4", 16384, 4096, 0, 20480, 0, 34816, 147520, 0},
+    // m128n256_s4: stride 32768 + 4096 = 36864, a_tiles at 147456, total 213056; epilogue 69632.
+    {"w4a16_wgmma_m128n256_s4", 32768, 4096, 0, 36864, 0, 69632, 213056, 0},
+    // m256n64_s4: w_tiles 256 x 32 = 8192, stride 16384, a_tiles 4 x 32768 at 65536, total 196672;
+    // epilogue 64 x (512 + 16) = 33792.
+    {"w4a16_wgmma_m256n64_s4", 8192, 8192, 0, 16384, 0, 33792, 196672, 0},
+    // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, total 229440; epilogue 128 x 528 = 67584.
+    {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 229440, 0},
     // m128n32_d8 (appended last, a stream tile): 4 x 8192 = 32768, as m128n16_d8.
     {"w4a16_stream_m128n32_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
 };
@@ -263,13 +259,13 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "config w4a16_stream_m128n8_d8 needs 4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
             "32767 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
-  EXPECT_EQ(w4a16_smem_summary(w4a16_config_named("w4a16_wgmma_m128n64_s5")),
-            "5 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 3 x 16384 + mbarriers 80 = 110672 B (epilogue 17408 reuses "
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config_named("w4a16_wgmma_m128n64_s4")),
+            "4 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 4 x 16384 + mbarriers 64 = 114752 B (epilogue 17408 reuses "
             "the stages)");
   EXPECT_EQ(w4a16_smem_refusal(w4a16_config_named("w4a16_wgmma_m128n256_s4"), 101376),
-            "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 3 x 16384 + "
-            "mbarriers 64 = 196672 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
-            "limit per block) by 95296 B");
+            "config w4a16_wgmma_m128n256_s4 needs 4 stages x (x_tile 32768 + w_tiles 4096) + a_tiles 4 x 16384 + "
+            "mbarriers 64 = 213056 B (epilogue 69632 reuses the stages) of shared memory > 101376 B (the device's opt-in "
+            "limit per block) by 111680 B");
   EXPECT_EQ(w4a16_smem_refusal({64, 8, 64, 3, W4A16Kind::kStream}, kSm90SmemOptinBytes),
             "config w4a16_stream_m64n8_d3 cannot be built: stream: stages (code ring depth) must be 4, 8 or 16");
 }
@@ -302,16 +298,18 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_NE(W4A16Layout::make({128, 256, 64, 6, static_cast<W4A16Kind>(3)}).invalid_reason, nullptr);  // the RS kind, removed
   constexpr W4A16Kind kW = W4A16Kind::kWgmma;
   EXPECT_NE(W4A16Layout::make({64, 64, 64, 4, kW}).invalid_reason, nullptr);    // block_w 64 (one warpgroup)
-  EXPECT_NE(W4A16Layout::make({256, 256, 64, 3, kW}).invalid_reason, nullptr);  // 256 f32 accumulators a thread
-  EXPECT_EQ(W4A16Layout::make({256, 128, 64, 3, kW}).invalid_reason, nullptr);
-  EXPECT_EQ(W4A16Config({256, 128, 64, 3, kW}).n_threads(), 384u);  // producer + 2 consumer warpgroups, 2 row tiles a warp
+  EXPECT_NE(W4A16Layout::make({256, 256, 64, 4, kW}).invalid_reason, nullptr);  // 256 f32 accumulators a thread
+  EXPECT_EQ(W4A16Layout::make({256, 128, 64, 4, kW}).invalid_reason, nullptr);
+  EXPECT_EQ(W4A16Config({256, 128, 64, 4, kW}).n_threads(), 384u);  // producer + 2 consumer warpgroups, 2 row tiles a warp
   EXPECT_NE(W4A16Layout::make({128, 48, 64, 4, kW}).invalid_reason, nullptr);   // block_t 48
   EXPECT_NE(W4A16Layout::make({128, 64, 128, 4, kW}).invalid_reason, nullptr);  // block_k 128
   EXPECT_NE(W4A16Layout::make({128, 64, 64, 2, kW}).invalid_reason, nullptr);   // 2 stages: nothing in flight
-  EXPECT_NE(W4A16Layout::make({128, 64, 64, 9, kW}).invalid_reason, nullptr);   // 9 stages
-  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 3, kW}).invalid_reason, nullptr);
-  // 256 tokens x 3 stages: the epilogue (256 x 272 = 69632) fits 3 x 36864; 8 stages do not fit sm_90.
-  EXPECT_EQ(W4A16Layout::make({128, 256, 64, 3, kW}).invalid_reason, nullptr);
+  EXPECT_NE(W4A16Layout::make({128, 64, 64, 3, kW}).invalid_reason, nullptr);   // 3 stages: not a power of 2
+  EXPECT_NE(W4A16Layout::make({128, 64, 64, 5, kW}).invalid_reason, nullptr);   // 5 stages: not a power of 2
+  EXPECT_NE(W4A16Layout::make({128, 64, 64, 16, kW}).invalid_reason, nullptr);  // 16 stages: more than a scale group
+  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 8, kW}).invalid_reason, nullptr);
+  // 256 tokens x 4 stages: the epilogue (256 x 272 = 69632) fits 4 x 36864; 8 stages do not fit sm_90.
+  EXPECT_EQ(W4A16Layout::make({128, 256, 64, 4, kW}).invalid_reason, nullptr);
   EXPECT_FALSE(W4A16Layout::make({128, 256, 64, 8, kW}).fits(kSm90SmemOptinBytes));
   EXPECT_FALSE(W4A16Layout::make({64, 8, 64, 3, kS}).fits(UINT32_MAX));
 }

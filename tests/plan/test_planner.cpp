@@ -120,7 +120,7 @@ TEST(Planner, OursDequantizationTermOrdersDecodeTiles) {
   EXPECT_EQ(plans[0].chosen->candidate.ours.kind, W4A16Kind::kStream) << plans[0].chosen->candidate.to_string();
   EXPECT_EQ(plans[0].chosen->candidate.token_tile(), 16u);
   EXPECT_EQ(plans[0].chosen->cost.bound, "dequant");
-  const CostEstimate wg = cost_of(plans[0], "w4a16_wgmma_m128n32_s6");
+  const CostEstimate wg = cost_of(plans[0], "w4a16_wgmma_m128n32_s4");
   const CostEstimate st = cost_of(plans[0], "w4a16_stream_m128n16_d8");
   EXPECT_LT(wg.onchip_time_us, st.onchip_time_us);  // less MMA time ...
   EXPECT_GT(wg.time_us, st.time_us);                // ... but more dequantization
@@ -133,7 +133,7 @@ TEST(Planner, OursDequantizationTermOrdersDecodeTiles) {
   ASSERT_TRUE(plans[2].chosen.has_value()) << plans[2].error;
   EXPECT_EQ(plans[2].chosen->candidate.to_string(), "w4a16_stream_m128n32_d8");
   EXPECT_EQ(cost_of(plans[2], "w4a16_stream_m128n16_d8").dequant_time_us, 2 * st.dequant_time_us);
-  EXPECT_LT(cost_of(plans[2], "w4a16_wgmma_m128n32_s6").time_us, cost_of(plans[2], "w4a16_stream_m128n16_d8").time_us);
+  EXPECT_LT(cost_of(plans[2], "w4a16_wgmma_m128n32_s4").time_us, cost_of(plans[2], "w4a16_stream_m128n16_d8").time_us);
   // The CUTLASS families multiply FP4: no dequantization.
   const GemmPlan b200 = plan_gemm(gemms_of(shard, 64)[0], require_gpu("b200"), {});
   ASSERT_TRUE(b200.chosen.has_value()) << b200.error;
@@ -182,7 +182,7 @@ TEST(Planner, OursRejectionSnapshot) {
               std::string::npos)
         << p.rejected[i].message;
   }
-  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n32_s6");
+  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n32_s4");
   EXPECT_EQ(p.rejected[7].candidate.to_string(), "w4a16_wgmma_m256n128_s4");
   EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
   const Rejection& r = p.rejected[1];

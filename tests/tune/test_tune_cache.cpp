@@ -281,7 +281,7 @@ TEST(FeasibleConfigs, AllShippedConfigsOnHopperFewerWithLessSmem) {
   std::sort(sorted.begin(), sorted.end());
   for (int i = 0; i < plan::kNumW4A16Configs; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
   // A GPU with less shared memory and no wgmma (sm_89): exactly the mma.sync configs whose layout fits
-  // its opt-in limit (wgmma m128n32_s6 fits it, 98400 B, and is out by the architecture).
+  // its opt-in limit (wgmma m128n32_s4 fits it, 98368 B, and is out by the architecture).
   const plan::GpuSpec small = plan::require_gpu("rtx-4090");
   const std::vector<int> fit = feasible_configs(kGateUp, 8, small);
   for (int i = 0; i < plan::kNumW4A16Configs; ++i) {

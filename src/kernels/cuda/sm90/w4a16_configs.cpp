@@ -156,7 +156,7 @@ int w4a16_default_config(int64_t tokens_per_expert) {
   if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m128n8_d8");
   if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m128n16_d8");
   if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_stream_m128n32_d8");
-  if (tokens_per_expert <= 64) return w4a16_config_id("w4a16_wgmma_m128n64_s5");
+  if (tokens_per_expert <= 64) return w4a16_config_id("w4a16_wgmma_m128n64_s4");
   if (tokens_per_expert <= 128) return w4a16_config_id("w4a16_wgmma_m256n128_s4");
   return w4a16_config_id("w4a16_wgmma_m128n256_s4");
 }

@@ -140,6 +140,19 @@ FP4MOE_HD inline void w4a16_chunk_fragments(const uint4& codes, uint32_t sc_lo, 
   }
 }
 
+// kWgmma (w4a16_wgmma.cu): the stage slot, A buffer and full-barrier phase parity of chunk i =
+// kW4A16ScaleGroup x group + j of a CTA's K loop, from (group, j) alone, with `stages` and `a_buffers`
+// powers of 2 dividing the scale group: slot i % stages = j % stages and buffer j % a_buffers (compile-time
+// constants of the unrolled j loop), parity (i / stages) & 1, where the group term is even unless
+// stages == kW4A16ScaleGroup (then it flips every group).
+struct W4A16WgmmaChunkPhase {
+  uint32_t slot, abuf, parity;
+};
+FP4MOE_HD constexpr W4A16WgmmaChunkPhase w4a16_wgmma_chunk_phase(uint32_t group, uint32_t j, uint32_t stages,
+                                                                 uint32_t a_buffers) {
+  return W4A16WgmmaChunkPhase{j % stages, j % a_buffers, ((kW4A16ScaleGroup / stages) * group + j / stages) & 1u};
+}
+
 // kWgmma (w4a16_wgmma.cu): where lane (g, t) stores its dequantized chunk a[4][4] (as
 // w4a16_chunk_fragments builds it) in its warp's row tile of an A tile: 16 rows x 128 B of bf16 in
 // natural K order, 128B-swizzled (plan::w4a16_wgmma_swizzle; a row tile starts on an 8-row boundary,
@@ -149,16 +162,20 @@ struct W4A16WgmmaStores {
   uint32_t offset[4];  // bytes from the row tile's start
   uint4 value[4];
 };
-FP4MOE_HD inline W4A16WgmmaStores w4a16_wgmma_a_stores(const uint32_t a[4][4], uint32_t lane) {
+// The four offsets alone (they depend on the lane only: loop invariants of the kernel).
+FP4MOE_HD inline void w4a16_wgmma_a_offsets(uint32_t lane, uint32_t offset[4]) {
   const uint32_t g = lane >> 2, t = lane & 3u;
+  offset[0] = plan::w4a16_wgmma_swizzle(g, 2 * t);
+  offset[1] = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
+  offset[2] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t);
+  offset[3] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t + 1);
+}
+FP4MOE_HD inline W4A16WgmmaStores w4a16_wgmma_a_stores(const uint32_t a[4][4], uint32_t lane) {
   W4A16WgmmaStores s;
-  s.offset[0] = plan::w4a16_wgmma_swizzle(g, 2 * t);
+  w4a16_wgmma_a_offsets(lane, s.offset);
   s.value[0] = uint4{a[0][0], a[0][2], a[1][0], a[1][2]};
-  s.offset[1] = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
   s.value[1] = uint4{a[2][0], a[2][2], a[3][0], a[3][2]};
-  s.offset[2] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t);
   s.value[2] = uint4{a[0][1], a[0][3], a[1][1], a[1][3]};
-  s.offset[3] = plan::w4a16_wgmma_swizzle(g + 8, 2 * t + 1);
   s.value[3] = uint4{a[2][1], a[2][3], a[3][1], a[3][3]};
   return s;
 }

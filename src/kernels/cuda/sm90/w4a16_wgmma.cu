@@ -13,7 +13,7 @@
 // up to `stages` chunks ahead. Per 64-wide K chunk i (consumers):
 //   1. wait for the slot's full mbarrier;
 //   2. each warp dequantizes its own row tiles (16 rows each, the mma.sync kernels' registers, exact:
-//      w4a16_fragments.h) and stores the bf16 rows in natural K order into A buffer i % 3, 128B-swizzled
+//      w4a16_fragments.h) and stores the bf16 rows in natural K order into A buffer i % 4, 128B-swizzled
 //      (lane (g, t) holds rows g, g + 8 at k = 16 t .. 16 t + 15: two 16 B units per row), so the
 //      weight layout's K permutation never reaches the MMA;
 //   3. fence.proxy.async (generic-proxy writes -> the wgmma's async proxy), then a named barrier of the
@@ -25,7 +25,10 @@
 // Measured against the single-role version (every warp dequantized, thread 0 refilled the slot of
 // chunk i - 2 after one __syncthreads a chunk): 195 -> 152 issued instructions a consumer warp a chunk
 // (m128n64) and 0.81-0.86x the time at 64 tokens a expert (BENCHMARKS.md, seventeenth session).
-// A buffer i % 3 was last read by the wgmma of chunk i - 3, complete before the barrier of chunk i - 1.
+// A buffer i % 4 was last read by the wgmma of chunk i - 4, complete before the barrier of chunk i - 2.
+// Stages and A buffers are powers of 2 dividing the scale group (8 chunks), so a chunk's slot, A buffer
+// and phase parity are compile-time constants of the unrolled group loop (static SASS per consumer warp
+// and chunk, m128n64: 152 -> 126 instructions with 5 stages / 3 buffers before).
 // Activations arrive by TMA (cp.async.bulk.tensor, box 64 k x block_t rows of x [m_total, K], 128B
 // swizzle: the x tile's layout; zero-filled past K and past m_total; rows past the expert's own are the
 // next expert's tokens, whose output columns are never stored); codes by one TMA load per stage too
@@ -64,6 +67,8 @@ using plan::kWgmmaProducerRegs;
 using plan::w4a16_wgmma_consumer_regs;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_wgmma_desc;
+using plan::w4a16_wgmma_desc_lo;
+using plan::w4a16_wgmma_desc_of_lo;
 using plan::w4a16_wgmma_swizzle;
 using plan::W4A16Config;
 using plan::W4A16Kind;
@@ -176,33 +181,73 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
   ScaleGroups<kMB> sg;
   sg.start(p, item.expert, rt0 + static_cast<int>(warp), lane, kg0, kg1);
 
+  // Loop invariants as 32-bit shared addresses and descriptor low words (EXPERIMENT: with a power-of-2
+  // stage and A-buffer count, a chunk's slot, A buffer and phase parity are functions of its index in
+  // the scale group, compile-time constants after unrolling, so per chunk only constants are added).
+  const uint32_t full_u32 = base + kLayout.barriers_offset, empty_u32 = full_u32 + 8 * STAGES;
+  const uint32_t codes_u32 = base + kWOff + warp * kW4A16TileBytes + lane * 16;
+  uint32_t a_off[4];
+  w4a16_wgmma_a_offsets(lane, a_off);
+  uint32_t a_st[kMB][4];
+#pragma unroll
+  for (uint32_t b = 0; b < kMB; ++b) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a_st[b][q] = base + kAOff + (warp + 8 * b) * kTileBytes + a_off[q];
+  }
+  const uint32_t desc_a_lo = w4a16_wgmma_desc_lo(base + kAOff + wg * 4 * kTileBytes);
+  const uint32_t desc_b_lo = w4a16_wgmma_desc_lo(base + kXOff);
+  static_assert((STAGES & (STAGES - 1)) == 0 && STAGES <= kW4A16ScaleGroup && (kWgmmaABuffers & (kWgmmaABuffers - 1)) == 0 &&
+                    kWgmmaABuffers <= kW4A16ScaleGroup,
+                "a chunk's slot and A buffer follow from its place in the scale group");
+
+  auto chunk_parity = [](int group, uint32_t j) {  // w4a16_wgmma_chunk_phase (CPU-tested)
+    return w4a16_wgmma_chunk_phase(static_cast<uint32_t>(group), j, STAGES, kWgmmaABuffers).parity;
+  };
+
+  // The codes of the next chunk come into registers while the current chunk's wgmma is being issued
+  // (EXPERIMENT: the dequantization then starts without an LDS round trip). The stage's full barrier
+  // completes phase i / STAGES when both TMA loads of chunk i have landed.
+  uint4 codes_next[kMB];
+  auto load_codes = [&](uint32_t slot, uint32_t parity) {
+    ptx::mbarrier_wait_parity(full_u32 + 8 * slot, parity);
+#pragma unroll
+    for (uint32_t b = 0; b < kMB; ++b) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(codes_next[b].x), "=r"(codes_next[b].y), "=r"(codes_next[b].z), "=r"(codes_next[b].w)
+                   : "r"(codes_u32 + slot * kStride + 8 * b * kW4A16TileBytes)
+                   : "memory");
+    }
+  };
+  load_codes(0, 0);  // chunk 0: n_chunks >= 1
+
   for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
-      const int i = (kg - kg0) * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
-      if (i < n_chunks) {  // uniform over the consumers
-        const uint32_t slot = static_cast<uint32_t>(i) % STAGES, abuf = static_cast<uint32_t>(i) % kWgmmaABuffers;
-        // The stage's full barrier completes phase i / STAGES when both TMA loads of chunk i have landed.
-        Barrier::wait(full + slot, static_cast<uint32_t>(i / static_cast<int>(STAGES)) & 1u);
+      const uint32_t i = static_cast<uint32_t>(kg - kg0) * kW4A16ScaleGroup + j;
+      if (i < static_cast<uint32_t>(n_chunks)) {  // uniform over the consumers
+        const uint32_t slot = j % STAGES, abuf = j % kWgmmaABuffers;  // == i % STAGES, i % kWgmmaABuffers
+        uint4 codes[kMB];
+#pragma unroll
+        for (uint32_t b = 0; b < kMB; ++b) codes[b] = codes_next[b];
 #pragma unroll
         for (uint32_t b = 0; b < kMB; ++b) {
-          const uint32_t rtl = warp + 8 * b;
-          const uint4 w = *reinterpret_cast<const uint4*>(smem + kWOff + slot * kStride + rtl * kW4A16TileBytes + lane * 16);
           uint32_t sc_lo, sc_hi;
           w4a16_chunk_scales(sg.cur[b], j, sc_lo, sc_hi);
           uint32_t a[4][4];
-          w4a16_chunk_fragments(w, sc_lo, sc_hi, a);
+          w4a16_chunk_fragments(codes[b], sc_lo, sc_hi, a);
           // Rows g and g + 8 of the row tile in natural K order (w4a16_wgmma_a_stores).
-          uint8_t* at = smem + kAOff + abuf * kABytes + rtl * kTileBytes;
           const W4A16WgmmaStores st = w4a16_wgmma_a_stores(a, lane);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(at + st.offset[q]) = st.value[q];
+          for (int q = 0; q < 4; ++q) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_st[b][q] + abuf * kABytes), "r"(st.value[q].x),
+                         "r"(st.value[q].y), "r"(st.value[q].z), "r"(st.value[q].w)
+                         : "memory");
+          }
         }
         ptx::fence_proxy_async_shared();  // this thread's A stores -> the async proxy
         // The warpgroup's A rows (its warps' row tiles) are written: only its own wgmma reads them.
         cutlass::arch::NamedBarrier::sync(128, wg);
 
-        const uint64_t desc_b = w4a16_wgmma_desc(base + kXOff + slot * kStride);
         // No register fence on the accumulators inside the loop: the wgmma of chunk i - 1 is still in
         // flight here, and any non-wgmma instruction defining its accumulators makes ptxas serialize
         // every wgmma (C7515). Only the wgmma asm statements touch them until the final wait.
@@ -213,18 +258,23 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
           for (uint32_t b = 0; b < kMB; ++b) {
             // m64 block 2 b + wg: A rows 64 (2 b + wg) .. (row tiles 8 b + 4 wg ..); k16 step s is 32 B
             // further along the 128 B rows (descriptor address units of 16 B).
-            const uint64_t desc_a = w4a16_wgmma_desc(base + kAOff + abuf * kABytes + (2 * b + wg) * 4 * kTileBytes);
-            wgmma_ss<Op>(desc_a + 2 * s, desc_b + 2 * s, &acc[b][0][0], i == 0 && s == 0,
-                         std::make_index_sequence<kAcc>{});
+            const uint64_t desc_a = w4a16_wgmma_desc_of_lo(desc_a_lo + (abuf * kABytes + 2 * b * 4 * kTileBytes) / 16 + 2 * s);
+            const uint64_t desc_b = w4a16_wgmma_desc_of_lo(desc_b_lo + slot * kStride / 16 + 2 * s);
+            wgmma_ss<Op>(desc_a, desc_b, &acc[b][0][0], i == 0 && s == 0, std::make_index_sequence<kAcc>{});
           }
         }
         cute::warpgroup_commit_batch();
+        // Chunk i + 1's codes (slot and parity constants of j + 1; the next group's first chunk at j = 7).
+        if (i + 1 < static_cast<uint32_t>(n_chunks)) {
+          load_codes((j + 1) % STAGES, chunk_parity(kg - kg0 + static_cast<int>((j + 1) / kW4A16ScaleGroup),
+                                                    (j + 1) % kW4A16ScaleGroup));
+        }
         cute::warpgroup_wait<1>();
         // The wgmma of chunk i - 1 is complete and this warp read its codes long ago: release its stage
         // (every lane's reads ordered before lane 0's arrive).
         if (i > 0) {
           __syncwarp();
-          if (lane == 0) Barrier::arrive(empty + (slot == 0 ? STAGES - 1 : slot - 1));
+          if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * ((slot + STAGES - 1) % STAGES));
         }
       }
     }
