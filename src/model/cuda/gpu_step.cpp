@@ -458,8 +458,8 @@ std::string describe_graphs(const DecodeGraphs& graphs, bool capturable) {
   if (!capturable) return "CUDA graphs: off (a BF16 MoE layer reads its expert offsets on the host)";
   if (graphs.batch_buckets().empty()) return "CUDA graphs: off (--cuda-graph-max-bs 0)";
   std::string s = "CUDA graphs: decode batches";
-  for (int64_t b : graphs.batch_buckets()) s += " " + std::to_string(b);
-  return s + " (captured on first use)";
+  for (int64_t b : graphs.batch_buckets()) s.append(" ").append(std::to_string(b));
+  return s.append(" (captured on first use)");
 }
 
 void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, const MoeLayerList& moe,
