@@ -181,9 +181,10 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
   ScaleGroups<kMB> sg;
   sg.start(p, item.expert, rt0 + static_cast<int>(warp), lane, kg0, kg1);
 
-  // Loop invariants as 32-bit shared addresses and descriptor low words (EXPERIMENT: with a power-of-2
-  // stage and A-buffer count, a chunk's slot, A buffer and phase parity are functions of its index in
-  // the scale group, compile-time constants after unrolling, so per chunk only constants are added).
+  // Loop invariants as 32-bit shared addresses and descriptor low words: with a power-of-2 stage and
+  // A-buffer count, a chunk's slot, A buffer and phase parity are functions of its place in the scale
+  // group (w4a16_wgmma_chunk_phase), compile-time constants after unrolling, so per chunk only
+  // constants are added.
   const uint32_t full_u32 = base + kLayout.barriers_offset, empty_u32 = full_u32 + 8 * STAGES;
   const uint32_t codes_u32 = base + kWOff + warp * kW4A16TileBytes + lane * 16;
   uint32_t a_off[4];
@@ -200,32 +201,31 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
                     kWgmmaABuffers <= kW4A16ScaleGroup,
                 "a chunk's slot and A buffer follow from its place in the scale group");
 
-  auto chunk_parity = [](int group, uint32_t j) {  // w4a16_wgmma_chunk_phase (CPU-tested)
-    return w4a16_wgmma_chunk_phase(static_cast<uint32_t>(group), j, STAGES, kWgmmaABuffers).parity;
+  // Chunk j of scale group `group` (counted from kg0): slot, A buffer, parity (CPU-tested).
+  auto phase = [](int group, uint32_t j) {
+    return w4a16_wgmma_chunk_phase(static_cast<uint32_t>(group), j, STAGES, kWgmmaABuffers);
   };
 
   // The codes of the next chunk come into registers while the current chunk's wgmma is being issued
-  // (EXPERIMENT: the dequantization then starts without an LDS round trip). The stage's full barrier
-  // completes phase i / STAGES when both TMA loads of chunk i have landed.
+  // (the dequantization then starts without an LDS round trip). The stage's full barrier completes
+  // phase i / STAGES when both TMA loads of chunk i have landed.
   uint4 codes_next[kMB];
-  auto load_codes = [&](uint32_t slot, uint32_t parity) {
-    ptx::mbarrier_wait_parity(full_u32 + 8 * slot, parity);
+  auto load_codes = [&](const W4A16WgmmaChunkPhase& ph) {
+    ptx::mbarrier_wait_parity(full_u32 + 8 * ph.slot, ph.parity);
 #pragma unroll
     for (uint32_t b = 0; b < kMB; ++b) {
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(codes_next[b].x), "=r"(codes_next[b].y), "=r"(codes_next[b].z), "=r"(codes_next[b].w)
-                   : "r"(codes_u32 + slot * kStride + 8 * b * kW4A16TileBytes)
-                   : "memory");
+      codes_next[b] = ptx::ld_shared_v4(codes_u32 + ph.slot * kStride + 8 * b * kW4A16TileBytes);
     }
   };
-  load_codes(0, 0);  // chunk 0: n_chunks >= 1
+  load_codes(phase(0, 0));  // chunk 0: n_chunks >= 1
 
   for (int kg = kg0; kg < kg1; ++kg) {
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const uint32_t i = static_cast<uint32_t>(kg - kg0) * kW4A16ScaleGroup + j;
       if (i < static_cast<uint32_t>(n_chunks)) {  // uniform over the consumers
-        const uint32_t slot = j % STAGES, abuf = j % kWgmmaABuffers;  // == i % STAGES, i % kWgmmaABuffers
+        const W4A16WgmmaChunkPhase ph = phase(kg - kg0, j);  // slot i % STAGES, A buffer i % kWgmmaABuffers
+        const uint32_t slot = ph.slot, abuf = ph.abuf;
         uint4 codes[kMB];
 #pragma unroll
         for (uint32_t b = 0; b < kMB; ++b) codes[b] = codes_next[b];
@@ -238,11 +238,7 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
           // Rows g and g + 8 of the row tile in natural K order (w4a16_wgmma_a_stores).
           const W4A16WgmmaStores st = w4a16_wgmma_a_stores(a, lane);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_st[b][q] + abuf * kABytes), "r"(st.value[q].x),
-                         "r"(st.value[q].y), "r"(st.value[q].z), "r"(st.value[q].w)
-                         : "memory");
-          }
+          for (int q = 0; q < 4; ++q) ptx::st_shared_v4(a_st[b][q] + abuf * kABytes, st.value[q]);
         }
         ptx::fence_proxy_async_shared();  // this thread's A stores -> the async proxy
         // The warpgroup's A rows (its warps' row tiles) are written: only its own wgmma reads them.
@@ -266,8 +262,7 @@ __global__ void __launch_bounds__(wgmma_config(BLOCK_W, BLOCK_T, STAGES).n_threa
         cute::warpgroup_commit_batch();
         // Chunk i + 1's codes (slot and parity constants of j + 1; the next group's first chunk at j = 7).
         if (i + 1 < static_cast<uint32_t>(n_chunks)) {
-          load_codes((j + 1) % STAGES, chunk_parity(kg - kg0 + static_cast<int>((j + 1) / kW4A16ScaleGroup),
-                                                    (j + 1) % kW4A16ScaleGroup));
+          load_codes(phase(kg - kg0 + static_cast<int>((j + 1) / kW4A16ScaleGroup), (j + 1) % kW4A16ScaleGroup));
         }
         cute::warpgroup_wait<1>();
         // The wgmma of chunk i - 1 is complete and this warp read its codes long ago: release its stage
