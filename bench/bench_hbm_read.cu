@@ -48,6 +48,8 @@ using fp4moe::cuda::sm90::kW4A16TileBytes;
 
 constexpr uint32_t kSinkValue = 0x9E3779B9u;  // stored only on this XOR: never in practice
 
+__device__ __forceinline__ uint32_t xor16(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
 template <int UNROLL>
 __global__ void __launch_bounds__(256) hbm_read_ldg(const uint4* __restrict__ src, int64_t n16, uint32_t* sink) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -58,12 +60,9 @@ __global__ void __launch_bounds__(256) hbm_read_ldg(const uint4* __restrict__ sr
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) v[u] = __ldg(src + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < UNROLL; ++u) acc ^= xor16(v[u]);
   }
-  for (; i < n16; i += stride) {
-    const uint4 v = __ldg(src + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
+  for (; i < n16; i += stride) acc ^= xor16(__ldg(src + i));
   if (acc == kSinkValue) *sink = acc;
 }
 
@@ -91,7 +90,30 @@ __device__ __forceinline__ TileStreams warp_tiles(const uint8_t* codes, const ui
   return s;
 }
 
-__device__ __forceinline__ uint32_t xor16(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+// A warp's two code rings (tile 0's STAGES 512 B chunk slots, then tile 1's), as the stream kernel's:
+// step i fills slot i % STAGES of both by one 16 B cp.async per lane and tile (one commit group);
+// reading step i waits until at most STAGES - 2 groups are pending and XORs this lane's 16 B of both.
+template <int STAGES>
+struct CodeRing {
+  static constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
+  uint32_t addr;       // this lane's 16 B in slot 0 of tile 0's ring (shared window)
+  const uint8_t* ptr;  // the same, generic
+  __device__ CodeRing(uint8_t* smem, uint32_t warp, uint32_t lane) {
+    ptr = smem + warp * 2 * kRing1 + lane * 16;
+    addr = fp4moe::cuda::ptx::smem_u32(ptr);
+  }
+  __device__ static uint32_t slot(int i) { return (static_cast<uint32_t>(i) % STAGES) * kW4A16TileBytes; }
+  __device__ void load(int i, const void* src0, const void* src1, bool ok) const {
+    fp4moe::cuda::ptx::cp_async_16(addr + slot(i), src0, ok);
+    fp4moe::cuda::ptx::cp_async_16(addr + kRing1 + slot(i), src1, ok);
+    fp4moe::cuda::ptx::cp_async_commit();
+  }
+  __device__ uint32_t read(int i) const {
+    fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
+    return xor16(*reinterpret_cast<const uint4*>(ptr + slot(i))) ^
+           xor16(*reinterpret_cast<const uint4*>(ptr + kRing1 + slot(i)));
+  }
+};
 
 template <int STAGES, bool BLOCKED>
 __global__ void __launch_bounds__(128)
@@ -99,16 +121,11 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const TileStreams s = warp_tiles<BLOCKED>(codes, scales, k_chunks, k_groups, warp, lane);
-  const uint32_t ring = fp4moe::cuda::ptx::smem_u32(smem) + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
-  const uint8_t* ring_ptr = smem + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
-  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
+  const CodeRing<STAGES> ring(smem, warp, lane);
   auto load = [&](int kc) {
     const bool ok = kc < k_chunks;
-    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
     const int64_t off = (ok ? kc : 0) * s.chunk_stride;
-    fp4moe::cuda::ptx::cp_async_16(ring + slot, s.codes[0] + off, ok);
-    fp4moe::cuda::ptx::cp_async_16(ring + kRing1 + slot, s.codes[1] + off, ok);
-    fp4moe::cuda::ptx::cp_async_commit();
+    ring.load(kc, s.codes[0] + off, s.codes[1] + off, ok);
   };
   for (int d = 0; d < STAGES - 1; ++d) load(d);
   uint32_t acc = 0;
@@ -123,10 +140,7 @@ __global__ void __launch_bounds__(128)
         sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + kg * s.group_stride));
       }
     }
-    fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
-    const uint32_t slot = (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes;
-    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + slot));
-    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot));
+    acc ^= ring.read(kc);
     load(kc + STAGES - 1);
   }
   fp4moe::cuda::ptx::cp_async_wait<0>();
@@ -143,9 +157,7 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const int gw = static_cast<int>(blockIdx.x * 4 + warp), n_warps = static_cast<int>(gridDim.x * 4);
-  const uint32_t ring = fp4moe::cuda::ptx::smem_u32(smem) + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
-  const uint8_t* ring_ptr = smem + warp * 2 * STAGES * kW4A16TileBytes + lane * 16;
-  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
+  const CodeRing<STAGES> ring(smem, warp, lane);
   const int my_pairs = gw < n_pairs ? (n_pairs - gw + n_warps - 1) / n_warps : 0;
   const int steps = my_pairs * k_chunks;
   auto code_ptr = [&](int step, int h) {  // step = i x k_chunks + kc over this warp's pairs
@@ -154,10 +166,7 @@ __global__ void __launch_bounds__(128)
   };
   auto load = [&](int step) {
     const bool ok = step < steps;
-    const uint32_t slot = (static_cast<uint32_t>(step) % STAGES) * kW4A16TileBytes;
-    fp4moe::cuda::ptx::cp_async_16(ring + slot, ok ? code_ptr(step, 0) : codes, ok);
-    fp4moe::cuda::ptx::cp_async_16(ring + kRing1 + slot, ok ? code_ptr(step, 1) : codes, ok);
-    fp4moe::cuda::ptx::cp_async_commit();
+    ring.load(step, ok ? code_ptr(step, 0) : codes, ok ? code_ptr(step, 1) : codes, ok);
   };
   for (int d = 0; d < STAGES - 1; ++d) load(d);
   uint32_t acc = 0;
@@ -171,10 +180,7 @@ __global__ void __launch_bounds__(128)
       sg0 = __ldg(reinterpret_cast<const uint4*>(scales + off));
       sg1 = __ldg(reinterpret_cast<const uint4*>(scales + off + static_cast<int64_t>(k_groups) * kW4A16TileBytes));
     }
-    fp4moe::cuda::ptx::cp_async_wait<STAGES - 2>();
-    const uint32_t slot = (static_cast<uint32_t>(step) % STAGES) * kW4A16TileBytes;
-    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + slot));
-    acc ^= xor16(*reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot));
+    acc ^= ring.read(step);
     load(step + STAGES - 1);
   }
   fp4moe::cuda::ptx::cp_async_wait<0>();
@@ -197,17 +203,21 @@ __global__ void __launch_bounds__(128)
     cutlass::arch::fence_barrier_init();
   }
   __syncwarp();
-  const TileStreams s = warp_tiles<false>(codes, scales, k_chunks, k_groups, warp, 0);
+  // Codes from the tiles' starts (one lane copies whole groups), scales at this lane's 16 B.
+  const TileStreams s = warp_tiles<false>(codes, scales, k_chunks, k_groups, warp, lane);
+  const uint8_t* tile_codes[2] = {s.codes[0] - lane * 16, s.codes[1] - lane * 16};
+  auto group_chunks = [&](int kg) {
+    return min(static_cast<int>(kW4A16ScaleGroup), k_chunks - kg * static_cast<int>(kW4A16ScaleGroup));
+  };
   auto load = [&](int kg) {
     if (lane != 0 || kg >= k_groups) return;
     const int slot = kg % STAGES;
-    const int chunks = min(static_cast<int>(kW4A16ScaleGroup), k_chunks - kg * static_cast<int>(kW4A16ScaleGroup));
-    const uint32_t bytes = static_cast<uint32_t>(chunks) * kW4A16TileBytes;
+    const uint32_t bytes = static_cast<uint32_t>(group_chunks(kg)) * kW4A16TileBytes;
     Barrier::arrive_and_expect_tx(&bars[slot], 2 * bytes);
     for (int h = 0; h < 2; ++h) {
       asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                        fp4moe::cuda::ptx::smem_u32(ring + (2 * slot + h) * kGroupBytes)),
-                   "l"(s.codes[h] + static_cast<int64_t>(kg) * kGroupBytes), "r"(bytes),
+                   "l"(tile_codes[h] + static_cast<int64_t>(kg) * kGroupBytes), "r"(bytes),
                    "r"(fp4moe::cuda::ptx::smem_u32(&bars[slot]))
                    : "memory");
     }
@@ -216,10 +226,10 @@ __global__ void __launch_bounds__(128)
   uint32_t acc = 0;
   for (int kg = 0; kg < k_groups; ++kg) {
     const int slot = kg % STAGES;
-    const uint4 sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + lane * 16 + kg * kW4A16TileBytes));
-    const uint4 sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + lane * 16 + kg * kW4A16TileBytes));
+    const uint4 sg0 = __ldg(reinterpret_cast<const uint4*>(s.scales[0] + kg * s.group_stride));
+    const uint4 sg1 = __ldg(reinterpret_cast<const uint4*>(s.scales[1] + kg * s.group_stride));
     Barrier::wait(&bars[slot], static_cast<uint32_t>(kg / STAGES) & 1u);
-    const int chunks = min(static_cast<int>(kW4A16ScaleGroup), k_chunks - kg * static_cast<int>(kW4A16ScaleGroup));
+    const int chunks = group_chunks(kg);
     for (int j = 0; j < chunks; ++j) {
       for (int h = 0; h < 2; ++h) {
         acc ^= xor16(
@@ -294,11 +304,16 @@ int run(int runs) {
         hbm_read_ldg<4><<<sms * per_sm, 256>>>(reinterpret_cast<const uint4*>(p), bytes / 16, sink);
       });
     }
-    // Dynamic shared memory padded so that at most `per_sm` CTAs fit an SM (1 KB reserved per CTA).
-    auto padded = [&](int ring_bytes, int per_sm) { return std::max(ring_bytes, smem_per_sm / per_sm - 1024 - 64); };
-    auto ring_variant = [&](auto kernel, int stages, int per_sm, const char* layout = "") {
-      const int smem = padded(4 * 2 * stages * static_cast<int>(kW4A16TileBytes), per_sm);
+    // The kernel's dynamic shared memory: `bytes`, padded so that at most `per_sm` CTAs fit an SM (1 KB
+    // reserved per CTA), opted in.
+    auto smem_for = [&](auto kernel, int bytes, int per_sm) {
+      const int smem = std::max(bytes, smem_per_sm / per_sm - 1024 - 64);
       FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return smem;
+    };
+    const int ring_bytes_per_stage = 4 * 2 * static_cast<int>(kW4A16TileBytes);  // 4 warps x 2 tiles
+    auto ring_variant = [&](auto kernel, int stages, int per_sm, const char* layout = "") {
+      const int smem = smem_for(kernel, stages * ring_bytes_per_stage, per_sm);
       time("ring d" + std::to_string(stages) + layout + " " + std::to_string(per_sm) + " CTAs/SM",
            [&](uint8_t* p) { kernel<<<ctas, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, sink); });
     };
@@ -308,16 +323,14 @@ int run(int runs) {
     for (int per_sm : {5, 7}) ring_variant(hbm_read_ring<8, true>, 8, per_sm, " blocked");
     for (int per_sm : {4, 5, 7}) {
       auto kernel = hbm_read_ring_persistent<8>;
-      const int smem = padded(4 * 2 * 8 * static_cast<int>(kW4A16TileBytes), per_sm);
-      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const int smem = smem_for(kernel, 8 * ring_bytes_per_stage, per_sm);
       time("ring d8 persistent " + std::to_string(per_sm) + "/SM", [&](uint8_t* p) {
         kernel<<<sms * per_sm, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, ctas * 4, sink);
       });
     }
     auto bulk_variant = [&](auto kernel, int stages, int per_sm) {
       const int ring = 4 * 2 * stages * static_cast<int>(kW4A16ScaleGroup * kW4A16TileBytes) + 4 * stages * 8;
-      const int smem = padded(ring, per_sm);
-      FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const int smem = smem_for(kernel, ring, per_sm);
       time("bulk 4KB x" + std::to_string(stages) + " " + std::to_string(per_sm) + " CTAs/SM",
            [&](uint8_t* p) { kernel<<<ctas, 128, smem>>>(p, p + w.codes_bytes(), k_chunks, k_groups, sink); });
     };
