@@ -35,13 +35,21 @@
 // (the same K permutation is applied to the activations: B registers b[s][0..1] hold x at
 // k = 16 t + 4 s + {0,1} and {2,3}, 8 contiguous bytes; an MMA's sum does not depend on the order
 // of k). Output j takes the bits at the positions of kPairMask rotated right by rot(j, p):
-//   a0 = q & M, a1 = rotr(q, 4) & M, a2 = rotr(q, 10) & M,
-//   a3 = (rotr(q, 14) & {bits 6, 22}) | (rotr(q, 6) & (M without them))
+//   a0 = (q << 6) & M, a1 = rotr(q, 4) & M, a2 = (q << 2) & M,
+//   a3 = (q & {bits 8, 24}) | (rotr(q, 8) & (M without them))
+// (a left shift is a rotation by 32 - s whose wrapped bits fall outside M: ptxas issues it as
+// IMAD.SHL on the FMA pipe, so the integer ALU pipe runs 7 operations a word instead of 9: a0 and a2
+// one LOP3 each, a1 a funnel shift and a LOP3, a3 a funnel shift and two LOP3. Found by an exact-cover
+// search over outputs of one or two shifts; 7 ALU operations is its minimum. Measured on the H200
+// against the layout with four rotations (9 ALU operations), same run: the stream kernel's gate_up at
+// 1-16 tokens per expert 2-6% faster, down and the wgmma tiles unchanged; BENCHMARKS.md 2026-12-05,
+// twenty-third session.)
 // where M = kPairMask marks, per half, the e2m1 magnitude at bf16 bits 8..6 (exponent bits 1..0 and
 // the top mantissa bit) and the sign at bit 15. Such a bf16 is exactly e2m1 x 2^-126 (e2m1's
 // exponent bias is 1, bf16's 127; e2m1 subnormals land on bf16 subnormals). The four footprints
 // are disjoint and cover all 32 bits (checked at compile time below), so the word is a pure bit
-// permutation of its 8 codes: 2.25 integer operations per bf16x2 instead of a table lookup.
+// permutation of its 8 codes: 2.25 integer operations per bf16x2 (1.75 of them on the ALU pipe)
+// instead of a table lookup.
 // Multiplying by the scale word (bf16x2 of e4m3 x 2^118, see w4a16_scale_word) gives
 // e2m1 x e4m3 x 2^-8 exactly (6 significant bits, normal range), and the epilogue multiplies the
 // f32 accumulator by 2^8 x the global scale.
@@ -62,7 +70,7 @@ inline constexpr uint32_t kW4A16ChunkK = 64;         // k per chunk (4 MMA steps
 inline constexpr uint32_t kW4A16TileBytes = 512;     // one (row tile, chunk) of codes
 inline constexpr uint32_t kW4A16ScaleGroup = 8;      // chunks per 512 B scale group
 inline constexpr uint32_t kPairMask = 0x81C081C0u;   // bf16x2: sign 15/31, e2m1 magnitude 8..6 / 24..22
-inline constexpr uint32_t kPair3LowMask = 0x00400040u;  // the bits of a3 taken from rotation 14
+inline constexpr uint32_t kPair3LowMask = 0x01000100u;  // the bits of a3 taken unrotated (8, 24)
 inline constexpr int kW4A16AccShift = 8;             // products carry 2^-8; the epilogue undoes it
 inline constexpr uint32_t kW4A16ScaleWordStep = 0x00100010u;  // scale word = B x step + base
 inline constexpr uint32_t kW4A16ScaleWordBase = 0x75007500u;  // per half 0x7500: bf16 exponent field 234
@@ -84,10 +92,10 @@ FP4MOE_HD constexpr int64_t w4a16_scales_bytes(int64_t n_experts, int64_t n, int
 
 // Right rotation used by output j (0..3) for the bf16 bit at position p (in kPairMask).
 FP4MOE_HD constexpr uint32_t w4a16_rotation(uint32_t j, uint32_t p) {
-  if (j == 0) return 0;
+  if (j == 0) return 26;  // q << 6
   if (j == 1) return 4;
-  if (j == 2) return 10;
-  return ((kPair3LowMask >> p) & 1u) ? 14u : 6u;
+  if (j == 2) return 30;  // q << 2
+  return ((kPair3LowMask >> p) & 1u) ? 0u : 8u;
 }
 
 namespace detail {
@@ -105,6 +113,18 @@ constexpr bool pair_footprints_partition_the_word() {
 }
 }  // namespace detail
 static_assert(detail::pair_footprints_partition_the_word(), "the four A-register footprints must tile a 32-bit word");
+namespace detail {
+// w4a16_word_to_pairs computes outputs 0 and 2 as left shifts (q << 6, q << 2): equal to their
+// rotations by 26 and 30 only if no bit of kPairMask takes a bit that wrapped around.
+constexpr bool left_shifts_match_the_rotations() {
+  for (uint32_t p = 0; p < 32; ++p) {
+    if (((kPairMask >> p) & 1u) == 0) continue;
+    if (p < 6 || w4a16_rotation(0, p) != 26 || w4a16_rotation(2, p) != 30) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::left_shifts_match_the_rotations(), "outputs 0 and 2 are left shifts: no wrapped bit may reach M");
 
 FP4MOE_HD inline uint32_t rotr32(uint32_t x, uint32_t r) {
 #if defined(__CUDA_ARCH__)
@@ -116,10 +136,10 @@ FP4MOE_HD inline uint32_t rotr32(uint32_t x, uint32_t r) {
 
 // One word of 8 codes -> the four A registers of one MMA step, each element = e2m1 x 2^-126 (bf16).
 FP4MOE_HD inline void w4a16_word_to_pairs(uint32_t q, uint32_t a[4]) {
-  a[0] = q & kPairMask;
+  a[0] = (q << 6) & kPairMask;
   a[1] = rotr32(q, 4) & kPairMask;
-  a[2] = rotr32(q, 10) & kPairMask;
-  a[3] = (rotr32(q, 14) & kPair3LowMask) | (rotr32(q, 6) & (kPairMask & ~kPair3LowMask));
+  a[2] = (q << 2) & kPairMask;
+  a[3] = (q & kPair3LowMask) | (rotr32(q, 8) & (kPairMask & ~kPair3LowMask));
 }
 
 // Where code (row r, chunk-local k) of a 16 x 64 tile lives: lane, word, and the output register j
