@@ -12,14 +12,18 @@
 //    weight rows, kW4A16StreamTilesPerWarp) and streams their codes into its own two rings of
 //    `stages` 512 B chunk slots in shared memory (one coalesced 16 B cp.async per lane per tile per
 //    64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier at all), `stages - 1`
-//    chunks of each tile in flight per warp; scales come a group (8 chunks) ahead and activations 2
-//    chunks ahead in registers (kW4A16StreamXAhead), through L1 (every warp of the CTA reads the
-//    same rows); one activation load feeds both tiles' MMAs.
+//    chunks of each tile in flight per warp; each lane's activations (its 32 B of every token row of
+//    the chunk) come with the codes, by cp.async through L1 into the same ring slot (every warp of the
+//    SM reads the same rows); scales come a group (8 chunks) ahead in registers; one activation
+//    fragment feeds both tiles' MMAs.
 //      block_w  rows per CTA: 64 or 128 (2 or 4 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
-//    Shared memory: one region, the code rings: block_w / 32 warps x 2 tiles x stages x 512 B (warp
-//    w's ring of its tile h at ring_offset + w x ring_warp_bytes + h x stages x 512).
+//    Shared memory: one region, the rings: block_w / 32 warps x stages x (2 tiles x 512 B of codes +
+//    block_t / 8 x 1 KB of activations). Warp w's rings at ring_offset + w x ring_warp_bytes: tile h's
+//    codes at h x stages x 512, then n8 tile nt's activations at ring_x_offset + nt x stages x 1024
+//    (slot s: 512 B of each lane's first 16 B, then 512 B of its second, so that the lanes' 16 B loads
+//    are conflict-free).
 //  * kPipeline (32+ tokens): activations, codes and scales staged through shared memory by a
 //    cp.async multi-stage pipeline.
 //      block_w 64 or 128 (one m16 row tile per warp); block_t 8, 16, 32 or 64; block_k 128 or 256
@@ -96,13 +100,8 @@ struct W4A16Config {
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-// Activation chunks a kStream lane keeps in registers ahead of use. 2, not 4: 16 fewer registers per
-// 8 tokens (n8 64 a thread, n16 80: 32 / 24 warps per SM instead of 24 / 16), same speed or better at
-// 8-16 tokens per expert (H200, BENCHMARKS.md 2026-12-04 twelfth session).
-inline constexpr uint32_t kW4A16StreamXAhead = 2;
-// The activation ring of a stream tile of block_t tokens: n32 keeps one chunk ahead (32 registers
-// instead of 64: 149 a thread, 3 CTAs an SM without spills).
-FP4MOE_HD constexpr uint32_t w4a16_stream_x_ahead(uint32_t block_t) { return block_t > 16 ? 1 : kW4A16StreamXAhead; }
+// Bytes of one kStream activation ring slot: a chunk (64 k) of 8 token rows, 32 lanes x 32 B.
+inline constexpr uint32_t kW4A16StreamXSlotBytes = 1024;
 // m16 row tiles a kStream warp owns (adjacent: 32 weight rows). 2, not 1: the activation fragments
 // it loads feed both tiles' MMAs and the two dequant chains overlap; at 16 tokens per expert 1.24x
 // (gate_up) / 1.10x (down) faster, equal at 1-8 (H200, BENCHMARKS.md 2026-12-04 thirteenth session).
@@ -137,10 +136,9 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_desc_lo(uint32_t addr) { return ((addr 
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc_of_lo(uint32_t lo) { return (uint64_t{kWgmmaDescHi} << 32) | lo; }
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) { return w4a16_wgmma_desc_of_lo(w4a16_wgmma_desc_lo(addr)); }
 
-// Registers per thread a config is compiled for (kStream: the activation ring, kW4A16StreamXAhead
-// chunks x 8 registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus
-// ~72 for the rest (two chunks' A fragments): 96 for n8, 120 for n16; ptxas uses 91-96 / 116-122;
-// kPipeline: 64).
+// Registers per thread a config is compiled for (kStream: the chunk's activation fragments, 8
+// registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus ~72 for the
+// rest (two chunks' A fragments): 88 for n8, 104 for n16, 136 for n32; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: a consumer thread's accumulators (block_w / 128 x block_t / 2 f32) plus ~64 for the rest,
   // at most 255 (w4a16_wgmma_consumer_regs: what setmaxnreg gives the consumers must cover it).
@@ -149,7 +147,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   if (c.kind != W4A16Kind::kStream) return 64;
-  return 72 + (8 * w4a16_stream_x_ahead(c.block_t) + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
+  return 72 + (8 + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
 // CTAs per SM the kernel is compiled for (__launch_bounds__ min blocks, which caps registers at
@@ -195,7 +193,8 @@ struct W4A16Layout {
   uint32_t stage_stride = 0;                                             // bytes between stages
   uint32_t x_tile_bytes = 0, w_tiles_bytes = 0, w_scales_bytes = 0;      // one stage
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
-  uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's ring at ring_offset + w * ring_warp_bytes
+  uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's rings at ring_offset + w * ring_warp_bytes
+  uint32_t ring_x_offset = 0;                     // kStream: the activation rings inside a warp's rings
   uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
   uint32_t barriers_offset = 0;                   // kWgmma: full[stages], 8 B each
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
@@ -251,9 +250,10 @@ struct W4A16Layout {
     out.invalid_reason = check(c);
     if (out.invalid_reason != nullptr) return out;
     if (c.kind == W4A16Kind::kStream) {
-      out.ring_warp_bytes = kW4A16StreamTilesPerWarp * c.stages * 512;
-      out.ring_offset = out.layout.add("code rings (per warp, e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes, 128,
-                                       RegionKind::kStageOperand);
+      out.ring_x_offset = kW4A16StreamTilesPerWarp * c.stages * 512;
+      out.ring_warp_bytes = out.ring_x_offset + c.block_t / 8 * c.stages * kW4A16StreamXSlotBytes;
+      out.ring_offset = out.layout.add("code + activation rings (per warp: e2m1 kernel layout, bf16)",
+                                       c.n_warps() * out.ring_warp_bytes, 128, RegionKind::kStageOperand);
       return out;
     }
     if (c.kind == W4A16Kind::kWgmma) {
@@ -310,24 +310,24 @@ struct W4A16Layout {
 // pipelined 32/64-token tiles.
 inline constexpr W4A16Kind kStreamKind = W4A16Kind::kStream;
 inline constexpr W4A16Config kW4A16Configs[] = {
-    {64, 8, 64, 8, kStreamKind},    // w4a16_stream_m64n8_d8
-    {64, 8, 64, 16, kStreamKind},   // w4a16_stream_m64n8_d16
-    {128, 8, 64, 8, kStreamKind},   // w4a16_stream_m128n8_d8
-    {64, 16, 64, 8, kStreamKind},   // w4a16_stream_m64n16_d8
-    {64, 16, 64, 16, kStreamKind},  // w4a16_stream_m64n16_d16
-    {128, 16, 64, 8, kStreamKind},  // w4a16_stream_m128n16_d8
-    {64, 8, 256, 4},                // w4a16_swapab_m64n8k256_s4
-    {128, 16, 256, 4},              // w4a16_swapab_m128n16k256_s4
-    {128, 32, 128, 4},              // w4a16_swapab_m128n32k128_s4
-    {128, 64, 128, 4},              // w4a16_swapab_m128n64k128_s4
-    {64, 64, 128, 4},               // w4a16_swapab_m64n64k128_s4
+    {64, 8, 64, 8, kStreamKind},           // w4a16_stream_m64n8_d8
+    {128, 8, 64, 4, kStreamKind},          // w4a16_stream_m128n8_d4
+    {128, 8, 64, 8, kStreamKind},          // w4a16_stream_m128n8_d8
+    {64, 16, 64, 8, kStreamKind},          // w4a16_stream_m64n16_d8
+    {128, 16, 64, 4, kStreamKind},         // w4a16_stream_m128n16_d4
+    {128, 16, 64, 8, kStreamKind},         // w4a16_stream_m128n16_d8
+    {64, 8, 256, 4},                       // w4a16_swapab_m64n8k256_s4
+    {128, 16, 256, 4},                     // w4a16_swapab_m128n16k256_s4
+    {128, 32, 128, 4},                     // w4a16_swapab_m128n32k128_s4
+    {128, 64, 128, 4},                     // w4a16_swapab_m128n64k128_s4
+    {64, 64, 128, 4},                      // w4a16_swapab_m64n64k128_s4
     {128, 32, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n32_s4
     {128, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m128n64_s4
     {128, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n128_s4
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
     {256, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s4
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
-    {128, 32, 64, 8, kStreamKind},         // w4a16_stream_m128n32_d8 (17-32 tokens; last: the ids above stay)
+    {128, 32, 64, 4, kStreamKind},         // w4a16_stream_m128n32_d4 (17-32 tokens; last: the ids above stay)
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

@@ -26,8 +26,9 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     return s.str();
   }
   if (c.kind == W4A16Kind::kStream) {
-    s << c.n_warps() << " warps x " << kW4A16StreamTilesPerWarp << " row tiles x code ring (" << c.stages
-      << " chunks x 512 B) = " << l.total_bytes() << " B";
+    s << c.n_warps() << " warps x " << c.stages << " chunks x (" << kW4A16StreamTilesPerWarp
+      << " row tiles x 512 B codes + " << c.block_t / 8 << " x " << kW4A16StreamXSlotBytes
+      << " B activations) = " << l.total_bytes() << " B";
     return s.str();
   }
   if (c.kind == W4A16Kind::kWgmma) {

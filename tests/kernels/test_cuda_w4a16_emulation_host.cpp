@@ -5,8 +5,9 @@
 // its warp's shared-memory ring slot kc % stages of a host image of the CTA's W4A16Layout and read
 // back by the same lane after wait_group(stages - 2), every shipped stream config and a ring of 4;
 // kPipeline: a host image of one stage as load_stage's cp.async copies fill it, block_k 128 and 256),
-// the B fragments from the activations (kStream: a register ring of kW4A16StreamXAhead chunks, 32 B at
-// x[tok][64 kc + 16 t]; kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated
+// the B fragments from the activations (kStream: each lane's 32 B at x[tok][64 kc + 16 t] copied with
+// the codes of chunk kc into its warp's activation ring and read back the same way; kPipeline:
+// x_tile_offset swizzle and load_b_fragments), an emulated
 // mma.sync m16n8k16 written here from the PTX fragment layouts, and 2^8 x D must equal the f64 dot
 // products of the dequantized weights (format/nvfp4.h). The scale words come from the kernel
 // scale bytes (w4a16_scale_byte: B x 0x00100010 + 0x75007500) as the kernels form them; the
@@ -153,37 +154,53 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
 // kStream, one CTA (config c, blockIdx.y = 0: warp w owns row tiles 2 w and 2 w + 1
 // (kW4A16StreamTilesPerWarp), warps past the N row tiles return) on the block_t tokens from tok0 of
 // expert e, each lane as the kernel runs it (lanes only meet in the MMA, emulated per chunk
-// afterwards; a lane's two tiles share its activation registers and its cp.async groups, so the
+// afterwards; a lane's two tiles share its activation copies and its cp.async groups, so the
 // emulation runs the tiles one after the other with the same schedule):
-//   * codes: chunk kc's 16 B of the lane (indexed in the global kernel layout as before) go with one
-//     cp.async + commit (zero-filled past K) into the ring of its tile h in its warp's shared memory,
-//     slot kc % stages, at ring_offset + warp x ring_warp_bytes + (h x stages + slot) x 512 + 16 lane
-//     of a host image of the CTA's W4A16Layout filled with garbage. Chunks 0 .. stages - 2 are issued up front; at chunk kc the
-//     lane waits until at most stages - 2 groups are pending (only then does the emulation copy the
-//     oldest groups into the image), reads slot kc % stages back, and issues chunk kc + stages - 1
-//     into the slot chunk kc - 1 used (no copy to that slot may still be pending);
-//   * scales: group kg and the next one in registers (sg, sg_next), group kg + 2 loaded after kg;
-//   * activations: a register ring of kW4A16StreamXAhead chunks, 32 B at x[tok][64 kc + 16 t]
-//     (zero past K), slot j % ahead refilled with chunk kc + ahead after its use (ahead =
-//     w4a16_stream_x_ahead(block_t): 2 chunks, 1 at n32).
+//   * codes: chunk kc's 16 B of the lane (indexed in the global kernel layout as before) go by cp.async
+//     (zero-filled past K) into the ring of its tile h in its warp's shared memory, slot kc % stages, at
+//     ring_offset + warp x ring_warp_bytes + (h x stages + slot) x 512 + 16 lane of a host image of the
+//     CTA's W4A16Layout filled with garbage;
+//   * activations: in the same commit group, the lane's 32 B of token row 8 nt + g at x[tok][64 kc + 16 t]
+//     (zero past K and past the tokens) into n8 tile nt's activation ring, slot kc % stages: its first
+//     16 B at ring_x_offset + (nt x stages + slot) x 1024 + 16 lane, its second 512 B later;
+//   * chunks 0 .. stages - 2 are issued up front; at chunk kc the lane waits until at most stages - 2
+//     groups are pending (only then does the emulation copy the oldest groups into the image), reads
+//     both slots of chunk kc back, and issues chunk kc + stages - 1 into the slots chunk kc - 1 used (no
+//     copy to a slot may still be pending);
+//   * scales: group kg and the next one in registers (sg, sg_next), group kg + 2 loaded after kg.
 void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, int64_t tok0, double (&d)[8][4][16][8]) {
-  const uint32_t kAhead = plan::w4a16_stream_x_ahead(c.block_t);  // the kernel's activation ring
-  ASSERT_EQ(kW4A16ScaleGroup % kAhead, 0u) << "the ring index j % kAhead equals kc % kAhead";
   const W4A16Layout l = W4A16Layout::make(c);
   const std::string name = w4a16_config_name(c);
   ASSERT_TRUE(l.valid()) << name;
   const uint32_t n_tiles = c.block_t / 8, stages = c.stages;
   constexpr uint32_t kTiles = kW4A16StreamTilesPerWarp;
-  // The carve: every (warp, tile, lane, slot) 16 B in the region, 16 B aligned, none shared, all covered.
+  auto code_addr = [&](uint32_t warp, uint32_t h, uint32_t lane, uint32_t slot) {
+    return l.ring_offset + warp * l.ring_warp_bytes + (h * stages + slot) * kW4A16TileBytes + lane * 16;
+  };
+  auto x_addr = [&](uint32_t warp, uint32_t nt, uint32_t half, uint32_t lane, uint32_t slot) {
+    return l.ring_offset + warp * l.ring_warp_bytes + l.ring_x_offset + (nt * stages + slot) * kW4A16StreamXSlotBytes +
+           half * (kW4A16StreamXSlotBytes / 2) + lane * 16;
+  };
+  // The carve: every (warp, lane, slot) 16 B piece of codes (per tile) and activations (per n8 tile and
+  // half) in the region, 16 B aligned, none shared, all covered.
   std::vector<int> owner(l.total_bytes(), -1);
-  for (uint32_t i = 0; i < c.n_warps() * kTiles * 32 * stages; ++i) {
-    const uint32_t warp = i / (kTiles * 32 * stages), h = i / (32 * stages) % kTiles, lane = i / stages % 32;
-    const uint32_t slot = i % stages;
-    const uint32_t a = l.ring_offset + warp * l.ring_warp_bytes + (h * stages + slot) * kW4A16TileBytes + lane * 16;
-    ASSERT_TRUE(a % 16 == 0 && a + 16 <= l.total_bytes()) << name << ": slot at " << a;
+  int piece = 0;
+  auto claim = [&](uint32_t a) {
+    ASSERT_TRUE(a % 16 == 0 && a + 16 <= l.total_bytes()) << name << ": piece at " << a;
     for (uint32_t b = a; b < a + 16; ++b) {
-      ASSERT_EQ(owner[b], -1) << name << ": byte " << b << " of two slots";
-      owner[b] = static_cast<int>(i);
+      ASSERT_EQ(owner[b], -1) << name << ": byte " << b << " of two pieces";
+      owner[b] = piece;
+    }
+    ++piece;
+  };
+  for (uint32_t warp = 0; warp < c.n_warps(); ++warp) {
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      for (uint32_t slot = 0; slot < stages; ++slot) {
+        for (uint32_t h = 0; h < kTiles; ++h) claim(code_addr(warp, h, lane, slot));
+        for (uint32_t nt = 0; nt < n_tiles; ++nt) {
+          for (uint32_t half = 0; half < 2; ++half) claim(x_addr(warp, nt, half, lane, slot));
+        }
+      }
     }
   }
   ASSERT_EQ(std::count(owner.begin(), owner.end(), -1), 0) << name;
@@ -205,25 +222,33 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
     std::vector<ChunkFrags> frags(static_cast<size_t>(p.k_chunks));
     for (uint32_t lane = 0; lane < 32; ++lane) {
       const uint32_t g = lane / 4, t = lane % 4;
-      std::deque<Copy> pending;  // this lane's committed cp.async groups, one copy each, oldest first
-      auto slot_addr = [&](int64_t kc) {
-        return l.ring_offset + warp * l.ring_warp_bytes + (h * stages + static_cast<uint32_t>(kc % stages)) * kW4A16TileBytes +
-               lane * 16;
-      };
-      auto load_codes = [&](int64_t kc) {
-        Copy cp{slot_addr(kc), {}};
-        for (const Copy& q : pending) EXPECT_NE(q.dst, cp.dst) << name << ": two copies in flight to one slot";
-        if (kc < p.k_chunks) std::memcpy(cp.bytes, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
-        pending.push_back(cp);
+      std::deque<std::vector<Copy>> pending;  // this lane's committed cp.async groups, oldest first
+      auto slot_of = [&](int64_t kc) { return static_cast<uint32_t>(kc % stages); };
+      auto load_chunk = [&](int64_t kc) {
+        std::vector<Copy> group;
+        Copy cp{code_addr(warp, h, lane, slot_of(kc)), {}};
+        if (kc < p.k_chunks)
+          std::memcpy(cp.bytes, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
+        group.push_back(cp);
+        for (uint32_t nt = 0; nt < n_tiles; ++nt) {
+          const int64_t tok = tok0 + nt * 8 + g, k0 = 64 * kc + 16 * t;
+          const bool in = kc < p.k_chunks && k0 < p.k && tok < EmuProblem::kTokens;
+          for (uint32_t half = 0; half < 2; ++half) {
+            Copy xc{x_addr(warp, nt, half, lane, slot_of(kc)), {}};
+            if (in) std::memcpy(xc.bytes, p.x.data() + tok * p.k + k0 + 8 * half, 16);
+            group.push_back(xc);
+          }
+        }
+        for (const std::vector<Copy>& q : pending) {
+          for (const Copy& a : q) {
+            for (const Copy& b : group) EXPECT_NE(a.dst, b.dst) << name << ": two copies in flight to one slot";
+          }
+        }
+        pending.push_back(group);
       };
       auto wait_group = [&](size_t n) {  // cp.async.wait_group n: all but the newest n groups land
-        for (; pending.size() > n; pending.pop_front()) std::memcpy(smem.data() + pending.front().dst, pending.front().bytes, 16);
-      };
-      auto load_x = [&](int64_t kc, uint4 (&xx)[4][2]) {
-        for (uint32_t j = 0; j < n_tiles; ++j) {
-          const int64_t tok = tok0 + j * 8 + g, k0 = 64 * kc + 16 * t;
-          std::memset(xx[j], 0, 32);
-          if (kc < p.k_chunks && k0 < p.k && tok < EmuProblem::kTokens) std::memcpy(xx[j], p.x.data() + tok * p.k + k0, 32);
+        for (; pending.size() > n; pending.pop_front()) {
+          for (const Copy& q : pending.front()) std::memcpy(smem.data() + q.dst, q.bytes, 16);
         }
       };
       auto scale_group = [&](int64_t kg) {
@@ -231,9 +256,7 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
         std::memcpy(&v, p.kscales.data() + (tile * p.k_groups + kg) * kW4A16TileBytes + lane * 16, 16);
         return v;
       };
-      uint4 xq[kW4A16StreamXAhead][4][2];
-      for (uint32_t i = 0; i + 1 < stages; ++i) load_codes(i);
-      for (uint32_t i = 0; i < kAhead; ++i) load_x(i, xq[i]);
+      for (uint32_t i = 0; i + 1 < stages; ++i) load_chunk(i);
       uint4 sg = scale_group(0), sg_next{};
       if (p.k_groups > 1) sg_next = scale_group(1);
       for (int64_t kg = 0; kg < p.k_groups; ++kg) {
@@ -242,21 +265,22 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
           ASSERT_EQ(pending.size(), stages - 1) << name;  // groups 0 .. kc + stages - 2 committed, 0 .. kc - 1 landed
           wait_group(stages - 2);                          // chunk kc landed
           uint4 w;
-          std::memcpy(&w, smem.data() + slot_addr(kc), 16);
-          load_codes(kc + stages - 1);  // into the slot chunk kc - 1 used
+          std::memcpy(&w, smem.data() + code_addr(warp, h, lane, slot_of(kc)), 16);
+          uint32_t words[4][8];  // per n8 tile: b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
+          for (uint32_t nt = 0; nt < n_tiles; ++nt) {
+            std::memcpy(words[nt], smem.data() + x_addr(warp, nt, 0, lane, slot_of(kc)), 16);
+            std::memcpy(words[nt] + 4, smem.data() + x_addr(warp, nt, 1, lane, slot_of(kc)), 16);
+          }
+          load_chunk(kc + stages - 1);  // into the slots chunk kc - 1 used
           uint32_t sc_lo = 0, sc_hi = 0;
           w4a16_chunk_scales(sg, j, sc_lo, sc_hi);
           w4a16_chunk_fragments(w, sc_lo, sc_hi, frags[static_cast<size_t>(kc)].a[lane]);
-          const uint32_t xs = j % kAhead;  // == kc % kAhead: kg x 8 % kAhead == 0
           for (uint32_t nt = 0; nt < n_tiles; ++nt) {
-            uint32_t words[8];  // b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
-            std::memcpy(words, xq[xs][nt], 32);
             for (int st = 0; st < 4; ++st) {
-              frags[static_cast<size_t>(kc)].b[nt][lane][st][0] = words[2 * st];
-              frags[static_cast<size_t>(kc)].b[nt][lane][st][1] = words[2 * st + 1];
+              frags[static_cast<size_t>(kc)].b[nt][lane][st][0] = words[nt][2 * st];
+              frags[static_cast<size_t>(kc)].b[nt][lane][st][1] = words[nt][2 * st + 1];
             }
           }
-          load_x(kc + kAhead, xq[xs]);
         }
         sg = sg_next;
         if (kg + 2 < p.k_groups) sg_next = scale_group(kg + 2);
@@ -330,7 +354,7 @@ void emulate_pipeline_cta(const EmuProblem& p, int64_t e, double d[2][2][16][8])
 }
 
 // Every shipped stream config plus a ring of 4 (the smallest depth check() allows: chunk kc + 3
-// refills the slot of chunk kc - 1 with two copies in flight), at K = 208 (4 chunks: the d8 / d16
+// refills the slot of chunk kc - 1 with two copies in flight), at K = 208 (4 chunks: the d8
 // prologues run past K with zero-fill copies) and K = 1040 (17 chunks: every ring wraps, 3 scale
 // groups rotate through sg / sg_next).
 TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {

@@ -21,7 +21,7 @@
 //     kc % stages of a host image of the CTA's W4A16Layout and read back by the same lane after
 //     wait_group(stages - 2), every shipped stream config and a ring of 4; kPipeline: a host image
 //     of one stage as load_stage's cp.async copies fill it, block_k 128 and 256), the B fragments
-//     from the activations (kStream: a register ring of 4 chunks, 32 B at x[tok][64 kc + 16 t];
+//     from the activations (kStream: 32 B at x[tok][64 kc + 16 t] through the activation ring;
 //     kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated mma.sync m16n8k16
 //     written here from the PTX fragment layouts, and 2^8 x D against the f64 dot products of the
 //     dequantized weights (format/nvfp4.h);
@@ -347,14 +347,11 @@ TEST(W4A16Stream, UncheckedGroupsPrefetchOnlyInRange) {
           const int end = w4a16_stream_unchecked_end(kg0, kg1, kc_end, k, stages);
           ASSERT_GE(end, kg0);
           ASSERT_LE(end, kg1);
-          // A group's prefetches: codes of chunk kc + stages - 1, activations of kc + kW4A16StreamXAhead.
+          // A group's prefetches: codes and activations of chunk kc + stages - 1.
           auto in_range = [&](int kg) {
             for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
-              const int64_t kc = int64_t{kg} * kW4A16ScaleGroup + j;
-              for (int64_t ahead : {int64_t{stages} - 1, int64_t{kW4A16StreamXAhead}}) {
-                const int64_t c = kc + ahead;
-                if (c >= kc_end || (c + 1) * 64 > k) return false;
-              }
+              const int64_t c = int64_t{kg} * kW4A16ScaleGroup + j + stages - 1;
+              if (c >= kc_end || (c + 1) * 64 > k) return false;
             }
             return true;
           };

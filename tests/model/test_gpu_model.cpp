@@ -776,9 +776,9 @@ std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph
 }
 
 // The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start and say so. A winner for the MoE
-// gate_up shape at decode (bucket 1) naming stream_m64n8_d16, which differs from the default
-// stream_m128n8_d8 only in CTA width and ring depth (each warp's arithmetic the same, in the same
-// order), gives bit-identical logits; the load log names the cache and its winner count.
+// gate_up shape at decode (bucket 1) naming stream_m128n8_d4, which differs from the default
+// stream_m128n8_d8 only in ring depth (each warp's arithmetic the same, in the same order), gives
+// bit-identical logits; the load log names the cache and its winner count.
 TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
   const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/glm4_moe_tiny_nvfp4");
   SKIP_WITHOUT_GPU();
@@ -807,7 +807,7 @@ TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
   tune::TuneEntry e;
   e.shape = tune::GemmShape{cfg.n_routed_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size};
   e.bucket = 1;
-  e.config = "w4a16_stream_m64n8_d16";
+  e.config = "w4a16_stream_m128n8_d4";
   e.config_id = tune::config_id_by_name(e.config);
   e.time_us = 1.0;
   e.iters = 1;

@@ -53,28 +53,28 @@ TEST(SmemLayout, StructPaddingLikeCxx) {
 // (e2m1, the kernel weight layout), w_scales = block_w x block_k / 16 (one e4m3 per 16);
 // stage_stride = their sum; the epilogue at stages x stage_stride, block_t rows of
 // block_w x 2 + 16 B; the total rounded up to 128 (never needed for these tiles).
-// kStream has one region, the code rings at offset 0: block_w / 32 warps x 2 row tiles x a ring of
-// `stages` chunk slots of 512 B (one 16 x 64 e2m1 tile of the kernel layout, 16 B per lane); the
-// pipeline fields are 0. ring_warp = 2 x stages x 512, total = warps x ring_warp (a multiple of 512:
-// no padding).
+// kStream has one region, the rings at offset 0: block_w / 32 warps x stages x (2 row tiles x a 512 B
+// chunk slot of codes, one 16 x 64 e2m1 tile of the kernel layout, + block_t / 8 x a 1 KB slot of
+// activations, 32 lanes x 32 B); the pipeline fields are 0. ring_warp = stages x (1024 + block_t / 8 x
+// 1024), total = warps x ring_warp (a multiple of 1024: no padding).
 struct Pinned {
   const char* name;
   uint32_t x_tile, w_tiles, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
   uint32_t ring_warp;  // kStream: bytes of one warp's ring (W4A16Layout::ring_warp_bytes)
 };
 constexpr Pinned kPinned[] = {
-    // m64n8_d8: 2 warps x 2 tiles x 8 x 512 = 2 x 8192 = 16384.
-    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 16384, 8192},
-    // m64n8_d16: 2 warps x 2 tiles x 16 x 512 = 2 x 16384 = 32768.
-    {"w4a16_stream_m64n8_d16", 0, 0, 0, 0, 0, 0, 32768, 16384},
-    // m128n8_d8: 4 warps x 2 tiles x 8 x 512 = 4 x 8192 = 32768.
-    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
-    // m64n16_d8: block_t does not enter the ring: 2 x 8192 = 16384.
-    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 16384, 8192},
-    // m64n16_d16: 2 x 16384 = 32768.
-    {"w4a16_stream_m64n16_d16", 0, 0, 0, 0, 0, 0, 32768, 16384},
-    // m128n16_d8: 4 x 8192 = 32768.
-    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m64n8_d8: 2 warps x 8 x (1024 + 1024) = 2 x 16384 = 32768.
+    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 32768, 16384},
+    // m128n8_d4: 4 warps x 4 x 2048 = 4 x 8192 = 32768.
+    {"w4a16_stream_m128n8_d4", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m128n8_d8: 4 x 16384 = 65536.
+    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 65536, 16384},
+    // m64n16_d8: 2 x 8 x (1024 + 2048) = 2 x 24576 = 49152.
+    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 49152, 24576},
+    // m128n16_d4: 4 x 4 x 3072 = 4 x 12288 = 49152.
+    {"w4a16_stream_m128n16_d4", 0, 0, 0, 0, 0, 0, 49152, 12288},
+    // m128n16_d8: 4 x 24576 = 98304.
+    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 98304, 24576},
     // m64n8k256_s4: x 8*256*2 = 4096, w 64*256/2 = 8192, s 64*256/16 = 1024, stride 13312;
     // epilogue at 4*13312 = 53248, 8*(64*2+16) = 1152 B; total 54400 = 425 x 128.
     {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400, 0},
@@ -106,8 +106,8 @@ constexpr Pinned kPinned[] = {
     {"w4a16_wgmma_m256n64_s4", 8192, 8192, 0, 16384, 0, 33792, 196672, 0},
     // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, total 229440; epilogue 128 x 528 = 67584.
     {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 229440, 0},
-    // m128n32_d8 (appended last, a stream tile): 4 x 8192 = 32768, as m128n16_d8.
-    {"w4a16_stream_m128n32_d8", 0, 0, 0, 0, 0, 0, 32768, 8192},
+    // m128n32_d4 (appended last, a stream tile): 4 x 4 x (1024 + 4096) = 4 x 20480 = 81920.
+    {"w4a16_stream_m128n32_d4", 0, 0, 0, 0, 0, 0, 81920, 20480},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -132,12 +132,13 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       // One region at 0; warp w's ring at ring_offset + w x ring_warp, the last one ending at the total.
       ASSERT_EQ(l.layout.n_regions, 1) << name;
       EXPECT_EQ(l.ring_offset, 0u) << name;
-      EXPECT_EQ(l.layout.offset_of("code rings (per warp, e2m1 kernel layout)"), 0u) << name;
+      EXPECT_EQ(l.layout.offset_of("code + activation rings (per warp: e2m1 kernel layout, bf16)"), 0u) << name;
       EXPECT_EQ(l.layout.regions[0].bytes, p.total) << name;
       EXPECT_EQ(l.layout.regions[0].align, 128u) << name;
       EXPECT_EQ(l.layout.regions[0].kind, RegionKind::kStageOperand) << name;
       EXPECT_EQ(l.ring_offset + c.n_warps() * l.ring_warp_bytes, p.total) << name;
-      EXPECT_EQ(p.total, c.n_warps() * kW4A16StreamTilesPerWarp * c.stages * 512) << name;
+      EXPECT_EQ(p.total, c.n_warps() * c.stages * (kW4A16StreamTilesPerWarp * 512 + c.block_t / 8 * 1024)) << name;
+      EXPECT_EQ(l.ring_x_offset, kW4A16StreamTilesPerWarp * c.stages * 512) << name;
       EXPECT_EQ(c.n_warps() * kW4A16StreamTilesPerWarp * 16, c.block_w) << name;  // every row of the CTA owned
       EXPECT_FALSE(l.fits(p.total - 1)) << name;
       EXPECT_TRUE(l.fits(p.total)) << name;
@@ -198,19 +199,19 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
   // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
-  // 72 + (8 x kW4A16StreamXAhead (2) + 4 x kW4A16StreamTilesPerWarp (2)) x block_t / 8: 96 for n8, 120 for n16.
-  //   m64n8_d8   (64 threads, 16384 B): 233472 / (16384 + 1024) = 13 by smem, 65536 / (64 x 96) = 10 by regs -> 10
-  //   m64n8_d16  (64 threads, 32768 B): 233472 / (32768 + 1024) = 6, 10 by regs -> 6
-  //   m128n8_d8  (128 threads, 32768 B): 6 by smem, 65536 / (128 x 96) = 5 -> 5
-  //   m64n16_d8  (64 threads, 16384 B): 13 by smem, 65536 / (64 x 120) = 8 -> 8
-  //   m64n16_d16 (64 threads, 32768 B): 6 by smem, 8 by regs -> 6
-  //   m128n16_d8 (128 threads, 32768 B): 6 by smem, 65536 / (128 x 120) = 4 -> 4
+  // 72 + (8 + 4 x kW4A16StreamTilesPerWarp (2)) x block_t / 8: 88 for n8, 104 for n16.
+  //   m64n8_d8   (64 threads, 32768 B): 233472 / (32768 + 1024) = 6 by smem, 65536 / (64 x 88) = 11 by regs -> 6
+  //   m128n8_d4  (128 threads, 32768 B): 6 by smem, 65536 / (128 x 88) = 5 -> 5
+  //   m128n8_d8  (128 threads, 65536 B): 233472 / (65536 + 1024) = 3 by smem -> 3
+  //   m64n16_d8  (64 threads, 49152 B): 233472 / (49152 + 1024) = 4 by smem, 9 by regs -> 4
+  //   m128n16_d4 (128 threads, 49152 B): 4 by smem, 65536 / (128 x 104) = 4 -> 4
+  //   m128n16_d8 (128 threads, 98304 B): 233472 / (98304 + 1024) = 2 -> 2
   constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
-  static_assert(stream.valid() && stream.total_bytes() == 16384 && stream.layout.n_regions == 1);
-  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 8192);
-  static_assert(kW4A16StreamXAhead == 2 && kW4A16StreamTilesPerWarp == 2);
-  static constexpr uint32_t kWantBudget[6] = {96, 96, 96, 120, 120, 120};
-  static constexpr uint32_t kWantCtas[6] = {10, 6, 5, 8, 6, 4};
+  static_assert(stream.valid() && stream.total_bytes() == 32768 && stream.layout.n_regions == 1);
+  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 16384 && stream.ring_x_offset == 8192);
+  static_assert(kW4A16StreamXSlotBytes == 1024 && kW4A16StreamTilesPerWarp == 2);
+  static constexpr uint32_t kWantBudget[6] = {88, 88, 88, 104, 104, 104};
+  static constexpr uint32_t kWantCtas[6] = {6, 5, 3, 4, 4, 2};
   static_assert([] {
     for (int i = 0; i < 6; ++i) {
       const W4A16Config& c = kW4A16Configs[i];
@@ -219,13 +220,13 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     }
     return true;
   }());
-  // n32 keeps one activation chunk ahead (w4a16_stream_x_ahead): 72 + (8 + 8) x 4 = 136 registers,
-  // 65536 / (128 x 136) = 3 CTAs a SM (6 by smem).
-  constexpr W4A16Config n32 = kW4A16Configs[kNumW4A16Configs - 1];  // w4a16_stream_m128n32_d8
-  static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && w4a16_stream_x_ahead(32) == 1);
-  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 3);
-  // The ring alone would not limit m64n8_d8: 13 CTAs by smem, but 10 by registers.
-  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 10);
+  // n32: 72 + (8 + 8) x 4 = 136 registers, 65536 / (128 x 136) = 3 CTAs a SM by registers, 233472 /
+  // (81920 + 1024) = 2 by smem.
+  constexpr W4A16Config n32 = kW4A16Configs[kNumW4A16Configs - 1];  // w4a16_stream_m128n32_d4
+  static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && n32.stages == 4);
+  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 2);
+  // The rings alone would not limit m64n8_d8: 65536 / (64 x 88) = 11 by registers.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 11);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
   EXPECT_EQ(l.config.n_threads(), 256u);
   EXPECT_EQ(stream.config.n_threads(), 64u);
@@ -250,14 +251,17 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "epilogue 17408 = 119808 B of shared memory > 101376 B (the device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(w4a16_smem_refusal({128, 8, 192, 4}, kSm90SmemOptinBytes),
             "config w4a16_swapab_m128n8k192_s4 cannot be built: block_k must be 128 or 256");
-  // kStream: the code rings, 8 warps x 8 x 512 = 32768 B for m128n8_d8 (config 2); refused only
-  // by a limit under that (32767: by 1 B).
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]), "4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B");
-  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[1]), "2 warps x 2 row tiles x code ring (16 chunks x 512 B) = 32768 B");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32768), "");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 32767),
-            "config w4a16_stream_m128n8_d8 needs 4 warps x 2 row tiles x code ring (8 chunks x 512 B) = 32768 B of shared memory > "
-            "32767 B (the device's opt-in limit per block) by 1 B");
+  // kStream: the rings, 4 warps x 8 x (2 x 512 + 1024) = 65536 B for m128n8_d8 (config 2); refused
+  // only by a limit under that (65535: by 1 B).
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]),
+            "4 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = 65536 B");
+  EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[4]),
+            "4 warps x 4 chunks x (2 row tiles x 512 B codes + 2 x 1024 B activations) = 49152 B");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 65536), "");
+  EXPECT_EQ(
+      w4a16_smem_refusal(kW4A16Configs[2], 65535),
+      "config w4a16_stream_m128n8_d8 needs 4 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = "
+      "65536 B of shared memory > 65535 B (the device's opt-in limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config_named("w4a16_wgmma_m128n64_s4")),
             "4 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 4 x 16384 + mbarriers 64 = 114752 B (epilogue 17408 reuses "
@@ -289,9 +293,12 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 4, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({128, 16, 64, 8, kS}).invalid_reason, nullptr);
-  // The largest buildable stream layout, m128 x 16 chunks: 8 x 16 x 512 = 65536 B.
-  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 65536u);
+  // m128n16 with 16 chunks: 4 x 16 x (1024 + 2048) = 196608 B fits sm_90; m128n32 at 16 chunks builds
+  // but needs 4 x 16 x (1024 + 4096) = 327680 B.
+  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 196608u);
   EXPECT_TRUE(W4A16Layout::make({128, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 16, kS}).total_bytes(), 327680u);
+  EXPECT_FALSE(W4A16Layout::make({128, 32, 64, 16, kS}).fits(kSm90SmemOptinBytes));
   // An invalid stream config has no region (it cannot be built, so nothing is sized).
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 3, kS}).layout.n_regions, 0);
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);

@@ -71,14 +71,15 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
     EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   }
   // 1 token per expert: the smallest token tile (8 = one n8 MMA tile). The n8 configs are
-  // m64n8_d8, m64n8_d16, m128n8_d8 (stream) and m64n8k256_s4 (pipeline); only m128n8_d8 has 128
-  // rows, and at equal HBM time the 128-row weight tile re-reads the activations half as often as
-  // the 64-row ones (the cost model does not look at the ring depth).
-  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d8");
-  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d8");
-  // Its code rings: 8 warps x 8 chunks x 512 B = 32768 B, 8 "stages" (the ring depth).
+  // m64n8_d8, m128n8_d4, m128n8_d8 (stream) and m64n8k256_s4 (pipeline); at equal HBM time the
+  // 128-row weight tiles re-read the activations half as often as the 64-row ones, and the cost model
+  // does not look at the ring depth: the first of the two in the table, m128n8_d4.
+  EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
+  EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
+  // Its rings: 4 warps x 4 chunks x (2 x 512 B codes + 1024 B activations) = 32768 B, 4 "stages"
+  // (the ring depth).
   EXPECT_EQ(plans[0].chosen->smem.bytes, 32768u);
-  EXPECT_EQ(plans[0].chosen->smem.stages, 8);
+  EXPECT_EQ(plans[0].chosen->smem.stages, 4);
   // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());
   EXPECT_EQ(plans[2].chosen->candidate.token_tile(), 16u);
@@ -102,7 +103,7 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
 // expert the streaming n16 tile beats the wgmma m128n32 tile, though the latter needs less MMA time at the
 // same HBM bytes (measured 159 vs 259 us, BENCHMARKS.md seventeenth session run 3); at 32 tokens the
 // streaming n16 tile's two token tiles dequantize every weight twice (278 vs 258 us for wgmma m128n32),
-// and the streaming n32 tile (one token tile, w4a16_stream_m128n32_d8) is chosen over both.
+// and the streaming n32 tile (one token tile, w4a16_stream_m128n32_d4) is chosen over both.
 TEST(Planner, OursDequantizationTermOrdersDecodeTiles) {
   const GpuSpec h200 = require_gpu("h200");
   const Problem shard = parse_problem("moe:E=32,topk=8,H=6144,I=2048");
@@ -131,7 +132,7 @@ TEST(Planner, OursDequantizationTermOrdersDecodeTiles) {
   EXPECT_NEAR(st.dequant_time_us, 8 * 128.0 * 6144 * kStreamDequantFlops / per_sm * 1e6, 1e-6);
   // 32 a expert: the streaming n32 tile, one token tile; wgmma m128n32 before the n16 tile's two.
   ASSERT_TRUE(plans[2].chosen.has_value()) << plans[2].error;
-  EXPECT_EQ(plans[2].chosen->candidate.to_string(), "w4a16_stream_m128n32_d8");
+  EXPECT_EQ(plans[2].chosen->candidate.to_string(), "w4a16_stream_m128n32_d4");
   EXPECT_EQ(cost_of(plans[2], "w4a16_stream_m128n16_d8").dequant_time_us, 2 * st.dequant_time_us);
   EXPECT_LT(cost_of(plans[2], "w4a16_wgmma_m128n32_s4").time_us, cost_of(plans[2], "w4a16_stream_m128n16_d8").time_us);
   // The CUTLASS families multiply FP4: no dequantization.

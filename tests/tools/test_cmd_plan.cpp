@@ -60,12 +60,13 @@ TEST(CmdPlan, HopperDefaultPlansOurKernel) {
   const CliRun r = run_plan(std::string("--gpu h200 ") + kGlm5 + " --tokens 1,16,64,512,4096");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("sm90_nvfp4_w4a16_grouped_gemm on h200 (sm_90, opt-in 232448 B)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 w4a16_stream_m128n8_d8 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 w4a16_stream_m128n8_d4 "), std::string::npos)
+      << r.out;
   // The feasibility table lists the shipped configs with their stages and bytes. Stream configs:
-  // the ring depth and the code rings, m128n8_d8 8 warps x 8 x 512 = 32768 B, margin
-  // 232448 - 32768 = 199680; m64n8_d8 4 x 8 x 512 = 16384 B, margin 216064.
-  EXPECT_EQ(row(r.out, "w4a16_stream_m128n8_d8"), "w4a16_stream_m128n8_d8 8 32768 yes 199680 ");
-  EXPECT_EQ(row(r.out, "w4a16_stream_m64n8_d8"), "w4a16_stream_m64n8_d8 8 16384 yes 216064 ");
+  // the ring depth and the rings, m128n8_d8 4 warps x 8 x (2 x 512 + 1024) = 65536 B, margin
+  // 232448 - 65536 = 166912; m64n8_d8 2 x 8 x 2048 = 32768 B, margin 199680.
+  EXPECT_EQ(row(r.out, "w4a16_stream_m128n8_d8"), "w4a16_stream_m128n8_d8 8 65536 yes 166912 ");
+  EXPECT_EQ(row(r.out, "w4a16_stream_m64n8_d8"), "w4a16_stream_m64n8_d8 8 32768 yes 199680 ");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m64n8k256_s4"), "w4a16_swapab_m64n8k256_s4 4 54400 yes 178048 ");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n64k128_s4"), "w4a16_swapab_m128n64k128_s4 4 119808 yes 112640 ");
   EXPECT_NE(r.out.find("Every candidate fits."), std::string::npos) << r.out;
@@ -83,8 +84,8 @@ TEST(CmdPlan, SmallerSmemRejectsShippedConfigsWithTheBytes) {
             "(x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B of shared memory > 101376 B (the "
             "device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n32k128_s4"), "w4a16_swapab_m128n32k128_s4 4 78336 yes 23040 ");
-  // The stream configs' rings fit: 4 warps x 16 x 512 = 32768 B, 101376 - 32768 = 68608 left.
-  EXPECT_EQ(row(r.out, "w4a16_stream_m64n16_d16"), "w4a16_stream_m64n16_d16 16 32768 yes 68608 ");
+  // The stream configs' rings fit: 4 warps x 4 x (1024 + 2 x 1024) = 49152 B, 101376 - 49152 = 52224 left.
+  EXPECT_EQ(row(r.out, "w4a16_stream_m128n16_d4"), "w4a16_stream_m128n16_d4 4 49152 yes 52224 ");
   EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + "
                        "epilogue 17408 = 119808 B > 101376 B opt-in (sm_89) by 18432 B\n"),
             std::string::npos)
@@ -157,7 +158,8 @@ TEST(CmdPlan, LogPlansOncePerDistinctProblem) {
     ++pos;
   }
   EXPECT_EQ(n, 4u) << r.out;
-  EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: w4a16_stream_m128n8_d8 8 stages 32768 B"),
+  EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: "
+                       "w4a16_stream_m128n8_d4 4 stages 32768 B"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(run_plan(std::string("--gpu h200 --tokens 1 ") + kGlm5).out.find("fp4moe plan: "), std::string::npos);

@@ -86,10 +86,9 @@ FP4MOE_HD inline uint32_t w4a16_mul_pairs(uint32_t a, uint32_t b) {
 
 // The end of the scale groups [kg0, end) that the stream kernel runs unchecked, for a CTA's K part of
 // groups [kg0, kg1) whose chunks end at kc_end, K = k, a ring of `stages` chunks: in each such group
-// (kW4A16ScaleGroup chunks) every code prefetch (stages - 1 chunks ahead) and every activation
-// prefetch (x_ahead <= stages - 1 chunks ahead) lands below kc_end and inside the full 64-wide chunks
-// of K, so the chunk step needs no range predicates. The groups from `end` to kg1 test each prefetch.
-// Maximal: group `end` (when < kg1) has a prefetch out of range.
+// (kW4A16ScaleGroup chunks) every prefetch (codes and activations, stages - 1 chunks ahead) lands
+// below kc_end and inside the full 64-wide chunks of K, so the chunk step needs no range predicates. The groups from
+// `end` to kg1 test each prefetch. Maximal: group `end` (when < kg1) has a prefetch out of range.
 FP4MOE_HD constexpr int w4a16_stream_unchecked_end(int kg0, int kg1, int kc_end, int64_t k, uint32_t stages) {
   const int64_t full_chunks = k / 64;
   const int64_t in_range = kc_end < full_chunks ? kc_end : full_chunks;

@@ -15,16 +15,15 @@
 // kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk and tile with cp.async
 // into its warp's ring of `stages` chunk slots per tile in shared memory (stages - 1 chunks of both
 // tiles in flight per warp, so many more bytes in flight per SM than registers allow) and reads back
-// only its own 16 B; scales come a group (8 chunks) ahead and activations kW4A16StreamXAhead (2)
-// chunks ahead in registers, through L1 (all warps of a CTA read the same rows), each activation
-// fragment feeding both tiles' MMAs.
+// only its own 16 B, and its 32 B of each token row's activations the same way into the warp's
+// activation ring (through L1: all warps of an SM read the same rows), so they land with the codes;
+// scales come a group (8 chunks) ahead in registers; each activation fragment feeds both tiles' MMAs.
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
-// each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the refill
-// of the slot consumed one iteration earlier issued before the MMAs. Out-of-range token rows, row
-// tiles and K chunks are zero-filled by cp.async (src-size 0), so no NaN from uninitialized shared
-// memory can reach the accumulators. Epilogue transposed through shared memory to token-major rows
-// and written with 16 B stores.
+// each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the
+// refill of the slot consumed one iteration earlier issued before the MMAs. Out-of-range token rows, row tiles and K
+// chunks are zero-filled by cp.async (src-size 0), so no NaN from uninitialized shared memory can reach the
+// accumulators. Epilogue transposed through shared memory to token-major rows and written with 16 B stores.
 //
 // Registers: __launch_bounds__ asks for w4a16_ctas_per_sm CTAs per SM; ptxas must not spill (a
 // build error). Tested by tests/kernels/test_cuda_w4a16.cpp (GPU) and test_cuda_w4a16_host.cpp.
@@ -61,8 +60,6 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   constexpr W4A16Layout kLayout = W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream});
   static_assert(kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   constexpr uint32_t kNTiles = BLOCK_T / 8;
-  constexpr uint32_t kXAhead = plan::w4a16_stream_x_ahead(BLOCK_T);
-  static_assert(kW4A16ScaleGroup % kXAhead == 0, "the activation ring must divide a scale group");
   static_assert(kW4A16StreamTilesPerWarp == 2, "the loop below is written for two row tiles per warp");
   extern __shared__ __align__(128) uint8_t smem[];
 
@@ -83,18 +80,21 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   const uint8_t* codes1 = p.w_codes + tile1 * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* scales0 = p.w_scales + tile0 * p.k_groups * kW4A16TileBytes + lane * 16;
   const uint8_t* scales1 = p.w_scales + tile1 * p.k_groups * kW4A16TileBytes + lane * 16;
-  // This lane's 16 B slot in chunk slot 0 of its warp's two rings (tile 1's ring STAGES x 512 B later).
+  // This lane's 16 B slot in chunk slot 0 of its warp's rings (plan::W4A16Layout, kStream): tile 0's
+  // codes, tile 1's codes STAGES x 512 B later, then per n8 tile the activations, STAGES x 1 KB (a
+  // slot: the 16 B at k = 16 t .. 16 t + 7 of every lane, then those at 16 t + 8 .. 16 t + 15).
   const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
-  const uint4* xrow[kNTiles];
+  constexpr uint32_t kXRing = kLayout.ring_x_offset, kXSlot = plan::kW4A16StreamXSlotBytes;
+  // Lane (g, t)'s activations of chunk 0: token row 8 nt + g of the item, k = 16 t .. 16 t + 15 (32 B).
+  const __nv_bfloat16* xrow[kNTiles];
   bool xvalid[kNTiles];
 #pragma unroll
   for (uint32_t j = 0; j < kNTiles; ++j) {
     const int r = static_cast<int>(j * 8 + g);
     xvalid[j] = r < item.rows;
-    xrow[j] = reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(item.row_begin + (xvalid[j] ? r : 0)) * p.k +
-                                             16 * t);
+    xrow[j] = p.x + static_cast<int64_t>(item.row_begin + (xvalid[j] ? r : 0)) * p.k + 16 * t;
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
@@ -106,35 +106,37 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
 
   codes0 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
   codes1 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
-  // Codes of chunk kc of both tiles (chunk `rel` of the current group's codes0 / codes1) -> byte
-  // `slot` (kc % STAGES chunks) of each ring, one commit group per chunk. `checked`: a chunk
-  // past kc_end copies nothing; unchecked, the caller knows kc < kc_end (no predicate, no address
-  // select). Every call passes a constant, so the branch folds away after inlining (a generic lambda
-  // taking run_group's std::bool_constant crashes nvcc 13.0's cicc here).
-  auto load_codes = [&](bool checked, int kc, int rel, uint32_t slot) {
+  // Chunk kc of both tiles' codes (chunk `rel` of the current group's codes0 / codes1) and of every
+  // token row's activations -> slot `slot` (kc % STAGES) of the warp's rings, one commit group per
+  // chunk: the activations land with the codes, STAGES - 1 chunks ahead (loaded by ld.global a chunk
+  // or two ahead instead, they queued behind the code copies and the MMAs waited for them). Through L1
+  // (cp.async.ca): every warp of the SM reads the same rows. `checked`: a chunk past kc_end copies
+  // nothing and activations past K are zero; unchecked, the caller knows kc < kc_end and the chunk is
+  // inside K (no predicate, no address select). Token rows past the item's count are zero-filled either
+  // way. Every call passes a constant, so the branch folds away after inlining (a generic lambda taking
+  // run_group's std::bool_constant crashes nvcc 13.0's cicc here).
+  auto load_chunk = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
+    const uint32_t code_slot = slot * kW4A16TileBytes;
     if (checked) {
       const bool ok = kc < kc_end;
-      cp_async_16(ring + slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
-      cp_async_16(ring + kRing1 + slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
+      cp_async_16(ring + code_slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
+      cp_async_16(ring + kRing1 + code_slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
     } else {
-      cp_async_16(ring + slot, codes0 + off);
-      cp_async_16(ring + kRing1 + slot, codes1 + off);
+      cp_async_16(ring + code_slot, codes0 + off);
+      cp_async_16(ring + kRing1 + code_slot, codes1 + off);
     }
-    cp_async_commit();
-  };
-  // Activations of chunk kc for every token row. Checked: zero past kc_end, past K and for rows past
-  // the item's count; unchecked, the caller knows kc is inside both and invalid rows read row 0.
-  uint4 xq[kXAhead][kNTiles][2];
-  auto load_x = [&](bool checked, int kc, uint4 (&xx)[kNTiles][2]) {
     // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
     const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
 #pragma unroll
     for (uint32_t j = 0; j < kNTiles; ++j) {
-      const bool ok = !checked || (xvalid[j] && x_in_k);
-      xx[j][0] = ok ? __ldg(xrow[j] + kc * 8) : zero;
-      xx[j][1] = ok ? __ldg(xrow[j] + kc * 8 + 1) : zero;
+      const bool ok = xvalid[j] && x_in_k;
+      const __nv_bfloat16* src = ok ? xrow[j] + static_cast<int64_t>(kc) * 64 : p.x;
+      const uint32_t dst = ring + kXRing + (j * STAGES + slot) * kXSlot;
+      cp_async_ca_16(dst, src, ok);
+      cp_async_ca_16(dst + kXSlot / 2, ok ? src + 8 : p.x, ok);
     }
+    cp_async_commit();
   };
 
   float acc[2][kNTiles][4];
@@ -149,10 +151,8 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
 #pragma unroll
   for (uint32_t d = 0; d + 1 < STAGES; ++d) {
     const int kc = kc0 + static_cast<int>(d);
-    load_codes(true, kc, static_cast<int>(d), (static_cast<uint32_t>(kc) % STAGES) * kW4A16TileBytes);
+    load_chunk(true, kc, static_cast<int>(d), static_cast<uint32_t>(kc) % STAGES);
   }
-#pragma unroll
-  for (uint32_t d = 0; d < kXAhead; ++d) load_x(true, kc0 + static_cast<int>(d), xq[d]);
   auto group_of = [&](const uint8_t* sc, int kg) {
     return kg < kg1 ? __ldg(reinterpret_cast<const uint4*>(sc + kg * kW4A16TileBytes)) : zero;
   };
@@ -160,12 +160,9 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   uint4 sg0_next = group_of(scales0, kg0 + 1), sg1_next = group_of(scales1, kg0 + 1);
 
   // One scale group (8 chunks). Checked groups (the part's last groups, and any group whose
-  // activation prefetch reaches a K tail) test every prefetch against [kc0, kc_end) and K; in the
-  // unchecked groups before them every prefetch is in range, so the chunk step has no predicates,
-  // no address selects and constant offsets from the group's code pointers (the step is issue-bound:
-  // ~90 instructions per 512 B tile chunk with the checks, of which 56 are dequant + MMA). Token rows
-  // past the item's count load row 0 there: an MMA column depends only on its own token, and the
-  // epilogue stores only the item's rows.
+  // prefetch reaches a K tail) test every prefetch against [kc0, kc_end) and K; in the unchecked
+  // groups before them every prefetch is in range, so the chunk step has no range predicates, no
+  // address selects and constant offsets from the group's code pointers.
   auto run_group = [&](auto checked, int kg) {
     const uint32_t slot0 = (static_cast<uint32_t>(kg) * kW4A16ScaleGroup) % STAGES;
 #pragma unroll
@@ -173,15 +170,22 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
       if (kc < kc_end) {  // also in unchecked groups: a per-chunk block keeps ptxas from hoisting
                           // the next chunks' scale words and loads (register pressure)
-        // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc of both
-        // tiles landed (this lane's copies: the lane reads back only its own 16 B).
+        // Groups 0 .. kc + STAGES - 2 are committed: at most STAGES - 2 pending means chunk kc landed
+        // (this lane's copies: the lane reads back only its own bytes).
         cp_async_wait<static_cast<int>(STAGES) - 2>();
-        const uint32_t slot = ((slot0 + j) % STAGES) * kW4A16TileBytes;
-        const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot);
-        const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot);
-        // Into the slots chunk kc - 1 used.
-        load_codes(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
-                   ((slot0 + j + STAGES - 1) % STAGES) * kW4A16TileBytes);
+        const uint32_t slot = (slot0 + j) % STAGES;
+        const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot * kW4A16TileBytes);
+        const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot * kW4A16TileBytes);
+        uint4 xq[kNTiles][2];
+#pragma unroll
+        for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+          const uint8_t* xs = ring_ptr + kXRing + (nt * STAGES + slot) * kXSlot;
+          xq[nt][0] = *reinterpret_cast<const uint4*>(xs);
+          xq[nt][1] = *reinterpret_cast<const uint4*>(xs + kXSlot / 2);
+        }
+        // Into the slots chunk kc - 1 used (its reads above completed: the previous step's MMAs used them).
+        load_chunk(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
+                   (slot0 + j + STAGES - 1) % STAGES);
         uint32_t a0[4][4], a1[4][4];
         {
           uint32_t sc_lo, sc_hi;
@@ -190,24 +194,15 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
           w4a16_chunk_scales(sg1, j, sc_lo, sc_hi);
           w4a16_chunk_fragments(w1, sc_lo, sc_hi, a1);
         }
-        const uint32_t xs = j % kXAhead;  // compile-time after unrolling (kg * 8 % kXAhead == 0)
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
-          w4a16_b_from_words(xq[xs][nt][0], xq[xs][nt][1], b);
+          w4a16_b_from_words(xq[nt][0], xq[nt][1], b);
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             mma_bf16_m16n8k16(acc[0][nt], a0[s], b[s]);
             mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
           }
-        }
-        load_x(decltype(checked)::value, kc + static_cast<int>(kXAhead), xq[xs]);
-        // n8: each token row's chunk STAGES - 1 ahead into L1 (in range in an unchecked group). The
-        // register ring is kXAhead chunks deep, short for an L2 round trip with n8's short chunk steps:
-        // n8 gate_up at 4 tokens 162 -> 149 us, down at 1-8 tokens 3-5% faster; n16 steps are twice as
-        // long, and its gate_up was 2-4% slower with it (BENCHMARKS.md 2026-12-04 fifteenth session).
-        if constexpr (!decltype(checked)::value && kNTiles == 1) {
-          if (t == 0) prefetch_l1(xrow[0] + (kc + static_cast<int>(STAGES) - 1) * 8);
         }
       }
     }
@@ -218,7 +213,6 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
     sg0_next = group_of(scales0, kg + 2);
     sg1_next = group_of(scales1, kg + 2);
   };
-  static_assert(kXAhead <= STAGES - 1, "the activation prefetch must not reach past the code prefetch");
   const int fast_end = w4a16_stream_unchecked_end(kg0, kg1, kc_end, p.k, STAGES);
   int kg = kg0;
   for (; kg < fast_end; ++kg) run_group(std::false_type{}, kg);

@@ -38,14 +38,14 @@ namespace fp4moe::cuda::sm90 {
 using plan::kNumW4A16Configs;
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
+using plan::kW4A16StreamTilesPerWarp;
+using plan::kW4A16StreamXSlotBytes;
 using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;
+using plan::w4a16_is_wgmma;
 using plan::w4a16_smem_summary;
 using plan::W4A16Config;
 using plan::W4A16Kind;
-using plan::w4a16_is_wgmma;
-using plan::kW4A16StreamXAhead;
-using plan::kW4A16StreamTilesPerWarp;
 using plan::W4A16Layout;
 
 // What the epilogue writes. kNone: y [m_total, n]. kSwiGlu (the MoE gate_up GEMM): the weight is

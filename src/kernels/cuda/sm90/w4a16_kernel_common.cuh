@@ -39,10 +39,10 @@ struct KernelParams {
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 using ptx::cp_async_16;
+using ptx::cp_async_ca_16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::mma_bf16_m16n8k16;
-using ptx::prefetch_l1;
 using ptx::smem_u32;
 
 // 4 or 8 B copy (the scale bytes of a stage's chunks); zero-fills when !valid.
