@@ -9,7 +9,9 @@
 // around each launch, 5 warm-ups, median of 30; weight sets rotate so the bytes touched between two
 // launches of a set exceed 3x the L2.
 // --shape E,N,K (repeatable) replaces the two shard shapes, e.g. --shape 1,6144,16384 for a dense
-// E = 1 Linear (GLM-5's o_proj). Run: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30].
+// E = 1 Linear (GLM-5's o_proj). --all-configs adds, under each row, every config's time (us), to pick
+// defaults between configs the row's best hides. Run: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]...
+// [--runs 30] [--all-configs].
 // Needs a Hopper GPU; exits non-zero on errors.
 #include <cuda_runtime_api.h>
 
@@ -37,7 +39,7 @@ struct Shape {
   tune::GemmShape shape;
 };
 
-int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_list, int runs) {
+int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_list, int runs, bool all_configs) {
   std::string why;
   if (!cuda::cuda_device_available(&why)) {
     std::fprintf(stderr, "bench_w4a16: no usable GPU: %s\n", why.c_str());
@@ -64,9 +66,16 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
       double best_us = 1e30, default_us = 0;
       double best_mma_sync_us = 1e30, best_wgmma_us = 1e30;  // per kernel kind
       int best_cfg = -1;
+      std::string every;  // --all-configs: "name us" of each config
       const int default_cfg = cuda::sm90::w4a16_default_config(tokens);
       for (int cfg = 0; cfg < cuda::sm90::w4a16_num_configs(); ++cfg) {
         const double us = ours.time_config_us(cfg, timing);
+        if (all_configs) {
+          char item[96];
+          std::snprintf(item, sizeof(item), "%s %s %.1f", every.empty() ? "" : ",",
+                        cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(cfg)).c_str(), us);
+          every += item;
+        }
         if (us < best_us) {
           best_us = us;
           best_cfg = cfg;
@@ -86,6 +95,7 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
                   cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(best_cfg)).c_str(), best_us, tflops, gbps,
                   100.0 * gbps * 1e9 / hbm_bps, 100.0 * tflops * 1e12 / kBf16PeakFlops, default_us, best_mma_sync_us,
                   best_wgmma_us, cublas_us, cublas_us / best_us);
+      if (all_configs) std::printf("  every config (us):%s\n", every.c_str());
     }
   }
   return 0;
@@ -98,6 +108,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256};
     std::vector<Shape> shapes;
     int runs = 30;
+    bool all_configs = false;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--tokens" && i + 1 < argc) {
@@ -113,13 +124,15 @@ int main(int argc, char** argv) {
         shapes.push_back({name, {enk[0], enk[1], enk[2]}});
       } else if (arg == "--runs" && i + 1 < argc) {
         runs = std::max(1, std::atoi(argv[++i]));
+      } else if (arg == "--all-configs") {
+        all_configs = true;
       } else {
-        std::fprintf(stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30]\n");
+        std::fprintf(stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30] [--all-configs]\n");
         return 2;
       }
     }
     if (shapes.empty()) shapes = {{"gate_up", {32, 4096, 6144}}, {"down", {32, 6144, 2048}}};
-    return run(shapes, tokens, runs);
+    return run(shapes, tokens, runs, all_configs);
   } catch (const fp4moe::Error& e) {
     std::fprintf(stderr, "bench_w4a16: %s\n", e.what());
     return 1;
