@@ -206,6 +206,14 @@ struct W4A16Layout {
   FP4MOE_HD constexpr uint32_t x_tile(uint32_t stage) const { return x_tile_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_tiles(uint32_t stage) const { return w_tiles_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_scales(uint32_t stage) const { return w_scales_offset + stage * stage_stride; }
+  // kStream, bytes from a warp's rings to lane 0's 16 B in slot `slot`: row tile h's codes, and half
+  // `half` (k 16 t .. + 7, then 16 t + 8 .. + 15) of n8 tile nt's activations; lane L's are 16 L further.
+  FP4MOE_HD constexpr uint32_t ring_code_slot(uint32_t h, uint32_t slot) const {
+    return (h * config.stages + slot) * 512;
+  }
+  FP4MOE_HD constexpr uint32_t ring_x_slot(uint32_t nt, uint32_t slot, uint32_t half) const {
+    return ring_x_offset + (nt * config.stages + slot) * kW4A16StreamXSlotBytes + half * (kW4A16StreamXSlotBytes / 2);
+  }
 
   // nullptr when the kernel can be instantiated with `c`, else the rule it breaks.
   FP4MOE_HD static constexpr const char* check(const W4A16Config& c) {

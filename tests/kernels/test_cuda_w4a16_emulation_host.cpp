@@ -174,12 +174,12 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   ASSERT_TRUE(l.valid()) << name;
   const uint32_t n_tiles = c.block_t / 8, stages = c.stages;
   constexpr uint32_t kTiles = kW4A16StreamTilesPerWarp;
+  // The kernel's addressing: its warp's rings + ring_code_slot / ring_x_slot + 16 lane.
   auto code_addr = [&](uint32_t warp, uint32_t h, uint32_t lane, uint32_t slot) {
-    return l.ring_offset + warp * l.ring_warp_bytes + (h * stages + slot) * kW4A16TileBytes + lane * 16;
+    return l.ring_offset + warp * l.ring_warp_bytes + l.ring_code_slot(h, slot) + lane * 16;
   };
   auto x_addr = [&](uint32_t warp, uint32_t nt, uint32_t half, uint32_t lane, uint32_t slot) {
-    return l.ring_offset + warp * l.ring_warp_bytes + l.ring_x_offset + (nt * stages + slot) * kW4A16StreamXSlotBytes +
-           half * (kW4A16StreamXSlotBytes / 2) + lane * 16;
+    return l.ring_offset + warp * l.ring_warp_bytes + l.ring_x_slot(nt, slot, half) + lane * 16;
   };
   // The carve: every (warp, lane, slot) 16 B piece of codes (per tile) and activations (per n8 tile and
   // half) in the region, 16 B aligned, none shared, all covered.

@@ -209,6 +209,11 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
   static_assert(stream.valid() && stream.total_bytes() == 32768 && stream.layout.n_regions == 1);
   static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 16384 && stream.ring_x_offset == 8192);
+  // Slot offsets inside a warp's rings (the kernel's and the emulation's addressing): tile 1, slot 3:
+  // (8 + 3) x 512; n8 tile 0, slot 3, second half: 8192 + 3 x 1024 + 512. m128n16_d4 (config 4), n8 tile 1,
+  // slot 2, second half: 4 x 2 x 512 + (4 + 2) x 1024 + 512.
+  static_assert(stream.ring_code_slot(1, 3) == 5632 && stream.ring_x_slot(0, 3, 1) == 11776);
+  static_assert(W4A16Layout::make(kW4A16Configs[4]).ring_x_slot(1, 2, 1) == 10752);
   static_assert(kW4A16StreamXSlotBytes == 1024 && kW4A16StreamTilesPerWarp == 2);
   static constexpr uint32_t kWantBudget[6] = {88, 88, 88, 104, 104, 104};
   static constexpr uint32_t kWantCtas[6] = {6, 5, 3, 4, 4, 2};

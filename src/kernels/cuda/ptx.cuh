@@ -22,11 +22,14 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// 16 B global -> shared copy through L1 (cp.async.ca: lines other warps of the SM read too, e.g. the
-// activations every warp of a decode CTA streams); zero-fills when !valid.
-__device__ __forceinline__ void cp_async_ca_16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
+// 4, 8 or 16 B global -> shared copy through L1 (cp.async.ca: lines other warps of the SM read too,
+// e.g. the activations every warp of a decode CTA streams, or a stage's scale bytes); zero-fills when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async.ca copies 4, 8 or 16 B");
+  const int src_size = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

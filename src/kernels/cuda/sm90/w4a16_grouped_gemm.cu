@@ -80,13 +80,10 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   const uint8_t* codes1 = p.w_codes + tile1 * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* scales0 = p.w_scales + tile0 * p.k_groups * kW4A16TileBytes + lane * 16;
   const uint8_t* scales1 = p.w_scales + tile1 * p.k_groups * kW4A16TileBytes + lane * 16;
-  // This lane's 16 B slot in chunk slot 0 of its warp's rings (plan::W4A16Layout, kStream): tile 0's
-  // codes, tile 1's codes STAGES x 512 B later, then per n8 tile the activations, STAGES x 1 KB (a
-  // slot: the 16 B at k = 16 t .. 16 t + 7 of every lane, then those at 16 t + 8 .. 16 t + 15).
+  // This lane's 16 B in its warp's rings (plan::W4A16Layout, kStream: ring_code_slot / ring_x_slot
+  // give a slot's offset from here: both tiles' codes, then per n8 tile the activations).
   const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
-  constexpr uint32_t kRing1 = STAGES * kW4A16TileBytes;
-  constexpr uint32_t kXRing = kLayout.ring_x_offset, kXSlot = plan::kW4A16StreamXSlotBytes;
   // Lane (g, t)'s activations of chunk 0: token row 8 nt + g of the item, k = 16 t .. 16 t + 15 (32 B).
   const __nv_bfloat16* xrow[kNTiles];
   bool xvalid[kNTiles];
@@ -117,14 +114,13 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   // run_group's std::bool_constant crashes nvcc 13.0's cicc here).
   auto load_chunk = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
-    const uint32_t code_slot = slot * kW4A16TileBytes;
     if (checked) {
       const bool ok = kc < kc_end;
-      cp_async_16(ring + code_slot, ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
-      cp_async_16(ring + kRing1 + code_slot, ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
+      cp_async_16(ring + kLayout.ring_code_slot(0, slot), ok ? static_cast<const void*>(codes0 + off) : p.w_codes, ok);
+      cp_async_16(ring + kLayout.ring_code_slot(1, slot), ok ? static_cast<const void*>(codes1 + off) : p.w_codes, ok);
     } else {
-      cp_async_16(ring + code_slot, codes0 + off);
-      cp_async_16(ring + kRing1 + code_slot, codes1 + off);
+      cp_async_16(ring + kLayout.ring_code_slot(0, slot), codes0 + off);
+      cp_async_16(ring + kLayout.ring_code_slot(1, slot), codes1 + off);
     }
     // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
     const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
@@ -132,9 +128,8 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
     for (uint32_t j = 0; j < kNTiles; ++j) {
       const bool ok = xvalid[j] && x_in_k;
       const __nv_bfloat16* src = ok ? xrow[j] + static_cast<int64_t>(kc) * 64 : p.x;
-      const uint32_t dst = ring + kXRing + (j * STAGES + slot) * kXSlot;
-      cp_async_ca_16(dst, src, ok);
-      cp_async_ca_16(dst + kXSlot / 2, ok ? src + 8 : p.x, ok);
+      cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 0), src, ok);
+      cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 1), ok ? src + 8 : p.x, ok);
     }
     cp_async_commit();
   };
@@ -174,14 +169,13 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
         // (this lane's copies: the lane reads back only its own bytes).
         cp_async_wait<static_cast<int>(STAGES) - 2>();
         const uint32_t slot = (slot0 + j) % STAGES;
-        const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + slot * kW4A16TileBytes);
-        const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kRing1 + slot * kW4A16TileBytes);
+        const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(0, slot));
+        const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(1, slot));
         uint4 xq[kNTiles][2];
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-          const uint8_t* xs = ring_ptr + kXRing + (nt * STAGES + slot) * kXSlot;
-          xq[nt][0] = *reinterpret_cast<const uint4*>(xs);
-          xq[nt][1] = *reinterpret_cast<const uint4*>(xs + kXSlot / 2);
+          xq[nt][0] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 0));
+          xq[nt][1] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 1));
         }
         // Into the slots chunk kc - 1 used (its reads above completed: the previous step's MMAs used them).
         load_chunk(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
@@ -328,7 +322,7 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
       const void* src = ok ? static_cast<const void*>(p.w_scales + ((tile0 + rtl) * p.k_groups + kg) * kW4A16TileBytes +
                                                       ln * 16 + 2 * j0)
                            : static_cast<const void*>(p.w_scales);
-      cp_async_small<static_cast<int>(2 * kChunks)>(smem_base + kSOff + slot * kStride + i * 2 * kChunks, src, ok);
+      cp_async_ca<static_cast<int>(2 * kChunks)>(smem_base + kSOff + slot * kStride + i * 2 * kChunks, src, ok);
     }
   };
 

@@ -39,20 +39,11 @@ struct KernelParams {
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 using ptx::cp_async_16;
-using ptx::cp_async_ca_16;
+using ptx::cp_async_ca;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::mma_bf16_m16n8k16;
 using ptx::smem_u32;
-
-// 4 or 8 B copy (the scale bytes of a stage's chunks); zero-fills when !valid.
-template <int kBytes>
-__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
-  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 B");
-  const int src_size = valid ? kBytes : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
-               : "memory");
-}
 
 struct WorkItem {
   int expert = 0;
