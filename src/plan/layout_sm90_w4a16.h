@@ -218,7 +218,9 @@ struct W4A16Layout {
   // nullptr when the kernel can be instantiated with `c`, else the rule it breaks.
   FP4MOE_HD static constexpr const char* check(const W4A16Config& c) {
     if (c.kind == W4A16Kind::kStream) {
-      if (c.block_w != 64 && c.block_w != 128) return "stream: block_w (weight rows per CTA) must be 64 or 128";
+      if (c.block_w != 64 && c.block_w != 128 && c.block_w != 256) {
+        return "stream: block_w (weight rows per CTA) must be 64, 128 or 256";
+      }
       if (c.block_t != 8 && c.block_t != 16 && c.block_t != 32) return "stream: block_t (tokens, MMA N) must be 8, 16 or 32";
       if (c.block_k != 64) return "stream: block_k must be 64 (one chunk per step)";
       if (c.stages != 4 && c.stages != 8 && c.stages != 16) return "stream: stages (code ring depth) must be 4, 8 or 16";
@@ -335,7 +337,9 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
     {256, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s4
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
-    {128, 32, 64, 4, kStreamKind},         // w4a16_stream_m128n32_d4 (17-32 tokens; last: the ids above stay)
+    {128, 32, 64, 4, kStreamKind},         // w4a16_stream_m128n32_d4 (17-32 tokens; appended: the ids above stay)
+    {256, 8, 64, 4, kStreamKind},          // w4a16_stream_m256n8_d4 (1-8 tokens; appended)
+    {256, 16, 64, 4, kStreamKind},         // w4a16_stream_m256n16_d4 (9-16 tokens; appended)
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

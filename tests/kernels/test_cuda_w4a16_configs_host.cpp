@@ -124,7 +124,7 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheRings) {
               std::string::npos)
         << msg;
   }
-  EXPECT_EQ(n_stream, 7);
+  EXPECT_EQ(n_stream, 9);
   // By hand: config 0, m64n8_d8, is 64 / 32 = 2 warps x 8 x (2 x 512 + 1024) = 32768 B.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)),
             "2 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = 32768 B");
@@ -246,14 +246,15 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
-  EXPECT_EQ(
-      check_refusals_agree(tiny),
-      (std::vector<std::string>{
-          "w4a16_stream_m64n8_d8", "w4a16_stream_m128n8_d4", "w4a16_stream_m128n8_d8", "w4a16_stream_m64n16_d8",
-          "w4a16_stream_m128n16_d4", "w4a16_stream_m128n16_d8", "w4a16_swapab_m64n8k256_s4",
-          "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4", "w4a16_swapab_m128n64k128_s4",
-          "w4a16_swapab_m64n64k128_s4", "w4a16_wgmma_m128n32_s4", "w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n128_s4",
-          "w4a16_wgmma_m128n256_s4", "w4a16_wgmma_m256n64_s4", "w4a16_wgmma_m256n128_s4", "w4a16_stream_m128n32_d4"}));
+  EXPECT_EQ(check_refusals_agree(tiny),
+            (std::vector<std::string>{
+                "w4a16_stream_m64n8_d8",       "w4a16_stream_m128n8_d4",      "w4a16_stream_m128n8_d8",
+                "w4a16_stream_m64n16_d8",      "w4a16_stream_m128n16_d4",     "w4a16_stream_m128n16_d8",
+                "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
+                "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",  "w4a16_wgmma_m128n32_s4",
+                "w4a16_wgmma_m128n64_s4",      "w4a16_wgmma_m128n128_s4",     "w4a16_wgmma_m128n256_s4",
+                "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d4",
+                "w4a16_stream_m256n8_d4",      "w4a16_stream_m256n16_d4"}));
   // The stream refusal to the byte: 65536 - 20000 = 45536.
   const std::string msg =
       error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
@@ -272,7 +273,8 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_swapab_m64n8k256_s4",   "w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n32k128_s4",
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",  "w4a16_wgmma_m128n32_s4",
       "w4a16_wgmma_m128n64_s4",      "w4a16_wgmma_m128n128_s4",     "w4a16_wgmma_m128n256_s4",
-      "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d4"};
+      "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d4",
+      "w4a16_stream_m256n8_d4",      "w4a16_stream_m256n16_d4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -282,7 +284,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
       std::string::npos)
       << msg;
   const std::string msg_id = error_of([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (18 configs, ids 0..17)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (20 configs, ids 0..19)"), std::string::npos) << msg_id;
   error_of([] { w4a16_config(-1); });
 }
 
@@ -396,8 +398,8 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
     const char* name;
   };
   const Case cases[] = {
-      {1, "w4a16_stream_m128n8_d8"},    {8, "w4a16_stream_m128n8_d8"},    {9, "w4a16_stream_m128n16_d4"},
-      {16, "w4a16_stream_m128n16_d4"},  {17, "w4a16_stream_m128n32_d4"},  {32, "w4a16_stream_m128n32_d4"},
+      {1, "w4a16_stream_m256n8_d4"},    {8, "w4a16_stream_m256n8_d4"},    {9, "w4a16_stream_m256n16_d4"},
+      {16, "w4a16_stream_m256n16_d4"},  {17, "w4a16_stream_m128n32_d4"},  {32, "w4a16_stream_m128n32_d4"},
       {33, "w4a16_wgmma_m128n64_s4"},   {64, "w4a16_wgmma_m128n64_s4"},   {65, "w4a16_wgmma_m256n128_s4"},
       {128, "w4a16_wgmma_m256n128_s4"}, {129, "w4a16_wgmma_m128n256_s4"}, {500, "w4a16_wgmma_m128n256_s4"}};
   for (const Case& cs : cases) {
@@ -409,10 +411,11 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
-  // The decode defaults' rings: 4 warps x 8 chunks x (2 x 512 + 1024) = 65536 B (n8, 3 CTAs an SM) and
-  // 4 warps x 4 chunks x (2 x 512 + 2048) = 49152 B (n16, 4 CTAs an SM).
+  // The decode defaults' rings: 8 warps x 4 chunks x (2 x 512 + 1024) = 65536 B (n8) and 8 warps x 4
+  // chunks x (2 x 512 + 2048) = 98304 B (n16), 2 CTAs an SM each.
   EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 65536u);
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 49152u);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 98304u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(16)).block_w, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
 }
@@ -476,7 +479,7 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
       std::string::npos)
       << msg;
   msg = error_of([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });
-  EXPECT_NE(msg.find("stream: block_w (weight rows per CTA) must be 64 or 128"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stream: block_w (weight rows per CTA) must be 64, 128 or 256"), std::string::npos) << msg;
 }
 
 // Expert row classes (W4A16GroupedGemmArgs::min/max_expert_rows): need expert offsets and an ordered

@@ -362,7 +362,7 @@ TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
   for (const W4A16Config& c : kW4A16Configs) {
     if (c.kind == W4A16Kind::kStream) configs.push_back(c);
   }
-  ASSERT_EQ(configs.size(), 7u);
+  ASSERT_EQ(configs.size(), 9u);
   configs.push_back(W4A16Config{64, 16, 64, 4, W4A16Kind::kStream});
   const EmuProblem problems[] = {make_emu_problem(testing::test_seed() ^ 0x57Eull),
                                  make_emu_problem(testing::test_seed() ^ 0x57E2ull, 1040, 17, 3)};

@@ -777,8 +777,9 @@ std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph
 
 // The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start and say so. A winner for the MoE
 // gate_up shape at decode (bucket 1) naming stream_m128n8_d4, which differs from the default
-// stream_m128n8_d8 only in ring depth (each warp's arithmetic the same, in the same order), gives
-// bit-identical logits; the load log names the cache and its winner count.
+// stream_m256n8_d4 only in the weight rows a CTA takes (each warp's arithmetic the same, in the same
+// order; K = 128 is one scale group, so neither splits K), gives bit-identical logits; the load log
+// names the cache and its winner count.
 TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
   const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/glm4_moe_tiny_nvfp4");
   SKIP_WITHOUT_GPU();

@@ -108,6 +108,10 @@ constexpr Pinned kPinned[] = {
     {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 229440, 0},
     // m128n32_d4 (appended last, a stream tile): 4 x 4 x (1024 + 4096) = 4 x 20480 = 81920.
     {"w4a16_stream_m128n32_d4", 0, 0, 0, 0, 0, 0, 81920, 20480},
+    // m256n8_d4 / m256n16_d4 (appended, the 1-8 / 9-16 token defaults): 8 warps x 4 x (1024 + 1024 x
+    // block_t / 8): 8 x 8192 = 65536 and 8 x 12288 = 98304.
+    {"w4a16_stream_m256n8_d4", 0, 0, 0, 0, 0, 0, 65536, 8192},
+    {"w4a16_stream_m256n16_d4", 0, 0, 0, 0, 0, 0, 98304, 12288},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -227,9 +231,14 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   }());
   // n32: 72 + (8 + 8) x 4 = 136 registers, 65536 / (128 x 136) = 3 CTAs a SM by registers, 233472 /
   // (81920 + 1024) = 2 by smem.
-  constexpr W4A16Config n32 = kW4A16Configs[kNumW4A16Configs - 1];  // w4a16_stream_m128n32_d4
+  constexpr W4A16Config n32 = kW4A16Configs[17];  // w4a16_stream_m128n32_d4
   static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && n32.stages == 4);
   static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 2);
+  // The 256-row CTAs (8 warps, configs 18 and 19): m256n8_d4 233472 / (65536 + 1024) = 3 by smem, 65536 /
+  // (256 x 88) = 2 by registers -> 2; m256n16_d4 233472 / (98304 + 1024) = 2 by smem, 65536 / (256 x 104) = 2 -> 2.
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[18], W4A16Layout::make(kW4A16Configs[18]).total_bytes()) == 2);
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[19], W4A16Layout::make(kW4A16Configs[19]).total_bytes()) == 2);
+  static_assert(kW4A16Configs[18].block_w == 256 && kW4A16Configs[18].block_t == 8 && kW4A16Configs[19].block_t == 16);
   // The rings alone would not limit m64n8_d8: 65536 / (64 x 88) = 11 by registers.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[0], 0) == 11);
   static_assert(w4a16_register_budget(kW4A16Configs[6]) == 64);
