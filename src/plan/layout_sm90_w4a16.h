@@ -16,7 +16,7 @@
 //    the chunk) come with the codes, by cp.async through L1 into the same ring slot (every warp of the
 //    SM reads the same rows); scales come a group (8 chunks) ahead in registers; one activation
 //    fragment feeds both tiles' MMAs.
-//      block_w  rows per CTA: 64 or 128 (2 or 4 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
+//      block_w  rows per CTA: 64, 128 or 256 (2, 4 or 8 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
 //    Shared memory: one region, the rings: block_w / 32 warps x stages x (2 tiles x 512 B of codes +
