@@ -8,7 +8,7 @@
 // wording (config names, byte summary, the refusal message) is in plan/w4a16_smem.h.
 //
 // Two kinds of config:
-//  * kStream (decode, 1..16 tokens per expert): each warp owns two adjacent m16 row tiles (32
+//  * kStream (decode, 1..32 tokens per expert): each warp owns two adjacent m16 row tiles (32
 //    weight rows, kW4A16StreamTilesPerWarp) and streams their codes into its own two rings of
 //    `stages` 512 B chunk slots in shared memory (one coalesced 16 B cp.async per lane per tile per
 //    64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier at all), `stages - 1`
@@ -19,11 +19,17 @@
 //      block_w  rows per CTA: 64, 128 or 256 (2, 4 or 8 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
 //      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
-//    Shared memory: one region, the rings: block_w / 32 warps x stages x (2 tiles x 512 B of codes +
-//    block_t / 8 x 1 KB of activations). Warp w's rings at ring_offset + w x ring_warp_bytes: tile h's
-//    codes at h x stages x 512, then n8 tile nt's activations at ring_x_offset + nt x stages x 1024
-//    (slot s: 512 B of each lane's first 16 B, then 512 B of its second, so that the lanes' 16 B loads
-//    are conflict-free).
+//    Shared memory (block_t 8 and 16): one region, the rings: block_w / 32 warps x stages x (2 tiles x
+//    512 B of codes + block_t / 8 x 1 KB of activations). Warp w's rings at ring_offset + w x
+//    ring_warp_bytes: tile h's codes at h x stages x 512, then n8 tile nt's activations at
+//    ring_x_offset + nt x stages x 1024 (slot s: 512 B of each lane's first 16 B, then 512 B of its
+//    second, so that the lanes' 16 B loads are conflict-free).
+//    block_t 32 (stream_cta_x_ring): the activations are the CTA's, one TMA box of 32 rows x 64 k a
+//    chunk into a ring of x_stages slots (kW4A16StreamXRingBytes), issued by the first warp to need it;
+//    three regions: that ring at 0 (slot s at ring_x_offset + s x block_t x 128, 128B-swizzled as the
+//    wgmma x tile, w4a16_wgmma_swizzle), the warps' code rings (ring_offset + w x ring_warp_bytes, tile
+//    h's at h x stages x 512), then a full and an empty mbarrier per slot and the issue ticket (4 B,
+//    in a 16 B tail) at barriers_offset.
 //  * kPipeline (32+ tokens): activations, codes and scales staged through shared memory by a
 //    cp.async multi-stage pipeline.
 //      block_w 64 or 128 (one m16 row tile per warp); block_t 8, 16, 32 or 64; block_k 128 or 256
@@ -102,6 +108,10 @@ struct W4A16Config {
 
 // Bytes of one kStream activation ring slot: a chunk (64 k) of 8 token rows, 32 lanes x 32 B.
 inline constexpr uint32_t kW4A16StreamXSlotBytes = 1024;
+// kStream with the CTA's activation ring (stream_cta_x_ring): its bytes, at least `stages` slots. A
+// slot is refilled once every warp released it, so with more slots than chunks in flight (stages - 1)
+// the slowest warp may trail the fastest by x_stages - stages + 1 chunks before a refill waits for it.
+inline constexpr uint32_t kW4A16StreamXRingBytes = 16384;
 // m16 row tiles a kStream warp owns (adjacent: 32 weight rows). 2, not 1: the activation fragments
 // it loads feed both tiles' MMAs and the two dequant chains overlap; at 16 tokens per expert 1.24x
 // (gate_up) / 1.10x (down) faster, equal at 1-8 (H200, BENCHMARKS.md 2026-12-04 thirteenth session).
@@ -194,9 +204,10 @@ struct W4A16Layout {
   uint32_t x_tile_bytes = 0, w_tiles_bytes = 0, w_scales_bytes = 0;      // one stage
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
   uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's rings at ring_offset + w * ring_warp_bytes
-  uint32_t ring_x_offset = 0;                     // kStream: the activation rings inside a warp's rings
+  uint32_t ring_x_offset = 0;  // kStream: the activation rings inside a warp's rings (CTA ring: from smem)
+  uint32_t x_stages = 0;       // kStream with the CTA's activation ring: its slots (else 0)
   uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
-  uint32_t barriers_offset = 0;                   // kWgmma: full[stages], 8 B each
+  uint32_t barriers_offset = 0;  // kWgmma: full[stages], empty[stages]; kStream CTA ring: full, empty[x_stages], ticket
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
 
   FP4MOE_HD constexpr uint32_t total_bytes() const { return layout.total_bytes; }
@@ -213,6 +224,22 @@ struct W4A16Layout {
   }
   FP4MOE_HD constexpr uint32_t ring_x_slot(uint32_t nt, uint32_t slot, uint32_t half) const {
     return ring_x_offset + (nt * config.stages + slot) * kW4A16StreamXSlotBytes + half * (kW4A16StreamXSlotBytes / 2);
+  }
+  // kStream with the CTA's activation ring: bytes from smem to its slot `slot` (block_t rows x 128 B,
+  // 128B-swizzled: w4a16_wgmma_swizzle).
+  FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const { return ring_x_offset + slot * config.block_t * 128; }
+
+  // kStream: the activations by one TMA box a chunk into a ring of the CTA (32 tokens), or by each lane's
+  // cp.async into its warp's rings (8, 16). Both measured on an H100 (BENCHMARKS.md, twenty-fifth
+  // session): the CTA ring makes 32 tokens 10-23% faster (a warp's 32 B loads of each row, shared-memory
+  // wavefronts and L1 reads, bounded it) but 1-16 tokens up to 28% slower (the 256-row n8 default).
+  FP4MOE_HD static constexpr bool stream_cta_x_ring(const W4A16Config& c) {
+    return c.kind == W4A16Kind::kStream && c.block_t == 32;
+  }
+  // Its slots: kW4A16StreamXRingBytes worth, at least `stages` (a power of 2 either way).
+  FP4MOE_HD static constexpr uint32_t stream_x_stages(const W4A16Config& c) {
+    const uint32_t by_bytes = kW4A16StreamXRingBytes / (c.block_t * 128);
+    return by_bytes > c.stages ? by_bytes : c.stages;
   }
 
   // nullptr when the kernel can be instantiated with `c`, else the rule it breaks.
@@ -259,6 +286,19 @@ struct W4A16Layout {
     out.config = c;
     out.invalid_reason = check(c);
     if (out.invalid_reason != nullptr) return out;
+    if (stream_cta_x_ring(c)) {
+      // The CTA's activation ring (one TMA box of block_t rows x 64 k a slot, 128B-swizzled), the warps'
+      // code rings, the slots' full / empty mbarriers and the issue ticket.
+      out.x_stages = stream_x_stages(c);
+      out.ring_x_offset = out.layout.add("activation ring (CTA: bf16, 128B-swizzled)", out.x_stages * c.block_t * 128,
+                                         kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+      out.ring_warp_bytes = kW4A16StreamTilesPerWarp * c.stages * 512;
+      out.ring_offset = out.layout.add("code rings (per warp: e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes,
+                                       128, RegionKind::kStageOperand);
+      out.barriers_offset = out.layout.add("mbarriers (activation slot full, empty), issue ticket",
+                                           out.x_stages * 16 + 16, 8, RegionKind::kBarrier);
+      return out;
+    }
     if (c.kind == W4A16Kind::kStream) {
       out.ring_x_offset = kW4A16StreamTilesPerWarp * c.stages * 512;
       out.ring_warp_bytes = out.ring_x_offset + c.block_t / 8 * c.stages * kW4A16StreamXSlotBytes;

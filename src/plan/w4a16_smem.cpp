@@ -25,6 +25,12 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     s << "invalid config (" << l.invalid_reason << ")";
     return s.str();
   }
+  if (W4A16Layout::stream_cta_x_ring(c)) {
+    s << l.x_stages << " chunks x " << c.block_t * 128 << " B activations + " << c.n_warps() << " warps x " << c.stages
+      << " chunks x " << kW4A16StreamTilesPerWarp << " row tiles x 512 B codes + mbarriers, ticket "
+      << l.x_stages * 16 + 16 << " = " << l.total_bytes() << " B";
+    return s.str();
+  }
   if (c.kind == W4A16Kind::kStream) {
     s << c.n_warps() << " warps x " << c.stages << " chunks x (" << kW4A16StreamTilesPerWarp
       << " row tiles x 512 B codes + " << c.block_t / 8 << " x " << kW4A16StreamXSlotBytes

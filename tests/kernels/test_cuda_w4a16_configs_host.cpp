@@ -39,6 +39,17 @@ TEST(W4A16Configs, ShippedConfigsMeetTheKernelsStaticAsserts) {
       // ring slot kc % stages is a mask for a power of two.
       EXPECT_GE(c.stages, 2u) << name;
       EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = kc % stages";
+      if (W4A16Layout::stream_cta_x_ring(c)) {
+        // The CTA ring's slot (kc - kc0) % x_stages is a mask, and it holds the stages - 1 chunks in
+        // flight and the one being read.
+        const uint32_t xs = W4A16Layout::make(c).x_stages;
+        EXPECT_EQ(xs & (xs - 1), 0u) << name;
+        EXPECT_GE(xs, c.stages) << name;
+        EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes, kW4A16StreamTilesPerWarp * c.stages * kW4A16TileBytes)
+            << name << ": one code ring per row tile, one 512 B chunk per slot";
+        continue;
+      }
+      EXPECT_EQ(W4A16Layout::make(c).x_stages, 0u) << name;
       EXPECT_EQ(W4A16Layout::make(c).ring_x_offset, kW4A16StreamTilesPerWarp * c.stages * kW4A16TileBytes)
           << name << ": one code ring per row tile, one 512 B chunk per slot";
       EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes,
@@ -89,14 +100,26 @@ TEST(W4A16Layout, PipelineRegionsAreAlignedAndSumToTheTotal) {
   EXPECT_EQ(n_pipeline, 5);
 }
 
-// The kStream layout is one region, the rings: warp w's at ring_offset + w x ring_warp_bytes, per
-// chunk slot 2 x 512 B of codes (32 lanes x 16 B of one 16 x 64 e2m1 tile each) and block_t / 8 x
-// 1 KB of activations (tests/plan/test_layouts.cpp pins every config's bytes); the launcher refuses
-// it 1 B short.
+// The launcher takes config c at `total` bytes of opt-in shared memory and refuses it 1 B short,
+// naming the config, its byte summary, the limit and the miss.
+void expect_fits_exactly(const W4A16Config& c, uint32_t total) {
+  const std::string name = w4a16_config_name(c);
+  EXPECT_NO_THROW(w4a16_check_config(c, total)) << name;
+  const std::string msg = error_of([&] { w4a16_check_config(c, total - 1); });
+  EXPECT_NE(msg.find("config " + name + " needs " + w4a16_smem_summary(c) + " of shared memory > " +
+                     std::to_string(total - 1) + " B (the device's opt-in limit per block) by 1 B"),
+            std::string::npos)
+      << msg;
+}
+
+// The kStream layout (8 and 16 tokens) is one region, the rings: warp w's at ring_offset + w x
+// ring_warp_bytes, per chunk slot 2 x 512 B of codes (32 lanes x 16 B of one 16 x 64 e2m1 tile each)
+// and block_t / 8 x 1 KB of activations (tests/plan/test_layouts.cpp pins every config's bytes); the
+// launcher refuses it 1 B short.
 TEST(W4A16Layout, StreamConfigsCarveOnlyTheRings) {
   int n_stream = 0;
   for (const W4A16Config& c : kW4A16Configs) {
-    if (c.kind != W4A16Kind::kStream) continue;
+    if (c.kind != W4A16Kind::kStream || W4A16Layout::stream_cta_x_ring(c)) continue;
     ++n_stream;
     const W4A16Layout l = W4A16Layout::make(c);
     const std::string name = w4a16_config_name(c);
@@ -117,17 +140,64 @@ TEST(W4A16Layout, StreamConfigsCarveOnlyTheRings) {
                                          " chunks x (2 row tiles x 512 B codes + " + std::to_string(c.block_t / 8) +
                                          " x 1024 B activations) = " + std::to_string(total) + " B")
         << name;
-    EXPECT_NO_THROW(w4a16_check_config(c, total)) << name;
-    const std::string msg = error_of([&] { w4a16_check_config(c, total - 1); });
-    EXPECT_NE(msg.find("config " + name + " needs " + w4a16_smem_summary(c) + " of shared memory > " +
-                       std::to_string(total - 1) + " B (the device's opt-in limit per block) by 1 B"),
-              std::string::npos)
-        << msg;
+    expect_fits_exactly(c, total);
   }
-  EXPECT_EQ(n_stream, 9);
+  EXPECT_EQ(n_stream, 8);
   // By hand: config 0, m64n8_d8, is 64 / 32 = 2 warps x 8 x (2 x 512 + 1024) = 32768 B.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)),
             "2 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = 32768 B");
+}
+
+// With 32 tokens (stream_cta_x_ring) the activations are the CTA's: its ring at 0 (x_stages slots of
+// block_t rows x 128 B, 1024 B aligned for the 128B swizzle; kW4A16StreamXRingBytes, at least
+// `stages`), warp w's code rings at ring_offset + w x ring_warp_bytes, then a full and an empty
+// mbarrier per slot and the issue ticket (16 B); the launcher refuses it 1 B short.
+TEST(W4A16Layout, StreamCtaRingConfigsCarveTheRingsAndBarriers) {
+  int n_cta = 0;
+  for (const W4A16Config& c : kW4A16Configs) {
+    if (!W4A16Layout::stream_cta_x_ring(c)) continue;
+    ++n_cta;
+    const W4A16Layout l = W4A16Layout::make(c);
+    const std::string name = w4a16_config_name(c);
+    EXPECT_EQ(c.block_t, 32u) << name;
+    const uint32_t x_stages = std::max(c.stages, kW4A16StreamXRingBytes / (c.block_t * 128));
+    const uint32_t x_bytes = x_stages * c.block_t * 128;
+    const uint32_t warp_bytes = c.stages * kW4A16StreamTilesPerWarp * 512;
+    const uint32_t total = x_bytes + c.n_warps() * warp_bytes + x_stages * 16 + 16;
+    ASSERT_TRUE(l.valid()) << name;
+    EXPECT_EQ(l.x_stages, x_stages) << name;
+    ASSERT_EQ(l.layout.n_regions, 3) << name;
+    const plan::SmemRegion* r = l.layout.regions;
+    EXPECT_STREQ(r[0].name, "activation ring (CTA: bf16, 128B-swizzled)") << name;
+    EXPECT_EQ(r[0].offset, 0u) << name;
+    EXPECT_EQ(r[0].bytes, x_bytes) << name;
+    EXPECT_EQ(r[0].align, 1024u) << name;
+    EXPECT_STREQ(r[1].name, "code rings (per warp: e2m1 kernel layout)") << name;
+    EXPECT_EQ(r[1].offset, x_bytes) << name;
+    EXPECT_EQ(r[1].bytes, c.n_warps() * warp_bytes) << name;
+    EXPECT_STREQ(r[2].name, "mbarriers (activation slot full, empty), issue ticket") << name;
+    EXPECT_EQ(r[2].offset, x_bytes + c.n_warps() * warp_bytes) << name;
+    EXPECT_EQ(r[2].bytes, x_stages * 16 + 16) << name;
+    EXPECT_EQ(l.ring_x_offset, 0u) << name;
+    EXPECT_EQ(l.cta_x_slot(1), c.block_t * 128) << name;
+    EXPECT_EQ(l.ring_offset, x_bytes) << name;
+    EXPECT_EQ(l.ring_warp_bytes, warp_bytes) << name;
+    EXPECT_EQ(l.barriers_offset, r[2].offset) << name;
+    EXPECT_EQ(l.total_bytes(), total) << name;  // the ticket ends at the request
+    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(x_stages) + " chunks x " + std::to_string(c.block_t * 128) +
+                                         " B activations + " + std::to_string(c.n_warps()) + " warps x " +
+                                         std::to_string(c.stages) +
+                                         " chunks x 2 row tiles x 512 B codes + mbarriers, ticket " +
+                                         std::to_string(x_stages * 16 + 16) + " = " + std::to_string(total) + " B")
+        << name;
+    expect_fits_exactly(c, total);
+  }
+  EXPECT_EQ(n_cta, 1);
+  // By hand: m128n32_d4 (config 17): 16384 / 4096 = 4 slots of 32 x 128 B, 4 warps x 4 x 2 x 512 of
+  // codes, 4 x 16 + 16 of mbarriers and ticket: 16384 + 16384 + 80 = 32848 B.
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config(17)),
+            "4 chunks x 4096 B activations + 4 warps x 4 chunks x 2 row tiles x 512 B codes + mbarriers, ticket 80 = "
+            "32848 B");
 }
 
 // Config id i is instantiated as sm90_nvfp4_w4a16_stream_kernel<block_w, block_t, stages>, which
@@ -154,6 +224,22 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
     if (c.kind == W4A16Kind::kStream) {
       const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kStream});
       EXPECT_EQ(c.block_k, 64u) << name;
+      if (W4A16Layout::stream_cta_x_ring(c)) {
+        // The activation ring, the code rings, the mbarriers: region by region.
+        ASSERT_EQ(planned.n_regions, 3) << name;
+        ASSERT_EQ(kernel.layout.n_regions, 3) << name;
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_STREQ(planned.regions[i].name, kernel.layout.regions[i].name) << name;
+          EXPECT_EQ(planned.regions[i].offset, kernel.layout.regions[i].offset) << name;
+          EXPECT_EQ(planned.regions[i].bytes, kernel.layout.regions[i].bytes) << name;
+        }
+        EXPECT_EQ(planned.regions[0].offset, kernel.ring_x_offset) << name;
+        EXPECT_EQ(planned.regions[1].offset, kernel.ring_offset) << name;
+        EXPECT_EQ(planned.regions[2].offset, kernel.barriers_offset) << name;
+        EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
+        EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;  // what the launcher requests
+        continue;
+      }
       ASSERT_EQ(planned.n_regions, 1) << name;
       ASSERT_EQ(kernel.layout.n_regions, 1) << name;
       EXPECT_STREQ(planned.regions[0].name, kernel.layout.regions[0].name) << name;

@@ -160,9 +160,16 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
 //     (zero-filled past K) into the ring of its tile h in its warp's shared memory, slot kc % stages, at
 //     ring_offset + warp x ring_warp_bytes + (h x stages + slot) x 512 + 16 lane of a host image of the
 //     CTA's W4A16Layout filled with garbage;
-//   * activations: in the same commit group, the lane's 32 B of token row 8 nt + g at x[tok][64 kc + 16 t]
-//     (zero past K and past the tokens) into n8 tile nt's activation ring, slot kc % stages: its first
-//     16 B at ring_x_offset + (nt x stages + slot) x 1024 + 16 lane, its second 512 B later;
+//   * activations (block_t 8, 16): in the same commit group, the lane's 32 B of token row 8 nt + g at
+//     x[tok][64 kc + 16 t] (zero past K and past the tokens) into n8 tile nt's activation ring, slot
+//     kc % stages: its first 16 B at ring_x_offset + (nt x stages + slot) x 1024 + 16 lane, its second
+//     512 B later;
+//   * activations (block_t 32, stream_cta_x_ring): with chunk kc's codes, the first warp there loads the
+//     chunk's block_t token rows by one TMA box into the CTA's ring, slot kc % x_stages (cta_x_slot),
+//     128B-swizzled: 16 B unit u (k 64 kc + 8 u ..) of row r at r x 128 + (u ^ (r & 7)) x 16 (zero past K
+//     and past the tokens); the emulation writes the slot at issue, the earliest the TMA may land, so a
+//     slot refilled before its previous chunk was read poisons D; lane (g, t) reads units 2 t and 2 t + 1
+//     of row 8 nt + g;
 //   * chunks 0 .. stages - 2 are issued up front; at chunk kc the lane waits until at most stages - 2
 //     groups are pending (only then does the emulation copy the oldest groups into the image), reads
 //     both slots of chunk kc back, and issues chunk kc + stages - 1 into the slots chunk kc - 1 used (no
@@ -173,6 +180,11 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   const std::string name = w4a16_config_name(c);
   ASSERT_TRUE(l.valid()) << name;
   const uint32_t n_tiles = c.block_t / 8, stages = c.stages;
+  const bool cta_x = W4A16Layout::stream_cta_x_ring(c);
+  const uint32_t x_stages = l.x_stages;
+  if (cta_x) {
+    ASSERT_GE(x_stages, stages) << name << ": chunk kc + stages - 1 is loaded while kc is read";
+  }
   constexpr uint32_t kTiles = kW4A16StreamTilesPerWarp;
   // The kernel's addressing: its warp's rings + ring_code_slot / ring_x_slot + 16 lane.
   auto code_addr = [&](uint32_t warp, uint32_t h, uint32_t lane, uint32_t slot) {
@@ -181,8 +193,12 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   auto x_addr = [&](uint32_t warp, uint32_t nt, uint32_t half, uint32_t lane, uint32_t slot) {
     return l.ring_offset + warp * l.ring_warp_bytes + l.ring_x_slot(nt, slot, half) + lane * 16;
   };
+  auto cta_x_addr = [&](uint32_t slot, uint32_t row, uint32_t unit) {  // the CTA ring's 16 B unit
+    return l.cta_x_slot(slot) + plan::w4a16_wgmma_swizzle(row, unit);
+  };
   // The carve: every (warp, lane, slot) 16 B piece of codes (per tile) and activations (per n8 tile and
-  // half) in the region, 16 B aligned, none shared, all covered.
+  // half; the CTA ring: every (slot, row, unit), and 16 B of mbarriers per slot and the ticket's 16 B)
+  // in the regions, 16 B aligned, none shared, all covered.
   std::vector<int> owner(l.total_bytes(), -1);
   int piece = 0;
   auto claim = [&](uint32_t a) {
@@ -197,11 +213,21 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
     for (uint32_t lane = 0; lane < 32; ++lane) {
       for (uint32_t slot = 0; slot < stages; ++slot) {
         for (uint32_t h = 0; h < kTiles; ++h) claim(code_addr(warp, h, lane, slot));
-        for (uint32_t nt = 0; nt < n_tiles; ++nt) {
+        for (uint32_t nt = 0; nt < n_tiles && !cta_x; ++nt) {
           for (uint32_t half = 0; half < 2; ++half) claim(x_addr(warp, nt, half, lane, slot));
         }
       }
     }
+  }
+  for (uint32_t slot = 0; slot < x_stages; ++slot) {
+    for (uint32_t row = 0; row < c.block_t; ++row) {
+      for (uint32_t unit = 0; unit < 8; ++unit) claim(cta_x_addr(slot, row, unit));
+    }
+    claim(l.barriers_offset + 16 * slot);  // full[slot], empty[slot]: 8 B each, one 16 B piece here
+  }
+  if (cta_x) {
+    claim(l.barriers_offset + 16 * x_stages);  // the ticket
+    ASSERT_EQ(l.ring_x_offset % plan::kWgmmaSwizzleAtom, 0u) << name << ": the swizzle needs 1024 B aligned slots";
   }
   ASSERT_EQ(std::count(owner.begin(), owner.end(), -1), 0) << name;
 
@@ -230,7 +256,21 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
         if (kc < p.k_chunks)
           std::memcpy(cp.bytes, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
         group.push_back(cp);
-        for (uint32_t nt = 0; nt < n_tiles; ++nt) {
+        if (cta_x && kc < p.k_chunks) {  // the TMA box (none past the part's chunks)
+          for (uint32_t row = 0; row < c.block_t; ++row) {
+            const int64_t tok = tok0 + row;
+            for (uint32_t unit = 0; unit < 8; ++unit) {
+              const int64_t k0 = 64 * kc + 8 * unit;
+              uint8_t* dst = smem.data() + cta_x_addr(static_cast<uint32_t>(kc % x_stages), row, unit);
+              if (k0 < p.k && tok < EmuProblem::kTokens) {
+                std::memcpy(dst, p.x.data() + tok * p.k + k0, 16);
+              } else {
+                std::memset(dst, 0, 16);
+              }
+            }
+          }
+        }
+        for (uint32_t nt = 0; nt < n_tiles && !cta_x; ++nt) {
           const int64_t tok = tok0 + nt * 8 + g, k0 = 64 * kc + 16 * t;
           const bool in = kc < p.k_chunks && k0 < p.k && tok < EmuProblem::kTokens;
           for (uint32_t half = 0; half < 2; ++half) {
@@ -268,8 +308,14 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
           std::memcpy(&w, smem.data() + code_addr(warp, h, lane, slot_of(kc)), 16);
           uint32_t words[4][8];  // per n8 tile: b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
           for (uint32_t nt = 0; nt < n_tiles; ++nt) {
-            std::memcpy(words[nt], smem.data() + x_addr(warp, nt, 0, lane, slot_of(kc)), 16);
-            std::memcpy(words[nt] + 4, smem.data() + x_addr(warp, nt, 1, lane, slot_of(kc)), 16);
+            const auto xs = static_cast<uint32_t>(kc % std::max(x_stages, 1u));
+            std::memcpy(
+                words[nt],
+                smem.data() + (cta_x ? cta_x_addr(xs, 8 * nt + g, 2 * t) : x_addr(warp, nt, 0, lane, slot_of(kc))), 16);
+            std::memcpy(
+                words[nt] + 4,
+                smem.data() + (cta_x ? cta_x_addr(xs, 8 * nt + g, 2 * t + 1) : x_addr(warp, nt, 1, lane, slot_of(kc))),
+                16);
           }
           load_chunk(kc + stages - 1);  // into the slots chunk kc - 1 used
           uint32_t sc_lo = 0, sc_hi = 0;
@@ -354,9 +400,10 @@ void emulate_pipeline_cta(const EmuProblem& p, int64_t e, double d[2][2][16][8])
 }
 
 // Every shipped stream config plus a ring of 4 (the smallest depth check() allows: chunk kc + 3
-// refills the slot of chunk kc - 1 with two copies in flight), at K = 208 (4 chunks: the d8
-// prologues run past K with zero-fill copies) and K = 1040 (17 chunks: every ring wraps, 3 scale
-// groups rotate through sg / sg_next).
+// refills the slot of chunk kc - 1 with two copies in flight) and a 32-token CTA activation ring of
+// exactly `stages` slots (m64n32_d8: 8 slots of 4 KB; chunk kc + 7 refills the slot chunk kc - 1 was
+// read from), at K = 208 (4 chunks: the d8 prologues run past K with zero-fill copies) and K = 1040
+// (17 chunks: every ring wraps, 3 scale groups rotate through sg / sg_next).
 TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
   std::vector<W4A16Config> configs;
   for (const W4A16Config& c : kW4A16Configs) {
@@ -364,6 +411,8 @@ TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
   }
   ASSERT_EQ(configs.size(), 9u);
   configs.push_back(W4A16Config{64, 16, 64, 4, W4A16Kind::kStream});
+  configs.push_back(W4A16Config{64, 32, 64, 8, W4A16Kind::kStream});
+  ASSERT_EQ(W4A16Layout::make(configs.back()).x_stages, 8u);
   const EmuProblem problems[] = {make_emu_problem(testing::test_seed() ^ 0x57Eull),
                                  make_emu_problem(testing::test_seed() ^ 0x57E2ull, 1040, 17, 3)};
   for (const EmuProblem& p : problems) {

@@ -106,8 +106,10 @@ constexpr Pinned kPinned[] = {
     {"w4a16_wgmma_m256n64_s4", 8192, 8192, 0, 16384, 0, 33792, 196672, 0},
     // m256n128_s4: stride 16384 + 8192 = 24576, a_tiles at 98304, total 229440; epilogue 128 x 528 = 67584.
     {"w4a16_wgmma_m256n128_s4", 16384, 8192, 0, 24576, 0, 67584, 229440, 0},
-    // m128n32_d4 (appended last, a stream tile): 4 x 4 x (1024 + 4096) = 4 x 20480 = 81920.
-    {"w4a16_stream_m128n32_d4", 0, 0, 0, 0, 0, 0, 81920, 20480},
+    // m128n32_d4 (appended, a stream tile with the CTA's activation ring): 4 slots x 32 rows x 128 B =
+    // 16384, then 4 warps x 4 x 2 x 512 = 4 x 4096 of codes, then 4 x 16 + 16 B of mbarriers and
+    // ticket: 32848.
+    {"w4a16_stream_m128n32_d4", 0, 0, 0, 0, 0, 0, 32848, 4096},
     // m256n8_d4 / m256n16_d4 (appended, the 1-8 / 9-16 token defaults): 8 warps x 4 x (1024 + 1024 x
     // block_t / 8): 8 x 8192 = 65536 and 8 x 12288 = 98304.
     {"w4a16_stream_m256n8_d4", 0, 0, 0, 0, 0, 0, 65536, 8192},
@@ -132,6 +134,17 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
     EXPECT_EQ(l.total_bytes(), p.total) << name;
     EXPECT_TRUE(l.fits(kSm90SmemOptinBytes)) << name;
     EXPECT_EQ(l.ring_warp_bytes, p.ring_warp) << name;
+    if (W4A16Layout::stream_cta_x_ring(c)) {
+      // The CTA's activation ring at 0, the code rings after it, the mbarriers and ticket last.
+      ASSERT_EQ(l.layout.n_regions, 3) << name;
+      EXPECT_EQ(l.ring_x_offset, 0u) << name;
+      EXPECT_EQ(l.ring_offset, l.x_stages * c.block_t * 128) << name;
+      EXPECT_EQ(l.barriers_offset, l.ring_offset + c.n_warps() * l.ring_warp_bytes) << name;
+      EXPECT_EQ(l.barriers_offset + 16 * l.x_stages + 16, p.total) << name;
+      EXPECT_FALSE(l.fits(p.total - 1)) << name;
+      expect_well_formed(l.layout, name);
+      continue;
+    }
     if (c.kind == W4A16Kind::kStream) {
       // One region at 0; warp w's ring at ring_offset + w x ring_warp, the last one ending at the total.
       ASSERT_EQ(l.layout.n_regions, 1) << name;
@@ -230,10 +243,11 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     return true;
   }());
   // n32: 72 + (8 + 8) x 4 = 136 registers, 65536 / (128 x 136) = 3 CTAs a SM by registers, 233472 /
-  // (81920 + 1024) = 2 by smem.
+  // (32848 + 1024) = 6 by smem (the CTA's activation ring: 81920 B and 2 a SM with a ring per warp).
   constexpr W4A16Config n32 = kW4A16Configs[17];  // w4a16_stream_m128n32_d4
   static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && n32.stages == 4);
-  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 2);
+  static_assert(W4A16Layout::stream_cta_x_ring(n32) && W4A16Layout::make(n32).x_stages == 4);
+  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 3);
   // The 256-row CTAs (8 warps, configs 18 and 19): m256n8_d4 233472 / (65536 + 1024) = 3 by smem, 65536 /
   // (256 x 88) = 2 by registers -> 2; m256n16_d4 233472 / (98304 + 1024) = 2 by smem, 65536 / (256 x 104) = 2 -> 2.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[18], W4A16Layout::make(kW4A16Configs[18]).total_bytes()) == 2);
@@ -307,12 +321,15 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 4, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({128, 16, 64, 8, kS}).invalid_reason, nullptr);
-  // m128n16 with 16 chunks: 4 x 16 x (1024 + 2048) = 196608 B fits sm_90; m128n32 at 16 chunks builds
-  // but needs 4 x 16 x (1024 + 4096) = 327680 B.
+  // m128n16 with 16 chunks: 4 x 16 x (1024 + 2048) = 196608 B fits sm_90; m256n16 at 16 chunks builds
+  // but needs 8 x 16 x (1024 + 2048) = 393216 B. m128n32 at 16 chunks (the CTA's activation ring, 16
+  // slots of 4 KB): 65536 + 4 x 16 x 1024 + 16 x 16 + 16 = 131344 B fits.
   EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 196608u);
   EXPECT_TRUE(W4A16Layout::make({128, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
-  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 16, kS}).total_bytes(), 327680u);
-  EXPECT_FALSE(W4A16Layout::make({128, 32, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  EXPECT_EQ(W4A16Layout::make({256, 16, 64, 16, kS}).total_bytes(), 393216u);
+  EXPECT_FALSE(W4A16Layout::make({256, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  EXPECT_EQ(W4A16Layout::make({128, 32, 64, 16, kS}).total_bytes(), 131344u);
+  EXPECT_TRUE(W4A16Layout::make({128, 32, 64, 16, kS}).fits(kSm90SmemOptinBytes));
   // An invalid stream config has no region (it cannot be built, so nothing is sized).
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 3, kS}).layout.n_regions, 0);
   EXPECT_NE(W4A16Layout::make({64, 8, 64, 4, static_cast<W4A16Kind>(7)}).invalid_reason, nullptr);

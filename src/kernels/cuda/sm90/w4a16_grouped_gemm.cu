@@ -12,12 +12,14 @@
 // over the tile counts ceil(tokens_e / block_t) (every warp computes it redundantly: no barrier, no
 // shared memory). Accumulators are f32; the epilogue multiplies by 2^8 x the expert's global scale.
 //
-// kStream (decode): no barrier. Each lane streams its 16 B of codes per chunk and tile with cp.async
-// into its warp's ring of `stages` chunk slots per tile in shared memory (stages - 1 chunks of both
-// tiles in flight per warp, so many more bytes in flight per SM than registers allow) and reads back
-// only its own 16 B, and its 32 B of each token row's activations the same way into the warp's
-// activation ring (through L1: all warps of an SM read the same rows), so they land with the codes;
-// scales come a group (8 chunks) ahead in registers; each activation fragment feeds both tiles' MMAs.
+// kStream (decode): no barrier for the codes. Each lane streams its 16 B of codes per chunk and tile
+// with cp.async into its warp's ring of `stages` chunk slots per tile in shared memory (stages - 1
+// chunks of both tiles in flight per warp, so many more bytes in flight per SM than registers allow)
+// and reads back only its own 16 B; its 32 B of each token row's activations come the same way into
+// the warp's activation ring (through L1: all warps of an SM read the same rows), so they land with the
+// codes, or, with 32 tokens (W4A16Layout::stream_cta_x_ring), by one TMA box a chunk into the CTA's
+// ring (mbarriers); scales come a group (8 chunks) ahead in registers; each activation fragment feeds
+// both tiles' MMAs.
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
 // each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the
@@ -27,8 +29,12 @@
 //
 // Registers: __launch_bounds__ asks for w4a16_ctas_per_sm CTAs per SM; ptxas must not spill (a
 // build error). Tested by tests/kernels/test_cuda_w4a16.cpp (GPU) and test_cuda_w4a16_host.cpp.
+#include <cuda.h>  // CUtensorMap
+#include <cutlass/arch/barrier.h>
+
 #include <algorithm>
 #include <array>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <type_traits>
 #include <utility>
 
@@ -48,26 +54,56 @@ namespace {
 
 using namespace w4a16_detail;
 
-// ---- kStream: per-warp code rings, no barrier ----------------------------------------------------
+// ---- kStream: per-warp code rings -------------------------------------------------------------------
 // Each warp owns kW4A16StreamTilesPerWarp = 2 adjacent row tiles (32 weight rows): the activation
-// fragments it loads feed both tiles' MMAs, and it runs two independent dequant chains.
+// fragments it loads feed both tiles' MMAs, and it runs two independent dequant chains. x_map: the
+// activations' TMA descriptor (make_x_map) with the CTA's activation ring, else unused.
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
-__global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}.n_threads(),
-                                  w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream},
-                                                    W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES,
-                                                                                  W4A16Kind::kStream}).total_bytes()))
-    sm90_nvfp4_w4a16_stream_kernel(const KernelParams p) {
-  constexpr W4A16Layout kLayout = W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream});
+__global__ void __launch_bounds__(
+    W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}.n_threads(),
+    w4a16_ctas_per_sm(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream},
+                      W4A16Layout::make(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}).total_bytes()))
+    sm90_nvfp4_w4a16_stream_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ CUtensorMap x_map) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr W4A16Config kConfig{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream};
+  constexpr W4A16Layout kLayout = W4A16Layout::make(kConfig);
   static_assert(kLayout.fits(kSm90SmemOptinBytes), "config exceeds the sm_90 opt-in shared memory");
   constexpr uint32_t kNTiles = BLOCK_T / 8;
+  constexpr bool kCtaX = W4A16Layout::stream_cta_x_ring(kConfig);
+  constexpr uint32_t kXStages = kLayout.x_stages;
   static_assert(kW4A16StreamTilesPerWarp == 2, "the loop below is written for two row tiles per warp");
-  extern __shared__ __align__(128) uint8_t smem[];
+  static_assert(!kCtaX || ((kXStages & (kXStages - 1)) == 0 && kXStages >= STAGES), "activation ring slots");
+  extern __shared__ __align__(1024) uint8_t smem[];
 
   WorkItem item;
   if (!find_work<static_cast<int>(BLOCK_T)>(p, static_cast<int>(blockIdx.x), item)) return;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t g = lane >> 2, t = lane & 3u;
   const int rt0 = static_cast<int>(blockIdx.y * (BLOCK_W / 16) + 2 * warp);
+  // The CTA's activation ring: chunk kc's token rows go by one TMA box into slot (kc - kc0) % kXStages
+  // (full[slot]: expect_tx), issued by the first warp to reach chunk kc's load (a ticket: atomicMax on
+  // `issued`), so no warp waits on another's issue; every warp with row tiles reads its fragments and
+  // its lane 0 arrives on empty[slot]; a slot is refilled once every such warp released it (issued by
+  // a single thread 0 instead, every warp waited on warp 0: 1-8 tokens 20% slower).
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);
+  uint64_t* empty = full + kXStages;
+  uint32_t* issued = reinterpret_cast<uint32_t*>(empty + kXStages);  // chunks (from kc0) issued
+  if constexpr (kCtaX) {
+    const int cta_tiles =
+        min(static_cast<int>(BLOCK_W / 16), p.row_tiles - static_cast<int>(blockIdx.y * (BLOCK_W / 16)));
+    if (cta_tiles <= 0) return;  // CTA-uniform
+    if (threadIdx.x == 0) {
+      if ((smem_u32(smem) & (plan::kWgmmaSwizzleAtom - 1)) != 0) __trap();  // the swizzle needs it aligned
+      *issued = 0;
+#pragma unroll
+      for (uint32_t s = 0; s < kXStages; ++s) {
+        Barrier::init(full + s, 1);
+        Barrier::init(empty + s, static_cast<uint32_t>(cta_tiles + 1) / 2);  // the warps with row tiles
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+  }
   if (rt0 >= p.row_tiles) return;  // no barrier below: a warp may leave on its own
   // An odd row-tile count: the last warp's second tile does not exist; it streams tile rt0 twice
   // (in bounds, same bytes) and stores only the first.
@@ -84,6 +120,11 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   // give a slot's offset from here: both tiles' codes, then per n8 tile the activations).
   const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
+  // CTA ring: lane (g, t)'s activations in a slot are token row 8 nt + g, 16 B units 2 t and 2 t + 1
+  // of the row's 128 B (k = 16 t .. 16 t + 15), 128B-swizzled.
+  const uint32_t x_ring = smem_u32(smem) + kLayout.ring_x_offset;
+  const uint32_t x_lane0 = plan::w4a16_wgmma_swizzle(g, 2 * t), x_lane1 = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
+  const uint32_t full_u32 = smem_u32(full), empty_u32 = smem_u32(empty);
   // Lane (g, t)'s activations of chunk 0: token row 8 nt + g of the item, k = 16 t .. 16 t + 15 (32 B).
   const __nv_bfloat16* xrow[kNTiles];
   bool xvalid[kNTiles];
@@ -110,8 +151,9 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
   // (cp.async.ca): every warp of the SM reads the same rows. `checked`: a chunk past kc_end copies
   // nothing and activations past K are zero; unchecked, the caller knows kc < kc_end and the chunk is
   // inside K (no predicate, no address select). Token rows past the item's count are zero-filled either
-  // way. Every call passes a constant, so the branch folds away after inlining (a generic lambda taking
-  // run_group's std::bool_constant crashes nvcc 13.0's cicc here).
+  // way. The CTA ring instead: one TMA box of the chunk's 32 token rows (rows of the next items or past
+  // M_total: their output columns are never stored). Every call passes a constant, so the branch folds away after
+  // inlining (a generic lambda taking run_group's std::bool_constant crashes nvcc 13.0's cicc here).
   auto load_chunk = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
     if (checked) {
@@ -122,16 +164,32 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
       cp_async_16(ring + kLayout.ring_code_slot(0, slot), codes0 + off);
       cp_async_16(ring + kLayout.ring_code_slot(1, slot), codes1 + off);
     }
-    // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
-    const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
+    if constexpr (kCtaX) {
+      cp_async_commit();
+      // The first warp here (its lane 0): chunk kc's token rows (rows past M_total and k past K read as
+      // zeros) once the slot's previous chunk kc - kXStages is released by every warp. This warp asked
+      // for chunk kc - 1 before, so `issued` >= kc - kc0 here: equal means no warp took chunk kc yet.
+      const uint32_t i = static_cast<uint32_t>(kc - kc0);
+      if (lane == 0 && (!checked || kc < kc_end) && atomicMax(issued, i + 1) == i) {
+        const uint32_t xslot = i % kXStages;
+        if (i >= kXStages) Barrier::wait(empty + xslot, (i / kXStages - 1) & 1u);
+        Barrier::arrive_and_expect_tx(full + xslot, BLOCK_T * 128);
+        cute::SM90_TMA_LOAD_2D::copy(&x_map, full + xslot,
+                                     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                     smem + kLayout.cta_x_slot(xslot), kc * 64, item.row_begin);
+      }
+    } else {
+      // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
+      const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
 #pragma unroll
-    for (uint32_t j = 0; j < kNTiles; ++j) {
-      const bool ok = xvalid[j] && x_in_k;
-      const __nv_bfloat16* src = ok ? xrow[j] + static_cast<int64_t>(kc) * 64 : p.x;
-      cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 0), src, ok);
-      cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 1), ok ? src + 8 : p.x, ok);
+      for (uint32_t j = 0; j < kNTiles; ++j) {
+        const bool ok = xvalid[j] && x_in_k;
+        const __nv_bfloat16* src = ok ? xrow[j] + static_cast<int64_t>(kc) * 64 : p.x;
+        cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 0), src, ok);
+        cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 1), ok ? src + 8 : p.x, ok);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
   };
 
   float acc[2][kNTiles][4];
@@ -172,10 +230,23 @@ __global__ void __launch_bounds__(W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A1
         const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(0, slot));
         const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(1, slot));
         uint4 xq[kNTiles][2];
+        if constexpr (kCtaX) {
+          const uint32_t xi = static_cast<uint32_t>(kc - kc0), xslot = xi % kXStages;
+          ptx::mbarrier_wait_parity(full_u32 + 8 * xslot, (xi / kXStages) & 1u);
+          const uint32_t xs = x_ring + xslot * (BLOCK_T * 128);
 #pragma unroll
-        for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-          xq[nt][0] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 0));
-          xq[nt][1] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 1));
+          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+            xq[nt][0] = ptx::ld_shared_v4(xs + nt * 1024 + x_lane0);
+            xq[nt][1] = ptx::ld_shared_v4(xs + nt * 1024 + x_lane1);
+          }
+          __syncwarp();
+          if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * xslot);
+        } else {
+#pragma unroll
+          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
+            xq[nt][0] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 0));
+            xq[nt][1] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 1));
+          }
         }
         // Into the slots chunk kc - 1 used (its reads above completed: the previous step's MMAs used them).
         load_chunk(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
@@ -434,8 +505,10 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (c.kind == W4A16Kind::kWgmma) {
     launch_wgmma(I, SWIGLU, p, grid, stream);  // w4a16_wgmma.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
+    // The activations' TMA descriptor only for the CTA ring (a zero one otherwise: never read).
     launch_with_smem(sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
-                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p,
+                     W4A16Layout::stream_cta_x_ring(c) ? make_x_map(p, c.block_t) : CUtensorMap{});
   } else {
     launch_with_smem(sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>,
                      W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);

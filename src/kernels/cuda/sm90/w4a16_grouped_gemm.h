@@ -39,6 +39,7 @@ using plan::kNumW4A16Configs;
 using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kW4A16StreamTilesPerWarp;
+using plan::kW4A16StreamXRingBytes;
 using plan::kW4A16StreamXSlotBytes;
 using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;

@@ -4,6 +4,7 @@
 // Included only by .cu files of this folder.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <cutlass/arch/barrier.h>  // NamedBarrier
@@ -271,5 +272,8 @@ class KindLaunchTable {
 
 // Launches config `config_id` (a kWgmma config of kW4A16Configs) on `grid` (w4a16_wgmma.cu).
 void launch_wgmma(int config_id, bool swiglu, const KernelParams& p, dim3 grid, cudaStream_t stream);
+// The TMA descriptor of the activations x [m_total, K] for a block_t-token box of 64 k (128B swizzle,
+// zeros out of bounds); w4a16_wgmma.cu.
+CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t);
 
 }  // namespace fp4moe::cuda::sm90::w4a16_detail

@@ -313,20 +313,6 @@ CUresult encode_2d_map(CUtensorMap& map, CUtensorMapDataType type, const void* p
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-// The TMA descriptor of the activations x [m_total, K] bf16 for a block_t-token x tile: box 64 k x
-// block_t rows, 128B swizzle (the x tile's layout, w4a16_wgmma_swizzle), out-of-bounds reads as zeros.
-CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
-  CUtensorMap map{};
-  // Rows K x 2 bytes apart; K % 16 == 0: a multiple of 16.
-  const CUresult r = encode_2d_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.x, static_cast<cuuint64_t>(p.k),
-                                   static_cast<cuuint64_t>(p.m_total), static_cast<cuuint64_t>(p.k) * 2, 64, block_t,
-                                   CU_TENSOR_MAP_SWIZZLE_128B);
-  FP4MOE_CHECK(r == CUDA_SUCCESS) << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the activations failed (CUresult "
-                                  << static_cast<int>(r) << "; x " << static_cast<const void*>(p.x) << ", M_total " << p.m_total
-                                  << ", K " << p.k << ", box 64 x " << block_t << ")";
-  return map;
-}
-
 // The TMA descriptor of the weight codes (kernel layout: [experts x row_tiles][k_chunks] tiles of
 // kW4A16TileBytes) as a 2D u32 tensor, one row per row tile: box kW4A16TileBytes / 4 x block_w / 16 rows
 // (one chunk of the CTA's row tiles), no swizzle (the stage's w tiles are [row tile][512 B]), zeros past
@@ -344,6 +330,26 @@ CUtensorMap make_codes_map(const KernelParams& p, uint32_t block_w) {
   return map;
 }
 
+}  // namespace
+
+// The TMA descriptor of the activations x [m_total, K] bf16 for a block_t-token x tile: box 64 k x
+// block_t rows, 128B swizzle (the x tile's layout, w4a16_wgmma_swizzle), out-of-bounds reads as zeros.
+// Also the stream kernel's, for its CTA activation ring (w4a16_grouped_gemm.cu).
+CUtensorMap make_x_map(const KernelParams& p, uint32_t block_t) {
+  CUtensorMap map{};
+  // Rows K x 2 bytes apart; K % 16 == 0: a multiple of 16.
+  const CUresult r = encode_2d_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.x, static_cast<cuuint64_t>(p.k),
+                                   static_cast<cuuint64_t>(p.m_total), static_cast<cuuint64_t>(p.k) * 2, 64, block_t,
+                                   CU_TENSOR_MAP_SWIZZLE_128B);
+  FP4MOE_CHECK(r == CUDA_SUCCESS)
+      << "sm90_nvfp4_w4a16_grouped_gemm: cuTensorMapEncodeTiled of the activations failed (CUresult "
+      << static_cast<int>(r) << "; x " << static_cast<const void*>(p.x) << ", M_total " << p.m_total << ", K " << p.k
+      << ", box 64 x " << block_t << ")";
+  return map;
+}
+
+namespace {
+
 // Config I of kW4A16Configs (a kWgmma config: KindLaunchTable instantiates no other).
 template <int I, bool SWIGLU>
 struct Launch {
@@ -351,9 +357,9 @@ struct Launch {
     constexpr W4A16Config c = kW4A16Configs[I];
     // grid = (work items, row blocks, K parts); the kernel wants the row blocks fastest (see above;
     // w4a16_check_problem holds the token tiles to the y limit).
-    launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>, W4A16Layout::make(c).total_bytes(),
-                     c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p, make_x_map(p, c.block_t),
-                     make_codes_map(p, c.block_w));
+    launch_with_smem(sm90_nvfp4_w4a16_wgmma_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), dim3(grid.y, grid.x, grid.z), stream, p,
+                     make_x_map(p, c.block_t), make_codes_map(p, c.block_w));
   }
 };
 
