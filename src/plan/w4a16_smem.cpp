@@ -28,7 +28,7 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
   if (W4A16Layout::stream_cta_x_ring(c)) {
     s << l.x_stages << " chunks x " << c.block_t * 128 << " B activations + " << c.n_warps() << " warps x " << c.stages
       << " chunks x " << kW4A16StreamTilesPerWarp << " row tiles x 512 B codes + mbarriers, ticket "
-      << l.x_stages * 16 + 16 << " = " << l.total_bytes() << " B";
+      << l.total_bytes() - l.barriers_offset << " = " << l.total_bytes() << " B";  // the barriers come last
     return s.str();
   }
   if (c.kind == W4A16Kind::kStream) {

@@ -307,8 +307,8 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
           uint4 w;
           std::memcpy(&w, smem.data() + code_addr(warp, h, lane, slot_of(kc)), 16);
           uint32_t words[4][8];  // per n8 tile: b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
+          const auto xs = cta_x ? static_cast<uint32_t>(kc % x_stages) : 0u;  // the CTA ring's slot
           for (uint32_t nt = 0; nt < n_tiles; ++nt) {
-            const auto xs = static_cast<uint32_t>(kc % std::max(x_stages, 1u));
             std::memcpy(
                 words[nt],
                 smem.data() + (cta_x ? cta_x_addr(xs, 8 * nt + g, 2 * t) : x_addr(warp, nt, 0, lane, slot_of(kc))), 16);

@@ -122,7 +122,6 @@ __global__ void __launch_bounds__(
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   // CTA ring: lane (g, t)'s activations in a slot are token row 8 nt + g, 16 B units 2 t and 2 t + 1
   // of the row's 128 B (k = 16 t .. 16 t + 15), 128B-swizzled.
-  const uint32_t x_ring = smem_u32(smem) + kLayout.ring_x_offset;
   const uint32_t x_lane0 = plan::w4a16_wgmma_swizzle(g, 2 * t), x_lane1 = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
   const uint32_t full_u32 = smem_u32(full), empty_u32 = smem_u32(empty);
   // Lane (g, t)'s activations of chunk 0: token row 8 nt + g of the item, k = 16 t .. 16 t + 15 (32 B).
@@ -233,7 +232,7 @@ __global__ void __launch_bounds__(
         if constexpr (kCtaX) {
           const uint32_t xi = static_cast<uint32_t>(kc - kc0), xslot = xi % kXStages;
           ptx::mbarrier_wait_parity(full_u32 + 8 * xslot, (xi / kXStages) & 1u);
-          const uint32_t xs = x_ring + xslot * (BLOCK_T * 128);
+          const uint32_t xs = smem_u32(smem) + kLayout.cta_x_slot(xslot);
 #pragma unroll
           for (uint32_t nt = 0; nt < kNTiles; ++nt) {
             xq[nt][0] = ptx::ld_shared_v4(xs + nt * 1024 + x_lane0);
