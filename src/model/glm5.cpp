@@ -490,7 +490,10 @@ std::vector<WeightSpec> glm_moe_dsa_manifest(const ModelConfig& c) {
     m.push_back({a + ".q_b_proj", {heads * c.qk_head_dim, c.q_lora_rank}, WeightRole::kLinear});
     m.push_back({a + ".kv_a_proj_with_mqa", {c.kv_lora_rank + c.qk_rope_head_dim, H}, WeightRole::kLinear});
     m.push_back({a + ".kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kNorm});
-    m.push_back({a + ".kv_b_proj", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, WeightRole::kLinear});
+    m.push_back({a + ".kv_b_proj",
+                 {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
+                 WeightRole::kLinear,
+                 /*gpu_gemm=*/false});
     m.push_back({a + ".o_proj", {H, heads * c.v_head_dim}, WeightRole::kLinear});
     if (c.attention_bias) {
       m.push_back({a + ".q_a_proj.bias", {c.q_lora_rank}, WeightRole::kBias});

@@ -159,6 +159,10 @@ std::unique_ptr<CausalLM> build_model(const ModelConfig& config, const format::T
   return arch.create_cuda(config, store, options);
 }
 
+std::vector<WeightSpec> architecture_manifest(const ModelConfig& config) {
+  return find_architecture(config.architecture).manifest(config);
+}
+
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
   const Architecture arch = find_architecture(config.architecture);
   const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;

@@ -76,6 +76,10 @@ struct WeightSpec {
   std::string name;  // full tensor name; for kLinear/kLinearBF16 the module name (".weight" etc. added)
   Shape shape;
   WeightRole role = WeightRole::kLinear;
+  // kLinear: whether the GPU models run it as a GEMM of its own (GpuLinear, the MoE layers' GEMMs),
+  // which `fp4moe tune --model` times; false for GLM-5's kv_b_proj, whose halves the absorbed MLA
+  // reads dequantized to BF16 (model/cuda/glm5_cuda.cpp, kernels/cuda/ops/mla_decode.h).
+  bool gpu_gemm = true;
 };
 
 // Every tensor an architecture reads for a config (the dummy checkpoint is made from it).
@@ -92,6 +96,10 @@ void register_architecture(const std::string& architecture, Architecture arch);
 std::vector<std::string> registered_architectures();  // sorted
 // Adds the GPU factory of a registered architecture (fails naming it when it is not registered).
 void register_cuda_factory(const std::string& architecture, ModelFactory create_cuda);
+
+// The manifest of config's architecture (every tensor it reads); fails naming the architecture when
+// none is registered. `fp4moe tune --model` takes the dense Linears' shapes from it.
+std::vector<WeightSpec> architecture_manifest(const ModelConfig& config);
 
 // Builds the model a directory describes. Fails naming the architecture when none is registered.
 std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options);

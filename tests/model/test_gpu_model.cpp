@@ -775,11 +775,13 @@ std::unique_ptr<CausalLM> load_for_graphs(const std::string& name, int64_t graph
   return lm;
 }
 
-// The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start and say so. A winner for the MoE
-// gate_up shape at decode (bucket 1) naming stream_m128n8_d4, which differs from the default
-// stream_m256n8_d4 only in the weight rows a CTA takes (each warp's arithmetic the same, in the same
-// order; K = 128 is one scale group, so neither splits K), gives bit-identical logits; the load log
-// names the cache and its winner count.
+// The GPU models load the tune cache ($FP4MOE_TUNE_CACHE) at start, for the MoE layers and the dense
+// Linears, and say so. Winners naming stream_m128n8_d4, which differs from the default stream_m256n8_d4
+// only in the weight rows a CTA takes (each warp's arithmetic the same, in the same order; K = 128 is one
+// scale group, so neither splits K), for the MoE gate_up shape at decode
+// (bucket 1) and for the E = 1 shape [128, 128] (q_proj, o_proj and the shared expert's gate_up) and
+// the dense MLP's gate / up [256, 128] at the prompt's 5 rows (bucket 8) and decode, give bit-identical
+// logits; the load log names the cache, its winner count and what uses it.
 TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
   const std::filesystem::path dir = fp4moe::testing::shared_path("golden/models/glm4_moe_tiny_nvfp4");
   SKIP_WITHOUT_GPU();
@@ -805,20 +807,33 @@ TEST(GpuTuneCache, ModelLoadUsesTheCacheAndSaysSo) {
   const std::vector<float> want = logits_of(*plain);
   plain.reset();
 
-  tune::TuneEntry e;
-  e.shape = tune::GemmShape{cfg.n_routed_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size};
-  e.bucket = 1;
-  e.config = "w4a16_stream_m128n8_d4";
-  e.config_id = tune::config_id_by_name(e.config);
-  e.time_us = 1.0;
-  e.iters = 1;
-  e.n_candidates = 1;
   tune::TuneCache cache;
-  cache.put(tune::current_tune_key(), e);
+  const tune::GemmShape moe_gate_up{cfg.n_routed_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size};
+  const tune::GemmShape dense_qo{1, cfg.hidden_size, cfg.hidden_size},
+      dense_gate{1, cfg.intermediate_size, cfg.hidden_size};
+  ASSERT_EQ(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size) << "q_proj is not [H, H] any more";
+  for (const auto& [shape, bucket] : {std::pair{moe_gate_up, int64_t{1}},
+                                      {dense_qo, int64_t{1}},
+                                      {dense_qo, int64_t{8}},
+                                      {dense_gate, int64_t{1}},
+                                      {dense_gate, int64_t{8}}}) {
+    tune::TuneEntry e;
+    e.shape = shape;
+    e.bucket = bucket;
+    e.config = "w4a16_stream_m128n8_d4";
+    e.config_id = tune::config_id_by_name(e.config);
+    e.time_us = 1.0;
+    e.iters = 1;
+    e.n_candidates = 1;
+    cache.put(tune::current_tune_key(), e);
+  }
   cache.save(path);
   auto tuned = load_model(dir, gpu_options());
-  EXPECT_NE(tuned->describe().find("W4A16 configs: tune cache " + path + ": 1 winners for this GPU and build"),
+  // 2 MoE layers; 3 layers x q, k, v, o + the dense layer's gate, up, down, all NVFP4.
+  EXPECT_NE(tuned->describe().find("W4A16 configs: tune cache " + path + ": 5 winners for this GPU and build"),
             std::string::npos)
+      << tuned->describe();
+  EXPECT_NE(tuned->describe().find("; used by 2 MoE layers and 15 dense Linears\n"), std::string::npos)
       << tuned->describe();
   EXPECT_EQ(logits_of(*tuned), want);
   tuned.reset();

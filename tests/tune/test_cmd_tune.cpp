@@ -66,9 +66,9 @@ TEST(TuneCli, ShapeErrorsNameTheBadToken) {
   EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1,2,3"),
             "--tokens '1,2,3': token 3 '3' is not a token-count bucket (tokens per expert; buckets: "
             "1,2,4,8,16,32,64,128,256,512)");
-  EXPECT_HAS(run("tune"), "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR");
+  EXPECT_HAS(run("tune"), "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR|PRESET");
   EXPECT_HAS(run("tune --shape 1,64,64 --model /nonexistent"),
-            "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR");
+             "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR|PRESET");
   EXPECT_HAS(run("tune --shape 1,64,64 --iters 0"), "fp4moe tune: --iters 0 must be >= 1");
 }
 
@@ -77,15 +77,48 @@ TEST(TuneCli, ModelGivesTheMoeGemmShapes) {
   ::testing::internal::CaptureStdout();
   const std::string err = run("tune --model " + dir.string() + " --tokens 1,8 --cache /tmp/fp4moe_unused_tune.json");
   const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("tuning 4 shape(s) x 2 token bucket(s), cache /tmp/fp4moe_unused_tune.json"), std::string::npos)
+  // 12 named shapes, 11 distinct: dense o_proj [128, 128] is the shared gate_up shape (tuned once, used by both).
+  EXPECT_NE(out.find("tuning 11 shape(s) x 2 token bucket(s), cache /tmp/fp4moe_unused_tune.json"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("  experts gate_up  E=16,N=128,K=128\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("  experts down     E=16,N=128,K=64\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("  shared gate_up   E=1,N=128,K=128\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("  shared down      E=1,N=128,K=64\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  experts gate_up            E=16,N=128,K=128\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  experts down               E=16,N=128,K=64\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  shared gate_up             E=1,N=128,K=128\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  shared down                E=1,N=128,K=64\n"), std::string::npos) << out;
   if (!gpu_present()) {
     EXPECT_HAS(err, "needs a");
   }
+}
+
+// The dense Linears the GPU model runs on the W4A16 GEMM (E = 1), from the architecture's manifest, of
+// a preset (no checkpoint folder needed): GLM-5's MLA projections, the DSA indexer's wq_b / wk, the dense
+// layer's MLP (gate and up share one shape); not kv_b_proj (read as BF16 by the absorbed attention),
+// the router or the indexer's weights_proj (BF16 Linears), nor the experts (the MoE shapes above).
+TEST(TuneCli, ModelGivesTheDenseLinearShapesOfAPreset) {
+  ::testing::internal::CaptureStdout();
+  const std::string err = run("tune --model glm5-shard --tokens 64 --cache /tmp/fp4moe_unused_tune.json");
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("tuning 12 shape(s) x 1 token bucket(s)"), std::string::npos) << out;
+  for (const char* line :
+       {"  experts gate_up            E=32,N=4096,K=6144\n", "  shared down                E=1,N=6144,K=2048\n",
+        "  dense q_a_proj             E=1,N=2048,K=6144\n", "  dense q_b_proj             E=1,N=16384,K=2048\n",
+        "  dense kv_a_proj_with_mqa   E=1,N=576,K=6144\n", "  dense o_proj               E=1,N=6144,K=16384\n",
+        "  dense wq_b                 E=1,N=4096,K=2048\n", "  dense wk                   E=1,N=128,K=6144\n",
+        "  dense gate_proj/up_proj    E=1,N=12288,K=6144\n", "  dense down_proj            E=1,N=6144,K=12288\n"}) {
+    EXPECT_NE(out.find(line), std::string::npos) << line << " missing from\n" << out;
+  }
+  for (const char* absent : {"kv_b_proj", "weights_proj", "gate E=", "lm_head"}) {
+    EXPECT_EQ(out.find(absent), std::string::npos) << absent << " in\n" << out;
+  }
+  // GLM-4.5-Air widths: q_proj alone, k_proj and v_proj one shape; a dense-only model would tune its Linears.
+  ::testing::internal::CaptureStdout();
+  run("tune --model glm45-air-shard --tokens 64 --cache /tmp/fp4moe_unused_tune.json");
+  const std::string air = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(air.find("  dense k_proj/v_proj        E=1,N=1024,K=4096\n"), std::string::npos) << air;
+  EXPECT_NE(air.find("  dense q_proj               E=1,N=12288,K=4096\n"), std::string::npos) << air;
+  if (!gpu_present()) {
+    EXPECT_HAS(err, "needs a");
+  }
+  EXPECT_HAS(run("tune --model no-such-preset-or-dir"), "no-such-preset-or-dir");
 }
 
 TEST(TuneCli, WithoutGpuFailsWithTheReason) {

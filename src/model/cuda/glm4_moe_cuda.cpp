@@ -214,18 +214,17 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   gate_ = DeviceBuffer(bf16s(max_T_ * inter));
   up_ = DeviceBuffer(bf16s(max_T_ * inter));
   act_ = DeviceBuffer(bf16s(max_T_ * inter));
-  {  // one dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h)
-    std::vector<GpuLinear*> linears;
-    for (GpuLayer& L : layers_) {
-      for (GpuLinear* g : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) linears.push_back(g);
-      if (L.mlp) {
-        for (GpuLinear* g : L.mlp->linears()) linears.push_back(g);
-      }
+  std::vector<GpuLinear*> dense_linears;  // every Linear but the lm_head (the MoE layers hold their own)
+  for (GpuLayer& L : layers_) {
+    for (GpuLinear* g : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) dense_linears.push_back(g);
+    if (L.mlp) {
+      for (GpuLinear* g : L.mlp->linears()) dense_linears.push_back(g);
     }
-    desc << describe_dequant_scratch(share_dequant_scratch(linears));
   }
+  // One dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h).
+  desc << describe_dequant_scratch(share_dequant_scratch(dense_linears));
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
-  desc << gpu_step::use_tune_cache(layers_);
+  desc << gpu_step::use_tune_cache(layers_, dense_linears);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);

@@ -350,19 +350,18 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   gate_ = DeviceBuffer(bf16s(inter));
   up_ = DeviceBuffer(bf16s(inter));
   act_ = DeviceBuffer(bf16s(inter));
-  {  // one dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h)
-    std::vector<GpuLinear*> linears;
-    for (Glm5GpuLayer& L : layers_) {
-      for (GpuLinear* g : {&L.q_a, &L.q_b, &L.kv_a, &L.o}) linears.push_back(g);
-      if (L.indexer) {
-        for (GpuLinear* g : {&L.indexer->wq_b, &L.indexer->wk, &L.indexer->weights_proj}) linears.push_back(g);
-      }
-      if (L.mlp) {
-        for (GpuLinear* g : L.mlp->linears()) linears.push_back(g);
-      }
+  std::vector<GpuLinear*> dense_linears;  // every Linear but the lm_head (the MoE layers hold their own)
+  for (Glm5GpuLayer& L : layers_) {
+    for (GpuLinear* g : {&L.q_a, &L.q_b, &L.kv_a, &L.o}) dense_linears.push_back(g);
+    if (L.indexer) {
+      for (GpuLinear* g : {&L.indexer->wq_b, &L.indexer->wk, &L.indexer->weights_proj}) dense_linears.push_back(g);
     }
-    desc << describe_dequant_scratch(share_dequant_scratch(linears));
+    if (L.mlp) {
+      for (GpuLinear* g : L.mlp->linears()) dense_linears.push_back(g);
+    }
   }
+  // One dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h).
+  desc << describe_dequant_scratch(share_dequant_scratch(dense_linears));
   {  // the latent branch's own split-K workspace and stream (see kv_side_)
     std::vector<GpuLinear*> branch;
     for (Glm5GpuLayer& L : layers_) {
@@ -383,7 +382,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     }
   }
   out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
-  desc << gpu_step::use_tune_cache(layers_);
+  desc << gpu_step::use_tune_cache(layers_, dense_linears);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   moe_layers_ = gpu_step::MoeLayerList::of(layers_);
   graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);

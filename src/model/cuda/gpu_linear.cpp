@@ -14,6 +14,7 @@
 #include "kernels/cuda/sm90/w4a16_dequant.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
+#include "tune/tune_cache.h"
 
 namespace fp4moe::model {
 
@@ -40,6 +41,21 @@ cuda::sm90::W4A16GroupedGemmArgs w4a16_args(const DeviceBuffer& packed, const De
   return a;
 }
 
+// Whether config `id` takes an [out, in] Linear at m rows (w4a16_check_problem; no device memory
+// is read: the pointers only have to be non-null and aligned).
+bool takes_shape(int id, int64_t m, int64_t out, int64_t in, std::string* why) {
+  DeviceBuffer dummy(256);
+  try {
+    cuda::sm90::w4a16_check_problem(
+        w4a16_args(dummy, dummy, dummy, nullptr, dummy.as<__nv_bfloat16>(), m, out, in, dummy.as<__nv_bfloat16>()),
+        cuda::sm90::w4a16_config(id));
+  } catch (const Error& e) {
+    if (why != nullptr) *why = e.what();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::string& name, bool allow_nvfp4) {
@@ -52,20 +68,12 @@ GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::
   g.max_rows_ = max_rows;
   bool nvfp4 = allow_nvfp4 && w.format == WeightFormat::kNVFP4;
   if (nvfp4) {
-    // The W4A16 GEMM must take this shape for every config forward() can pick, at max_rows.
-    DeviceBuffer dummy(256);
+    // The W4A16 GEMM must take this shape for every default config forward() can pick, at max_rows;
+    // else (e.g. out % 8 != 0) the exact BF16 dequantization through cuBLAS instead.
     std::set<int> ids;
     for (int64_t m = 1; m <= 128; ++m) ids.insert(cuda::sm90::w4a16_default_config(m));
     ids.insert(cuda::sm90::w4a16_default_config(max_rows));
-    try {
-      for (int id : ids) {
-        const auto a = w4a16_args(dummy, dummy, dummy, nullptr, dummy.as<__nv_bfloat16>(), max_rows,
-                                  g.out_, g.in_, dummy.as<__nv_bfloat16>());
-        cuda::sm90::w4a16_check_problem(a, cuda::sm90::w4a16_config(id));
-      }
-    } catch (const Error&) {
-      nvfp4 = false;  // e.g. out % 8 != 0: the exact BF16 dequantization through cuBLAS instead
-    }
+    for (int id : ids) nvfp4 = nvfp4 && takes_shape(id, max_rows, g.out_, g.in_, nullptr);
   }
   if (nvfp4) {
     g.path_ = Path::kNvfp4W4A16;
@@ -107,7 +115,7 @@ void GpuLinear::forward(cublasContext* cublas, const __nv_bfloat16* x, int64_t m
       a.splitk_workspace = ws->as<float>();
       a.splitk_workspace_bytes = ws->bytes();
     }
-    cuda::sm90::w4a16_grouped_gemm(a, cuda::sm90::w4a16_default_config(m), stream);
+    cuda::sm90::w4a16_grouped_gemm(a, w4a16_config(m), stream);
   } else {
     const __nv_bfloat16* w = bf16_.as<__nv_bfloat16>();
     if (dequant) {
@@ -151,6 +159,37 @@ int64_t GpuLinear::device_bytes() const {
                         ? static_cast<int64_t>(packed_.bytes() + scales_.bytes() + global_scale_.bytes())
                         : static_cast<int64_t>(bf16_.bytes());
   return w + (has_bias_ ? out_ * 4 : 0);
+}
+
+bool GpuLinear::set_config_chooser(std::shared_ptr<const tune::ConfigChooser> chooser, std::string* why) {
+  if (path_ != Path::kNvfp4W4A16 || chooser == nullptr) {
+    chooser_ = nullptr;
+    return true;
+  }
+  const tune::GemmShape shape{1, out_, in_};
+  const int64_t last = tune::token_bucket(max_rows_);  // forward(m) looks up token_bucket(m) <= this
+  for (const int64_t bucket : tune::kTokenBuckets) {
+    if (bucket > last) break;
+    const int id = chooser->choose_config_id(shape, bucket);
+    std::string reason;
+    if (!takes_shape(id, max_rows_, out_, in_, &reason)) {
+      if (why != nullptr) {
+        *why = name_ + " " + shape.to_string() + ": the tune cache's config " +
+               cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(id)) + " for token bucket " +
+               std::to_string(bucket) + " does not take it at " + std::to_string(max_rows_) + " rows (" + reason +
+               "); it keeps the built-in defaults";
+      }
+      chooser_ = nullptr;
+      return false;
+    }
+  }
+  chooser_ = std::move(chooser);
+  return true;
+}
+
+int GpuLinear::w4a16_config(int64_t m) const {
+  return chooser_ != nullptr ? chooser_->choose_config_id(tune::GemmShape{1, out_, in_}, m)
+                             : cuda::sm90::w4a16_default_config(m);
 }
 
 bool GpuLinear::dequant_path(int64_t m) const {

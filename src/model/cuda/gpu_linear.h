@@ -8,6 +8,9 @@
 // cublasGemmEx (no host sync: capturable): the W4A16 GEMM is the slower one there. Below that the
 // same scratch is the W4A16 GEMM's split-K workspace (w4a16_splitk_plan: a long-K Linear at decode
 // fills the GPU with K parts instead of out / 64 CTAs).
+// The W4A16 config of an m-row forward is the tune cache's winner for (E = 1, out, in) at m's token
+// bucket when the model gave the Linear its config chooser (set_config_chooser: `fp4moe tune --model`
+// times these shapes), else w4a16_default_config(m).
 // A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
 // dequantized weight; describe() says which path each Linear took. The f32 bias is added by
 // add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).
@@ -27,6 +30,10 @@
 #include "kernels/cuda/moe/device_buffer.h"
 
 struct cublasContext;
+
+namespace fp4moe::tune {
+class ConfigChooser;
+}
 
 namespace fp4moe::model {
 
@@ -66,6 +73,13 @@ class GpuLinear {
   // The W4A16 GEMM's split-K workspace: `ws` instead of the shared dequantization scratch (nullptr:
   // that scratch again). w4a16_splitk_plan cuts no more K parts than it holds.
   void set_splitk_workspace(std::shared_ptr<cuda::DeviceBuffer> ws) { splitk_workspace_ = std::move(ws); }
+  // The W4A16 configs from `chooser` (the model's, tune::ConfigChooser with the built-in defaults as
+  // its fallback) instead of w4a16_default_config. Refused, keeping the defaults, when a config it picks
+  // for a token bucket up to max_rows does not take this Linear's shape at max_rows (a hand-edited
+  // cache): returns false with the reason in *why. A BF16 Linear ignores it (returns true).
+  bool set_config_chooser(std::shared_ptr<const tune::ConfigChooser> chooser, std::string* why);
+  // The config id an m-row forward on the W4A16 GEMM launches.
+  int w4a16_config(int64_t m) const;
 
  private:
   std::string name_;
@@ -77,6 +91,7 @@ class GpuLinear {
   bool has_bias_ = false;
   std::shared_ptr<cuda::DeviceBuffer> dequant_scratch_;  // kNvfp4W4A16: bf16 [out, in] at least, shared
   std::shared_ptr<cuda::DeviceBuffer> splitk_workspace_;  // set_splitk_workspace, else nullptr
+  std::shared_ptr<const tune::ConfigChooser> chooser_;    // set_config_chooser, else nullptr (the defaults)
 
   friend std::shared_ptr<cuda::DeviceBuffer> share_dequant_scratch(const std::vector<GpuLinear*>& linears);
 };

@@ -281,24 +281,41 @@ struct MoeLayerList {
   }
 };
 
-// The W4A16 config chooser of a GPU model's NVFP4 MoE layers, which is how the engine loads the tune
-// cache at start: `fp4moe tune`'s winners at tune::default_cache_path() ($FP4MOE_TUNE_CACHE) for this
-// device and build; where there is none for a shape and token bucket, the kernels' measured defaults
-// (cuda::sm90::w4a16_default_config, what a layer without a chooser runs).
-std::shared_ptr<const tune::ConfigChooser> moe_config_chooser();
+// The W4A16 config chooser of a GPU model's NVFP4 MoE layers and dense Linears, which is how the
+// engine loads the tune cache at start: `fp4moe tune`'s winners at tune::default_cache_path()
+// ($FP4MOE_TUNE_CACHE) for this device and build; where there is none for a shape and token bucket,
+// the kernels' measured defaults (cuda::sm90::w4a16_default_config, what a layer or Linear without a
+// chooser runs).
+std::shared_ptr<const tune::ConfigChooser> w4a16_config_chooser();
 
 // Gives every NVFP4 W4A16 MoE layer of `model_layers` (structs with `std::optional<moe::GpuMoeLayer>
-// moe`) the chooser above; returns the load log's line ("  W4A16 configs: ...\n"), "" without such a
-// layer.
+// moe`) and every NVFP4 Linear of `linears` (the model's dense ones; GpuLinear::set_config_chooser)
+// the chooser above; returns the load log's lines ("  W4A16 configs: ...; used by N MoE layers and M
+// dense Linears\n", then one per Linear that refused the cache's pick), "" without either.
 template <typename Layer>
-std::string use_tune_cache(std::vector<Layer>& model_layers) {
+std::string use_tune_cache(std::vector<Layer>& model_layers, const std::vector<GpuLinear*>& linears) {
   std::shared_ptr<const tune::ConfigChooser> chooser;
+  int n_moe = 0, n_linears = 0;
+  std::string refused;
   for (Layer& L : model_layers) {
     if (!L.moe || L.moe->gemm() != moe::GpuExpertGemm::kNvfp4W4A16) continue;
-    if (!chooser) chooser = moe_config_chooser();
+    if (!chooser) chooser = w4a16_config_chooser();
     L.moe->set_config_chooser(chooser);
+    ++n_moe;
   }
-  return chooser ? "  W4A16 configs: " + chooser->describe() + "\n" : "";
+  for (GpuLinear* g : linears) {
+    if (g->path() != GpuLinear::Path::kNvfp4W4A16) continue;
+    if (!chooser) chooser = w4a16_config_chooser();
+    std::string why;
+    if (g->set_config_chooser(chooser, &why)) {
+      ++n_linears;
+    } else {
+      refused += "  W4A16 configs: " + why + "\n";
+    }
+  }
+  if (!chooser) return "";
+  return "  W4A16 configs: " + chooser->describe() + "; used by " + std::to_string(n_moe) + " MoE layers and " +
+         std::to_string(n_linears) + " dense Linears\n" + refused;
 }
 
 // GpuOptions::time_moe_gemms: every MoE layer of `model_layers` records its GEMM phases' timing
