@@ -49,6 +49,24 @@ struct MlaParams {
   float scale;
 };
 
+// Decode's key list is the sequence's keys 0..seq_len-1 (list entry = key): fetch reads the key's
+// block id from the sequence's block table, resolve checks it (mla_mma::RowFetch).
+struct DecodeRows {
+  const int32_t* table;  // this sequence's block table
+  int page_size;
+  int64_t n_blocks;
+  int width;  // rank + rope
+  uint32_t* error_flag;
+  __device__ __forceinline__ mla_mma::RowFetch fetch(int key) const {
+    uint32_t page, within;
+    mla_mma::key_page(key, page_size, page, within);
+    return mla_mma::RowFetch{table[page], static_cast<int32_t>(within)};
+  }
+  __device__ __forceinline__ int64_t resolve(const mla_mma::RowFetch& f) const {
+    return mla_mma::block_row(f.a, static_cast<uint32_t>(f.b), page_size, n_blocks, width, error_flag);
+  }
+};
+
 // Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x
 // (mla_mma_attention.cuh does the attention).
 template <int NTW>
@@ -66,12 +84,9 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
   const int64_t begin64 = static_cast<int64_t>(split) * p.keys_per_split;
   const int64_t end64 = min(begin64 + p.keys_per_split, seq_len);
   const bool any_key = end64 > begin64;
-  const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
   const int W = p.rank + p.rope;
-  const int page_size = p.page_size;
-  const int64_t n_blocks = p.n_blocks;
-  uint32_t* error_flag = p.error_flag;
-  const auto row_of = [=](int key) { return mla_mma::cache_row(table, key, page_size, n_blocks, W, error_flag); };
+  const DecodeRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks, W,
+                        p.error_flag};
   mla_mma::Args a;
   a.q = p.q_lat + static_cast<int64_t>(s) * p.n_heads * W;
   a.cache = p.cache;
@@ -83,7 +98,7 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
   a.key_end = any_key ? static_cast<int>(end64) : 0;
   a.scale = p.scale;
   mla_mma::set_output(a, p.latent, p.part_o, p.part_lse, static_cast<int64_t>(s) * p.n_heads, p.rank, p.n_splits, split);
-  mla_mma::attend<NTW>(a, row_of, smem);
+  mla_mma::attend<NTW>(a, rows, smem);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)

@@ -1,10 +1,13 @@
 // The tensor-core core of MLA attention in the absorbed form, shared by the decode kernel
 // (mla_decode.cu: keys 0..seq_len-1 of a sequence) and the prefill / DSA kernel (mla_prefill.cu:
 // a query token's causal prefix or its DSA selection). One CTA of kMlaWarps warps attends 16 heads
-// of one query row to a list of keys (list indices [key_begin, key_end); `row_of(j)` gives the
-// cache element offset of list entry j's [c_kv | k_pe] row, or -1 after flagging why):
+// of one query row to a list of keys (list indices [key_begin, key_end); `rows.fetch(j)` issues the
+// loads that locate list entry j's [c_kv | k_pe] row and `rows.resolve(f)` gives its cache element
+// offset from them, or -1 after flagging why: see RowFetch):
 //   - the keys come 32 at a time into a cp.async double buffer of bf16 rows (mla_mma_smem_layout;
-//     4 threads per key, one row lookup each), zeros past the list and for refused rows;
+//     4 threads per key, one row lookup each, fetched a tile ahead), zeros past the list and for
+//     refused rows; one barrier a tile both makes tile `it` visible and frees the buffer and the scores
+//     region of tile it - 1 (the refill of that buffer is issued after it);
 //   - warp w scores the tile over k16 steps w, w + 4, ... (mma.sync m16n8k16, f32 accumulation)
 //     with q as three bf16 parts (split_bf16x2<3>: the f32 q itself, so scores carry
 //     only f32 accumulation error; with two parts the score error grows with |q . k| and the GLM-5
@@ -50,16 +53,31 @@ struct Args {
   int64_t lse_head_stride;
 };
 
-// The cache element offset of token `key`'s row through a sequence's block table, or -1 after
+// A list entry's row lookup in two steps, so that the loads behind tile it + 1's rows are in flight
+// during tile it (a table entry read and used at once stalled every warp of the CTA each tile):
+// `fetch(j)` (j < key_end) issues the loads and returns their raw values without using them;
+// `resolve(f)` checks them and gives the row's cache element offset, or -1 after flagging why. The
+// decode and prefill kernels each pass an object with both (mla_decode.cu, mla_prefill.cu).
+struct RowFetch {
+  int32_t a = 0;  // the kernel's own meaning: a block id (decode), a key (prefill)
+  int32_t b = 0;  // and the key's row within its block (decode)
+};
+
+// Token `key` (0 <= key < 2^31) as (its page's table index, its row within the page): 32-bit division.
+__device__ __forceinline__ void key_page(int key, int page_size, uint32_t& page, uint32_t& within) {
+  page = static_cast<uint32_t>(key) / static_cast<uint32_t>(page_size);
+  within = static_cast<uint32_t>(key) - page * static_cast<uint32_t>(page_size);
+}
+
+// The cache element offset of row `within` of block `blk` (read from a block table), or -1 after
 // flagging kDeviceErrorKvBlock for a block id outside [0, n_blocks).
-__device__ __forceinline__ int64_t cache_row(const int32_t* table, int64_t key, int page_size, int64_t n_blocks,
-                                             int width, uint32_t* error_flag) {
-  const int64_t blk = table[key / page_size];
+__device__ __forceinline__ int64_t block_row(int64_t blk, uint32_t within, int page_size, int64_t n_blocks, int width,
+                                             uint32_t* error_flag) {
   if (blk < 0 || blk >= n_blocks) {
     atomicOr(error_flag, kDeviceErrorKvBlock);
     return -1;
   }
-  return (blk * page_size + key % page_size) * width;
+  return (blk * page_size + within) * width;
 }
 
 // Where a query row's result goes: latent [rows, n_heads, rank] directly (one split), or the split
@@ -98,8 +116,8 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t p[kPar
 // NTW = rank / 32: the n8 tiles of latent dims each warp accumulates (rank / 4 dims per warp).
 // Called by all kThreads threads of the CTA (it has barriers; CTA-uniform arguments); smem holds
 // mla_mma_smem_layout(rank, rope).total_bytes.
-template <int NTW, class RowOf>
-__device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsigned char* smem) {
+template <int NTW, class Rows>
+__device__ __forceinline__ void attend(const Args& p, const Rows& rows, unsigned char* smem) {
   const MlaMmaSmemLayout L = mla_mma_smem_layout(p.rank, p.rope);
   // q k16 steps one warp holds at most: (rank + the largest rope, kMlaMaxRope) / 16 over 4 warps.
   constexpr int kQSteps = ((32 * NTW + kMlaMaxRope) / 16 + kMlaWarps - 1) / kMlaWarps;
@@ -120,21 +138,32 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   unsigned char* p_smem = smem + L.p_offset;  // [part][head row] x kMlaPRowBytes
   const uint32_t p_u32 = tiles_u32 + static_cast<uint32_t>(L.p_offset);
 
-  // List entries k0 .. k0 + 31 -> tile buffer `buf` (zeros past key_end and for refused rows), one
-  // commit group. Thread i copies 16 B pieces i % 4, i % 4 + 4, ... of entry k0 + i / 4.
+  // Thread i copies 16 B pieces i % 4, i % 4 + 4, ... of list entry k0 + i / 4 of a tile at k0. Its
+  // entry's lookup is fetched a tile ahead (fetch_tile: `pending`), resolved when the tile's copies
+  // are issued (copy_tile: into buffer `buf`, zeros past key_end and for refused rows, one commit group).
   static_assert(kThreads == 4 * kAttnKeysPerTile, "four threads per key of a tile");
   const int pieces = W / 8;
-  auto load_tile = [&](int k0, int buf) {
-    const int j = static_cast<int>(threadIdx.x) / 4, sub = static_cast<int>(threadIdx.x) % 4;
-    const int entry = k0 + j;
-    const int64_t row = entry < key_end ? row_of(entry) : -1;
+  const int key_j = static_cast<int>(threadIdx.x) / 4, key_sub = static_cast<int>(threadIdx.x) % 4;
+  RowFetch pending;
+  bool pending_in_list = false;
+  auto fetch_tile = [&](int k0) {
+    const int entry = k0 + key_j;
+    pending_in_list = entry < key_end;
+    if (pending_in_list) pending = rows.fetch(entry);
+  };
+  auto copy_tile = [&](int buf) {
+    const int64_t row = pending_in_list ? rows.resolve(pending) : -1;
     const bool ok = row >= 0;  // else zero-filled (the source is not read)
-    const __nv_bfloat16* src = p.cache + (ok ? row : 0) + sub * 8;
-    uint32_t dst = tiles_u32 + buf * L.tile_bytes + j * L.row_bytes + sub * 16;
-    for (int piece = sub; piece < pieces; piece += 4, src += 32, dst += 64) ptx::cp_async_16(dst, src, ok);
+    const __nv_bfloat16* src = p.cache + (ok ? row : 0) + key_sub * 8;
+    uint32_t dst = tiles_u32 + buf * L.tile_bytes + key_j * L.row_bytes + key_sub * 16;
+    for (int piece = key_sub; piece < pieces; piece += 4, src += 32, dst += 64) ptx::cp_async_16(dst, src, ok);
     ptx::cp_async_commit();
   };
-  if (n_tiles > 0) load_tile(p.key_begin, 0);
+  if (n_tiles > 0) {
+    fetch_tile(p.key_begin);
+    copy_tile(0);
+    if (n_tiles > 1) fetch_tile(p.key_begin + kAttnKeysPerTile);  // lands while q is split below
+  }
 
   // q fragments (3 bf16 parts) of this warp's k16 steps ks = warp + 4 i: rows g, g + 8 of the chunk.
   // The first two parts stay in registers; the third goes to this lane's 16 B slots in shared
@@ -178,13 +207,14 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
   for (int it = 0; it < n_tiles; ++it) {
     const int k0 = p.key_begin + it * kAttnKeysPerTile;
     const int buf = it & 1;
+    ptx::cp_async_wait<0>();  // tile `it`'s copies (issued a tile ago) landed
+    // Tile `it` visible to every warp, and every warp is past tile it - 1: its buffer (buf ^ 1) and the
+    // scores region are free.
+    __syncthreads();
     if (it + 1 < n_tiles) {
-      load_tile(k0 + kAttnKeysPerTile, buf ^ 1);  // its buffer's last readers passed the barrier below
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
+      copy_tile(buf ^ 1);  // tile it + 1, from the lookups fetched a tile ago
+      if (it + 2 < n_tiles) fetch_tile(k0 + 2 * kAttnKeysPerTile);
     }
-    __syncthreads();  // tile `it` visible to every warp
     const uint32_t tile = tiles_u32 + buf * L.tile_bytes;
 
     // Partial scores over this warp's k16 steps: 16 heads x 32 keys (n-tiles of 8 keys).
@@ -325,11 +355,11 @@ __device__ __forceinline__ void attend(const Args& p, const RowOf& row_of, unsig
         }
       }
     }
-    __syncthreads();  // scores and this tile's buffer are rewritten by later iterations
   }
+  __syncthreads();  // every warp's last reads of P (the scores region) are done
 
-  // The softmax sums: over the quad, then over the warps in warp order (the last tile's barrier freed
-  // the scores region; lane (g, 0) of each warp writes rows g, g + 8).
+  // The softmax sums: over the quad, then over the warps in warp order (lane (g, 0) of each warp writes
+  // rows g, g + 8 into the scores region).
   float l_row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

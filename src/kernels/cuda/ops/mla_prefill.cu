@@ -2,7 +2,7 @@
 //   mla_prefill_attention_kernel<NTW> (rank = 32 * NTW): CTA (token x 16-head chunk, sequence, key
 //       split), mla_decode's tensor-core CTA (mla_mma_attention.cuh) over the query's key list:
 //       0..pos (dense) or its DSA selection, the split walking list indices [split * keys_per_split,
-//       ...); each list entry is checked (causality, block id) when its row is fetched.
+//       ...); each list entry is checked (causality, block id) when its row is resolved (PrefillRows).
 //   split merge:              split_merge_kernel.cuh (warp per (token, head) -> latent; shared).
 // Performance notes: a CTA reads its keys once per 16 heads of ONE token, so dense prefill re-reads
 // the cache per token from L2 (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the
@@ -48,6 +48,36 @@ struct PrefillParams {
   float scale;
 };
 
+// A query's key list (mla_mma::RowFetch): its DSA selection (entry j = key sel[j], checked causal, its
+// block id read at resolve: it depends on the key) or dense (entry j = key j <= pos by construction: the
+// block id read at fetch, as decode).
+struct PrefillRows {
+  const int32_t* table;  // this sequence's block table
+  const int32_t* sel;    // the query's selection, nullptr: dense
+  int64_t pos;           // the query's position
+  int page_size;
+  int64_t n_blocks;
+  int width;  // rank + rope
+  uint32_t* error_flag;
+  __device__ __forceinline__ mla_mma::RowFetch fetch(int j) const {
+    if (sel != nullptr) return mla_mma::RowFetch{sel[j], 0};
+    uint32_t page, within;
+    mla_mma::key_page(j, page_size, page, within);
+    return mla_mma::RowFetch{table[page], static_cast<int32_t>(within)};
+  }
+  __device__ __forceinline__ int64_t resolve(const mla_mma::RowFetch& f) const {
+    if (sel == nullptr)
+      return mla_mma::block_row(f.a, static_cast<uint32_t>(f.b), page_size, n_blocks, width, error_flag);
+    if (f.a < 0 || f.a > pos) {
+      atomicOr(error_flag, kDeviceErrorKeySelection);
+      return -1;
+    }
+    uint32_t page, within;
+    mla_mma::key_page(f.a, page_size, page, within);
+    return mla_mma::block_row(table[page], within, page_size, n_blocks, width, error_flag);
+  }
+};
+
 template <int NTW>
 __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_prefill_attention_kernel(const PrefillParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -85,19 +115,13 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_prefill_attention_ke
   // List indices are below n_keys <= pos + 1 <= seq_len (int32), so 32-bit from here; an empty range
   // (a split past this list's end, whose begin may not fit 32 bits) becomes [0, 0).
   const bool any_key = end64 > begin64;
-  const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq;
-  const int32_t* sel = p.sel_offsets != nullptr ? p.sel_idx + off0 : nullptr;  // read only when n_keys > 0
-  const int page_size = p.page_size;
-  const int64_t n_blocks = p.n_blocks;
-  uint32_t* error_flag = p.error_flag;
-  const auto row_of = [=](int j) -> int64_t {  // list index -> cache row offset (elements), -1 refused
-    const int64_t key = sel != nullptr ? static_cast<int64_t>(sel[j]) : static_cast<int64_t>(j);
-    if (key < 0 || key > pos) {
-      atomicOr(error_flag, kDeviceErrorKeySelection);
-      return -1;
-    }
-    return mla_mma::cache_row(table, key, page_size, n_blocks, W, error_flag);
-  };
+  const PrefillRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq,
+                         p.sel_offsets != nullptr ? p.sel_idx + off0 : nullptr,  // read only when n_keys > 0
+                         pos,
+                         p.page_size,
+                         p.n_blocks,
+                         W,
+                         p.error_flag};
   mla_mma::Args a;
   a.q = p.q_lat + row * p.n_heads * W;
   a.cache = p.cache;
@@ -109,7 +133,7 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_prefill_attention_ke
   a.key_end = any_key ? static_cast<int>(end64) : 0;
   a.scale = p.scale;
   mla_mma::set_output(a, p.latent, p.part_o, p.part_lse, row * p.n_heads, p.rank, p.n_splits, split);
-  mla_mma::attend<NTW>(a, row_of, smem);
+  mla_mma::attend<NTW>(a, rows, smem);
 }
 
 template <int RPL>
