@@ -146,9 +146,17 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_desc_lo(uint32_t addr) { return ((addr 
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc_of_lo(uint32_t lo) { return (uint64_t{kWgmmaDescHi} << 32) | lo; }
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) { return w4a16_wgmma_desc_of_lo(w4a16_wgmma_desc_lo(addr)); }
 
+// kStream: the activations by one TMA box a chunk into a ring of the CTA (32 tokens), or by each lane's
+// cp.async into its warp's rings (8, 16). Both measured on an H100 (BENCHMARKS.md, twenty-fifth
+// session): the CTA ring makes 32 tokens 10-23% faster (a warp's 32 B loads of each row, shared-memory
+// wavefronts and L1 reads, bounded it) but 1-16 tokens up to 28% slower (the 256-row n8 default).
+FP4MOE_HD constexpr bool w4a16_stream_cta_x_ring(const W4A16Config& c) {
+  return c.kind == W4A16Kind::kStream && c.block_t == 32;
+}
+
 // Registers per thread a config is compiled for (kStream: the chunk's activation fragments, 8
 // registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus ~72 for the
-// rest (two chunks' A fragments): 88 for n8, 104 for n16, 136 for n32; kPipeline: 64).
+// rest (two chunks' A fragments): 88 for n8, 104 for n16; n32, on the CTA ring, 112; kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: a consumer thread's accumulators (block_w / 128 x block_t / 2 f32) plus ~64 for the rest,
   // at most 255 (w4a16_wgmma_consumer_regs: what setmaxnreg gives the consumers must cover it).
@@ -157,6 +165,9 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
     return acc + 64 > 255 ? 255 : acc + 64;
   }
   if (c.kind != W4A16Kind::kStream) return 64;
+  // The CTA's activation ring: one n8 tile's fragments live at a time (8 registers), loaded before its MMAs
+  // (ptxas: m128n32 115, m256n32 110).
+  if (w4a16_stream_cta_x_ring(c)) return 72 + 8 + 4 * kW4A16StreamTilesPerWarp * (c.block_t / 8);
   return 72 + (8 + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
@@ -229,13 +240,7 @@ struct W4A16Layout {
   // 128B-swizzled: w4a16_wgmma_swizzle).
   FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const { return ring_x_offset + slot * config.block_t * 128; }
 
-  // kStream: the activations by one TMA box a chunk into a ring of the CTA (32 tokens), or by each lane's
-  // cp.async into its warp's rings (8, 16). Both measured on an H100 (BENCHMARKS.md, twenty-fifth
-  // session): the CTA ring makes 32 tokens 10-23% faster (a warp's 32 B loads of each row, shared-memory
-  // wavefronts and L1 reads, bounded it) but 1-16 tokens up to 28% slower (the 256-row n8 default).
-  FP4MOE_HD static constexpr bool stream_cta_x_ring(const W4A16Config& c) {
-    return c.kind == W4A16Kind::kStream && c.block_t == 32;
-  }
+  FP4MOE_HD static constexpr bool stream_cta_x_ring(const W4A16Config& c) { return w4a16_stream_cta_x_ring(c); }
   // Its slots: kW4A16StreamXRingBytes worth, at least `stages` (a power of 2 either way).
   FP4MOE_HD static constexpr uint32_t stream_x_stages(const W4A16Config& c) {
     const uint32_t by_bytes = kW4A16StreamXRingBytes / (c.block_t * 128);
@@ -377,9 +382,10 @@ inline constexpr W4A16Config kW4A16Configs[] = {
     {128, 256, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m128n256_s4
     {256, 64, 64, 4, W4A16Kind::kWgmma},   // w4a16_wgmma_m256n64_s4
     {256, 128, 64, 4, W4A16Kind::kWgmma},  // w4a16_wgmma_m256n128_s4
-    {128, 32, 64, 4, kStreamKind},         // w4a16_stream_m128n32_d4 (17-32 tokens; appended: the ids above stay)
+    {128, 32, 64, 4, kStreamKind},         // w4a16_stream_m128n32_d4 (17-32 tokens until m256n32; appended: the ids above stay)
     {256, 8, 64, 4, kStreamKind},          // w4a16_stream_m256n8_d4 (1-8 tokens; appended)
     {256, 16, 64, 4, kStreamKind},         // w4a16_stream_m256n16_d4 (9-16 tokens; appended)
+    {256, 32, 64, 4, kStreamKind},         // w4a16_stream_m256n32_d4 (17-32 tokens, 8 warps; appended)
 };
 inline constexpr int kNumW4A16Configs = static_cast<int>(sizeof(kW4A16Configs) / sizeof(kW4A16Configs[0]));
 

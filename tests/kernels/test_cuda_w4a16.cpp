@@ -557,10 +557,11 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   std::mt19937_64 rng(testing::test_seed() ^ 0x5B1ull);
   const size_t big = size_t{64} << 20;
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n8_d8"), w4a16_config_id("w4a16_stream_m128n16_d8"),
-                  w4a16_config_id("w4a16_stream_m128n32_d4"), w4a16_config_id("w4a16_swapab_m64n8k256_s4"),
-                  w4a16_config_id("w4a16_swapab_m128n32k128_s4"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
-                  w4a16_config_id("w4a16_wgmma_m128n64_s4"), w4a16_config_id("w4a16_wgmma_m128n256_s4"),
-                  w4a16_config_id("w4a16_wgmma_m256n64_s4"), w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
+                  w4a16_config_id("w4a16_stream_m128n32_d4"), w4a16_config_id("w4a16_stream_m256n32_d4"),
+                  w4a16_config_id("w4a16_swapab_m64n8k256_s4"), w4a16_config_id("w4a16_swapab_m128n32k128_s4"),
+                  w4a16_config_id("w4a16_swapab_m128n64k128_s4"), w4a16_config_id("w4a16_wgmma_m128n64_s4"),
+                  w4a16_config_id("w4a16_wgmma_m128n256_s4"), w4a16_config_id("w4a16_wgmma_m256n64_s4"),
+                  w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {
     for (int32_t m : {1, 5, 16}) run_and_check(rng, 1, 1024, 16384, {m}, cfg, 0, big, /*null_offsets=*/m != 5);
     if (w4a16_config(cfg).block_t >= 32) run_and_check(rng, 1, 1024, 6144, {64}, cfg, 0, big, true);
     run_and_check(rng, 1, 200, 1040, {37}, cfg, 0, 0, true);  // no offsets, no split: 37 rows, ragged N
@@ -570,8 +571,9 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   }
   // The SwiGLU epilogue split too (MoE's shared expert: one expert, 2I rows): the reduction applies it.
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_stream_m128n32_d4"),
-                  w4a16_config_id("w4a16_swapab_m128n64k128_s4"), w4a16_config_id("w4a16_wgmma_m128n128_s4"),
-                  w4a16_config_id("w4a16_wgmma_m256n64_s4"), w4a16_config_id("w4a16_wgmma_m128n256_s4")}) {
+                  w4a16_config_id("w4a16_stream_m256n32_d4"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
+                  w4a16_config_id("w4a16_wgmma_m128n128_s4"), w4a16_config_id("w4a16_wgmma_m256n64_s4"),
+                  w4a16_config_id("w4a16_wgmma_m128n256_s4")}) {
     run_and_check_swiglu(rng, 1, 512, 6144, {64}, cfg, big);
     run_and_check_swiglu(rng, 1, 520, 2064, {5}, cfg, big);  // K = 16 x 129: a partial last group
     run_and_check_swiglu(rng, 2, 256, 4096, {3, 0}, cfg, big);

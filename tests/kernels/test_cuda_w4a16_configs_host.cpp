@@ -192,7 +192,7 @@ TEST(W4A16Layout, StreamCtaRingConfigsCarveTheRingsAndBarriers) {
         << name;
     expect_fits_exactly(c, total);
   }
-  EXPECT_EQ(n_cta, 1);
+  EXPECT_EQ(n_cta, 2);
   // By hand: m128n32_d4 (config 17): 16384 / 4096 = 4 slots of 32 x 128 B, 4 warps x 4 x 2 x 512 of
   // codes, 4 x 16 + 16 of mbarriers and ticket: 16384 + 16384 + 80 = 32848 B.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config(17)),
@@ -354,7 +354,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
       "w4a16_swapab_m128n64k128_s4", "w4a16_swapab_m64n64k128_s4",  "w4a16_wgmma_m128n32_s4",
       "w4a16_wgmma_m128n64_s4",      "w4a16_wgmma_m128n128_s4",     "w4a16_wgmma_m128n256_s4",
       "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4",     "w4a16_stream_m128n32_d4",
-      "w4a16_stream_m256n8_d4",      "w4a16_stream_m256n16_d4"};
+      "w4a16_stream_m256n8_d4",      "w4a16_stream_m256n16_d4",     "w4a16_stream_m256n32_d4"};
   ASSERT_EQ(names, want);
   ASSERT_EQ(static_cast<int>(names.size()), w4a16_num_configs());
   for (int i = 0; i < w4a16_num_configs(); ++i) EXPECT_EQ(w4a16_config_id(names[static_cast<size_t>(i)]), i);
@@ -364,7 +364,7 @@ TEST(W4A16Configs, NamesRoundTrip) {
       std::string::npos)
       << msg;
   const std::string msg_id = error_of([] { w4a16_config(99); });
-  EXPECT_NE(msg_id.find("config id 99 is out of range (20 configs, ids 0..19)"), std::string::npos) << msg_id;
+  EXPECT_NE(msg_id.find("config id 99 is out of range (21 configs, ids 0..20)"), std::string::npos) << msg_id;
   error_of([] { w4a16_config(-1); });
 }
 
@@ -479,7 +479,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   };
   const Case cases[] = {
       {1, "w4a16_stream_m256n8_d4"},    {8, "w4a16_stream_m256n8_d4"},    {9, "w4a16_stream_m256n16_d4"},
-      {16, "w4a16_stream_m256n16_d4"},  {17, "w4a16_stream_m128n32_d4"},  {32, "w4a16_stream_m128n32_d4"},
+      {16, "w4a16_stream_m256n16_d4"},  {17, "w4a16_stream_m256n32_d4"},  {32, "w4a16_stream_m256n32_d4"},
       {33, "w4a16_wgmma_m128n64_s4"},   {64, "w4a16_wgmma_m128n64_s4"},   {65, "w4a16_wgmma_m256n128_s4"},
       {128, "w4a16_wgmma_m256n128_s4"}, {129, "w4a16_wgmma_m128n256_s4"}, {500, "w4a16_wgmma_m128n256_s4"}};
   for (const Case& cs : cases) {

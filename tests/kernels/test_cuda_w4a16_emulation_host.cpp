@@ -409,7 +409,7 @@ TEST(W4A16Emulation, StreamKernelGivesTheExactProducts) {
   for (const W4A16Config& c : kW4A16Configs) {
     if (c.kind == W4A16Kind::kStream) configs.push_back(c);
   }
-  ASSERT_EQ(configs.size(), 9u);
+  ASSERT_EQ(configs.size(), 10u);
   configs.push_back(W4A16Config{64, 16, 64, 4, W4A16Kind::kStream});
   configs.push_back(W4A16Config{64, 32, 64, 8, W4A16Kind::kStream});
   ASSERT_EQ(W4A16Layout::make(configs.back()).x_stages, 8u);

@@ -114,6 +114,8 @@ constexpr Pinned kPinned[] = {
     // block_t / 8): 8 x 8192 = 65536 and 8 x 12288 = 98304.
     {"w4a16_stream_m256n8_d4", 0, 0, 0, 0, 0, 0, 65536, 8192},
     {"w4a16_stream_m256n16_d4", 0, 0, 0, 0, 0, 0, 98304, 12288},
+    // m256n32_d4 (appended, the CTA's activation ring): 16384 + 8 warps x 4096 of codes + 80 = 49232.
+    {"w4a16_stream_m256n32_d4", 0, 0, 0, 0, 0, 0, 49232, 4096},
 };
 static_assert(sizeof(kPinned) / sizeof(kPinned[0]) == kNumW4A16Configs, "pin every shipped config");
 
@@ -242,12 +244,15 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
     }
     return true;
   }());
-  // n32: 72 + (8 + 8) x 4 = 136 registers, 65536 / (128 x 136) = 3 CTAs a SM by registers, 233472 /
-  // (32848 + 1024) = 6 by smem (the CTA's activation ring: 81920 B and 2 a SM with a ring per warp).
+  // n32 (the CTA's activation ring: one n8 tile's fragments live at a time): 72 + 8 + 8 x 4 = 112 registers,
+  // 65536 / (128 x 112) = 4 CTAs a SM by registers, 233472 / (32848 + 1024) = 6 by smem (81920 B and 2 a SM
+  // with a ring per warp); m256n32_d4 65536 / (256 x 112) = 2 by registers, 233472 / (49232 + 1024) = 4 by smem.
   constexpr W4A16Config n32 = kW4A16Configs[17];  // w4a16_stream_m128n32_d4
   static_assert(n32.kind == W4A16Kind::kStream && n32.block_t == 32 && n32.stages == 4);
   static_assert(W4A16Layout::stream_cta_x_ring(n32) && W4A16Layout::make(n32).x_stages == 4);
-  static_assert(w4a16_register_budget(n32) == 136 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 3);
+  static_assert(w4a16_register_budget(n32) == 112 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 4);
+  static_assert(kW4A16Configs[20].block_w == 256 && kW4A16Configs[20].block_t == 32);
+  static_assert(w4a16_ctas_per_sm(kW4A16Configs[20], W4A16Layout::make(kW4A16Configs[20]).total_bytes()) == 2);
   // The 256-row CTAs (8 warps, configs 18 and 19): m256n8_d4 233472 / (65536 + 1024) = 3 by smem, 65536 /
   // (256 x 88) = 2 by registers -> 2; m256n16_d4 233472 / (98304 + 1024) = 2 by smem, 65536 / (256 x 104) = 2 -> 2.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[18], W4A16Layout::make(kW4A16Configs[18]).total_bytes()) == 2);

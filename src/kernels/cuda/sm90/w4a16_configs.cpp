@@ -157,9 +157,11 @@ int w4a16_default_config(int64_t tokens_per_expert) {
   // Up to 16 tokens, CTAs of 256 weight rows (8 warps): each token row's activations come from L2 once
   // per 256 rows instead of per 128 (L2 traffic at 16 tokens 5.21 -> 4.78 TB/s), 2-7% faster at 1-16
   // tokens (88-92% of HBM at 1-8; H100 same-run A/B, BENCHMARKS.md 2026-12-05 twenty-fourth session).
+  // 17-32 tokens also 256 rows a CTA (w4a16_stream_m256n32_d4, the CTA activation ring: one box per 256
+  // rows): 2-6% faster than m128n32_d4 on gate_up and down at 24-32 tokens (H100, twenty-sixth session).
   if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m256n8_d4");
   if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m256n16_d4");
-  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_stream_m128n32_d4");
+  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_stream_m256n32_d4");
   if (tokens_per_expert <= 64) return w4a16_config_id("w4a16_wgmma_m128n64_s4");
   if (tokens_per_expert <= 128) return w4a16_config_id("w4a16_wgmma_m256n128_s4");
   return w4a16_config_id("w4a16_wgmma_m128n256_s4");

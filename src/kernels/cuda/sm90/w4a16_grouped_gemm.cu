@@ -228,18 +228,15 @@ __global__ void __launch_bounds__(
         const uint32_t slot = (slot0 + j) % STAGES;
         const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(0, slot));
         const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(1, slot));
-        uint4 xq[kNTiles][2];
+        // The CTA ring: each n8 tile's fragments are loaded just before its MMAs (fewer live registers),
+        // and the slot released after the last; the per-warp ring: all of them here.
+        uint4 xq[kCtaX ? 1 : kNTiles][2];
+        uint32_t xs = 0, xslot = 0;
         if constexpr (kCtaX) {
-          const uint32_t xi = static_cast<uint32_t>(kc - kc0), xslot = xi % kXStages;
+          const uint32_t xi = static_cast<uint32_t>(kc - kc0);
+          xslot = xi % kXStages;
           ptx::mbarrier_wait_parity(full_u32 + 8 * xslot, (xi / kXStages) & 1u);
-          const uint32_t xs = smem_u32(smem) + kLayout.cta_x_slot(xslot);
-#pragma unroll
-          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-            xq[nt][0] = ptx::ld_shared_v4(xs + nt * 1024 + x_lane0);
-            xq[nt][1] = ptx::ld_shared_v4(xs + nt * 1024 + x_lane1);
-          }
-          __syncwarp();
-          if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * xslot);
+          xs = smem_u32(smem) + kLayout.cta_x_slot(xslot);
         } else {
 #pragma unroll
           for (uint32_t nt = 0; nt < kNTiles; ++nt) {
@@ -261,12 +258,21 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
-          w4a16_b_from_words(xq[nt][0], xq[nt][1], b);
+          if constexpr (kCtaX) {
+            w4a16_b_from_words(ptx::ld_shared_v4(xs + nt * 1024 + x_lane0), ptx::ld_shared_v4(xs + nt * 1024 + x_lane1),
+                               b);
+          } else {
+            w4a16_b_from_words(xq[nt][0], xq[nt][1], b);
+          }
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             mma_bf16_m16n8k16(acc[0][nt], a0[s], b[s]);
             mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
           }
+        }
+        if constexpr (kCtaX) {
+          __syncwarp();  // every lane's reads of the slot are done
+          if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * xslot);
         }
       }
     }
