@@ -164,9 +164,8 @@ std::vector<WeightSpec> architecture_manifest(const ModelConfig& config) {
 }
 
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
-  const Architecture arch = find_architecture(config.architecture);
   const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
-  const std::vector<WeightSpec> manifest = arch.manifest(config);
+  const std::vector<WeightSpec> manifest = architecture_manifest(config);
   uint64_t total = 0;  // progress in BF16-equivalent bytes
   for (const WeightSpec& spec : manifest) total += static_cast<uint64_t>(shape_numel(spec.shape)) * 2;
   LoadProgress progress("dummy weights", total, options.progress);

@@ -76,7 +76,11 @@ std::vector<NamedShape> model_shapes(const std::string& dir_or_preset) {
       continue;
     }
     const tune::GemmShape shape{1, w.shape[0], w.shape[1]};
-    if (shape.n % 8 != 0 || shape.k % 16 != 0) continue;  // GpuLinear's BF16 fallback
+    try {
+      tune::check_shape(shape, w.name);  // the W4A16 GEMM's shape rule
+    } catch (const Error&) {
+      continue;  // GpuLinear's BF16 fallback
+    }
     const std::string leaf = w.name.substr(w.name.rfind('.') + 1);
     auto same = std::find_if(dense.begin(), dense.end(), [&](const NamedShape& d) { return d.shape == shape; });
     if (same == dense.end()) {

@@ -42,9 +42,8 @@ cuda::sm90::W4A16GroupedGemmArgs w4a16_args(const DeviceBuffer& packed, const De
 }
 
 // Whether config `id` takes an [out, in] Linear at m rows (w4a16_check_problem; no device memory
-// is read: the pointers only have to be non-null and aligned).
-bool takes_shape(int id, int64_t m, int64_t out, int64_t in, std::string* why) {
-  DeviceBuffer dummy(256);
+// is read: `dummy`, one small buffer a caller allocates once, only makes the pointers non-null and aligned).
+bool takes_shape(const DeviceBuffer& dummy, int id, int64_t m, int64_t out, int64_t in, std::string* why) {
   try {
     cuda::sm90::w4a16_check_problem(
         w4a16_args(dummy, dummy, dummy, nullptr, dummy.as<__nv_bfloat16>(), m, out, in, dummy.as<__nv_bfloat16>()),
@@ -73,7 +72,8 @@ GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::
     std::set<int> ids;
     for (int64_t m = 1; m <= 128; ++m) ids.insert(cuda::sm90::w4a16_default_config(m));
     ids.insert(cuda::sm90::w4a16_default_config(max_rows));
-    for (int id : ids) nvfp4 = nvfp4 && takes_shape(id, max_rows, g.out_, g.in_, nullptr);
+    const DeviceBuffer dummy(256);
+    for (int id : ids) nvfp4 = nvfp4 && takes_shape(dummy, id, max_rows, g.out_, g.in_, nullptr);
   }
   if (nvfp4) {
     g.path_ = Path::kNvfp4W4A16;
@@ -168,11 +168,12 @@ bool GpuLinear::set_config_chooser(std::shared_ptr<const tune::ConfigChooser> ch
   }
   const tune::GemmShape shape{1, out_, in_};
   const int64_t last = tune::token_bucket(max_rows_);  // forward(m) looks up token_bucket(m) <= this
+  const DeviceBuffer dummy(256);
   for (const int64_t bucket : tune::kTokenBuckets) {
     if (bucket > last) break;
     const int id = chooser->choose_config_id(shape, bucket);
     std::string reason;
-    if (!takes_shape(id, max_rows_, out_, in_, &reason)) {
+    if (!takes_shape(dummy, id, max_rows_, out_, in_, &reason)) {
       if (why != nullptr) {
         *why = name_ + " " + shape.to_string() + ": the tune cache's config " +
                cuda::sm90::w4a16_config_name(cuda::sm90::w4a16_config(id)) + " for token bucket " +

@@ -49,24 +49,6 @@ struct MlaParams {
   float scale;
 };
 
-// Decode's key list is the sequence's keys 0..seq_len-1 (list entry = key): fetch reads the key's
-// block id from the sequence's block table, resolve checks it (mla_mma::RowFetch).
-struct DecodeRows {
-  const int32_t* table;  // this sequence's block table
-  int page_size;
-  int64_t n_blocks;
-  int width;  // rank + rope
-  uint32_t* error_flag;
-  __device__ __forceinline__ mla_mma::RowFetch fetch(int key) const {
-    uint32_t page, within;
-    mla_mma::key_page(key, page_size, page, within);
-    return mla_mma::RowFetch{table[page], static_cast<int32_t>(within)};
-  }
-  __device__ __forceinline__ int64_t resolve(const mla_mma::RowFetch& f) const {
-    return mla_mma::block_row(f.a, static_cast<uint32_t>(f.b), page_size, n_blocks, width, error_flag);
-  }
-};
-
 // Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x
 // (mla_mma_attention.cuh does the attention).
 template <int NTW>
@@ -85,8 +67,9 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
   const int64_t end64 = min(begin64 + p.keys_per_split, seq_len);
   const bool any_key = end64 > begin64;
   const int W = p.rank + p.rope;
-  const DecodeRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks, W,
-                        p.error_flag};
+  // The key list is the sequence's keys 0..seq_len-1 (list entry = key).
+  const mla_mma::TableRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks,
+                                W, p.error_flag};
   mla_mma::Args a;
   a.q = p.q_lat + static_cast<int64_t>(s) * p.n_heads * W;
   a.cache = p.cache;

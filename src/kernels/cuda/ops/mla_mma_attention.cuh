@@ -80,6 +80,31 @@ __device__ __forceinline__ int64_t block_row(int64_t blk, uint32_t within, int p
   return (blk * page_size + within) * width;
 }
 
+// Keys through a sequence's block table (a list entry is a key: decode's 0..seq_len-1, a dense prefill
+// query's 0..pos): fetch reads the key's block id, resolve checks it (block_row). The prefill kernel's
+// DSA selection maps its entries to keys first and then looks each up at once (row).
+struct TableRows {
+  const int32_t* table;  // this sequence's block table
+  int page_size;
+  int64_t n_blocks;
+  int width;  // rank + rope
+  uint32_t* error_flag;
+  __device__ __forceinline__ RowFetch fetch(int key) const {
+    uint32_t page, within;
+    key_page(key, page_size, page, within);
+    return RowFetch{table[page], static_cast<int32_t>(within)};
+  }
+  __device__ __forceinline__ int64_t resolve(const RowFetch& f) const {
+    return block_row(f.a, static_cast<uint32_t>(f.b), page_size, n_blocks, width, error_flag);
+  }
+  // Both steps at once (a key known only now: the table read is used at once).
+  __device__ __forceinline__ int64_t row(int key) const {
+    uint32_t page, within;
+    key_page(key, page_size, page, within);
+    return block_row(table[page], within, page_size, n_blocks, width, error_flag);
+  }
+};
+
 // Where a query row's result goes: latent [rows, n_heads, rank] directly (one split), or the split
 // workspace part_o [rows, n_heads, n_splits, rank] + part_lse [rows, n_heads, n_splits] that the
 // merge kernel combines. row0 = query row x n_heads (head 0 of the row).

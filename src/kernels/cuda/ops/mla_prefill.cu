@@ -48,33 +48,23 @@ struct PrefillParams {
   float scale;
 };
 
-// A query's key list (mla_mma::RowFetch): its DSA selection (entry j = key sel[j], checked causal, its
-// block id read at resolve: it depends on the key) or dense (entry j = key j <= pos by construction: the
-// block id read at fetch, as decode).
+// A query's key list (mla_mma::RowFetch): dense (entry j = key j <= pos by construction: the block table
+// lookup as decode, mla_mma::TableRows) or its DSA selection (entry j = key sel[j], fetched; resolve checks it
+// causal and then looks it up: its block id depends on the key).
 struct PrefillRows {
-  const int32_t* table;  // this sequence's block table
-  const int32_t* sel;    // the query's selection, nullptr: dense
-  int64_t pos;           // the query's position
-  int page_size;
-  int64_t n_blocks;
-  int width;  // rank + rope
-  uint32_t* error_flag;
+  const int32_t* sel;  // the query's selection, nullptr: dense
+  int64_t pos;         // the query's position
+  mla_mma::TableRows keys;
   __device__ __forceinline__ mla_mma::RowFetch fetch(int j) const {
-    if (sel != nullptr) return mla_mma::RowFetch{sel[j], 0};
-    uint32_t page, within;
-    mla_mma::key_page(j, page_size, page, within);
-    return mla_mma::RowFetch{table[page], static_cast<int32_t>(within)};
+    return sel != nullptr ? mla_mma::RowFetch{sel[j], 0} : keys.fetch(j);
   }
   __device__ __forceinline__ int64_t resolve(const mla_mma::RowFetch& f) const {
-    if (sel == nullptr)
-      return mla_mma::block_row(f.a, static_cast<uint32_t>(f.b), page_size, n_blocks, width, error_flag);
+    if (sel == nullptr) return keys.resolve(f);
     if (f.a < 0 || f.a > pos) {
-      atomicOr(error_flag, kDeviceErrorKeySelection);
+      atomicOr(keys.error_flag, kDeviceErrorKeySelection);
       return -1;
     }
-    uint32_t page, within;
-    mla_mma::key_page(f.a, page_size, page, within);
-    return mla_mma::block_row(table[page], within, page_size, n_blocks, width, error_flag);
+    return keys.row(f.a);
   }
 };
 
@@ -115,13 +105,10 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_prefill_attention_ke
   // List indices are below n_keys <= pos + 1 <= seq_len (int32), so 32-bit from here; an empty range
   // (a split past this list's end, whose begin may not fit 32 bits) becomes [0, 0).
   const bool any_key = end64 > begin64;
-  const PrefillRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq,
-                         p.sel_offsets != nullptr ? p.sel_idx + off0 : nullptr,  // read only when n_keys > 0
-                         pos,
-                         p.page_size,
-                         p.n_blocks,
-                         W,
-                         p.error_flag};
+  const PrefillRows rows{
+      p.sel_offsets != nullptr ? p.sel_idx + off0 : nullptr,  // read only when n_keys > 0
+      pos,
+      {p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks, W, p.error_flag}};
   mla_mma::Args a;
   a.q = p.q_lat + row * p.n_heads * W;
   a.cache = p.cache;
