@@ -106,12 +106,15 @@ struct W4A16Config {
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-// Bytes of one kStream activation ring slot: a chunk (64 k) of 8 token rows, 32 lanes x 32 B.
-inline constexpr uint32_t kW4A16StreamXSlotBytes = 1024;
 // kStream with the CTA's activation ring (stream_cta_x_ring): its bytes, at least `stages` slots. A
 // slot is refilled once every warp released it, so with more slots than chunks in flight (stages - 1)
 // the slowest warp may trail the fastest by x_stages - stages + 1 chunks before a refill waits for it.
 inline constexpr uint32_t kW4A16StreamXRingBytes = 16384;
+// kStream with 8 or 16 tokens on the CTA's activation ring: a slot holds a scale group's 8 chunks (one
+// full wait, one ticket and one release a group: per chunk they cost the issue-bound n8 step ~30%
+// more instructions), kW4A16StreamXGroupSlots slots, the next group's boxes issued at a group's start.
+inline constexpr uint32_t kW4A16StreamXGroupSlots = 2;
+inline constexpr uint32_t kW4A16StreamXGroupChunks = 8;  // kW4A16ScaleGroup (the kernel static_asserts it)
 // m16 row tiles a kStream warp owns (adjacent: 32 weight rows). 2, not 1: the activation fragments
 // it loads feed both tiles' MMAs and the two dequant chains overlap; at 16 tokens per expert 1.24x
 // (gate_up) / 1.10x (down) faster, equal at 1-8 (H200, BENCHMARKS.md 2026-12-04 thirteenth session).
@@ -146,13 +149,14 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_desc_lo(uint32_t addr) { return ((addr 
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc_of_lo(uint32_t lo) { return (uint64_t{kWgmmaDescHi} << 32) | lo; }
 FP4MOE_HD constexpr uint64_t w4a16_wgmma_desc(uint32_t addr) { return w4a16_wgmma_desc_of_lo(w4a16_wgmma_desc_lo(addr)); }
 
-// kStream: the activations by one TMA box a chunk into a ring of the CTA (32 tokens), or by each lane's
-// cp.async into its warp's rings (8, 16). Both measured on an H100 (BENCHMARKS.md, twenty-fifth
-// session): the CTA ring makes 32 tokens 10-23% faster (a warp's 32 B loads of each row, shared-memory
-// wavefronts and L1 reads, bounded it) but 1-16 tokens up to 28% slower (the 256-row n8 default).
-FP4MOE_HD constexpr bool w4a16_stream_cta_x_ring(const W4A16Config& c) {
-  return c.kind == W4A16Kind::kStream && c.block_t == 32;
-}
+// kStream: the activations by TMA boxes into a ring of the CTA (full / empty mbarriers, the boxes issued
+// by the first warp there), every token count: 32 tokens a slot a chunk (H100, twenty-fifth session:
+// 10-23% faster than each lane's cp.async into its warp's rings, whose 32 B loads of each row, shared-memory
+// wavefronts and L1 reads bounded it); 8 and 16 tokens a slot a scale group (W4A16Layout::
+// stream_x_group_slots: with a slot a chunk the per-chunk barrier work made the issue-bound n8 step ~30%
+// longer and 1-8 tokens 20-28% slower; a slot a group: 1-8 tokens level, 16 tokens 2-4% faster, H100,
+// twenty-sixth session).
+FP4MOE_HD constexpr bool w4a16_stream_cta_x_ring(const W4A16Config& c) { return c.kind == W4A16Kind::kStream; }
 
 // Registers per thread a config is compiled for (kStream: the chunk's activation fragments, 8
 // registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus ~72 for the
@@ -167,7 +171,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   if (c.kind != W4A16Kind::kStream) return 64;
   // The CTA's activation ring: one n8 tile's fragments live at a time (8 registers), loaded before its MMAs
   // (ptxas: m128n32 115, m256n32 110).
-  if (w4a16_stream_cta_x_ring(c)) return 72 + 8 + 4 * kW4A16StreamTilesPerWarp * (c.block_t / 8);
+  if (w4a16_stream_cta_x_ring(c) && c.block_t == 32) return 72 + 8 + 4 * kW4A16StreamTilesPerWarp * (c.block_t / 8);
   return 72 + (8 + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
@@ -215,8 +219,9 @@ struct W4A16Layout {
   uint32_t x_tile_bytes = 0, w_tiles_bytes = 0, w_scales_bytes = 0;      // one stage
   uint32_t epilogue_offset = 0, epilogue_row_bytes = 0, epilogue_bytes = 0;
   uint32_t ring_offset = 0, ring_warp_bytes = 0;  // kStream: warp w's rings at ring_offset + w * ring_warp_bytes
-  uint32_t ring_x_offset = 0;  // kStream: the activation rings inside a warp's rings (CTA ring: from smem)
+  uint32_t ring_x_offset = 0;                     // kStream: the CTA's activation ring, from smem
   uint32_t x_stages = 0;       // kStream with the CTA's activation ring: its slots (else 0)
+  uint32_t x_slot_chunks = 0;  // and the chunks a slot holds (1, or a scale group's 8)
   uint32_t a_tiles_offset = 0, a_tile_bytes = 0;  // kWgmma: A buffer b at a_tiles_offset + b * a_tile_bytes
   uint32_t barriers_offset = 0;  // kWgmma: full[stages], empty[stages]; kStream CTA ring: full, empty[x_stages], ticket
   const char* invalid_reason = nullptr;  // non-null: the config cannot be built (the rule broken)
@@ -228,19 +233,22 @@ struct W4A16Layout {
   FP4MOE_HD constexpr uint32_t x_tile(uint32_t stage) const { return x_tile_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_tiles(uint32_t stage) const { return w_tiles_offset + stage * stage_stride; }
   FP4MOE_HD constexpr uint32_t w_scales(uint32_t stage) const { return w_scales_offset + stage * stage_stride; }
-  // kStream, bytes from a warp's rings to lane 0's 16 B in slot `slot`: row tile h's codes, and half
-  // `half` (k 16 t .. + 7, then 16 t + 8 .. + 15) of n8 tile nt's activations; lane L's are 16 L further.
+  // kStream, bytes from a warp's code rings to lane 0's 16 B of row tile h's codes in slot `slot`; lane L's
+  // are 16 L further.
   FP4MOE_HD constexpr uint32_t ring_code_slot(uint32_t h, uint32_t slot) const {
     return (h * config.stages + slot) * 512;
   }
-  FP4MOE_HD constexpr uint32_t ring_x_slot(uint32_t nt, uint32_t slot, uint32_t half) const {
-    return ring_x_offset + (nt * config.stages + slot) * kW4A16StreamXSlotBytes + half * (kW4A16StreamXSlotBytes / 2);
-  }
   // kStream with the CTA's activation ring: bytes from smem to its slot `slot` (block_t rows x 128 B,
   // 128B-swizzled: w4a16_wgmma_swizzle).
-  FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const { return ring_x_offset + slot * config.block_t * 128; }
+  FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const {
+    return ring_x_offset + slot * x_slot_chunks * config.block_t * 128;
+  }
 
   FP4MOE_HD static constexpr bool stream_cta_x_ring(const W4A16Config& c) { return w4a16_stream_cta_x_ring(c); }
+  // The 8 / 16-token tiles: a slot a scale group (kW4A16StreamXGroupSlots); 32 tokens: a slot a chunk.
+  FP4MOE_HD static constexpr bool stream_x_group_slots(const W4A16Config& c) {
+    return stream_cta_x_ring(c) && c.block_t < 32;
+  }
   // Its slots: kW4A16StreamXRingBytes worth, at least `stages` (a power of 2 either way).
   FP4MOE_HD static constexpr uint32_t stream_x_stages(const W4A16Config& c) {
     const uint32_t by_bytes = kW4A16StreamXRingBytes / (c.block_t * 128);
@@ -294,21 +302,16 @@ struct W4A16Layout {
     if (stream_cta_x_ring(c)) {
       // The CTA's activation ring (one TMA box of block_t rows x 64 k a slot, 128B-swizzled), the warps'
       // code rings, the slots' full / empty mbarriers and the issue ticket.
-      out.x_stages = stream_x_stages(c);
-      out.ring_x_offset = out.layout.add("activation ring (CTA: bf16, 128B-swizzled)", out.x_stages * c.block_t * 128,
-                                         kWgmmaSwizzleAtom, RegionKind::kStageOperand);
+      out.x_stages = stream_x_group_slots(c) ? kW4A16StreamXGroupSlots : stream_x_stages(c);
+      out.x_slot_chunks = stream_x_group_slots(c) ? kW4A16StreamXGroupChunks : 1;
+      out.ring_x_offset = out.layout.add("activation ring (CTA: bf16, 128B-swizzled)",
+                                         out.x_stages * out.x_slot_chunks * c.block_t * 128, kWgmmaSwizzleAtom,
+                                         RegionKind::kStageOperand);
       out.ring_warp_bytes = kW4A16StreamTilesPerWarp * c.stages * 512;
       out.ring_offset = out.layout.add("code rings (per warp: e2m1 kernel layout)", c.n_warps() * out.ring_warp_bytes,
                                        128, RegionKind::kStageOperand);
       out.barriers_offset = out.layout.add("mbarriers (activation slot full, empty), issue ticket",
                                            out.x_stages * 16 + 16, 8, RegionKind::kBarrier);
-      return out;
-    }
-    if (c.kind == W4A16Kind::kStream) {
-      out.ring_x_offset = kW4A16StreamTilesPerWarp * c.stages * 512;
-      out.ring_warp_bytes = out.ring_x_offset + c.block_t / 8 * c.stages * kW4A16StreamXSlotBytes;
-      out.ring_offset = out.layout.add("code + activation rings (per warp: e2m1 kernel layout, bf16)",
-                                       c.n_warps() * out.ring_warp_bytes, 128, RegionKind::kStageOperand);
       return out;
     }
     if (c.kind == W4A16Kind::kWgmma) {

@@ -26,15 +26,11 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
     return s.str();
   }
   if (W4A16Layout::stream_cta_x_ring(c)) {
-    s << l.x_stages << " chunks x " << c.block_t * 128 << " B activations + " << c.n_warps() << " warps x " << c.stages
-      << " chunks x " << kW4A16StreamTilesPerWarp << " row tiles x 512 B codes + mbarriers, ticket "
-      << l.total_bytes() - l.barriers_offset << " = " << l.total_bytes() << " B";  // the barriers come last
-    return s.str();
-  }
-  if (c.kind == W4A16Kind::kStream) {
-    s << c.n_warps() << " warps x " << c.stages << " chunks x (" << kW4A16StreamTilesPerWarp
-      << " row tiles x 512 B codes + " << c.block_t / 8 << " x " << kW4A16StreamXSlotBytes
-      << " B activations) = " << l.total_bytes() << " B";
+    if (W4A16Layout::stream_x_group_slots(c)) s << l.x_stages << " slots x ";  // a slot a scale group
+    s << (W4A16Layout::stream_x_group_slots(c) ? l.x_slot_chunks : l.x_stages) << " chunks x " << c.block_t * 128
+      << " B activations + " << c.n_warps() << " warps x " << c.stages << " chunks x " << kW4A16StreamTilesPerWarp
+      << " row tiles x 512 B codes + mbarriers, ticket " << l.total_bytes() - l.barriers_offset << " = "
+      << l.total_bytes() << " B";  // the barriers come last
     return s.str();
   }
   if (c.kind == W4A16Kind::kWgmma) {

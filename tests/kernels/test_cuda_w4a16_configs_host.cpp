@@ -39,22 +39,23 @@ TEST(W4A16Configs, ShippedConfigsMeetTheKernelsStaticAsserts) {
       // ring slot kc % stages is a mask for a power of two.
       EXPECT_GE(c.stages, 2u) << name;
       EXPECT_EQ(c.stages & (c.stages - 1), 0u) << name << ": slot = kc % stages";
-      if (W4A16Layout::stream_cta_x_ring(c)) {
-        // The CTA ring's slot (kc - kc0) % x_stages is a mask, and it holds the stages - 1 chunks in
-        // flight and the one being read.
+      ASSERT_TRUE(W4A16Layout::stream_cta_x_ring(c)) << name;
+      {
+        // The CTA ring's slot (kc - kc0) % x_stages (a slot a chunk) or (kg - kg0) % x_stages (a slot a scale
+        // group) is a mask; a slot a chunk holds the stages - 1 chunks in flight and the one being read, a slot
+        // a group the group being read and the next one.
         const uint32_t xs = W4A16Layout::make(c).x_stages;
         EXPECT_EQ(xs & (xs - 1), 0u) << name;
-        EXPECT_GE(xs, c.stages) << name;
+        if (W4A16Layout::stream_x_group_slots(c)) {
+          EXPECT_GE(xs, 2u) << name;
+          EXPECT_EQ(W4A16Layout::make(c).x_slot_chunks, kW4A16ScaleGroup) << name;
+        } else {
+          EXPECT_GE(xs, c.stages) << name;
+          EXPECT_EQ(W4A16Layout::make(c).x_slot_chunks, 1u) << name;
+        }
         EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes, kW4A16StreamTilesPerWarp * c.stages * kW4A16TileBytes)
             << name << ": one code ring per row tile, one 512 B chunk per slot";
-        continue;
       }
-      EXPECT_EQ(W4A16Layout::make(c).x_stages, 0u) << name;
-      EXPECT_EQ(W4A16Layout::make(c).ring_x_offset, kW4A16StreamTilesPerWarp * c.stages * kW4A16TileBytes)
-          << name << ": one code ring per row tile, one 512 B chunk per slot";
-      EXPECT_EQ(W4A16Layout::make(c).ring_warp_bytes,
-                W4A16Layout::make(c).ring_x_offset + c.block_t / 8 * c.stages * kW4A16StreamXSlotBytes)
-          << name << ": then one activation ring per n8 tile, 1 KB per slot";
     } else {
       EXPECT_EQ(c.block_k % 64, 0u) << name;
       EXPECT_EQ(kW4A16ScaleGroup % (c.block_k / 64), 0u) << name;
@@ -112,60 +113,29 @@ void expect_fits_exactly(const W4A16Config& c, uint32_t total) {
       << msg;
 }
 
-// The kStream layout (8 and 16 tokens) is one region, the rings: warp w's at ring_offset + w x
-// ring_warp_bytes, per chunk slot 2 x 512 B of codes (32 lanes x 16 B of one 16 x 64 e2m1 tile each)
-// and block_t / 8 x 1 KB of activations (tests/plan/test_layouts.cpp pins every config's bytes); the
-// launcher refuses it 1 B short.
-TEST(W4A16Layout, StreamConfigsCarveOnlyTheRings) {
-  int n_stream = 0;
-  for (const W4A16Config& c : kW4A16Configs) {
-    if (c.kind != W4A16Kind::kStream || W4A16Layout::stream_cta_x_ring(c)) continue;
-    ++n_stream;
-    const W4A16Layout l = W4A16Layout::make(c);
-    const std::string name = w4a16_config_name(c);
-    const uint32_t warp_bytes = c.stages * (kW4A16StreamTilesPerWarp * 512 + c.block_t / 8 * kW4A16StreamXSlotBytes);
-    const uint32_t total = c.n_warps() * warp_bytes;
-    ASSERT_TRUE(l.valid()) << name;
-    ASSERT_EQ(l.layout.n_regions, 1) << name;
-    const plan::SmemRegion& r = l.layout.regions[0];
-    EXPECT_STREQ(r.name, "code + activation rings (per warp: e2m1 kernel layout, bf16)") << name;
-    EXPECT_EQ(r.offset, 0u) << name;
-    EXPECT_EQ(r.bytes, total) << name;
-    EXPECT_EQ(r.align, 128u) << name;
-    EXPECT_EQ(l.ring_offset, 0u) << name;
-    EXPECT_EQ(l.ring_warp_bytes, warp_bytes) << name;
-    EXPECT_EQ(l.total_bytes(), total) << name;  // the last warp's ring ends at the request
-    EXPECT_EQ(l.x_tile_bytes + l.w_tiles_bytes + l.w_scales_bytes + l.stage_stride + l.epilogue_bytes, 0u) << name;
-    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(c.n_warps()) + " warps x " + std::to_string(c.stages) +
-                                         " chunks x (2 row tiles x 512 B codes + " + std::to_string(c.block_t / 8) +
-                                         " x 1024 B activations) = " + std::to_string(total) + " B")
-        << name;
-    expect_fits_exactly(c, total);
-  }
-  EXPECT_EQ(n_stream, 8);
-  // By hand: config 0, m64n8_d8, is 64 / 32 = 2 warps x 8 x (2 x 512 + 1024) = 32768 B.
-  EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)),
-            "2 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = 32768 B");
-}
-
-// With 32 tokens (stream_cta_x_ring) the activations are the CTA's: its ring at 0 (x_stages slots of
-// block_t rows x 128 B, 1024 B aligned for the 128B swizzle; kW4A16StreamXRingBytes, at least
-// `stages`), warp w's code rings at ring_offset + w x ring_warp_bytes, then a full and an empty
+// Every kStream config (stream_cta_x_ring) holds the activations in the CTA's ring at 0, 1024 B aligned for
+// the 128B swizzle: with 32 tokens x_stages slots of one chunk (block_t rows x 128 B; kW4A16StreamXRingBytes,
+// at least `stages`), with 8 / 16 tokens (stream_x_group_slots) kW4A16StreamXGroupSlots slots of a scale
+// group's 8 chunks; warp w's code rings at ring_offset + w x ring_warp_bytes, then a full and an empty
 // mbarrier per slot and the issue ticket (16 B); the launcher refuses it 1 B short.
 TEST(W4A16Layout, StreamCtaRingConfigsCarveTheRingsAndBarriers) {
   int n_cta = 0;
   for (const W4A16Config& c : kW4A16Configs) {
-    if (!W4A16Layout::stream_cta_x_ring(c)) continue;
+    if (c.kind != W4A16Kind::kStream) continue;
+    ASSERT_TRUE(W4A16Layout::stream_cta_x_ring(c)) << w4a16_config_name(c);
     ++n_cta;
     const W4A16Layout l = W4A16Layout::make(c);
     const std::string name = w4a16_config_name(c);
-    EXPECT_EQ(c.block_t, 32u) << name;
-    const uint32_t x_stages = std::max(c.stages, kW4A16StreamXRingBytes / (c.block_t * 128));
-    const uint32_t x_bytes = x_stages * c.block_t * 128;
+    const bool group = W4A16Layout::stream_x_group_slots(c);
+    EXPECT_EQ(group, c.block_t < 32) << name;
+    const uint32_t x_stages = group ? 2u : std::max(c.stages, kW4A16StreamXRingBytes / (c.block_t * 128));
+    const uint32_t slot_chunks = group ? 8u : 1u;
+    const uint32_t x_bytes = x_stages * slot_chunks * c.block_t * 128;
     const uint32_t warp_bytes = c.stages * kW4A16StreamTilesPerWarp * 512;
     const uint32_t total = x_bytes + c.n_warps() * warp_bytes + x_stages * 16 + 16;
     ASSERT_TRUE(l.valid()) << name;
     EXPECT_EQ(l.x_stages, x_stages) << name;
+    EXPECT_EQ(l.x_slot_chunks, slot_chunks) << name;
     ASSERT_EQ(l.layout.n_regions, 3) << name;
     const plan::SmemRegion* r = l.layout.regions;
     EXPECT_STREQ(r[0].name, "activation ring (CTA: bf16, 128B-swizzled)") << name;
@@ -179,20 +149,25 @@ TEST(W4A16Layout, StreamCtaRingConfigsCarveTheRingsAndBarriers) {
     EXPECT_EQ(r[2].offset, x_bytes + c.n_warps() * warp_bytes) << name;
     EXPECT_EQ(r[2].bytes, x_stages * 16 + 16) << name;
     EXPECT_EQ(l.ring_x_offset, 0u) << name;
-    EXPECT_EQ(l.cta_x_slot(1), c.block_t * 128) << name;
+    EXPECT_EQ(l.cta_x_slot(1), slot_chunks * c.block_t * 128) << name;
     EXPECT_EQ(l.ring_offset, x_bytes) << name;
     EXPECT_EQ(l.ring_warp_bytes, warp_bytes) << name;
     EXPECT_EQ(l.barriers_offset, r[2].offset) << name;
     EXPECT_EQ(l.total_bytes(), total) << name;  // the ticket ends at the request
-    EXPECT_EQ(w4a16_smem_summary(c), std::to_string(x_stages) + " chunks x " + std::to_string(c.block_t * 128) +
-                                         " B activations + " + std::to_string(c.n_warps()) + " warps x " +
-                                         std::to_string(c.stages) +
+    EXPECT_EQ(w4a16_smem_summary(c), (group ? std::to_string(x_stages) + " slots x 8" : std::to_string(x_stages)) +
+                                         " chunks x " + std::to_string(c.block_t * 128) + " B activations + " +
+                                         std::to_string(c.n_warps()) + " warps x " + std::to_string(c.stages) +
                                          " chunks x 2 row tiles x 512 B codes + mbarriers, ticket " +
                                          std::to_string(x_stages * 16 + 16) + " = " + std::to_string(total) + " B")
         << name;
     expect_fits_exactly(c, total);
   }
-  EXPECT_EQ(n_cta, 2);
+  EXPECT_EQ(n_cta, 10);  // configs 0-5 and 17-20
+  // By hand: m64n8_d8 (config 0): 2 slots x 8 chunks x 8 x 128 B = 16384, 2 warps x 8 x 2 x 512 of codes,
+  // 2 x 16 + 16 of mbarriers and ticket: 16384 + 16384 + 48 = 32816 B.
+  EXPECT_EQ(w4a16_smem_summary(w4a16_config(0)),
+            "2 slots x 8 chunks x 1024 B activations + 2 warps x 8 chunks x 2 row tiles x 512 B codes + mbarriers, "
+            "ticket 48 = 32816 B");
   // By hand: m128n32_d4 (config 17): 16384 / 4096 = 4 slots of 32 x 128 B, 4 warps x 4 x 2 x 512 of
   // codes, 4 x 16 + 16 of mbarriers and ticket: 16384 + 16384 + 80 = 32848 B.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config(17)),
@@ -332,16 +307,16 @@ TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
   plan::GpuSpec tiny = ada;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
-  // 20000 B refuses every config (the smallest needs 32768 B): the whole table, in id order (its names are
+  // 20000 B refuses every config (the smallest needs 32816 B): the whole table, in id order (its names are
   // pinned by NamesRoundTrip).
   EXPECT_EQ(check_refusals_agree(tiny), w4a16_config_names());
-  // The stream refusal to the byte: 65536 - 20000 = 45536.
+  // The stream refusal to the byte: 49200 - 20000 = 29200.
   const std::string msg =
       error_of([] { w4a16_check_config(w4a16_config(w4a16_config_id("w4a16_stream_m128n8_d8")), 20000); });
-  EXPECT_NE(
-      msg.find("config w4a16_stream_m128n8_d8 needs 4 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B "
-               "activations) = 65536 B of shared memory > 20000 B (the device's opt-in limit per block) by 45536 B"),
-      std::string::npos)
+  EXPECT_NE(msg.find("config w4a16_stream_m128n8_d8 needs 2 slots x 8 chunks x 1024 B activations + 4 warps x 8 chunks "
+                     "x 2 row tiles x 512 B codes + mbarriers, ticket 48 = 49200 B of shared memory > 20000 B (the "
+                     "device's opt-in limit per block) by 29200 B"),
+            std::string::npos)
       << msg;
 }
 
@@ -491,10 +466,11 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
   EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
-  // The decode defaults' rings: 8 warps x 4 chunks x (2 x 512 + 1024) = 65536 B (n8) and 8 warps x 4
-  // chunks x (2 x 512 + 2048) = 98304 B (n16), 2 CTAs an SM each.
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 65536u);
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 98304u);
+  // The decode defaults' shared memory: the CTA's activation ring (2 slots x 8 chunks x block_t x 128 B) +
+  // 8 warps x 4 chunks x 2 x 512 B of codes + 48 B of mbarriers = 49200 B (n8) and 65584 B (n16), 2 CTAs an SM
+  // each (by registers).
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 49200u);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 65584u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(16)).block_w, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
@@ -547,15 +523,14 @@ TEST(W4A16Configs, StreamConfigRulesAreNamed) {
             std::string::npos)
       << msg;
   EXPECT_NO_THROW(w4a16_check_config(W4A16Config{64, 8, 64, 4, kS}, kSm90SmemOptinBytes));
-  // 4 warps x 16 x (1024 + 2 x 1024) = 196608 B
+  // 32768 + 4 warps x 16 x 1024 + 48 = 98352 B
   EXPECT_NO_THROW(w4a16_check_config(W4A16Config{128, 16, 64, 16, kS}, kSm90SmemOptinBytes));
-  // Shared memory is checked for stream configs too: 2 warps x 16 x (1024 + 1024) = 65536 B > 65535 by 1.
-  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 65535); });
+  // Shared memory is checked for stream configs too: 16384 + 2 warps x 16 x 1024 + 48 = 49200 B > 49199 by 1.
+  msg = error_of([] { w4a16_check_config(W4A16Config{64, 8, 64, 16, kS}, 49199); });
   EXPECT_NE(
-      msg.find(
-          "sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 2 warps x 16 chunks x (2 row tiles x "
-          "512 B codes + 1 x 1024 B activations) = 65536 B of shared memory > 65535 B (the device's opt-in limit "
-          "per block) by 1 B"),
+      msg.find("sm90_nvfp4_w4a16_grouped_gemm: config w4a16_stream_m64n8_d16 needs 2 slots x 8 chunks x 1024 B "
+               "activations + 2 warps x 16 chunks x 2 row tiles x 512 B codes + mbarriers, ticket 48 = 49200 B of "
+               "shared memory > 49199 B (the device's opt-in limit per block) by 1 B"),
       std::string::npos)
       << msg;
   msg = error_of([] { w4a16_check_config(W4A16Config{96, 8, 64, 4, kS}, kSm90SmemOptinBytes); });

@@ -160,16 +160,14 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
 //     (zero-filled past K) into the ring of its tile h in its warp's shared memory, slot kc % stages, at
 //     ring_offset + warp x ring_warp_bytes + (h x stages + slot) x 512 + 16 lane of a host image of the
 //     CTA's W4A16Layout filled with garbage;
-//   * activations (block_t 8, 16): in the same commit group, the lane's 32 B of token row 8 nt + g at
-//     x[tok][64 kc + 16 t] (zero past K and past the tokens) into n8 tile nt's activation ring, slot
-//     kc % stages: its first 16 B at ring_x_offset + (nt x stages + slot) x 1024 + 16 lane, its second
-//     512 B later;
-//   * activations (block_t 32, stream_cta_x_ring): with chunk kc's codes, the first warp there loads the
-//     chunk's block_t token rows by one TMA box into the CTA's ring, slot kc % x_stages (cta_x_slot),
-//     128B-swizzled: 16 B unit u (k 64 kc + 8 u ..) of row r at r x 128 + (u ^ (r & 7)) x 16 (zero past K
-//     and past the tokens); the emulation writes the slot at issue, the earliest the TMA may land, so a
-//     slot refilled before its previous chunk was read poisons D; lane (g, t) reads units 2 t and 2 t + 1
-//     of row 8 nt + g;
+//   * activations (stream_cta_x_ring, every stream tile): one TMA box of a chunk's block_t token rows into
+//     the CTA's ring, 128B-swizzled: 16 B unit u (k 64 kc + 8 u ..) of row r at r x 128 + (u ^ (r & 7)) x
+//     16 (zero past K and past the tokens); block_t 32: with chunk kc's codes, by the first warp there,
+//     slot kc % x_stages (cta_x_slot); block_t 8 / 16 (stream_x_group_slots): scale group kg's 8 boxes at
+//     once into slot kg % x_stages, box kc % 8 at block_t x 128 B steps, group 0 before the code prologue
+//     and group kg + 1 at group kg's start; the emulation writes a box at issue, the earliest the TMA may
+//     land, so a slot refilled before its previous chunks were read poisons D; lane (g, t) reads units
+//     2 t and 2 t + 1 of row 8 nt + g;
 //   * chunks 0 .. stages - 2 are issued up front; at chunk kc the lane waits until at most stages - 2
 //     groups are pending (only then does the emulation copy the oldest groups into the image), reads
 //     both slots of chunk kc back, and issues chunk kc + stages - 1 into the slots chunk kc - 1 used (no
@@ -180,21 +178,30 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   const std::string name = w4a16_config_name(c);
   ASSERT_TRUE(l.valid()) << name;
   const uint32_t n_tiles = c.block_t / 8, stages = c.stages;
-  const bool cta_x = W4A16Layout::stream_cta_x_ring(c);
+  ASSERT_TRUE(W4A16Layout::stream_cta_x_ring(c)) << name << ": every stream tile has the CTA's activation ring";
+  const bool group_x = W4A16Layout::stream_x_group_slots(c);  // a slot a scale group (8 / 16 tokens)
   const uint32_t x_stages = l.x_stages;
-  if (cta_x) {
+  if (!group_x) {
     ASSERT_GE(x_stages, stages) << name << ": chunk kc + stages - 1 is loaded while kc is read";
   }
+  if (group_x) {
+    ASSERT_EQ(l.x_slot_chunks, kW4A16ScaleGroup) << name;
+    ASSERT_GE(x_stages, 2u) << name << ": group kg + 1 is loaded while kg is read";
+  }
   constexpr uint32_t kTiles = kW4A16StreamTilesPerWarp;
-  // The kernel's addressing: its warp's rings + ring_code_slot / ring_x_slot + 16 lane.
+  // The kernel's addressing: its warp's code rings + ring_code_slot + 16 lane.
   auto code_addr = [&](uint32_t warp, uint32_t h, uint32_t lane, uint32_t slot) {
     return l.ring_offset + warp * l.ring_warp_bytes + l.ring_code_slot(h, slot) + lane * 16;
   };
-  auto x_addr = [&](uint32_t warp, uint32_t nt, uint32_t half, uint32_t lane, uint32_t slot) {
-    return l.ring_offset + warp * l.ring_warp_bytes + l.ring_x_slot(nt, slot, half) + lane * 16;
-  };
   auto cta_x_addr = [&](uint32_t slot, uint32_t row, uint32_t unit) {  // the CTA ring's 16 B unit
     return l.cta_x_slot(slot) + plan::w4a16_wgmma_swizzle(row, unit);
+  };
+  // Chunk kc's 16 B unit in the CTA ring: its own slot kc % x_stages, or with a slot a scale group the
+  // group's slot (kc / 8) % x_stages, box kc % 8 of it (block_t rows x 128 B each).
+  auto cta_x_chunk_addr = [&](int64_t kc, uint32_t row, uint32_t unit) {
+    if (!group_x) return cta_x_addr(static_cast<uint32_t>(kc % x_stages), row, unit);
+    const auto slot = static_cast<uint32_t>((kc / kW4A16ScaleGroup) % x_stages);
+    return cta_x_addr(slot, row, unit) + static_cast<uint32_t>(kc % kW4A16ScaleGroup) * c.block_t * 128;
   };
   // The carve: every (warp, lane, slot) 16 B piece of codes (per tile) and activations (per n8 tile and
   // half; the CTA ring: every (slot, row, unit), and 16 B of mbarriers per slot and the ticket's 16 B)
@@ -213,22 +220,19 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
     for (uint32_t lane = 0; lane < 32; ++lane) {
       for (uint32_t slot = 0; slot < stages; ++slot) {
         for (uint32_t h = 0; h < kTiles; ++h) claim(code_addr(warp, h, lane, slot));
-        for (uint32_t nt = 0; nt < n_tiles && !cta_x; ++nt) {
-          for (uint32_t half = 0; half < 2; ++half) claim(x_addr(warp, nt, half, lane, slot));
-        }
       }
     }
   }
   for (uint32_t slot = 0; slot < x_stages; ++slot) {
-    for (uint32_t row = 0; row < c.block_t; ++row) {
-      for (uint32_t unit = 0; unit < 8; ++unit) claim(cta_x_addr(slot, row, unit));
+    for (uint32_t box = 0; box < (group_x ? kW4A16ScaleGroup : 1); ++box) {
+      for (uint32_t row = 0; row < c.block_t; ++row) {
+        for (uint32_t unit = 0; unit < 8; ++unit) claim(cta_x_addr(slot, row, unit) + box * c.block_t * 128);
+      }
     }
     claim(l.barriers_offset + 16 * slot);  // full[slot], empty[slot]: 8 B each, one 16 B piece here
   }
-  if (cta_x) {
-    claim(l.barriers_offset + 16 * x_stages);  // the ticket
-    ASSERT_EQ(l.ring_x_offset % plan::kWgmmaSwizzleAtom, 0u) << name << ": the swizzle needs 1024 B aligned slots";
-  }
+  claim(l.barriers_offset + 16 * x_stages);  // the ticket
+  ASSERT_EQ(l.ring_x_offset % plan::kWgmmaSwizzleAtom, 0u) << name << ": the swizzle needs 1024 B aligned slots";
   ASSERT_EQ(std::count(owner.begin(), owner.end(), -1), 0) << name;
 
   std::mt19937_64 rng(testing::test_seed() ^ 0x5A5Aull);
@@ -250,35 +254,33 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
       const uint32_t g = lane / 4, t = lane % 4;
       std::deque<std::vector<Copy>> pending;  // this lane's committed cp.async groups, oldest first
       auto slot_of = [&](int64_t kc) { return static_cast<uint32_t>(kc % stages); };
+      // Chunk kc's TMA box of block_t token rows into the CTA ring, written at issue (the earliest it may
+      // land: a slot refilled before its previous chunks were read poisons D).
+      auto tma_box = [&](int64_t kc) {
+        for (uint32_t row = 0; row < c.block_t; ++row) {
+          const int64_t tok = tok0 + row;
+          for (uint32_t unit = 0; unit < 8; ++unit) {
+            const int64_t k0 = 64 * kc + 8 * unit;
+            uint8_t* dst = smem.data() + cta_x_chunk_addr(kc, row, unit);
+            if (k0 < p.k && tok < EmuProblem::kTokens) {
+              std::memcpy(dst, p.x.data() + tok * p.k + k0, 16);
+            } else {
+              std::memset(dst, 0, 16);
+            }
+          }
+        }
+      };
+      // A slot a scale group: group kg's boxes (its chunks below k_chunks) issued at once.
+      auto issue_group = [&](int64_t kg) {
+        for (int64_t kc = kg * kW4A16ScaleGroup; kc < (kg + 1) * kW4A16ScaleGroup && kc < p.k_chunks; ++kc) tma_box(kc);
+      };
       auto load_chunk = [&](int64_t kc) {
         std::vector<Copy> group;
         Copy cp{code_addr(warp, h, lane, slot_of(kc)), {}};
         if (kc < p.k_chunks)
           std::memcpy(cp.bytes, p.kcodes.data() + (tile * p.k_chunks + kc) * kW4A16TileBytes + lane * 16, 16);
         group.push_back(cp);
-        if (cta_x && kc < p.k_chunks) {  // the TMA box (none past the part's chunks)
-          for (uint32_t row = 0; row < c.block_t; ++row) {
-            const int64_t tok = tok0 + row;
-            for (uint32_t unit = 0; unit < 8; ++unit) {
-              const int64_t k0 = 64 * kc + 8 * unit;
-              uint8_t* dst = smem.data() + cta_x_addr(static_cast<uint32_t>(kc % x_stages), row, unit);
-              if (k0 < p.k && tok < EmuProblem::kTokens) {
-                std::memcpy(dst, p.x.data() + tok * p.k + k0, 16);
-              } else {
-                std::memset(dst, 0, 16);
-              }
-            }
-          }
-        }
-        for (uint32_t nt = 0; nt < n_tiles && !cta_x; ++nt) {
-          const int64_t tok = tok0 + nt * 8 + g, k0 = 64 * kc + 16 * t;
-          const bool in = kc < p.k_chunks && k0 < p.k && tok < EmuProblem::kTokens;
-          for (uint32_t half = 0; half < 2; ++half) {
-            Copy xc{x_addr(warp, nt, half, lane, slot_of(kc)), {}};
-            if (in) std::memcpy(xc.bytes, p.x.data() + tok * p.k + k0 + 8 * half, 16);
-            group.push_back(xc);
-          }
-        }
+        if (!group_x && kc < p.k_chunks) tma_box(kc);  // the TMA box (none past the part's chunks)
         for (const std::vector<Copy>& q : pending) {
           for (const Copy& a : q) {
             for (const Copy& b : group) EXPECT_NE(a.dst, b.dst) << name << ": two copies in flight to one slot";
@@ -296,10 +298,14 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
         std::memcpy(&v, p.kscales.data() + (tile * p.k_groups + kg) * kW4A16TileBytes + lane * 16, 16);
         return v;
       };
+      if (group_x) issue_group(0);  // before the code prologue, as the kernel
       for (uint32_t i = 0; i + 1 < stages; ++i) load_chunk(i);
       uint4 sg = scale_group(0), sg_next{};
       if (p.k_groups > 1) sg_next = scale_group(1);
       for (int64_t kg = 0; kg < p.k_groups; ++kg) {
+        // A slot a scale group: at the group's start the next group's boxes, into the slot the group before
+        // this one used (released at its end).
+        if (group_x && kg + 1 < p.k_groups) issue_group(kg + 1);
         for (uint32_t j = 0; j < kW4A16ScaleGroup && kg * kW4A16ScaleGroup + j < p.k_chunks; ++j) {
           const int64_t kc = kg * kW4A16ScaleGroup + j;
           ASSERT_EQ(pending.size(), stages - 1) << name;  // groups 0 .. kc + stages - 2 committed, 0 .. kc - 1 landed
@@ -307,15 +313,9 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
           uint4 w;
           std::memcpy(&w, smem.data() + code_addr(warp, h, lane, slot_of(kc)), 16);
           uint32_t words[4][8];  // per n8 tile: b[s][0] = word 2 s (k 16 t + 4 s + {0,1}), b[s][1] = word 2 s + 1
-          const auto xs = cta_x ? static_cast<uint32_t>(kc % x_stages) : 0u;  // the CTA ring's slot
           for (uint32_t nt = 0; nt < n_tiles; ++nt) {
-            std::memcpy(
-                words[nt],
-                smem.data() + (cta_x ? cta_x_addr(xs, 8 * nt + g, 2 * t) : x_addr(warp, nt, 0, lane, slot_of(kc))), 16);
-            std::memcpy(
-                words[nt] + 4,
-                smem.data() + (cta_x ? cta_x_addr(xs, 8 * nt + g, 2 * t + 1) : x_addr(warp, nt, 1, lane, slot_of(kc))),
-                16);
+            std::memcpy(words[nt], smem.data() + cta_x_chunk_addr(kc, 8 * nt + g, 2 * t), 16);
+            std::memcpy(words[nt] + 4, smem.data() + cta_x_chunk_addr(kc, 8 * nt + g, 2 * t + 1), 16);
           }
           load_chunk(kc + stages - 1);  // into the slots chunk kc - 1 used
           uint32_t sc_lo = 0, sc_hi = 0;

@@ -53,28 +53,28 @@ TEST(SmemLayout, StructPaddingLikeCxx) {
 // (e2m1, the kernel weight layout), w_scales = block_w x block_k / 16 (one e4m3 per 16);
 // stage_stride = their sum; the epilogue at stages x stage_stride, block_t rows of
 // block_w x 2 + 16 B; the total rounded up to 128 (never needed for these tiles).
-// kStream has one region, the rings at offset 0: block_w / 32 warps x stages x (2 row tiles x a 512 B
-// chunk slot of codes, one 16 x 64 e2m1 tile of the kernel layout, + block_t / 8 x a 1 KB slot of
-// activations, 32 lanes x 32 B); the pipeline fields are 0. ring_warp = stages x (1024 + block_t / 8 x
-// 1024), total = warps x ring_warp (a multiple of 1024: no padding).
+// kStream: the CTA's activation ring at 0 (8 / 16 tokens: 2 slots of a scale group's 8 chunks x block_t rows
+// x 128 B; 32 tokens: x_stages slots of one chunk), the warps' code rings after it (block_w / 32 warps x
+// stages x 2 row tiles x a 512 B chunk slot of codes, one 16 x 64 e2m1 tile of the kernel layout:
+// ring_warp = stages x 1024), then 16 B of mbarriers a slot and the ticket's 16 B; the pipeline fields are 0.
 struct Pinned {
   const char* name;
   uint32_t x_tile, w_tiles, w_scales, stage_stride, epilogue_offset, epilogue_bytes, total;
   uint32_t ring_warp;  // kStream: bytes of one warp's ring (W4A16Layout::ring_warp_bytes)
 };
 constexpr Pinned kPinned[] = {
-    // m64n8_d8: 2 warps x 8 x (1024 + 1024) = 2 x 16384 = 32768.
-    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 32768, 16384},
-    // m128n8_d4: 4 warps x 4 x 2048 = 4 x 8192 = 32768.
-    {"w4a16_stream_m128n8_d4", 0, 0, 0, 0, 0, 0, 32768, 8192},
-    // m128n8_d8: 4 x 16384 = 65536.
-    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 65536, 16384},
-    // m64n16_d8: 2 x 8 x (1024 + 2048) = 2 x 24576 = 49152.
-    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 49152, 24576},
-    // m128n16_d4: 4 x 4 x 3072 = 4 x 12288 = 49152.
-    {"w4a16_stream_m128n16_d4", 0, 0, 0, 0, 0, 0, 49152, 12288},
-    // m128n16_d8: 4 x 24576 = 98304.
-    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 98304, 24576},
+    // m64n8_d8: 2 x 8 x 8 x 128 = 16384 of activations + 2 warps x 8 x 1024 of codes + 48 = 32816.
+    {"w4a16_stream_m64n8_d8", 0, 0, 0, 0, 0, 0, 32816, 8192},
+    // m128n8_d4: 16384 + 4 warps x 4 x 1024 + 48 = 32816.
+    {"w4a16_stream_m128n8_d4", 0, 0, 0, 0, 0, 0, 32816, 4096},
+    // m128n8_d8: 16384 + 4 x 8192 + 48 = 49200.
+    {"w4a16_stream_m128n8_d8", 0, 0, 0, 0, 0, 0, 49200, 8192},
+    // m64n16_d8: 2 x 8 x 16 x 128 = 32768 + 2 x 8 x 1024 + 48 = 49200.
+    {"w4a16_stream_m64n16_d8", 0, 0, 0, 0, 0, 0, 49200, 8192},
+    // m128n16_d4: 32768 + 4 x 4 x 1024 + 48 = 49200.
+    {"w4a16_stream_m128n16_d4", 0, 0, 0, 0, 0, 0, 49200, 4096},
+    // m128n16_d8: 32768 + 4 x 8192 + 48 = 65584.
+    {"w4a16_stream_m128n16_d8", 0, 0, 0, 0, 0, 0, 65584, 8192},
     // m64n8k256_s4: x 8*256*2 = 4096, w 64*256/2 = 8192, s 64*256/16 = 1024, stride 13312;
     // epilogue at 4*13312 = 53248, 8*(64*2+16) = 1152 B; total 54400 = 425 x 128.
     {"w4a16_swapab_m64n8k256_s4", 4096, 8192, 1024, 13312, 53248, 1152, 54400, 0},
@@ -110,10 +110,10 @@ constexpr Pinned kPinned[] = {
     // 16384, then 4 warps x 4 x 2 x 512 = 4 x 4096 of codes, then 4 x 16 + 16 B of mbarriers and
     // ticket: 32848.
     {"w4a16_stream_m128n32_d4", 0, 0, 0, 0, 0, 0, 32848, 4096},
-    // m256n8_d4 / m256n16_d4 (appended, the 1-8 / 9-16 token defaults): 8 warps x 4 x (1024 + 1024 x
-    // block_t / 8): 8 x 8192 = 65536 and 8 x 12288 = 98304.
-    {"w4a16_stream_m256n8_d4", 0, 0, 0, 0, 0, 0, 65536, 8192},
-    {"w4a16_stream_m256n16_d4", 0, 0, 0, 0, 0, 0, 98304, 12288},
+    // m256n8_d4 / m256n16_d4 (appended, the 1-8 / 9-16 token defaults): 16384 / 32768 of activations + 8 warps x
+    // 4 x 1024 of codes + 48: 49200 and 65584.
+    {"w4a16_stream_m256n8_d4", 0, 0, 0, 0, 0, 0, 49200, 4096},
+    {"w4a16_stream_m256n16_d4", 0, 0, 0, 0, 0, 0, 65584, 4096},
     // m256n32_d4 (appended, the CTA's activation ring): 16384 + 8 warps x 4096 of codes + 80 = 49232.
     {"w4a16_stream_m256n32_d4", 0, 0, 0, 0, 0, 0, 49232, 4096},
 };
@@ -140,30 +140,16 @@ TEST(W4A16Layout, ShippedConfigsPinnedToTheByte) {
       // The CTA's activation ring at 0, the code rings after it, the mbarriers and ticket last.
       ASSERT_EQ(l.layout.n_regions, 3) << name;
       EXPECT_EQ(l.ring_x_offset, 0u) << name;
-      EXPECT_EQ(l.ring_offset, l.x_stages * c.block_t * 128) << name;
+      EXPECT_EQ(l.ring_offset, l.x_stages * l.x_slot_chunks * c.block_t * 128) << name;
+      EXPECT_EQ(l.x_slot_chunks, W4A16Layout::stream_x_group_slots(c) ? kW4A16StreamXGroupChunks : 1u) << name;
       EXPECT_EQ(l.barriers_offset, l.ring_offset + c.n_warps() * l.ring_warp_bytes) << name;
       EXPECT_EQ(l.barriers_offset + 16 * l.x_stages + 16, p.total) << name;
       EXPECT_FALSE(l.fits(p.total - 1)) << name;
-      expect_well_formed(l.layout, name);
-      continue;
-    }
-    if (c.kind == W4A16Kind::kStream) {
-      // One region at 0; warp w's ring at ring_offset + w x ring_warp, the last one ending at the total.
-      ASSERT_EQ(l.layout.n_regions, 1) << name;
-      EXPECT_EQ(l.ring_offset, 0u) << name;
-      EXPECT_EQ(l.layout.offset_of("code + activation rings (per warp: e2m1 kernel layout, bf16)"), 0u) << name;
-      EXPECT_EQ(l.layout.regions[0].bytes, p.total) << name;
-      EXPECT_EQ(l.layout.regions[0].align, 128u) << name;
-      EXPECT_EQ(l.layout.regions[0].kind, RegionKind::kStageOperand) << name;
-      EXPECT_EQ(l.ring_offset + c.n_warps() * l.ring_warp_bytes, p.total) << name;
-      EXPECT_EQ(p.total, c.n_warps() * c.stages * (kW4A16StreamTilesPerWarp * 512 + c.block_t / 8 * 1024)) << name;
-      EXPECT_EQ(l.ring_x_offset, kW4A16StreamTilesPerWarp * c.stages * 512) << name;
       EXPECT_EQ(c.n_warps() * kW4A16StreamTilesPerWarp * 16, c.block_w) << name;  // every row of the CTA owned
-      EXPECT_FALSE(l.fits(p.total - 1)) << name;
-      EXPECT_TRUE(l.fits(p.total)) << name;
       expect_well_formed(l.layout, name);
       continue;
     }
+    ASSERT_NE(c.kind, W4A16Kind::kStream) << name << ": every stream tile has the CTA's activation ring";
     if (c.kind == W4A16Kind::kWgmma) {
       // x_tile, w_tiles per stage, then the a_tiles and the mbarriers; every wgmma tile on a 1024 B
       // swizzle atom.
@@ -218,24 +204,28 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   // m64n8k256_s4: 65536 / (128 x 64) = 8 by registers; 233472 / (54400 + 1024) = 4 by smem.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[6], W4A16Layout::make(kW4A16Configs[6]).total_bytes()) == 4);
   // The stream kernel's __launch_bounds__, from its ring bytes and its register budget
-  // 72 + (8 + 4 x kW4A16StreamTilesPerWarp (2)) x block_t / 8: 88 for n8, 104 for n16.
-  //   m64n8_d8   (64 threads, 32768 B): 233472 / (32768 + 1024) = 6 by smem, 65536 / (64 x 88) = 11 by regs -> 6
-  //   m128n8_d4  (128 threads, 32768 B): 6 by smem, 65536 / (128 x 88) = 5 -> 5
-  //   m128n8_d8  (128 threads, 65536 B): 233472 / (65536 + 1024) = 3 by smem -> 3
-  //   m64n16_d8  (64 threads, 49152 B): 233472 / (49152 + 1024) = 4 by smem, 9 by regs -> 4
-  //   m128n16_d4 (128 threads, 49152 B): 4 by smem, 65536 / (128 x 104) = 4 -> 4
-  //   m128n16_d8 (128 threads, 98304 B): 233472 / (98304 + 1024) = 2 -> 2
+  // 72 + (8 + 4 x kW4A16StreamTilesPerWarp (2)) x block_t / 8: 88 for n8, 104 for n16. The 8 / 16-token
+  // tiles hold their activations in the CTA's ring with a slot a scale group: 2 slots x 8 chunks x block_t
+  // rows x 128 B (16384 B at n8, 32768 B at n16) at 0, then the warps' code rings, then the mbarriers
+  // (2 full + 2 empty + the ticket: 48 B).
+  //   m64n8_d8   (64 threads, 16384 + 16384 + 48 = 32816 B): 233472 / (32816 + 1024) = 6 by smem, 65536 / (64 x 88) =
+  //   11 -> 6 m128n8_d4  (128 threads, 32816 B): 6 by smem, 65536 / (128 x 88) = 5 -> 5 m128n8_d8  (128 threads, 16384
+  //   + 32768 + 48 = 49200 B): 233472 / (49200 + 1024) = 4 by smem -> 4 m64n16_d8  (64 threads, 32768 + 16384 + 48 =
+  //   49200 B): 4 by smem, 9 by regs -> 4 m128n16_d4 (128 threads, 49200 B): 4 by smem, 65536 / (128 x 104) = 4 -> 4
+  //   m128n16_d8 (128 threads, 32768 + 32768 + 48 = 65584 B): 233472 / (65584 + 1024) = 3 -> 3
   constexpr W4A16Layout stream = W4A16Layout::make(kW4A16Configs[0]);  // w4a16_stream_m64n8_d8
-  static_assert(stream.valid() && stream.total_bytes() == 32768 && stream.layout.n_regions == 1);
-  static_assert(stream.ring_offset == 0 && stream.ring_warp_bytes == 16384 && stream.ring_x_offset == 8192);
-  // Slot offsets inside a warp's rings (the kernel's and the emulation's addressing): tile 1, slot 3:
-  // (8 + 3) x 512; n8 tile 0, slot 3, second half: 8192 + 3 x 1024 + 512. m128n16_d4 (config 4), n8 tile 1,
-  // slot 2, second half: 4 x 2 x 512 + (4 + 2) x 1024 + 512.
-  static_assert(stream.ring_code_slot(1, 3) == 5632 && stream.ring_x_slot(0, 3, 1) == 11776);
-  static_assert(W4A16Layout::make(kW4A16Configs[4]).ring_x_slot(1, 2, 1) == 10752);
-  static_assert(kW4A16StreamXSlotBytes == 1024 && kW4A16StreamTilesPerWarp == 2);
+  static_assert(stream.valid() && stream.total_bytes() == 32816 && stream.layout.n_regions == 3);
+  static_assert(W4A16Layout::stream_cta_x_ring(stream.config) && W4A16Layout::stream_x_group_slots(stream.config));
+  static_assert(stream.ring_x_offset == 0 && stream.x_stages == 2 && stream.x_slot_chunks == 8);
+  static_assert(stream.ring_offset == 16384 && stream.ring_warp_bytes == 8192 && stream.barriers_offset == 32768);
+  // Slot offsets (the kernel's and the emulation's addressing): code ring of tile 1, slot 3: (8 + 3) x 512 from
+  // the warp's rings; activation slot 1: 8 chunks x 8 rows x 128 B from the ring's start (chunk j of a group
+  // j x block_t x 128 B further).
+  static_assert(stream.ring_code_slot(1, 3) == 5632 && stream.cta_x_slot(1) == 8192);
+  static_assert(W4A16Layout::make(kW4A16Configs[4]).cta_x_slot(1) == 16384);
+  static_assert(kW4A16StreamTilesPerWarp == 2);
   static constexpr uint32_t kWantBudget[6] = {88, 88, 88, 104, 104, 104};
-  static constexpr uint32_t kWantCtas[6] = {6, 5, 3, 4, 4, 2};
+  static constexpr uint32_t kWantCtas[6] = {6, 5, 4, 4, 4, 3};
   static_assert([] {
     for (int i = 0; i < 6; ++i) {
       const W4A16Config& c = kW4A16Configs[i];
@@ -253,8 +243,8 @@ TEST(W4A16Layout, ConstexprAsTheKernelUsesIt) {
   static_assert(w4a16_register_budget(n32) == 112 && w4a16_ctas_per_sm(n32, W4A16Layout::make(n32).total_bytes()) == 4);
   static_assert(kW4A16Configs[20].block_w == 256 && kW4A16Configs[20].block_t == 32);
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[20], W4A16Layout::make(kW4A16Configs[20]).total_bytes()) == 2);
-  // The 256-row CTAs (8 warps, configs 18 and 19): m256n8_d4 233472 / (65536 + 1024) = 3 by smem, 65536 /
-  // (256 x 88) = 2 by registers -> 2; m256n16_d4 233472 / (98304 + 1024) = 2 by smem, 65536 / (256 x 104) = 2 -> 2.
+  // The 256-row CTAs (8 warps, configs 18 and 19): m256n8_d4 233472 / (49200 + 1024) = 4 by smem, 65536 /
+  // (256 x 88) = 2 by registers -> 2; m256n16_d4 233472 / (65584 + 1024) = 3 by smem, 65536 / (256 x 104) = 2 -> 2.
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[18], W4A16Layout::make(kW4A16Configs[18]).total_bytes()) == 2);
   static_assert(w4a16_ctas_per_sm(kW4A16Configs[19], W4A16Layout::make(kW4A16Configs[19]).total_bytes()) == 2);
   static_assert(kW4A16Configs[18].block_w == 256 && kW4A16Configs[18].block_t == 8 && kW4A16Configs[19].block_t == 16);
@@ -284,17 +274,20 @@ TEST(W4A16Layout, SummaryAndRefusalWording) {
             "epilogue 17408 = 119808 B of shared memory > 101376 B (the device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(w4a16_smem_refusal({128, 8, 192, 4}, kSm90SmemOptinBytes),
             "config w4a16_swapab_m128n8k192_s4 cannot be built: block_k must be 128 or 256");
-  // kStream: the rings, 4 warps x 8 x (2 x 512 + 1024) = 65536 B for m128n8_d8 (config 2); refused
-  // only by a limit under that (65535: by 1 B).
+  // kStream: the CTA's activation ring (8 / 16 tokens: 2 slots of a scale group's 8 chunks), the warps' code
+  // rings and the mbarriers: 2 x 8 x 1024 + 4 warps x 8 x 2 x 512 + 48 = 49200 B for m128n8_d8 (config 2);
+  // refused only by a limit under that (49199: by 1 B).
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[2]),
-            "4 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = 65536 B");
+            "2 slots x 8 chunks x 1024 B activations + 4 warps x 8 chunks x 2 row tiles x 512 B codes + mbarriers, "
+            "ticket 48 = 49200 B");
   EXPECT_EQ(w4a16_smem_summary(kW4A16Configs[4]),
-            "4 warps x 4 chunks x (2 row tiles x 512 B codes + 2 x 1024 B activations) = 49152 B");
-  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 65536), "");
-  EXPECT_EQ(
-      w4a16_smem_refusal(kW4A16Configs[2], 65535),
-      "config w4a16_stream_m128n8_d8 needs 4 warps x 8 chunks x (2 row tiles x 512 B codes + 1 x 1024 B activations) = "
-      "65536 B of shared memory > 65535 B (the device's opt-in limit per block) by 1 B");
+            "2 slots x 8 chunks x 2048 B activations + 4 warps x 4 chunks x 2 row tiles x 512 B codes + mbarriers, "
+            "ticket 48 = 49200 B");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 49200), "");
+  EXPECT_EQ(w4a16_smem_refusal(kW4A16Configs[2], 49199),
+            "config w4a16_stream_m128n8_d8 needs 2 slots x 8 chunks x 1024 B activations + 4 warps x 8 chunks x 2 row "
+            "tiles x 512 B codes + mbarriers, ticket 48 = 49200 B of shared memory > 49199 B (the device's opt-in "
+            "limit per block) by 1 B");
   // kWgmma: the stages and the A tiles; the epilogue tile reuses the stages.
   EXPECT_EQ(w4a16_smem_summary(w4a16_config_named("w4a16_wgmma_m128n64_s4")),
             "4 stages x (x_tile 8192 + w_tiles 4096) + a_tiles 4 x 16384 + mbarriers 64 = 114752 B (epilogue 17408 reuses "
@@ -326,13 +319,14 @@ TEST(W4A16Layout, RejectsConfigsTheKernelCannotBuild) {
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 4, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({64, 8, 64, 16, kS}).invalid_reason, nullptr);
   EXPECT_EQ(W4A16Layout::make({128, 16, 64, 8, kS}).invalid_reason, nullptr);
-  // m128n16 with 16 chunks: 4 x 16 x (1024 + 2048) = 196608 B fits sm_90; m256n16 at 16 chunks builds
-  // but needs 8 x 16 x (1024 + 2048) = 393216 B. m128n32 at 16 chunks (the CTA's activation ring, 16
-  // slots of 4 KB): 65536 + 4 x 16 x 1024 + 16 x 16 + 16 = 131344 B fits.
-  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 196608u);
+  // m128n16 with 16 chunks: 2 x 8 x 2048 + 4 x 16 x 1024 + 48 = 98352 B fits sm_90; m256n16 at 16 chunks
+  // 32768 + 8 x 16 x 1024 + 48 = 163888 B (a device with less opt-in memory refuses it). m128n32 at 16
+  // chunks (a slot a chunk, 16 slots of 4 KB): 65536 + 4 x 16 x 1024 + 16 x 16 + 16 = 131344 B fits.
+  EXPECT_EQ(W4A16Layout::make({128, 16, 64, 16, kS}).total_bytes(), 98352u);
   EXPECT_TRUE(W4A16Layout::make({128, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
-  EXPECT_EQ(W4A16Layout::make({256, 16, 64, 16, kS}).total_bytes(), 393216u);
-  EXPECT_FALSE(W4A16Layout::make({256, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  EXPECT_EQ(W4A16Layout::make({256, 16, 64, 16, kS}).total_bytes(), 163888u);
+  EXPECT_TRUE(W4A16Layout::make({256, 16, 64, 16, kS}).fits(kSm90SmemOptinBytes));
+  EXPECT_FALSE(W4A16Layout::make({256, 16, 64, 16, kS}).fits(163887));
   EXPECT_EQ(W4A16Layout::make({128, 32, 64, 16, kS}).total_bytes(), 131344u);
   EXPECT_TRUE(W4A16Layout::make({128, 32, 64, 16, kS}).fits(kSm90SmemOptinBytes));
   // An invalid stream config has no region (it cannot be built, so nothing is sized).

@@ -76,9 +76,9 @@ TEST(Planner, OursOnHopperPicksSwapAbForDecodeAndBigTilesForPrefill) {
   // does not look at the ring depth: the first of the two in the table, m128n8_d4.
   EXPECT_EQ(plans[0].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
   EXPECT_EQ(plans[1].chosen->candidate.to_string(), "w4a16_stream_m128n8_d4");
-  // Its rings: 4 warps x 4 chunks x (2 x 512 B codes + 1024 B activations) = 32768 B, 4 "stages"
-  // (the ring depth).
-  EXPECT_EQ(plans[0].chosen->smem.bytes, 32768u);
+  // Its rings: the CTA's activations, 2 slots x 8 chunks x 1024 B, then 4 warps x 4 chunks x 2 x 512 B of
+  // codes and 48 B of mbarriers = 32816 B, 4 "stages" (the code ring depth).
+  EXPECT_EQ(plans[0].chosen->smem.bytes, 32816u);
   EXPECT_EQ(plans[0].chosen->smem.stages, 4);
   // 16 tokens per expert: swap-AB, a 16-token tile, no padding.
   EXPECT_TRUE(plans[2].chosen->candidate.swap_ab());

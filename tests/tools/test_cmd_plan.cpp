@@ -63,10 +63,11 @@ TEST(CmdPlan, HopperDefaultPlansOurKernel) {
   EXPECT_NE(r.out.find("       1 gemm1 (gate+up)        8      1.00 w4a16_stream_m128n8_d4 "), std::string::npos)
       << r.out;
   // The feasibility table lists the shipped configs with their stages and bytes. Stream configs:
-  // the ring depth and the rings, m128n8_d8 4 warps x 8 x (2 x 512 + 1024) = 65536 B, margin
-  // 232448 - 65536 = 166912; m64n8_d8 2 x 8 x 2048 = 32768 B, margin 199680.
-  EXPECT_EQ(row(r.out, "w4a16_stream_m128n8_d8"), "w4a16_stream_m128n8_d8 8 65536 yes 166912 ");
-  EXPECT_EQ(row(r.out, "w4a16_stream_m64n8_d8"), "w4a16_stream_m64n8_d8 8 32768 yes 199680 ");
+  // the code ring depth and the bytes, m128n8_d8 2 x 8 x 1024 of activations + 4 warps x 8 x 2 x 512 of
+  // codes + 48 = 49200 B, margin 232448 - 49200 = 183248; m64n8_d8 16384 + 2 x 8 x 1024 + 48 = 32816 B,
+  // margin 199632.
+  EXPECT_EQ(row(r.out, "w4a16_stream_m128n8_d8"), "w4a16_stream_m128n8_d8 8 49200 yes 183248 ");
+  EXPECT_EQ(row(r.out, "w4a16_stream_m64n8_d8"), "w4a16_stream_m64n8_d8 8 32816 yes 199632 ");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m64n8k256_s4"), "w4a16_swapab_m64n8k256_s4 4 54400 yes 178048 ");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n64k128_s4"), "w4a16_swapab_m128n64k128_s4 4 119808 yes 112640 ");
   EXPECT_NE(r.out.find("Every candidate fits."), std::string::npos) << r.out;
@@ -84,8 +85,9 @@ TEST(CmdPlan, SmallerSmemRejectsShippedConfigsWithTheBytes) {
             "(x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B of shared memory > 101376 B (the "
             "device's opt-in limit per block) by 18432 B");
   EXPECT_EQ(row(r.out, "w4a16_swapab_m128n32k128_s4"), "w4a16_swapab_m128n32k128_s4 4 78336 yes 23040 ");
-  // The stream configs' rings fit: 4 warps x 4 x (1024 + 2 x 1024) = 49152 B, 101376 - 49152 = 52224 left.
-  EXPECT_EQ(row(r.out, "w4a16_stream_m128n16_d4"), "w4a16_stream_m128n16_d4 4 49152 yes 52224 ");
+  // The stream configs fit: 2 x 8 x 2048 of activations + 4 warps x 4 x 2 x 512 of codes + 48 = 49200 B,
+  // 101376 - 49200 = 52176 left.
+  EXPECT_EQ(row(r.out, "w4a16_stream_m128n16_d4"), "w4a16_stream_m128n16_d4 4 49200 yes 52176 ");
   EXPECT_NE(r.out.find("  [smem-opt-in] w4a16_swapab_m128n64k128_s4: 4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + "
                        "epilogue 17408 = 119808 B > 101376 B opt-in (sm_89) by 18432 B\n"),
             std::string::npos)
@@ -159,7 +161,7 @@ TEST(CmdPlan, LogPlansOncePerDistinctProblem) {
   }
   EXPECT_EQ(n, 4u) << r.out;
   EXPECT_NE(r.out.find("fp4moe plan: h200 sm90_nvfp4_w4a16_grouped_gemm gemm1 (gate+up) groups=8 m=1 n=4096 k=6144: "
-                       "w4a16_stream_m128n8_d4 4 stages 32768 B"),
+                       "w4a16_stream_m128n8_d4 4 stages 32816 B"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(run_plan(std::string("--gpu h200 --tokens 1 ") + kGlm5).out.find("fp4moe plan: "), std::string::npos);

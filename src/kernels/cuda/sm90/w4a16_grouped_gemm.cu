@@ -15,11 +15,10 @@
 // kStream (decode): no barrier for the codes. Each lane streams its 16 B of codes per chunk and tile
 // with cp.async into its warp's ring of `stages` chunk slots per tile in shared memory (stages - 1
 // chunks of both tiles in flight per warp, so many more bytes in flight per SM than registers allow)
-// and reads back only its own 16 B; its 32 B of each token row's activations come the same way into
-// the warp's activation ring (through L1: all warps of an SM read the same rows), so they land with the
-// codes, or, with 32 tokens (W4A16Layout::stream_cta_x_ring), by one TMA box a chunk into the CTA's
-// ring (mbarriers); scales come a group (8 chunks) ahead in registers; each activation fragment feeds
-// both tiles' MMAs.
+// and reads back only its own 16 B; the activations come by TMA boxes into a ring of the CTA
+// (W4A16Layout::stream_cta_x_ring, mbarriers; the boxes issued by the first warp there): with 32 tokens
+// a slot a chunk, with 8 / 16 a slot a scale group (stream_x_group_slots: one wait, ticket and release a
+// group); scales come a group (8 chunks) ahead in registers; each activation fragment feeds both tiles' MMAs.
 //
 // kPipeline (32+ tokens): `stages` cp.async groups in flight (activations, the CTA's code tiles and
 // each lane's scale bytes of one block_k slice), wait_group(stages - 2) + __syncthreads before a slice is read, the
@@ -71,8 +70,12 @@ __global__ void __launch_bounds__(
   constexpr uint32_t kNTiles = BLOCK_T / 8;
   constexpr bool kCtaX = W4A16Layout::stream_cta_x_ring(kConfig);
   constexpr uint32_t kXStages = kLayout.x_stages;
+  constexpr bool kXGroup = W4A16Layout::stream_x_group_slots(kConfig);  // a slot a scale group
+  static_assert(plan::kW4A16StreamXGroupChunks == kW4A16ScaleGroup, "a group slot is one scale group");
   static_assert(kW4A16StreamTilesPerWarp == 2, "the loop below is written for two row tiles per warp");
-  static_assert(!kCtaX || ((kXStages & (kXStages - 1)) == 0 && kXStages >= STAGES), "activation ring slots");
+  static_assert(kCtaX, "every stream tile takes its activations from the CTA's ring");
+  static_assert((kXStages & (kXStages - 1)) == 0 && (kXGroup ? kXStages >= 2 : kXStages >= STAGES),
+                "activation ring slots");
   extern __shared__ __align__(1024) uint8_t smem[];
 
   WorkItem item;
@@ -87,23 +90,21 @@ __global__ void __launch_bounds__(
   // a single thread 0 instead, every warp waited on warp 0: 1-8 tokens 20% slower).
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);
   uint64_t* empty = full + kXStages;
-  uint32_t* issued = reinterpret_cast<uint32_t*>(empty + kXStages);  // chunks (from kc0) issued
-  if constexpr (kCtaX) {
-    const int cta_tiles =
-        min(static_cast<int>(BLOCK_W / 16), p.row_tiles - static_cast<int>(blockIdx.y * (BLOCK_W / 16)));
-    if (cta_tiles <= 0) return;  // CTA-uniform
-    if (threadIdx.x == 0) {
-      if ((smem_u32(smem) & (plan::kWgmmaSwizzleAtom - 1)) != 0) __trap();  // the swizzle needs it aligned
-      *issued = 0;
+  uint32_t* issued = reinterpret_cast<uint32_t*>(empty + kXStages);  // chunks (slot a group: groups) from kc0 issued
+  const int cta_tiles =
+      min(static_cast<int>(BLOCK_W / 16), p.row_tiles - static_cast<int>(blockIdx.y * (BLOCK_W / 16)));
+  if (cta_tiles <= 0) return;  // CTA-uniform
+  if (threadIdx.x == 0) {
+    if ((smem_u32(smem) & (plan::kWgmmaSwizzleAtom - 1)) != 0) __trap();  // the swizzle needs it aligned
+    *issued = 0;
 #pragma unroll
-      for (uint32_t s = 0; s < kXStages; ++s) {
-        Barrier::init(full + s, 1);
-        Barrier::init(empty + s, static_cast<uint32_t>(cta_tiles + 1) / 2);  // the warps with row tiles
-      }
-      cutlass::arch::fence_barrier_init();
+    for (uint32_t s = 0; s < kXStages; ++s) {
+      Barrier::init(full + s, 1);
+      Barrier::init(empty + s, static_cast<uint32_t>(cta_tiles + 1) / 2);  // the warps with row tiles
     }
-    __syncthreads();
+    cutlass::arch::fence_barrier_init();
   }
+  __syncthreads();
   if (rt0 >= p.row_tiles) return;  // no barrier below: a warp may leave on its own
   // An odd row-tile count: the last warp's second tile does not exist; it streams tile rt0 twice
   // (in bounds, same bytes) and stores only the first.
@@ -116,23 +117,14 @@ __global__ void __launch_bounds__(
   const uint8_t* codes1 = p.w_codes + tile1 * p.k_chunks * kW4A16TileBytes + lane * 16;
   const uint8_t* scales0 = p.w_scales + tile0 * p.k_groups * kW4A16TileBytes + lane * 16;
   const uint8_t* scales1 = p.w_scales + tile1 * p.k_groups * kW4A16TileBytes + lane * 16;
-  // This lane's 16 B in its warp's rings (plan::W4A16Layout, kStream: ring_code_slot / ring_x_slot
-  // give a slot's offset from here: both tiles' codes, then per n8 tile the activations).
+  // This lane's 16 B in its warp's code rings (plan::W4A16Layout, kStream: ring_code_slot gives a slot's
+  // offset from here, both tiles' codes).
   const uint32_t ring = smem_u32(smem) + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   const uint8_t* ring_ptr = smem + kLayout.ring_offset + warp * kLayout.ring_warp_bytes + lane * 16;
   // CTA ring: lane (g, t)'s activations in a slot are token row 8 nt + g, 16 B units 2 t and 2 t + 1
   // of the row's 128 B (k = 16 t .. 16 t + 15), 128B-swizzled.
   const uint32_t x_lane0 = plan::w4a16_wgmma_swizzle(g, 2 * t), x_lane1 = plan::w4a16_wgmma_swizzle(g, 2 * t + 1);
   const uint32_t full_u32 = smem_u32(full), empty_u32 = smem_u32(empty);
-  // Lane (g, t)'s activations of chunk 0: token row 8 nt + g of the item, k = 16 t .. 16 t + 15 (32 B).
-  const __nv_bfloat16* xrow[kNTiles];
-  bool xvalid[kNTiles];
-#pragma unroll
-  for (uint32_t j = 0; j < kNTiles; ++j) {
-    const int r = static_cast<int>(j * 8 + g);
-    xvalid[j] = r < item.rows;
-    xrow[j] = p.x + static_cast<int64_t>(item.row_begin + (xvalid[j] ? r : 0)) * p.k + 16 * t;
-  }
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
   // This CTA's K part (split-K: blockIdx.z): scale groups [kg0, kg1), chunks [kc0, kc_end).
@@ -153,6 +145,24 @@ __global__ void __launch_bounds__(
   // way. The CTA ring instead: one TMA box of the chunk's 32 token rows (rows of the next items or past
   // M_total: their output columns are never stored). Every call passes a constant, so the branch folds away after
   // inlining (a generic lambda taking run_group's std::bool_constant crashes nvcc 13.0's cicc here).
+  // Group slots: scale group kg's activations (one box a chunk, chunks from kc_end on not loaded) into
+  // slot (kg - kg0) % kXStages, by the first warp here, once every warp released the slot's previous
+  // group. Each warp asks for kg0, kg0 + 1, ... in order (the ticket as above, counted in groups).
+  auto issue_group = [&](int kg) {
+    const uint32_t gi = static_cast<uint32_t>(kg - kg0);
+    if (lane == 0 && kg < kg1 && atomicMax(issued, gi + 1) == gi) {
+      const uint32_t xslot = gi % kXStages;
+      if (gi >= kXStages) Barrier::wait(empty + xslot, (gi / kXStages - 1) & 1u);
+      const int c0 = kg * static_cast<int>(kW4A16ScaleGroup);
+      const int n = min(static_cast<int>(kW4A16ScaleGroup), kc_end - c0);
+      Barrier::arrive_and_expect_tx(full + xslot, static_cast<uint32_t>(n) * BLOCK_T * 128);
+      for (int j = 0; j < n; ++j) {
+        cute::SM90_TMA_LOAD_2D::copy(
+            &x_map, full + xslot, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+            smem + kLayout.cta_x_slot(xslot) + j * BLOCK_T * 128, (c0 + j) * 64, item.row_begin);
+      }
+    }
+  };
   auto load_chunk = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
     if (checked) {
@@ -163,8 +173,8 @@ __global__ void __launch_bounds__(
       cp_async_16(ring + kLayout.ring_code_slot(0, slot), codes0 + off);
       cp_async_16(ring + kLayout.ring_code_slot(1, slot), codes1 + off);
     }
-    if constexpr (kCtaX) {
-      cp_async_commit();
+    cp_async_commit();
+    if constexpr (!kXGroup) {  // with a slot a scale group the group's activations come by issue_group
       // The first warp here (its lane 0): chunk kc's token rows (rows past M_total and k past K read as
       // zeros) once the slot's previous chunk kc - kXStages is released by every warp. This warp asked
       // for chunk kc - 1 before, so `issued` >= kc - kc0 here: equal means no warp took chunk kc yet.
@@ -177,17 +187,6 @@ __global__ void __launch_bounds__(
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
                                      smem + kLayout.cta_x_slot(xslot), kc * 64, item.row_begin);
       }
-    } else {
-      // K % 16 == 0, so a row's 16 B piece is all in K or all past it.
-      const bool x_in_k = !checked || (kc < kc_end && kc * 64 + static_cast<int>(16 * t) < p.k);
-#pragma unroll
-      for (uint32_t j = 0; j < kNTiles; ++j) {
-        const bool ok = xvalid[j] && x_in_k;
-        const __nv_bfloat16* src = ok ? xrow[j] + static_cast<int64_t>(kc) * 64 : p.x;
-        cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 0), src, ok);
-        cp_async_ca<16>(ring + kLayout.ring_x_slot(j, slot, 1), ok ? src + 8 : p.x, ok);
-      }
-      cp_async_commit();
     }
   };
 
@@ -200,6 +199,7 @@ __global__ void __launch_bounds__(
       for (int i = 0; i < 4; ++i) acc[h][j][i] = 0.0f;
     }
   }
+  if constexpr (kXGroup) issue_group(kg0);
 #pragma unroll
   for (uint32_t d = 0; d + 1 < STAGES; ++d) {
     const int kc = kc0 + static_cast<int>(d);
@@ -217,6 +217,15 @@ __global__ void __launch_bounds__(
   // address selects and constant offsets from the group's code pointers.
   auto run_group = [&](auto checked, int kg) {
     const uint32_t slot0 = (static_cast<uint32_t>(kg) * kW4A16ScaleGroup) % STAGES;
+    // Group slots: the next group's boxes, then this group's landed.
+    uint32_t gslot = 0, gx = 0;
+    if constexpr (kXGroup) {
+      issue_group(kg + 1);
+      const uint32_t gi = static_cast<uint32_t>(kg - kg0);
+      gslot = gi % kXStages;
+      ptx::mbarrier_wait_parity(full_u32 + 8 * gslot, (gi / kXStages) & 1u);
+      gx = smem_u32(smem) + kLayout.cta_x_slot(gslot);
+    }
 #pragma unroll
     for (uint32_t j = 0; j < kW4A16ScaleGroup; ++j) {
       const int kc = kg * static_cast<int>(kW4A16ScaleGroup) + static_cast<int>(j);
@@ -228,21 +237,17 @@ __global__ void __launch_bounds__(
         const uint32_t slot = (slot0 + j) % STAGES;
         const uint4 w0 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(0, slot));
         const uint4 w1 = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_code_slot(1, slot));
-        // The CTA ring: each n8 tile's fragments are loaded just before its MMAs (fewer live registers),
-        // and the slot released after the last; the per-warp ring: all of them here.
-        uint4 xq[kCtaX ? 1 : kNTiles][2];
+        // Chunk kc's activations in the CTA ring (its group's slot, box j; or its own slot, waited for here):
+        // each n8 tile's fragments are loaded just before its MMAs (fewer live registers), and a chunk's
+        // own slot released after the last.
         uint32_t xs = 0, xslot = 0;
-        if constexpr (kCtaX) {
+        if constexpr (kXGroup) {
+          xs = gx + j * (BLOCK_T * 128);
+        } else {
           const uint32_t xi = static_cast<uint32_t>(kc - kc0);
           xslot = xi % kXStages;
           ptx::mbarrier_wait_parity(full_u32 + 8 * xslot, (xi / kXStages) & 1u);
           xs = smem_u32(smem) + kLayout.cta_x_slot(xslot);
-        } else {
-#pragma unroll
-          for (uint32_t nt = 0; nt < kNTiles; ++nt) {
-            xq[nt][0] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 0));
-            xq[nt][1] = *reinterpret_cast<const uint4*>(ring_ptr + kLayout.ring_x_slot(nt, slot, 1));
-          }
         }
         // Into the slots chunk kc - 1 used (its reads above completed: the previous step's MMAs used them).
         load_chunk(decltype(checked)::value, kc + static_cast<int>(STAGES) - 1, static_cast<int>(j + STAGES) - 1,
@@ -258,23 +263,23 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (uint32_t nt = 0; nt < kNTiles; ++nt) {
           uint32_t b[4][2];
-          if constexpr (kCtaX) {
-            w4a16_b_from_words(ptx::ld_shared_v4(xs + nt * 1024 + x_lane0), ptx::ld_shared_v4(xs + nt * 1024 + x_lane1),
-                               b);
-          } else {
-            w4a16_b_from_words(xq[nt][0], xq[nt][1], b);
-          }
+          w4a16_b_from_words(ptx::ld_shared_v4(xs + nt * 1024 + x_lane0), ptx::ld_shared_v4(xs + nt * 1024 + x_lane1),
+                             b);
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             mma_bf16_m16n8k16(acc[0][nt], a0[s], b[s]);
             mma_bf16_m16n8k16(acc[1][nt], a1[s], b[s]);
           }
         }
-        if constexpr (kCtaX) {
+        if constexpr (!kXGroup) {
           __syncwarp();  // every lane's reads of the slot are done
           if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * xslot);
         }
       }
+    }
+    if constexpr (kXGroup) {
+      __syncwarp();  // every lane's reads of the group's slot are done
+      if (lane == 0) ptx::mbarrier_arrive(empty_u32 + 8 * gslot);
     }
     codes0 += kW4A16ScaleGroup * kW4A16TileBytes;
     codes1 += kW4A16ScaleGroup * kW4A16TileBytes;

@@ -40,7 +40,6 @@ using plan::kSm90SmemOptinBytes;
 using plan::kW4A16Configs;
 using plan::kW4A16StreamTilesPerWarp;
 using plan::kW4A16StreamXRingBytes;
-using plan::kW4A16StreamXSlotBytes;
 using plan::w4a16_config_name;
 using plan::w4a16_ctas_per_sm;
 using plan::w4a16_is_wgmma;
