@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(
   auto run_group = [&](auto checked, int kg) {
     const uint32_t slot0 = (static_cast<uint32_t>(kg) * kW4A16ScaleGroup) % STAGES;
     // Group slots: the next group's boxes, then this group's landed.
-    uint32_t gslot = 0, gx = 0;
+    [[maybe_unused]] uint32_t gslot = 0, gx = 0;
     if constexpr (kXGroup) {
       issue_group(kg + 1);
       const uint32_t gi = static_cast<uint32_t>(kg - kg0);
@@ -240,7 +240,8 @@ __global__ void __launch_bounds__(
         // Chunk kc's activations in the CTA ring (its group's slot, box j; or its own slot, waited for here):
         // each n8 tile's fragments are loaded just before its MMAs (fewer live registers), and a chunk's
         // own slot released after the last.
-        uint32_t xs = 0, xslot = 0;
+        uint32_t xs = 0;
+        [[maybe_unused]] uint32_t xslot = 0;
         if constexpr (kXGroup) {
           xs = gx + j * (BLOCK_T * 128);
         } else {
