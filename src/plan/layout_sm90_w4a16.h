@@ -11,25 +11,21 @@
 //  * kStream (decode, 1..32 tokens per expert): each warp owns two adjacent m16 row tiles (32
 //    weight rows, kW4A16StreamTilesPerWarp) and streams their codes into its own two rings of
 //    `stages` 512 B chunk slots in shared memory (one coalesced 16 B cp.async per lane per tile per
-//    64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier at all), `stages - 1`
-//    chunks of each tile in flight per warp; each lane's activations (its 32 B of every token row of
-//    the chunk) come with the codes, by cp.async through L1 into the same ring slot (every warp of the
-//    SM reads the same rows); scales come a group (8 chunks) ahead in registers; one activation
+//    64-wide K chunk; a lane only ever reads back its own 16 B, so no barrier for the codes), `stages - 1`
+//    chunks of each tile in flight per warp; the activations are the CTA's (stream_cta_x_ring): TMA
+//    boxes of block_t rows x 64 k into a ring, issued by the first warp to need them (a ticket), full /
+//    empty mbarriers per slot; with 8 / 16 tokens a slot holds a scale group's 8 boxes
+//    (stream_x_group_slots, kW4A16StreamXGroupSlots slots), with 32 tokens one box (x_stages slots of
+//    kW4A16StreamXRingBytes); scales come a group (8 chunks) ahead in registers; one activation
 //    fragment feeds both tiles' MMAs.
 //      block_w  rows per CTA: 64, 128 or 256 (2, 4 or 8 warps); block_t 8, 16 or 32 tokens; block_k 64 (one
-//      chunk per step); stages = ring depth in chunks: 4, 8 or 16.
+//      chunk per step); stages = code ring depth in chunks: 4, 8 or 16.
 //    Name: "w4a16_stream_m<block_w>n<block_t>_d<stages>".
-//    Shared memory (block_t 8 and 16): one region, the rings: block_w / 32 warps x stages x (2 tiles x
-//    512 B of codes + block_t / 8 x 1 KB of activations). Warp w's rings at ring_offset + w x
-//    ring_warp_bytes: tile h's codes at h x stages x 512, then n8 tile nt's activations at
-//    ring_x_offset + nt x stages x 1024 (slot s: 512 B of each lane's first 16 B, then 512 B of its
-//    second, so that the lanes' 16 B loads are conflict-free).
-//    block_t 32 (stream_cta_x_ring): the activations are the CTA's, one TMA box of 32 rows x 64 k a
-//    chunk into a ring of x_stages slots (kW4A16StreamXRingBytes), issued by the first warp to need it;
-//    three regions: that ring at 0 (slot s at ring_x_offset + s x block_t x 128, 128B-swizzled as the
-//    wgmma x tile, w4a16_wgmma_swizzle), the warps' code rings (ring_offset + w x ring_warp_bytes, tile
-//    h's at h x stages x 512), then a full and an empty mbarrier per slot and the issue ticket (4 B,
-//    in a 16 B tail) at barriers_offset.
+//    Shared memory, three regions: the activation ring at 0 (slot s at ring_x_offset + s x x_slot_chunks
+//    x block_t x 128, box j of a group slot block_t x 128 further, 128B-swizzled as the wgmma x tile,
+//    w4a16_wgmma_swizzle), the warps' code rings (ring_offset + w x ring_warp_bytes, tile h's at h x
+//    stages x 512), then a full and an empty mbarrier per slot and the issue ticket (4 B, in a 16 B
+//    tail) at barriers_offset.
 //  * kPipeline (32+ tokens): activations, codes and scales staged through shared memory by a
 //    cp.async multi-stage pipeline.
 //      block_w 64 or 128 (one m16 row tile per warp); block_t 8, 16, 32 or 64; block_k 128 or 256
