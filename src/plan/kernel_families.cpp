@@ -259,9 +259,12 @@ std::string arch_mismatch(const TileCandidate& c, const GpuSpec& gpu) {
   switch (c.family) {
     case KernelFamily::kSm90W4A16:
       // mma.sync m16n8k16 BF16 and cp.async: sm_80 features (the build's FP4MOE_CUDA_GENCODE decides
-      // which archs the binary carries; the planner answers what would fit); the wgmma tiles sm_90a.
+      // which archs the binary carries; the planner answers what would fit); the stream tiles' activations
+      // come by TMA boxes into the CTA's ring (mbarrier transaction counts): sm_90+; the wgmma tiles sm_90a.
       if (gpu.sm < 80 || !gpu.has(kMmaSync)) {
         os << "needs mma.sync BF16 + cp.async (sm_80+); " << gpu.name << " is " << gpu.sm_name();
+      } else if (c.ours.kind == W4A16Kind::kStream && !gpu.has(kTma)) {
+        os << "stream tiles need TMA (cp.async.bulk.tensor, sm_90+); " << gpu.name << " is " << gpu.sm_name();
       } else if (w4a16_is_wgmma(c.ours.kind) && (gpu.sm != 90 || !gpu.has(kWgmma))) {
         os << "wgmma tiles need sm_90a (wgmma.mma_async); " << gpu.name << " is " << gpu.sm_name();
       }

@@ -199,30 +199,20 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
     if (c.kind == W4A16Kind::kStream) {
       const W4A16Layout kernel = W4A16Layout::make(W4A16Config{c.block_w, c.block_t, 64, c.stages, W4A16Kind::kStream});
       EXPECT_EQ(c.block_k, 64u) << name;
-      if (W4A16Layout::stream_cta_x_ring(c)) {
-        // The activation ring, the code rings, the mbarriers: region by region.
-        ASSERT_EQ(planned.n_regions, 3) << name;
-        ASSERT_EQ(kernel.layout.n_regions, 3) << name;
-        for (int i = 0; i < 3; ++i) {
-          EXPECT_STREQ(planned.regions[i].name, kernel.layout.regions[i].name) << name;
-          EXPECT_EQ(planned.regions[i].offset, kernel.layout.regions[i].offset) << name;
-          EXPECT_EQ(planned.regions[i].bytes, kernel.layout.regions[i].bytes) << name;
-        }
-        EXPECT_EQ(planned.regions[0].offset, kernel.ring_x_offset) << name;
-        EXPECT_EQ(planned.regions[1].offset, kernel.ring_offset) << name;
-        EXPECT_EQ(planned.regions[2].offset, kernel.barriers_offset) << name;
-        EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
-        EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;  // what the launcher requests
-        continue;
+      ASSERT_TRUE(W4A16Layout::stream_cta_x_ring(c)) << name;  // every stream tile: three regions
+      // The activation ring, the code rings, the mbarriers: region by region.
+      ASSERT_EQ(planned.n_regions, 3) << name;
+      ASSERT_EQ(kernel.layout.n_regions, 3) << name;
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_STREQ(planned.regions[i].name, kernel.layout.regions[i].name) << name;
+        EXPECT_EQ(planned.regions[i].offset, kernel.layout.regions[i].offset) << name;
+        EXPECT_EQ(planned.regions[i].bytes, kernel.layout.regions[i].bytes) << name;
       }
-      ASSERT_EQ(planned.n_regions, 1) << name;
-      ASSERT_EQ(kernel.layout.n_regions, 1) << name;
-      EXPECT_STREQ(planned.regions[0].name, kernel.layout.regions[0].name) << name;
-      EXPECT_EQ(planned.regions[0].offset, kernel.ring_offset) << name;
-      EXPECT_EQ(planned.regions[0].bytes, c.n_warps() * kernel.ring_warp_bytes) << name;
+      EXPECT_EQ(planned.regions[0].offset, kernel.ring_x_offset) << name;
+      EXPECT_EQ(planned.regions[1].offset, kernel.ring_offset) << name;
+      EXPECT_EQ(planned.regions[2].offset, kernel.barriers_offset) << name;
       EXPECT_EQ(planned.total_bytes, kernel.total_bytes()) << name;
       EXPECT_EQ(check.bytes, kernel.total_bytes()) << name;  // what the launcher requests
-      EXPECT_EQ(check.bytes, c.n_warps() * c.stages * (kW4A16StreamTilesPerWarp * 512 + c.block_t / 8 * 1024)) << name;
       EXPECT_EQ(check.stages * check.stage_bytes + check.epilogue_bytes + check.overhead_bytes, check.bytes) << name;
       uint32_t sum = 0;
       for (const plan::BreakdownItem& b : check.breakdown) sum += b.bytes;
@@ -265,16 +255,15 @@ TEST(W4A16Layout, KernelCarveEqualsThePlannersLayout) {
   }
 }
 
-// One computation behind both refusals: on an RTX 4090 (101376 B opt-in) the planner rejects the
-// configs the launcher would refuse, and its reason is the launcher's message without the kernel
-// name. From the real numbers: the 6 stream configs need at most 8 warps x 8 x 512 = 32768 B
-// (m128*_d8) or 4 warps x 16 x 512 = 32768 B (m64*_d16), the others 4 x 8 x 512 = 16384 B: all
-// fit; of the pipeline ones m64n8k256_s4 (54400 B), m128n32k128_s4 (78336 B) and m64n64k128_s4
-// (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 + 2048) + 4352 = 110848 B) and
-// m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the six wgmma configs are
-// rejected by the architecture (sm_89 has no wgmma; all but m128n32_s4, 98368 B, would not fit either):
-// 8 refusals. On a made-up GPU with a 20000 B opt-in only the two 16384 B stream configs fit: the four
-// 32768 B ones, all 5 pipeline ones (54400 B and up) and the 6 wgmma ones are refused, 15 in all.
+// One computation behind both refusals: on an RTX PRO 6000 (sm_120: TMA, no wgmma, 101376 B opt-in) the
+// planner rejects the configs the launcher would refuse, and its reason is the launcher's message without
+// the kernel name. From the real numbers: the 10 stream configs need 32816-65584 B (the CTA's activation
+// ring, the warps' code rings, mbarriers): all fit; of the pipeline ones m64n8k256_s4 (54400 B),
+// m128n32k128_s4 (78336 B) and m64n64k128_s4 (93184 B) fit, while m128n16k256_s4 (4 x (8192 + 16384 +
+// 2048) + 4352 = 110848 B) and m128n64k128_s4 (4 x (16384 + 8192 + 1024) + 17408 = 119808 B) do not; the
+// six wgmma configs are rejected by the architecture (no wgmma; all but m128n32_s4, 98368 B, would not fit
+// either): 8 refusals. An RTX 4090 (sm_89, no TMA) also refuses the stream configs by the architecture.
+// On a made-up GPU with a 20000 B opt-in every config is refused.
 std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
   std::vector<std::string> refused;
   for (const plan::TileCandidate& cand : plan::family_candidates(plan::KernelFamily::kSm90W4A16, false)) {
@@ -285,8 +274,11 @@ std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
       continue;
     }
     refused.push_back(name);
-    if (check.rule == "arch") {  // the wgmma configs on a GPU without wgmma (the binary's arch list decides)
-      EXPECT_TRUE(plan::w4a16_is_wgmma(cand.ours.kind)) << name << ": " << check.reason;
+    // Arch rejections: wgmma configs without wgmma, stream ones without TMA (the binary's arch list decides).
+    if (check.rule == "arch") {
+      EXPECT_TRUE(plan::w4a16_is_wgmma(cand.ours.kind) ||
+                  (cand.ours.kind == W4A16Kind::kStream && !gpu.has(plan::kTma)))
+          << name << ": " << check.reason;
       continue;
     }
     EXPECT_EQ(check.rule, "smem-opt-in") << name;
@@ -298,13 +290,24 @@ std::vector<std::string> check_refusals_agree(const plan::GpuSpec& gpu) {
 }
 
 TEST(W4A16Configs, LauncherRefusesWhatThePlannerRejects) {
+  // An sm_120 card (TMA, no wgmma, 101376 B opt-in): the stream configs fit.
+  const plan::GpuSpec blackwell = plan::require_gpu("rtx-pro-6000");
+  ASSERT_EQ(blackwell.smem_optin_per_block, 101376u);
+  const std::vector<std::string> over = {"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
+                                         "w4a16_wgmma_m128n32_s4",      "w4a16_wgmma_m128n64_s4",
+                                         "w4a16_wgmma_m128n128_s4",     "w4a16_wgmma_m128n256_s4",
+                                         "w4a16_wgmma_m256n64_s4",      "w4a16_wgmma_m256n128_s4"};
+  EXPECT_EQ(check_refusals_agree(blackwell), over);
+  // sm_89 (no TMA) refuses the stream configs too: only the three pipeline configs that fit are left.
   const plan::GpuSpec ada = plan::require_gpu("rtx-4090");
-  ASSERT_EQ(ada.smem_optin_per_block, 101376u);
-  EXPECT_EQ(check_refusals_agree(ada),
-            (std::vector<std::string>{"w4a16_swapab_m128n16k256_s4", "w4a16_swapab_m128n64k128_s4",
-                                      "w4a16_wgmma_m128n32_s4", "w4a16_wgmma_m128n64_s4", "w4a16_wgmma_m128n128_s4", "w4a16_wgmma_m128n256_s4",
-                                      "w4a16_wgmma_m256n64_s4", "w4a16_wgmma_m256n128_s4"}));
-  plan::GpuSpec tiny = ada;
+  std::vector<std::string> want;
+  for (const std::string& name : w4a16_config_names()) {
+    const bool pipeline_fits = name == "w4a16_swapab_m64n8k256_s4" || name == "w4a16_swapab_m128n32k128_s4" ||
+                               name == "w4a16_swapab_m64n64k128_s4";
+    if (!pipeline_fits) want.push_back(name);
+  }
+  EXPECT_EQ(check_refusals_agree(ada), want);
+  plan::GpuSpec tiny = blackwell;
   tiny.name = "tiny";
   tiny.smem_optin_per_block = 20000;
   // 20000 B refuses every config (the smallest needs 32816 B): the whole table, in id order (its names are

@@ -168,25 +168,39 @@ TEST(Planner, OursEnumeratesTheShippedConfigsWithTheKernelsLayout) {
   }
 }
 
-// On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped mma.sync configs over
+// On a GPU with less shared memory (RTX 4090: 101376 B opt-in) the two shipped pipeline configs over
 // it are rejected with the byte breakdown, by the computation the launcher refuses them with; the
-// six wgmma configs by the architecture (sm_89 has no wgmma).
+// six wgmma configs by the architecture (sm_89 has no wgmma), and so are the ten stream configs (their
+// activations come by TMA, which sm_89 lacks): 18 rejections in config id order, three configs left.
 TEST(Planner, OursRejectionSnapshot) {
   const GemmPlan p = plan_gemm(gemms_of(kGlm5, 4096)[0], require_gpu("rtx-4090"), {});
   EXPECT_EQ(p.family, KernelFamily::kSm90W4A16);
   ASSERT_TRUE(p.chosen.has_value()) << p.error;
-  ASSERT_EQ(p.rejected.size(), 8u);
-  for (size_t i = 2; i < 8; ++i) {
-    EXPECT_EQ(p.rejected[i].rule, "arch") << p.rejected[i].message;
-    EXPECT_NE(p.rejected[i].message.find("sm90_nvfp4_w4a16_grouped_gemm wgmma tiles need sm_90a (wgmma.mma_async); "
-                                         "rtx-4090 is sm_89"),
-              std::string::npos)
-        << p.rejected[i].message;
+  ASSERT_EQ(p.rejected.size(), 18u);
+  const Rejection* pipeline_smem[2] = {nullptr, nullptr};
+  int wgmma = 0, stream = 0;
+  for (const Rejection& r : p.rejected) {
+    const W4A16Kind kind = r.candidate.ours.kind;
+    if (kind == W4A16Kind::kPipeline) {
+      pipeline_smem[pipeline_smem[0] == nullptr ? 0 : 1] = &r;
+      continue;
+    }
+    EXPECT_EQ(r.rule, "arch") << r.message;
+    const char* want =
+        kind == W4A16Kind::kStream
+            ? "sm90_nvfp4_w4a16_grouped_gemm stream tiles need TMA (cp.async.bulk.tensor, sm_90+); "
+              "rtx-4090 is sm_89"
+            : "sm90_nvfp4_w4a16_grouped_gemm wgmma tiles need sm_90a (wgmma.mma_async); rtx-4090 is sm_89";
+    EXPECT_NE(r.message.find(want), std::string::npos) << r.message;
+    ++(kind == W4A16Kind::kStream ? stream : wgmma);
   }
-  EXPECT_EQ(p.rejected[2].candidate.to_string(), "w4a16_wgmma_m128n32_s4");
-  EXPECT_EQ(p.rejected[7].candidate.to_string(), "w4a16_wgmma_m256n128_s4");
-  EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
-  const Rejection& r = p.rejected[1];
+  EXPECT_EQ(stream, 10);
+  EXPECT_EQ(wgmma, 6);
+  EXPECT_EQ(p.rejected[0].candidate.to_string(), "w4a16_stream_m64n8_d8");
+  EXPECT_EQ(p.rejected[17].candidate.to_string(), "w4a16_stream_m256n32_d4");
+  ASSERT_NE(pipeline_smem[1], nullptr);
+  EXPECT_EQ(pipeline_smem[0]->candidate.to_string(), "w4a16_swapab_m128n16k256_s4");
+  const Rejection& r = *pipeline_smem[1];
   EXPECT_EQ(r.rule, "smem-opt-in");
   EXPECT_EQ(r.bytes_needed, 119808u);
   EXPECT_EQ(r.limit, 101376u);
@@ -244,7 +258,8 @@ TEST(Planner, DescribeListsEveryRegion) {
 }
 
 TEST(Planner, ArchMismatchIsARejectionNotAnException) {
-  // The kernel needs mma.sync BF16 and cp.async (sm_80+); a pre-Ampere GPU is an arch rejection.
+  // The kernel needs mma.sync BF16 and cp.async (sm_80+; the stream tiles TMA, sm_90+); a pre-Ampere GPU is an
+  // arch rejection.
   GpuSpec turing = require_gpu("rtx-3090");
   turing.name = "turing";
   turing.sm = 75;

@@ -280,13 +280,14 @@ TEST(FeasibleConfigs, AllShippedConfigsOnHopperFewerWithLessSmem) {
   std::vector<int> sorted = ids;
   std::sort(sorted.begin(), sorted.end());
   for (int i = 0; i < plan::kNumW4A16Configs; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
-  // A GPU with less shared memory and no wgmma (sm_89): exactly the mma.sync configs whose layout fits
-  // its opt-in limit (wgmma m128n32_s4 fits it, 98368 B, and is out by the architecture).
+  // A GPU with less shared memory, no wgmma and no TMA (sm_89): exactly the pipeline configs whose layout fits
+  // its opt-in limit (wgmma m128n32_s4 fits it, 98368 B, and the stream configs do: both are out by the
+  // architecture).
   const plan::GpuSpec small = plan::require_gpu("rtx-4090");
   const std::vector<int> fit = feasible_configs(kGateUp, 8, small);
   for (int i = 0; i < plan::kNumW4A16Configs; ++i) {
     const bool fits = plan::w4a16_smem_refusal(plan::kW4A16Configs[i], small.smem_optin_per_block).empty() &&
-                      !plan::w4a16_is_wgmma(plan::kW4A16Configs[i].kind);
+                      plan::kW4A16Configs[i].kind == plan::W4A16Kind::kPipeline;
     EXPECT_EQ(std::find(fit.begin(), fit.end(), i) != fit.end(), fits) << plan::w4a16_config_name(plan::kW4A16Configs[i]);
   }
 }
