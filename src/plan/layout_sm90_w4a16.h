@@ -102,7 +102,7 @@ struct W4A16Config {
   FP4MOE_HD constexpr uint32_t n_threads() const { return n_warps() * 32; }
 };
 
-// kStream with the CTA's activation ring (stream_cta_x_ring): its bytes, at least `stages` slots. A
+// kStream with a slot a chunk (32 tokens; stream_x_stages): the CTA ring's bytes, at least `stages` slots. A
 // slot is refilled once every warp released it, so with more slots than chunks in flight (stages - 1)
 // the slowest warp may trail the fastest by x_stages - stages + 1 chunks before a refill waits for it.
 inline constexpr uint32_t kW4A16StreamXRingBytes = 16384;
@@ -156,7 +156,8 @@ FP4MOE_HD constexpr bool w4a16_stream_cta_x_ring(const W4A16Config& c) { return 
 
 // Registers per thread a config is compiled for (kStream: the chunk's activation fragments, 8
 // registers per 8 tokens, and the row tiles' accumulators, 4 per tile per 8 tokens, plus ~72 for the
-// rest (two chunks' A fragments): 88 for n8, 104 for n16; n32, on the CTA ring, 112; kPipeline: 64).
+// rest (two chunks' A fragments): 88 for n8, 104 for n16; n32, one n8 tile's fragments at a time, 112;
+// kPipeline: 64).
 FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   // kWgmma: a consumer thread's accumulators (block_w / 128 x block_t / 2 f32) plus ~64 for the rest,
   // at most 255 (w4a16_wgmma_consumer_regs: what setmaxnreg gives the consumers must cover it).
@@ -167,7 +168,7 @@ FP4MOE_HD constexpr uint32_t w4a16_register_budget(const W4A16Config& c) {
   if (c.kind != W4A16Kind::kStream) return 64;
   // The CTA's activation ring: one n8 tile's fragments live at a time (8 registers), loaded before its MMAs
   // (ptxas: m128n32 115, m256n32 110).
-  if (w4a16_stream_cta_x_ring(c) && c.block_t == 32) return 72 + 8 + 4 * kW4A16StreamTilesPerWarp * (c.block_t / 8);
+  if (c.block_t == 32) return 72 + 8 + 4 * kW4A16StreamTilesPerWarp * (c.block_t / 8);
   return 72 + (8 + 4 * kW4A16StreamTilesPerWarp) * (c.block_t / 8);
 }
 
@@ -234,8 +235,8 @@ struct W4A16Layout {
   FP4MOE_HD constexpr uint32_t ring_code_slot(uint32_t h, uint32_t slot) const {
     return (h * config.stages + slot) * 512;
   }
-  // kStream with the CTA's activation ring: bytes from smem to its slot `slot` (block_t rows x 128 B,
-  // 128B-swizzled: w4a16_wgmma_swizzle).
+  // kStream: bytes from smem to the CTA activation ring's slot `slot` (x_slot_chunks boxes of block_t rows
+  // x 128 B, each 128B-swizzled: w4a16_wgmma_swizzle).
   FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const {
     return ring_x_offset + slot * x_slot_chunks * config.block_t * 128;
   }
@@ -245,7 +246,8 @@ struct W4A16Layout {
   FP4MOE_HD static constexpr bool stream_x_group_slots(const W4A16Config& c) {
     return stream_cta_x_ring(c) && c.block_t < 32;
   }
-  // Its slots: kW4A16StreamXRingBytes worth, at least `stages` (a power of 2 either way).
+  // The 32-token tiles' slots (a slot a chunk): kW4A16StreamXRingBytes worth, at least `stages` (a power of 2
+  // either way). The group-slot tiles have kW4A16StreamXGroupSlots.
   FP4MOE_HD static constexpr uint32_t stream_x_stages(const W4A16Config& c) {
     const uint32_t by_bytes = kW4A16StreamXRingBytes / (c.block_t * 128);
     return by_bytes > c.stages ? by_bytes : c.stages;
@@ -296,8 +298,8 @@ struct W4A16Layout {
     out.invalid_reason = check(c);
     if (out.invalid_reason != nullptr) return out;
     if (stream_cta_x_ring(c)) {
-      // The CTA's activation ring (one TMA box of block_t rows x 64 k a slot, 128B-swizzled), the warps'
-      // code rings, the slots' full / empty mbarriers and the issue ticket.
+      // The CTA's activation ring (x_slot_chunks TMA boxes of block_t rows x 64 k a slot, 128B-swizzled), the
+      // warps' code rings, the slots' full / empty mbarriers and the issue ticket.
       out.x_stages = stream_x_group_slots(c) ? kW4A16StreamXGroupSlots : stream_x_stages(c);
       out.x_slot_chunks = stream_x_group_slots(c) ? kW4A16StreamXGroupChunks : 1;
       out.ring_x_offset = out.layout.add("activation ring (CTA: bf16, 128B-swizzled)",

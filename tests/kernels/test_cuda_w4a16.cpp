@@ -551,7 +551,8 @@ TEST(W4A16Gpu, KSixteenTimesOdd) {
 // no expert offsets, one expert over all rows). Parts of 4 scale groups (K = 16384: 8 parts), a
 // K of 3 groups with a partial last one (3 parts of one group), a workspace that holds only two
 // parts, rows past the expert ranges left unwritten by the reduction, and the same bits twice. The
-// stream n32 tile's CTA activation ring counts its slots and parities from the part's first chunk.
+// stream tiles' CTA activation ring counts its slots and parities from the part's first chunk (n32) or
+// first scale group (n8 / n16).
 TEST(W4A16Gpu, SplitKMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(testing::test_seed() ^ 0x5B1ull);

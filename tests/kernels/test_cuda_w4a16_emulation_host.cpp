@@ -5,8 +5,8 @@
 // its warp's shared-memory ring slot kc % stages of a host image of the CTA's W4A16Layout and read
 // back by the same lane after wait_group(stages - 2), every shipped stream config and a ring of 4;
 // kPipeline: a host image of one stage as load_stage's cp.async copies fill it, block_k 128 and 256),
-// the B fragments from the activations (kStream: each lane's 32 B at x[tok][64 kc + 16 t] copied with
-// the codes of chunk kc into its warp's activation ring and read back the same way; kPipeline:
+// the B fragments from the activations (kStream: each lane's 32 B at x[tok][64 kc + 16 t] read from the
+// TMA boxes in the CTA's activation ring, a slot a scale group at 8 / 16 tokens, a chunk at 32; kPipeline:
 // x_tile_offset swizzle and load_b_fragments), an emulated
 // mma.sync m16n8k16 written here from the PTX fragment layouts, and 2^8 x D must equal the f64 dot
 // products of the dequantized weights (format/nvfp4.h). The scale words come from the kernel
@@ -154,7 +154,7 @@ void expect_tile_exact(const EmuProblem& p, int64_t e, int64_t rt, int64_t nt, c
 // kStream, one CTA (config c, blockIdx.y = 0: warp w owns row tiles 2 w and 2 w + 1
 // (kW4A16StreamTilesPerWarp), warps past the N row tiles return) on the block_t tokens from tok0 of
 // expert e, each lane as the kernel runs it (lanes only meet in the MMA, emulated per chunk
-// afterwards; a lane's two tiles share its activation copies and its cp.async groups, so the
+// afterwards; a lane's two tiles share its activation fragments and its cp.async groups, so the
 // emulation runs the tiles one after the other with the same schedule):
 //   * codes: chunk kc's 16 B of the lane (indexed in the global kernel layout as before) go by cp.async
 //     (zero-filled past K) into the ring of its tile h in its warp's shared memory, slot kc % stages, at
@@ -203,9 +203,9 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
     const auto slot = static_cast<uint32_t>((kc / kW4A16ScaleGroup) % x_stages);
     return cta_x_addr(slot, row, unit) + static_cast<uint32_t>(kc % kW4A16ScaleGroup) * c.block_t * 128;
   };
-  // The carve: every (warp, lane, slot) 16 B piece of codes (per tile) and activations (per n8 tile and
-  // half; the CTA ring: every (slot, row, unit), and 16 B of mbarriers per slot and the ticket's 16 B)
-  // in the regions, 16 B aligned, none shared, all covered.
+  // The carve: every (warp, lane, slot) 16 B piece of codes (per tile), every (slot, box, row, unit) 16 B
+  // of the CTA's activation ring, and 16 B of mbarriers per slot and the ticket's 16 B in the regions,
+  // 16 B aligned, none shared, all covered.
   std::vector<int> owner(l.total_bytes(), -1);
   int piece = 0;
   auto claim = [&](uint32_t a) {

@@ -21,7 +21,7 @@
 //     kc % stages of a host image of the CTA's W4A16Layout and read back by the same lane after
 //     wait_group(stages - 2), every shipped stream config and a ring of 4; kPipeline: a host image
 //     of one stage as load_stage's cp.async copies fill it, block_k 128 and 256), the B fragments
-//     from the activations (kStream: 32 B at x[tok][64 kc + 16 t] through the activation ring;
+//     from the activations (kStream: 32 B at x[tok][64 kc + 16 t] from TMA boxes in the CTA's ring;
 //     kPipeline: x_tile_offset swizzle and load_b_fragments), an emulated mma.sync m16n8k16
 //     written here from the PTX fragment layouts, and 2^8 x D against the f64 dot products of the
 //     dequantized weights (format/nvfp4.h);

@@ -1,8 +1,8 @@
 // SmemLayout mechanics and the layout of the shipped Hopper kernel (sm90_nvfp4_w4a16_grouped_gemm,
 // plan/layout_sm90_w4a16.h): every shipped config's offsets pinned to the byte (the kStream
-// configs: one region, the per-warp code rings), alignment, no overlaps, regions summing to the total,
-// constexpr use as the kernel does (static_assert against the sm_90 opt-in, CTAs per SM), the
-// rules check() enforces for both kinds, and the summary / refusal wording the launcher and the
+// configs: three regions, the CTA's activation ring, the warps' code rings, mbarriers and ticket), alignment, no
+// overlaps, regions summing to the total, constexpr use as the kernel does (static_assert against the sm_90 opt-in,
+// CTAs per SM), the rules check() enforces for both kinds, and the summary / refusal wording the launcher and the
 // planner share. Run: test_plan_layouts.
 #include <gtest/gtest.h>
 

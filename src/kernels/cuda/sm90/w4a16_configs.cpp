@@ -153,7 +153,8 @@ int w4a16_default_config(int64_t tokens_per_expert) {
   // producer warpgroup; no wgmma tile is faster than the streaming kernel at 16 tokens, m128n16 was
   // 1.4-1.55x slower; 64 tokens m128n64 1.48-1.55x cuBLAS BF16, 128 m256n128 1.07-1.13x, 256 m128n256
   // 0.94-0.98x). With the activations in the rings (twenty-third session, H100 same-run A/B) the 16- and
-  // 32-token tiles run a 4-deep ring (m128n16_d8 has 2 CTAs an SM left; d4 4: 5-9% faster at 16 tokens).
+  // 32-token tiles run a 4-deep ring (m128n16_d8 then had 2 CTAs an SM left, 3 since the CTA activation
+  // ring; d4 4: 5-9% faster at 16 tokens).
   // Up to 16 tokens, CTAs of 256 weight rows (8 warps): each token row's activations come from L2 once
   // per 256 rows instead of per 128 (L2 traffic at 16 tokens 5.21 -> 4.78 TB/s), 2-7% faster at 1-16
   // tokens (88-92% of HBM at 1-8; H100 same-run A/B, BENCHMARKS.md 2026-12-05 twenty-fourth session).

@@ -56,7 +56,7 @@ using namespace w4a16_detail;
 // ---- kStream: per-warp code rings -------------------------------------------------------------------
 // Each warp owns kW4A16StreamTilesPerWarp = 2 adjacent row tiles (32 weight rows): the activation
 // fragments it loads feed both tiles' MMAs, and it runs two independent dequant chains. x_map: the
-// activations' TMA descriptor (make_x_map) with the CTA's activation ring, else unused.
+// activations' TMA descriptor (make_x_map) for the CTA's activation ring.
 template <uint32_t BLOCK_W, uint32_t BLOCK_T, uint32_t STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(
     W4A16Config{BLOCK_W, BLOCK_T, 64, STAGES, W4A16Kind::kStream}.n_threads(),
@@ -83,11 +83,12 @@ __global__ void __launch_bounds__(
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t g = lane >> 2, t = lane & 3u;
   const int rt0 = static_cast<int>(blockIdx.y * (BLOCK_W / 16) + 2 * warp);
-  // The CTA's activation ring: chunk kc's token rows go by one TMA box into slot (kc - kc0) % kXStages
-  // (full[slot]: expect_tx), issued by the first warp to reach chunk kc's load (a ticket: atomicMax on
-  // `issued`), so no warp waits on another's issue; every warp with row tiles reads its fragments and
-  // its lane 0 arrives on empty[slot]; a slot is refilled once every such warp released it (issued by
-  // a single thread 0 instead, every warp waited on warp 0: 1-8 tokens 20% slower).
+  // The CTA's activation ring: with 32 tokens chunk kc's token rows go by one TMA box into slot
+  // (kc - kc0) % kXStages, with 8 / 16 a scale group kg's 8 boxes into slot (kg - kg0) % kXStages (issued
+  // at the previous group's start) (full[slot]: expect_tx); issued by the first warp to get there (a
+  // ticket: atomicMax on `issued`), so no warp waits on another's issue; every warp with row tiles reads
+  // its fragments and its lane 0 arrives on empty[slot]; a slot is refilled once every such warp released
+  // it (issued by a single thread 0 instead, every warp waited on warp 0: 1-8 tokens 20% slower).
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kLayout.barriers_offset);
   uint64_t* empty = full + kXStages;
   uint32_t* issued = reinterpret_cast<uint32_t*>(empty + kXStages);  // chunks (slot a group: groups) from kc0 issued
@@ -135,16 +136,14 @@ __global__ void __launch_bounds__(
 
   codes0 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
   codes1 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
-  // Chunk kc of both tiles' codes (chunk `rel` of the current group's codes0 / codes1) and of every
-  // token row's activations -> slot `slot` (kc % STAGES) of the warp's rings, one commit group per
-  // chunk: the activations land with the codes, STAGES - 1 chunks ahead (loaded by ld.global a chunk
-  // or two ahead instead, they queued behind the code copies and the MMAs waited for them). Through L1
-  // (cp.async.ca): every warp of the SM reads the same rows. `checked`: a chunk past kc_end copies
-  // nothing and activations past K are zero; unchecked, the caller knows kc < kc_end and the chunk is
-  // inside K (no predicate, no address select). Token rows past the item's count are zero-filled either
-  // way. The CTA ring instead: one TMA box of the chunk's 32 token rows (rows of the next items or past
-  // M_total: their output columns are never stored). Every call passes a constant, so the branch folds away after
-  // inlining (a generic lambda taking run_group's std::bool_constant crashes nvcc 13.0's cicc here).
+  // Chunk kc of both tiles' codes (chunk `rel` of the current group's codes0 / codes1) -> slot `slot`
+  // (kc % STAGES) of the warp's code rings, one commit group per chunk, STAGES - 1 chunks ahead.
+  // `checked`: a chunk past kc_end copies nothing; unchecked, the caller knows kc < kc_end (no predicate,
+  // no address select). With a slot a chunk (32 tokens) also chunk kc's activations: one TMA box of its
+  // token rows into the CTA's ring (rows of the next items or past M_total, and k past K, read as zeros
+  // or land in columns never stored); with a slot a group they come by issue_group. Every call passes a
+  // constant, so the branch folds away after inlining (a generic lambda taking run_group's
+  // std::bool_constant crashes nvcc 13.0's cicc here).
   // Group slots: scale group kg's activations (one box a chunk, chunks from kc_end on not loaded) into
   // slot (kg - kg0) % kXStages, by the first warp here, once every warp released the slot's previous
   // group. Each warp asks for kg0, kg0 + 1, ... in order (the ticket as above, counted in groups).
@@ -516,10 +515,10 @@ void launch_config(const KernelParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (c.kind == W4A16Kind::kWgmma) {
     launch_wgmma(I, SWIGLU, p, grid, stream);  // w4a16_wgmma.cu
   } else if constexpr (c.kind == W4A16Kind::kStream) {
-    // The activations' TMA descriptor only for the CTA ring (a zero one otherwise: never read).
+    // The activations' TMA descriptor for the CTA's ring (every stream tile has one).
+    static_assert(W4A16Layout::stream_cta_x_ring(c));
     launch_with_smem(sm90_nvfp4_w4a16_stream_kernel<c.block_w, c.block_t, c.stages, SWIGLU>,
-                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p,
-                     W4A16Layout::stream_cta_x_ring(c) ? make_x_map(p, c.block_t) : CUtensorMap{});
+                     W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p, make_x_map(p, c.block_t));
   } else {
     launch_with_smem(sm90_nvfp4_w4a16_pipeline_kernel<c.block_w, c.block_t, c.block_k, c.stages, SWIGLU>,
                      W4A16Layout::make(c).total_bytes(), c.n_threads(), grid, stream, p);

@@ -4,14 +4,14 @@
 //   Y[t, n] = bf16( gs[e] * sum_k X[t, k] * (e2m1(W_e[n, k]) * e4m3(S_e[n, k / 16])) )
 //   for every token row t in [offsets[e], offsets[e + 1]) of the permuted activations X.
 //
-// Three kernels share the API (plan/layout_sm90_w4a16.h has the configs): kStream for decode (1..16
-// tokens per expert: each warp streams its weight rows through its own shared-memory ring, no barrier),
-// kPipeline for 32-token tiles (cp.async multi-stage pipeline through shared memory), both on mma.sync
-// m16n8k16 BF16 tensor cores, and kWgmma for 64+ tokens and prefill (w4a16_wgmma.cu: wgmma m64nNk16
-// with the dequantized weights staged in shared memory). All are swap-AB (weight rows are the MMA M,
-// tokens the MMA N: 1..64 tokens per expert waste no weight bandwidth) and dequantize in registers
-// (exact, see w4a16_fragments.h) from the kernel weight layout (w4a16_weight_layout.h: made once at
-// load by w4a16_repack). Work items (expert, token tile) are mapped on the device from the offsets, so token
+// Three kernels share the API (plan/layout_sm90_w4a16.h has the configs): kStream for decode (1..32
+// tokens per expert: each warp streams its weight rows' codes through its own shared-memory rings with no
+// barrier; the activations come by TMA into a ring of the CTA, mbarriers), kPipeline for 32-token tiles
+// (cp.async multi-stage pipeline through shared memory), both on mma.sync m16n8k16 BF16 tensor cores, and kWgmma for
+// 64+ tokens and prefill (w4a16_wgmma.cu: wgmma m64nNk16 with the dequantized weights staged in shared memory). All are
+// swap-AB (weight rows are the MMA M, tokens the MMA N: 1..64 tokens per expert waste no weight bandwidth) and
+// dequantize in registers (exact, see w4a16_fragments.h) from the kernel weight layout (w4a16_weight_layout.h: made
+// once at load by w4a16_repack). Work items (expert, token tile) are mapped on the device from the offsets, so token
 // counts may change between launches without a host sync (CUDA-graph friendly): the grid is
 // (floor(M_total / block_t) + min(E, M_total)) x ceil(N / block_w), an upper bound on the number of
 // token tiles; CTAs past the last tile exit at once, and empty experts get no CTA.
