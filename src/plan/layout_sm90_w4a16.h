@@ -240,6 +240,10 @@ struct W4A16Layout {
   FP4MOE_HD constexpr uint32_t cta_x_slot(uint32_t slot) const {
     return ring_x_offset + slot * x_slot_chunks * config.block_t * 128;
   }
+  // ... and to box `box` of that slot (a slot a scale group: chunk box of the group; else box 0).
+  FP4MOE_HD constexpr uint32_t cta_x_box(uint32_t slot, uint32_t box) const {
+    return cta_x_slot(slot) + box * config.block_t * 128;
+  }
 
   FP4MOE_HD static constexpr bool stream_cta_x_ring(const W4A16Config& c) { return w4a16_stream_cta_x_ring(c); }
   // The 8 / 16-token tiles: a slot a scale group (kW4A16StreamXGroupSlots); 32 tokens: a slot a chunk.

@@ -193,15 +193,15 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   auto code_addr = [&](uint32_t warp, uint32_t h, uint32_t lane, uint32_t slot) {
     return l.ring_offset + warp * l.ring_warp_bytes + l.ring_code_slot(h, slot) + lane * 16;
   };
-  auto cta_x_addr = [&](uint32_t slot, uint32_t row, uint32_t unit) {  // the CTA ring's 16 B unit
-    return l.cta_x_slot(slot) + plan::w4a16_wgmma_swizzle(row, unit);
+  auto cta_x_addr = [&](uint32_t slot, uint32_t box, uint32_t row, uint32_t unit) {  // the CTA ring's 16 B unit
+    return l.cta_x_box(slot, box) + plan::w4a16_wgmma_swizzle(row, unit);
   };
   // Chunk kc's 16 B unit in the CTA ring: its own slot kc % x_stages, or with a slot a scale group the
   // group's slot (kc / 8) % x_stages, box kc % 8 of it (block_t rows x 128 B each).
   auto cta_x_chunk_addr = [&](int64_t kc, uint32_t row, uint32_t unit) {
-    if (!group_x) return cta_x_addr(static_cast<uint32_t>(kc % x_stages), row, unit);
-    const auto slot = static_cast<uint32_t>((kc / kW4A16ScaleGroup) % x_stages);
-    return cta_x_addr(slot, row, unit) + static_cast<uint32_t>(kc % kW4A16ScaleGroup) * c.block_t * 128;
+    if (!group_x) return cta_x_addr(static_cast<uint32_t>(kc % x_stages), 0, row, unit);
+    return cta_x_addr(static_cast<uint32_t>((kc / kW4A16ScaleGroup) % x_stages),
+                      static_cast<uint32_t>(kc % kW4A16ScaleGroup), row, unit);
   };
   // The carve: every (warp, lane, slot) 16 B piece of codes (per tile), every (slot, box, row, unit) 16 B
   // of the CTA's activation ring, and 16 B of mbarriers per slot and the ticket's 16 B in the regions,
@@ -226,7 +226,7 @@ void emulate_stream_cta(const EmuProblem& p, const W4A16Config& c, int64_t e, in
   for (uint32_t slot = 0; slot < x_stages; ++slot) {
     for (uint32_t box = 0; box < (group_x ? kW4A16ScaleGroup : 1); ++box) {
       for (uint32_t row = 0; row < c.block_t; ++row) {
-        for (uint32_t unit = 0; unit < 8; ++unit) claim(cta_x_addr(slot, row, unit) + box * c.block_t * 128);
+        for (uint32_t unit = 0; unit < 8; ++unit) claim(cta_x_addr(slot, box, row, unit));
       }
     }
     claim(l.barriers_offset + 16 * slot);  // full[slot], empty[slot]: 8 B each, one 16 B piece here

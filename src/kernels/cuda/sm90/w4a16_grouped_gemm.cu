@@ -136,6 +136,29 @@ __global__ void __launch_bounds__(
 
   codes0 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
   codes1 += static_cast<int64_t>(kc0) * kW4A16TileBytes;
+  // Ticket i of the CTA ring (chunk i from kc0 with a slot a chunk, scale group i from kg0 with a slot a
+  // group), asked for when `wanted`: the first warp to ask for it (its lane 0) issues the slot's boxes, of
+  // chunk c0 (a slot a chunk) or of chunks c0 .. c0 + 7 short of kc_end (a slot a group), rows past M_total
+  // and k past K read as zeros, into slot i % kXStages, once every warp released the slot's previous ticket
+  // i - kXStages. Each warp asks for its tickets in order, so `issued` >= i here: equal means no warp took
+  // ticket i yet.
+  auto issue_boxes = [&](bool wanted, uint32_t i, int c0) {
+    if (lane == 0 && wanted && atomicMax(issued, i + 1) == i) {
+      const uint32_t xslot = i % kXStages;
+      if (i >= kXStages) Barrier::wait(empty + xslot, (i / kXStages - 1) & 1u);
+      const int n = kXGroup ? min(static_cast<int>(kW4A16ScaleGroup), kc_end - c0) : 1;
+      Barrier::arrive_and_expect_tx(full + xslot, static_cast<uint32_t>(n) * BLOCK_T * 128);
+      for (int j = 0; j < n; ++j) {
+        cute::SM90_TMA_LOAD_2D::copy(
+            &x_map, full + xslot, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+            smem + kLayout.cta_x_box(xslot, static_cast<uint32_t>(j)), (c0 + j) * 64, item.row_begin);
+      }
+    }
+  };
+  // Group slots: scale group kg's activations, issued a group ahead.
+  auto issue_group = [&](int kg) {
+    issue_boxes(kg < kg1, static_cast<uint32_t>(kg - kg0), kg * static_cast<int>(kW4A16ScaleGroup));
+  };
   // Chunk kc of both tiles' codes (chunk `rel` of the current group's codes0 / codes1) -> slot `slot`
   // (kc % STAGES) of the warp's code rings, one commit group per chunk, STAGES - 1 chunks ahead.
   // `checked`: a chunk past kc_end copies nothing; unchecked, the caller knows kc < kc_end (no predicate,
@@ -144,24 +167,6 @@ __global__ void __launch_bounds__(
   // or land in columns never stored); with a slot a group they come by issue_group. Every call passes a
   // constant, so the branch folds away after inlining (a generic lambda taking run_group's
   // std::bool_constant crashes nvcc 13.0's cicc here).
-  // Group slots: scale group kg's activations (one box a chunk, chunks from kc_end on not loaded) into
-  // slot (kg - kg0) % kXStages, by the first warp here, once every warp released the slot's previous
-  // group. Each warp asks for kg0, kg0 + 1, ... in order (the ticket as above, counted in groups).
-  auto issue_group = [&](int kg) {
-    const uint32_t gi = static_cast<uint32_t>(kg - kg0);
-    if (lane == 0 && kg < kg1 && atomicMax(issued, gi + 1) == gi) {
-      const uint32_t xslot = gi % kXStages;
-      if (gi >= kXStages) Barrier::wait(empty + xslot, (gi / kXStages - 1) & 1u);
-      const int c0 = kg * static_cast<int>(kW4A16ScaleGroup);
-      const int n = min(static_cast<int>(kW4A16ScaleGroup), kc_end - c0);
-      Barrier::arrive_and_expect_tx(full + xslot, static_cast<uint32_t>(n) * BLOCK_T * 128);
-      for (int j = 0; j < n; ++j) {
-        cute::SM90_TMA_LOAD_2D::copy(
-            &x_map, full + xslot, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-            smem + kLayout.cta_x_slot(xslot) + j * BLOCK_T * 128, (c0 + j) * 64, item.row_begin);
-      }
-    }
-  };
   auto load_chunk = [&](bool checked, int kc, int rel, uint32_t slot) {
     const int64_t off = static_cast<int64_t>(rel) * kW4A16TileBytes;
     if (checked) {
@@ -173,20 +178,8 @@ __global__ void __launch_bounds__(
       cp_async_16(ring + kLayout.ring_code_slot(1, slot), codes1 + off);
     }
     cp_async_commit();
-    if constexpr (!kXGroup) {  // with a slot a scale group the group's activations come by issue_group
-      // The first warp here (its lane 0): chunk kc's token rows (rows past M_total and k past K read as
-      // zeros) once the slot's previous chunk kc - kXStages is released by every warp. This warp asked
-      // for chunk kc - 1 before, so `issued` >= kc - kc0 here: equal means no warp took chunk kc yet.
-      const uint32_t i = static_cast<uint32_t>(kc - kc0);
-      if (lane == 0 && (!checked || kc < kc_end) && atomicMax(issued, i + 1) == i) {
-        const uint32_t xslot = i % kXStages;
-        if (i >= kXStages) Barrier::wait(empty + xslot, (i / kXStages - 1) & 1u);
-        Barrier::arrive_and_expect_tx(full + xslot, BLOCK_T * 128);
-        cute::SM90_TMA_LOAD_2D::copy(&x_map, full + xslot,
-                                     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + kLayout.cta_x_slot(xslot), kc * 64, item.row_begin);
-      }
-    }
+    // With a slot a chunk, chunk kc's token rows (with a slot a scale group they come by issue_group).
+    if constexpr (!kXGroup) issue_boxes(!checked || kc < kc_end, static_cast<uint32_t>(kc - kc0), kc);
   };
 
   float acc[2][kNTiles][4];
