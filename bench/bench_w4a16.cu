@@ -1,17 +1,18 @@
 // Benchmark of sm90_nvfp4_w4a16_grouped_gemm against cuBLAS BF16 (cublasGemmStridedBatchedEx, uniform
 // routing) on the GLM-5 expert shard: E=32, gate_up N=4096 K=6144 and down N=6144 K=2048, tokens per
 // expert 1..256 (or --tokens a,b,c). Every shipped config is timed; the table shows the fastest
-// (and the default config's time, the best mma.sync config's and the best wgmma config's), TFLOP/s, GB/s of NVFP4 weight + scale bytes, the fraction of the
-// HBM roofline (device-to-device copy bandwidth measured in the same run, bytes read + written) and of
-// the BF16 tensor peak (780 TFLOP/s on an H200), the cuBLAS time and the speedup (cuBLAS time / ours).
-// The method and the workloads are tune/gpu_bench.h's, shared with `fp4moe tune` and
-// `fp4moe bench gemm` (which also covers Zipf routing and the autotuned choice): CUDA events
-// around each launch, 5 warm-ups, median of 30; weight sets rotate so the bytes touched between two
-// launches of a set exceed 3x the L2.
+// (and the default config's time, the best mma.sync config's and the best wgmma config's), TFLOP/s, GB/s of NVFP4
+// weight + scale bytes, the fraction of the HBM roofline (device-to-device copy bandwidth measured in the same run,
+// bytes read + written) and of the BF16 tensor peak (780 TFLOP/s on an H200), the cuBLAS time and the speedup (cuBLAS
+// time / ours). The method and the workloads are tune/gpu_bench.h's, shared with `fp4moe tune` and `fp4moe bench gemm`
+// (which also covers Zipf routing and the autotuned choice): CUDA events around each launch, 5 warm-ups, median of 30;
+// weight sets rotate so the bytes touched between two launches of a set exceed 3x the L2. --batch N times N
+// back-to-back launches a sample (ours and the peer alike) and reports the sample / N: the launch's own latency (events
+// to kernel, ~2-5 us a launch) hidden as in a model step's stream of launches; each kernel's fill and drain stay in.
 // --shape E,N,K (repeatable) replaces the two shard shapes, e.g. --shape 1,6144,16384 for a dense
 // E = 1 Linear (GLM-5's o_proj). --all-configs adds, under each row, every config's time (us), to pick
 // defaults between configs the row's best hides. Run: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]...
-// [--runs 30] [--all-configs].
+// [--runs 30] [--batch 1] [--all-configs].
 // Needs a Hopper GPU; exits non-zero on errors.
 #include <cuda_runtime_api.h>
 
@@ -39,15 +40,18 @@ struct Shape {
   tune::GemmShape shape;
 };
 
-int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_list, int runs, bool all_configs) {
+int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_list, int runs, int batch,
+        bool all_configs) {
   std::string why;
   if (!cuda::cuda_device_available(&why)) {
     std::fprintf(stderr, "bench_w4a16: no usable GPU: %s\n", why.c_str());
     return 1;
   }
-  const tune::TimingOptions timing{5, runs};
-  std::printf("bench_w4a16: %s, L2 %lld MB, median of %d after %d warm-ups\n", cuda::cuda_device_description(0).c_str(),
+  const tune::TimingOptions timing{5, runs, batch};
+  std::printf("bench_w4a16: %s, L2 %lld MB, median of %d after %d warm-ups", cuda::cuda_device_description(0).c_str(),
               static_cast<long long>(tune::device_l2_bytes() >> 20), runs, timing.warmup);
+  if (batch > 1) std::printf(", a sample %d back-to-back launches (times per launch)", batch);
+  std::printf("\n");
   const double hbm_bps = tune::measure_copy_bandwidth();
   std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s; BF16 peak used: %.0f TFLOP/s\n",
               hbm_bps / 1e12, kBf16PeakFlops / 1e12);
@@ -107,7 +111,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256};
     std::vector<Shape> shapes;
-    int runs = 30;
+    int runs = 30, batch = 1;
     bool all_configs = false;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
@@ -124,15 +128,18 @@ int main(int argc, char** argv) {
         shapes.push_back({name, {enk[0], enk[1], enk[2]}});
       } else if (arg == "--runs" && i + 1 < argc) {
         runs = std::max(1, std::atoi(argv[++i]));
+      } else if (arg == "--batch" && i + 1 < argc) {
+        batch = std::max(1, std::atoi(argv[++i]));
       } else if (arg == "--all-configs") {
         all_configs = true;
       } else {
-        std::fprintf(stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30] [--all-configs]\n");
+        std::fprintf(
+            stderr, "usage: bench_w4a16 [--tokens 1,2,8] [--shape E,N,K]... [--runs 30] [--batch 1] [--all-configs]\n");
         return 2;
       }
     }
     if (shapes.empty()) shapes = {{"gate_up", {32, 4096, 6144}}, {"down", {32, 6144, 2048}}};
-    return run(shapes, tokens, runs, all_configs);
+    return run(shapes, tokens, runs, batch, all_configs);
   } catch (const fp4moe::Error& e) {
     std::fprintf(stderr, "bench_w4a16: %s\n", e.what());
     return 1;

@@ -1,7 +1,7 @@
 // `fp4moe bench gemm`: times sm90_nvfp4_w4a16_grouped_gemm against cuBLAS BF16 in the same process.
 //
 //   fp4moe bench gemm [--shape E,N,K[,...]] [--tokens 1,2,...,512] [--routing uniform,zipf]
-//       [--zipf-s 1.1] [--seed 1] [--runs 30] [--warmup 5] [--cache PATH] [--peak-tflops 780]
+//       [--zipf-s 1.1] [--seed 1] [--runs 30] [--warmup 5] [--batch 1] [--cache PATH] [--peak-tflops 780]
 //       [--hbm-tbs 4.2] [--json]
 //
 // Default shapes: the GLM-5 expert shard E=32 (gate_up N=4096 K=6144, down N=6144 K=2048), tokens
@@ -11,7 +11,8 @@
 // TFLOP/s, GB/s of the NVFP4 weight + scale bytes of the experts that received tokens, that as a
 // fraction of the device-to-device copy bandwidth measured at the start and of the nominal HBM
 // (4.2 TB/s), the fraction of the BF16 tensor peak, the peer's time and the ratio peer / ours.
-// The timing method is tune/gpu_bench.h's (shared with `fp4moe tune` and bench/bench_w4a16).
+// The timing method is tune/gpu_bench.h's (shared with `fp4moe tune` and bench/bench_w4a16); --batch N times
+// N back-to-back launches a sample (ours and the peer alike) and reports per launch, the launch latency hidden.
 // Tested by tests/tune/test_cmd_tune.cpp (option parsing and the no-GPU failure).
 #include "tools/bench_gemm.h"
 
@@ -48,6 +49,7 @@ struct BenchGemmArgs {
   uint64_t seed = 1;
   int runs = 30;
   int warmup = 5;
+  int batch = 1;  // launches a timed sample (tune::TimingOptions::batch)
   std::string cache;
   double peak_tflops = 780;  // H200 BF16 dense (cuBLAS measured on the device machine)
   double hbm_tbs = 4.2;      // nominal HBM of an H200 (fraction shown next to the measured copy roofline)
@@ -88,6 +90,7 @@ Plan make_plan(const BenchGemmArgs& a) {
   FP4MOE_CHECK(a.zipf_s > 0) << "fp4moe bench gemm: --zipf-s " << a.zipf_s << " must be > 0";
   FP4MOE_CHECK(a.runs >= 1 && a.warmup >= 0) << "fp4moe bench gemm: --runs " << a.runs << " must be >= 1 and --warmup "
                                               << a.warmup << " >= 0";
+  FP4MOE_CHECK(a.batch >= 1) << "fp4moe bench gemm: --batch " << a.batch << " must be >= 1 (launches a timed sample)";
   FP4MOE_CHECK(a.peak_tflops > 0 && a.hbm_tbs > 0)
       << "fp4moe bench gemm: --peak-tflops " << a.peak_tflops << " and --hbm-tbs " << a.hbm_tbs << " must be > 0";
   return p;
@@ -98,7 +101,7 @@ void run_bench_gemm(const BenchGemmArgs& a) {
   const Plan p = make_plan(a);
   std::string why;
   FP4MOE_CHECK(cuda::cuda_device_available(&why)) << "fp4moe bench gemm needs a usable GPU: " << why;
-  const tune::TimingOptions timing{a.warmup, a.runs};
+  const tune::TimingOptions timing{a.warmup, a.runs, a.batch};
   const std::string cache_path = a.cache.empty() ? tune::default_cache_path() : a.cache;
   const tune::TuneCache cache = tune::TuneCache::load(cache_path);
   for (const std::string& w : cache.warnings()) fmt::print(stderr, "fp4moe bench gemm: warning: {}\n", w);
@@ -110,7 +113,9 @@ void run_bench_gemm(const BenchGemmArgs& a) {
   const double copy_bps = tune::measure_copy_bandwidth();
   const double peak = a.peak_tflops * 1e12, nominal_hbm = a.hbm_tbs * 1e12;
   if (!a.json) {
-    fmt::print("bench gemm: {}; median of {} after {} warm-ups; tune cache {}\n", device, a.runs, a.warmup, cache_path);
+    fmt::print("bench gemm: {}; median of {} after {} warm-ups{}; tune cache {}\n", device, a.runs, a.warmup,
+               a.batch > 1 ? fmt::format(", a sample {} back-to-back launches (times per launch)", a.batch) : "",
+               cache_path);
     fmt::print("HBM roofline (D2D copy, read + write, this run): {:.2f} TB/s (nominal {:.1f}); BF16 peak {:.0f} TFLOP/s\n",
                copy_bps / 1e12, a.hbm_tbs, a.peak_tflops);
     fmt::print("{:<8} {:>4} {:>5} {:>5} {:>5} {:<7} | {:<28} {:<7} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} | {:<24} {:>8} {:>6}\n",
@@ -182,6 +187,7 @@ void run_bench_gemm(const BenchGemmArgs& a) {
                                 {"bf16_peak_tflops", a.peak_tflops},
                                 {"runs", a.runs},
                                 {"warmup", a.warmup},
+                                {"batch", a.batch},
                                 {"zipf_s", a.zipf_s},
                                 {"seed", a.seed},
                                 {"rows", rows}};
@@ -208,6 +214,8 @@ void add_bench_gemm_command(CLI::App& bench) {
   cmd->add_option("--seed", args->seed, "seed of the skewed routing draw (default 1)");
   cmd->add_option("--runs", args->runs, "timed runs per row; the median is reported (default 30)");
   cmd->add_option("--warmup", args->warmup, "untimed runs first (default 5)");
+  cmd->add_option("--batch", args->batch,
+                  "launches a timed sample, back to back; times are per launch (default 1: each launch alone)");
   cmd->add_option("--cache", args->cache, "tune cache (default $FP4MOE_TUNE_CACHE or ~/.cache/fp4moe/tune.json)");
   cmd->add_option("--peak-tflops", args->peak_tflops, "BF16 tensor peak for the fraction column (default 780)");
   cmd->add_option("--hbm-tbs", args->hbm_tbs, "nominal HBM bandwidth in TB/s for the fraction column (default 4.2)");

@@ -73,22 +73,24 @@ void check_counts(const GemmShape& shape, const std::vector<int32_t>& counts, in
 }  // namespace
 
 double time_median_us(const std::function<void(int)>& fn, int n_sets, const TimingOptions& opts) {
-  FP4MOE_CHECK(opts.runs >= 1 && opts.warmup >= 0 && n_sets >= 1)
-      << "time_median_us: runs=" << opts.runs << " warmup=" << opts.warmup << " n_sets=" << n_sets;
+  FP4MOE_CHECK(opts.runs >= 1 && opts.warmup >= 0 && opts.batch >= 1 && n_sets >= 1)
+      << "time_median_us: runs=" << opts.runs << " warmup=" << opts.warmup << " batch=" << opts.batch
+      << " n_sets=" << n_sets << " (want runs >= 1, warmup >= 0, batch >= 1, n_sets >= 1)";
   cudaEvent_t start = nullptr, stop = nullptr;
   FP4MOE_CUDA_CHECK(cudaEventCreate(&start));
   FP4MOE_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> us;
   try {
-    for (int i = 0; i < opts.warmup; ++i) fn(i % n_sets);
+    int call = 0;  // calls so far: the next call's set is call % n_sets
+    for (; call < opts.warmup; ++call) fn(call % n_sets);
     for (int i = 0; i < opts.runs; ++i) {
       FP4MOE_CUDA_CHECK(cudaEventRecord(start, nullptr));
-      fn((opts.warmup + i) % n_sets);
+      for (int j = 0; j < opts.batch; ++j, ++call) fn(call % n_sets);
       FP4MOE_CUDA_CHECK(cudaEventRecord(stop, nullptr));
       FP4MOE_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      us.push_back(static_cast<double>(ms) * 1000.0);
+      us.push_back(static_cast<double>(ms) * 1000.0 / opts.batch);
     }
   } catch (...) {
     cudaEventDestroy(start);

@@ -19,10 +19,17 @@ namespace fp4moe::tune {
 struct TimingOptions {
   int warmup = 5;
   int runs = 30;  // median of these
+  // Calls of fn a timed sample (back to back between its two events; the sample's time / batch). 1: each
+  // call alone on an idle GPU, so its time includes the launch's own latency (the events' gap to the
+  // kernel, ~2-5 us); more: that latency hidden behind the queued calls, as a model step's launches are
+  // (each kernel's own fill and drain stays in).
+  int batch = 1;
 };
 
-// Median over opts.runs of fn(set) timed with CUDA events on the default stream, after
-// opts.warmup untimed calls; `set` cycles 0..n_sets-1. Microseconds.
+// Median over opts.runs samples of opts.batch back-to-back fn(set) calls timed with CUDA events on the
+// default stream (per call: the sample's time / batch), after opts.warmup untimed calls; `set` cycles
+// 0..n_sets-1 over every call. Microseconds. Throws naming the numbers unless runs >= 1, warmup >= 0,
+// batch >= 1 and n_sets >= 1 (before touching the GPU).
 double time_median_us(const std::function<void(int set)>& fn, int n_sets, const TimingOptions& opts);
 
 // The device's L2 size in bytes (cudaDevAttrL2CacheSize of the current device).

@@ -7,11 +7,17 @@
 //  - AutotuneGpu.BenchPiecesRunUniformAndSkewed: the copy bandwidth is plausible (> 100 GB/s), and
 //    the W4A16 workload and the cuBLAS BF16 peer time a small shape under uniform and Zipf counts
 //    (the peer switches from the strided-batched call to the per-expert loop).
+//  - GpuBenchTiming.BatchedSamplesCallEverySetInTurn: time_median_us with batch 3 calls fn warmup + runs x 3
+//    times, the sets in turn across samples, and gives a positive per-call time.
+//  - GpuBenchTiming.RefusesBadOptionsBeforeTheGpu (no GPU needed): runs 0, batch 0, warmup -1 or no sets
+//    throw naming the numbers before any CUDA call.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda_test_util.h"
 #include "testing/testing.h"
 #include "tune/autotune.h"
@@ -91,6 +97,33 @@ TEST(AutotuneGpu, BenchPiecesRunUniformAndSkewed) {
   ours.set_counts(uniform_counts(8, 16));
   peer.set_counts(uniform_counts(8, 16));
   EXPECT_EQ(peer.method(), "cublasGemmStridedBatchedEx");
+}
+
+TEST(GpuBenchTiming, BatchedSamplesCallEverySetInTurn) {
+  SKIP_WITHOUT_GPU();
+  std::vector<int> sets;
+  const double us = time_median_us([&](int set) { sets.push_back(set); }, 2, TimingOptions{1, 2, 3});
+  EXPECT_GE(us, 0.0);
+  EXPECT_EQ(sets, (std::vector<int>{0, 1, 0, 1, 0, 1, 0}));  // 1 warm-up + 2 samples x 3 calls
+}
+
+TEST(GpuBenchTiming, RefusesBadOptionsBeforeTheGpu) {
+  int calls = 0;
+  const auto fn = [&](int) { ++calls; };
+  const auto message = [&](int n_sets, const TimingOptions& o) {
+    try {
+      time_median_us(fn, n_sets, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string want = " (want runs >= 1, warmup >= 0, batch >= 1, n_sets >= 1)";
+  EXPECT_NE(message(1, TimingOptions{5, 30, 0}).find("runs=30 warmup=5 batch=0 n_sets=1" + want), std::string::npos);
+  EXPECT_NE(message(1, TimingOptions{5, 0, 1}).find("runs=0 warmup=5 batch=1 n_sets=1" + want), std::string::npos);
+  EXPECT_NE(message(1, TimingOptions{-1, 3, 1}).find("runs=3 warmup=-1 batch=1 n_sets=1" + want), std::string::npos);
+  EXPECT_NE(message(0, TimingOptions{}).find("runs=30 warmup=5 batch=1 n_sets=0" + want), std::string::npos);
+  EXPECT_EQ(calls, 0);
 }
 
 }  // namespace

@@ -140,6 +140,7 @@ TEST(BenchGemmCli, OptionErrorsNameTheBadToken) {
   EXPECT_HAS(run("bench gemm --routing uniform,skewed"),
             "fp4moe bench gemm: --routing 'uniform,skewed': unknown routing 'skewed' (uniform, zipf)");
   EXPECT_HAS(run("bench gemm --runs 0"), "fp4moe bench gemm: --runs 0 must be >= 1 and --warmup 5 >= 0");
+  EXPECT_HAS(run("bench gemm --batch 0"), "fp4moe bench gemm: --batch 0 must be >= 1 (launches a timed sample)");
   EXPECT_HAS(run("bench gemm --peak-tflops -1"),
             "fp4moe bench gemm: --peak-tflops -1 and --hbm-tbs 4.2 must be > 0");
 }
@@ -162,8 +163,8 @@ TEST(BenchGemmCli, HelpListsTheOptions) {
   add_bench_gemm_command(*bench);
   CLI::App* gemm = bench->get_subcommand("gemm");
   const std::string help = gemm->help();
-  for (const char* opt : {"--shape", "--tokens", "--routing", "--zipf-s", "--seed", "--runs", "--warmup", "--cache",
-                          "--peak-tflops", "--hbm-tbs", "--json"}) {
+  for (const char* opt : {"--shape", "--tokens", "--routing", "--zipf-s", "--seed", "--runs", "--warmup", "--batch",
+                          "--cache", "--peak-tflops", "--hbm-tbs", "--json"}) {
     EXPECT_NE(help.find(opt), std::string::npos) << opt << " missing from:\n" << help;
   }
 }
