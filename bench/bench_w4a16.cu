@@ -48,10 +48,8 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
     return 1;
   }
   const tune::TimingOptions timing{5, runs, batch};
-  std::printf("bench_w4a16: %s, L2 %lld MB, median of %d after %d warm-ups", cuda::cuda_device_description(0).c_str(),
-              static_cast<long long>(tune::device_l2_bytes() >> 20), runs, timing.warmup);
-  if (batch > 1) std::printf(", a sample %d back-to-back launches (times per launch)", batch);
-  std::printf("\n");
+  std::printf("bench_w4a16: %s, L2 %lld MB, %s\n", cuda::cuda_device_description(0).c_str(),
+              static_cast<long long>(tune::device_l2_bytes() >> 20), tune::describe_timing(timing).c_str());
   const double hbm_bps = tune::measure_copy_bandwidth();
   std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s; BF16 peak used: %.0f TFLOP/s\n",
               hbm_bps / 1e12, kBf16PeakFlops / 1e12);

@@ -113,9 +113,7 @@ void run_bench_gemm(const BenchGemmArgs& a) {
   const double copy_bps = tune::measure_copy_bandwidth();
   const double peak = a.peak_tflops * 1e12, nominal_hbm = a.hbm_tbs * 1e12;
   if (!a.json) {
-    fmt::print("bench gemm: {}; median of {} after {} warm-ups{}; tune cache {}\n", device, a.runs, a.warmup,
-               a.batch > 1 ? fmt::format(", a sample {} back-to-back launches (times per launch)", a.batch) : "",
-               cache_path);
+    fmt::print("bench gemm: {}; {}; tune cache {}\n", device, tune::describe_timing(timing), cache_path);
     fmt::print("HBM roofline (D2D copy, read + write, this run): {:.2f} TB/s (nominal {:.1f}); BF16 peak {:.0f} TFLOP/s\n",
                copy_bps / 1e12, a.hbm_tbs, a.peak_tflops);
     fmt::print("{:<8} {:>4} {:>5} {:>5} {:>5} {:<7} | {:<28} {:<7} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6} | {:<24} {:>8} {:>6}\n",

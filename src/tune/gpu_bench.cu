@@ -103,6 +103,12 @@ double time_median_us(const std::function<void(int)>& fn, int n_sets, const Timi
   return us[us.size() / 2];
 }
 
+std::string describe_timing(const TimingOptions& opts) {
+  std::string s = "median of " + std::to_string(opts.runs) + " after " + std::to_string(opts.warmup) + " warm-ups";
+  if (opts.batch > 1) s += ", a sample " + std::to_string(opts.batch) + " back-to-back launches (times per launch)";
+  return s;
+}
+
 int64_t device_l2_bytes() {
   int device = 0, l2 = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&device));

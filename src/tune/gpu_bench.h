@@ -31,6 +31,9 @@ struct TimingOptions {
 // 0..n_sets-1 over every call. Microseconds. Throws naming the numbers unless runs >= 1, warmup >= 0,
 // batch >= 1 and n_sets >= 1 (before touching the GPU).
 double time_median_us(const std::function<void(int set)>& fn, int n_sets, const TimingOptions& opts);
+// The method in words, for the benchmarks' headers: "median of 30 after 5 warm-ups", and with batch > 1
+// ", a sample 10 back-to-back launches (times per launch)" after it.
+std::string describe_timing(const TimingOptions& opts);
 
 // The device's L2 size in bytes (cudaDevAttrL2CacheSize of the current device).
 int64_t device_l2_bytes();

@@ -11,6 +11,7 @@
 //    times, the sets in turn across samples, and gives a positive per-call time.
 //  - GpuBenchTiming.RefusesBadOptionsBeforeTheGpu (no GPU needed): runs 0, batch 0, warmup -1 or no sets
 //    throw naming the numbers before any CUDA call.
+//  - GpuBenchTiming.DescribesTheMethod (no GPU needed): the benchmarks' header words for single and batched samples.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -124,6 +125,12 @@ TEST(GpuBenchTiming, RefusesBadOptionsBeforeTheGpu) {
   EXPECT_NE(message(1, TimingOptions{-1, 3, 1}).find("runs=3 warmup=-1 batch=1 n_sets=1" + want), std::string::npos);
   EXPECT_NE(message(0, TimingOptions{}).find("runs=30 warmup=5 batch=1 n_sets=0" + want), std::string::npos);
   EXPECT_EQ(calls, 0);
+}
+
+TEST(GpuBenchTiming, DescribesTheMethod) {
+  EXPECT_EQ(describe_timing(TimingOptions{5, 30, 1}), "median of 30 after 5 warm-ups");
+  EXPECT_EQ(describe_timing(TimingOptions{2, 20, 10}),
+            "median of 20 after 2 warm-ups, a sample 10 back-to-back launches (times per launch)");
 }
 
 }  // namespace
