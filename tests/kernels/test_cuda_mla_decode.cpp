@@ -250,6 +250,9 @@ TEST(CudaMlaDecode, Glm5LikeMatchesCpuAbsorbed) {
   run_cases({
       {"glm5-like dims (20 heads, rank 512), page 64", kGlm5Like, 64, kLens, DecodeSplit{1, 320}},
       {"glm5-like dims, forced splits", kGlm5Like, 64, kLens, DecodeSplit{3, 128}},
+      // 10 splits: the merge's loads 8 splits at a time, then a tail of 2; the shorter rows' empty splits
+      // inside the 8 (split_merge.h).
+      {"glm5-like dims, 10 forced splits of 32 keys", kGlm5Like, 64, kLens, DecodeSplit{10, 32}},
   });
 }
 

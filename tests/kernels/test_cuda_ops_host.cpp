@@ -12,18 +12,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
-#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/split_merge.h"
 #include "model/ops.h"
 #include "testing/testing.h"
@@ -423,6 +424,24 @@ TEST(SplitMerge, EqualsOneSoftmaxOverTheRow) {
   const float lse_empty[3] = {-INFINITY, -INFINITY, -INFINITY};
   const float o_empty[3] = {0.0f, 0.0f, 0.0f};
   EXPECT_EQ(split_merge_value(lse_empty, o_empty, 3, 1, split_lse_max(lse_empty, 3), 0), 0.0f);
+}
+
+// The merge reads every split's o (no branch: the GPU keeps several loads in flight) and selects an
+// empty split's term away, so an empty split adds exactly nothing, whatever its o holds.
+TEST(SplitMerge, AnEmptySplitAddsNothingWhateverItsOutput) {
+  const float lse3[3] = {0.5f, -INFINITY, -1.25f};
+  const float lse2[2] = {0.5f, -1.25f};
+  const float o2[2] = {2.0f, -3.0f};
+  const float mx = split_lse_max(lse3, 3);
+  EXPECT_EQ(mx, 0.5f);
+  const float want = split_merge_value(lse2, o2, 2, 1, split_lse_max(lse2, 2), 0);
+  for (const float junk : {0.0f, 7.0f, INFINITY, -INFINITY, NAN}) {
+    const float o3[3] = {2.0f, junk, -3.0f};
+    EXPECT_EQ(split_merge_value(lse3, o3, 3, 1, mx, 0), want) << "empty split's o = " << junk;
+  }
+  // The weighted average itself: (2 e^0 - 3 e^{-1.75}) / (1 + e^{-1.75}).
+  const double e = std::exp(-1.75);
+  EXPECT_NEAR(want, (2.0 - 3.0 * e) / (1.0 + e), 1e-6);
 }
 
 TEST(AttentionWorkspace, Bytes) {

@@ -3,7 +3,7 @@
 //                         (thread per q_pe element, as f32).
 //   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
 //                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
-//   split merge:          split_merge_kernel.cuh (warp per (sequence, head) -> latent; shared).
+//   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent; shared).
 //   mla_project_v:        mla_split_bf16_kernel (latent -> hi, lo bf16), two cuBLAS strided-batched GEMMs
 //                         over heads into f32, mla_round_bf16_kernel (f32 -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.

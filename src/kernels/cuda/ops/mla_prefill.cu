@@ -3,7 +3,7 @@
 //       split), mla_decode's tensor-core CTA (mla_mma_attention.cuh) over the query's key list:
 //       0..pos (dense) or its DSA selection, the split walking list indices [split * keys_per_split,
 //       ...); each list entry is checked (causality, block id) when its row is resolved (PrefillRows).
-//   split merge:              split_merge_kernel.cuh (warp per (token, head) -> latent; shared).
+//   split merge:              split_merge_kernel.cuh (a thread per (token, head, dim) -> latent; shared).
 // Performance notes: a CTA reads its keys once per 16 heads of ONE token, so dense prefill re-reads
 // the cache per token from L2 (fine for DSA lists of <= 2048 keys; a multi-token tile sharing the
 // K tile is the next step for long dense prefill). Tested by tests/kernels/test_cuda_mla_prefill.cpp.

@@ -11,9 +11,10 @@
 // from shared memory), does the online-softmax update with warp shuffles and adds p_j * V[j].
 // K rows are padded by 2 bf16 (stride head_dim/2 + 1 words, odd) so lane j's reads of row j hit 32
 // different banks; V rows are read by all lanes at once (contiguous dims), so unpadded.
-// Shared memory (AttnSmem<D>, attention_geometry.h): q 32*D*4 + K 32*(D+2)*2 + V 32*D*2 = 32,896 B at D = 128 (< 48 KiB static).
+// Shared memory (AttnSmem<D>, attention_geometry.h): q 32*D*4 + K 32*(D+2)*2 + V 32*D*2 = 32,896 B at D = 128 (< 48 KiB
+// static).
 //
-// split merge:            split_merge_kernel.cuh (one warp per (token, head) row, shared with MLA).
+// split merge:            split_merge_kernel.cuh (a thread per (token, head, dim), shared with MLA).
 // kv_cache_append_kernel: one thread per bf16 pair of a token's K and V rows.
 // Tested by tests/kernels/test_cuda_paged_attention.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
