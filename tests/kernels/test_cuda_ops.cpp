@@ -1,7 +1,8 @@
 // GPU model kernels of kernels/cuda/ops/norm_rope.h against their CPU references (model/ops.h), on
 // fresh random bf16 inputs (the CPU gets the same bf16 values as f32):
 //   - rms_norm_bf16 with and without the fused residual add, dims 32..8200 incl. odd ones (the
-//     16 B register-held path for dims 1032..8192 in multiples of 8, and past it), 1/17/300 rows, a
+//     16 B register-held paths, a warp a row for dims 8..1024 and a CTA a row for 1032..8192, in
+//     multiples of 8 with 16 B aligned rows, and the element-by-element ones), 1/17/300 rows, a
 //     row stride > dim, and y aliasing x: the written residual must equal bf16(x + r) bit
 //     for bit; y within 2^-8 * |ref| + 1e-6 of model::rms_norm (one bf16 rounding, 2^-9 relative,
 //     plus f32 sum-order differences far below it);
@@ -13,7 +14,8 @@
 //   - embedding_bf16: exact rows, vectorized and not; an out-of-range id writes zeros and sets the flag;
 //   - add_bias_bf16 (linear_ops.h): bit for bit bf16(y + b);
 //   - argmax_rows (f32 and bf16 logits, one CTA per row and split into column parts): equal to
-//     model::argmax (the sampler's greedy rule: lowest index on ties) on rows with many ties, -inf, NaNs (incl. at index 0), vocab 151552 and odd sizes.
+//     model::argmax (the sampler's greedy rule: lowest index on ties) on rows with many ties, -inf, NaNs (incl. at
+//     index 0), vocab 151552 and odd sizes.
 // Label gpu; without a usable GPU every case skips with the reason.
 // Run: test_cuda_ops (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <cuda_bf16.h>
@@ -61,10 +63,23 @@ TEST(CudaRmsNorm, MatchesCpu) {
     int64_t rows, dim, stride;
     bool residual, alias;
   };
-  const Case cases[] = {{1, 32, 32, false, false},     {17, 128, 128, true, false},  {300, 128, 160, false, true},
-                        {5, 999, 1001, true, false},    {3, 1025, 1025, true, true},  {17, 5120, 5120, true, false},
-                        {2, 6144, 6144, false, false},  {300, 6144, 6144, true, true}, {4, 1, 1, true, false},
-                        {5, 2048, 2056, true, false},   {3, 8192, 8192, true, true},  {2, 8200, 8200, true, false}};
+  const Case cases[] = {{1, 32, 32, false, false},
+                        {17, 128, 128, true, false},
+                        {300, 128, 160, false, true},
+                        {5, 999, 1001, true, false},
+                        {3, 1025, 1025, true, true},
+                        {17, 5120, 5120, true, false},
+                        {2, 6144, 6144, false, false},
+                        {300, 6144, 6144, true, true},
+                        {4, 1, 1, true, false},
+                        {5, 2048, 2056, true, false},
+                        {3, 8192, 8192, true, true},
+                        {2, 8200, 8200, true, false},
+                        // a warp a row, 16 B pieces: GLM-5's kv_a norm (512 of a 576-wide row, in place), a
+                        // full 1024, and 264 = 33 pieces (lane 0 alone holds a second one)
+                        {64, 512, 576, false, true},
+                        {7, 1024, 1024, true, false},
+                        {3, 264, 264, true, true}};
   const float eps = 1e-5f;
   for (const Case& c : cases) {
     const std::string what = "rows=" + std::to_string(c.rows) + " dim=" + std::to_string(c.dim) + " stride=" +

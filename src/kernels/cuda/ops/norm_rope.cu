@@ -1,9 +1,9 @@
 // RMSNorm (+ fused residual add), RoPE, embedding lookup and argmax on the GPU (see norm_rope.h).
 //   rms_norm:  one warp per row for dim <= 1024 (8 rows per 256-thread CTA), else one 256-thread CTA
 //              per row: with dim % 8 == 0 and 16 B aligned rows (up to dim 8192) 16 B accesses and the
-//              row held in registers between the two passes (GLM-5 H = 6144: 3 pieces of 8 a thread),
-//              otherwise element by element, the second pass re-reading what the same thread wrote;
-//              either way y may alias x.
+//              row held in registers between the two passes (GLM-5 H = 6144: 3 pieces of 8 a thread;
+//              its kv_a norm, dim 512: 2 a lane), otherwise element by element, the second pass
+//              re-reading what the same thread wrote; either way y may alias x.
 //   rope:      one thread per (token, head, rotated pair), grid-stride.
 //   embedding: one 128-thread CTA per token (grid-stride), 16-byte copies when dim % 8 == 0.
 //   argmax:    one 256-thread CTA per row, or per (row, column part) with a second one-warp-per-row
@@ -85,22 +85,30 @@ __global__ void __launch_bounds__(kCta)
   }
 }
 
-// One 256-thread CTA per row with 16 B accesses: thread i holds 8-element pieces i, i + 256, ..
-// (kVecs of them, dim / 8 <= kVecs x 256) in registers between the two passes, so the row is read
-// once (x, residual) and written once (residual, y); all loads of a thread precede its stores, so y
-// may alias x. Same per-element arithmetic as rms_norm_kernel.
-template <int kVecs>
+// 16 B accesses, kThreadsPerRow = 256 (a CTA per row) or 32 (a warp per row, 8 rows a CTA; rows are
+// warp-uniform, no __syncthreads): thread t of a row holds 8-element pieces t, t + kThreadsPerRow, ..
+// (kVecs of them, dim / 8 <= kVecs x kThreadsPerRow) in registers between the two passes, so the row is
+// read once (x, residual) and written once (residual, y), its loads all in flight together (element
+// by element, the warp-per-row kernel waited out one load after another: ~9.5 us for one 512-wide row on
+// an H100, twenty-ninth session); all loads of a thread precede its stores, so y may alias x. Same
+// per-element arithmetic as rms_norm_kernel.
+template <int kThreadsPerRow, int kVecs>
 __global__ void __launch_bounds__(kCta)
-    rms_norm_vec_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* __restrict__ w,
+    rms_norm_vec_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* __restrict__ w, int64_t n_rows,
                         int64_t dim, int64_t row_stride, float eps, __nv_bfloat16* y) {
+  static_assert(kThreadsPerRow == 32 || kThreadsPerRow == kCta, "a warp or the whole CTA per row");
+  constexpr int kRowsPerCta = kCta / kThreadsPerRow;
   __shared__ float warp_partial[kWarps];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * row_stride;
+  const int t = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+  if (row >= n_rows) return;  // uniform per warp (a warp a row) or per CTA
+  const int64_t base = row * row_stride;
   const int n_vec = static_cast<int>(dim / 8);
   uint4 v[kVecs];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * kCta;
+    const int i = t + j * kThreadsPerRow;
     if (i >= n_vec) break;
     v[j] = *reinterpret_cast<const uint4*>(x + base + 8 * i);
     if (residual != nullptr) {
@@ -122,10 +130,15 @@ __global__ void __launch_bounds__(kCta)
       ss = __fmaf_rn(f.y, f.y, ss);
     }
   }
-  const float inv = rms_inv(cta_sum(ss, warp_partial), dim, eps);
+  if constexpr (kThreadsPerRow == kCta) {
+    ss = cta_sum(ss, warp_partial);
+  } else {
+    ss = warp_sum(ss);
+  }
+  const float inv = rms_inv(ss, dim, eps);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * kCta;
+    const int i = t + j * kThreadsPerRow;
     if (i >= n_vec) break;
     const float4 w0 = __ldg(reinterpret_cast<const float4*>(w + 8 * i));
     const float4 w1 = __ldg(reinterpret_cast<const float4*>(w + 8 * i + 4));
@@ -312,28 +325,35 @@ void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float*
   FP4MOE_CHECK(x != nullptr && w != nullptr && y != nullptr)
       << "rms_norm_bf16: null x, w or y for rows=" << n_rows << ", dim=" << dim;
   FP4MOE_CHECK(residual == nullptr || residual != y) << "rms_norm_bf16: y must not alias residual";
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool vec_ok = dim % 8 == 0 && row_stride % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(w) &&
+                      (residual == nullptr || aligned16(residual));
+  using Kernel =
+      void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, int64_t, float, __nv_bfloat16*);
   if (dim <= 1024) {
     FP4MOE_CHECK(n_rows <= kMaxGrid * kWarps) << "rms_norm_bf16: " << n_rows << " rows > " << kMaxGrid * kWarps
                                               << " (one warp a row, " << kMaxGrid << " CTAs; split the call)";
-    rms_norm_kernel<32><<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride,
-                                                                        eps, y);
+    if (vec_ok) {  // dim / 8 <= 128 pieces: at most 4 a lane
+      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<32, 1>, rms_norm_vec_kernel<32, 2>, rms_norm_vec_kernel<32, 3>,
+                                  rms_norm_vec_kernel<32, 4>};
+      kVec[(dim / 8 + 31) / 32 - 1]<<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim,
+                                                                                   row_stride, eps, y);
+    } else {
+      rms_norm_kernel<32>
+          <<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
+    }
   } else {
     FP4MOE_CHECK(n_rows <= kMaxGrid) << "rms_norm_bf16: " << n_rows << " rows of dim " << dim << " > " << kMaxGrid
                                      << " CTAs (split the call)";
-    auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const int64_t vecs = (dim / 8 + kCta - 1) / kCta;
-    if (dim % 8 == 0 && row_stride % 8 == 0 && vecs <= 4 && aligned16(x) && aligned16(y) && aligned16(w) &&
-        (residual == nullptr || aligned16(residual))) {
-      using Kernel = void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, float,
-                              __nv_bfloat16*);
-      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<1>, rms_norm_vec_kernel<2>, rms_norm_vec_kernel<3>,
-                                  rms_norm_vec_kernel<4>};
-      kVec[vecs - 1]<<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, dim, row_stride, eps, y);
-      FP4MOE_CUDA_CHECK(cudaGetLastError());
-      return;
+    if (vec_ok && vecs <= 4) {
+      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<kCta, 1>, rms_norm_vec_kernel<kCta, 2>,
+                                  rms_norm_vec_kernel<kCta, 3>, rms_norm_vec_kernel<kCta, 4>};
+      kVec[vecs - 1]<<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
+    } else {
+      rms_norm_kernel<kCta>
+          <<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
     }
-    rms_norm_kernel<kCta><<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride,
-                                                                          eps, y);
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
