@@ -184,9 +184,12 @@ TEST(RouterKernel, MatchesCpuRoute) {
 }
 
 // router_logits vs a double-precision CPU sum of the same bf16 x and f32 weights: |diff| <= 1e-5 x
-// sum |x w| per logit (f32 accumulation over H terms). Shapes cover one h iteration per lane (H=256),
-// partial lanes (H=192), the unrolled loop with a remainder (H=640: 3 or 2 iterations per lane,
-// H=2304: 9) and GLM-5 (H=6144), token counts that are not multiples of the 4-token block.
+// sum |x w| per logit (f32 accumulation over H terms). The block's 8 warps take slices of H (whole
+// 8-element pieces): shapes cover a slice of one piece with 7 warps empty (H=8), partial lanes in every
+// slice (H=256: 32 elements, H=192: 24), the last slices short or empty (H=264:
+// slices of 40, warp 6 gets 24, warp 7 none), a slice past 256 (H=2304: 288, two iterations for some
+// lanes), the unrolled loop (H=16384: 2048 a slice, 8 iterations a lane) and GLM-5 (H=6144), token
+// counts that are not multiples of the 4-token block.
 void check_router_logits(int64_t H, int E, int64_t T, uint64_t seed) {
   SCOPED_TRACE("H=" + std::to_string(H) + " E=" + std::to_string(E) + " tokens " + std::to_string(T));
   const auto xb = random_bf16(static_cast<size_t>(T * H), seed);
@@ -228,6 +231,9 @@ TEST(RouterLogitsKernel, MatchesCpuSum) {
   check_router_logits(640, 24, 5, seed + 2);
   check_router_logits(2304, 40, 9, seed + 3);
   check_router_logits(6144, 32, 64, seed + 4);
+  check_router_logits(8, 5, 2, seed + 5);
+  check_router_logits(264, 9, 3, seed + 6);
+  check_router_logits(16384, 3, 6, seed + 7);
 }
 
 // combine vs the CPU: y[t] = bf16(sum_s w[t, s] * down_out[entry_of[t, s]] (+ shared[t])) in f32, slot

@@ -1,9 +1,8 @@
 // The non-GEMM kernels of the fused MoE layer. See moe_kernels.h. Written for obvious correctness
 // first, then for latency where it showed (GLM-5 shard, 64 tokens: these kernels are ~10% of the
-// layer): one warp per expert and 4 tokens for the logits (h loop unrolled: loads of 4 iterations
-// in flight), one thread per token for the routing, one block for the dispatch, one block per row
-// for gather, one thread per (token, 8 outputs) for combine (slot rows loaded 4 at a time).
-// Tested by tests/moe/test_gpu_moe_layer.cpp.
+// layer): a block per expert and 4 tokens for the logits (its warps over slices of H), one thread per token for the
+// routing, one block for the dispatch, one block per row for gather, one thread per (token, 8 outputs) for combine
+// (slot rows loaded 4 at a time). Tested by tests/moe/test_gpu_moe_layer.cpp.
 #include "kernels/cuda/moe/moe_kernels.h"
 
 #include <algorithm>
@@ -19,14 +18,20 @@ constexpr int kWarp = 32;
 constexpr int kSmemBudget = 48 * 1024;  // the default per-block limit: no opt-in needed
 
 // --- router logits --------------------------------------------------------------------------------
-// Block: 8 warps = 8 experts; kLogitTokens tokens per block, so each router row is read once per
-// kLogitTokens tokens. Lane l covers h = 8 l + 256 i; the warp sum is a fixed xor tree
-// (deterministic). The h loop is unrolled kLogitUnroll times so that the loads of several
-// iterations are in flight at once: the loop is latency-bound (H = 6144: 24 iterations per lane, each
-// waiting ~0.5-0.8 us for L2/DRAM), and 4 tokens x 4 iterations keep ~100 registers (no spill).
+// Block: one expert and kLogitTokens tokens (each router row read once per kLogitTokens tokens); its
+// kLogitWarps warps split H into equal slices of whole 8-element pieces (warp w: h in [w S, w S + S)),
+// lane l of a warp covering h = w S + 8 l + 256 i. A token's logit is the sum over the slices in warp
+// order of each slice's fixed xor-tree sum of its lanes' partial sums: the same order for every token
+// count (batch-invariant) and every run (deterministic). The slices keep the chain of dependent loads short
+// (H = 6144: 3 iterations a lane, all in flight): with a warp per expert over all of H (24 iterations a
+// lane, 4 in flight) a GLM-5 router at one token took ~14.5 us (256 warps on 132 SMs, H100, twenty-ninth
+// session).
 constexpr int kLogitWarps = 8;
 constexpr int kLogitTokens = 4;
 constexpr int kLogitUnroll = 4;
+
+// Elements of H a warp's slice covers: ceil(H / kLogitWarps) rounded up to whole 8-element pieces.
+constexpr int64_t router_logit_slice(int64_t hidden) { return ((hidden + kLogitWarps - 1) / kLogitWarps + 7) / 8 * 8; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* out) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -38,12 +43,15 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* out) {
   }
 }
 
-__global__ void router_logits_kernel(const __nv_bfloat16* __restrict__ x, const float* __restrict__ wg,
-                                     int n_tokens, int hidden, int n_experts, float* __restrict__ logits) {
+__global__ void __launch_bounds__(kLogitWarps* kWarp)
+    router_logits_kernel(const __nv_bfloat16* __restrict__ x, const float* __restrict__ wg, int n_tokens, int hidden,
+                         int n_experts, float* __restrict__ logits) {
+  __shared__ float slice_sums[kLogitWarps][kLogitTokens];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int e = blockIdx.y * kLogitWarps + warp;
-  if (e >= n_experts) return;  // whole warp; no block-level barrier below
+  const int e = blockIdx.y;  // < n_experts: the grid's y extent
   const int t0 = blockIdx.x * kLogitTokens;
+  const int slice = static_cast<int>(router_logit_slice(hidden));
+  const int h_end = static_cast<int>(min(static_cast<int64_t>(hidden), static_cast<int64_t>(warp + 1) * slice));
   float acc[kLogitTokens];
 #pragma unroll
   for (int i = 0; i < kLogitTokens; ++i) acc[i] = 0.0f;
@@ -55,7 +63,7 @@ __global__ void router_logits_kernel(const __nv_bfloat16* __restrict__ x, const 
     x_rows[i] = x + static_cast<int64_t>(t0 + i < n_tokens ? t0 + i : t0) * hidden;
   }
 #pragma unroll kLogitUnroll
-  for (int h = lane * 8; h < hidden; h += kWarp * 8) {
+  for (int h = warp * slice + lane * 8; h < h_end; h += kWarp * 8) {
     const float4 w0 = __ldg(reinterpret_cast<const float4*>(w_row + h));
     const float4 w1 = __ldg(reinterpret_cast<const float4*>(w_row + h + 4));
     const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
@@ -73,7 +81,14 @@ __global__ void router_logits_kernel(const __nv_bfloat16* __restrict__ x, const 
     float v = acc[i];
 #pragma unroll
     for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0 && t0 + i < n_tokens) logits[static_cast<int64_t>(t0 + i) * n_experts + e] = v;
+    if (lane == 0) slice_sums[warp][i] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kLogitTokens && t0 + static_cast<int>(threadIdx.x) < n_tokens) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kLogitWarps; ++w) v += slice_sums[w][threadIdx.x];
+    logits[static_cast<int64_t>(t0 + threadIdx.x) * n_experts + e] = v;
   }
 }
 
@@ -375,21 +390,22 @@ void check_launch(const char* fn) {
 }
 
 constexpr int64_t kMaxInt32 = 0x7fffffff;
+constexpr int64_t kMaxGridY = 65535;
 
 }  // namespace
 
 void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, int64_t hidden, int n_experts,
                    float* logits, cudaStream_t stream) {
-  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && n_experts >= 1 && n_tokens >= 0 &&
-               n_tokens <= kMaxInt32)
-      << "router_logits: hidden=" << hidden << " (must be a positive multiple of 8), n_experts=" << n_experts
-      << ", n_tokens=" << n_tokens;
+  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && n_experts >= 1 && n_experts <= kMaxGridY &&
+               n_tokens >= 0 && n_tokens <= kMaxInt32)
+      << "router_logits: hidden=" << hidden << " (must be a positive multiple of 8), n_experts=" << n_experts << " (1.."
+      << kMaxGridY << ": a block row each), n_tokens=" << n_tokens;
   if (n_tokens == 0) return;
   check_aligned(x, "x", "router_logits");
   check_aligned(wg, "wg", "router_logits");
   FP4MOE_CHECK(logits != nullptr) << "router_logits: logits is null";
   const dim3 grid(static_cast<unsigned>((n_tokens + kLogitTokens - 1) / kLogitTokens),
-                  static_cast<unsigned>((n_experts + kLogitWarps - 1) / kLogitWarps));
+                  static_cast<unsigned>(n_experts));
   router_logits_kernel<<<grid, kLogitWarps * kWarp, 0, stream>>>(x, wg, static_cast<int>(n_tokens),
                                                                  static_cast<int>(hidden), n_experts, logits);
   check_launch("router_logits_kernel<<<>>>");
