@@ -9,7 +9,11 @@
 //     shuffled in the pool and random data in unused slots;
 //   - one split, forced splits (incl. always-empty ones) and the planner's;
 //   - the append kernel: every new token's [c_kv | k_pe] lands in its slot, slot -1 is skipped,
-//     nothing else changes (bit for bit).
+//     nothing else changes (bit for bit);
+//   - mla_project_v alone over 1..300 sequences (passes of 256: one, exactly one full, a full and a
+//     partial) against an f64 product of the f32 latent: within 2^-8 |ref| + 2^-14 sum |W x latent| (the
+//     bf16 rounding, the hi + lo split's ~2^-17 and f32 sums), nothing written past the output, and
+//     a workspace that stops growing at 256 sequences.
 // Tolerance per output element: |gpu - cpu| <= 2^-8 |cpu| + 1e-4 max|cpu| (bf16 output rounding is
 // 2^-9 relative; the f32 sums differ in order only).
 // Label gpu; without a usable GPU every case skips with the reason.
@@ -254,6 +258,61 @@ TEST(CudaMlaDecode, Glm5LikeMatchesCpuAbsorbed) {
       // inside the 8 (split_merge.h).
       {"glm5-like dims, 10 forced splits of 32 keys", kGlm5Like, 64, kLens, DecodeSplit{10, 32}},
   });
+}
+
+// mla_project_v alone: f32 latent [n, heads, rank] x W_UV (kv_b's last v rows of each head) -> bf16
+// [n, heads * v], in passes of 256 sequences.
+void check_project_v(const model::MlaDims& d, int64_t n_seqs, std::mt19937_64& rng) {
+  const int64_t H = d.n_heads, R = d.kv_lora_rank, nope = d.qk_nope_head_dim, V = d.v_head_dim;
+  SCOPED_TRACE("heads " + std::to_string(H) + " rank " + std::to_string(R) + " v " + std::to_string(V) + ", " +
+               std::to_string(n_seqs) + " sequences");
+  MlaDecodeDims dims{static_cast<int>(H), static_cast<int>(R), static_cast<int>(nope),
+                     d.qk_rope_head_dim,  static_cast<int>(V), d.softmax_scale()};
+  const std::vector<uint16_t> kv_b = random_bf16(static_cast<size_t>(H * (nope + V) * R), rng, 0.05f);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> latent(static_cast<size_t>(n_seqs * H * R));
+  for (float& v : latent) v = nd(rng);
+  const size_t n_out = static_cast<size_t>(n_seqs * H * V);
+  auto dkvb = upload(kv_b);
+  auto dlat = upload(latent);
+  auto dout = device_alloc<uint16_t>(n_out + 64);
+  FP4MOE_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, (n_out + 64) * 2));
+  auto dws = device_alloc<char>(mla_project_v_workspace_bytes(n_seqs, dims));
+  const CublasHandle cublas;
+  mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_seqs, dws.get(), bf(dout.get()), cublas.get(), nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = download(dout.get(), n_out + 64);
+  for (size_t i = n_out; i < got.size(); ++i) ASSERT_EQ(got[i], 0xFFFFu) << "written past the output at " << i;
+  const std::vector<float> w = to_f32(kv_b);
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* lat = latent.data() + (s * H + h) * R;
+      for (int64_t x = 0; x < V; ++x) {
+        const float* wr = w.data() + (h * (nope + V) + nope + x) * R;
+        double ref = 0, mag = 0;
+        for (int64_t r = 0; r < R; ++r) {
+          ref += static_cast<double>(wr[r]) * lat[r];
+          mag += std::fabs(static_cast<double>(wr[r]) * lat[r]);
+        }
+        const double g = bf16_to_f32(got[static_cast<size_t>((s * H + h) * V + x)]);
+        ASSERT_LE(std::fabs(g - ref), std::ldexp(std::fabs(ref), -8) * 1.001 + std::ldexp(mag, -14))
+            << "seq " << s << " head " << h << " dim " << x << " gpu " << g << " f64 " << ref;
+      }
+    }
+  }
+}
+
+TEST(CudaMlaDecode, ProjectVInPassesMatchesF64) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  for (int64_t n : {1, 256, 300}) {
+    check_project_v(kTiny, n, rng);
+    if (HasFatalFailure()) return;
+  }
+  check_project_v(kGlm5Like, 257, rng);
+  MlaDecodeDims glm5{64, 512, 192, 64, 256, 1.0f};
+  EXPECT_EQ(mla_project_v_workspace_bytes(4096, glm5), mla_project_v_workspace_bytes(256, glm5));
+  EXPECT_LT(mla_project_v_workspace_bytes(1, glm5), mla_project_v_workspace_bytes(256, glm5));
 }
 
 }  // namespace

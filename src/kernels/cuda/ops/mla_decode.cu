@@ -4,8 +4,9 @@
 //   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
 //                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
 //   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent; shared).
-//   mla_project_v:        mla_split_bf16_kernel (latent -> hi, lo bf16), two cuBLAS strided-batched GEMMs
-//                         over heads into f32, mla_round_bf16_kernel (f32 -> bf16 out).
+//   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows),
+//                         one cuBLAS strided-batched GEMM over heads (both rows of every sequence: W_UV read
+//                         once) into f32, mla_sum_round_bf16_kernel (hi + lo products -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp.
 #include "kernels/cuda/warp_reduce.cuh"
@@ -97,22 +98,25 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
-    mla_split_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ hi,
-                          __nv_bfloat16* __restrict__ lo) {
+    mla_split_bf16_kernel(const float* __restrict__ x, int64_t n, int64_t row, __nv_bfloat16* __restrict__ parts) {
+  // x [n / row rows of `row`] -> parts [2 x n / row rows]: row 2 s = bf16(x_s), row 2 s + 1 = bf16(x_s - hi).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float v = x[i];
     const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    hi[i] = h;
-    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    const int64_t at = i + (i / row) * row;  // row 2 s, same column
+    parts[at] = h;
+    parts[at + row] = __float2bfloat16_rn(v - __bfloat162float(h));
   }
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
-    mla_round_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ y) {
+    mla_sum_round_bf16_kernel(const float* __restrict__ x, int64_t n, int64_t row, __nv_bfloat16* __restrict__ y) {
+  // x [2 x n / row rows of `row`] -> y [n / row rows]: y_s = bf16(x_2s + x_2s+1).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    y[i] = __float2bfloat16_rn(x[i]);
+    const int64_t at = i + (i / row) * row;
+    y[i] = __float2bfloat16_rn(x[at] + x[at + row]);
   }
 }
 
@@ -292,15 +296,19 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
 }
 
 namespace {
-// [hi bf16 | lo bf16 | f32 out], each part 256-byte aligned.
+// Sequences a pass of mla_project_v takes: its workspace holds this many at most (GLM-5: ~17 MB), so a
+// prefill chunk of thousands of tokens does not size it by its tokens; W_UV is read once a pass.
+constexpr int64_t kProjectVPassRows = 256;
+// One pass's workspace: [bf16 parts: 2 n rows of n_heads x rank (hi, lo a sequence) | f32 products:
+// 2 n rows of n_heads x v], each 256-byte aligned.
 struct ProjectVWorkspace {
-  size_t hi = 0, lo = 0, out = 0, bytes = 0;
+  size_t parts = 0, out = 0, bytes = 0;
   ProjectVWorkspace(int64_t n_seqs, const MlaDecodeDims& d) {
     const auto align = [](size_t b) { return (b + 255) / 256 * 256; };
-    const auto n_lat = static_cast<size_t>(n_seqs) * d.n_heads * d.kv_lora_rank;
-    lo = align(n_lat * 2);
-    out = lo + align(n_lat * 2);
-    bytes = out + align(static_cast<size_t>(n_seqs) * d.n_heads * d.v_head_dim * 4);
+    const auto n = static_cast<size_t>(std::min(n_seqs, kProjectVPassRows));
+    const size_t n_lat = n * d.n_heads * d.kv_lora_rank;
+    out = align(2 * n_lat * 2);
+    bytes = out + align(2 * n * d.n_heads * d.v_head_dim * 4);
   }
 };
 }  // namespace
@@ -321,26 +329,28 @@ void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDeco
   const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, V = dims.v_head_dim;
   const ProjectVWorkspace ws(n_seqs, dims);
   auto* base = static_cast<char*>(workspace);
-  auto* hi = reinterpret_cast<__nv_bfloat16*>(base + ws.hi);
-  auto* lo = reinterpret_cast<__nv_bfloat16*>(base + ws.lo);
+  auto* parts = reinterpret_cast<__nv_bfloat16*>(base + ws.parts);
   auto* acc = reinterpret_cast<float*>(base + ws.out);
-  const int64_t n_lat = n_seqs * H * R;
-  mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent, n_lat, hi, lo);
-  FP4MOE_CUDA_CHECK(cudaGetLastError());
-  // Column-major view per head h: out_h^T [V, n] = (W_UV_h stored [V rows of R])^T-op x latent_h^T [R, n].
   cublas_bind_stream(cublas, stream);
   const float one = 1.0f, zero = 0.0f;
   const __nv_bfloat16* w_uv = kv_b + nope * R;
-  for (int part = 0; part < 2; ++part) {
+  for (int64_t s0 = 0; s0 < n_seqs; s0 += kProjectVPassRows) {
+    const int64_t n = std::min(kProjectVPassRows, n_seqs - s0);
+    const int64_t n_lat = n * H * R;
+    mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent + s0 * H * R, n_lat,
+                                                                                         H * R, parts);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    // Column-major view per head h: acc_h^T [V, 2 n] = (W_UV_h stored [V rows of R])^T-op x parts_h^T [R, 2 n]: the
+    // hi and lo rows of every sequence are columns of one GEMM, so W_UV is read once a pass.
     FP4MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(V), static_cast<int>(n_seqs), static_cast<int>(R), &one,
-        w_uv, CUDA_R_16BF, static_cast<int>(R), (nope + V) * R, part == 0 ? hi : lo, CUDA_R_16BF,
-        static_cast<int>(H * R), R, part == 0 ? &zero : &one, acc, CUDA_R_32F, static_cast<int>(H * V), V,
-        static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(V), static_cast<int>(2 * n), static_cast<int>(R), &one, w_uv,
+        CUDA_R_16BF, static_cast<int>(R), (nope + V) * R, parts, CUDA_R_16BF, static_cast<int>(H * R), R, &zero, acc,
+        CUDA_R_32F, static_cast<int>(H * V), V, static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const int64_t n_out = n * H * V;
+    mla_sum_round_bf16_kernel<<<elementwise_blocks(n_out), kElementwiseThreads, 0, stream>>>(acc, n_out, H * V,
+                                                                                             out + s0 * H * V);
+    FP4MOE_CUDA_CHECK(cudaGetLastError());
   }
-  const int64_t n_out = n_seqs * H * V;
-  mla_round_bf16_kernel<<<elementwise_blocks(n_out), kElementwiseThreads, 0, stream>>>(acc, n_out, out);
-  FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace fp4moe::cuda

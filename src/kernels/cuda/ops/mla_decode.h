@@ -135,9 +135,11 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
                           cudaStream_t stream);
 
 // Step 3: out [n_seqs, n_heads * v] bf16 (the o_proj input). The f32 latent is split into two bf16
-// parts (hi = bf16(latent), lo = bf16(latent - hi): ~2^-17 relative together), and two cuBLAS
-// strided-batched GEMMs over the heads (latent_h [n_seqs, rank] x W_UV_h^T, f32 accumulate) sum
-// into an f32 scratch that is rounded to bf16 once. workspace: mla_project_v_workspace_bytes.
+// parts (hi = bf16(latent), lo = bf16(latent - hi): ~2^-17 relative together), stored as two rows per
+// sequence, and one cuBLAS strided-batched GEMM over the heads ([hi; lo]_h [2 n_seqs, rank] x W_UV_h^T,
+// f32 accumulate) gives both parts' products (W_UV read once: two GEMMs, one a part, read its 16.8 MB
+// a GLM-5 layer twice); their f32 sum is rounded to bf16 once. In passes of up to 256 sequences, so the
+// workspace (mla_project_v_workspace_bytes) stays that of 256 sequences for any n_seqs.
 size_t mla_project_v_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims);
 void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
                    void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream);
