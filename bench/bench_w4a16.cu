@@ -69,7 +69,7 @@ int run(const std::vector<Shape>& shapes, const std::vector<int64_t>& tokens_lis
       double best_mma_sync_us = 1e30, best_wgmma_us = 1e30;  // per kernel kind
       int best_cfg = -1;
       std::string every;  // --all-configs: "name us" of each config
-      const int default_cfg = cuda::sm90::w4a16_default_config(tokens);
+      const int default_cfg = cuda::sm90::w4a16_default_config(tokens, g.n_experts);
       for (int cfg = 0; cfg < cuda::sm90::w4a16_num_configs(); ++cfg) {
         const double us = ours.time_config_us(cfg, timing);
         if (all_configs) {

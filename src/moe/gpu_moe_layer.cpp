@@ -275,7 +275,9 @@ void check_nvfp4_gemm(const GpuLinearStack& w, bool swiglu, int64_t max_rows, co
   cuda::sm90::W4A16GroupedGemmArgs a =
       nvfp4_args(w, swiglu, io.as<__nv_bfloat16>(), max_rows, dummy_offsets.as<int32_t>(), io.as<__nv_bfloat16>());
   std::vector<int> ids;
-  for (int64_t v = 1; v <= 256; ++v) ids.push_back(cuda::sm90::w4a16_default_config(v));  // incl. the row classes' large tiles
+  for (int64_t v = 1; v <= 256; ++v) {  // incl. the row classes' large tiles
+    ids.push_back(cuda::sm90::w4a16_default_config(v, w.n_experts));
+  }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (int id : ids) {
@@ -474,7 +476,7 @@ int GpuMoeLayer::routed_gemm_config(int64_t n_tokens) const {
   if (chooser_ != nullptr) {
     return chooser_->choose_config_id(tune::GemmShape{cfg_.n_experts, 2 * cfg_.moe_intermediate, cfg_.hidden}, tpe);
   }
-  return cuda::sm90::w4a16_default_config(tpe);
+  return cuda::sm90::w4a16_default_config(tpe, cfg_.n_experts);
 }
 
 int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
@@ -482,7 +484,7 @@ int GpuMoeLayer::shared_gemm_config(int64_t n_tokens) const {
   if (chooser_ != nullptr && cfg_.n_shared_experts > 0) {
     return chooser_->choose_config_id(tune::GemmShape{1, 2 * cfg_.shared_intermediate(), cfg_.hidden}, tpe);
   }
-  return cuda::sm90::w4a16_default_config(tpe);
+  return cuda::sm90::w4a16_default_config(tpe, 1);
 }
 
 bool gpu_moe_row_classes_default() {
@@ -494,8 +496,8 @@ std::vector<GpuMoeLayer::RoutedClass> GpuMoeLayer::routed_gemm_classes(int64_t n
   const int c0 = routed_gemm_config(n_tokens);
   const int32_t t0 = static_cast<int32_t>(cuda::sm90::w4a16_config(c0).block_t);
   if (!row_classes_ || gemm_ != GpuExpertGemm::kNvfp4W4A16) return {RoutedClass{c0}};
-  return gpu_moe_row_class_ladder(c0, t0, n_tokens, [](int64_t rows) {
-    const int id = cuda::sm90::w4a16_default_config(rows);
+  return gpu_moe_row_class_ladder(c0, t0, n_tokens, [this](int64_t rows) {
+    const int id = cuda::sm90::w4a16_default_config(rows, cfg_.n_experts);
     return std::pair<int, int32_t>{id, static_cast<int32_t>(cuda::sm90::w4a16_config(id).block_t)};
   });
 }

@@ -135,7 +135,7 @@ void run_bench_gemm(const BenchGemmArgs& a) {
         ours.set_counts(counts);
         peer.set_counts(counts);
         const std::optional<int> tuned = cache.lookup(key, s, t);
-        const int config = tuned ? *tuned : cuda::sm90::w4a16_default_config(t);
+        const int config = tuned ? *tuned : cuda::sm90::w4a16_default_config(t, s.n_experts);
         const double us = ours.time_config_us(config, timing);
         const double peer_us = peer.time_us(timing);
         const int64_t m_total = std::accumulate(counts.begin(), counts.end(), int64_t{0});

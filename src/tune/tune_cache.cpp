@@ -443,7 +443,7 @@ int ConfigChooser::pick(const GemmShape& shape, int64_t tokens_per_expert, const
   *entry = cache_.find(key_, shape, bucket);
   if (*entry != nullptr) return (*entry)->config_id;
   if (fallback_) {
-    const int id = fallback_(tokens_per_expert);
+    const int id = fallback_(shape, tokens_per_expert);
     FP4MOE_CHECK(id >= 0 && id < plan::kNumW4A16Configs)
         << "tune: the fallback " << fallback_what_ << " returned config id " << id << " (ids 0.."
         << plan::kNumW4A16Configs - 1 << ")";
@@ -496,7 +496,7 @@ std::string ConfigChooser::no_winner_note() const {
   return "";
 }
 
-void ConfigChooser::set_fallback(std::function<int(int64_t)> fallback, std::string what) {
+void ConfigChooser::set_fallback(std::function<int(const GemmShape&, int64_t)> fallback, std::string what) {
   fallback_ = std::move(fallback);
   fallback_what_ = std::move(what);
 }

@@ -162,10 +162,10 @@ class ConfigChooser {
   int choose_config_id(const GemmShape& shape, int64_t tokens_per_expert) const;
   const TuneCache& cache() const { return cache_; }
   const TuneKey& key() const { return key_; }
-  // Where the cache has no winner: `fallback(tokens_per_expert)` (named `what` in the reasons)
+  // Where the cache has no winner: `fallback(shape, tokens_per_expert)` (named `what` in the reasons)
   // instead of the planner's top choice. The GPU models pass the kernels' measured defaults
   // (w4a16_default_config): the planner's roofline cannot rank the wgmma tiles against each other.
-  void set_fallback(std::function<int(int64_t)> fallback, std::string what);
+  void set_fallback(std::function<int(const GemmShape&, int64_t)> fallback, std::string what);
   // One line for a model's load log: "tune cache PATH: N winners for this GPU and build (used where
   // they exist, else ...)", or why none is used ("no tune cache at PATH", the stale fields, the
   // corrupt-file warning).
@@ -178,7 +178,7 @@ class ConfigChooser {
   TuneCache cache_;
   TuneKey key_;
   plan::GpuSpec gpu_;
-  std::function<int(int64_t)> fallback_;
+  std::function<int(const GemmShape&, int64_t)> fallback_;
   std::string fallback_what_;
   std::string stale_note_;  // describe_stale(...) when the cache's key differs, else ""
   mutable std::mutex mutex_;

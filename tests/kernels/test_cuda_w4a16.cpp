@@ -455,7 +455,7 @@ TEST_P(GlmShard, GateUpAndDownMatchReference) {
   SKIP_WITHOUT_GPU();
   const int tokens = GetParam();
   std::mt19937_64 rng(testing::test_seed() ^ (0x6A7Eull * static_cast<uint64_t>(tokens)));
-  const int cfg = w4a16_default_config(tokens);
+  const int cfg = w4a16_default_config(tokens, 32);
   const std::vector<int32_t> counts(32, tokens);
   run_and_check(rng, 32, 4096, 6144, counts, cfg);  // gate_up
   run_and_check(rng, 32, 6144, 2048, counts, cfg);  // down
@@ -498,7 +498,7 @@ TEST(W4A16Gpu, OneTokenInTotal) {
   std::mt19937_64 rng(testing::test_seed() ^ 0x1ull);
   std::vector<int32_t> counts(32, 0);
   counts[5] = 1;
-  run_and_check(rng, 32, 4096, 6144, counts, w4a16_default_config(1));
+  run_and_check(rng, 32, 4096, 6144, counts, w4a16_default_config(1, 32));
   counts.assign(32, 0);
   counts[31] = 1;
   run_and_check(rng, 32, 512, 2048, counts, 0);
@@ -512,7 +512,7 @@ TEST(W4A16Gpu, SkewedRoutingAndUnusedTrailingRows) {
   counts[3] = 300;
   counts[0] = 0;
   // 5 extra rows past offsets[E] stay unwritten.
-  for (int cfg : {w4a16_default_config(4), w4a16_default_config(64)}) {
+  for (int cfg : {w4a16_default_config(4, 16), w4a16_default_config(64, 16)}) {
     run_and_check(rng, 16, 1024, 2048, counts, cfg, /*extra_rows=*/5);
   }
 }

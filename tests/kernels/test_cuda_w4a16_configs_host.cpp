@@ -461,22 +461,30 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
       {33, "w4a16_wgmma_m128n64_s4"},   {64, "w4a16_wgmma_m128n64_s4"},   {65, "w4a16_wgmma_m256n128_s4"},
       {128, "w4a16_wgmma_m256n128_s4"}, {129, "w4a16_wgmma_m128n256_s4"}, {500, "w4a16_wgmma_m128n256_s4"}};
   for (const Case& cs : cases) {
-    const W4A16Config& c = w4a16_config(w4a16_default_config(cs.tokens));
+    const W4A16Config& c = w4a16_config(w4a16_default_config(cs.tokens, 32));
     EXPECT_EQ(w4a16_config_name(c), cs.name) << cs.tokens << " tokens per expert";
     EXPECT_GE(c.block_t, static_cast<uint32_t>(std::min<int64_t>(cs.tokens, 128))) << cs.tokens << " tokens per expert";
   }
-  EXPECT_EQ(w4a16_config(w4a16_default_config(1)).kind, W4A16Kind::kStream);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(1)).block_t, 8u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(9)).kind, W4A16Kind::kStream);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(9)).block_t, 16u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(1, 32)).kind, W4A16Kind::kStream);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(1, 32)).block_t, 8u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(9, 32)).kind, W4A16Kind::kStream);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(9, 32)).block_t, 16u);
   // The decode defaults' shared memory: the CTA's activation ring (2 slots x 8 chunks x block_t x 128 B) +
   // 8 warps x 4 chunks x 2 x 512 B of codes + 48 B of mbarriers = 49200 B (n8) and 65584 B (n16), 2 CTAs an SM
   // each (by registers).
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1))).total_bytes(), 49200u);
-  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16))).total_bytes(), 65584u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(16)).block_w, 256u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).block_t, 256u);
-  EXPECT_EQ(w4a16_config(w4a16_default_config(500)).kind, W4A16Kind::kWgmma);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(1, 32))).total_bytes(), 49200u);
+  EXPECT_EQ(W4A16Layout::make(w4a16_config(w4a16_default_config(16, 32))).total_bytes(), 65584u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(16, 32)).block_w, 256u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(500, 32)).block_t, 256u);
+  EXPECT_EQ(w4a16_config(w4a16_default_config(500, 32)).kind, W4A16Kind::kWgmma);
+  // One expert (a dense Linear, a shared expert): the 128-row 32-token tile at 17-32 rows, the grouped
+  // defaults elsewhere.
+  for (int64_t t : {17, 24, 32}) {
+    EXPECT_EQ(w4a16_config_name(w4a16_config(w4a16_default_config(t, 1))), "w4a16_stream_m128n32_d4") << t;
+  }
+  for (int64_t t : {1, 8, 9, 16, 33, 64, 65, 128, 129, 500}) {
+    EXPECT_EQ(w4a16_default_config(t, 1), w4a16_default_config(t, 32)) << t;
+  }
 }
 
 // 128x64x256, 6 stages: x_tile 64*256*2 = 32768, w_tiles 128*256/2 = 16384, w_scales

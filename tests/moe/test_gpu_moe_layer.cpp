@@ -457,7 +457,8 @@ TEST(Layer, SharedExpertSplitK) {
   a.epilogue = cuda::sm90::W4A16Epilogue::kSwiGlu;
   a.splitk_workspace = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced
   a.splitk_workspace_bytes = size_t{1} << 26;
-  ASSERT_EQ(cuda::sm90::w4a16_splitk_plan(a, cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(7)), 132).parts, 2);
+  ASSERT_EQ(
+      cuda::sm90::w4a16_splitk_plan(a, cuda::sm90::w4a16_config(cuda::sm90::w4a16_default_config(7, 1)), 132).parts, 2);
   check_layer(cfg, testing::test_seed() + 1);
 }
 

@@ -70,8 +70,8 @@ GpuLinear GpuLinear::upload(const LinearWeight& w, int64_t max_rows, const std::
     // The W4A16 GEMM must take this shape for every default config forward() can pick, at max_rows;
     // else (e.g. out % 8 != 0) the exact BF16 dequantization through cuBLAS instead.
     std::set<int> ids;
-    for (int64_t m = 1; m <= 128; ++m) ids.insert(cuda::sm90::w4a16_default_config(m));
-    ids.insert(cuda::sm90::w4a16_default_config(max_rows));
+    for (int64_t m = 1; m <= 128; ++m) ids.insert(cuda::sm90::w4a16_default_config(m, 1));
+    ids.insert(cuda::sm90::w4a16_default_config(max_rows, 1));
     const DeviceBuffer dummy(256);
     for (int id : ids) nvfp4 = nvfp4 && takes_shape(dummy, id, max_rows, g.out_, g.in_, nullptr);
   }
@@ -190,7 +190,7 @@ bool GpuLinear::set_config_chooser(std::shared_ptr<const tune::ConfigChooser> ch
 
 int GpuLinear::w4a16_config(int64_t m) const {
   return chooser_ != nullptr ? chooser_->choose_config_id(tune::GemmShape{1, out_, in_}, m)
-                             : cuda::sm90::w4a16_default_config(m);
+                             : cuda::sm90::w4a16_default_config(m, 1);
 }
 
 bool GpuLinear::dequant_path(int64_t m) const {

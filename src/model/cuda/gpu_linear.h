@@ -10,7 +10,7 @@
 // fills the GPU with K parts instead of out / 64 CTAs).
 // The W4A16 config of an m-row forward is the tune cache's winner for (E = 1, out, in) at m's token
 // bucket when the model gave the Linear its config chooser (set_config_chooser: `fp4moe tune --model`
-// times these shapes), else w4a16_default_config(m).
+// times these shapes), else w4a16_default_config(m, 1).
 // A shape the W4A16 GEMM refuses (out % 8, in % 16) falls back to the BF16 path with the exact
 // dequantized weight; describe() says which path each Linear took. The f32 bias is added by
 // add_bias_bf16 after the GEMM. The lm_head writes f32 logits (forward_f32, cuBLAS only).

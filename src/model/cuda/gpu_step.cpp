@@ -450,7 +450,9 @@ void finish_step(StepOutputs& out, std::span<const SeqChunk> batch, const StepBa
 std::shared_ptr<const tune::ConfigChooser> w4a16_config_chooser() {
   auto chooser = std::make_shared<tune::ConfigChooser>(tune::TuneCache::load(tune::default_cache_path()),
                                                        tune::current_tune_key(), tune::current_gpu_spec());
-  chooser->set_fallback(cuda::sm90::w4a16_default_config, "built-in default");
+  chooser->set_fallback([](const tune::GemmShape& shape,
+                           int64_t tokens) { return cuda::sm90::w4a16_default_config(tokens, shape.n_experts); },
+                        "built-in default");
   return chooser;
 }
 

@@ -144,7 +144,7 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   return s;
 }
 
-int w4a16_default_config(int64_t tokens_per_expert) {
+int w4a16_default_config(int64_t tokens_per_expert, int64_t n_experts) {
   // Decode: the streaming kernel (per-warp code rings), 128 rows a CTA (4 warps of two row tiles: the
   // 64-row tiles' 2 warps ran 226 vs 179 us on gate_up at 16 tokens, BENCHMARKS.md 2026-12-04
   // thirteenth session), up to 32 tokens (the n32 tile: 0.91-0.97x the time of wgmma m128n32 at 24-32
@@ -162,7 +162,12 @@ int w4a16_default_config(int64_t tokens_per_expert) {
   // rows): 2-6% faster than m128n32_d4 on gate_up and down at 24-32 tokens (H100, twenty-sixth session).
   if (tokens_per_expert <= 8) return w4a16_config_id("w4a16_stream_m256n8_d4");
   if (tokens_per_expert <= 16) return w4a16_config_id("w4a16_stream_m256n16_d4");
-  if (tokens_per_expert <= 32) return w4a16_config_id("w4a16_stream_m256n32_d4");
+  // One expert (a dense Linear): N / 256 row blocks are few (24 for GLM-5's o_proj), and at 17-32 rows the
+  // 128-row CTAs are 5-12% faster on o_proj and the dense MLP's gate / up / down, within 1% on q_b
+  // (H100, thirtieth session run 3, 10 launches a sample).
+  if (tokens_per_expert <= 32) {
+    return w4a16_config_id(n_experts == 1 ? "w4a16_stream_m128n32_d4" : "w4a16_stream_m256n32_d4");
+  }
   if (tokens_per_expert <= 64) return w4a16_config_id("w4a16_wgmma_m128n64_s4");
   if (tokens_per_expert <= 128) return w4a16_config_id("w4a16_wgmma_m256n128_s4");
   return w4a16_config_id("w4a16_wgmma_m128n256_s4");

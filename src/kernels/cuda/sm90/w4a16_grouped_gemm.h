@@ -145,7 +145,9 @@ W4A16Grid w4a16_grid(const W4A16GroupedGemmArgs& args, const W4A16Config& c);
 void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStream_t stream);
 
 // The id of a reasonable config for a typical number of tokens per expert, without tuning: the
-// smallest token tile that holds them (8, 16, 32, 64); the fastest measured on an H200.
-int w4a16_default_config(int64_t tokens_per_expert);
+// smallest token tile that holds them (8, 16, 32, 64); the fastest measured (w4a16_configs.cpp says
+// where). n_experts: the GEMM's experts (1: a dense Linear or a shared expert, whose few row blocks
+// take smaller CTAs at 17-32 rows).
+int w4a16_default_config(int64_t tokens_per_expert, int64_t n_experts);
 
 }  // namespace fp4moe::cuda::sm90
