@@ -79,7 +79,9 @@ TEST(CudaRmsNorm, MatchesCpu) {
                         // full 1024, and 264 = 33 pieces (lane 0 alone holds a second one)
                         {64, 512, 576, false, true},
                         {7, 1024, 1024, true, false},
-                        {3, 264, 264, true, true}};
+                        {3, 264, 264, true, true},
+                        // dim % 8 == 0 but rows 8 B apart from 16 B alignment: the element-by-element warp kernel
+                        {5, 128, 132, true, false}};
   const float eps = 1e-5f;
   for (const Case& c : cases) {
     const std::string what = "rows=" + std::to_string(c.rows) + " dim=" + std::to_string(c.dim) + " stride=" +

@@ -477,7 +477,7 @@ TEST(W4A16Configs, DefaultConfigPerTokenCount) {
   EXPECT_EQ(w4a16_config(w4a16_default_config(16, 32)).block_w, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500, 32)).block_t, 256u);
   EXPECT_EQ(w4a16_config(w4a16_default_config(500, 32)).kind, W4A16Kind::kWgmma);
-  // One expert (a dense Linear, a shared expert): the 128-row 32-token tile at 17-32 rows, the grouped
+  // One expert (a dense Linear): the 128-row 32-token tile at 17-32 rows, the grouped
   // defaults elsewhere.
   for (int64_t t : {17, 24, 32}) {
     EXPECT_EQ(w4a16_config_name(w4a16_config(w4a16_default_config(t, 1))), "w4a16_stream_m128n32_d4") << t;

@@ -234,6 +234,13 @@ TEST(RouterLogitsKernel, MatchesCpuSum) {
   check_router_logits(8, 5, 2, seed + 5);
   check_router_logits(264, 9, 3, seed + 6);
   check_router_logits(16384, 3, 6, seed + 7);
+  // A grid row an expert: more than 65535 experts, or H past 2^30, are refused with the numbers.
+  try {
+    cuda::moe::router_logits(nullptr, nullptr, 1, 6144, 70000, nullptr, nullptr);
+    ADD_FAILURE() << "70000 experts accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_experts=70000 (1..65535"), std::string::npos) << e.what();
+  }
 }
 
 // combine vs the CPU: y[t] = bf16(sum_s w[t, s] * down_out[entry_of[t, s]] (+ shared[t])) in f32, slot

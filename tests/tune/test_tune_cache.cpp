@@ -350,10 +350,10 @@ TEST(ConfigChooser, FallbackAndDescription) {
   const plan::GpuSpec h200 = plan::require_gpu("h200");
   const auto dir = temp_dir("chooser_fallback");
   const std::string path = (dir / "tune.json").string();
-  std::vector<int64_t> asked, asked_n;
+  std::vector<int64_t> asked, asked_experts;
   auto fallback = [&](const GemmShape& shape, int64_t tokens) {
     asked.push_back(tokens);
-    asked_n.push_back(shape.n);
+    asked_experts.push_back(shape.n_experts);
     return tokens <= 8 ? 0 : 11;
   };
   ConfigChooser none(TuneCache::load(path), key_a(), h200);
@@ -362,7 +362,7 @@ TEST(ConfigChooser, FallbackAndDescription) {
   EXPECT_EQ(none.describe(), "no tune cache at " + path + ": built-in default for every shape");
   const ConfigChoice a = none.choose_config(kGateUp, 5), b = none.choose_config(kGateUp, 37);
   EXPECT_EQ(asked, (std::vector<int64_t>{5, 37}));  // the tokens per expert, not the bucket
-  EXPECT_EQ(asked_n, (std::vector<int64_t>{kGateUp.n, kGateUp.n}));  // and the shape asked for
+  EXPECT_EQ(asked_experts, (std::vector<int64_t>{kGateUp.n_experts, kGateUp.n_experts}));  // and the shape's
   EXPECT_EQ(a.config_id, 0);
   EXPECT_EQ(b.config_id, 11);
   EXPECT_FALSE(a.autotuned);

@@ -391,15 +391,16 @@ void check_launch(const char* fn) {
 
 constexpr int64_t kMaxInt32 = 0x7fffffff;
 constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxRouterHidden = int64_t{1} << 30;  // the kernel's int h + 256 stays below 2^31
 
 }  // namespace
 
 void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, int64_t hidden, int n_experts,
                    float* logits, cudaStream_t stream) {
-  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxInt32 && n_experts >= 1 && n_experts <= kMaxGridY &&
-               n_tokens >= 0 && n_tokens <= kMaxInt32)
-      << "router_logits: hidden=" << hidden << " (must be a positive multiple of 8), n_experts=" << n_experts << " (1.."
-      << kMaxGridY << ": a block row each), n_tokens=" << n_tokens;
+  FP4MOE_CHECK(hidden > 0 && hidden % 8 == 0 && hidden <= kMaxRouterHidden && n_experts >= 1 &&
+               n_experts <= kMaxGridY && n_tokens >= 0 && n_tokens <= kMaxInt32)
+      << "router_logits: hidden=" << hidden << " (must be a positive multiple of 8, at most " << kMaxRouterHidden
+      << "), n_experts=" << n_experts << " (1.." << kMaxGridY << ": a block row each), n_tokens=" << n_tokens;
   if (n_tokens == 0) return;
   check_aligned(x, "x", "router_logits");
   check_aligned(wg, "wg", "router_logits");

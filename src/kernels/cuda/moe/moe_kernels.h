@@ -25,7 +25,7 @@
 
 namespace fp4moe::cuda::moe {
 
-// H % 8 == 0 (16 B vector loads), E >= 1. n_tokens may be 0.
+// H % 8 == 0 (16 B vector loads), H <= 2^30, 1 <= E <= 65535 (a grid row an expert). n_tokens may be 0.
 void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, int64_t hidden, int n_experts,
                    float* logits, cudaStream_t stream);
 

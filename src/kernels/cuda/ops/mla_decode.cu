@@ -296,8 +296,10 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
 }
 
 namespace {
-// Sequences a pass of mla_project_v takes: its workspace holds this many at most (GLM-5: ~17 MB), so a
-// prefill chunk of thousands of tokens does not size it by its tokens; W_UV is read once a pass.
+// Sequences a pass of mla_project_v takes: its workspace holds this many at most (GLM-5, 64 heads: 33.5 MB
+// of bf16 parts + 33.5 MB of f32 products), so a prefill chunk of thousands of tokens does not size it by
+// its tokens (two GEMMs over all of them took 196 KB a token); up to 256 sequences it takes 262 KB a
+// sequence (f32 products of both parts), a third more than two GEMMs did. W_UV is read once a pass.
 constexpr int64_t kProjectVPassRows = 256;
 // One pass's workspace: [bf16 parts: 2 n rows of n_heads x rank (hi, lo a sequence) | f32 products:
 // 2 n rows of n_heads x v], each 256-byte aligned.

@@ -146,8 +146,8 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
 
 // The id of a reasonable config for a typical number of tokens per expert, without tuning: the
 // smallest token tile that holds them (8, 16, 32, 64); the fastest measured (w4a16_configs.cpp says
-// where). n_experts: the GEMM's experts (1: a dense Linear or a shared expert, whose few row blocks
-// take smaller CTAs at 17-32 rows).
+// where). n_experts: the GEMM's experts (1, a dense Linear: its few row blocks take smaller CTAs at
+// 17-32 rows; a shared expert asks for at most 16 rows below 129, gpu_moe_tokens_per_expert).
 int w4a16_default_config(int64_t tokens_per_expert, int64_t n_experts);
 
 }  // namespace fp4moe::cuda::sm90
