@@ -267,9 +267,8 @@ int run(int runs) {
   int smem_per_sm = 0;
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
   const tune::TimingOptions timing{5, runs};
-  std::printf("bench_hbm_read: %s, %d SMs, L2 %lld MB, median of %d after %d warm-ups\n",
-              fp4moe::cuda::cuda_device_description(0).c_str(), sms,
-              static_cast<long long>(tune::device_l2_bytes() >> 20), runs, timing.warmup);
+  std::printf("bench_hbm_read: %s, %d SMs, L2 %lld MB, %s\n", fp4moe::cuda::cuda_device_description(0).c_str(), sms,
+              static_cast<long long>(tune::device_l2_bytes() >> 20), tune::describe_timing(timing).c_str());
   const double copy_bps = tune::measure_copy_bandwidth();
   std::printf("HBM roofline (D2D copy, read + write, this run): %.2f TB/s\n", copy_bps / 1e12);
   std::printf("%-8s %10s | %-26s %9s %8s %7s\n", "shape", "MB", "variant", "time us", "TB/s", "%copy");

@@ -155,6 +155,20 @@ __global__ void __launch_bounds__(kCta)
   }
 }
 
+using RmsNormKernel = void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, int64_t, float,
+                               __nv_bfloat16*);
+
+// rms_norm_vec_kernel with kThreadsPerRow threads a row for rows of `pieces` 8-element pieces: the
+// instance holding ceil(pieces / kThreadsPerRow) a thread, or null past 4 a thread.
+template <int kThreadsPerRow>
+RmsNormKernel rms_norm_vec_for(int64_t pieces) {
+  constexpr RmsNormKernel kByPieces[4] = {
+      rms_norm_vec_kernel<kThreadsPerRow, 1>, rms_norm_vec_kernel<kThreadsPerRow, 2>,
+      rms_norm_vec_kernel<kThreadsPerRow, 3>, rms_norm_vec_kernel<kThreadsPerRow, 4>};
+  const int64_t per_thread = (pieces + kThreadsPerRow - 1) / kThreadsPerRow;
+  return per_thread <= 4 ? kByPieces[per_thread - 1] : nullptr;
+}
+
 __global__ void __launch_bounds__(kCta)
     rope_kernel(__nv_bfloat16* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
                 int64_t offset, int64_t half, bool neox, const int32_t* __restrict__ positions,
@@ -328,16 +342,12 @@ void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float*
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool vec_ok = dim % 8 == 0 && row_stride % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(w) &&
                       (residual == nullptr || aligned16(residual));
-  using Kernel =
-      void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, int64_t, float, __nv_bfloat16*);
   if (dim <= 1024) {
     FP4MOE_CHECK(n_rows <= kMaxGrid * kWarps) << "rms_norm_bf16: " << n_rows << " rows > " << kMaxGrid * kWarps
                                               << " (one warp a row, " << kMaxGrid << " CTAs; split the call)";
-    if (vec_ok) {  // dim / 8 <= 128 pieces: at most 4 a lane
-      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<32, 1>, rms_norm_vec_kernel<32, 2>, rms_norm_vec_kernel<32, 3>,
-                                  rms_norm_vec_kernel<32, 4>};
-      kVec[(dim / 8 + 31) / 32 - 1]<<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim,
-                                                                                   row_stride, eps, y);
+    // dim / 8 <= 128 pieces: at most 4 a lane
+    if (const RmsNormKernel vec = vec_ok ? rms_norm_vec_for<32>(dim / 8) : nullptr) {
+      vec<<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
     } else {
       rms_norm_kernel<32>
           <<<grid_for(n_rows, kWarps), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
@@ -345,11 +355,8 @@ void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float*
   } else {
     FP4MOE_CHECK(n_rows <= kMaxGrid) << "rms_norm_bf16: " << n_rows << " rows of dim " << dim << " > " << kMaxGrid
                                      << " CTAs (split the call)";
-    const int64_t vecs = (dim / 8 + kCta - 1) / kCta;
-    if (vec_ok && vecs <= 4) {
-      constexpr Kernel kVec[4] = {rms_norm_vec_kernel<kCta, 1>, rms_norm_vec_kernel<kCta, 2>,
-                                  rms_norm_vec_kernel<kCta, 3>, rms_norm_vec_kernel<kCta, 4>};
-      kVec[vecs - 1]<<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
+    if (const RmsNormKernel vec = vec_ok ? rms_norm_vec_for<kCta>(dim / 8) : nullptr) {
+      vec<<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
     } else {
       rms_norm_kernel<kCta>
           <<<static_cast<int>(n_rows), kCta, 0, stream>>>(x, residual, w, n_rows, dim, row_stride, eps, y);
