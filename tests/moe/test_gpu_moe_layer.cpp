@@ -189,7 +189,7 @@ TEST(RouterKernel, MatchesCpuRoute) {
 // slice (H=256: 32 elements, H=192: 24), the last slices short or empty (H=264:
 // slices of 40, warp 6 gets 24, warp 7 none), a slice past 256 (H=2304: 288, two iterations for some
 // lanes), the unrolled loop (H=16384: 2048 a slice, 8 iterations a lane) and GLM-5 (H=6144), token
-// counts that are not multiples of the 4-token block.
+// counts that are not multiples of the 4-token block; from 65 tokens 8 experts a block, E a multiple of 8 or not.
 void check_router_logits(int64_t H, int E, int64_t T, uint64_t seed) {
   SCOPED_TRACE("H=" + std::to_string(H) + " E=" + std::to_string(E) + " tokens " + std::to_string(T));
   const auto xb = random_bf16(static_cast<size_t>(T * H), seed);
@@ -223,6 +223,31 @@ void check_router_logits(int64_t H, int E, int64_t T, uint64_t seed) {
   EXPECT_EQ(sentinel, 0xFFFFFFFFu) << "router_logits wrote past [T, E]";
 }
 
+// The same token rows give the same logit bits at 64 tokens (an expert a block) and at 300 (8 experts a
+// block): the sum order does not depend on the token count.
+TEST(RouterLogitsKernel, SameBitsAtAnyTokenCount) {
+  SKIP_WITHOUT_GPU();
+  const int64_t H = 6144, T = 300, few = 64;
+  const int E = 40;
+  const auto xb = random_bf16(static_cast<size_t>(T * H), testing::test_seed());
+  std::mt19937_64 rng(testing::test_seed() + 1);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  std::vector<float> w(static_cast<size_t>(E * H));
+  for (float& v : w) v = u(rng);
+  DeviceBuffer d_x(xb.size() * 2), d_w(w.size() * 4), d_all(static_cast<size_t>(T * E) * 4),
+      d_few(static_cast<size_t>(few * E) * 4);
+  FP4MOE_CUDA_CHECK(cudaMemcpy(d_x.as<void>(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  FP4MOE_CUDA_CHECK(cudaMemcpy(d_w.as<void>(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  cuda::moe::router_logits(d_x.as<__nv_bfloat16>(), d_w.as<float>(), T, H, E, d_all.as<float>(), nullptr);
+  cuda::moe::router_logits(d_x.as<__nv_bfloat16>(), d_w.as<float>(), few, H, E, d_few.as<float>(), nullptr);
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto all = d_all.to_host<uint32_t>(static_cast<size_t>(T * E));
+  const auto part = d_few.to_host<uint32_t>(static_cast<size_t>(few * E));
+  for (size_t i = 0; i < part.size(); ++i) {
+    ASSERT_EQ(part[i], all[i]) << "token " << i / E << " expert " << i % E;
+  }
+}
+
 TEST(RouterLogitsKernel, MatchesCpuSum) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = testing::test_seed();
@@ -234,6 +259,10 @@ TEST(RouterLogitsKernel, MatchesCpuSum) {
   check_router_logits(8, 5, 2, seed + 5);
   check_router_logits(264, 9, 3, seed + 6);
   check_router_logits(16384, 3, 6, seed + 7);
+  // From 65 tokens 8 experts a block: E a multiple of 8, not (9: one expert in the last block), 24.
+  check_router_logits(6144, 32, 200, seed + 8);
+  check_router_logits(2304, 9, 70, seed + 9);
+  check_router_logits(264, 24, 65, seed + 10);
   // A grid row an expert: more than 65535 experts, or H past 2^30, are refused with the numbers.
   try {
     cuda::moe::router_logits(nullptr, nullptr, 1, 6144, 70000, nullptr, nullptr);

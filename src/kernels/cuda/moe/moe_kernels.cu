@@ -18,17 +18,21 @@ constexpr int kWarp = 32;
 constexpr int kSmemBudget = 48 * 1024;  // the default per-block limit: no opt-in needed
 
 // --- router logits --------------------------------------------------------------------------------
-// Block: one expert and kLogitTokens tokens (each router row read once per kLogitTokens tokens); its
-// kLogitWarps warps split H into equal slices of whole 8-element pieces (warp w: h in [w S, w S + S)),
-// lane l of a warp covering h = w S + 8 l + 256 i. A token's logit is the sum over the slices in warp
-// order of each slice's fixed xor-tree sum of its lanes' partial sums: the same order for every token
-// count (batch-invariant) and every run (deterministic). The slices keep the chain of dependent loads short
-// (H = 6144: 3 iterations a lane, all in flight): with a warp per expert over all of H (24 iterations a
-// lane, 4 in flight) a GLM-5 router at one token took ~14.5 us (256 warps on 132 SMs, H100, twenty-ninth
-// session).
+// Block: kExperts experts and kLogitTokens tokens (each router row read once per kLogitTokens tokens,
+// each token row once per kExperts experts); its kLogitWarps warps split H into equal slices of whole
+// 8-element pieces (warp w: h in [w S, w S + S)), lane l of a warp covering h = w S + 8 l + 256 i. A
+// token's logit is the sum over the slices in warp order of each slice's fixed xor-tree sum of its lanes'
+// partial sums: the same order for every token count and for kExperts 1 and 8 (batch-invariant: the same
+// bits), and every run (deterministic). The slices keep the chain of dependent loads short (H = 6144: 3
+// iterations a lane, all in flight): with a warp per expert over all of H (24 iterations a lane, 4 in
+// flight) a GLM-5 router at one token took ~14.5 us (256 warps on 132 SMs, H100, twenty-ninth session).
+// kExperts: 1 up to kLogitWideMinTokens - 1 tokens (the most blocks: decode), 8 from there (prefill: a
+// block an expert read every token row from L2 once per expert, 2.4x the L2 bytes of 8 experts a block at
+// thousands of tokens).
 constexpr int kLogitWarps = 8;
 constexpr int kLogitTokens = 4;
-constexpr int kLogitUnroll = 4;
+constexpr int kLogitWideExperts = 8;
+constexpr int64_t kLogitWideMinTokens = 65;
 
 // Elements of H a warp's slice covers: ceil(H / kLogitWarps) rounded up to whole 8-element pieces.
 constexpr int64_t router_logit_slice(int64_t hidden) { return ((hidden + kLogitWarps - 1) / kLogitWarps + 7) / 8 * 8; }
@@ -43,52 +47,68 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* out) {
   }
 }
 
+template <int kExperts>
 __global__ void __launch_bounds__(kLogitWarps* kWarp)
     router_logits_kernel(const __nv_bfloat16* __restrict__ x, const float* __restrict__ wg, int n_tokens, int hidden,
                          int n_experts, float* __restrict__ logits) {
-  __shared__ float slice_sums[kLogitWarps][kLogitTokens];
+  constexpr int kSums = kExperts * kLogitTokens;
+  __shared__ float slice_sums[kLogitWarps][kSums];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int e = blockIdx.y;  // < n_experts: the grid's y extent
+  const int e0 = blockIdx.y * kExperts;
   const int t0 = blockIdx.x * kLogitTokens;
   const int slice = static_cast<int>(router_logit_slice(hidden));
   const int h_end = static_cast<int>(min(static_cast<int64_t>(hidden), static_cast<int64_t>(warp + 1) * slice));
-  float acc[kLogitTokens];
+  float acc[kExperts][kLogitTokens];
 #pragma unroll
-  for (int i = 0; i < kLogitTokens; ++i) acc[i] = 0.0f;
-  const float* w_row = wg + static_cast<int64_t>(e) * hidden;
-  // Rows past n_tokens read token t0's row (in bounds) and are never stored: no branch in the loop.
+  for (int k = 0; k < kExperts; ++k) {
+#pragma unroll
+    for (int i = 0; i < kLogitTokens; ++i) acc[k][i] = 0.0f;
+  }
+  // Experts past n_experts read expert e0's row and tokens past n_tokens token t0's (in bounds), never
+  // stored: no branch in the loop.
+  const float* w_rows[kExperts];
+#pragma unroll
+  for (int k = 0; k < kExperts; ++k) w_rows[k] = wg + static_cast<int64_t>(e0 + k < n_experts ? e0 + k : e0) * hidden;
   const __nv_bfloat16* x_rows[kLogitTokens];
 #pragma unroll
   for (int i = 0; i < kLogitTokens; ++i) {
     x_rows[i] = x + static_cast<int64_t>(t0 + i < n_tokens ? t0 + i : t0) * hidden;
   }
-#pragma unroll kLogitUnroll
+  // Each accumulator takes its 8 products of an iteration in j order, whatever kExperts is.
+#pragma unroll(kExperts == 1 ? 4 : 1)
   for (int h = warp * slice + lane * 8; h < h_end; h += kWarp * 8) {
-    const float4 w0 = __ldg(reinterpret_cast<const float4*>(w_row + h));
-    const float4 w1 = __ldg(reinterpret_cast<const float4*>(w_row + h + 4));
-    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    float xf[kLogitTokens][8];
 #pragma unroll
-    for (int i = 0; i < kLogitTokens; ++i) {
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x_rows[i] + h));
-      float xf[8];
-      bf16x8_to_f32(xv, xf);
+    for (int i = 0; i < kLogitTokens; ++i) bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x_rows[i] + h)), xf[i]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i] += xf[j] * wv[j];
+    for (int k = 0; k < kExperts; ++k) {
+      const float4 w0 = __ldg(reinterpret_cast<const float4*>(w_rows[k] + h));
+      const float4 w1 = __ldg(reinterpret_cast<const float4*>(w_rows[k] + h + 4));
+      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+      for (int i = 0; i < kLogitTokens; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[k][i] += xf[i][j] * wv[j];
+      }
     }
   }
 #pragma unroll
-  for (int i = 0; i < kLogitTokens; ++i) {
-    float v = acc[i];
+  for (int k = 0; k < kExperts; ++k) {
 #pragma unroll
-    for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) slice_sums[warp][i] = v;
+    for (int i = 0; i < kLogitTokens; ++i) {
+      float v = acc[k][i];
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) slice_sums[warp][k * kLogitTokens + i] = v;
+    }
   }
   __syncthreads();
-  if (threadIdx.x < kLogitTokens && t0 + static_cast<int>(threadIdx.x) < n_tokens) {
+  const int k = static_cast<int>(threadIdx.x) / kLogitTokens, i = static_cast<int>(threadIdx.x) % kLogitTokens;
+  if (static_cast<int>(threadIdx.x) < kSums && t0 + i < n_tokens && e0 + k < n_experts) {
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < kLogitWarps; ++w) v += slice_sums[w][threadIdx.x];
-    logits[static_cast<int64_t>(t0 + threadIdx.x) * n_experts + e] = v;
+    logits[static_cast<int64_t>(t0 + i) * n_experts + e0 + k] = v;
   }
 }
 
@@ -405,10 +425,17 @@ void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, in
   check_aligned(x, "x", "router_logits");
   check_aligned(wg, "wg", "router_logits");
   FP4MOE_CHECK(logits != nullptr) << "router_logits: logits is null";
-  const dim3 grid(static_cast<unsigned>((n_tokens + kLogitTokens - 1) / kLogitTokens),
-                  static_cast<unsigned>(n_experts));
-  router_logits_kernel<<<grid, kLogitWarps * kWarp, 0, stream>>>(x, wg, static_cast<int>(n_tokens),
-                                                                 static_cast<int>(hidden), n_experts, logits);
+  const auto launch = [&](auto kernel, int experts_per_block) {
+    const dim3 grid(static_cast<unsigned>((n_tokens + kLogitTokens - 1) / kLogitTokens),
+                    static_cast<unsigned>((n_experts + experts_per_block - 1) / experts_per_block));
+    kernel<<<grid, kLogitWarps * kWarp, 0, stream>>>(x, wg, static_cast<int>(n_tokens), static_cast<int>(hidden),
+                                                     n_experts, logits);
+  };
+  if (n_tokens >= kLogitWideMinTokens) {
+    launch(router_logits_kernel<kLogitWideExperts>, kLogitWideExperts);
+  } else {
+    launch(router_logits_kernel<1>, 1);
+  }
   check_launch("router_logits_kernel<<<>>>");
 }
 
