@@ -26,13 +26,17 @@ constexpr int kSmemBudget = 48 * 1024;  // the default per-block limit: no opt-i
 // bits), and every run (deterministic). The slices keep the chain of dependent loads short (H = 6144: 3
 // iterations a lane, all in flight): with a warp per expert over all of H (24 iterations a lane, 4 in
 // flight) a GLM-5 router at one token took ~14.5 us (256 warps on 132 SMs, H100, twenty-ninth session).
-// kExperts: 1 up to kLogitWideMinTokens - 1 tokens (the most blocks: decode), 8 from there (prefill: a
-// block an expert read every token row from L2 once per expert, 2.4x the L2 bytes of 8 experts a block at
-// thousands of tokens).
+// kExperts: 8 once that grid has at least kLogitWideMinBlocks blocks, else 1 (the most blocks: decode). A
+// block an expert reads every token row from L2 once per expert; at thousands of tokens that cost 5x the
+// time of 8 experts a block (E = 256, 4096 tokens: 4,198 vs 789 us). Where 8 experts a block leave most
+// SMs idle, the block an expert is faster. Nsight Compute on the H100 (132 SMs, thirty-first session), us a
+// launch, 1 vs 8 experts a block (the 8-expert grid's blocks): E = 32 at 64 tokens 7.6 vs 8.4 (64), at 96
+// tokens 8.5 vs 8.7 (96), at 128 tokens 11.2 vs 8.9 (128); E = 256 at 8 tokens 7.4 vs 9.0 (64), at 16
+// tokens 10.0 vs 9.1 (128), at 64 tokens 32.4 vs 17.4 (512).
 constexpr int kLogitWarps = 8;
 constexpr int kLogitTokens = 4;
 constexpr int kLogitWideExperts = 8;
-constexpr int64_t kLogitWideMinTokens = 65;
+constexpr int64_t kLogitWideMinBlocks = 96;
 
 // Elements of H a warp's slice covers: ceil(H / kLogitWarps) rounded up to whole 8-element pieces.
 constexpr int64_t router_logit_slice(int64_t hidden) { return ((hidden + kLogitWarps - 1) / kLogitWarps + 7) / 8 * 8; }
@@ -425,13 +429,14 @@ void router_logits(const __nv_bfloat16* x, const float* wg, int64_t n_tokens, in
   check_aligned(x, "x", "router_logits");
   check_aligned(wg, "wg", "router_logits");
   FP4MOE_CHECK(logits != nullptr) << "router_logits: logits is null";
+  const int64_t token_blocks = (n_tokens + kLogitTokens - 1) / kLogitTokens;
   const auto launch = [&](auto kernel, int experts_per_block) {
-    const dim3 grid(static_cast<unsigned>((n_tokens + kLogitTokens - 1) / kLogitTokens),
+    const dim3 grid(static_cast<unsigned>(token_blocks),
                     static_cast<unsigned>((n_experts + experts_per_block - 1) / experts_per_block));
     kernel<<<grid, kLogitWarps * kWarp, 0, stream>>>(x, wg, static_cast<int>(n_tokens), static_cast<int>(hidden),
                                                      n_experts, logits);
   };
-  if (n_tokens >= kLogitWideMinTokens) {
+  if (token_blocks * ((n_experts + kLogitWideExperts - 1) / kLogitWideExperts) >= kLogitWideMinBlocks) {
     launch(router_logits_kernel<kLogitWideExperts>, kLogitWideExperts);
   } else {
     launch(router_logits_kernel<1>, 1);
