@@ -51,17 +51,10 @@ struct GpuLayer {
   DeviceBuffer k_cache, v_cache;  // [n_blocks, page, n_kv, D] bf16
 };
 
-using gpu_step::CublasDeleter;
-using gpu_step::EventDeleter;
-using gpu_step::PinnedBuffer;
-using gpu_step::StreamDeleter;
-
 class Glm4MoeCudaModel final : public CausalLM {
  public:
   Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options);
-  ~Glm4MoeCudaModel() override {
-    if (stream_) cudaStreamSynchronize(stream_.get());
-  }
+  ~Glm4MoeCudaModel() override { common_.synchronize(); }
 
   const ModelConfig& config() const override { return cfg_; }
   std::unique_ptr<KvState> new_state() const override {
@@ -79,7 +72,7 @@ class Glm4MoeCudaModel final : public CausalLM {
   int64_t kv_bytes_per_token() const { return 2 * cfg_.num_hidden_layers * cfg_.num_key_value_heads * cfg_.head_dim * 2; }
   // Device pointers of one step's host ints (see forward()) and the step's shape as run.
   struct StepInts {
-    const int32_t *pos, *slots, *q_start, *seq_lens, *tables, *rows;
+    const int32_t *pos, *slots, *q_start, *seq_lens, *tables;
     int64_t max_blocks, n_seqs, n_tokens, max_q_len, max_seq_len;
     bool decode_only;
   };
@@ -89,26 +82,14 @@ class Glm4MoeCudaModel final : public CausalLM {
   moe::MoeConfig moe_cfg_;
   GpuOptions gopt_;
   int64_t rotary_dim_ = 0, n_positions_ = 0, max_T_ = 0;
-  int n_sms_ = 1;
-  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
-  DeviceBuffer embed_;                 // bf16 [V, H]
-  DeviceBuffer cos_, sin_;             // f32 [n_positions, rotary / 2]
+  gpu_step::ModelCommon common_;  // stream, cuBLAS, embedding, lm_head, outputs, events, graphs
+  DeviceBuffer cos_, sin_;        // f32 [n_positions, rotary / 2]
   std::vector<GpuLayer> layers_;
-  DeviceBuffer final_norm_;
-  GpuLinear lm_head_;
   std::shared_ptr<KvBlockPool> pool_;
   int64_t weight_bytes_ = 0;
   std::string description_;
   // Scratch for max_T_ tokens.
   DeviceBuffer resid_, h_, x_, q_, k_, v_, attn_, gate_, up_, act_, workspace_;
-  DeviceBuffer ints_;
-  PinnedBuffer<int32_t> h_ints_;
-  std::unique_ptr<gpu_step::StepOutputs> out_;  // lm_head outputs, error flag, expert counts
-  std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
-  DeviceBuffer cublas_workspace_;
-  std::unique_ptr<gpu_step::DecodeGraphs> graphs_;  // captured decode steps
-  gpu_step::MoeLayerList moe_layers_;               // fixed at load
 };
 
 Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::TensorStore& store,
@@ -130,16 +111,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
       << cfg_.source << ": head_dim " << D << " is not supported by the GPU attention (a multiple of 32 in [32, 128])";
   FP4MOE_CHECK(H % 8 == 0) << cfg_.source << ": hidden_size " << H << " must be a multiple of 8 on the GPU";
 
-  cudaStream_t s = nullptr;
-  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  stream_.reset(s);
-  cublasHandle_t h = nullptr;
-  FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
-  cublas_.reset(h);
-  gpu_step::bind_cublas(h, s, cublas_workspace_);
-  int dev = 0;
-  FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
+  common_.open();
 
   const std::vector<uint64_t> layer_bytes = layer_tensor_bytes(store, cfg_.num_hidden_layers);
   uint64_t total = 0;
@@ -147,10 +119,9 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   LoadProgress progress(store.dir().filename().string(), total, options.progress);
   const bool fp4 = gopt_.nvfp4_kernels;
 
-  embed_ = DeviceBuffer::from_host(load_matrix_bf16(store, "model.embed_tokens.weight", V, H));
-  weight_bytes_ += static_cast<int64_t>(embed_.bytes());
+  weight_bytes_ += common_.load_embedding(store, V, H);
   std::ostringstream desc;
-  desc << cfg_.summary() << " on the GPU (" << cuda::cuda_device_description(dev) << ")\n";
+  desc << cfg_.summary() << " on the GPU (" << cuda::cuda_device_description(common_.device) << ")\n";
   pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
   const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
   layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
@@ -179,25 +150,13 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     L.v_cache = DeviceBuffer(cache_bytes);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
   }
-  final_norm_ = DeviceBuffer::from_host(load_vector_f32(store, "model.norm.weight", H));
-  {
-    kernels::cpu::LinearWeight lm = cfg_.tie_word_embeddings
-                                        ? kernels::cpu::LinearWeight::from_bf16(V, H, load_matrix_bf16(store, "model.embed_tokens.weight", V, H))
-                                        : moe::load_linear(store, "lm_head", V, H, false);
-    lm_head_ = GpuLinear::upload(lm, gpu_step::StepOutputs::kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
-    if (!cfg_.tie_word_embeddings) weight_bytes_ += lm_head_.device_bytes();
-  }
+  weight_bytes_ += common_.load_head(store, H, cfg_.tie_word_embeddings);
   progress.advance(layer_bytes.back());
   progress.finish();
 
   // RoPE table for every position the config allows.
   n_positions_ = cfg_.max_position_embeddings;
-  const std::vector<float> inv_freq = rope_inv_freq(rotary_dim_, cfg_.rope_theta);
-  const int64_t half = rotary_dim_ / 2;
-  std::vector<float> c(static_cast<size_t>(n_positions_ * half)), sn(c.size());
-  for (int64_t p = 0; p < n_positions_; ++p) rope_cos_sin(inv_freq, p, c.data() + p * half, sn.data() + p * half);
-  cos_ = DeviceBuffer::from_host(c);
-  sin_ = DeviceBuffer::from_host(sn);
+  gpu_step::rope_tables(rotary_dim_, cfg_.rope_theta, n_positions_, cos_, sin_);
 
   int64_t inter = 1;
   for (const GpuLayer& L : layers_) {
@@ -223,21 +182,14 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   }
   // One dequantization scratch for the NVFP4 Linears' prefill path (gpu_linear.h).
   desc << describe_dequant_scratch(share_dequant_scratch(dense_linears));
-  out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   desc << gpu_step::use_tune_cache(layers_, dense_linears);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
-  moe_layers_ = gpu_step::MoeLayerList::of(layers_);
-  graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
+  common_.finish_load(layers_, gopt_, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
-  for (int64_t i = 0; i < 2 * cfg_.num_hidden_layers + 1; ++i) {
-    cudaEvent_t e = nullptr;
-    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
-    events_.emplace_back(e);
-  }
-  desc << "  lm_head " << lm_head_.describe() << (cfg_.tie_word_embeddings ? " (tied)" : "") << "\n";
+  desc << common_.describe_lm_head();
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
        << cache_bytes * 2 * layers_.size() << " B), max " << max_T_ << " tokens per step\n";
-  desc << "  " << gpu_step::describe_graphs(*graphs_, moe_layers_.capturable) << "\n";
+  desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -247,17 +199,17 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
   GpuLayer& L = layers_[l];
   const int64_t T = s.n_tokens, n_seqs = s.n_seqs, max_blocks = s.max_blocks, max_seq_len = s.max_seq_len;
   const int32_t *d_pos = s.pos, *d_slots = s.slots, *d_seq_lens = s.seq_lens, *d_tables = s.tables;
-  cudaStream_t st = stream_.get();
-  cublasHandle_t cb = cublas_.get();
+  cudaStream_t st = common_.stream.get();
+  cublasHandle_t cb = common_.cublas.get();
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
   const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   const float eps = cfg_.rms_norm_eps;
   bf16* resid = resid_.as<bf16>();
   bf16* h = h_.as<bf16>();
   bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
-  uint32_t* err = out_->error_flag();
+  uint32_t* err = common_.out->error_flag();
 
-  cuda::record_timing_event(events_[2 * l].get(), st);
+  cuda::record_timing_event(common_.events[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, eps, h, st);
   } else {
@@ -292,14 +244,15 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
   args.out = attn_.as<bf16>();
   args.error_flag = err;
   if (s.decode_only) {
-    cuda::DecodeSplit split = cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, n_sms_, gopt_.decode_split_min_keys);
+    cuda::DecodeSplit split =
+        cuda::plan_decode_split(n_seqs, nh, nkv, max_seq_len, common_.n_sms, gopt_.decode_split_min_keys);
     split = cuda::cap_decode_split(split, n_seqs, nh, D, max_seq_len, workspace_.bytes());
     cuda::paged_attention_decode_bf16(args, split, workspace_.as<float>(), st);
   } else {
     cuda::paged_attention_prefill_bf16(args, s.q_start, T, s.max_q_len, st);
   }
   L.attn.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  cuda::record_timing_event(events_[2 * l + 1].get(), st);
+  cuda::record_timing_event(common_.events[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, eps, h, st);
   if (L.moe) {
@@ -310,67 +263,41 @@ void Glm4MoeCudaModel::run_layer(size_t l, const StepInts& s) {
 }
 
 void Glm4MoeCudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
-  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const gpu_step::StepBatch step = gpu_step::plan_step(batch, this, V, n_positions_, max_T_);
+  const gpu_step::StepBatch step = gpu_step::plan_step(batch, this, cfg_.vocab_size, n_positions_, max_T_);
   if (step.chunks.empty()) return;
   const int64_t T = step.n_tokens, S = static_cast<int64_t>(step.chunks.size());
-  const std::vector<int64_t> added = gpu_step::reserve_blocks(step.chunks);  // all or nothing
-  try {
+  common_.with_blocks(step, [&] {
     const int64_t max_blocks = gpu_step::max_blocks(step.chunks);
     const int64_t R = static_cast<int64_t>(step.rows.size());
     // A decode step whose every row goes through the lm_head runs as a captured graph of its padded
     // shape (gpu_step::DecodeGraphs): S_run sequences, tables of mb_run blocks, the attention split
     // planned for mb_run pages of keys.
-    const int64_t gbs = step.decode_only && R == S && moe_layers_.capturable ? graphs_->batch_bucket(S) : 0;
+    const int64_t gbs =
+        step.decode_only && R == S && common_.moe_layers.capturable ? common_.graphs->batch_bucket(S) : 0;
     const int64_t S_run = gbs > 0 ? gbs : S, T_run = gbs > 0 ? gbs : T, R_run = gbs > 0 ? gbs : R;
     const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
     const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : step.max_seq_len;
 
     const gpu_step::StepIntsLayout lay{T_run, S_run, mb_run, R_run, 0};  // the step's ints as run
-    const size_t n_ints = lay.size();
-    int32_t* hi = h_ints_.get(n_ints);
-    gpu_step::stage_step_ints(batch, step, lay, {}, hi);
-    cudaStream_t st = stream_.get();
-    const auto ints_at = [&](const int32_t* di) {
+    const auto layers = [&](const int32_t* di) {
       StepInts s;
       s.pos = di + lay.positions();
       s.slots = di + lay.slots();
       s.q_start = di + lay.q_start();
       s.seq_lens = di + lay.seq_lens();
       s.tables = di + lay.tables();
-      s.rows = di + lay.rows();
       s.max_blocks = mb_run;
       s.n_seqs = S_run;
       s.n_tokens = T_run;
       s.max_q_len = step.max_q_len;
       s.max_seq_len = len_run;
       s.decode_only = step.decode_only;
-      return s;
-    };
-    // Embedding, the layers and the final norm (adds the last MLP output into the residual).
-    gpu_step::StepWork work;
-    work.body = [&](const int32_t* di) {
-      const StepInts s = ints_at(di);
-      cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
       for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s);
-      cuda::record_timing_event(events_.back().get(), st);
-      cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
-                          h_.as<bf16>(), st);
     };
-    work.lm_head_pass = [&](const int32_t* di) {
-      out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, R_run, H, x_.as<bf16>(), st);
-    };
-    work.run_lm_head = [&](const int32_t* di) {
-      out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), ints_at(di).rows, step, H, x_.as<bf16>(), st);
-    };
-    const bool graph = gpu_step::run_step(*graphs_, gbs, mb_run, hi, n_ints, ints_, work, st);
-    gpu_step::finish_step(*out_, batch, step, gbs > 0, graph, moe_layers_, moe_cfg_.n_experts, events_, trace, st);
-    for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
-  } catch (...) {
-    cudaStreamSynchronize(stream_.get());
-    gpu_step::rollback_blocks(step.chunks, added);
-    throw;
-  }
+    const gpu_step::ModelCommon::Activations act{resid_.as<bf16>(), h_.as<bf16>(), x_.as<bf16>(), cfg_.hidden_size,
+                                                 cfg_.rms_norm_eps};
+    common_.run(batch, step, gbs, lay, {}, act, layers, moe_cfg_.n_experts, trace);
+  });
 }
 
 }  // namespace

@@ -77,11 +77,7 @@ struct Glm5GpuLayer {
   DeviceBuffer latent_cache;  // [n_blocks, page, kv_lora + rope] bf16
 };
 
-using gpu_step::CublasDeleter;
-using gpu_step::EventDeleter;
 using gpu_step::grow_bytes;
-using gpu_step::PinnedBuffer;
-using gpu_step::StreamDeleter;
 
 // One step's attention plan, the same for every layer (shared layers reuse the full layer's keys).
 struct StepPlan {
@@ -95,9 +91,7 @@ struct StepPlan {
 class Glm5CudaModel final : public GlmMoeDsaModel {
  public:
   Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options);
-  ~Glm5CudaModel() override {
-    if (stream_) cudaStreamSynchronize(stream_.get());
-  }
+  ~Glm5CudaModel() override { common_.synchronize(); }
 
   const ModelConfig& config() const override { return cfg_; }
   std::unique_ptr<KvState> new_state() const override {
@@ -143,35 +137,24 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   cuda::DsaIndexerDims idx_;
   cuda::RopeStyle rope_style_ = cuda::RopeStyle::kInterleaved, index_rope_style_ = cuda::RopeStyle::kInterleaved;
   int64_t n_positions_ = 0, max_T_ = 0, kv_bytes_per_token_ = 0;
-  int n_sms_ = 1;
-  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
+  gpu_step::ModelCommon common_;  // stream, cuBLAS, embedding, lm_head, outputs, events, graphs
   // The latent branch of each layer (kv_a_proj .. the latent cache append, and on full layers wk ..
-  // the index-key cache append: both read only h) runs on kv_side_, forked from stream_ after the
+  // the index-key cache append: both read only h) runs on kv_side_, forked from the stream after the
   // input norm and joined back before the indexer's selection and the attention, beside the q
   // branch (q_a_proj, its norm, q_b_proj, RoPE). Only when the branch's Linears run the W4A16 GEMM
   // (GpuLinear::w4a16_path): their split-K workspace is kv_splitk_, not the scratch the other
   // Linears share, and no cuBLAS handle is used on both streams. Capturable (event fork / join).
   std::optional<cuda::SideStream> kv_side_;
   std::shared_ptr<DeviceBuffer> kv_splitk_;
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
-  DeviceBuffer embed_;    // bf16 [V, H]
   DeviceBuffer cos_, sin_;  // f32 [n_positions, rope / 2]
   std::vector<Glm5GpuLayer> layers_;
-  DeviceBuffer final_norm_;
-  GpuLinear lm_head_;
   std::shared_ptr<KvBlockPool> pool_;
   int64_t weight_bytes_ = 0;
   std::string description_;
   // Scratch for max_T_ tokens.
   DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, proj_ws_, attn_, ik_, iq_, iw_, gate_, up_, act_;
   // Grown per step: ints, argmax rows, the DSA selection and workspaces.
-  DeviceBuffer ints_, sel_idx_, dsa_workspace_, attn_workspace_;
-  PinnedBuffer<int32_t> h_ints_;
-  std::unique_ptr<gpu_step::StepOutputs> out_;  // lm_head outputs, error flag, expert counts
-  std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events_;  // [2 * layers + 1]
-  DeviceBuffer cublas_workspace_;
-  std::unique_ptr<gpu_step::DecodeGraphs> graphs_;  // captured decode steps
-  gpu_step::MoeLayerList moe_layers_;               // fixed at load
+  DeviceBuffer sel_idx_, dsa_workspace_, attn_workspace_;
 };
 
 Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options)
@@ -219,16 +202,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   const int64_t H = c.hidden_size, V = c.vocab_size, heads = c.num_attention_heads;
   const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
 
-  cudaStream_t s = nullptr;
-  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  stream_.reset(s);
-  cublasHandle_t h = nullptr;
-  FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
-  cublas_.reset(h);
-  gpu_step::bind_cublas(h, s, cublas_workspace_);
-  int dev = 0;
-  FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
+  common_.open();
 
   const std::vector<uint64_t> layer_bytes = layer_tensor_bytes(store, c.num_hidden_layers);
   uint64_t total = 0;
@@ -236,10 +210,9 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   LoadProgress progress(store.dir().filename().string(), total, options.progress);
   const bool fp4 = gopt_.nvfp4_kernels;
 
-  embed_ = DeviceBuffer::from_host(load_matrix_bf16(store, "model.embed_tokens.weight", V, H));
-  weight_bytes_ += static_cast<int64_t>(embed_.bytes());
+  weight_bytes_ += common_.load_embedding(store, V, H);
   std::ostringstream desc;
-  desc << c.summary() << " on the GPU (" << cuda::cuda_device_description(dev) << ")\n";
+  desc << c.summary() << " on the GPU (" << cuda::cuda_device_description(common_.device) << ")\n";
   desc << "  MLA: heads " << heads << ", q_lora " << c.q_lora_rank << ", kv_lora " << R << ", qk "
        << c.qk_nope_head_dim << "+" << rope << ", v " << c.v_head_dim << "; DSA indexer " << c.index_n_heads << "x"
        << c.index_head_dim << " top-" << c.index_topk << "\n";
@@ -307,26 +280,13 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     kv_bytes_per_token_ += latent_w * 2 + (L.indexer ? c.index_head_dim * 2 : 0);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
   }
-  final_norm_ = DeviceBuffer::from_host(load_vector_f32(store, "model.norm.weight", H));
-  {
-    kernels::cpu::LinearWeight lm =
-        c.tie_word_embeddings
-            ? kernels::cpu::LinearWeight::from_bf16(V, H, load_matrix_bf16(store, "model.embed_tokens.weight", V, H))
-            : moe::load_linear(store, "lm_head", V, H, false);
-    lm_head_ = GpuLinear::upload(lm, gpu_step::StepOutputs::kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
-    if (!c.tie_word_embeddings) weight_bytes_ += lm_head_.device_bytes();
-  }
+  weight_bytes_ += common_.load_head(store, H, c.tie_word_embeddings);
   progress.advance(layer_bytes.back());
   progress.finish();
 
   // RoPE table (qk_rope_head_dim, shared by MLA and the indexer) for every position the config allows.
   n_positions_ = c.max_position_embeddings;
-  const std::vector<float> inv_freq = rope_inv_freq(rope, c.rope_theta);
-  const int64_t half = rope / 2;
-  std::vector<float> cs(static_cast<size_t>(n_positions_ * half)), sn(cs.size());
-  for (int64_t p = 0; p < n_positions_; ++p) rope_cos_sin(inv_freq, p, cs.data() + p * half, sn.data() + p * half);
-  cos_ = DeviceBuffer::from_host(cs);
-  sin_ = DeviceBuffer::from_host(sn);
+  gpu_step::rope_tables(rope, c.rope_theta, n_positions_, cos_, sin_);
 
   int64_t inter = 8;
   for (const Glm5GpuLayer& L : layers_) {
@@ -381,21 +341,14 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
            << kLinearDequantMinRows << " rows; split-K workspace " << kv_splitk_->bytes() << " B)\n";
     }
   }
-  out_ = std::make_unique<gpu_step::StepOutputs>(V, max_T_);
   desc << gpu_step::use_tune_cache(layers_, dense_linears);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
-  moe_layers_ = gpu_step::MoeLayerList::of(layers_);
-  graphs_ = gpu_step::DecodeGraphs::for_model(gopt_.cuda_graph_max_bs, max_T_);
-  for (int64_t i = 0; i < 2 * c.num_hidden_layers + 1; ++i) {
-    cudaEvent_t e = nullptr;
-    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
-    events_.emplace_back(e);
-  }
-  desc << "  lm_head " << lm_head_.describe() << (c.tie_word_embeddings ? " (tied)" : "") << "\n";
+  common_.finish_load(layers_, gopt_, max_T_);
+  desc << common_.describe_lm_head();
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent "
        << latent_w << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total
        << " B), max " << max_T_ << " tokens per step\n";
-  desc << "  " << gpu_step::describe_graphs(*graphs_, moe_layers_.capturable) << "\n";
+  desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -403,8 +356,8 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
 
 void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan) {
   Glm5GpuLayer& L = layers_[l];
-  cudaStream_t st = stream_.get();
-  cublasHandle_t cb = cublas_.get();
+  cudaStream_t st = common_.stream.get();
+  cublasHandle_t cb = common_.cublas.get();
   const ModelConfig& c = cfg_;
   const int64_t T = s.n_tokens, H = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim;
   const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
@@ -412,11 +365,11 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   bf16* resid = resid_.as<bf16>();
   bf16* h = h_.as<bf16>();
   bf16* x = x_.as<bf16>();  // the previous block's output (attention or MLP), added into resid by the norm
-  uint32_t* err = out_->error_flag();
+  uint32_t* err = common_.out->error_flag();
   const float* cos = cos_.as<float>();
   const float* sin = sin_.as<float>();
 
-  cuda::record_timing_event(events_[2 * l].get(), st);
+  cuda::record_timing_event(common_.events[2 * l].get(), st);
   if (l == 0) {
     cuda::rms_norm_bf16(resid, nullptr, L.input_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   } else {
@@ -518,7 +471,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   }
   cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st);
   L.o.forward(cb, attn_.as<bf16>(), T, x, st);
-  cuda::record_timing_event(events_[2 * l + 1].get(), st);
+  cuda::record_timing_event(common_.events[2 * l + 1].get(), st);
 
   cuda::rms_norm_bf16(x, resid, L.post_norm.as<float>(), T, H, H, c.rms_norm_eps, h, st);
   if (L.moe) {
@@ -537,8 +490,8 @@ void Glm5CudaModel::selection_hooks(size_t l, const StepPlan& plan) {
     const size_t n = static_cast<size_t>(plan.n_selected);
     hs.sel_idx.resize(n);
     FP4MOE_CUDA_CHECK(cudaMemcpyAsync(hs.sel_idx.data(), sel_idx_.as<int32_t>(), n * 4, cudaMemcpyDeviceToHost,
-                                      stream_.get()));
-    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+                                      common_.stream.get()));
+    FP4MOE_CUDA_CHECK(cudaStreamSynchronize(common_.stream.get()));
     if (dsa_override_) {
       for (size_t ci = 0; ci < hs.q_pos.size(); ++ci) {
         const KeySelection keys = dsa_override_(layer, ci, hs.q_pos[ci]);
@@ -550,8 +503,8 @@ void Glm5CudaModel::selection_hooks(size_t l, const StepPlan& plan) {
                   hs.sel_idx.begin() + hs.sel_offsets[static_cast<size_t>(hs.row0[ci])]);
       }
       FP4MOE_CUDA_CHECK(cudaMemcpyAsync(sel_idx_.as<int32_t>(), hs.sel_idx.data(), n * 4, cudaMemcpyHostToDevice,
-                                        stream_.get()));
-      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+                                        common_.stream.get()));
+      FP4MOE_CUDA_CHECK(cudaStreamSynchronize(common_.stream.get()));
     }
   }
   if (!dsa_observer_) return;
@@ -574,13 +527,11 @@ void Glm5CudaModel::selection_hooks(size_t l, const StepPlan& plan) {
 }
 
 void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
-  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  const gpu_step::StepBatch step = gpu_step::plan_step(batch, this, V, n_positions_, max_T_);
+  const gpu_step::StepBatch step = gpu_step::plan_step(batch, this, cfg_.vocab_size, n_positions_, max_T_);
   if (step.chunks.empty()) return;
   const int64_t T = step.n_tokens, S = static_cast<int64_t>(step.chunks.size());
   // KV blocks for the new tokens (all or nothing); one block table serves every layer's pools.
-  const std::vector<int64_t> added = gpu_step::reserve_blocks(step.chunks);
-  try {
+  common_.with_blocks(step, [&] {
     const int64_t max_blocks = gpu_step::max_blocks(step.chunks);
     const int64_t max_len = step.max_seq_len;
     const int64_t R = static_cast<int64_t>(step.rows.size());
@@ -593,7 +544,8 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
     // A dense decode step whose every row goes through the lm_head runs as a captured graph of its
     // padded shape (gpu_step::DecodeGraphs), unless the selection hooks (tests) want the host.
     const bool hooks = dsa_observer_ || dsa_override_;
-    const int64_t gbs = plan.decode_kernel && !hooks && R == S && moe_layers_.capturable ? graphs_->batch_bucket(S) : 0;
+    const int64_t gbs =
+        plan.decode_kernel && !hooks && R == S && common_.moe_layers.capturable ? common_.graphs->batch_bucket(S) : 0;
     const int64_t S_run = gbs > 0 ? gbs : S, T_run = gbs > 0 ? gbs : T, R_run = gbs > 0 ? gbs : R;
     const int64_t mb_run = gbs > 0 ? gpu_step::DecodeGraphs::table_bucket(max_blocks) : max_blocks;
     const int64_t len_run = gbs > 0 ? mb_run * gopt_.page_size : max_len;  // keys the split is planned for
@@ -610,21 +562,22 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       plan.n_selected = sel_offsets.back();
     }
     if (plan.decode_kernel) {
-      plan.split = cuda::plan_mla_decode_split(S_run, mla_.n_heads, len_run, n_sms_, gopt_.decode_split_min_keys);
+      plan.split =
+          cuda::plan_mla_decode_split(S_run, mla_.n_heads, len_run, common_.n_sms, gopt_.decode_split_min_keys);
       plan.attn_workspace = cuda::mla_decode_workspace_bytes(S_run, mla_, plan.split);
     } else {
       const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;
       // A DSA decode step (one query per sequence) splits like a dense decode step.
-      plan.split = step.decode_only
-                       ? cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_, gopt_.decode_split_min_keys)
-                       : cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, n_sms_);
+      plan.split = step.decode_only ? cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, common_.n_sms,
+                                                                   gopt_.decode_split_min_keys)
+                                    : cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, common_.n_sms);
       plan.attn_workspace = cuda::mla_prefill_workspace_bytes(T, mla_, plan.split);
     }
     // Grown while the stream is idle (the previous step ended with a sync); a graph that baked in
     // the old buffer is dropped.
     if (plan.split.n_splits > 1 && attn_workspace_.bytes() < plan.attn_workspace) {
       grow_bytes(attn_workspace_, plan.attn_workspace);
-      graphs_->clear();
+      common_.graphs->clear();
     }
     if (plan.dsa) {
       grow_bytes(sel_idx_, static_cast<size_t>(plan.n_selected) * 4);
@@ -633,11 +586,7 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
 
     // The step's ints as run (padded for a graph), the DSA selection offsets after them.
     const gpu_step::StepIntsLayout lay{T_run, S_run, mb_run, R_run, static_cast<int64_t>(sel_offsets.size())};
-    const size_t n_ints = lay.size();
-    int32_t* hi = h_ints_.get(n_ints);
-    gpu_step::stage_step_ints(batch, step, lay, sel_offsets, hi);
-    cudaStream_t st = stream_.get();
-    const auto ints_at = [&](const int32_t* di) {
+    const auto layers = [&](const int32_t* di) {
       StepInts s;
       s.pos = di + lay.positions();
       s.slots = di + lay.slots();
@@ -650,9 +599,8 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       s.n_tokens = T_run;
       s.max_q_len = step.max_q_len;
       s.max_seq_len = len_run;
-      return s;
+      for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s, plan);
     };
-    const auto rows_at = [&](const int32_t* di) { return di + lay.rows(); };
 
     if (hooks) {
       host_step_.row0.clear();
@@ -665,31 +613,10 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       }
       host_step_.sel_offsets = sel_offsets;
     }
-    // Embedding, the layers and the final norm (which adds the last MLP output into the residual),
-    // reading the step's ints from `di`: run eagerly or captured.
-    gpu_step::StepWork work;
-    work.body = [&](const int32_t* di) {
-      const StepInts s = ints_at(di);
-      cuda::embedding_bf16(embed_.as<bf16>(), V, H, di, T_run, resid_.as<bf16>(), out_->error_flag(), st);
-      for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, s, plan);
-      cuda::record_timing_event(events_.back().get(), st);
-      cuda::rms_norm_bf16(x_.as<bf16>(), resid_.as<bf16>(), final_norm_.as<float>(), T_run, H, H, cfg_.rms_norm_eps,
-                          h_.as<bf16>(), st);
-    };
-    work.lm_head_pass = [&](const int32_t* di) {
-      out_->lm_head_pass(cublas_.get(), lm_head_, h_.as<bf16>(), rows_at(di), R_run, H, x_.as<bf16>(), st);
-    };
-    work.run_lm_head = [&](const int32_t* di) {
-      out_->run_lm_head(cublas_.get(), lm_head_, h_.as<bf16>(), rows_at(di), step, H, x_.as<bf16>(), st);
-    };
-    const bool graph = gpu_step::run_step(*graphs_, gbs, mb_run, hi, n_ints, ints_, work, st);
-    gpu_step::finish_step(*out_, batch, step, gbs > 0, graph, moe_layers_, moe_cfg_.n_experts, events_, trace, st);
-    for (const gpu_step::Chunk& c : step.chunks) c.state->commit(c.n);
-  } catch (...) {
-    cudaStreamSynchronize(stream_.get());
-    gpu_step::rollback_blocks(step.chunks, added);
-    throw;
-  }
+    const gpu_step::ModelCommon::Activations act{resid_.as<bf16>(), h_.as<bf16>(), x_.as<bf16>(), cfg_.hidden_size,
+                                                 cfg_.rms_norm_eps};
+    common_.run(batch, step, gbs, lay, sel_offsets, act, layers, moe_cfg_.n_experts, trace);
+  });
 }
 
 }  // namespace

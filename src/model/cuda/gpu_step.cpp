@@ -10,12 +10,16 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/moe/moe_kernels.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "model/ops.h"
+#include "model/weights.h"
 #include "moe/mlp.h"
 #include "moe/moe_layer.h"
+#include "moe/weights.h"
 #include "tune/autotune.h"
 
 namespace fp4moe::model::gpu_step {
@@ -485,6 +489,89 @@ void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDelete
       trace->layer_times.push_back({layer, "moe.shared_down", t.shared_down});
     }
   }
+}
+
+void rope_tables(int64_t rotary_dim, float theta, int64_t n_positions, cuda::DeviceBuffer& cos,
+                 cuda::DeviceBuffer& sin) {
+  const std::vector<float> inv_freq = rope_inv_freq(rotary_dim, theta);
+  const int64_t half = rotary_dim / 2;
+  std::vector<float> c(static_cast<size_t>(n_positions * half)), sn(c.size());
+  for (int64_t p = 0; p < n_positions; ++p) rope_cos_sin(inv_freq, p, c.data() + p * half, sn.data() + p * half);
+  cos = cuda::DeviceBuffer::from_host(c);
+  sin = cuda::DeviceBuffer::from_host(sn);
+}
+
+void ModelCommon::open() {
+  cudaStream_t s = nullptr;
+  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream.reset(s);
+  cublasHandle_t h = nullptr;
+  FP4MOE_CUBLAS_CHECK(cublasCreate(&h));
+  cublas.reset(h);
+  bind_cublas(h, s, cublas_workspace_);
+  FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
+  FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+}
+
+void ModelCommon::synchronize() const {
+  if (stream) cudaStreamSynchronize(stream.get());
+}
+
+int64_t ModelCommon::load_embedding(const format::TensorStore& store, int64_t vocab, int64_t hidden) {
+  vocab_ = vocab;
+  embed = cuda::DeviceBuffer::from_host(load_matrix_bf16(store, "model.embed_tokens.weight", vocab, hidden));
+  return static_cast<int64_t>(embed.bytes());
+}
+
+int64_t ModelCommon::load_head(const format::TensorStore& store, int64_t hidden, bool tied) {
+  tied_ = tied;
+  final_norm = cuda::DeviceBuffer::from_host(load_vector_f32(store, "model.norm.weight", hidden));
+  const kernels::cpu::LinearWeight lm =
+      tied ? kernels::cpu::LinearWeight::from_bf16(vocab_, hidden,
+                                                   load_matrix_bf16(store, "model.embed_tokens.weight", vocab_, hidden))
+           : moe::load_linear(store, "lm_head", vocab_, hidden, false);
+  lm_head = GpuLinear::upload(lm, StepOutputs::kLogitRowsPerPass, "lm_head", /*allow_nvfp4=*/false);
+  return tied ? 0 : lm_head.device_bytes();
+}
+
+void ModelCommon::create_events(size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    cudaEvent_t e = nullptr;
+    FP4MOE_CUDA_CHECK(cudaEventCreate(&e));
+    events.emplace_back(e);
+  }
+}
+
+std::string ModelCommon::describe_lm_head() const {
+  return "  lm_head " + lm_head.describe() + (tied_ ? " (tied)" : "") + "\n";
+}
+
+std::string ModelCommon::describe_graphs() const { return gpu_step::describe_graphs(*graphs, moe_layers.capturable); }
+
+void ModelCommon::run(std::span<const SeqChunk> batch, const StepBatch& step, int64_t gbs, const StepIntsLayout& layout,
+                      std::span<const int32_t> extra, const Activations& act,
+                      const std::function<void(const int32_t* d_ints)>& layers, int64_t n_experts,
+                      ForwardTrace* trace) {
+  const size_t n_ints = layout.size();
+  int32_t* hi = h_ints_.get(n_ints);
+  stage_step_ints(batch, step, layout, extra, hi);
+  cudaStream_t st = stream.get();
+  const int64_t H = act.hidden;
+  StepWork work;
+  work.body = [&](const int32_t* di) {
+    cuda::embedding_bf16(embed.as<bf16>(), vocab_, H, di, layout.n_tokens, act.resid, out->error_flag(), st);
+    layers(di);
+    cuda::record_timing_event(events.back().get(), st);
+    cuda::rms_norm_bf16(act.x, act.resid, final_norm.as<float>(), layout.n_tokens, H, H, act.eps, act.h, st);
+  };
+  work.lm_head_pass = [&](const int32_t* di) {
+    out->lm_head_pass(cublas.get(), lm_head, act.h, di + layout.rows(), layout.n_rows, H, act.x, st);
+  };
+  work.run_lm_head = [&](const int32_t* di) {
+    out->run_lm_head(cublas.get(), lm_head, act.h, di + layout.rows(), step, H, act.x, st);
+  };
+  const bool graph = run_step(*graphs, gbs, layout.max_blocks, hi, n_ints, ints_, work, st);
+  finish_step(*out, batch, step, gbs > 0, graph, moe_layers, n_experts, events, trace, st);
 }
 
 }  // namespace fp4moe::model::gpu_step

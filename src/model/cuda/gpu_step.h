@@ -1,7 +1,9 @@
 // What every GPU model's forward step shares (glm4_moe_cuda.cpp, glm5_cuda.cpp): the batch checks and
 // row layout, the all-or-nothing KV block reservation, the host ints every step stages, the dense
 // gated MLP, and the step's outputs (lm_head passes with the device argmax, the error flag, the
-// per-expert counts copied without a sync, then one sync and the delivery into the SeqChunks).
+// per-expert counts copied without a sync, then one sync and the delivery into the SeqChunks); and
+// ModelCommon, what both models own alike (stream, cuBLAS handle, embedding, final norm, lm_head,
+// timing events, decode graphs) with the step around their layers.
 // Tested through tests/model/test_gpu_model.cpp (both GPU models).
 #pragma once
 
@@ -20,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/safetensors.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/moe/device_buffer.h"
@@ -27,6 +30,7 @@
 #include "model/causal_lm.h"
 #include "model/cuda/gpu_kv_cache.h"
 #include "model/cuda/gpu_linear.h"
+#include "model/registry.h"
 #include "moe/gpu_moe_layer.h"
 #include "tune/tune_cache.h"
 
@@ -349,5 +353,89 @@ std::string describe_graphs(const DecodeGraphs& graphs, bool capturable);
 // and with a shared expert "moe.shared_gate_up", "moe.shared_down". After the step's sync.
 void trace_layer_times(const std::vector<std::unique_ptr<CUevent_st, EventDeleter>>& events, const MoeLayerList& moe,
                        ForwardTrace* trace);
+
+// The RoPE tables of `rotary_dim` dims and `theta` for positions [0, n_positions): f32 cos / sin
+// [n_positions, rotary_dim / 2] (model/ops.h's rope_cos_sin), on the device.
+void rope_tables(int64_t rotary_dim, float theta, int64_t n_positions, cuda::DeviceBuffer& cos,
+                 cuda::DeviceBuffer& sin);
+
+// What both GPU models own and do the same way. Load order: open() (the step stream, the cuBLAS handle
+// bound to it with its workspace, the device and its SM count), load_embedding() before the layers,
+// load_head() after them, then finish_load() (the step outputs, the MoE layer list, the decode graphs,
+// the timing events). A step: with_blocks() around it, run() for its device work.
+class ModelCommon {
+ public:
+  // The device work of one step between its staged ints and its outputs, d_ints its ints on the
+  // device: the embedding into `resid`, `layers`, the last timing event, the final norm (adds the last
+  // block's output `x` into `resid`, normalized into `h`), the lm_head over the step's rows (`x` is
+  // its gather scratch).
+  struct Activations {
+    __nv_bfloat16 *resid = nullptr, *h = nullptr, *x = nullptr;
+    int64_t hidden = 0;
+    float eps = 0.0f;
+  };
+
+  void open();
+  void synchronize() const;  // waits for the stream's work (the models' destructors)
+  // "model.embed_tokens.weight", bf16 [vocab, hidden]; returns its bytes.
+  int64_t load_embedding(const format::TensorStore& store, int64_t vocab, int64_t hidden);
+  // "model.norm.weight" and the lm_head (BF16 on cuBLAS; the embedding's matrix when `tied`); returns
+  // the bytes the lm_head adds to the device (0 when tied).
+  int64_t load_head(const format::TensorStore& store, int64_t hidden, bool tied);
+  // After the layers (structs with `std::optional<moe::GpuMoeLayer> moe`): outputs for max_tokens
+  // rows, the MoE layer list, the decode graphs (gopt.cuda_graph_max_bs), 2 x layers + 1 events.
+  template <typename Layer>
+  void finish_load(const std::vector<Layer>& layers, const GpuOptions& gopt, int64_t max_tokens) {
+    out = std::make_unique<StepOutputs>(vocab_, max_tokens);
+    moe_layers = MoeLayerList::of(layers);
+    graphs = DecodeGraphs::for_model(gopt.cuda_graph_max_bs, max_tokens);
+    create_events(2 * layers.size() + 1);
+  }
+  // The load log's lines on the lm_head (ends "\n") and on the graphs (no newline).
+  std::string describe_lm_head() const;
+  std::string describe_graphs() const;
+
+  // Reserves the step's KV blocks (all or nothing), runs fn, commits the chunks' tokens; when fn
+  // throws, waits for the stream, gives the blocks back and rethrows (nothing of the step is kept).
+  template <typename Fn>
+  void with_blocks(const StepBatch& step, Fn&& fn) {
+    const std::vector<int64_t> added = reserve_blocks(step.chunks);
+    try {
+      fn();
+      for (const Chunk& c : step.chunks) c.state->commit(c.n);
+    } catch (...) {
+      cudaStreamSynchronize(stream.get());
+      rollback_blocks(step.chunks, added);
+      throw;
+    }
+  }
+  // Stages the step's ints (layout: as run, padded for a graph when gbs > 0; `extra` after them),
+  // runs the work above as the graph of (gbs, layout.max_blocks) when gbs > 0 (run_step), and
+  // finish_step (the one sync, the outputs into the batch, the trace).
+  void run(std::span<const SeqChunk> batch, const StepBatch& step, int64_t gbs, const StepIntsLayout& layout,
+           std::span<const int32_t> extra, const Activations& act,
+           const std::function<void(const int32_t* d_ints)>& layers, int64_t n_experts, ForwardTrace* trace);
+
+  std::unique_ptr<CUstream_st, StreamDeleter> stream;
+  std::unique_ptr<cublasContext, CublasDeleter> cublas;
+  int device = 0;
+  int n_sms = 1;
+  cuda::DeviceBuffer embed;       // bf16 [V, H]
+  cuda::DeviceBuffer final_norm;  // f32 [H]
+  GpuLinear lm_head;
+  std::unique_ptr<StepOutputs> out;                               // lm_head outputs, error flag, expert counts
+  std::vector<std::unique_ptr<CUevent_st, EventDeleter>> events;  // [2 * layers + 1]
+  std::unique_ptr<DecodeGraphs> graphs;                           // captured decode steps
+  MoeLayerList moe_layers;                                        // fixed at load
+
+ private:
+  void create_events(size_t n);
+
+  int64_t vocab_ = 0;
+  bool tied_ = false;
+  cuda::DeviceBuffer cublas_workspace_;
+  cuda::DeviceBuffer ints_;  // the step's ints on the device (eager steps)
+  PinnedBuffer<int32_t> h_ints_;
+};
 
 }  // namespace fp4moe::model::gpu_step
