@@ -105,11 +105,16 @@ __global__ void __launch_bounds__(kCta)
   const int64_t base = row * row_stride;
   const int n_vec = static_cast<int>(dim / 8);
   uint4 v[kVecs];
+  // The weights' pieces are loaded with the row, not after the sum: their latency (an HBM read at
+  // decode, where a step's ~GB of weights has evicted them from L2) overlaps the row's.
+  float4 wv[kVecs][2];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int i = t + j * kThreadsPerRow;
     if (i >= n_vec) break;
+    wv[j][0] = __ldg(reinterpret_cast<const float4*>(w + 8 * i));
+    wv[j][1] = __ldg(reinterpret_cast<const float4*>(w + 8 * i + 4));
     v[j] = *reinterpret_cast<const uint4*>(x + base + 8 * i);
     if (residual != nullptr) {
       const uint4 r = *reinterpret_cast<const uint4*>(residual + base + 8 * i);
@@ -140,16 +145,15 @@ __global__ void __launch_bounds__(kCta)
   for (int j = 0; j < kVecs; ++j) {
     const int i = t + j * kThreadsPerRow;
     if (i >= n_vec) break;
-    const float4 w0 = __ldg(reinterpret_cast<const float4*>(w + 8 * i));
-    const float4 w1 = __ldg(reinterpret_cast<const float4*>(w + 8 * i + 4));
-    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const float wf[8] = {wv[j][0].x, wv[j][0].y, wv[j][0].z, wv[j][0].w,
+                         wv[j][1].x, wv[j][1].y, wv[j][1].z, wv[j][1].w};
     const __nv_bfloat162* sv = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
     uint4 out;
     __nv_bfloat162* ov = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __bfloat1622float2(sv[e]);
-      ov[e] = __floats2bfloat162_rn(rms_scale(wv[2 * e], f.x, inv), rms_scale(wv[2 * e + 1], f.y, inv));
+      ov[e] = __floats2bfloat162_rn(rms_scale(wf[2 * e], f.x, inv), rms_scale(wf[2 * e + 1], f.y, inv));
     }
     *reinterpret_cast<uint4*>(y + base + 8 * i) = out;
   }
