@@ -189,7 +189,7 @@ TEST(RouterKernel, MatchesCpuRoute) {
 // slice (H=256: 32 elements, H=192: 24), the last slices short or empty (H=264:
 // slices of 40, warp 6 gets 24, warp 7 none), a slice past 256 (H=2304: 288, two iterations for some
 // lanes), the unrolled loop (H=16384: 2048 a slice, 8 iterations a lane) and GLM-5 (H=6144), token
-// counts that are not multiples of the 4-token block; 8 experts a block once that grid has 96 blocks (token
+// counts that are not multiples of the 4-token block; 8 experts a block once that grid has 128 blocks (token
 // blocks x ceil(E / 8)), E a multiple of 8 or not.
 void check_router_logits(int64_t H, int E, int64_t T, uint64_t seed) {
   SCOPED_TRACE("H=" + std::to_string(H) + " E=" + std::to_string(E) + " tokens " + std::to_string(T));
@@ -260,12 +260,12 @@ TEST(RouterLogitsKernel, MatchesCpuSum) {
   check_router_logits(8, 5, 2, seed + 5);
   check_router_logits(264, 9, 3, seed + 6);
   check_router_logits(16384, 3, 6, seed + 7);
-  // 8 experts a block (grids of >= 96 blocks): E a multiple of 8 (50 x 4 blocks), not (9: one expert in the
-  // last block; 49 x 2), 24 (33 x 3); and the grid of 95 blocks (19 x 5) just below, on an expert a block.
+  // 8 experts a block (grids of >= 128 blocks): E a multiple of 8 (50 x 4 blocks), not (9: one expert in the
+  // last block; 65 x 2), 24 (43 x 3); and the grid of 127 blocks (127 x 1) just below, on an expert a block.
   check_router_logits(6144, 32, 200, seed + 8);
-  check_router_logits(2304, 9, 193, seed + 9);
-  check_router_logits(264, 24, 130, seed + 10);
-  check_router_logits(264, 40, 76, seed + 11);
+  check_router_logits(2304, 9, 257, seed + 9);
+  check_router_logits(264, 24, 170, seed + 10);
+  check_router_logits(264, 8, 508, seed + 11);
   // A grid row an expert: more than 65535 experts, or H past 2^30, are refused with the numbers.
   try {
     cuda::moe::router_logits(nullptr, nullptr, 1, 6144, 70000, nullptr, nullptr);

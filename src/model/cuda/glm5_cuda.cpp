@@ -153,7 +153,7 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   std::string description_;
   // Scratch for max_T_ tokens.
   DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, proj_ws_, attn_, ik_, iq_, iw_, gate_, up_, act_;
-  // Grown per step: ints, argmax rows, the DSA selection and workspaces.
+  // Grown per step: the DSA selection and the workspaces.
   DeviceBuffer sel_idx_, dsa_workspace_, attn_workspace_;
 };
 

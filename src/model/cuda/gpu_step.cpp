@@ -524,6 +524,7 @@ int64_t ModelCommon::load_embedding(const format::TensorStore& store, int64_t vo
 }
 
 int64_t ModelCommon::load_head(const format::TensorStore& store, int64_t hidden, bool tied) {
+  FP4MOE_CHECK(vocab_ > 0) << "ModelCommon::load_head before load_embedding (vocab " << vocab_ << ")";
   tied_ = tied;
   final_norm = cuda::DeviceBuffer::from_host(load_vector_f32(store, "model.norm.weight", hidden));
   const kernels::cpu::LinearWeight lm =

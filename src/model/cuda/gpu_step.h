@@ -365,10 +365,7 @@ void rope_tables(int64_t rotary_dim, float theta, int64_t n_positions, cuda::Dev
 // the timing events). A step: with_blocks() around it, run() for its device work.
 class ModelCommon {
  public:
-  // The device work of one step between its staged ints and its outputs, d_ints its ints on the
-  // device: the embedding into `resid`, `layers`, the last timing event, the final norm (adds the last
-  // block's output `x` into `resid`, normalized into `h`), the lm_head over the step's rows (`x` is
-  // its gather scratch).
+  // The step's bf16 buffers run() works on ([max tokens, hidden] each) and the final norm's shape.
   struct Activations {
     __nv_bfloat16 *resid = nullptr, *h = nullptr, *x = nullptr;
     int64_t hidden = 0;
@@ -409,9 +406,12 @@ class ModelCommon {
       throw;
     }
   }
-  // Stages the step's ints (layout: as run, padded for a graph when gbs > 0; `extra` after them),
-  // runs the work above as the graph of (gbs, layout.max_blocks) when gbs > 0 (run_step), and
-  // finish_step (the one sync, the outputs into the batch, the trace).
+  // Stages the step's ints (layout: as run, padded for a graph when gbs > 0; `extra` after them) and
+  // issues the step's device work, d_ints its ints on the device: the embedding into act.resid,
+  // `layers`, the last timing event, the final norm (adds the last block's output act.x into act.resid,
+  // normalized into act.h), the lm_head over the step's rows (act.x its gather scratch); as the graph
+  // of (gbs, layout.max_blocks) when gbs > 0 (run_step). Then finish_step (the one sync, the outputs
+  // into the batch, the trace).
   void run(std::span<const SeqChunk> batch, const StepBatch& step, int64_t gbs, const StepIntsLayout& layout,
            std::span<const int32_t> extra, const Activations& act,
            const std::function<void(const int32_t* d_ints)>& layers, int64_t n_experts, ForwardTrace* trace);

@@ -1,8 +1,8 @@
 // The non-GEMM kernels of the fused MoE layer. See moe_kernels.h. Written for obvious correctness
 // first, then for latency where it showed (GLM-5 shard, 64 tokens: these kernels are ~10% of the
-// layer): a block per expert and 4 tokens for the logits (its warps over slices of H), one thread per token for the
-// routing, one block for the dispatch, one block per row for gather, one thread per (token, 8 outputs) for combine
-// (slot rows loaded 4 at a time). Tested by tests/moe/test_gpu_moe_layer.cpp.
+// layer): 1 or 8 experts a block (by the grid's size) and 4 tokens for the logits (its warps over slices of H), one
+// thread per token for the routing, one block for the dispatch, one block per row for gather, one thread per (token, 8
+// outputs) for combine (slot rows loaded 4 at a time). Tested by tests/moe/test_gpu_moe_layer.cpp.
 #include "kernels/cuda/moe/moe_kernels.h"
 
 #include <algorithm>
@@ -36,7 +36,7 @@ constexpr int kSmemBudget = 48 * 1024;  // the default per-block limit: no opt-i
 constexpr int kLogitWarps = 8;
 constexpr int kLogitTokens = 4;
 constexpr int kLogitWideExperts = 8;
-constexpr int64_t kLogitWideMinBlocks = 96;
+constexpr int64_t kLogitWideMinBlocks = 128;
 
 // Elements of H a warp's slice covers: ceil(H / kLogitWarps) rounded up to whole 8-element pieces.
 constexpr int64_t router_logit_slice(int64_t hidden) { return ((hidden + kLogitWarps - 1) / kLogitWarps + 7) / 8 * 8; }
