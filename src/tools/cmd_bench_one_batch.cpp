@@ -5,7 +5,7 @@
 //
 //   fp4moe bench-one-batch [--model DIR [--load-format dummy]] [--batch-size 1,4,16]
 //       [--input-len 64] [--output-len 16] [--max-prefill-tokens 4096] [--warmup 1] [--seed S]
-//       [--breakdown] [--json]
+//       [--breakdown] [--profile-decode] [--json]
 //
 // The prefill runs in forwards of at most --max-prefill-tokens tokens (the server's step budget of
 // that name and default; the prompts in order, one may span two forwards), so a large batch of long
@@ -16,6 +16,10 @@
 // layers summed over layers, and the rest (embedding, final norm, lm_head, the host's share and the
 // sync), with how many steps ran as CUDA graphs. The traced steps include the trace's own copies
 // (per-expert counts), as the server's steps do; compare step times with and without it accordingly.
+//
+// --profile-decode (--device cuda) brackets each measured run's decode steps (not the warm-ups, not the
+// prefill) with cudaProfilerStart / cudaProfilerStop, so that `ncu --profile-from-start off` or
+// `nsys profile --capture-range=cudaProfilerApi` records only those steps (scripts/gpu_step_profile.sh).
 //
 // Without --model it runs the embedded default model (engine/default_model.h).
 // Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
@@ -41,6 +45,10 @@
 #include "tools/device_option.h"
 #include "tune/tune_cache.h"
 
+#ifdef FP4MOE_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
 namespace fp4moe::tools {
 namespace {
 
@@ -56,6 +64,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool json = false;
   bool breakdown = false;
+  bool profile_decode = false;
   DeviceArgs device;
   bool bf16_peer = false;
 };
@@ -79,8 +88,9 @@ struct Row {
 };
 
 // One static batch: prefill, then decode steps; returns the timings.
+// profile: the decode steps between cudaProfilerStart and cudaProfilerStop (--profile-decode).
 Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_len, int64_t prefill_chunk,
-              bool breakdown, std::mt19937_64& rng) {
+              bool breakdown, bool profile, std::mt19937_64& rng) {
   const int64_t V = lm.vocab_size();
   std::vector<std::unique_ptr<model::KvState>> states;
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
@@ -123,6 +133,11 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
                       model_argmax ? &next[static_cast<size_t>(b)] : nullptr});
   }
   std::vector<double> steps;
+#ifdef FP4MOE_HAVE_CUDA
+  if (profile) cuda::cuda_profiler_start();
+#else
+  (void)profile;  // refused in run_bench
+#endif
   for (int64_t step = 0; step < output_len; ++step) {
     for (int64_t b = 0; b < B; ++b) {
       if (!model_argmax) next[static_cast<size_t>(b)] = engine::argmax_token(logits.data() + b * V, V);
@@ -140,6 +155,9 @@ Row run_batch(model::CausalLM& lm, int64_t B, int64_t input_len, int64_t output_
     }
     r.graph_steps += trace.cuda_graph_steps;
   }
+#ifdef FP4MOE_HAVE_CUDA
+  if (profile) cuda::cuda_profiler_stop();  // forward() ended with a sync: the steps' kernels are done
+#endif
   if (output_len > 0) {
     r.attention_s /= static_cast<double>(output_len);
     r.mlp_s /= static_cast<double>(output_len);
@@ -164,6 +182,11 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";
   FP4MOE_CHECK(a.max_prefill_tokens == -1 || a.max_prefill_tokens >= 1)
       << "--max-prefill-tokens " << a.max_prefill_tokens << " must be >= 1, or -1 (the whole batch in one forward)";
+  FP4MOE_CHECK(!a.profile_decode || a.device.device == "cuda")
+      << "--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not " << a.device.device << ")";
+#ifndef FP4MOE_HAVE_CUDA
+  FP4MOE_CHECK(!a.profile_decode) << "--profile-decode: this fp4moe was built without CUDA";
+#endif
   const std::vector<int64_t> sizes = tune::parse_positive_list(a.batch_sizes, "--batch-size");
   const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
   const int64_t prefill_chunk = a.max_prefill_tokens == -1 ? max_b * a.input_len : a.max_prefill_tokens;
@@ -199,8 +222,10 @@ void run_bench(const BenchArgs& a) {
   // batch / block-table bucket captures its CUDA graph, which would otherwise land in timed steps.
   std::vector<Row> rows;
   for (int64_t B : sizes) {
-    for (int64_t w = 0; w < a.warmup; ++w) run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, false, rng);
-    rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, a.breakdown, rng));
+    for (int64_t w = 0; w < a.warmup; ++w) {
+      run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, false, false, rng);
+    }
+    rows.push_back(run_batch(*lm, B, a.input_len, a.output_len, prefill_chunk, a.breakdown, a.profile_decode, rng));
   }
 
   if (a.json) {
@@ -272,6 +297,9 @@ void register_bench_one_batch_command(CLI::App& app) {
                 "cuda: run NVFP4 weights dequantized to BF16 through cuBLAS (the 16-bit path, for comparison)");
   cmd->add_flag("--breakdown", args->breakdown,
                 "Trace the decode steps: mean time in attention, MLP, MoE and the rest (lm_head, host, sync)");
+  cmd->add_flag("--profile-decode", args->profile_decode,
+                "cuda: bracket the measured decode steps with cudaProfilerStart / Stop (for ncu --profile-from-start "
+                "off, nsys --capture-range=cudaProfilerApi)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench(*args); });
 }

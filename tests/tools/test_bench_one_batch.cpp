@@ -78,6 +78,10 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
   EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);
   EXPECT_NE(out.find("--max-prefill-tokens 0 must be >= 1, or -1"), std::string::npos) << out;
+  EXPECT_NE(run("--profile-decode", &out), 0);  // profiles GPU kernels: the cpu default model has none
+  EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

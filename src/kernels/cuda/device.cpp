@@ -2,6 +2,7 @@
 // Tested by tests/kernels/test_cuda_nvfp4.cpp.
 #include "kernels/cuda/device.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
@@ -144,5 +145,9 @@ void record_timing_event(CUevent_st* event, CUstream_st* stream) {
     FP4MOE_CUDA_CHECK(cudaEventRecord(event, stream));
   }
 }
+
+void cuda_profiler_start() { FP4MOE_CUDA_CHECK(cudaProfilerStart()); }
+
+void cuda_profiler_stop() { FP4MOE_CUDA_CHECK(cudaProfilerStop()); }
 
 }  // namespace fp4moe::cuda

@@ -40,4 +40,10 @@ const char* cuda_built_sm_list();
 // and cudaEventElapsedTime then fails). Outside a capture, cudaEventRecord.
 void record_timing_event(CUevent_st* event, CUstream_st* stream);
 
+// cudaProfilerStart / cudaProfilerStop: the range a profiler started with `ncu --profile-from-start off`
+// or `nsys --capture-range=cudaProfilerApi` records (bench-one-batch --profile-decode). Throws
+// fp4moe::Error when the call fails.
+void cuda_profiler_start();
+void cuda_profiler_stop();
+
 }  // namespace fp4moe::cuda
