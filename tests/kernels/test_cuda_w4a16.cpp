@@ -579,6 +579,12 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
     run_and_check_swiglu(rng, 1, 520, 2064, {5}, cfg, big);  // K = 16 x 129: a partial last group
     run_and_check_swiglu(rng, 2, 256, 4096, {3, 0}, cfg, big);
   }
+  // Reductions of more than 256 blocks (64 rows x 6144 outputs: 384 blocks) sum their parts in a loop after the
+  // offsets; the smaller ones above issue every part's load first (w4a16_splitk_reduce_kernel).
+  for (int cfg : {w4a16_config_id("w4a16_stream_m128n32_d4"), w4a16_config_id("w4a16_stream_m256n32_d4")}) {
+    run_and_check(rng, 2, 6144, 4096, {60, 0}, cfg, /*extra_rows=*/4, big);
+    run_and_check_swiglu(rng, 1, 6144, 2048, {64}, cfg, big);
+  }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
                   w4a16_config_id("w4a16_wgmma_m128n64_s4"), w4a16_config_id("w4a16_wgmma_m256n128_s4")}) {

@@ -449,56 +449,90 @@ __global__ void __launch_bounds__(BLOCK_W / 16 * 32,
       p, item, rt0, tid, reinterpret_cast<const float(&)[1][kNTiles][4]>(acc), smem + kEpiOff);
 }
 
-// The sum over parts, in part order, of partial[part, at .. at + 3].
+// The sum over parts, in part order, of partial[part, at .. at + 3]. kLoadsFirst: every part's load is
+// issued before the first add (parts <= kW4A16MaxSplitK), so the reads of the parts (just written, from
+// L2) overlap instead of following one another; it takes more registers (66 a thread, fewer resident
+// warps), which a grid of many blocks misses more than it gains.
+template <bool kLoadsFirst>
 __device__ __forceinline__ float4 splitk_sum4(const float* __restrict__ partial, int parts, int64_t plane, int64_t at) {
-  float4 sum = *reinterpret_cast<const float4*>(partial + at);
-  for (int part = 1; part < parts; ++part) {
-    const float4 v = *reinterpret_cast<const float4*>(partial + part * plane + at);
-    sum.x += v.x;
-    sum.y += v.y;
-    sum.z += v.z;
-    sum.w += v.w;
+  if constexpr (kLoadsFirst) {
+    float4 v[kW4A16MaxSplitK];
+#pragma unroll
+    for (int part = 0; part < kW4A16MaxSplitK; ++part) {
+      if (part < parts) v[part] = *reinterpret_cast<const float4*>(partial + part * plane + at);
+    }
+    float4 sum = v[0];
+#pragma unroll
+    for (int part = 1; part < kW4A16MaxSplitK; ++part) {
+      if (part < parts) {
+        sum.x += v[part].x;
+        sum.y += v[part].y;
+        sum.z += v[part].z;
+        sum.w += v[part].w;
+      }
+    }
+    return sum;
+  } else {
+    float4 sum = *reinterpret_cast<const float4*>(partial + at);
+    for (int part = 1; part < parts; ++part) {
+      const float4 v = *reinterpret_cast<const float4*>(partial + part * plane + at);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    return sum;
   }
-  return sum;
 }
 
 // Split-K: for the rows of the expert ranges [offsets[0], offsets[E]) (all rows without offsets: the
 // rows the parts wrote), y[r, c] = bf16(s[r, c]) with s the sum over parts, in part order, of
 // partial[part, r, :]; SwiGLU: y [rows, n / 2], y[r, c] = bf16(silu(s[r, gate row]) x s[r, up row]),
 // the rows of w4a16_repack_gate_up (gate 16 (c / 8) + c % 8, up 8 rows after). 4 outputs a thread.
-template <bool SWIGLU>
+// kLoadsFirst (small grids): the loop runs over all m_total rows, so a thread's partial sums are read
+// without waiting for the offsets (in range: the workspace holds m_total rows a part), and stores only
+// the rows in [offsets[0], offsets[E]).
+template <bool SWIGLU, bool kLoadsFirst>
 __global__ void __launch_bounds__(256)
     w4a16_splitk_reduce_kernel(const float* __restrict__ partial, int parts, const int32_t* __restrict__ offsets,
                                int32_t n_experts, int32_t m_total, int32_t n, __nv_bfloat16* __restrict__ y) {
   const int r0 = offsets == nullptr ? 0 : min(max(__ldg(offsets), 0), m_total);
   const int r1 = offsets == nullptr ? m_total : min(max(__ldg(offsets + n_experts), r0), m_total);
   const int n_out = SWIGLU ? n / 2 : n;
-  const int64_t quads = static_cast<int64_t>(r1 - r0) * n_out / 4;
+  // kLoadsFirst: every row, stored only in [r0, r1) (its loads do not wait for the offsets).
+  const int64_t row_begin = kLoadsFirst ? 0 : r0;
+  const int64_t quads = static_cast<int64_t>(kLoadsFirst ? m_total : r1 - r0) * n_out / 4;
   const int64_t plane = static_cast<int64_t>(m_total) * n;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = static_cast<int64_t>(r0) * n_out + 4 * q;  // first of the 4 outputs
+    const int64_t o = row_begin * n_out + 4 * q;  // first of the 4 outputs
+    const int64_t r = o / n_out;
     float v[4];
     if constexpr (SWIGLU) {
-      const int64_t r = o / n_out, c = o % n_out;  // c % 4 == 0: the 4 share a gate/up row tile
+      const int64_t c = o % n_out;  // c % 4 == 0: the 4 share a gate/up row tile
       const int64_t gate = r * n + 16 * (c / 8) + c % 8;
-      const float4 sg = splitk_sum4(partial, parts, plane, gate), su = splitk_sum4(partial, parts, plane, gate + 8);
+      const float4 sg = splitk_sum4<kLoadsFirst>(partial, parts, plane, gate),
+                   su = splitk_sum4<kLoadsFirst>(partial, parts, plane, gate + 8);
       v[0] = swiglu(sg.x, su.x);
       v[1] = swiglu(sg.y, su.y);
       v[2] = swiglu(sg.z, su.z);
       v[3] = swiglu(sg.w, su.w);
     } else {
-      const float4 s = splitk_sum4(partial, parts, plane, o);
+      const float4 s = splitk_sum4<kLoadsFirst>(partial, parts, plane, o);
       v[0] = s.x;
       v[1] = s.y;
       v[2] = s.z;
       v[3] = s.w;
     }
+    if (kLoadsFirst && (r < r0 || r >= r1)) continue;
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y + o);
     out[0] = __floats2bfloat162_rn(v[0], v[1]);
     out[1] = __floats2bfloat162_rn(v[2], v[3]);
   }
 }
+
+// Up to this many blocks the split-K reduction issues all its part loads first (splitk_sum4).
+constexpr int kW4A16ReduceLoadsFirstMaxBlocks = 256;
 
 using LaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
 
@@ -553,9 +587,16 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
   if (split.parts > 1) {
     const int64_t quads = args.m_total * (swiglu ? args.n / 2 : args.n) / 4;
     const int blocks = static_cast<int>(std::min<int64_t>((quads + 255) / 256, 4096));
-    (swiglu ? w4a16_splitk_reduce_kernel<true> : w4a16_splitk_reduce_kernel<false>)<<<blocks, 256, 0, stream>>>(
-        args.splitk_workspace, split.parts, args.expert_offsets, static_cast<int32_t>(args.n_experts),
-        static_cast<int32_t>(args.m_total), static_cast<int32_t>(args.n), args.y);
+    // Small grids (decode: a few rows) wait on latency, large ones on bandwidth: the loads-first sum up to
+    // kW4A16ReduceLoadsFirstMaxBlocks blocks (H100, BENCHMARKS.md 2026-12-06 thirty-first session run 5,
+    // thirty-second session run 2).
+    const bool first = blocks <= kW4A16ReduceLoadsFirstMaxBlocks;
+    const auto kernel =
+        swiglu ? (first ? w4a16_splitk_reduce_kernel<true, true> : w4a16_splitk_reduce_kernel<true, false>)
+               : (first ? w4a16_splitk_reduce_kernel<false, true> : w4a16_splitk_reduce_kernel<false, false>);
+    kernel<<<blocks, 256, 0, stream>>>(args.splitk_workspace, split.parts, args.expert_offsets,
+                                       static_cast<int32_t>(args.n_experts), static_cast<int32_t>(args.m_total),
+                                       static_cast<int32_t>(args.n), args.y);
     FP4MOE_CUDA_CHECK(cudaGetLastError());
   }
 }
