@@ -359,7 +359,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   cudaStream_t st = common_.stream.get();
   cublasHandle_t cb = common_.cublas.get();
   const ModelConfig& c = cfg_;
-  const int64_t T = s.n_tokens, H = c.hidden_size, heads = c.num_attention_heads, qk = c.qk_head_dim;
+  const int64_t T = s.n_tokens, H = c.hidden_size;
   const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
   const int64_t ih = c.index_n_heads, idim = c.index_head_dim, ql = c.q_lora_rank;
   bf16* resid = resid_.as<bf16>();
@@ -378,14 +378,15 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   // The latent branch (see kv_side_): on kv_side_ when its Linears run the W4A16 GEMM at T rows.
   const bool side = kv_side_ && L.kv_a.w4a16_path(T) && (!L.indexer || L.indexer->wk.w4a16_path(T));
   const cudaStream_t ks = side ? kv_side_->fork(st) : st;
-  // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv in place, RoPE on k_pe; append.
+  // Latent: kv_a_proj -> [c_kv | k_pe] rows; kv_a_layernorm on c_kv, RoPE on k_pe, both into the cache
+  // (one launch).
   bf16* ckv = ckv_.as<bf16>();
   L.kv_a.forward(cb, h, T, ckv, ks);
-  cuda::rms_norm_bf16(ckv, nullptr, L.kv_a_norm.as<float>(), T, R, latent_w, kLoraNormEps, ckv, ks);
-  cuda::rope_bf16(ckv, T, 1, latent_w, latent_w, R, rope, rope_style_, s.pos, cos, sin, n_positions_, err, ks);
   const cuda::MlaCacheView cache{L.latent_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(),
                                  static_cast<int>(R), static_cast<int>(rope)};
-  cuda::mla_cache_append_bf16(ckv, latent_w, ckv + R, latent_w, T, s.slots, cache, err, ks);
+  const cuda::MlaLatentNormRope latent_nr{
+      L.kv_a_norm.as<float>(), kLoraNormEps, s.pos, cos, sin, n_positions_, rope_style_};
+  cuda::mla_latent_norm_rope_append(ckv, latent_w, T, latent_nr, s.slots, cache, err, ks);
   // DSA indexer (full layers): the key of every new token is cached.
   if (L.indexer) {
     GpuIndexer& g = *L.indexer;
@@ -398,14 +399,13 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     cuda::dsa_index_cache_append(ik, idim, T, s.slots, kc, err, ks);
   }
 
-  // q: q_a_proj -> q_a_layernorm (in place) -> q_b_proj; RoPE on dims [nope, nope + rope) of each head.
+  // q: q_a_proj -> q_a_layernorm (in place) -> q_b_proj; the RoPE of dims [nope, nope + rope) of each head is
+  // mla_absorb_q's (below).
   bf16* qa = qa_.as<bf16>();
   bf16* q = q_.as<bf16>();
   L.q_a.forward(cb, h, T, qa, st);
   cuda::rms_norm_bf16(qa, nullptr, L.q_a_norm.as<float>(), T, ql, ql, kLoraNormEps, qa, st);
   L.q_b.forward(cb, qa, T, q, st);
-  cuda::rope_bf16(q, T, heads, heads * qk, qk, c.qk_nope_head_dim, rope, rope_style_, s.pos, cos, sin, n_positions_,
-                  err, st);
   if (side) kv_side_->join(st);
 
   // DSA selection (full layers, when some sequence is longer than index_topk) over the cached keys.
@@ -444,11 +444,14 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   float* q_lat = q_lat_.as<float>();
   float* latent = latent_.as<float>();
   float* ws = plan.split.n_splits > 1 ? attn_workspace_.as<float>() : nullptr;
-  cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, cb, st);
+  const cuda::MlaQRope q_rope{s.pos, cos, sin, n_positions_, rope_style_, err};
+  cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, cb, st, &q_rope);
+  bool parts_ready = false;  // the attention wrote mla_project_v's bf16 parts itself
   if (plan.decode_kernel) {
     // One query row per sequence (T == n_seqs), dense causal over all of its keys.
-    cuda::mla_decode_attention(q_lat, cache, s.tables, s.max_blocks, s.seq_lens, s.n_seqs, mla_, plan.split, ws,
-                               latent, err, st);
+    parts_ready =
+        cuda::mla_decode_attention(q_lat, cache, s.tables, s.max_blocks, s.seq_lens, s.n_seqs, mla_, plan.split, ws,
+                                   latent, err, st, cuda::mla_project_v_parts(proj_ws_.as<void>(), T, mla_));
   } else {
     cuda::MlaPrefillArgs pa;
     pa.q_lat = q_lat;
@@ -469,7 +472,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     pa.error_flag = err;
     cuda::mla_prefill_attention(pa, mla_, plan.split, ws, st);
   }
-  cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st);
+  cuda::mla_project_v(latent, L.kv_b.as<bf16>(), mla_, T, proj_ws_.as<void>(), attn_.as<bf16>(), cb, st, parts_ready);
   L.o.forward(cb, attn_.as<bf16>(), T, x, st);
   cuda::record_timing_event(common_.events[2 * l + 1].get(), st);
 

@@ -4,24 +4,27 @@
 //   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
 //                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
 //   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent; shared).
-//   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows),
+//   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows;
+//                         skipped when the attention wrote them: mla_project_v_parts),
 //                         one cuBLAS strided-batched GEMM over heads (both rows of every sequence: W_UV read
 //                         once) into f32, mla_sum_round_bf16_kernel (hi + lo products -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
+//   mla_latent_append_kernel: a warp per token: c_kv's RMSNorm + k_pe's RoPE straight into the cache.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp.
-#include "kernels/cuda/warp_reduce.cuh"
-#include "kernels/cuda/ops/mla_decode.h"
-
 #include <algorithm>
 
 #include "core/error.h"
 #include "kernels/cuda/cublas_check.h"
-#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
-#include "kernels/cuda/ops/split_merge_kernel.cuh"
+#include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
+#include "kernels/cuda/ops/rms_norm_row.cuh"
+#include "kernels/cuda/ops/rope_math.cuh"
+#include "kernels/cuda/ops/split_merge_kernel.cuh"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace fp4moe::cuda {
 
@@ -37,6 +40,7 @@ struct MlaParams {
   float* latent;
   float* part_o;
   float* part_lse;
+  __nv_bfloat16* parts;  // one split: latent as mla_project_v's bf16 hi / lo rows instead (nullptr: latent)
   uint32_t* error_flag;
   int64_t n_blocks;
   int64_t max_blocks_per_seq;
@@ -82,18 +86,45 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
   a.key_end = any_key ? static_cast<int>(end64) : 0;
   a.scale = p.scale;
   mla_mma::set_output(a, p.latent, p.part_o, p.part_lse, static_cast<int64_t>(s) * p.n_heads, p.rank, p.n_splits, split);
+  if (p.parts != nullptr) {  // rows 2 s (hi) and 2 s + 1 (lo) of n_heads x rank
+    const int64_t row = static_cast<int64_t>(p.n_heads) * p.rank;
+    a.parts = p.parts + 2 * static_cast<int64_t>(s) * row;
+    a.parts_lo = row;
+  }
   mla_mma::attend<NTW>(a, rows, smem);
 }
 
+// A thread per (row, head, pair of q_pe dims): q_lat's rope dims = q_pe, rotated by the row's position
+// when `positions` is set (rope_kernel's arithmetic: the values rope_bf16 on q would have left; a
+// position outside [0, n_positions) flags kDeviceErrorRopePosition and copies the pair unrotated, as
+// rope_bf16 leaves it).
 __global__ void __launch_bounds__(kElementwiseThreads)
     mla_copy_q_pe_kernel(const __nv_bfloat16* __restrict__ q, int64_t n_rows, int n_heads, int rank, int nope, int rope,
+                         const int32_t* __restrict__ positions, const float* __restrict__ cos_table,
+                         const float* __restrict__ sin_table, int64_t n_positions, bool neox, uint32_t* error_flag,
                          float* __restrict__ q_lat) {
-  const int64_t total = n_rows * n_heads * rope;
+  const int half = rope / 2;
+  const int64_t total = n_rows * n_heads * half;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t row_head = i / rope;  // s * n_heads + h
-    const int64_t x = i % rope;
-    q_lat[row_head * (rank + rope) + rank + x] = __bfloat162float(q[row_head * (nope + rope) + nope + x]);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t row_head = idx / half;  // s * n_heads + h
+    const int64_t i = idx % half;
+    int64_t i1, i2;
+    rope_pair_dims(neox, i, half, i1, i2);
+    const __nv_bfloat16* src = q + row_head * (nope + rope) + nope;
+    __nv_bfloat16 y1 = src[i1], y2 = src[i2];
+    if (positions != nullptr) {
+      const int64_t pos = positions[row_head / n_heads];
+      if (pos >= 0 && pos < n_positions) {
+        rope_rotate_pair(__bfloat162float(y1), __bfloat162float(y2), cos_table[pos * half + i],
+                         sin_table[pos * half + i], y1, y2);
+      } else if (row_head % n_heads == 0 && i == 0) {
+        atomicOr(error_flag, kDeviceErrorRopePosition);
+      }
+    }
+    float* dst = q_lat + row_head * (rank + rope) + rank;
+    dst[i1] = __bfloat162float(y1);
+    dst[i2] = __bfloat162float(y2);
   }
 }
 
@@ -146,6 +177,49 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The latent branch's tail (mla_latent_norm_rope_append): a warp a token row of kv, 8 a CTA; the c_kv
+// RMSNorm by rms_norm_vec_row (kVecs 16 B pieces a lane) straight into the cache slot, then k_pe's
+// pairs (a lane a pair) rotated by rope_kernel's arithmetic. Flags as the three launches it replaces:
+// kDeviceErrorRopePosition for a position outside the table (k_pe then copied unrotated), then slot -1
+// skipped and a slot past the cache kDeviceErrorKvSlot.
+template <int kVecs>
+__global__ void __launch_bounds__(32 * kRmsNormCtaWarps)
+    mla_latent_append_kernel(const __nv_bfloat16* __restrict__ kv, int64_t kv_stride, int64_t n_tokens, int rank,
+                             int rope, const float* __restrict__ norm_w, float eps,
+                             const int32_t* __restrict__ positions, const float* __restrict__ cos_table,
+                             const float* __restrict__ sin_table, int64_t n_positions, bool neox,
+                             const int32_t* __restrict__ slots, int64_t n_slots, __nv_bfloat16* __restrict__ cache,
+                             uint32_t* error_flag) {
+  __shared__ float warp_partial[kRmsNormCtaWarps];  // unused: a warp a row needs no CTA sum
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRmsNormCtaWarps + threadIdx.x / 32;
+  if (t >= n_tokens) return;  // warp-uniform
+  const int64_t pos = positions[t];
+  const bool pos_ok = pos >= 0 && pos < n_positions;
+  if (!pos_ok && lane == 0) atomicOr(error_flag, kDeviceErrorRopePosition);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  if (slot >= n_slots) {
+    if (lane == 0) atomicOr(error_flag, kDeviceErrorKvSlot);
+    return;
+  }
+  const __nv_bfloat16* src = kv + t * kv_stride;
+  __nv_bfloat16* dst = cache + slot * (rank + rope);
+  rms_norm_vec_row<32, kVecs>(src, nullptr, norm_w, rank, eps, dst, lane, warp_partial);
+  const int half = rope / 2;
+  for (int i = lane; i < half; i += 32) {
+    int64_t i1, i2;
+    rope_pair_dims(neox, i, half, i1, i2);
+    __nv_bfloat16 y1 = src[rank + i1], y2 = src[rank + i2];
+    if (pos_ok) {
+      rope_rotate_pair(__bfloat162float(y1), __bfloat162float(y2), cos_table[pos * half + i], sin_table[pos * half + i],
+                       y1, y2);
+    }
+    dst[rank + i1] = y1;
+    dst[rank + i2] = y2;
+  }
+}
+
 void check_dims(const char* what, const MlaDecodeDims& d) {
   FP4MOE_CHECK(d.n_heads >= 1 && d.n_heads <= 65535 && d.qk_nope_head_dim >= 1 && d.v_head_dim >= 1 &&
                (d.kv_lora_rank == 32 || d.kv_lora_rank == 64 || d.kv_lora_rank == 128 || d.kv_lora_rank == 256 ||
@@ -192,13 +266,53 @@ void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
+void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n_tokens, const MlaLatentNormRope& nr,
+                                 const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
+                                 cudaStream_t stream) {
+  const int rank = cache.kv_lora_rank, rope = cache.rope_dim;
+  FP4MOE_CHECK(n_tokens >= 0 && rank >= 2 && rope >= 2 && rope % 2 == 0 && kv_stride >= rank + rope &&
+               nr.n_positions >= 1 && nr.eps >= 0.0f)
+      << "mla_latent_norm_rope_append: tokens=" << n_tokens << ", rank=" << rank << ", rope=" << rope
+      << ", kv_stride=" << kv_stride << ", n_positions=" << nr.n_positions << ", eps=" << nr.eps
+      << " (even rope >= 2, kv_stride >= rank + rope)";
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(kv != nullptr && nr.norm_w != nullptr && nr.positions != nullptr && nr.cos != nullptr &&
+               nr.sin != nullptr && slots != nullptr && cache.kv != nullptr && error_flag != nullptr)
+      << "mla_latent_norm_rope_append: null pointer for tokens=" << n_tokens;
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const int64_t pieces = rank / 8;
+  const int vecs = static_cast<int>((pieces + 31) / 32);
+  const bool fused = rank % 8 == 0 && (rank + rope) % 8 == 0 && kv_stride % 8 == 0 && vecs <= 4 && aligned16(kv) &&
+                     aligned16(cache.kv) && aligned16(nr.norm_w) &&
+                     n_tokens <= int64_t{kGridStrideMaxCtas} * kRmsNormCtaWarps;
+  if (!fused) {  // rms_norm_bf16 would not take its 16 B kernel either: the three launches, in place on kv
+    rms_norm_bf16(kv, nullptr, nr.norm_w, n_tokens, rank, kv_stride, nr.eps, kv, stream);
+    rope_bf16(kv, n_tokens, 1, kv_stride, kv_stride, rank, rope, nr.style, nr.positions, nr.cos, nr.sin, nr.n_positions,
+              error_flag, stream);
+    mla_cache_append_bf16(kv, kv_stride, kv + rank, kv_stride, n_tokens, slots, cache, error_flag, stream);
+    return;
+  }
+  using Kernel = decltype(&mla_latent_append_kernel<1>);
+  constexpr Kernel kByVecs[4] = {mla_latent_append_kernel<1>, mla_latent_append_kernel<2>, mla_latent_append_kernel<3>,
+                                 mla_latent_append_kernel<4>};
+  const int grid = static_cast<int>((n_tokens + kRmsNormCtaWarps - 1) / kRmsNormCtaWarps);
+  kByVecs[vecs - 1]<<<grid, 32 * kRmsNormCtaWarps, 0, stream>>>(
+      kv, kv_stride, n_tokens, rank, rope, nr.norm_w, nr.eps, nr.positions, nr.cos, nr.sin, nr.n_positions,
+      nr.style == RopeStyle::kNeox, slots, cache.n_blocks * cache.page_size, cache.kv, error_flag);
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
 void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream) {
+                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream, const MlaQRope* q_rope) {
   check_dims("mla_absorb_q", dims);
   FP4MOE_CHECK(n_seqs >= 0) << "mla_absorb_q: n_seqs=" << n_seqs;
   if (n_seqs == 0) return;
   FP4MOE_CHECK(q != nullptr && kv_b != nullptr && q_lat != nullptr && cublas != nullptr)
       << "mla_absorb_q: null pointer or cuBLAS handle";
+  FP4MOE_CHECK(q_rope == nullptr || (q_rope->positions != nullptr && q_rope->cos != nullptr && q_rope->sin != nullptr &&
+                                     q_rope->error_flag != nullptr && q_rope->n_positions >= 1))
+      << "mla_absorb_q: q_pe RoPE needs positions, cos / sin tables, an error flag and n_positions >= 1 (got "
+      << (q_rope == nullptr ? 0 : q_rope->n_positions) << ")";
   const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, rope = dims.qk_rope_head_dim;
   const int64_t qk = nope + rope, W = R + rope, rows_per_head = nope + dims.v_head_dim;
   // Column-major view per head h: q_lat_h^T [R, n] = W_UK_h^T [R, nope] x q_nope_h^T [nope, n].
@@ -208,9 +322,12 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
       cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(R), static_cast<int>(n_seqs), static_cast<int>(nope), &one,
       kv_b, CUDA_R_16BF, static_cast<int>(R), rows_per_head * R, q, CUDA_R_16BF, static_cast<int>(H * qk), qk, &zero,
       q_lat, CUDA_R_32F, static_cast<int>(H * W), W, static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  const int64_t n_pe = n_seqs * H * rope;
-  mla_copy_q_pe_kernel<<<elementwise_blocks(n_pe), kElementwiseThreads, 0, stream>>>(
-      q, n_seqs, static_cast<int>(H), static_cast<int>(R), static_cast<int>(nope), static_cast<int>(rope), q_lat);
+  const int64_t n_pairs = n_seqs * H * (rope / 2);
+  mla_copy_q_pe_kernel<<<elementwise_blocks(n_pairs), kElementwiseThreads, 0, stream>>>(
+      q, n_seqs, static_cast<int>(H), static_cast<int>(R), static_cast<int>(nope), static_cast<int>(rope),
+      q_rope == nullptr ? nullptr : q_rope->positions, q_rope == nullptr ? nullptr : q_rope->cos,
+      q_rope == nullptr ? nullptr : q_rope->sin, q_rope == nullptr ? 0 : q_rope->n_positions,
+      q_rope != nullptr && q_rope->style == RopeStyle::kNeox, q_rope == nullptr ? nullptr : q_rope->error_flag, q_lat);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -224,10 +341,10 @@ MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int ro
   return layout;
 }
 
-void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
-                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs, const MlaDecodeDims& dims,
-                          const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
-                          cudaStream_t stream) {
+bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
+                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs,
+                          const MlaDecodeDims& dims, const DecodeSplit& split, float* workspace, float* latent,
+                          uint32_t* error_flag, cudaStream_t stream, __nv_bfloat16* latent_parts) {
   check_dims("mla_decode_attention", dims);
   FP4MOE_CHECK(cache.kv_lora_rank == dims.kv_lora_rank && cache.rope_dim == dims.qk_rope_head_dim &&
                cache.n_blocks >= 1 && cache.page_size >= 1 && cache.page_size <= INT32_MAX &&
@@ -243,7 +360,7 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   FP4MOE_CHECK(split.n_splits == 1 || workspace != nullptr)
       << "mla_decode_attention: split " << split.to_string() << " needs a workspace of "
       << mla_decode_workspace_bytes(n_seqs, dims, split) << " B";
-  if (n_seqs == 0) return;
+  if (n_seqs == 0) return false;
   FP4MOE_CHECK(q_lat != nullptr && cache.kv != nullptr && block_table != nullptr && seq_lens != nullptr &&
                latent != nullptr && error_flag != nullptr)
       << "mla_decode_attention: null pointer (q_lat, cache, block_table, seq_lens, latent or error_flag)";
@@ -278,6 +395,11 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   if (split.n_splits > 1) {
     p.part_o = workspace;
     p.part_lse = workspace + n_rows * split.n_splits * dims.kv_lora_rank;
+  } else {
+    FP4MOE_CHECK(latent_parts == nullptr || reinterpret_cast<uintptr_t>(latent_parts) % 4 == 0)
+        << "mla_decode_attention: latent_parts " << static_cast<const void*>(latent_parts)
+        << " is not 4-byte aligned (bf16 pairs)";
+    p.parts = latent_parts;
   }
   const dim3 grid(static_cast<unsigned>((dims.n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta),
                   static_cast<unsigned>(n_seqs), static_cast<unsigned>(split.n_splits));
@@ -293,6 +415,7 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   if (split.n_splits > 1) {
     launch_split_merge(p.part_o, p.part_lse, n_rows, split.n_splits, dims.kv_lora_rank, latent, stream);
   }
+  return p.parts != nullptr;
 }
 
 namespace {
@@ -320,14 +443,23 @@ size_t mla_project_v_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims) 
   return ProjectVWorkspace(n_seqs, dims).bytes;
 }
 
+__nv_bfloat16* mla_project_v_parts(void* workspace, int64_t n_seqs, const MlaDecodeDims& dims) {
+  FP4MOE_CHECK(n_seqs >= 0) << "mla_project_v_parts: n_seqs=" << n_seqs;
+  if (workspace == nullptr || n_seqs > kProjectVPassRows) return nullptr;
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) + ProjectVWorkspace(n_seqs, dims).parts);
+}
+
 void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream) {
+                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream, bool parts_ready) {
   check_dims("mla_project_v", dims);
   FP4MOE_CHECK(n_seqs >= 0) << "mla_project_v: n_seqs=" << n_seqs;
   if (n_seqs == 0) return;
-  FP4MOE_CHECK(latent != nullptr && kv_b != nullptr && out != nullptr && workspace != nullptr && cublas != nullptr)
+  FP4MOE_CHECK((latent != nullptr || parts_ready) && kv_b != nullptr && out != nullptr && workspace != nullptr &&
+               cublas != nullptr)
       << "mla_project_v: null pointer, workspace (" << mla_project_v_workspace_bytes(n_seqs, dims)
       << " B) or cuBLAS handle";
+  FP4MOE_CHECK(!parts_ready || n_seqs <= kProjectVPassRows)
+      << "mla_project_v: parts_ready with " << n_seqs << " sequences (one pass holds " << kProjectVPassRows << ")";
   const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, V = dims.v_head_dim;
   const ProjectVWorkspace ws(n_seqs, dims);
   auto* base = static_cast<char*>(workspace);
@@ -339,9 +471,11 @@ void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDeco
   for (int64_t s0 = 0; s0 < n_seqs; s0 += kProjectVPassRows) {
     const int64_t n = std::min(kProjectVPassRows, n_seqs - s0);
     const int64_t n_lat = n * H * R;
-    mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent + s0 * H * R, n_lat,
-                                                                                         H * R, parts);
-    FP4MOE_CUDA_CHECK(cudaGetLastError());
+    if (!parts_ready) {
+      mla_split_bf16_kernel<<<elementwise_blocks(n_lat), kElementwiseThreads, 0, stream>>>(latent + s0 * H * R, n_lat,
+                                                                                           H * R, parts);
+      FP4MOE_CUDA_CHECK(cudaGetLastError());
+    }
     // Column-major view per head h: acc_h^T [V, 2 n] = (W_UV_h stored [V rows of R])^T-op x parts_h^T [R, 2 n]: the
     // hi and lo rows of every sequence are columns of one GEMM, so W_UV is read once a pass.
     FP4MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(

@@ -9,7 +9,8 @@
 // scale = 1/sqrt(nope + rope) (MlaDims::softmax_scale).
 //
 // Layouts (device memory, row-major):
-//   q      [n_seqs, n_heads, nope + rope] bf16, q_pe already rotated (interleaved RoPE for GLM-5)
+//   q      [n_seqs, n_heads, nope + rope] bf16, q_pe rotated (interleaved RoPE for GLM-5) before, or by
+//          mla_absorb_q (MlaQRope)
 //   cache  [n_blocks, page_size, rank + rope] bf16: per token [c_kv (after kv_a_layernorm) | k_pe (rotated)]
 //   block_table / seq_lens as in paged_attention.h (seq_len 0: a padded entry, zeros out)
 // kv_lora_rank 32, 64, 128, 256 or 512; rope even, <= 128 (the attention: <= 64 and rank + rope a
@@ -31,6 +32,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/ops/attention_geometry.h"
+#include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
 
 namespace fp4moe::cuda {
@@ -122,17 +124,49 @@ void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __
                            int64_t n_tokens, const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
                            cudaStream_t stream);
 
+// The latent branch's tail: for each of n_tokens rows of kv [c_kv (rank) | k_pe (rope)] (token stride kv_stride,
+// elements), cache[slots[t]] = [rms_norm(c_kv) (norm_w, eps) | k_pe rotated at positions[t]] in one launch (a warp
+// a token), with the bits and error flags of rms_norm_bf16 (in place) + rope_bf16 (offset rank, one head) +
+// mla_cache_append_bf16; kv is then not written. Where rms_norm_bf16 would not take its 16 B kernel (rank or the
+// strides not multiples of 8, unaligned rows, rank > 1024) it runs those three launches, in place on kv.
+struct MlaLatentNormRope {
+  const float* norm_w = nullptr;  // [rank] f32
+  float eps = 0.0f;
+  const int32_t* positions = nullptr;  // [n_tokens]
+  const float* cos = nullptr;          // [n_positions, rope / 2]
+  const float* sin = nullptr;
+  int64_t n_positions = 0;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n_tokens, const MlaLatentNormRope& nr,
+                                 const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
+                                 cudaStream_t stream);
+
+// q_pe's RoPE done by mla_absorb_q's copy of q_pe (one launch less than rope_bf16 on q first, the same
+// bits): the q rows' positions [n_seqs] and the cos / sin tables as rope_bf16 takes them.
+struct MlaQRope {
+  const int32_t* positions = nullptr;
+  const float* cos = nullptr;  // [n_positions, rope / 2]
+  const float* sin = nullptr;
+  int64_t n_positions = 0;
+  RopeStyle style = RopeStyle::kInterleaved;
+  uint32_t* error_flag = nullptr;  // kDeviceErrorRopePosition (that row's q_pe is copied unrotated)
+};
+
 // Step 1: q [n_seqs, n_heads, nope + rope] bf16, kv_b [n_heads * (nope + v), rank] bf16 ->
 // q_lat [n_seqs, n_heads, rank + rope] f32. One cuBLAS strided-batched GEMM over the heads
-// (q_nope_h [n_seqs, nope] x W_UK_h [nope, rank], bf16 in, f32 accumulate and out) and a copy of q_pe.
+// (q_nope_h [n_seqs, nope] x W_UK_h [nope, rank], bf16 in, f32 accumulate and out) and a copy of q_pe,
+// rotated on the way when q_rope is given (q's own q_pe is then left unrotated).
 void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream);
+                  float* q_lat, cublasHandle_t cublas, cudaStream_t stream, const MlaQRope* q_rope = nullptr);
 
 // Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split).
-void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
-                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs, const MlaDecodeDims& dims,
-                          const DecodeSplit& split, float* workspace, float* latent, uint32_t* error_flag,
-                          cudaStream_t stream);
+// latent_parts (optional, mla_project_v_parts): with one split the CTAs write step 3's bf16 hi / lo rows there
+// instead of latent (mla_project_v's split launch saved) and it returns true; false when it wrote latent.
+bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
+                          int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs,
+                          const MlaDecodeDims& dims, const DecodeSplit& split, float* workspace, float* latent,
+                          uint32_t* error_flag, cudaStream_t stream, __nv_bfloat16* latent_parts = nullptr);
 
 // Step 3: out [n_seqs, n_heads * v] bf16 (the o_proj input). The f32 latent is split into two bf16
 // parts (hi = bf16(latent), lo = bf16(latent - hi): ~2^-17 relative together), stored as two rows per
@@ -140,8 +174,14 @@ void mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
 // f32 accumulate) gives both parts' products (W_UV read once: two GEMMs, one a part, read its 16.8 MB
 // a GLM-5 layer twice); their f32 sum is rounded to bf16 once. In passes of up to 256 sequences, so the
 // workspace (mla_project_v_workspace_bytes) stays that of 256 sequences for any n_seqs.
+// parts_ready: the workspace's parts rows (mla_project_v_parts) hold the split already (mla_decode_attention's
+// latent_parts; n_seqs <= 256), latent is not read.
 size_t mla_project_v_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims);
 void mla_project_v(const float* latent, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
-                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream);
+                   void* workspace, __nv_bfloat16* out, cublasHandle_t cublas, cudaStream_t stream,
+                   bool parts_ready = false);
+// Where mla_project_v's workspace holds the bf16 parts rows of n_seqs sequences when one pass takes them all
+// (n_seqs <= 256); nullptr otherwise (or for a null workspace).
+__nv_bfloat16* mla_project_v_parts(void* workspace, int64_t n_seqs, const MlaDecodeDims& dims);
 
 }  // namespace fp4moe::cuda

@@ -21,8 +21,8 @@
 //   - warp w adds P (the three parts, ldmatrix) x c_kv over latent dims [w rank / 4, (w + 1) rank / 4)
 //     (ldmatrix.trans of the same tile), rescaling its rows first unless no row's maximum moved.
 // The result (divided by the softmax sum; zeros for an empty list) goes to out + head * out_head_stride
-// (f32, rank wide) and, when lse != nullptr (a split of the list), m + log(l) to lse[head * lse_head_stride]
-// (-inf for an empty split).
+// (f32, rank wide), or as bf16 hi / lo parts to Args::parts, and, when lse != nullptr (a split of the list),
+// m + log(l) to lse[head * lse_head_stride] (-inf for an empty split).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,6 +51,10 @@ struct Args {
   int64_t out_head_stride;
   float* lse;            // split: log-sum-exp of head 0 (nullptr when the list is not split)
   int64_t lse_head_stride;
+  // Instead of out (one split only): the result as two bf16 parts, hi = bf16(x) at parts + head * rank + dim and
+  // lo = bf16(x - hi) parts_lo further (mla_project_v's rows; mla_split_bf16_kernel's arithmetic). nullptr: out.
+  __nv_bfloat16* parts = nullptr;
+  int64_t parts_lo = 0;
 };
 
 // A list entry's row lookup in two steps, so that the loads behind tile it + 1's rows are in flight
@@ -405,10 +409,26 @@ __device__ __forceinline__ void attend(const Args& p, const Rows& rows, unsigned
     const int head = h0 + g + 8 * r;
     if (head >= p.n_heads) continue;
     const float inv = l_row[r] > 0.0f ? 1.0f / l_row[r] : 0.0f;
-    float* dst = p.out + head * p.out_head_stride;
+    if (p.parts != nullptr) {
+      __nv_bfloat16* hi = p.parts + static_cast<int64_t>(head) * p.rank;
 #pragma unroll
-    for (int n = 0; n < NTW; ++n) {
-      *reinterpret_cast<float2*>(dst + dim0 + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      for (int n = 0; n < NTW; ++n) {
+        // __fmul_rn / __fsub_rn: the rounded product, as the f32 path stores it (nvcc must not fuse it into
+        // the subtraction below).
+        const float x0 = __fmul_rn(o[n][2 * r], inv), x1 = __fmul_rn(o[n][2 * r + 1], inv);
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+        const float2 hf = __bfloat1622float2(h);
+        const int64_t at = dim0 + 8 * n + 2 * t;
+        *reinterpret_cast<__nv_bfloat162*>(hi + at) = h;
+        *reinterpret_cast<__nv_bfloat162*>(hi + p.parts_lo + at) =
+            __floats2bfloat162_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y));
+      }
+    } else {
+      float* dst = p.out + head * p.out_head_stride;
+#pragma unroll
+      for (int n = 0; n < NTW; ++n) {
+        *reinterpret_cast<float2*>(dst + dim0 + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      }
     }
     if (p.lse != nullptr && warp == 0 && t == 0) {
       p.lse[head * p.lse_head_stride] = l_row[r] > 0.0f ? m_row[r] + logf(l_row[r]) : -INFINITY;

@@ -11,42 +11,25 @@
 //              then across the 8 warps in shared memory, in the order argmax_beats defines (the
 //              result does not depend on how the row is cut).
 // Tested by tests/kernels/test_cuda_ops.cpp.
-#include "kernels/cuda/warp_reduce.cuh"
-#include "kernels/cuda/ops/norm_rope.h"
-
 #include <algorithm>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/norm_rope.h"
+#include "kernels/cuda/ops/rms_norm_row.cuh"
+#include "kernels/cuda/ops/rope_math.cuh"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace fp4moe::cuda {
 
 namespace {
 
 constexpr int kCta = 256;
-constexpr int kWarps = kCta / 32;
+constexpr int kWarps = kRmsNormCtaWarps;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kMaxGrid = kGridStrideMaxCtas;  // grid-stride beyond this many CTAs
-
-// The arithmetic both RMSNorm kernels share (model::rms_norm's; IEEE div and sqrt, no fast-math):
-// inv = 1 / sqrt(ss / dim + eps) and y = w * (s * inv).
-__device__ __forceinline__ float rms_inv(float ss, int64_t dim, float eps) {
-  return 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dim)), eps));
-}
-__device__ __forceinline__ float rms_scale(float w, float s, float inv) { return __fmul_rn(w, __fmul_rn(s, inv)); }
-
-// The sum of every thread's `v` over the CTA (warp sums, then warp 0..7 in order); all threads get it.
-__device__ __forceinline__ float cta_sum(float v, float (&warp_partial)[kWarps]) {
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kWarps; ++k) s += warp_partial[k];
-  return s;
-}
 
 // kThreadsPerRow = 32: a warp per row (rows are warp-uniform, no __syncthreads); 256: a CTA per row.
 template <int kThreadsPerRow>
@@ -85,13 +68,7 @@ __global__ void __launch_bounds__(kCta)
   }
 }
 
-// 16 B accesses, kThreadsPerRow = 256 (a CTA per row) or 32 (a warp per row, 8 rows a CTA; rows are
-// warp-uniform, no __syncthreads): thread t of a row holds 8-element pieces t, t + kThreadsPerRow, ..
-// (kVecs of them, dim / 8 <= kVecs x kThreadsPerRow) in registers between the two passes, so the row is
-// read once (x, residual) and written once (residual, y), its loads all in flight together (element
-// by element, the warp-per-row kernel waited out one load after another: ~9.5 us for one 512-wide row on
-// an H100, twenty-ninth session); all loads of a thread precede its stores, so y may alias x. Same
-// per-element arithmetic as rms_norm_kernel.
+// 16 B accesses (rms_norm_vec_row), a warp or a CTA a row.
 template <int kThreadsPerRow, int kVecs>
 __global__ void __launch_bounds__(kCta)
     rms_norm_vec_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const float* __restrict__ w, int64_t n_rows,
@@ -103,60 +80,8 @@ __global__ void __launch_bounds__(kCta)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
   if (row >= n_rows) return;  // uniform per warp (a warp a row) or per CTA
   const int64_t base = row * row_stride;
-  const int n_vec = static_cast<int>(dim / 8);
-  uint4 v[kVecs];
-  // The weights' pieces are loaded with the row, not after the sum: their latency (an HBM read at
-  // decode, where a step's ~GB of weights has evicted them from L2) overlaps the row's.
-  float4 wv[kVecs][2];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int i = t + j * kThreadsPerRow;
-    if (i >= n_vec) break;
-    wv[j][0] = __ldg(reinterpret_cast<const float4*>(w + 8 * i));
-    wv[j][1] = __ldg(reinterpret_cast<const float4*>(w + 8 * i + 4));
-    v[j] = *reinterpret_cast<const uint4*>(x + base + 8 * i);
-    if (residual != nullptr) {
-      const uint4 r = *reinterpret_cast<const uint4*>(residual + base + 8 * i);
-      __nv_bfloat162* xv = reinterpret_cast<__nv_bfloat162*>(&v[j]);
-      const __nv_bfloat162* rv = reinterpret_cast<const __nv_bfloat162*>(&r);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 a = __bfloat1622float2(xv[e]), b = __bfloat1622float2(rv[e]);
-        xv[e] = __floats2bfloat162_rn(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
-      }
-      *reinterpret_cast<uint4*>(residual + base + 8 * i) = v[j];
-    }
-    const __nv_bfloat162* sv = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = __bfloat1622float2(sv[e]);
-      ss = __fmaf_rn(f.x, f.x, ss);
-      ss = __fmaf_rn(f.y, f.y, ss);
-    }
-  }
-  if constexpr (kThreadsPerRow == kCta) {
-    ss = cta_sum(ss, warp_partial);
-  } else {
-    ss = warp_sum(ss);
-  }
-  const float inv = rms_inv(ss, dim, eps);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int i = t + j * kThreadsPerRow;
-    if (i >= n_vec) break;
-    const float wf[8] = {wv[j][0].x, wv[j][0].y, wv[j][0].z, wv[j][0].w,
-                         wv[j][1].x, wv[j][1].y, wv[j][1].z, wv[j][1].w};
-    const __nv_bfloat162* sv = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-    uint4 out;
-    __nv_bfloat162* ov = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = __bfloat1622float2(sv[e]);
-      ov[e] = __floats2bfloat162_rn(rms_scale(wf[2 * e], f.x, inv), rms_scale(wf[2 * e + 1], f.y, inv));
-    }
-    *reinterpret_cast<uint4*>(y + base + 8 * i) = out;
-  }
+  rms_norm_vec_row<kThreadsPerRow, kVecs>(x + base, residual == nullptr ? nullptr : residual + base, w,
+                                          static_cast<int>(dim), eps, y + base, t, warp_partial);
 }
 
 using RmsNormKernel = void (*)(const __nv_bfloat16*, __nv_bfloat16*, const float*, int64_t, int64_t, int64_t, float,
@@ -193,13 +118,9 @@ __global__ void __launch_bounds__(kCta)
     const float c = cos_table[pos * half + i];
     const float s = sin_table[pos * half + i];
     __nv_bfloat16* v = x + tok * token_stride + h * head_stride + offset;
-    const int64_t i1 = neox ? i : 2 * i;
-    const int64_t i2 = neox ? i + half : 2 * i + 1;
-    const float x1 = __bfloat162float(v[i1]);
-    const float x2 = __bfloat162float(v[i2]);
-    // x1' = x1*cos - x2*sin; x2' = x2*cos + x1*sin, each product rounded as on the CPU (no FMA).
-    v[i1] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-    v[i2] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+    int64_t i1, i2;
+    rope_pair_dims(neox, i, half, i1, i2);
+    rope_rotate_pair(__bfloat162float(v[i1]), __bfloat162float(v[i2]), c, s, v[i1], v[i2]);
   }
 }
 

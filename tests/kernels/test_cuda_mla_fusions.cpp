@@ -1,0 +1,258 @@
+// The MLA decode step's fused launches against the launches they replace, bit for bit, on fresh random
+// inputs (kernels/cuda/ops/mla_decode.h):
+//   - mla_latent_norm_rope_append (kv_a norm + k_pe RoPE + cache append in one launch) vs rms_norm_bf16 +
+//     rope_bf16 + mla_cache_append_bf16: the whole cache (slots -1 skipped, nothing else written) and the
+//     error flags (a position outside the table, a slot past the cache); GLM-5 dims (rank 512, rope 64,
+//     interleaved) and NeoX, and dims the fused kernel does not take (rank + rope not a multiple of 8: the
+//     three launches run inside);
+//   - mla_absorb_q with MlaQRope vs rope_bf16 on q first: q_lat bit for bit, both styles, and the flag of a
+//     position outside the table;
+//   - mla_decode_attention writing mla_project_v's bf16 parts (latent_parts, one split) vs the f32 latent and
+//     mla_project_v's own split: the output bit for bit; with several splits it writes latent and says so.
+// Label gpu; without a usable GPU every case skips with the reason.
+// Run: test_cuda_mla_fusions (FP4MOE_TEST_SEED=<n> replays a seed).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda/ops/norm_rope.h"
+#include "kernels/cuda_test_util.h"
+#include "testing/testing.h"
+
+namespace fp4moe::cuda {
+namespace {
+
+using gpu_test::bf;
+using gpu_test::cbf;
+using gpu_test::CublasHandle;
+using gpu_test::device_alloc;
+using gpu_test::download;
+using gpu_test::random_bf16;
+using gpu_test::upload;
+
+// cos / sin tables [n_positions, rope / 2] of arbitrary angles (the kernels only read them).
+struct RopeTables {
+  std::vector<float> cos, sin;
+  RopeTables(int64_t n_positions, int rope, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> angle(-3.14159f, 3.14159f);
+    for (int64_t i = 0; i < n_positions * rope / 2; ++i) {
+      const float a = angle(rng);
+      cos.push_back(std::cos(a));
+      sin.push_back(std::sin(a));
+    }
+  }
+};
+
+uint32_t read_flag(const uint32_t* d) { return download(d, 1)[0]; }
+
+void check_latent_append(int rank, int rope, int64_t stride, RopeStyle style, std::mt19937_64& rng) {
+  SCOPED_TRACE("rank " + std::to_string(rank) + " rope " + std::to_string(rope) + " stride " + std::to_string(stride) +
+               (style == RopeStyle::kNeox ? " neox" : " interleaved"));
+  const int64_t n_tokens = 37, page = 16, n_blocks = 5, n_positions = 50, W = rank + rope;
+  const int64_t n_slots = n_blocks * page;
+  const std::vector<uint16_t> kv = random_bf16(static_cast<size_t>(n_tokens * stride), rng, 2.0f);
+  const std::vector<uint16_t> pool = random_bf16(static_cast<size_t>(n_slots * W), rng, 1.0f);
+  std::vector<float> w(static_cast<size_t>(rank));
+  std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+  for (float& x : w) x = wd(rng);
+  const RopeTables tab(n_positions, rope, rng);
+  std::vector<int32_t> slots(static_cast<size_t>(n_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(static_cast<size_t>(n_tokens));
+  slots[3] = -1;  // a padded token: skipped
+  std::vector<int32_t> pos(static_cast<size_t>(n_tokens));
+  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
+  for (int32_t& p : pos) p = pd(rng);
+
+  auto dw = upload(w);
+  auto dcos = upload(tab.cos);
+  auto dsin = upload(tab.sin);
+  auto dslots = upload(slots);
+  auto run = [&](bool fused, const std::vector<int32_t>& positions, const std::vector<int32_t>& sl,
+                 std::vector<uint16_t>& cache_out, uint32_t& flags) {
+    auto dkv = upload(kv);
+    auto dpool = upload(pool);
+    auto dpos = upload(positions);
+    auto dsl = upload(sl);
+    auto flag = device_alloc<uint32_t>(1);
+    FP4MOE_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
+    const MlaCacheView cache{bf(dpool.get()), n_blocks, page, rank, rope};
+    if (fused) {
+      const MlaLatentNormRope nr{dw.get(), 1e-6f, dpos.get(), dcos.get(), dsin.get(), n_positions, style};
+      mla_latent_norm_rope_append(bf(dkv.get()), stride, n_tokens, nr, dsl.get(), cache, flag.get(), nullptr);
+    } else {
+      rms_norm_bf16(bf(dkv.get()), nullptr, dw.get(), n_tokens, rank, stride, 1e-6f, bf(dkv.get()), nullptr);
+      rope_bf16(bf(dkv.get()), n_tokens, 1, stride, stride, rank, rope, style, dpos.get(), dcos.get(), dsin.get(),
+                n_positions, flag.get(), nullptr);
+      mla_cache_append_bf16(cbf(dkv.get()), stride, cbf(dkv.get() + rank), stride, n_tokens, dsl.get(), cache,
+                            flag.get(), nullptr);
+    }
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    cache_out = download(dpool.get(), static_cast<size_t>(n_slots * W));
+    flags = read_flag(flag.get());
+  };
+  std::vector<uint16_t> a, b;
+  uint32_t fa = 0, fb = 0;
+  run(false, pos, slots, a, fa);
+  run(true, pos, slots, b, fb);
+  ASSERT_EQ(fa, 0u) << describe_device_errors(fa);
+  ASSERT_EQ(fb, 0u) << describe_device_errors(fb);
+  ASSERT_NE(a, pool) << "the three launches wrote nothing";
+  ASSERT_EQ(a, b) << "fused latent append differs from norm + rope + append";
+  // A position outside the table and a slot past the cache: the same flags and the same cache.
+  std::vector<int32_t> bad_pos = pos, bad_slots = slots;
+  bad_pos[5] = static_cast<int32_t>(n_positions);
+  bad_slots[7] = static_cast<int32_t>(n_slots);
+  run(false, bad_pos, bad_slots, a, fa);
+  run(true, bad_pos, bad_slots, b, fb);
+  EXPECT_EQ(fa, kDeviceErrorRopePosition | kDeviceErrorKvSlot) << describe_device_errors(fa);
+  EXPECT_EQ(fb, fa) << describe_device_errors(fb);
+  EXPECT_EQ(a, b) << "fused latent append differs with a bad position / slot";
+}
+
+TEST(CudaMlaFusions, LatentNormRopeAppendEqualsThreeLaunches) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  check_latent_append(512, 64, 576, RopeStyle::kInterleaved, rng);  // GLM-5: the fused kernel
+  check_latent_append(512, 64, 600, RopeStyle::kNeox, rng);         // a wider token stride
+  check_latent_append(256, 64, 320, RopeStyle::kInterleaved, rng);  // one 16 B piece a lane
+  check_latent_append(32, 6, 40, RopeStyle::kInterleaved, rng);     // rank + rope = 38: the three launches
+}
+
+void check_q_rope(const MlaDecodeDims& dims, RopeStyle style, std::mt19937_64& rng) {
+  SCOPED_TRACE("heads " + std::to_string(dims.n_heads) + " rope " + std::to_string(dims.qk_rope_head_dim) +
+               (style == RopeStyle::kNeox ? " neox" : " interleaved"));
+  const int64_t n = 9, n_positions = 40, qk = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
+  const int64_t W = dims.latent_width();
+  const std::vector<uint16_t> q = random_bf16(static_cast<size_t>(n * dims.n_heads * qk), rng, 1.0f);
+  const std::vector<uint16_t> kv_b = random_bf16(
+      static_cast<size_t>(dims.n_heads) * (dims.qk_nope_head_dim + dims.v_head_dim) * dims.kv_lora_rank, rng, 0.1f);
+  const RopeTables tab(n_positions, dims.qk_rope_head_dim, rng);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
+  for (int32_t& p : pos) p = pd(rng);
+  auto dkvb = upload(kv_b);
+  auto dcos = upload(tab.cos);
+  auto dsin = upload(tab.sin);
+  const CublasHandle cublas;
+  auto run = [&](bool fused, const std::vector<int32_t>& positions, std::vector<float>& out, uint32_t& flags) {
+    auto dq = upload(q);
+    auto dpos = upload(positions);
+    auto flag = device_alloc<uint32_t>(1);
+    FP4MOE_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
+    auto dqlat = device_alloc<float>(static_cast<size_t>(n * dims.n_heads * W));
+    if (fused) {
+      const MlaQRope qr{dpos.get(), dcos.get(), dsin.get(), n_positions, style, flag.get()};
+      mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n, dqlat.get(), cublas.get(), nullptr, &qr);
+    } else {
+      rope_bf16(bf(dq.get()), n, dims.n_heads, dims.n_heads * qk, qk, dims.qk_nope_head_dim, dims.qk_rope_head_dim,
+                style, dpos.get(), dcos.get(), dsin.get(), n_positions, flag.get(), nullptr);
+      mla_absorb_q(cbf(dq.get()), cbf(dkvb.get()), dims, n, dqlat.get(), cublas.get(), nullptr);
+    }
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    out = download(dqlat.get(), static_cast<size_t>(n * dims.n_heads * W));
+    flags = read_flag(flag.get());
+  };
+  std::vector<float> a, b;
+  uint32_t fa = 0, fb = 0;
+  run(false, pos, a, fa);
+  run(true, pos, b, fb);
+  ASSERT_EQ(fa, 0u);
+  ASSERT_EQ(fb, 0u);
+  ASSERT_EQ(a, b) << "q_lat with the RoPE in the q_pe copy differs from RoPE first";
+  std::vector<int32_t> bad = pos;
+  bad[2] = -1;
+  run(false, bad, a, fa);
+  run(true, bad, b, fb);
+  EXPECT_EQ(fa, kDeviceErrorRopePosition);
+  EXPECT_EQ(fb, fa);
+  EXPECT_EQ(a, b) << "q_lat differs with a position outside the table";
+}
+
+TEST(CudaMlaFusions, AbsorbQRopeEqualsRopeFirst) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  check_q_rope(MlaDecodeDims{20, 512, 192, 64, 256, 0.07f}, RopeStyle::kInterleaved, rng);
+  check_q_rope(MlaDecodeDims{4, 32, 32, 16, 32, 0.125f}, RopeStyle::kNeox, rng);
+}
+
+// n_seqs sequences of seq_len keys (one block table each), the given split: the project_v output through the
+// f32 latent vs through the attention's own parts.
+void check_parts(const MlaDecodeDims& dims, int64_t n_seqs, int64_t seq_len, const DecodeSplit& split,
+                 std::mt19937_64& rng) {
+  SCOPED_TRACE("heads " + std::to_string(dims.n_heads) + " rank " + std::to_string(dims.kv_lora_rank) + ", " +
+               std::to_string(n_seqs) + " sequences, split " + split.to_string());
+  const int64_t page = 64, W = dims.latent_width();
+  const int64_t per_seq = (seq_len + page - 1) / page, n_blocks = n_seqs * per_seq;
+  const std::vector<uint16_t> pool = random_bf16(static_cast<size_t>(n_blocks * page * W), rng, 1.0f);
+  const std::vector<uint16_t> kv_b = random_bf16(
+      static_cast<size_t>(dims.n_heads) * (dims.qk_nope_head_dim + dims.v_head_dim) * dims.kv_lora_rank, rng, 0.05f);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q_lat(static_cast<size_t>(n_seqs * dims.n_heads * W));
+  for (float& v : q_lat) v = nd(rng);
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int32_t> lens(static_cast<size_t>(n_seqs), static_cast<int32_t>(seq_len));
+  lens[0] = 1;  // a short sequence beside the long ones
+  auto dpool = upload(pool);
+  auto dkvb = upload(kv_b);
+  auto dq = upload(q_lat);
+  auto dtable = upload(table);
+  auto dlens = upload(lens);
+  auto flag = device_alloc<uint32_t>(1);
+  FP4MOE_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
+  const MlaCacheView cache{bf(dpool.get()), n_blocks, page, dims.kv_lora_rank, dims.qk_rope_head_dim};
+  const size_t ws_bytes = mla_decode_workspace_bytes(n_seqs, dims, split);
+  auto dws = device_alloc<float>(ws_bytes / 4 + 1);
+  auto dlat = device_alloc<float>(static_cast<size_t>(n_seqs * dims.n_heads * dims.kv_lora_rank));
+  const size_t n_out = static_cast<size_t>(n_seqs * dims.n_heads * dims.v_head_dim);
+  const CublasHandle cublas;
+  auto run = [&](bool parts, bool& wrote_parts) {
+    auto dpws = device_alloc<char>(mla_project_v_workspace_bytes(n_seqs, dims));
+    auto dout = device_alloc<uint16_t>(n_out);
+    FP4MOE_CUDA_CHECK(cudaMemset(dlat.get(), 0, static_cast<size_t>(n_seqs * dims.n_heads * dims.kv_lora_rank) * 4));
+    __nv_bfloat16* p = parts ? mla_project_v_parts(dpws.get(), n_seqs, dims) : nullptr;
+    EXPECT_EQ(parts, p != nullptr);
+    wrote_parts = mla_decode_attention(dq.get(), cache, dtable.get(), per_seq, dlens.get(), n_seqs, dims, split,
+                                       ws_bytes ? dws.get() : nullptr, dlat.get(), flag.get(), nullptr, p);
+    mla_project_v(dlat.get(), cbf(dkvb.get()), dims, n_seqs, dpws.get(), bf(dout.get()), cublas.get(), nullptr,
+                  wrote_parts);
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    return download(dout.get(), n_out);
+  };
+  bool wrote_a = true, wrote_b = false;
+  const std::vector<uint16_t> a = run(false, wrote_a);
+  const std::vector<uint16_t> b = run(true, wrote_b);
+  const uint32_t flags = read_flag(flag.get());
+  ASSERT_EQ(flags, 0u) << describe_device_errors(flags);
+  EXPECT_FALSE(wrote_a);
+  EXPECT_EQ(wrote_b, split.n_splits == 1) << "parts are written with one split only";
+  ASSERT_EQ(a, b) << "project_v output through the attention's parts differs from the f32 latent's";
+}
+
+TEST(CudaMlaFusions, AttentionPartsEqualProjectVSplit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  const MlaDecodeDims glm5{64, 512, 192, 64, 256, 0.0625f};
+  check_parts(glm5, 5, 300, DecodeSplit{1, 320}, rng);
+  check_parts(glm5, 5, 300, DecodeSplit{3, 128}, rng);  // split: latent, then mla_project_v's split
+  check_parts(MlaDecodeDims{20, 64, 32, 16, 32, 0.17f}, 3, 70, DecodeSplit{1, 96}, rng);
+  // More sequences than one project_v pass holds: no parts region.
+  EXPECT_EQ(mla_project_v_parts(reinterpret_cast<void*>(256), 257, glm5), nullptr);
+  EXPECT_EQ(mla_project_v_parts(nullptr, 4, glm5), nullptr);
+}
+
+}  // namespace
+}  // namespace fp4moe::cuda
