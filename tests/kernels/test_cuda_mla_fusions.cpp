@@ -7,6 +7,8 @@
 //     three launches run inside);
 //   - mla_absorb_q with MlaQRope vs rope_bf16 on q first: q_lat bit for bit, both styles, and the flag of a
 //     position outside the table;
+//   - dsa_index_key_norm_rope_append (the indexer key's LayerNorm + RoPE + append) vs layer_norm_bf16 + rope_bf16 +
+//     dsa_index_cache_append, the same way; an f32 index cache refused by name;
 //   - mla_decode_attention writing mla_project_v's bf16 parts (latent_parts, one split) vs the f32 latent and
 //     mla_project_v's own split: the output bit for bit; with several splits it writes latent and says so.
 // Label gpu; without a usable GPU every case skips with the reason.
@@ -22,8 +24,11 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/dsa_indexer.h"
+#include "kernels/cuda/ops/layer_norm.h"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda_test_util.h"
@@ -252,6 +257,98 @@ TEST(CudaMlaFusions, AttentionPartsEqualProjectVSplit) {
   // More sequences than one project_v pass holds: no parts region.
   EXPECT_EQ(mla_project_v_parts(reinterpret_cast<void*>(256), 257, glm5), nullptr);
   EXPECT_EQ(mla_project_v_parts(nullptr, 4, glm5), nullptr);
+}
+
+void check_index_key_append(int head_dim, int rope, int64_t stride, RopeStyle style, std::mt19937_64& rng) {
+  SCOPED_TRACE("index head_dim " + std::to_string(head_dim) + " rope " + std::to_string(rope) + " stride " +
+               std::to_string(stride) + (style == RopeStyle::kNeox ? " neox" : " interleaved"));
+  const int64_t n_tokens = 29, page = 16, n_blocks = 4, n_positions = 30, n_slots = n_blocks * page;
+  const std::vector<uint16_t> k = random_bf16(static_cast<size_t>(n_tokens * stride), rng, 3.0f);
+  const std::vector<uint16_t> pool = random_bf16(static_cast<size_t>(n_slots * head_dim), rng, 1.0f);
+  std::vector<float> w(static_cast<size_t>(head_dim)), b(static_cast<size_t>(head_dim));
+  std::uniform_real_distribution<float> wd(0.5f, 1.5f), bd(-0.2f, 0.2f);
+  for (float& x : w) x = wd(rng);
+  for (float& x : b) x = bd(rng);
+  const RopeTables tab(n_positions, rope, rng);
+  std::vector<int32_t> slots(static_cast<size_t>(n_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(static_cast<size_t>(n_tokens));
+  slots[0] = -1;
+  std::vector<int32_t> pos(static_cast<size_t>(n_tokens));
+  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
+  for (int32_t& p : pos) p = pd(rng);
+  auto dw = upload(w);
+  auto db = upload(b);
+  auto dcos = upload(tab.cos);
+  auto dsin = upload(tab.sin);
+  auto run = [&](bool fused, const std::vector<int32_t>& positions, const std::vector<int32_t>& sl,
+                 std::vector<uint16_t>& cache_out, uint32_t& flags) {
+    auto dk = upload(k);
+    auto dpool = upload(pool);
+    auto dpos = upload(positions);
+    auto dsl = upload(sl);
+    auto flag = device_alloc<uint32_t>(1);
+    FP4MOE_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
+    const DsaIndexCacheView cache{dpool.get(), DType::kBF16, n_blocks, page, head_dim};
+    if (fused) {
+      const DsaKeyNormRope nr{dw.get(), db.get(), 1e-6f, rope, dpos.get(), dcos.get(), dsin.get(), n_positions, style};
+      dsa_index_key_norm_rope_append(bf(dk.get()), stride, n_tokens, nr, dsl.get(), cache, flag.get(), nullptr);
+    } else {
+      layer_norm_bf16(bf(dk.get()), dw.get(), db.get(), n_tokens, head_dim, stride, 1e-6f, bf(dk.get()), nullptr);
+      rope_bf16(bf(dk.get()), n_tokens, 1, stride, stride, 0, rope, style, dpos.get(), dcos.get(), dsin.get(),
+                n_positions, flag.get(), nullptr);
+      dsa_index_cache_append(dk.get(), stride, n_tokens, dsl.get(), cache, flag.get(), nullptr);
+    }
+    FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    cache_out = download(dpool.get(), static_cast<size_t>(n_slots * head_dim));
+    flags = read_flag(flag.get());
+  };
+  std::vector<uint16_t> a, c;
+  uint32_t fa = 0, fc = 0;
+  run(false, pos, slots, a, fa);
+  run(true, pos, slots, c, fc);
+  ASSERT_EQ(fa, 0u) << describe_device_errors(fa);
+  ASSERT_EQ(fc, 0u) << describe_device_errors(fc);
+  ASSERT_NE(a, pool) << "the three launches wrote nothing";
+  ASSERT_EQ(a, c) << "fused index-key append differs from LayerNorm + RoPE + append";
+  std::vector<int32_t> bad_pos = pos, bad_slots = slots;
+  bad_pos[4] = -3;
+  bad_slots[6] = static_cast<int32_t>(n_slots + 2);
+  run(false, bad_pos, bad_slots, a, fa);
+  run(true, bad_pos, bad_slots, c, fc);
+  EXPECT_EQ(fa, kDeviceErrorRopePosition | kDeviceErrorKvSlot) << describe_device_errors(fa);
+  EXPECT_EQ(fc, fa) << describe_device_errors(fc);
+  EXPECT_EQ(a, c) << "fused index-key append differs with a bad position / slot";
+}
+
+TEST(CudaMlaFusions, IndexKeyNormRopeAppendEqualsThreeLaunches) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(testing::test_seed());
+  check_index_key_append(128, 64, 128, RopeStyle::kInterleaved, rng);  // GLM-5's indexer keys
+  check_index_key_append(64, 64, 72, RopeStyle::kNeox, rng);           // every dim rotated, a wider stride
+  check_index_key_append(32, 8, 32, RopeStyle::kInterleaved, rng);
+  // An f32 cache is refused by name.
+  auto dk = device_alloc<uint16_t>(64);
+  auto dslot = device_alloc<int32_t>(1);
+  auto dcache = device_alloc<float>(64);
+  const DsaIndexCacheView f32_cache{dcache.get(), DType::kF32, 1, 1, 64};
+  const DsaKeyNormRope nr{reinterpret_cast<const float*>(dcache.get()),
+                          reinterpret_cast<const float*>(dcache.get()),
+                          1e-6f,
+                          8,
+                          dslot.get(),
+                          dcache.get(),
+                          dcache.get(),
+                          1,
+                          RopeStyle::kNeox};
+  try {
+    dsa_index_key_norm_rope_append(bf(dk.get()), 64, 1, nr, dslot.get(), f32_cache,
+                                   reinterpret_cast<uint32_t*>(dslot.get()), nullptr);
+    FAIL() << "an f32 index cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("F32"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

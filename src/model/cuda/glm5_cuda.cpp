@@ -392,11 +392,13 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     GpuIndexer& g = *L.indexer;
     bf16* ik = ik_.as<bf16>();
     g.wk.forward(cb, h, T, ik, ks);
-    cuda::layer_norm_bf16(ik, g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), T, idim, idim, kIndexerKNormEps, ik, ks);
-    cuda::rope_bf16(ik, T, 1, idim, idim, 0, rope, index_rope_style_, s.pos, cos, sin, n_positions_, err, ks);
+    // k_norm (LayerNorm) and RoPE on dims [0, rope), both into the index-key cache (one launch).
     const cuda::DsaIndexCacheView kc{g.k_cache.as<bf16>(), DType::kBF16, pool_->n_blocks(), pool_->page_size(),
                                      static_cast<int>(idim)};
-    cuda::dsa_index_cache_append(ik, idim, T, s.slots, kc, err, ks);
+    const cuda::DsaKeyNormRope key_nr{
+        g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), kIndexerKNormEps, static_cast<int>(rope), s.pos, cos, sin,
+        n_positions_,           index_rope_style_};
+    cuda::dsa_index_key_norm_rope_append(ik, idim, T, key_nr, s.slots, kc, err, ks);
   }
 
   // q: q_a_proj -> q_a_layernorm (in place) -> q_b_proj; the RoPE of dims [nope, nope + rope) of each head is

@@ -1,5 +1,6 @@
 // DSA lightning indexer kernels (see dsa_indexer.h).
 //   dsa_index_cache_append_kernel<T>: thread per element of a key row -> its cache slot.
+//   dsa_key_norm_rope_append_kernel: a warp per key row: LayerNorm + RoPE straight into its bf16 cache slot.
 //   dsa_index_scores_kernel<T, DPL> (head_dim = 32 * DPL): CTA (query token, sequence, 256-key chunk),
 //       8 warps. q [n_heads, head_dim] and w * weight_scale of the query sit in shared memory (f32);
 //       a warp takes one causal key at a time, each lane holding dims lane + 32a of it, and for each
@@ -16,15 +17,17 @@
 // Performance notes: the score kernel re-reads the query's keys per token (a tile of tokens sharing
 // each key row, or tensor-core MMA over [tokens x heads] x keys, is the next step); the select pass
 // reads a query's scores 5 times from L2. Tested by tests/kernels/test_cuda_dsa_indexer.cpp.
-#include "kernels/cuda/warp_reduce.cuh"
-#include "kernels/cuda/ops/dsa_indexer.h"
-
 #include <algorithm>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/dsa_indexer.h"
+#include "kernels/cuda/ops/layer_norm.h"
+#include "kernels/cuda/ops/layer_norm_row.cuh"
+#include "kernels/cuda/ops/rope_math.cuh"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace fp4moe::cuda {
 
@@ -50,6 +53,43 @@ __global__ void __launch_bounds__(256)
       continue;
     }
     cache[slot * head_dim + c] = k[t * k_stride + c];
+  }
+}
+
+// dsa_index_key_norm_rope_append's kernel (bf16 cache): a warp a token row of k; its LayerNorm
+// (layer_norm_warp_row) straight into the cache slot, then, after the warp's writes are visible to it, the
+// rotary pairs of that row rotated in place (rope_kernel's arithmetic, a lane a pair). Flags as the three
+// launches it replaces: kDeviceErrorRopePosition for a position outside the table (the row then stays
+// unrotated), then slot -1 skipped and a slot past the cache kDeviceErrorKvSlot.
+__global__ void __launch_bounds__(256)
+    dsa_key_norm_rope_append_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_stride, int64_t n_tokens,
+                                    int head_dim, const float* __restrict__ ln_w, const float* __restrict__ ln_b,
+                                    float eps, int rope, const int32_t* __restrict__ positions,
+                                    const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                                    int64_t n_positions, bool neox, const int32_t* __restrict__ slots, int64_t n_slots,
+                                    __nv_bfloat16* cache, uint32_t* error_flag) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (t >= n_tokens) return;  // warp-uniform
+  const int64_t pos = positions[t];
+  const bool pos_ok = pos >= 0 && pos < n_positions;
+  if (!pos_ok && lane == 0) atomicOr(error_flag, kDeviceErrorRopePosition);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  if (slot >= n_slots) {
+    if (lane == 0) atomicOr(error_flag, kDeviceErrorKvSlot);
+    return;
+  }
+  __nv_bfloat16* dst = cache + slot * head_dim;
+  layer_norm_warp_row(k + t * k_stride, ln_w, ln_b, head_dim, eps, dst, lane);
+  if (!pos_ok) return;
+  __syncwarp();  // the row's normalized values, written by every lane, visible to the lanes rotating them
+  const int half = rope / 2;
+  for (int i = lane; i < half; i += 32) {
+    int64_t i1, i2;
+    rope_pair_dims(neox, i, half, i1, i2);
+    rope_rotate_pair(__bfloat162float(dst[i1]), __bfloat162float(dst[i2]), cos_table[pos * half + i],
+                     sin_table[pos * half + i], dst[i1], dst[i2]);
   }
 }
 
@@ -370,6 +410,37 @@ void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, c
                                                                    slots, n_slots, cache.head_dim,
                                                                    static_cast<float*>(cache.k), error_flag);
   }
+  FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void dsa_index_key_norm_rope_append(__nv_bfloat16* k, int64_t k_stride, int64_t n_tokens, const DsaKeyNormRope& nr,
+                                    const int32_t* slots, const DsaIndexCacheView& cache, uint32_t* error_flag,
+                                    cudaStream_t stream) {
+  check_cache("dsa_index_key_norm_rope_append", cache);
+  const int head_dim = cache.head_dim;
+  FP4MOE_CHECK(n_tokens >= 0 && k_stride >= head_dim && nr.rope >= 2 && nr.rope % 2 == 0 && nr.rope <= head_dim &&
+               nr.n_positions >= 1 && nr.eps >= 0.0f)
+      << "dsa_index_key_norm_rope_append: tokens=" << n_tokens << ", k_stride=" << k_stride << ", head_dim=" << head_dim
+      << ", rope=" << nr.rope << " (even, 2..head_dim), n_positions=" << nr.n_positions << ", eps=" << nr.eps;
+  if (n_tokens == 0) return;
+  FP4MOE_CHECK(k != nullptr && nr.ln_w != nullptr && nr.ln_b != nullptr && nr.positions != nullptr &&
+               nr.cos != nullptr && nr.sin != nullptr && slots != nullptr && cache.k != nullptr &&
+               error_flag != nullptr)
+      << "dsa_index_key_norm_rope_append: null pointer for tokens=" << n_tokens;
+  FP4MOE_CHECK(cache.dtype == DType::kBF16)
+      << "dsa_index_key_norm_rope_append: the cache holds " << dtype_name(cache.dtype)
+      << " keys; this path writes bf16 (use layer_norm_bf16 + rope_bf16 + dsa_index_cache_append)";
+  if (n_tokens > int64_t{kGridStrideMaxCtas} * 8) {  // past the grid: the three launches, in place on k
+    layer_norm_bf16(k, nr.ln_w, nr.ln_b, n_tokens, head_dim, k_stride, nr.eps, k, stream);
+    rope_bf16(k, n_tokens, 1, k_stride, k_stride, 0, nr.rope, nr.style, nr.positions, nr.cos, nr.sin, nr.n_positions,
+              error_flag, stream);
+    dsa_index_cache_append(k, k_stride, n_tokens, slots, cache, error_flag, stream);
+    return;
+  }
+  dsa_key_norm_rope_append_kernel<<<static_cast<unsigned>((n_tokens + 7) / 8), 256, 0, stream>>>(
+      k, k_stride, n_tokens, head_dim, nr.ln_w, nr.ln_b, nr.eps, nr.rope, nr.positions, nr.cos, nr.sin, nr.n_positions,
+      nr.style == RopeStyle::kNeox, slots, cache.n_blocks * cache.page_size, static_cast<__nv_bfloat16*>(cache.k),
+      error_flag);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,8 +29,8 @@
 // tests/kernels/test_cuda_mla_host.cpp (offsets, ordered keys, radix digit pick, plan refusals).
 #pragma once
 
-#include <cuda_runtime_api.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstring>
@@ -41,6 +41,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/ops/attention_geometry.h"  // FP4MOE_ATTN_HD
 #include "kernels/cuda/ops/mla_prefill.h"         // kDeviceErrorKeySelection
+#include "kernels/cuda/ops/norm_rope.h"           // RopeStyle
 
 namespace fp4moe::cuda {
 
@@ -65,6 +66,25 @@ struct DsaIndexCacheView {
 // kDeviceErrorKvSlot, skipped).
 void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, const int32_t* slots,
                             const DsaIndexCacheView& cache, uint32_t* error_flag, cudaStream_t stream);
+
+// The indexer key branch's tail: for each of n_tokens rows of k [head_dim] (token stride k_stride),
+// cache[slots[t]] = RoPE(LayerNorm(k_t)) (LayerNorm with ln_w, ln_b, eps; RoPE on dims [0, rope) at positions[t])
+// in one launch (a warp a token), with the bits and flags of layer_norm_bf16 (in place) + rope_bf16 +
+// dsa_index_cache_append; k is then not written. The cache must hold bf16 keys.
+struct DsaKeyNormRope {
+  const float* ln_w = nullptr;  // [head_dim]
+  const float* ln_b = nullptr;
+  float eps = 0.0f;
+  int rope = 0;                        // rotary dims (even, <= head_dim), the first of the row
+  const int32_t* positions = nullptr;  // [n_tokens]
+  const float* cos = nullptr;          // [n_positions, rope / 2]
+  const float* sin = nullptr;
+  int64_t n_positions = 0;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+void dsa_index_key_norm_rope_append(__nv_bfloat16* k, int64_t k_stride, int64_t n_tokens, const DsaKeyNormRope& nr,
+                                    const int32_t* slots, const DsaIndexCacheView& cache, uint32_t* error_flag,
+                                    cudaStream_t stream);
 
 // ---- host-side planning (pure functions, tested on the CPU) ----
 

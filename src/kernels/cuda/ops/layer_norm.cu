@@ -1,14 +1,12 @@
-// LayerNorm (weight + bias) on BF16 rows (see layer_norm.h): one warp per row, three passes over
-// the row held by each lane (sum -> mean, centered sum of squares -> variance, normalize). Each
-// product/sum is rounded explicitly (__fmul_rn/__fadd_rn) so nvcc cannot contract them into FMAs;
-// only the summation order differs from model::layer_norm. Tested by tests/kernels/test_cuda_layer_norm.cpp.
-#include "kernels/cuda/ops/layer_norm.h"
-#include "kernels/cuda/warp_reduce.cuh"
-
+// LayerNorm (weight + bias) on BF16 rows (see layer_norm.h): one warp per row (layer_norm_warp_row,
+// layer_norm_row.cuh). Tested by tests/kernels/test_cuda_layer_norm.cpp.
 #include <algorithm>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/layer_norm.h"
+#include "kernels/cuda/ops/layer_norm_row.cuh"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace fp4moe::cuda {
 
@@ -27,21 +25,7 @@ __global__ void __launch_bounds__(kLnCta)
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kLnRowsPerCta + threadIdx.x / 32; row < n_rows;
        row += row_step) {
     const int64_t base = row * row_stride;
-    float sum = 0.0f;
-    for (int64_t i = lane; i < dim; i += 32) sum = __fadd_rn(sum, __bfloat162float(x[base + i]));
-    const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(dim));
-    float sq = 0.0f;
-    for (int64_t i = lane; i < dim; i += 32) {
-      const float d = __fsub_rn(__bfloat162float(x[base + i]), mean);
-      sq = __fadd_rn(sq, __fmul_rn(d, d));
-    }
-    const float var = __fdiv_rn(warp_sum(sq), static_cast<float>(dim));
-    // model::layer_norm: inv = 1 / sqrt(var + eps) (IEEE div and sqrt).
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-    for (int64_t i = lane; i < dim; i += 32) {
-      const float d = __fsub_rn(__bfloat162float(x[base + i]), mean);
-      y[base + i] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(__fmul_rn(d, inv), w[i]), b[i]));  // (x-m)*inv*w + b
-    }
+    layer_norm_warp_row(x + base, w, b, dim, eps, y + base, lane);
   }
 }
 
