@@ -384,8 +384,8 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   L.kv_a.forward(cb, h, T, ckv, ks);
   const cuda::MlaCacheView cache{L.latent_cache.as<bf16>(), pool_->n_blocks(), pool_->page_size(),
                                  static_cast<int>(R), static_cast<int>(rope)};
-  const cuda::MlaLatentNormRope latent_nr{
-      L.kv_a_norm.as<float>(), kLoraNormEps, s.pos, cos, sin, n_positions_, rope_style_};
+  const cuda::RopeAngles angles{s.pos, cos, sin, n_positions_, rope_style_};
+  const cuda::MlaLatentNormRope latent_nr{L.kv_a_norm.as<float>(), kLoraNormEps, angles};
   cuda::mla_latent_norm_rope_append(ckv, latent_w, T, latent_nr, s.slots, cache, err, ks);
   // DSA indexer (full layers): the key of every new token is cached.
   if (L.indexer) {
@@ -395,9 +395,9 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
     // k_norm (LayerNorm) and RoPE on dims [0, rope), both into the index-key cache (one launch).
     const cuda::DsaIndexCacheView kc{g.k_cache.as<bf16>(), DType::kBF16, pool_->n_blocks(), pool_->page_size(),
                                      static_cast<int>(idim)};
-    const cuda::DsaKeyNormRope key_nr{
-        g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), kIndexerKNormEps, static_cast<int>(rope), s.pos, cos, sin,
-        n_positions_,           index_rope_style_};
+    const cuda::DsaKeyNormRope key_nr{g.k_norm_w.as<float>(), g.k_norm_b.as<float>(), kIndexerKNormEps,
+                                      static_cast<int>(rope),
+                                      cuda::RopeAngles{s.pos, cos, sin, n_positions_, index_rope_style_}};
     cuda::dsa_index_key_norm_rope_append(ik, idim, T, key_nr, s.slots, kc, err, ks);
   }
 
@@ -446,7 +446,7 @@ void Glm5CudaModel::run_layer(size_t l, const StepInts& s, const StepPlan& plan)
   float* q_lat = q_lat_.as<float>();
   float* latent = latent_.as<float>();
   float* ws = plan.split.n_splits > 1 ? attn_workspace_.as<float>() : nullptr;
-  const cuda::MlaQRope q_rope{s.pos, cos, sin, n_positions_, rope_style_, err};
+  const cuda::MlaQRope q_rope{angles, err};
   cuda::mla_absorb_q(q, L.kv_b.as<bf16>(), mla_, T, q_lat, cb, st, &q_rope);
   bool parts_ready = false;  // the attention wrote mla_project_v's bf16 parts itself
   if (plan.decode_kernel) {

@@ -16,7 +16,8 @@
 //       exclusive counts from warp ballots): ascending positions, exactly model::dsa_select_topk's set.
 // Performance notes: the score kernel re-reads the query's keys per token (a tile of tokens sharing
 // each key row, or tensor-core MMA over [tokens x heads] x keys, is the next step); the select pass
-// reads a query's scores 5 times from L2. Tested by tests/kernels/test_cuda_dsa_indexer.cpp.
+// reads a query's scores 5 times from L2. Tested by tests/kernels/test_cuda_dsa_indexer.cpp and
+// test_cuda_mla_fusions.cpp (the fused key append).
 #include <algorithm>
 
 #include "core/error.h"
@@ -61,7 +62,9 @@ __global__ void __launch_bounds__(256)
 // rotary pairs of that row rotated in place (rope_kernel's arithmetic, a lane a pair). Flags as the three
 // launches it replaces: kDeviceErrorRopePosition for a position outside the table (the row then stays
 // unrotated), then slot -1 skipped and a slot past the cache kDeviceErrorKvSlot.
-__global__ void __launch_bounds__(256)
+constexpr int kKeyAppendWarps = 8;  // dsa_key_norm_rope_append_kernel: a warp a key row, 8 a CTA
+
+__global__ void __launch_bounds__(32 * kKeyAppendWarps)
     dsa_key_norm_rope_append_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_stride, int64_t n_tokens,
                                     int head_dim, const float* __restrict__ ln_w, const float* __restrict__ ln_b,
                                     float eps, int rope, const int32_t* __restrict__ positions,
@@ -69,7 +72,7 @@ __global__ void __launch_bounds__(256)
                                     int64_t n_positions, bool neox, const int32_t* __restrict__ slots, int64_t n_slots,
                                     __nv_bfloat16* cache, uint32_t* error_flag) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kKeyAppendWarps + threadIdx.x / 32;
   if (t >= n_tokens) return;  // warp-uniform
   const int64_t pos = positions[t];
   const bool pos_ok = pos >= 0 && pos < n_positions;
@@ -419,28 +422,28 @@ void dsa_index_key_norm_rope_append(__nv_bfloat16* k, int64_t k_stride, int64_t 
   check_cache("dsa_index_key_norm_rope_append", cache);
   const int head_dim = cache.head_dim;
   FP4MOE_CHECK(n_tokens >= 0 && k_stride >= head_dim && nr.rope >= 2 && nr.rope % 2 == 0 && nr.rope <= head_dim &&
-               nr.n_positions >= 1 && nr.eps >= 0.0f)
+               nr.angles.n_positions >= 1 && nr.eps >= 0.0f)
       << "dsa_index_key_norm_rope_append: tokens=" << n_tokens << ", k_stride=" << k_stride << ", head_dim=" << head_dim
-      << ", rope=" << nr.rope << " (even, 2..head_dim), n_positions=" << nr.n_positions << ", eps=" << nr.eps;
+      << ", rope=" << nr.rope << " (even, 2..head_dim), n_positions=" << nr.angles.n_positions << ", eps=" << nr.eps;
   if (n_tokens == 0) return;
-  FP4MOE_CHECK(k != nullptr && nr.ln_w != nullptr && nr.ln_b != nullptr && nr.positions != nullptr &&
-               nr.cos != nullptr && nr.sin != nullptr && slots != nullptr && cache.k != nullptr &&
-               error_flag != nullptr)
+  FP4MOE_CHECK(k != nullptr && nr.ln_w != nullptr && nr.ln_b != nullptr && nr.angles.complete() && slots != nullptr &&
+               cache.k != nullptr && error_flag != nullptr)
       << "dsa_index_key_norm_rope_append: null pointer for tokens=" << n_tokens;
   FP4MOE_CHECK(cache.dtype == DType::kBF16)
       << "dsa_index_key_norm_rope_append: the cache holds " << dtype_name(cache.dtype)
       << " keys; this path writes bf16 (use layer_norm_bf16 + rope_bf16 + dsa_index_cache_append)";
-  if (n_tokens > int64_t{kGridStrideMaxCtas} * 8) {  // past the grid: the three launches, in place on k
+  if (n_tokens > int64_t{kGridStrideMaxCtas} * kKeyAppendWarps) {  // past the grid: the three launches, in place on k
     layer_norm_bf16(k, nr.ln_w, nr.ln_b, n_tokens, head_dim, k_stride, nr.eps, k, stream);
-    rope_bf16(k, n_tokens, 1, k_stride, k_stride, 0, nr.rope, nr.style, nr.positions, nr.cos, nr.sin, nr.n_positions,
-              error_flag, stream);
+    rope_bf16(k, n_tokens, 1, k_stride, k_stride, 0, nr.rope, nr.angles.style, nr.angles.positions, nr.angles.cos,
+              nr.angles.sin, nr.angles.n_positions, error_flag, stream);
     dsa_index_cache_append(k, k_stride, n_tokens, slots, cache, error_flag, stream);
     return;
   }
-  dsa_key_norm_rope_append_kernel<<<static_cast<unsigned>((n_tokens + 7) / 8), 256, 0, stream>>>(
-      k, k_stride, n_tokens, head_dim, nr.ln_w, nr.ln_b, nr.eps, nr.rope, nr.positions, nr.cos, nr.sin, nr.n_positions,
-      nr.style == RopeStyle::kNeox, slots, cache.n_blocks * cache.page_size, static_cast<__nv_bfloat16*>(cache.k),
-      error_flag);
+  dsa_key_norm_rope_append_kernel<<<static_cast<unsigned>((n_tokens + kKeyAppendWarps - 1) / kKeyAppendWarps),
+                                    32 * kKeyAppendWarps, 0, stream>>>(
+      k, k_stride, n_tokens, head_dim, nr.ln_w, nr.ln_b, nr.eps, nr.rope, nr.angles.positions, nr.angles.cos,
+      nr.angles.sin, nr.angles.n_positions, nr.angles.style == RopeStyle::kNeox, slots,
+      cache.n_blocks * cache.page_size, static_cast<__nv_bfloat16*>(cache.k), error_flag);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

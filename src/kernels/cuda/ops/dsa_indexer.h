@@ -25,7 +25,8 @@
 // Limits (refused by the host, naming the numbers; dsa_index_plan): head_dim 32, 64, 128 or 256;
 // (n_heads * head_dim + n_heads) * 4 B of q/w in shared memory <= 48 KiB; max_seq_len <= 65535 * 256
 // keys (grid.z); n_seqs <= 65535. Any index_topk >= 1 (the radix select has no key-count limit).
-// Tested by tests/kernels/test_cuda_dsa_indexer.cpp (GPU vs model::dsa_select_topk, exact) and
+// Tested by tests/kernels/test_cuda_dsa_indexer.cpp (GPU vs model::dsa_select_topk, exact),
+// test_cuda_mla_fusions.cpp (the fused key append vs its three launches) and
 // tests/kernels/test_cuda_mla_host.cpp (offsets, ordered keys, radix digit pick, plan refusals).
 #pragma once
 
@@ -70,17 +71,14 @@ void dsa_index_cache_append(const void* k, int64_t k_stride, int64_t n_tokens, c
 // The indexer key branch's tail: for each of n_tokens rows of k [head_dim] (token stride k_stride),
 // cache[slots[t]] = RoPE(LayerNorm(k_t)) (LayerNorm with ln_w, ln_b, eps; RoPE on dims [0, rope) at positions[t])
 // in one launch (a warp a token), with the bits and flags of layer_norm_bf16 (in place) + rope_bf16 +
-// dsa_index_cache_append; k is then not written. The cache must hold bf16 keys.
+// dsa_index_cache_append; k is then not written (past 2^23 tokens: those three launches, in place on k). The
+// cache must hold bf16 keys.
 struct DsaKeyNormRope {
   const float* ln_w = nullptr;  // [head_dim]
   const float* ln_b = nullptr;
   float eps = 0.0f;
-  int rope = 0;                        // rotary dims (even, <= head_dim), the first of the row
-  const int32_t* positions = nullptr;  // [n_tokens]
-  const float* cos = nullptr;          // [n_positions, rope / 2]
-  const float* sin = nullptr;
-  int64_t n_positions = 0;
-  RopeStyle style = RopeStyle::kInterleaved;
+  int rope = 0;       // rotary dims (even, <= head_dim), the first of the row
+  RopeAngles angles;  // positions [n_tokens]
 };
 void dsa_index_key_norm_rope_append(__nv_bfloat16* k, int64_t k_stride, int64_t n_tokens, const DsaKeyNormRope& nr,
                                     const int32_t* slots, const DsaIndexCacheView& cache, uint32_t* error_flag,

@@ -3,6 +3,7 @@
 // passes over the row held by each lane (sum -> mean, centered sum of squares -> variance, normalize),
 // each product / sum rounded explicitly (__fmul_rn / __fadd_rn) so nvcc cannot contract them into FMAs;
 // only the summation order differs from model::layer_norm.
+// Tested through its kernels: tests/kernels/test_cuda_layer_norm.cpp and test_cuda_mla_fusions.cpp.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -10,7 +10,7 @@
 //                         once) into f32, mla_sum_round_bf16_kernel (hi + lo products -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
 //   mla_latent_append_kernel: a warp per token: c_kv's RMSNorm + k_pe's RoPE straight into the cache.
-// Tested by tests/kernels/test_cuda_mla_decode.cpp.
+// Tested by tests/kernels/test_cuda_mla_decode.cpp and test_cuda_mla_fusions.cpp (the fused launches).
 #include <algorithm>
 
 #include "core/error.h"
@@ -270,35 +270,40 @@ void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n
                                  const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
                                  cudaStream_t stream) {
   const int rank = cache.kv_lora_rank, rope = cache.rope_dim;
-  FP4MOE_CHECK(n_tokens >= 0 && rank >= 2 && rope >= 2 && rope % 2 == 0 && kv_stride >= rank + rope &&
-               nr.n_positions >= 1 && nr.eps >= 0.0f)
+  FP4MOE_CHECK(n_tokens >= 0 && rank >= 2 && rank % 2 == 0 && rope >= 2 && rope % 2 == 0 && kv_stride >= rank + rope &&
+               kv_stride % 2 == 0 && cache.n_blocks >= 1 && cache.page_size >= 1 && nr.angles.n_positions >= 1 &&
+               nr.eps >= 0.0f)
       << "mla_latent_norm_rope_append: tokens=" << n_tokens << ", rank=" << rank << ", rope=" << rope
-      << ", kv_stride=" << kv_stride << ", n_positions=" << nr.n_positions << ", eps=" << nr.eps
-      << " (even rope >= 2, kv_stride >= rank + rope)";
+      << ", kv_stride=" << kv_stride << ", n_blocks=" << cache.n_blocks << ", page_size=" << cache.page_size
+      << ", n_positions=" << nr.angles.n_positions << ", eps=" << nr.eps
+      << " (even rank, rope >= 2 and kv_stride >= rank + rope; a cache of at least one block and row)";
   if (n_tokens == 0) return;
-  FP4MOE_CHECK(kv != nullptr && nr.norm_w != nullptr && nr.positions != nullptr && nr.cos != nullptr &&
-               nr.sin != nullptr && slots != nullptr && cache.kv != nullptr && error_flag != nullptr)
+  FP4MOE_CHECK(kv != nullptr && nr.norm_w != nullptr && nr.angles.complete() && slots != nullptr &&
+               cache.kv != nullptr && error_flag != nullptr)
       << "mla_latent_norm_rope_append: null pointer for tokens=" << n_tokens;
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const int64_t pieces = rank / 8;
   const int vecs = static_cast<int>((pieces + 31) / 32);
-  const bool fused = rank % 8 == 0 && (rank + rope) % 8 == 0 && kv_stride % 8 == 0 && vecs <= 4 && aligned16(kv) &&
+  // The fused kernel: 16 B pieces of c_kv (<= 2 a lane: rank <= 512, GLM-5's), 16 B aligned cache rows, one CTA
+  // per 8 tokens within the grid limit. Otherwise the three launches, in place on kv (rms_norm_bf16 picks its
+  // own kernel, so the bits are those of the same three launches either way).
+  const bool fused = rank % 8 == 0 && (rank + rope) % 8 == 0 && kv_stride % 8 == 0 && vecs <= 2 && aligned16(kv) &&
                      aligned16(cache.kv) && aligned16(nr.norm_w) &&
                      n_tokens <= int64_t{kGridStrideMaxCtas} * kRmsNormCtaWarps;
-  if (!fused) {  // rms_norm_bf16 would not take its 16 B kernel either: the three launches, in place on kv
+  if (!fused) {
     rms_norm_bf16(kv, nullptr, nr.norm_w, n_tokens, rank, kv_stride, nr.eps, kv, stream);
-    rope_bf16(kv, n_tokens, 1, kv_stride, kv_stride, rank, rope, nr.style, nr.positions, nr.cos, nr.sin, nr.n_positions,
-              error_flag, stream);
+    rope_bf16(kv, n_tokens, 1, kv_stride, kv_stride, rank, rope, nr.angles.style, nr.angles.positions, nr.angles.cos,
+              nr.angles.sin, nr.angles.n_positions, error_flag, stream);
     mla_cache_append_bf16(kv, kv_stride, kv + rank, kv_stride, n_tokens, slots, cache, error_flag, stream);
     return;
   }
   using Kernel = decltype(&mla_latent_append_kernel<1>);
-  constexpr Kernel kByVecs[4] = {mla_latent_append_kernel<1>, mla_latent_append_kernel<2>, mla_latent_append_kernel<3>,
-                                 mla_latent_append_kernel<4>};
+  constexpr Kernel kByVecs[2] = {mla_latent_append_kernel<1>, mla_latent_append_kernel<2>};
   const int grid = static_cast<int>((n_tokens + kRmsNormCtaWarps - 1) / kRmsNormCtaWarps);
   kByVecs[vecs - 1]<<<grid, 32 * kRmsNormCtaWarps, 0, stream>>>(
-      kv, kv_stride, n_tokens, rank, rope, nr.norm_w, nr.eps, nr.positions, nr.cos, nr.sin, nr.n_positions,
-      nr.style == RopeStyle::kNeox, slots, cache.n_blocks * cache.page_size, cache.kv, error_flag);
+      kv, kv_stride, n_tokens, rank, rope, nr.norm_w, nr.eps, nr.angles.positions, nr.angles.cos, nr.angles.sin,
+      nr.angles.n_positions, nr.angles.style == RopeStyle::kNeox, slots, cache.n_blocks * cache.page_size, cache.kv,
+      error_flag);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -309,10 +314,9 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
   if (n_seqs == 0) return;
   FP4MOE_CHECK(q != nullptr && kv_b != nullptr && q_lat != nullptr && cublas != nullptr)
       << "mla_absorb_q: null pointer or cuBLAS handle";
-  FP4MOE_CHECK(q_rope == nullptr || (q_rope->positions != nullptr && q_rope->cos != nullptr && q_rope->sin != nullptr &&
-                                     q_rope->error_flag != nullptr && q_rope->n_positions >= 1))
+  FP4MOE_CHECK(q_rope == nullptr || (q_rope->angles.complete() && q_rope->error_flag != nullptr))
       << "mla_absorb_q: q_pe RoPE needs positions, cos / sin tables, an error flag and n_positions >= 1 (got "
-      << (q_rope == nullptr ? 0 : q_rope->n_positions) << ")";
+      << (q_rope == nullptr ? 0 : q_rope->angles.n_positions) << ")";
   const int64_t H = dims.n_heads, R = dims.kv_lora_rank, nope = dims.qk_nope_head_dim, rope = dims.qk_rope_head_dim;
   const int64_t qk = nope + rope, W = R + rope, rows_per_head = nope + dims.v_head_dim;
   // Column-major view per head h: q_lat_h^T [R, n] = W_UK_h^T [R, nope] x q_nope_h^T [nope, n].
@@ -323,11 +327,11 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
       kv_b, CUDA_R_16BF, static_cast<int>(R), rows_per_head * R, q, CUDA_R_16BF, static_cast<int>(H * qk), qk, &zero,
       q_lat, CUDA_R_32F, static_cast<int>(H * W), W, static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   const int64_t n_pairs = n_seqs * H * (rope / 2);
+  const RopeAngles angles = q_rope == nullptr ? RopeAngles{} : q_rope->angles;  // no positions: copied as is
   mla_copy_q_pe_kernel<<<elementwise_blocks(n_pairs), kElementwiseThreads, 0, stream>>>(
       q, n_seqs, static_cast<int>(H), static_cast<int>(R), static_cast<int>(nope), static_cast<int>(rope),
-      q_rope == nullptr ? nullptr : q_rope->positions, q_rope == nullptr ? nullptr : q_rope->cos,
-      q_rope == nullptr ? nullptr : q_rope->sin, q_rope == nullptr ? 0 : q_rope->n_positions,
-      q_rope != nullptr && q_rope->style == RopeStyle::kNeox, q_rope == nullptr ? nullptr : q_rope->error_flag, q_lat);
+      angles.positions, angles.cos, angles.sin, angles.n_positions, angles.style == RopeStyle::kNeox,
+      q_rope == nullptr ? nullptr : q_rope->error_flag, q_lat);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -127,16 +127,13 @@ void mla_cache_append_bf16(const __nv_bfloat16* c_kv, int64_t c_stride, const __
 // The latent branch's tail: for each of n_tokens rows of kv [c_kv (rank) | k_pe (rope)] (token stride kv_stride,
 // elements), cache[slots[t]] = [rms_norm(c_kv) (norm_w, eps) | k_pe rotated at positions[t]] in one launch (a warp
 // a token), with the bits and error flags of rms_norm_bf16 (in place) + rope_bf16 (offset rank, one head) +
-// mla_cache_append_bf16; kv is then not written. Where rms_norm_bf16 would not take its 16 B kernel (rank or the
-// strides not multiples of 8, unaligned rows, rank > 1024) it runs those three launches, in place on kv.
+// mla_cache_append_bf16; kv is then not written. Where the fused kernel does not apply (rank, rank + rope or the
+// stride not multiples of 8, rank > 512, unaligned kv / cache / weights, more than 2^23 tokens) it runs those
+// three launches, in place on kv.
 struct MlaLatentNormRope {
   const float* norm_w = nullptr;  // [rank] f32
   float eps = 0.0f;
-  const int32_t* positions = nullptr;  // [n_tokens]
-  const float* cos = nullptr;          // [n_positions, rope / 2]
-  const float* sin = nullptr;
-  int64_t n_positions = 0;
-  RopeStyle style = RopeStyle::kInterleaved;
+  RopeAngles angles;  // positions [n_tokens]
 };
 void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n_tokens, const MlaLatentNormRope& nr,
                                  const int32_t* slots, const MlaCacheView& cache, uint32_t* error_flag,
@@ -145,11 +142,7 @@ void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n
 // q_pe's RoPE done by mla_absorb_q's copy of q_pe (one launch less than rope_bf16 on q first, the same
 // bits): the q rows' positions [n_seqs] and the cos / sin tables as rope_bf16 takes them.
 struct MlaQRope {
-  const int32_t* positions = nullptr;
-  const float* cos = nullptr;  // [n_positions, rope / 2]
-  const float* sin = nullptr;
-  int64_t n_positions = 0;
-  RopeStyle style = RopeStyle::kInterleaved;
+  RopeAngles angles;               // positions [n_seqs]
   uint32_t* error_flag = nullptr;  // kDeviceErrorRopePosition (that row's q_pe is copied unrotated)
 };
 

@@ -1,9 +1,10 @@
 // RMSNorm (+ fused residual add), RoPE, embedding lookup and argmax on the GPU (see norm_rope.h).
 //   rms_norm:  one warp per row for dim <= 1024 (8 rows per 256-thread CTA), else one 256-thread CTA
 //              per row: with dim % 8 == 0 and 16 B aligned rows (up to dim 8192) 16 B accesses and the
-//              row held in registers between the two passes (GLM-5 H = 6144: 3 pieces of 8 a thread;
-//              its kv_a norm, dim 512: 2 a lane), otherwise element by element, the second pass
-//              re-reading what the same thread wrote; either way y may alias x.
+//              row held in registers between the two passes (rms_norm_vec_row, rms_norm_row.cuh, which
+//              mla_decode.cu's fused latent append shares; GLM-5 H = 6144: 3 pieces of 8 a thread, its
+//              q_a norm, dim 2048: 1 a thread), otherwise element by element, the second pass re-reading
+//              what the same thread wrote; either way y may alias x.
 //   rope:      one thread per (token, head, rotated pair), grid-stride.
 //   embedding: one 128-thread CTA per token (grid-stride), 16-byte copies when dim % 8 == 0.
 //   argmax:    one 256-thread CTA per row, or per (row, column part) with a second one-warp-per-row

@@ -31,6 +31,17 @@ void rms_norm_bf16(const __nv_bfloat16* x, __nv_bfloat16* residual, const float*
 
 enum class RopeStyle { kNeox, kInterleaved };
 
+// The RoPE angles of a batch of rows as the fused launches take them (the arguments rope_bf16 takes one by
+// one): row t's position positions[t] and the cos / sin tables [n_positions, rotary_dim / 2] f32.
+struct RopeAngles {
+  const int32_t* positions = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t n_positions = 0;
+  RopeStyle style = RopeStyle::kInterleaved;
+  bool complete() const { return positions != nullptr && cos != nullptr && sin != nullptr && n_positions >= 1; }
+};
+
 // In place on x: token t's head h starts at x + t * token_stride + h * head_stride; dims
 // [offset, offset + rotary_dim) rotate by the angles of positions[t]: cos_table/sin_table are
 // [n_positions, rotary_dim / 2] f32. A position outside [0, n_positions) sets kDeviceErrorRopePosition

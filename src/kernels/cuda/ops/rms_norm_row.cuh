@@ -1,6 +1,7 @@
 // The RMSNorm of one row on the GPU, shared by norm_rope.cu's kernels and mla_decode.cu's latent append
 // (one definition of the arithmetic, so every caller gives the same bits): model::rms_norm's, IEEE div
 // and sqrt, no fast-math, inv = 1 / sqrt(ss / dim + eps) and y = w * (s * inv).
+// Tested through its kernels: tests/kernels/test_cuda_ops.cpp (RMSNorm vs the CPU) and test_cuda_mla_fusions.cpp.
 #pragma once
 
 #include <cuda_bf16.h>

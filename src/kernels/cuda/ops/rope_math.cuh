@@ -1,6 +1,8 @@
 // The RoPE arithmetic every GPU kernel that rotates a pair uses (norm_rope.cu's rope_kernel,
-// mla_decode.cu's q_pe copy and latent append): bit for bit model::rope_neox / rope_interleaved on bf16
-// inputs, each product rounded as on the CPU (__fmul_rn / __fadd_rn, so nvcc cannot fuse them into FMAs).
+// mla_decode.cu's q_pe copy and latent append, dsa_indexer.cu's key append): bit for bit model::rope_neox /
+// rope_interleaved on bf16 inputs, each product rounded as on the CPU (__fmul_rn / __fadd_rn, so nvcc cannot fuse them
+// into FMAs). Tested through its kernels: tests/kernels/test_cuda_ops.cpp (RoPE vs the CPU) and
+// test_cuda_mla_fusions.cpp.
 #pragma once
 
 #include <cuda_bf16.h>

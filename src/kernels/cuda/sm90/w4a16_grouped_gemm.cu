@@ -590,10 +590,10 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
     // Small grids (decode: a few rows) wait on latency, large ones on bandwidth: the loads-first sum up to
     // kW4A16ReduceLoadsFirstMaxBlocks blocks (H100, BENCHMARKS.md 2026-12-06 thirty-first session run 5,
     // thirty-second session run 2).
-    const bool first = blocks <= kW4A16ReduceLoadsFirstMaxBlocks;
+    const bool loads_first = blocks <= kW4A16ReduceLoadsFirstMaxBlocks;
     const auto kernel =
-        swiglu ? (first ? w4a16_splitk_reduce_kernel<true, true> : w4a16_splitk_reduce_kernel<true, false>)
-               : (first ? w4a16_splitk_reduce_kernel<false, true> : w4a16_splitk_reduce_kernel<false, false>);
+        swiglu ? (loads_first ? w4a16_splitk_reduce_kernel<true, true> : w4a16_splitk_reduce_kernel<true, false>)
+               : (loads_first ? w4a16_splitk_reduce_kernel<false, true> : w4a16_splitk_reduce_kernel<false, false>);
     kernel<<<blocks, 256, 0, stream>>>(args.splitk_workspace, split.parts, args.expert_offsets,
                                        static_cast<int32_t>(args.n_experts), static_cast<int32_t>(args.m_total),
                                        static_cast<int32_t>(args.n), args.y);
