@@ -1,6 +1,6 @@
 // DSA lightning indexer kernels (see dsa_indexer.h).
 //   dsa_index_cache_append_kernel<T>: thread per element of a key row -> its cache slot.
-//   dsa_key_norm_rope_append_kernel: a warp per key row: LayerNorm + RoPE straight into its bf16 cache slot.
+//   dsa_index_key_norm_rope_append_kernel: a warp per key row: LayerNorm + RoPE straight into its bf16 cache slot.
 //   dsa_index_scores_kernel<T, DPL> (head_dim = 32 * DPL): CTA (query token, sequence, 256-key chunk),
 //       8 warps. q [n_heads, head_dim] and w * weight_scale of the query sit in shared memory (f32);
 //       a warp takes one causal key at a time, each lane holding dims lane + 32a of it, and for each
@@ -25,6 +25,7 @@
 #include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/dsa_indexer.h"
+#include "kernels/cuda/ops/fused_append.cuh"
 #include "kernels/cuda/ops/layer_norm.h"
 #include "kernels/cuda/ops/layer_norm_row.cuh"
 #include "kernels/cuda/ops/rope_math.cuh"
@@ -62,37 +63,30 @@ __global__ void __launch_bounds__(256)
 // rotary pairs of that row rotated in place (rope_kernel's arithmetic, a lane a pair). Flags as the three
 // launches it replaces: kDeviceErrorRopePosition for a position outside the table (the row then stays
 // unrotated), then slot -1 skipped and a slot past the cache kDeviceErrorKvSlot.
-constexpr int kKeyAppendWarps = 8;  // dsa_key_norm_rope_append_kernel: a warp a key row, 8 a CTA
+constexpr int kKeyAppendWarps = 8;  // dsa_index_key_norm_rope_append_kernel: a warp a key row, 8 a CTA
 
 __global__ void __launch_bounds__(32 * kKeyAppendWarps)
-    dsa_key_norm_rope_append_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_stride, int64_t n_tokens,
-                                    int head_dim, const float* __restrict__ ln_w, const float* __restrict__ ln_b,
-                                    float eps, int rope, const int32_t* __restrict__ positions,
-                                    const float* __restrict__ cos_table, const float* __restrict__ sin_table,
-                                    int64_t n_positions, bool neox, const int32_t* __restrict__ slots, int64_t n_slots,
-                                    __nv_bfloat16* cache, uint32_t* error_flag) {
+    dsa_index_key_norm_rope_append_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_stride, int64_t n_tokens,
+                                          int head_dim, const float* __restrict__ ln_w, const float* __restrict__ ln_b,
+                                          float eps, int rope, const int32_t* __restrict__ positions,
+                                          const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                                          int64_t n_positions, bool neox, const int32_t* __restrict__ slots,
+                                          int64_t n_slots, __nv_bfloat16* cache, uint32_t* error_flag) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kKeyAppendWarps + threadIdx.x / 32;
   if (t >= n_tokens) return;  // warp-uniform
-  const int64_t pos = positions[t];
-  const bool pos_ok = pos >= 0 && pos < n_positions;
-  if (!pos_ok && lane == 0) atomicOr(error_flag, kDeviceErrorRopePosition);
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  if (slot >= n_slots) {
-    if (lane == 0) atomicOr(error_flag, kDeviceErrorKvSlot);
-    return;
-  }
-  __nv_bfloat16* dst = cache + slot * head_dim;
+  const FusedAppendTarget at = fused_append_target(positions, n_positions, slots, n_slots, t, lane, error_flag);
+  if (at.slot < 0) return;
+  __nv_bfloat16* dst = cache + at.slot * head_dim;
   layer_norm_warp_row(k + t * k_stride, ln_w, ln_b, head_dim, eps, dst, lane);
-  if (!pos_ok) return;
+  if (!at.pos_ok) return;
   __syncwarp();  // the row's normalized values, written by every lane, visible to the lanes rotating them
   const int half = rope / 2;
   for (int i = lane; i < half; i += 32) {
     int64_t i1, i2;
     rope_pair_dims(neox, i, half, i1, i2);
-    rope_rotate_pair(__bfloat162float(dst[i1]), __bfloat162float(dst[i2]), cos_table[pos * half + i],
-                     sin_table[pos * half + i], dst[i1], dst[i2]);
+    rope_rotate_pair(__bfloat162float(dst[i1]), __bfloat162float(dst[i2]), cos_table[at.pos * half + i],
+                     sin_table[at.pos * half + i], dst[i1], dst[i2]);
   }
 }
 
@@ -439,8 +433,8 @@ void dsa_index_key_norm_rope_append(__nv_bfloat16* k, int64_t k_stride, int64_t 
     dsa_index_cache_append(k, k_stride, n_tokens, slots, cache, error_flag, stream);
     return;
   }
-  dsa_key_norm_rope_append_kernel<<<static_cast<unsigned>((n_tokens + kKeyAppendWarps - 1) / kKeyAppendWarps),
-                                    32 * kKeyAppendWarps, 0, stream>>>(
+  dsa_index_key_norm_rope_append_kernel<<<static_cast<unsigned>((n_tokens + kKeyAppendWarps - 1) / kKeyAppendWarps),
+                                          32 * kKeyAppendWarps, 0, stream>>>(
       k, k_stride, n_tokens, head_dim, nr.ln_w, nr.ln_b, nr.eps, nr.rope, nr.angles.positions, nr.angles.cos,
       nr.angles.sin, nr.angles.n_positions, nr.angles.style == RopeStyle::kNeox, slots,
       cache.n_blocks * cache.page_size, static_cast<__nv_bfloat16*>(cache.k), error_flag);

@@ -9,7 +9,7 @@
 //                         one cuBLAS strided-batched GEMM over heads (both rows of every sequence: W_UV read
 //                         once) into f32, mla_sum_round_bf16_kernel (hi + lo products -> bf16 out).
 //   mla_cache_append_kernel: thread per bf16 pair of a token's [c_kv | k_pe] row.
-//   mla_latent_append_kernel: a warp per token: c_kv's RMSNorm + k_pe's RoPE straight into the cache.
+//   mla_latent_norm_rope_append_kernel: a warp per token: c_kv's RMSNorm + k_pe's RoPE straight into the cache.
 // Tested by tests/kernels/test_cuda_mla_decode.cpp and test_cuda_mla_fusions.cpp (the fused launches).
 #include <algorithm>
 
@@ -19,6 +19,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/launch_grid.h"
 #include "kernels/cuda/ops/device_errors.h"
+#include "kernels/cuda/ops/fused_append.cuh"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
 #include "kernels/cuda/ops/rms_norm_row.cuh"
@@ -184,36 +185,29 @@ __global__ void __launch_bounds__(256)
 // skipped and a slot past the cache kDeviceErrorKvSlot.
 template <int kVecs>
 __global__ void __launch_bounds__(32 * kRmsNormCtaWarps)
-    mla_latent_append_kernel(const __nv_bfloat16* __restrict__ kv, int64_t kv_stride, int64_t n_tokens, int rank,
-                             int rope, const float* __restrict__ norm_w, float eps,
-                             const int32_t* __restrict__ positions, const float* __restrict__ cos_table,
-                             const float* __restrict__ sin_table, int64_t n_positions, bool neox,
-                             const int32_t* __restrict__ slots, int64_t n_slots, __nv_bfloat16* __restrict__ cache,
-                             uint32_t* error_flag) {
+    mla_latent_norm_rope_append_kernel(const __nv_bfloat16* __restrict__ kv, int64_t kv_stride, int64_t n_tokens,
+                                       int rank, int rope, const float* __restrict__ norm_w, float eps,
+                                       const int32_t* __restrict__ positions, const float* __restrict__ cos_table,
+                                       const float* __restrict__ sin_table, int64_t n_positions, bool neox,
+                                       const int32_t* __restrict__ slots, int64_t n_slots,
+                                       __nv_bfloat16* __restrict__ cache, uint32_t* error_flag) {
   __shared__ float warp_partial[kRmsNormCtaWarps];  // unused: a warp a row needs no CTA sum
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRmsNormCtaWarps + threadIdx.x / 32;
   if (t >= n_tokens) return;  // warp-uniform
-  const int64_t pos = positions[t];
-  const bool pos_ok = pos >= 0 && pos < n_positions;
-  if (!pos_ok && lane == 0) atomicOr(error_flag, kDeviceErrorRopePosition);
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  if (slot >= n_slots) {
-    if (lane == 0) atomicOr(error_flag, kDeviceErrorKvSlot);
-    return;
-  }
+  const FusedAppendTarget at = fused_append_target(positions, n_positions, slots, n_slots, t, lane, error_flag);
+  if (at.slot < 0) return;
   const __nv_bfloat16* src = kv + t * kv_stride;
-  __nv_bfloat16* dst = cache + slot * (rank + rope);
+  __nv_bfloat16* dst = cache + at.slot * (rank + rope);
   rms_norm_vec_row<32, kVecs>(src, nullptr, norm_w, rank, eps, dst, lane, warp_partial);
   const int half = rope / 2;
   for (int i = lane; i < half; i += 32) {
     int64_t i1, i2;
     rope_pair_dims(neox, i, half, i1, i2);
     __nv_bfloat16 y1 = src[rank + i1], y2 = src[rank + i2];
-    if (pos_ok) {
-      rope_rotate_pair(__bfloat162float(y1), __bfloat162float(y2), cos_table[pos * half + i], sin_table[pos * half + i],
-                       y1, y2);
+    if (at.pos_ok) {
+      rope_rotate_pair(__bfloat162float(y1), __bfloat162float(y2), cos_table[at.pos * half + i],
+                       sin_table[at.pos * half + i], y1, y2);
     }
     dst[rank + i1] = y1;
     dst[rank + i2] = y2;
@@ -297,8 +291,8 @@ void mla_latent_norm_rope_append(__nv_bfloat16* kv, int64_t kv_stride, int64_t n
     mla_cache_append_bf16(kv, kv_stride, kv + rank, kv_stride, n_tokens, slots, cache, error_flag, stream);
     return;
   }
-  using Kernel = decltype(&mla_latent_append_kernel<1>);
-  constexpr Kernel kByVecs[2] = {mla_latent_append_kernel<1>, mla_latent_append_kernel<2>};
+  using Kernel = decltype(&mla_latent_norm_rope_append_kernel<1>);
+  constexpr Kernel kByVecs[2] = {mla_latent_norm_rope_append_kernel<1>, mla_latent_norm_rope_append_kernel<2>};
   const int grid = static_cast<int>((n_tokens + kRmsNormCtaWarps - 1) / kRmsNormCtaWarps);
   kByVecs[vecs - 1]<<<grid, 32 * kRmsNormCtaWarps, 0, stream>>>(
       kv, kv_stride, n_tokens, rank, rope, nr.norm_w, nr.eps, nr.angles.positions, nr.angles.cos, nr.angles.sin,
