@@ -61,6 +61,50 @@ struct RopeTables {
 
 uint32_t read_flag(const uint32_t* d) { return download(d, 1)[0]; }
 
+// The appended tokens of a fused-append case: n_tokens distinct slots of a cache of n_slots (token `padded`
+// gets -1: skipped) and positions in [0, n_positions).
+struct AppendInputs {
+  std::vector<int32_t> slots, pos;
+};
+AppendInputs append_inputs(int64_t n_tokens, int64_t n_slots, int64_t n_positions, size_t padded,
+                           std::mt19937_64& rng) {
+  AppendInputs in;
+  in.slots.resize(static_cast<size_t>(n_slots));
+  std::iota(in.slots.begin(), in.slots.end(), 0);
+  std::shuffle(in.slots.begin(), in.slots.end(), rng);
+  in.slots.resize(static_cast<size_t>(n_tokens));
+  in.slots[padded] = -1;
+  in.pos.resize(static_cast<size_t>(n_tokens));
+  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
+  for (int32_t& p : in.pos) p = pd(rng);
+  return in;
+}
+
+// run(fused, positions, slots, cache_out, flags) the separate launches' way and the fused launch's way: with
+// good inputs no flag, a cache the launches wrote, the same bits; with token bad_pos_at's position set to
+// bad_pos and token bad_slot_at's slot to bad_slot, both flags on both sides and again the same bits.
+template <class Run>
+void expect_fused_equals_launches(const Run& run, const AppendInputs& in, const std::vector<uint16_t>& pool,
+                                  size_t bad_pos_at, int32_t bad_pos, size_t bad_slot_at, int32_t bad_slot,
+                                  const std::string& what) {
+  std::vector<uint16_t> a, b;
+  uint32_t fa = 0, fb = 0;
+  run(false, in.pos, in.slots, a, fa);
+  run(true, in.pos, in.slots, b, fb);
+  ASSERT_EQ(fa, 0u) << describe_device_errors(fa);
+  ASSERT_EQ(fb, 0u) << describe_device_errors(fb);
+  ASSERT_NE(a, pool) << "the three launches wrote nothing";
+  ASSERT_EQ(a, b) << what << " differs from its three launches";
+  std::vector<int32_t> bad_positions = in.pos, bad_slots = in.slots;
+  bad_positions[bad_pos_at] = bad_pos;
+  bad_slots[bad_slot_at] = bad_slot;
+  run(false, bad_positions, bad_slots, a, fa);
+  run(true, bad_positions, bad_slots, b, fb);
+  EXPECT_EQ(fa, kDeviceErrorRopePosition | kDeviceErrorKvSlot) << describe_device_errors(fa);
+  EXPECT_EQ(fb, fa) << describe_device_errors(fb);
+  EXPECT_EQ(a, b) << what << " differs from its three launches with a bad position / slot";
+}
+
 // fused_kernel: the dims take the one-launch kernel, which leaves kv as it was (the three launches normalize and
 // rotate it in place), so the test tells which path ran.
 void check_latent_append(int rank, int rope, int64_t stride, RopeStyle style, bool fused_kernel, std::mt19937_64& rng) {
@@ -74,19 +118,11 @@ void check_latent_append(int rank, int rope, int64_t stride, RopeStyle style, bo
   std::uniform_real_distribution<float> wd(0.5f, 1.5f);
   for (float& x : w) x = wd(rng);
   const RopeTables tab(n_positions, rope, rng);
-  std::vector<int32_t> slots(static_cast<size_t>(n_slots));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(static_cast<size_t>(n_tokens));
-  slots[3] = -1;  // a padded token: skipped
-  std::vector<int32_t> pos(static_cast<size_t>(n_tokens));
-  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
-  for (int32_t& p : pos) p = pd(rng);
+  const AppendInputs in = append_inputs(n_tokens, n_slots, n_positions, /*padded=*/3, rng);
 
   auto dw = upload(w);
   auto dcos = upload(tab.cos);
   auto dsin = upload(tab.sin);
-  auto dslots = upload(slots);
   auto run = [&](bool fused, const std::vector<int32_t>& positions, const std::vector<int32_t>& sl,
                  std::vector<uint16_t>& cache_out, uint32_t& flags) {
     auto dkv = upload(kv);
@@ -112,23 +148,8 @@ void check_latent_append(int rank, int rope, int64_t stride, RopeStyle style, bo
     cache_out = download(dpool.get(), static_cast<size_t>(n_slots * W));
     flags = read_flag(flag.get());
   };
-  std::vector<uint16_t> a, b;
-  uint32_t fa = 0, fb = 0;
-  run(false, pos, slots, a, fa);
-  run(true, pos, slots, b, fb);
-  ASSERT_EQ(fa, 0u) << describe_device_errors(fa);
-  ASSERT_EQ(fb, 0u) << describe_device_errors(fb);
-  ASSERT_NE(a, pool) << "the three launches wrote nothing";
-  ASSERT_EQ(a, b) << "fused latent append differs from norm + rope + append";
-  // A position outside the table and a slot past the cache: the same flags and the same cache.
-  std::vector<int32_t> bad_pos = pos, bad_slots = slots;
-  bad_pos[5] = static_cast<int32_t>(n_positions);
-  bad_slots[7] = static_cast<int32_t>(n_slots);
-  run(false, bad_pos, bad_slots, a, fa);
-  run(true, bad_pos, bad_slots, b, fb);
-  EXPECT_EQ(fa, kDeviceErrorRopePosition | kDeviceErrorKvSlot) << describe_device_errors(fa);
-  EXPECT_EQ(fb, fa) << describe_device_errors(fb);
-  EXPECT_EQ(a, b) << "fused latent append differs with a bad position / slot";
+  expect_fused_equals_launches(run, in, pool, 5, static_cast<int32_t>(n_positions), 7, static_cast<int32_t>(n_slots),
+                               "fused latent append");
 }
 
 TEST(CudaMlaFusions, LatentNormRopeAppendEqualsThreeLaunches) {
@@ -281,14 +302,7 @@ void check_index_key_append(int head_dim, int rope, int64_t stride, RopeStyle st
   for (float& x : w) x = wd(rng);
   for (float& x : b) x = bd(rng);
   const RopeTables tab(n_positions, rope, rng);
-  std::vector<int32_t> slots(static_cast<size_t>(n_slots));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(static_cast<size_t>(n_tokens));
-  slots[0] = -1;
-  std::vector<int32_t> pos(static_cast<size_t>(n_tokens));
-  std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(n_positions - 1));
-  for (int32_t& p : pos) p = pd(rng);
+  const AppendInputs in = append_inputs(n_tokens, n_slots, n_positions, /*padded=*/0, rng);
   auto dw = upload(w);
   auto db = upload(b);
   auto dcos = upload(tab.cos);
@@ -318,22 +332,7 @@ void check_index_key_append(int head_dim, int rope, int64_t stride, RopeStyle st
     cache_out = download(dpool.get(), static_cast<size_t>(n_slots * head_dim));
     flags = read_flag(flag.get());
   };
-  std::vector<uint16_t> a, c;
-  uint32_t fa = 0, fc = 0;
-  run(false, pos, slots, a, fa);
-  run(true, pos, slots, c, fc);
-  ASSERT_EQ(fa, 0u) << describe_device_errors(fa);
-  ASSERT_EQ(fc, 0u) << describe_device_errors(fc);
-  ASSERT_NE(a, pool) << "the three launches wrote nothing";
-  ASSERT_EQ(a, c) << "fused index-key append differs from LayerNorm + RoPE + append";
-  std::vector<int32_t> bad_pos = pos, bad_slots = slots;
-  bad_pos[4] = -3;
-  bad_slots[6] = static_cast<int32_t>(n_slots + 2);
-  run(false, bad_pos, bad_slots, a, fa);
-  run(true, bad_pos, bad_slots, c, fc);
-  EXPECT_EQ(fa, kDeviceErrorRopePosition | kDeviceErrorKvSlot) << describe_device_errors(fa);
-  EXPECT_EQ(fc, fa) << describe_device_errors(fc);
-  EXPECT_EQ(a, c) << "fused index-key append differs with a bad position / slot";
+  expect_fused_equals_launches(run, in, pool, 4, -3, 6, static_cast<int32_t>(n_slots + 2), "fused index-key append");
 }
 
 TEST(CudaMlaFusions, IndexKeyNormRopeAppendEqualsThreeLaunches) {
