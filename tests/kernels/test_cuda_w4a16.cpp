@@ -81,13 +81,14 @@ struct Problem {
 
 // Random weights: uniform e2m1 codes, e4m3 block scales of magnitude 2^[-6, 2] through
 // format::f32_to_e4m3 (the quantizer's rounding), a global scale ~ 1/2688 as ModelOpt makes it.
-Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k,
-                     const std::vector<int32_t>& counts, int64_t extra_rows = 0) {
+// lead_rows: the experts' rows start there (offsets[0] = lead_rows); rows before it belong to no expert.
+Problem make_problem(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
+                     int64_t extra_rows = 0, int32_t lead_rows = 0) {
   Problem p;
   p.n_experts = n_experts;
   p.n = n;
   p.k = k;
-  p.offsets.assign(static_cast<size_t>(n_experts + 1), 0);
+  p.offsets.assign(static_cast<size_t>(n_experts + 1), lead_rows);
   for (int64_t e = 0; e < n_experts; ++e) p.offsets[static_cast<size_t>(e + 1)] = p.offsets[static_cast<size_t>(e)] + counts[static_cast<size_t>(e)];
   p.m_total = p.offsets.back() + extra_rows;
   p.x.resize(static_cast<size_t>(p.m_total * k));
@@ -254,8 +255,9 @@ void check_against_reference(const Problem& p, const std::vector<uint16_t>& y, i
 }
 
 void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k, const std::vector<int32_t>& counts,
-                   int config_id, int64_t extra_rows = 0, size_t splitk_bytes = 0, bool null_offsets = false) {
-  const Problem p = make_problem(rng, n_experts, n, k, counts, extra_rows);
+                   int config_id, int64_t extra_rows = 0, size_t splitk_bytes = 0, bool null_offsets = false,
+                   int32_t lead_rows = 0) {
+  const Problem p = make_problem(rng, n_experts, n, k, counts, extra_rows, lead_rows);
   const std::vector<uint16_t> y = run_gpu(p, config_id, 1, splitk_bytes, null_offsets);
   check_against_reference(p, y, config_id, rng());
 }
@@ -584,6 +586,33 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   for (int cfg : {w4a16_config_id("w4a16_stream_m128n32_d4"), w4a16_config_id("w4a16_stream_m256n32_d4")}) {
     run_and_check(rng, 2, 6144, 4096, {60, 0}, cfg, /*extra_rows=*/4, big);
     run_and_check_swiglu(rng, 1, 6144, 2048, {64}, cfg, big);
+  }
+  // Expert rows that start above row 0 (offsets[0] > 0): both reductions store only [offsets[0], offsets[E]);
+  // the loads-first one reads every row's parts, so its rows before offsets[0] are the ones it must skip.
+  struct LeadCase {
+    int64_t n, k;
+    std::vector<int32_t> counts;
+    int64_t extra_rows;
+    int32_t lead_rows;
+    std::vector<const char*> configs;
+  };
+  const LeadCase lead_cases[] = {
+      {256, 2048, {3, 0}, 4, 5, {"w4a16_stream_m64n16_d8", "w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}},
+      {6144, 4096, {0, 40}, 2, 21, {"w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}}};  // 3 / 378 blocks
+  for (const LeadCase& lc : lead_cases) {
+    for (const char* name : lc.configs) {
+      const int cfg = w4a16_config_id(name);
+      W4A16GroupedGemmArgs plan_args;  // the launch's split-K plan: the case must split
+      plan_args.n_experts = 2;
+      plan_args.n = lc.n;
+      plan_args.k = lc.k;
+      plan_args.m_total = lc.lead_rows + lc.counts[0] + lc.counts[1] + lc.extra_rows;
+      plan_args.splitk_workspace = reinterpret_cast<float*>(16);  // only compared with nullptr
+      plan_args.splitk_workspace_bytes = big;
+      ASSERT_GT(w4a16_splitk_plan(plan_args, w4a16_config(cfg), current_device_limits().sm_count).parts, 1)
+          << name << " N=" << lc.n << " K=" << lc.k;
+      run_and_check(rng, 2, lc.n, lc.k, lc.counts, cfg, lc.extra_rows, big, /*null_offsets=*/false, lc.lead_rows);
+    }
   }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});
   for (int cfg : {w4a16_config_id("w4a16_stream_m64n16_d8"), w4a16_config_id("w4a16_swapab_m128n64k128_s4"),
