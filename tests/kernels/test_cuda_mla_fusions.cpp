@@ -10,7 +10,7 @@
 //   - dsa_index_key_norm_rope_append (the indexer key's LayerNorm + RoPE + append) vs layer_norm_bf16 + rope_bf16 +
 //     dsa_index_cache_append, the same way; an f32 index cache refused by name;
 //   - mla_decode_attention writing mla_project_v's bf16 parts (latent_parts, one split) vs the f32 latent and
-//     mla_project_v's own split: the output bit for bit; with several splits it writes latent and says so.
+//     mla_project_v's own split: the output bit for bit, with one split (the attention CTAs) and several (the merge).
 // Label gpu; without a usable GPU every case skips with the reason.
 // Run: test_cuda_mla_fusions (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <cuda_bf16.h>
@@ -275,7 +275,7 @@ void check_parts(const MlaDecodeDims& dims, int64_t n_seqs, int64_t seq_len, con
   const uint32_t flags = read_flag(flag.get());
   ASSERT_EQ(flags, 0u) << describe_device_errors(flags);
   EXPECT_FALSE(wrote_a);
-  EXPECT_EQ(wrote_b, split.n_splits == 1) << "parts are written with one split only";
+  EXPECT_TRUE(wrote_b) << "the parts were not written";
   ASSERT_EQ(a, b) << "project_v output through the attention's parts differs from the f32 latent's";
 }
 
@@ -284,7 +284,7 @@ TEST(CudaMlaFusions, AttentionPartsEqualProjectVSplit) {
   std::mt19937_64 rng(testing::test_seed());
   const MlaDecodeDims glm5{64, 512, 192, 64, 256, 0.0625f};
   check_parts(glm5, 5, 300, DecodeSplit{1, 320}, rng);
-  check_parts(glm5, 5, 300, DecodeSplit{3, 128}, rng);  // split: latent, then mla_project_v's split
+  check_parts(glm5, 5, 300, DecodeSplit{3, 128}, rng);  // split: the merge writes the parts
   check_parts(MlaDecodeDims{20, 64, 32, 16, 32, 0.17f}, 3, 70, DecodeSplit{1, 96}, rng);
   // More sequences than one project_v pass holds: no parts region.
   EXPECT_EQ(mla_project_v_parts(reinterpret_cast<void*>(256), 257, glm5), nullptr);

@@ -41,7 +41,8 @@ struct MlaParams {
   float* latent;
   float* part_o;
   float* part_lse;
-  __nv_bfloat16* parts;  // one split: latent as mla_project_v's bf16 hi / lo rows instead (nullptr: latent)
+  __nv_bfloat16* parts;  // one split: latent as mla_project_v's bf16 hi / lo rows instead (nullptr: latent;
+                         // with several splits the merge writes the parts)
   uint32_t* error_flag;
   int64_t n_blocks;
   int64_t max_blocks_per_seq;
@@ -411,6 +412,12 @@ bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
   if (split.n_splits > 1) {
+    if (latent_parts != nullptr) {  // the merge writes the parts (mla_project_v's split saved here too)
+      launch_split_merge_to(p.part_o, p.part_lse, n_rows, split.n_splits, dims.kv_lora_rank,
+                            SplitMergeBf16Parts{latent_parts, static_cast<int64_t>(dims.n_heads) * dims.kv_lora_rank},
+                            stream);
+      return true;
+    }
     launch_split_merge(p.part_o, p.part_lse, n_rows, split.n_splits, dims.kv_lora_rank, latent, stream);
   }
   return p.parts != nullptr;

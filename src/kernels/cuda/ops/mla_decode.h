@@ -154,8 +154,9 @@ void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDe
                   float* q_lat, cublasHandle_t cublas, cudaStream_t stream, const MlaQRope* q_rope = nullptr);
 
 // Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split).
-// latent_parts (optional, mla_project_v_parts): with one split the CTAs write step 3's bf16 hi / lo rows there
-// instead of latent (mla_project_v's split launch saved) and it returns true; false when it wrote latent.
+// latent_parts (optional, mla_project_v_parts): step 3's bf16 hi / lo rows are written there instead of latent
+// (mla_project_v's split launch saved), by the CTAs with one split, by the merge with several; it then returns
+// true, false when it wrote latent.
 bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
                           int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs,
                           const MlaDecodeDims& dims, const DecodeSplit& split, float* workspace, float* latent,

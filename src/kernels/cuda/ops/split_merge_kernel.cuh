@@ -22,32 +22,64 @@ namespace fp4moe::cuda {
 // dims x ~64 splits took ~119 us a layer on an H100, twenty-ninth session.)
 inline constexpr int kSplitMergeThreads = 128;
 
-__device__ __forceinline__ void split_merge_store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void split_merge_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+// Where a merged value goes: out[row, d] of a [n_rows, dim] array (f32, or rounded to bf16)...
+template <typename T>
+struct SplitMergeRows {
+  T* out;
+  __device__ __forceinline__ void operator()(int64_t row, int d, int dim, float v) const {
+    if constexpr (sizeof(T) == 4) {
+      out[row * dim + d] = v;
+    } else {
+      out[row * dim + d] = __float2bfloat16_rn(v);
+    }
+  }
+};
+// ... or, for MLA's latent, mla_project_v's bf16 rows: element i = row x dim + d of sequence s = i / seq_elems
+// (seq_elems = n_heads x rank) as hi = bf16(v) at i + s seq_elems (row 2 s) and lo = bf16(v - hi) seq_elems
+// further (row 2 s + 1): mla_split_bf16_kernel's arithmetic on the value the f32 path stores.
+struct SplitMergeBf16Parts {
+  __nv_bfloat16* parts;
+  int64_t seq_elems;
+  __device__ __forceinline__ void operator()(int64_t row, int d, int dim, float v) const {
+    const int64_t i = row * dim + d;
+    const int64_t at = i + (i / seq_elems) * seq_elems;
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    parts[at] = h;
+    parts[at + seq_elems] = __float2bfloat16_rn(__fsub_rn(v, __bfloat162float(h)));
+  }
+};
 
-template <typename Out>
+template <typename Sink>
 __global__ void __launch_bounds__(kSplitMergeThreads)
     split_merge_rows_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int n_splits, int dim,
-                            Out* __restrict__ out) {
+                            Sink sink) {
   const int64_t row = blockIdx.x;
   const int d = static_cast<int>(blockIdx.y) * kSplitMergeThreads + static_cast<int>(threadIdx.x);
   if (d >= dim) return;
   const float* lse = part_lse + row * n_splits;
   const float mx = split_lse_max(lse, n_splits);
-  split_merge_store(out + row * dim + d, split_merge_value(lse, part_o + row * n_splits * dim, n_splits, dim, mx, d));
+  sink(row, d, dim, split_merge_value(lse, part_o + row * n_splits * dim, n_splits, dim, mx, d));
 }
 
-// Launches the merge of n_rows rows on `stream` (no-op for n_rows == 0); throws on a launch error.
-template <typename Out>
-void launch_split_merge(const float* part_o, const float* part_lse, int64_t n_rows, int n_splits, int dim, Out* out,
-                        cudaStream_t stream) {
+// Launches the merge of n_rows rows into `sink` (SplitMergeRows, SplitMergeBf16Parts) on `stream` (no-op for
+// n_rows == 0); throws on a launch error.
+template <typename Sink>
+void launch_split_merge_to(const float* part_o, const float* part_lse, int64_t n_rows, int n_splits, int dim, Sink sink,
+                           cudaStream_t stream) {
   if (n_rows == 0) return;
   FP4MOE_CHECK(n_rows <= 0x7FFFFFFF && dim >= 1 && n_splits >= 1)
       << "split merge: n_rows=" << n_rows << " (at most 2^31 - 1), dim=" << dim << ", n_splits=" << n_splits;
   const dim3 grid(static_cast<unsigned>(n_rows),
                   static_cast<unsigned>((dim + kSplitMergeThreads - 1) / kSplitMergeThreads));
-  split_merge_rows_kernel<Out><<<grid, kSplitMergeThreads, 0, stream>>>(part_o, part_lse, n_splits, dim, out);
+  split_merge_rows_kernel<Sink><<<grid, kSplitMergeThreads, 0, stream>>>(part_o, part_lse, n_splits, dim, sink);
   FP4MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The merge into out [n_rows, dim] (f32 or bf16).
+template <typename Out>
+void launch_split_merge(const float* part_o, const float* part_lse, int64_t n_rows, int n_splits, int dim, Out* out,
+                        cudaStream_t stream) {
+  launch_split_merge_to(part_o, part_lse, n_rows, n_splits, dim, SplitMergeRows<Out>{out}, stream);
 }
 
 }  // namespace fp4moe::cuda
