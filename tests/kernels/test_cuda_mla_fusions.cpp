@@ -9,8 +9,9 @@
 //     position outside the table;
 //   - dsa_index_key_norm_rope_append (the indexer key's LayerNorm + RoPE + append) vs layer_norm_bf16 + rope_bf16 +
 //     dsa_index_cache_append, the same way; an f32 index cache refused by name;
-//   - mla_decode_attention writing mla_project_v's bf16 parts (latent_parts, one split) vs the f32 latent and
-//     mla_project_v's own split: the output bit for bit, with one split (the attention CTAs) and several (the merge).
+//   - mla_decode_attention writing mla_project_v's bf16 parts (latent_parts, into a poisoned workspace) vs the f32
+//     latent and mla_project_v's own split: the output bit for bit, with one split (the attention CTAs) and several
+//     (the merge), GLM-5 dims and small ones.
 // Label gpu; without a usable GPU every case skips with the reason.
 // Run: test_cuda_mla_fusions (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <cuda_bf16.h>
@@ -257,7 +258,10 @@ void check_parts(const MlaDecodeDims& dims, int64_t n_seqs, int64_t seq_len, con
   const size_t n_out = static_cast<size_t>(n_seqs * dims.n_heads * dims.v_head_dim);
   const CublasHandle cublas;
   auto run = [&](bool parts, bool& wrote_parts) {
-    auto dpws = device_alloc<char>(mla_project_v_workspace_bytes(n_seqs, dims));
+    const size_t pws_bytes = mla_project_v_workspace_bytes(n_seqs, dims);
+    auto dpws = device_alloc<char>(pws_bytes);
+    // Poisoned (0xFFFF: a bf16 NaN), so parts the attention leaves unwritten cannot pass as the earlier run's.
+    FP4MOE_CUDA_CHECK(cudaMemset(dpws.get(), 0xFF, pws_bytes));
     auto dout = device_alloc<uint16_t>(n_out);
     FP4MOE_CUDA_CHECK(cudaMemset(dlat.get(), 0, static_cast<size_t>(n_seqs * dims.n_heads * dims.kv_lora_rank) * 4));
     __nv_bfloat16* p = parts ? mla_project_v_parts(dpws.get(), n_seqs, dims) : nullptr;
@@ -286,6 +290,7 @@ TEST(CudaMlaFusions, AttentionPartsEqualProjectVSplit) {
   check_parts(glm5, 5, 300, DecodeSplit{1, 320}, rng);
   check_parts(glm5, 5, 300, DecodeSplit{3, 128}, rng);  // split: the merge writes the parts
   check_parts(MlaDecodeDims{20, 64, 32, 16, 32, 0.17f}, 3, 70, DecodeSplit{1, 96}, rng);
+  check_parts(MlaDecodeDims{20, 64, 32, 16, 32, 0.17f}, 3, 70, DecodeSplit{2, 64}, rng);  // a merge block > rank
   // More sequences than one project_v pass holds: no parts region.
   EXPECT_EQ(mla_project_v_parts(reinterpret_cast<void*>(256), 257, glm5), nullptr);
   EXPECT_EQ(mla_project_v_parts(nullptr, 4, glm5), nullptr);

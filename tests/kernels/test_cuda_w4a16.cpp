@@ -9,7 +9,8 @@
 //     K = 64 x odd (a partial last K stage), K = 16 x odd (padded chunks), rows outside every
 //     expert range left untouched, the same launch twice gives the same bits;
 //   * split-K of dense Linears (E = 1, long K, few CTAs): parts of whole scale groups, a partial
-//     last part, a workspace smaller than the plan wants.
+//     last part, a workspace smaller than the plan wants; both reductions (loads-first and looped, either
+//     epilogue) with expert rows starting above row 0.
 // Weights go through w4a16_repack (checkpoint -> kernel layout) as a loader does.
 // Error bound per output (bf16 output rounding + f32 accumulation), with S = sum_k |x_k w_k|:
 //   |y - ref| <= 2^-8 |ref| + K * 2^-22 * S
@@ -74,8 +75,9 @@ struct Problem {
     }
     if (n_experts > 12) counts += ",...";
     return "E=" + std::to_string(n_experts) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
-           " M_total=" + std::to_string(m_total) + " tokens/expert [" + counts + "] config " +
-           w4a16_config_name(w4a16_config(config_id));
+           " M_total=" + std::to_string(m_total) +
+           (offsets.front() != 0 ? " offsets[0]=" + std::to_string(offsets.front()) : std::string()) +
+           " tokens/expert [" + counts + "] config " + w4a16_config_name(w4a16_config(config_id));
   }
 };
 
@@ -117,6 +119,16 @@ DevicePtr<float> attach_splitk_workspace(W4A16GroupedGemmArgs& a, size_t bytes) 
   return ws;
 }
 
+// The launch arguments' shape fields of a problem (the device pointers are the caller's).
+W4A16GroupedGemmArgs problem_shape_args(const Problem& p) {
+  W4A16GroupedGemmArgs a;
+  a.m_total = p.m_total;
+  a.n = p.n;
+  a.k = p.k;
+  a.n_experts = p.n_experts;
+  return a;
+}
+
 // One launch of a config over an expert row class (W4A16GroupedGemmArgs::min/max_expert_rows).
 struct ClassLaunch {
   int config_id = 0;
@@ -137,17 +149,13 @@ std::vector<uint16_t> run_gpu_launches(const Problem& p, const std::vector<Class
   auto d_gs = upload(p.global_scales);
   std::vector<uint16_t> y(static_cast<size_t>(p.m_total * p.n), 0xFFFF);
   auto d_y = upload(y);
-  W4A16GroupedGemmArgs a;
+  W4A16GroupedGemmArgs a = problem_shape_args(p);
   a.x = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
   a.expert_offsets = null_offsets ? nullptr : d_off.get();
   a.w_packed = d_packed.get();
   a.w_scales = d_scales.get();
   a.w_global_scales = d_gs.get();
   a.y = reinterpret_cast<__nv_bfloat16*>(d_y.get());
-  a.m_total = p.m_total;
-  a.n = p.n;
-  a.k = p.k;
-  a.n_experts = p.n_experts;
   const DevicePtr<float> d_ws = attach_splitk_workspace(a, splitk_bytes);
   for (int r = 0; r < repeats; ++r) {
     for (const ClassLaunch& l : launches) {
@@ -267,10 +275,12 @@ void run_and_check(std::mt19937_64& rng, int64_t n_experts, int64_t n, int64_t k
 // silu(gate) * up. Bound per output h = silu(g) u, from the bf16 output rounding and the f32
 // accumulations of g and u (S_g, S_u = sum_k |x_k w_k|):
 //   |h - ref| <= 2^-8 |ref| + K 2^-22 (|u| S_g + |silu(g)| S_u) + 1e-30
+// lead_rows: as make_problem's (rows before offsets[0] must stay unwritten).
 void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter, int64_t k,
-                          const std::vector<int32_t>& counts, int config_id, size_t splitk_bytes = 0) {
-  const Problem gate = make_problem(rng, n_experts, inter, k, counts);
-  Problem up = make_problem(rng, n_experts, inter, k, counts);
+                          const std::vector<int32_t>& counts, int config_id, size_t splitk_bytes = 0,
+                          int32_t lead_rows = 0) {
+  const Problem gate = make_problem(rng, n_experts, inter, k, counts, 0, lead_rows);
+  Problem up = make_problem(rng, n_experts, inter, k, counts, 0, lead_rows);
   up.x = gate.x;
   std::vector<uint8_t> codes_kl, scales_kl;
   w4a16_repack_gate_up(gate.packed.data(), gate.scales.data(), up.packed.data(), up.scales.data(), n_experts, inter, k,
@@ -283,7 +293,8 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   auto d_gs_up = upload(up.global_scales);
   std::vector<uint16_t> y(static_cast<size_t>(gate.m_total * inter), 0xFFFF);
   auto d_y = upload(y);
-  W4A16GroupedGemmArgs a;
+  W4A16GroupedGemmArgs a = problem_shape_args(gate);
+  a.n = 2 * inter;
   a.x = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
   a.expert_offsets = d_off.get();
   a.w_packed = d_packed.get();
@@ -292,10 +303,6 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   a.w_global_scales_up = d_gs_up.get();
   a.epilogue = W4A16Epilogue::kSwiGlu;
   a.y = reinterpret_cast<__nv_bfloat16*>(d_y.get());
-  a.m_total = gate.m_total;
-  a.n = 2 * inter;
-  a.k = k;
-  a.n_experts = n_experts;
   const DevicePtr<float> d_ws = attach_splitk_workspace(a, splitk_bytes);
   w4a16_grouped_gemm(a, config_id, nullptr);
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -348,6 +355,9 @@ void run_and_check_swiglu(std::mt19937_64& rng, int64_t n_experts, int64_t inter
   }
   EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << n_checked << " outside the bound";
   EXPECT_LE(ref2 > 0 ? err2 / ref2 : 0, 1e-5) << what;
+  int64_t touched = 0;  // rows before offsets[0] belong to no expert
+  for (size_t i = 0; i < static_cast<size_t>(gate.offsets.front() * inter); ++i) touched += y[i] != 0xFFFF;
+  EXPECT_EQ(touched, 0) << what << ": " << touched << " outputs written before the first expert's rows";
   std::printf("[w4a16] %s: %lld outputs checked, NMSE %.3g\n", what.c_str(), static_cast<long long>(n_checked),
               ref2 > 0 ? err2 / ref2 : 0.0);
 }
@@ -589,29 +599,45 @@ TEST(W4A16Gpu, SplitKMatchesReference) {
   }
   // Expert rows that start above row 0 (offsets[0] > 0): both reductions store only [offsets[0], offsets[E]);
   // the loads-first one reads every row's parts, so its rows before offsets[0] are the ones it must skip.
+  // Each case asserts that its launch splits K and which reduction it gets.
   struct LeadCase {
     int64_t n, k;
     std::vector<int32_t> counts;
     int64_t extra_rows;
     int32_t lead_rows;
+    bool swiglu;
+    bool loads_first;
     std::vector<const char*> configs;
   };
   const LeadCase lead_cases[] = {
-      {256, 2048, {3, 0}, 4, 5, {"w4a16_stream_m64n16_d8", "w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}},
-      {6144, 4096, {0, 40}, 2, 21, {"w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}}};  // 3 / 378 blocks
+      {256,
+       2048,
+       {3, 0},
+       4,
+       5,
+       false,
+       true,
+       {"w4a16_stream_m64n16_d8", "w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}},
+      {6144, 4096, {0, 40}, 2, 21, false, false, {"w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}},
+      {512, 2048, {6, 0}, 0, 7, true, true, {"w4a16_stream_m256n32_d4", "w4a16_wgmma_m128n64_s4"}}};
   for (const LeadCase& lc : lead_cases) {
     for (const char* name : lc.configs) {
       const int cfg = w4a16_config_id(name);
-      W4A16GroupedGemmArgs plan_args;  // the launch's split-K plan: the case must split
-      plan_args.n_experts = 2;
-      plan_args.n = lc.n;
-      plan_args.k = lc.k;
-      plan_args.m_total = lc.lead_rows + lc.counts[0] + lc.counts[1] + lc.extra_rows;
-      plan_args.splitk_workspace = reinterpret_cast<float*>(16);  // only compared with nullptr
-      plan_args.splitk_workspace_bytes = big;
-      ASSERT_GT(w4a16_splitk_plan(plan_args, w4a16_config(cfg), current_device_limits().sm_count).parts, 1)
-          << name << " N=" << lc.n << " K=" << lc.k;
-      run_and_check(rng, 2, lc.n, lc.k, lc.counts, cfg, lc.extra_rows, big, /*null_offsets=*/false, lc.lead_rows);
+      // The launch arguments' shape, as the run below makes them (SwiGLU: n is the intermediate size, 2n weight
+      // rows): the split and the reduction it gets.
+      W4A16GroupedGemmArgs shape = problem_shape_args(
+          Problem{2, lc.swiglu ? 2 * lc.n : lc.n, lc.k, lc.lead_rows + lc.counts[0] + lc.counts[1] + lc.extra_rows});
+      if (lc.swiglu) shape.epilogue = W4A16Epilogue::kSwiGlu;
+      const DevicePtr<float> ws = attach_splitk_workspace(shape, big);
+      ASSERT_GT(w4a16_splitk_plan(shape, w4a16_config(cfg), current_device_limits().sm_count).parts, 1)
+          << name << " N=" << shape.n << " K=" << lc.k;
+      ASSERT_EQ(w4a16_splitk_reduce_launch(shape).loads_first, lc.loads_first)
+          << name << " N=" << shape.n << ": " << w4a16_splitk_reduce_launch(shape).blocks << " reduction blocks";
+      if (lc.swiglu) {
+        run_and_check_swiglu(rng, 2, lc.n, lc.k, lc.counts, cfg, big, lc.lead_rows);
+      } else {
+        run_and_check(rng, 2, lc.n, lc.k, lc.counts, cfg, lc.extra_rows, big, /*null_offsets=*/false, lc.lead_rows);
+      }
     }
   }
   const Problem p = make_problem(rng, 1, 768, 8192, {9});

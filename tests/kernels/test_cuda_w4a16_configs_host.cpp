@@ -346,6 +346,36 @@ TEST(W4A16Configs, NamesRoundTrip) {
   error_of([] { w4a16_config(-1); });
 }
 
+// The split-K reduction's launch: 4 outputs a thread, 256 a block (a batch-1 o_proj: 1 x 6144 -> 6 blocks; 64
+// rows -> 384), loads-first up to kW4A16ReduceLoadsFirstMaxBlocks blocks inclusive, SwiGLU counting its n / 2
+// outputs, at most 4096 blocks.
+TEST(W4A16Configs, SplitKReduceLaunch) {
+  W4A16GroupedGemmArgs a;
+  a.m_total = 1;
+  a.n = 6144;
+  W4A16SplitKReduce r = w4a16_splitk_reduce_launch(a);
+  EXPECT_EQ(r.blocks, 6);
+  EXPECT_TRUE(r.loads_first);
+  a.m_total = 64;
+  r = w4a16_splitk_reduce_launch(a);
+  EXPECT_EQ(r.blocks, 384);
+  EXPECT_FALSE(r.loads_first);
+  a.n = 1024;
+  a.m_total = 256;  // 65,536 quads: 256 blocks
+  EXPECT_EQ(w4a16_splitk_reduce_launch(a).blocks, kW4A16ReduceLoadsFirstMaxBlocks);
+  EXPECT_TRUE(w4a16_splitk_reduce_launch(a).loads_first);
+  a.m_total = 257;
+  EXPECT_FALSE(w4a16_splitk_reduce_launch(a).loads_first);
+  a.n = 2048;
+  a.m_total = 256;
+  a.epilogue = W4A16Epilogue::kSwiGlu;  // 1024 outputs a row
+  EXPECT_EQ(w4a16_splitk_reduce_launch(a).blocks, 256);
+  a.epilogue = W4A16Epilogue::kNone;
+  a.m_total = 8192;
+  a.n = 16384;
+  EXPECT_EQ(w4a16_splitk_reduce_launch(a).blocks, 4096);
+}
+
 // The split-K plan (no GPU): GLM-5's o_proj (N = 6144, K = 16384: 32 scale groups) at one token
 // is 96 CTAs of 64 rows -> ceil(4 x 132 / 96) = 6 parts of ceil(32 / 6) = 6 groups, i.e. 6 parts;
 // the same for a pipelined 64-row tile, and at 64 tokens the 128 x 64 pipelined tile (48 CTAs) makes

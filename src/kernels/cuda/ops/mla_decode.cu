@@ -3,7 +3,8 @@
 //                         (thread per q_pe element, as f32).
 //   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
 //                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
-//   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent; shared).
+//   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent, or mla_project_v's
+//                         bf16 hi / lo rows with latent_parts: SplitMergeBf16Parts; shared).
 //   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows;
 //                         skipped when the attention wrote them: mla_project_v_parts),
 //                         one cuBLAS strided-batched GEMM over heads (both rows of every sequence: W_UV read

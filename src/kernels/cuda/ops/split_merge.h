@@ -3,7 +3,8 @@
 // output is sum_s e^{lse_s - M} o_s / sum_s e^{lse_s - M} with M = max_s lse_s, and 0 when every
 // split was empty (a padded entry). Host+device, so tests/kernels/test_cuda_ops_host.cpp checks the
 // formula on the CPU (random rows cut into splits, merged, vs one softmax over the whole row); the
-// kernels are tested through test_cuda_paged_attention.cpp and test_cuda_mla_decode.cpp.
+// kernels are tested through test_cuda_paged_attention.cpp, test_cuda_mla_decode.cpp and
+// test_cuda_mla_fusions.cpp (the merge writing mla_project_v's bf16 parts).
 #pragma once
 
 #include <cmath>

@@ -1,8 +1,10 @@
-// The split-K merge of the attention kernels, one definition for paged_attention.cu (bf16 output)
-// and mla_decode.cu / mla_prefill.cu (f32 latent): a thread per (row, dim) merges the splits' normalized
+// The split-K merge of the attention kernels, one definition for paged_attention.cu (bf16 output),
+// mla_decode.cu / mla_prefill.cu (f32 latent) and mla_decode.cu's bf16 hi / lo parts of the latent for
+// mla_project_v (SplitMergeBf16Parts): a thread per (row, dim) merges the splits' normalized
 // outputs o_s [n_rows, n_splits, dim] and log-sum-exps lse_s [n_rows, n_splits] into
 // out[row, d] = sum_s e^{lse_s - M} o_s[d] / sum_s e^{lse_s - M} (split_merge.h, CPU-checked by
-// tests/kernels/test_cuda_ops_host.cpp; on the GPU by the attention tests with forced splits).
+// tests/kernels/test_cuda_ops_host.cpp; on the GPU by the attention tests with forced splits, the parts sink bit
+// for bit by tests/kernels/test_cuda_mla_fusions.cpp).
 // Include only from .cu files.
 #pragma once
 
@@ -10,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -27,9 +30,10 @@ template <typename T>
 struct SplitMergeRows {
   T* out;
   __device__ __forceinline__ void operator()(int64_t row, int d, int dim, float v) const {
-    if constexpr (sizeof(T) == 4) {
+    if constexpr (std::is_same_v<T, float>) {
       out[row * dim + d] = v;
     } else {
+      static_assert(std::is_same_v<T, __nv_bfloat16>, "the merge writes f32 or bf16 rows");
       out[row * dim + d] = __float2bfloat16_rn(v);
     }
   }

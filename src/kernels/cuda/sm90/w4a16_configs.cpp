@@ -144,6 +144,14 @@ W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& a, const W4A16Config& 
   return s;
 }
 
+W4A16SplitKReduce w4a16_splitk_reduce_launch(const W4A16GroupedGemmArgs& a) {
+  const int64_t quads = a.m_total * (a.epilogue == W4A16Epilogue::kSwiGlu ? a.n / 2 : a.n) / 4;
+  W4A16SplitKReduce r;
+  r.blocks = static_cast<int>(std::min<int64_t>((quads + 255) / 256, 4096));
+  r.loads_first = r.blocks <= kW4A16ReduceLoadsFirstMaxBlocks;
+  return r;
+}
+
 int w4a16_default_config(int64_t tokens_per_expert, int64_t n_experts) {
   // Decode: the streaming kernel (per-warp code rings), 128 rows a CTA (4 warps of two row tiles: the
   // 64-row tiles' 2 warps ran 226 vs 179 us on gate_up at 16 tokens, BENCHMARKS.md 2026-12-04

@@ -531,9 +531,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Up to this many blocks the split-K reduction issues all its part loads first (splitk_sum4).
-constexpr int kW4A16ReduceLoadsFirstMaxBlocks = 256;
-
 using LaunchFn = void (*)(const KernelParams&, dim3, cudaStream_t);
 
 template <int I, bool SWIGLU>
@@ -585,12 +582,7 @@ void w4a16_grouped_gemm(const W4A16GroupedGemmArgs& args, int config_id, cudaStr
       p, dim3(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(split.parts)),
       stream);
   if (split.parts > 1) {
-    const int64_t quads = args.m_total * (swiglu ? args.n / 2 : args.n) / 4;
-    const int blocks = static_cast<int>(std::min<int64_t>((quads + 255) / 256, 4096));
-    // Small grids (decode: a few rows) wait on latency, large ones on bandwidth: the loads-first sum up to
-    // kW4A16ReduceLoadsFirstMaxBlocks blocks (H100, BENCHMARKS.md 2026-12-06 thirty-first session run 5,
-    // thirty-second session run 2).
-    const bool loads_first = blocks <= kW4A16ReduceLoadsFirstMaxBlocks;
+    const auto [blocks, loads_first] = w4a16_splitk_reduce_launch(args);
     const auto kernel =
         swiglu ? (loads_first ? w4a16_splitk_reduce_kernel<true, true> : w4a16_splitk_reduce_kernel<true, false>)
                : (loads_first ? w4a16_splitk_reduce_kernel<false, true> : w4a16_splitk_reduce_kernel<false, false>);

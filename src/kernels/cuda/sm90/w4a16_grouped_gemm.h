@@ -104,6 +104,18 @@ struct W4A16SplitK {
 };
 W4A16SplitK w4a16_splitk_plan(const W4A16GroupedGemmArgs& args, const W4A16Config& c, int n_sms);
 
+// The reduction launch of a split launch: 4 outputs a thread, 256 threads a block, at most 4096 blocks (a
+// grid-stride loop past that). Small grids (decode: a few rows) wait on latency, large ones on bandwidth: up
+// to kW4A16ReduceLoadsFirstMaxBlocks blocks the kernel issues every part's load before its adds, without
+// waiting for the expert offsets (loads_first; H100, BENCHMARKS.md 2026-12-06 thirty-first session run 5,
+// thirty-second session run 2), larger grids sum the parts in a loop after them.
+inline constexpr int kW4A16ReduceLoadsFirstMaxBlocks = 256;
+struct W4A16SplitKReduce {
+  int blocks = 0;
+  bool loads_first = false;
+};
+W4A16SplitKReduce w4a16_splitk_reduce_launch(const W4A16GroupedGemmArgs& args);
+
 // The shipped configurations, in kW4A16Configs order (the config id is the index).
 int w4a16_num_configs();
 const W4A16Config& w4a16_config(int config_id);  // throws naming the id and the count
