@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/launch_grid.h"
+#include "kernels/cuda/ops/bf16_parts.cuh"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/fused_append.cuh"
 #include "kernels/cuda/ops/mla_decode.h"
@@ -136,11 +137,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   // x [n / row rows of `row`] -> parts [2 x n / row rows]: row 2 s = bf16(x_s), row 2 s + 1 = bf16(x_s - hi).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float v = x[i];
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    const int64_t at = i + (i / row) * row;  // row 2 s, same column
-    parts[at] = h;
-    parts[at + row] = __float2bfloat16_rn(v - __bfloat162float(h));
+    const int64_t at = bf16_parts_index(i, row);
+    bf16_hi_lo(x[i], parts[at], parts[at + row]);
   }
 }
 
@@ -193,7 +191,6 @@ __global__ void __launch_bounds__(32 * kRmsNormCtaWarps)
                                        const float* __restrict__ sin_table, int64_t n_positions, bool neox,
                                        const int32_t* __restrict__ slots, int64_t n_slots,
                                        __nv_bfloat16* __restrict__ cache, uint32_t* error_flag) {
-  __shared__ float warp_partial[kRmsNormCtaWarps];  // unused: a warp a row needs no CTA sum
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRmsNormCtaWarps + threadIdx.x / 32;
   if (t >= n_tokens) return;  // warp-uniform
@@ -201,7 +198,7 @@ __global__ void __launch_bounds__(32 * kRmsNormCtaWarps)
   if (at.slot < 0) return;
   const __nv_bfloat16* src = kv + t * kv_stride;
   __nv_bfloat16* dst = cache + at.slot * (rank + rope);
-  rms_norm_vec_row<32, kVecs>(src, nullptr, norm_w, rank, eps, dst, lane, warp_partial);
+  rms_norm_vec_row<32, kVecs>(src, nullptr, norm_w, rank, eps, dst, lane, /*warp_partial=*/nullptr);
   const int half = rope / 2;
   for (int i = lane; i < half; i += 32) {
     int64_t i1, i2;

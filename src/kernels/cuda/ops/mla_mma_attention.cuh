@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/ops/bf16_parts.cuh"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ptx.cuh"
@@ -51,8 +52,8 @@ struct Args {
   int64_t out_head_stride;
   float* lse;            // split: log-sum-exp of head 0 (nullptr when the list is not split)
   int64_t lse_head_stride;
-  // Instead of out (one split only): the result as two bf16 parts, hi = bf16(x) at parts + head * rank + dim and
-  // lo = bf16(x - hi) parts_lo further (mla_project_v's rows; mla_split_bf16_kernel's arithmetic). nullptr: out.
+  // Instead of out (one split only): the result as two bf16 parts (bf16_hi_lo), hi at parts + head * rank + dim and
+  // lo parts_lo further (mla_project_v's rows). nullptr: out.
   __nv_bfloat16* parts = nullptr;
   int64_t parts_lo = 0;
 };
@@ -413,15 +414,14 @@ __device__ __forceinline__ void attend(const Args& p, const Rows& rows, unsigned
       __nv_bfloat16* hi = p.parts + static_cast<int64_t>(head) * p.rank;
 #pragma unroll
       for (int n = 0; n < NTW; ++n) {
-        // __fmul_rn / __fsub_rn: the rounded product, as the f32 path stores it (nvcc must not fuse it into
-        // the subtraction below).
-        const float x0 = __fmul_rn(o[n][2 * r], inv), x1 = __fmul_rn(o[n][2 * r + 1], inv);
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-        const float2 hf = __bfloat1622float2(h);
+        // __fmul_rn: the rounded product, as the f32 path stores it (nvcc must not fuse it into the parts'
+        // subtraction).
+        __nv_bfloat162 h, l;
+        bf16_hi_lo(__fmul_rn(o[n][2 * r], inv), h.x, l.x);
+        bf16_hi_lo(__fmul_rn(o[n][2 * r + 1], inv), h.y, l.y);
         const int64_t at = dim0 + 8 * n + 2 * t;
         *reinterpret_cast<__nv_bfloat162*>(hi + at) = h;
-        *reinterpret_cast<__nv_bfloat162*>(hi + p.parts_lo + at) =
-            __floats2bfloat162_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y));
+        *reinterpret_cast<__nv_bfloat162*>(hi + p.parts_lo + at) = l;
       }
     } else {
       float* dst = p.out + head * p.out_head_stride;

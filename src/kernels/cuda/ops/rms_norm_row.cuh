@@ -20,7 +20,8 @@ __device__ __forceinline__ float rms_inv(float ss, int64_t dim, float eps) {
 __device__ __forceinline__ float rms_scale(float w, float s, float inv) { return __fmul_rn(w, __fmul_rn(s, inv)); }
 
 // The sum of every thread's `v` over the 256-thread CTA (warp sums, then warp 0..7 in order); all threads get it.
-__device__ __forceinline__ float cta_sum(float v, float (&warp_partial)[kRmsNormCtaWarps]) {
+// warp_partial: kRmsNormCtaWarps floats of the CTA's shared memory.
+__device__ __forceinline__ float cta_sum(float v, float* warp_partial) {
   v = warp_sum(v);
   if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = v;
   __syncthreads();
@@ -37,11 +38,12 @@ __device__ __forceinline__ float cta_sum(float v, float (&warp_partial)[kRmsNorm
 // kThreadsPerRow) in registers between the two passes, so the row is read once (x, residual) and written
 // once (residual, y), its loads all in flight together (element by element, the warp-per-row kernel
 // waited out one load after another: ~9.5 us for one 512-wide row on an H100, twenty-ninth session); all
-// loads of a thread precede its stores, so y may alias x.
+// loads of a thread precede its stores, so y may alias x. warp_partial: cta_sum's shared floats for a CTA a
+// row; unused (nullptr will do) for a warp a row.
 template <int kThreadsPerRow, int kVecs>
 __device__ __forceinline__ void rms_norm_vec_row(const __nv_bfloat16* x, __nv_bfloat16* residual,
                                                  const float* __restrict__ w, int dim, float eps, __nv_bfloat16* y,
-                                                 int t, float (&warp_partial)[kRmsNormCtaWarps]) {
+                                                 int t, float* warp_partial) {
   static_assert(kThreadsPerRow == 32 || kThreadsPerRow == 32 * kRmsNormCtaWarps, "a warp or the whole CTA per row");
   const int n_vec = dim / 8;
   uint4 v[kVecs];

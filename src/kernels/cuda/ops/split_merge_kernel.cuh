@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops/bf16_parts.cuh"
 #include "kernels/cuda/ops/split_merge.h"
 
 namespace fp4moe::cuda {
@@ -38,18 +39,14 @@ struct SplitMergeRows {
     }
   }
 };
-// ... or, for MLA's latent, mla_project_v's bf16 rows: element i = row x dim + d of sequence s = i / seq_elems
-// (seq_elems = n_heads x rank) as hi = bf16(v) at i + s seq_elems (row 2 s) and lo = bf16(v - hi) seq_elems
-// further (row 2 s + 1): mla_split_bf16_kernel's arithmetic on the value the f32 path stores.
+// ... or, for MLA's latent, mla_project_v's bf16 rows: element i = row x dim + d of a [n_seqs, seq_elems] latent
+// (seq_elems = n_heads x rank) as its two parts (bf16_parts.cuh) on the value the f32 path stores.
 struct SplitMergeBf16Parts {
   __nv_bfloat16* parts;
   int64_t seq_elems;
   __device__ __forceinline__ void operator()(int64_t row, int d, int dim, float v) const {
-    const int64_t i = row * dim + d;
-    const int64_t at = i + (i / seq_elems) * seq_elems;
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    parts[at] = h;
-    parts[at + seq_elems] = __float2bfloat16_rn(__fsub_rn(v, __bfloat162float(h)));
+    const int64_t at = bf16_parts_index(row * dim + d, seq_elems);
+    bf16_hi_lo(v, parts[at], parts[at + seq_elems]);
   }
 };
 
