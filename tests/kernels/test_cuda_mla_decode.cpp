@@ -260,6 +260,19 @@ TEST(CudaMlaDecode, Glm5LikeMatchesCpuAbsorbed) {
   });
 }
 
+// The other latent widths the decode CTA is built for (its m64 blocks of rank x 64-wide column blocks of
+// rank + rope: 1 x 2, 2 x 3, 4 x 5; glm5_tiny is 1 x 1 and GLM-5 8 x 9), one and several splits.
+TEST(CudaMlaDecode, OtherRanksMatchCpuAbsorbed) {
+  SKIP_WITHOUT_GPU();
+  const model::MlaDims r64{8, 64, 32, 64, 32}, r128{8, 128, 64, 64, 64}, r256{24, 256, 64, 32, 64};
+  run_cases({
+      {"rank 64 + rope 64", r64, 16, kLens, DecodeSplit{1, 320}},
+      {"rank 128 + rope 64, forced splits", r128, 16, kLens, DecodeSplit{5, 64}},
+      {"rank 256 + rope 32 (24 heads)", r256, 32, kLens, DecodeSplit{1, 320}},
+      {"rank 256 + rope 32, planner", r256, 32, kLens, DecodeSplit{0, 0}},
+  });
+}
+
 // mla_project_v alone: f32 latent [n, heads, rank] x W_UV (kv_b's last v rows of each head) -> bf16
 // [n, heads * v], in passes of 256 sequences.
 void check_project_v(const model::MlaDims& d, int64_t n_seqs, std::mt19937_64& rng) {

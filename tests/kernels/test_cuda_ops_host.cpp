@@ -361,6 +361,27 @@ TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
       ASSERT_LE(2 * (l.total_bytes + 1024), 233472) << rank << "+" << rope;  // 2 CTAs per SM
     }
   }
+  // The decode kernel's wgmma CTA: every region starts on a 1,024 B swizzle atom (the descriptors' 128B swizzle is
+  // anchored there), the q and P regions are 48 rows (3 parts x 16 heads) of 128 B, one CTA fits an SM.
+  const MlaWgmmaSmemLayout wg_glm5 = mla_wgmma_smem_layout(512, 64);
+  EXPECT_EQ(wg_glm5.col_blocks, 9);
+  EXPECT_EQ(wg_glm5.m_blocks, 8);
+  EXPECT_EQ(wg_glm5.q_offset, 2 * 9 * 64 * 128);
+  EXPECT_EQ(wg_glm5.total_bytes, 218624);
+  for (int rank : {32, 64, 128, 256, 512}) {
+    for (int rope = 16; rope <= kMlaMaxRope; rope += 16) {
+      const MlaWgmmaSmemLayout l = mla_wgmma_smem_layout(rank, rope);
+      ASSERT_EQ(l.col_blocks, (rank + rope + 63) / 64) << rank << "+" << rope;
+      ASSERT_EQ(l.m_blocks, (rank + 63) / 64) << rank << "+" << rope;
+      for (int off : {l.tiles_offset, l.tile_bytes, l.q_offset, l.q_col_bytes, l.p_offset}) {
+        ASSERT_EQ(off % kMlaWgAtomBytes, 0) << rank << "+" << rope;
+      }
+      ASSERT_EQ(l.q_col_bytes, kMlaWgQRows * 128) << rank << "+" << rope;
+      ASSERT_EQ(l.p_bytes, kMlaWgQRows * 128) << rank << "+" << rope;
+      ASSERT_EQ(l.xch_offset, l.red_offset + l.red_bytes) << rank << "+" << rope;
+      ASSERT_LE(l.total_bytes + 1024, 233472) << rank << "+" << rope;  // the H100 / H200's 228 KB an SM
+    }
+  }
   // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 66 wanted, capped at 64 splits.
   const DecodeSplit one = plan_mla_decode_split(1, 64, 32768, 132);
   EXPECT_EQ(one.to_string(), "64 splits x 512 keys");

@@ -1,8 +1,9 @@
 // MLA absorbed-form decode kernels (see mla_decode.h).
 //   mla_absorb_q:         cuBLAS strided-batched GEMM over heads (bf16 in, f32 out) + mla_copy_q_pe_kernel
 //                         (thread per q_pe element, as f32).
-//   mla_decode_attention_kernel<NTW> (rank = 32 * NTW): CTA (16-head chunk, sequence, key split), 4
-//                         warps, BF16 tensor cores: mla_mma_attention.cuh over keys 0..seq_len-1.
+//   mla_decode_attention_kernel<MB, CB> (MB m64 blocks of rank, CB 64-wide column blocks of rank + rope): CTA
+//                         (16-head chunk, sequence, key split), two warpgroups, wgmma: mla_wgmma_attention.cuh over
+//                         keys 0..seq_len-1 (1 CTA an SM; plan_mla_decode_split still plans for 2).
 //   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent, or mla_project_v's
 //                         bf16 hi / lo rows with latent_parts: SplitMergeBf16Parts; shared).
 //   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows;
@@ -24,6 +25,7 @@
 #include "kernels/cuda/ops/fused_append.cuh"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
+#include "kernels/cuda/ops/mla_wgmma_attention.cuh"
 #include "kernels/cuda/ops/rms_norm_row.cuh"
 #include "kernels/cuda/ops/rope_math.cuh"
 #include "kernels/cuda/ops/split_merge_kernel.cuh"
@@ -58,18 +60,16 @@ struct MlaParams {
   float scale;
 };
 
-// Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x
-// (mla_mma_attention.cuh does the attention).
-template <int NTW>
-__global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_kernel(const MlaParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+// Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x: the CTA's
+// arguments and key rows for either attention core. False (after flagging kDeviceErrorSeqLen) for a bad seq_len.
+__device__ __forceinline__ bool decode_cta(const MlaParams& p, mla_mma::Args& a, mla_mma::TableRows& rows) {
   const int chunk = blockIdx.x;
   const int s = blockIdx.y;
   const int split = blockIdx.z;
   const int64_t seq_len = p.seq_lens[s];
   if (seq_len < 0 || seq_len > p.max_blocks_per_seq * p.page_size || seq_len > p.max_keys) {
     if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
-    return;  // CTA-uniform
+    return false;  // CTA-uniform
   }
   // Every head of a decode query sees keys 0..seq_len-1; this split walks [begin, end).
   const int64_t begin64 = static_cast<int64_t>(split) * p.keys_per_split;
@@ -77,9 +77,8 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
   const bool any_key = end64 > begin64;
   const int W = p.rank + p.rope;
   // The key list is the sequence's keys 0..seq_len-1 (list entry = key).
-  const mla_mma::TableRows rows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks,
-                                W, p.error_flag};
-  mla_mma::Args a;
+  rows = mla_mma::TableRows{p.block_table + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.page_size, p.n_blocks, W,
+                            p.error_flag};
   a.q = p.q_lat + static_cast<int64_t>(s) * p.n_heads * W;
   a.cache = p.cache;
   a.n_heads = p.n_heads;
@@ -95,7 +94,17 @@ __global__ void __launch_bounds__(mla_mma::kThreads, 1) mla_decode_attention_ker
     a.parts = p.parts + 2 * static_cast<int64_t>(s) * row;
     a.parts_lo = row;
   }
-  mla_mma::attend<NTW>(a, rows, smem);
+  return true;
+}
+
+// The decode CTA on wgmma (mla_wgmma_attention.cuh): MB m64 blocks of latent dims, CB column blocks of rank + rope.
+template <int MB, int CB>
+__global__ void __launch_bounds__(mla_wgmma::kThreads, 1) mla_decode_attention_kernel(const MlaParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  mla_mma::Args a;
+  mla_mma::TableRows rows{};
+  if (!decode_cta(p, a, rows)) return;
+  mla_wgmma::attend<MB, CB>(a, rows, smem);
 }
 
 // A thread per (row, head, pair of q_pe dims): q_lat's rope dims = q_pe, rotated by the row's position
@@ -223,13 +232,13 @@ void check_dims(const char* what, const MlaDecodeDims& d) {
       << ", scale=" << d.scale;
 }
 
-template <int RPL>
+template <int MB, int CB>
 void launch_mla_attention(const MlaParams& p, dim3 grid, int smem_bytes, cudaStream_t stream) {
   if (smem_bytes > 48 * 1024) {
-    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_attention_kernel<RPL>,
+    FP4MOE_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_attention_kernel<MB, CB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   }
-  mla_decode_attention_kernel<RPL><<<grid, mla_mma::kThreads, smem_bytes, stream>>>(p);
+  mla_decode_attention_kernel<MB, CB><<<grid, mla_wgmma::kThreads, smem_bytes, stream>>>(p);
 }
 
 }  // namespace
@@ -338,6 +347,17 @@ MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int ro
   return layout;
 }
 
+MlaWgmmaSmemLayout mla_wgmma_smem_checked(const char* what, int kv_lora_rank, int rope_dim) {
+  const MlaWgmmaSmemLayout layout = mla_wgmma_smem_layout(kv_lora_rank, rope_dim);
+  const DeviceLimits limits = current_device_limits();
+  FP4MOE_CHECK(static_cast<uint32_t>(layout.total_bytes) <= limits.smem_optin_per_block)
+      << what << ": shared memory 2 key tiles x " << layout.tile_bytes << " + q parts " << layout.q_bytes
+      << " + P parts " << layout.p_bytes << " + maxima " << layout.red_bytes << " + partial scores " << layout.xch_bytes
+      << " + alignment " << kMlaWgAtomBytes << " = " << layout.total_bytes << " B > " << limits.smem_optin_per_block
+      << " B (opt-in limit of device " << limits.device << ")";
+  return layout;
+}
+
 bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const int32_t* block_table,
                           int64_t max_blocks_per_seq, const int32_t* seq_lens, int64_t n_seqs,
                           const MlaDecodeDims& dims, const DecodeSplit& split, float* workspace, float* latent,
@@ -368,8 +388,8 @@ bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   FP4MOE_CHECK(reinterpret_cast<uintptr_t>(cache.kv) % 16 == 0 && reinterpret_cast<uintptr_t>(q_lat) % 8 == 0)
       << "mla_decode_attention: cache base " << static_cast<const void*>(cache.kv) << " (16 B) or q_lat "
       << static_cast<const void*>(q_lat) << " (8 B) is misaligned";
-  const MlaMmaSmemLayout layout =
-      mla_mma_smem_checked("mla_decode_attention", dims.kv_lora_rank, dims.qk_rope_head_dim);
+  const MlaWgmmaSmemLayout layout =
+      mla_wgmma_smem_checked("mla_decode_attention", dims.kv_lora_rank, dims.qk_rope_head_dim);
 
   MlaParams p{};
   p.q_lat = q_lat;
@@ -400,13 +420,26 @@ bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   }
   const dim3 grid(static_cast<unsigned>((dims.n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta),
                   static_cast<unsigned>(n_seqs), static_cast<unsigned>(split.n_splits));
-  switch (dims.kv_lora_rank / 32) {
-    case 1: launch_mla_attention<1>(p, grid, layout.total_bytes, stream); break;
-    case 2: launch_mla_attention<2>(p, grid, layout.total_bytes, stream); break;
-    case 4: launch_mla_attention<4>(p, grid, layout.total_bytes, stream); break;
-    case 8: launch_mla_attention<8>(p, grid, layout.total_bytes, stream); break;
-    case 16: launch_mla_attention<16>(p, grid, layout.total_bytes, stream); break;
-    default: FP4MOE_FAIL() << "mla_decode_attention: kv_lora_rank " << dims.kv_lora_rank;
+  // (m_blocks, col_blocks) of the ranks check_dims allows with rope <= kMlaMaxRope.
+  switch (layout.m_blocks * 16 + layout.col_blocks) {
+    case 1 * 16 + 1:
+      launch_mla_attention<1, 1>(p, grid, layout.total_bytes, stream);
+      break;
+    case 1 * 16 + 2:
+      launch_mla_attention<1, 2>(p, grid, layout.total_bytes, stream);
+      break;
+    case 2 * 16 + 3:
+      launch_mla_attention<2, 3>(p, grid, layout.total_bytes, stream);
+      break;
+    case 4 * 16 + 5:
+      launch_mla_attention<4, 5>(p, grid, layout.total_bytes, stream);
+      break;
+    case 8 * 16 + 9:
+      launch_mla_attention<8, 9>(p, grid, layout.total_bytes, stream);
+      break;
+    default:
+      FP4MOE_FAIL() << "mla_decode_attention: kv_lora_rank " << dims.kv_lora_rank << " + rope " << dims.qk_rope_head_dim
+                    << " (" << layout.m_blocks << " m64 blocks, " << layout.col_blocks << " column blocks)";
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
   if (split.n_splits > 1) {

@@ -14,13 +14,14 @@
 //   cache  [n_blocks, page_size, rank + rope] bf16: per token [c_kv (after kv_a_layernorm) | k_pe (rotated)]
 //   block_table / seq_lens as in paged_attention.h (seq_len 0: a padded entry, zeros out)
 // kv_lora_rank 32, 64, 128, 256 or 512; rope even, <= 128 (the attention: <= 64 and rank + rope a
-// multiple of 16). The attention CTA takes 16 heads of one sequence and one key split on BF16 tensor
-// cores (mma.sync m16n8k16, f32 accumulation): q and the probabilities enter as three bf16 parts each
-// (their f32 values, so the result is f32-accurate; the cache is bf16 already). Warp w scores the
-// 32-key tile over k16 steps w, w + 4, ... of q . [c_kv | k_pe], the four partial tiles are summed
-// through shared memory, every warp runs the same online softmax, and warp w accumulates latent
-// dims [w rank / 4, (w + 1) rank / 4). Shared memory: mla_mma_smem_layout() (101,376 B at rank 512
-// + rope 64: above 48 KiB, so the launcher opts in); mla_prefill.h's kernel is the same CTA.
+// multiple of 16). The attention CTA takes 16 heads of one sequence and one key split on Hopper's wgmma
+// (ops/mla_wgmma_attention.cuh, f32 accumulation): q and the probabilities enter as three bf16 parts each (their
+// f32 values, so the result is f32-accurate; the cache is bf16 already), stacked along N of m64n48k16. Two
+// warpgroups, 64 keys a tile: each scores the tile over half of the k16 steps (the partial sums exchanged through
+// shared memory), both run the same online softmax (base 2), and each accumulates half of the latent's m64 blocks
+// from P x c_kv, reading the same swizzled key tile transposed. Shared memory: mla_wgmma_smem_layout() (218,624 B at
+// rank 512 + rope 64: one CTA an SM). mla_prefill.h's kernel keeps the mma.sync CTA (mla_mma_attention.cuh,
+// mla_mma_smem_layout, 16 heads x 32 keys, four warps).
 // Tested by tests/kernels/test_cuda_mla_decode.cpp (GPU vs model::mla_attention_absorbed) and
 // tests/kernels/test_cuda_ops_host.cpp (layout and split planning).
 #pragma once
@@ -58,13 +59,12 @@ struct MlaCacheView {
 inline constexpr int kMlaWarps = 4;
 inline constexpr int kMlaHeadsPerCta = 16;  // one m16 MMA tile of heads per CTA
 
-// Shared memory of the attention CTA (mla_decode_attention and mla_prefill_attention, tensor
-// cores): two 32-key tiles of cache rows in bf16 (cp.async double buffer), each row padded by 16 B
-// so that ldmatrix's eight row addresses fall in eight different 16 B bank groups (row_bytes / 16
-// is odd), then the four warps' partial score tiles (16 heads x 32 keys f32 each; warp w sums the
-// four of its n-tile of 8 keys, in warp order), then the third bf16 part of each warp's q fragments. Needs
-// (rank + rope) % 16 == 0 (whole k16 MMA steps).
-// Largest k16 steps of q one warp holds (three bf16 parts): width <= rank + kMlaMaxRope.
+// Shared memory of the mma.sync attention CTA (mla_prefill_attention; decode takes the wgmma CTA below): two 32-key
+// tiles of cache rows in bf16 (cp.async double buffer), each row padded by 16 B so that ldmatrix's eight row addresses
+// fall in eight different 16 B bank groups (row_bytes / 16 is odd), then the four warps' partial score tiles (16 heads
+// x 32 keys f32 each; warp w sums the four of its n-tile of 8 keys, in warp order), then the third bf16 part of each
+// warp's q fragments. Needs (rank + rope) % 16 == 0 (whole k16 MMA steps). Largest k16 steps of q one warp holds (three
+// bf16 parts): width <= rank + kMlaMaxRope.
 inline constexpr int kMlaMaxRope = 64;
 inline constexpr int kMlaMaxQStepsPerWarp = 9;
 
@@ -110,9 +110,72 @@ static_assert(mla_mma_smem_layout(512, 64).total_bytes == 2 * 32 * 1168 + 8192 +
 // block: throws naming `what`, the byte breakdown and the limit. Shared by both MLA launchers.
 MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int rope_dim);
 
+// The wgmma attention CTA (ops/mla_wgmma_attention.cuh: decode, two warpgroups, 16 heads of one sequence, 64 keys a
+// tile). Every operand region is in the wgmma's canonical 128B-swizzled layout: rows of 128 B (64 bf16) in
+// "column blocks", 8 rows (1,024 B) a swizzle atom, 16 B chunk c of row r stored at chunk c ^ (r % 8):
+//   tiles  2 x [col_blocks][64 keys][128 B]  cache rows [c_kv | k_pe] (cp.async double buffer; dims past
+//          rank + rope zero); a tile is A of the scores (K-major: keys x dims) and, column block b, A of
+//          P x c_kv for latent dims 64 b .. 64 b + 63 (MN-major: the same bytes read transposed)
+//   q      [col_blocks][48 rows][128 B]  q's three bf16 parts (row part x 16 + head): B of the scores, the parts
+//          stacked along N (one m64n48k16 a k16 step, the parts' sums added per score afterwards)
+//   p      [48 rows][128 B]             P's three bf16 parts (row part x 16 + head, keys along the row): B of
+//          P x c_kv, K-major, the parts stacked along N as q's
+//   red    [2 warpgroups][4 warps][16 heads] f32  the warps' tile maxima, then their softmax sums
+//   xch    [2 warpgroups][128 threads][8] f32     each warpgroup's partial scores (its half of the k16 steps)
+// The base is aligned to 1,024 B in the kernel (dynamic shared memory guarantees 16 B): total_bytes has the slack.
+inline constexpr int kMlaWgWarps = 8;                             // two warpgroups
+inline constexpr int kMlaWgKeysPerTile = 64;                      // one m64 block of keys
+inline constexpr int kMlaWgColBytes = 128;                        // a swizzled row: 64 bf16
+inline constexpr int kMlaWgAtomBytes = 1024;                      // 8 rows x 128 B
+inline constexpr int kMlaWgQRows = kMlaPParts * kMlaHeadsPerCta;  // 48: q's (and P's) parts stacked along N
+
+struct MlaWgmmaSmemLayout {
+  int width = 0;           // rank + rope
+  int col_blocks = 0;      // ceil(width / 64)
+  int m_blocks = 0;        // ceil(rank / 64): P x c_kv's m64 blocks of latent dims
+  int tile_col_bytes = 0;  // 64 keys x 128 B
+  int tile_bytes = 0;      // col_blocks x tile_col_bytes
+  int tiles_offset = 0;
+  int q_col_bytes = 0;  // 48 rows x 128 B
+  int q_offset = 0;
+  int q_bytes = 0;
+  int p_offset = 0;
+  int p_bytes = 0;  // 48 rows x 128 B
+  int red_offset = 0;
+  int red_bytes = 0;
+  int xch_offset = 0;
+  int xch_bytes = 0;
+  int total_bytes = 0;  // + kMlaWgAtomBytes of alignment slack
+};
+FP4MOE_ATTN_HD constexpr MlaWgmmaSmemLayout mla_wgmma_smem_layout(int kv_lora_rank, int rope_dim) {
+  MlaWgmmaSmemLayout l;
+  l.width = kv_lora_rank + rope_dim;
+  l.col_blocks = (l.width + 63) / 64;
+  l.m_blocks = (kv_lora_rank + 63) / 64;
+  l.tile_col_bytes = kMlaWgKeysPerTile * kMlaWgColBytes;
+  l.tile_bytes = l.col_blocks * l.tile_col_bytes;
+  l.tiles_offset = 0;
+  l.q_col_bytes = kMlaWgQRows * kMlaWgColBytes;
+  l.q_offset = l.tiles_offset + 2 * l.tile_bytes;
+  l.q_bytes = l.col_blocks * l.q_col_bytes;
+  l.p_offset = l.q_offset + l.q_bytes;
+  l.p_bytes = kMlaWgQRows * kMlaWgColBytes;
+  l.red_offset = l.p_offset + l.p_bytes;
+  l.red_bytes = kMlaWgWarps * kMlaHeadsPerCta * 4;
+  l.xch_offset = l.red_offset + l.red_bytes;
+  l.xch_bytes = kMlaWgWarps * 32 * 8 * 4;
+  l.total_bytes = l.xch_offset + l.xch_bytes + kMlaWgAtomBytes;
+  return l;
+}
+// The layout after checking it against the device's opt-in limit (throws with the byte breakdown).
+MlaWgmmaSmemLayout mla_wgmma_smem_checked(const char* what, int kv_lora_rank, int rope_dim);
+static_assert(mla_wgmma_smem_layout(512, 64).total_bytes == 2 * 9 * 8192 + 9 * 6144 + 6144 + 512 + 8192 + 1024,
+              "GLM-5: 218,624 B (one CTA an SM)");
+
 // Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each): as many as fit
-// the GPU's 2 CTAs per SM once (floor(2 n_sms / CTAs), at least 1; the shared-memory layout allows
-// 2 per SM), each split >= min_keys_per_split keys, at most kMaxDecodeSplits.
+// the GPU's 2 CTAs per SM once (floor(2 n_sms / CTAs), at least 1; the mma.sync CTA's layout allows
+// 2 per SM, the decode kernel's wgmma CTA 1, so its plans fill up to two waves), each split >= min_keys_per_split
+// keys, at most kMaxDecodeSplits.
 DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                   int64_t min_keys_per_split = 256);
 // f32 workspace of mla_decode_attention's split path (0 for one split): [n_seqs, n_heads, n_splits, rank] + lse.
