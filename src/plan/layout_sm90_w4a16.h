@@ -191,8 +191,7 @@ FP4MOE_HD constexpr uint32_t w4a16_wgmma_consumer_regs_at(uint32_t ctas) {
 }
 
 FP4MOE_HD constexpr uint32_t w4a16_ctas_per_sm(const W4A16Config& c, uint32_t smem_bytes) {
-  constexpr uint32_t kSmemPerSm = 233472, kReservedPerCta = 1024;
-  const uint32_t by_smem = kSmemPerSm / (smem_bytes + kReservedPerCta);
+  const uint32_t by_smem = sm90_ctas_per_sm_by_smem(smem_bytes);
   // kWgmma: 2 when the consumers' registers at 2 CTAs (after setmaxnreg) cover the budget, else 1.
   const uint32_t by_regs = c.kind == W4A16Kind::kWgmma
                                ? (w4a16_wgmma_consumer_regs_at(2) >= w4a16_register_budget(c) ? 2 : 1)

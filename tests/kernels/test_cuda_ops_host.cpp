@@ -23,6 +23,7 @@
 #include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/device_errors.h"
 #include "kernels/cuda/ops/mla_decode.h"
+#include "kernels/cuda/ops/mla_prefill.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
 #include "kernels/cuda/ops/split_merge.h"
@@ -258,7 +259,7 @@ TEST(PlanDecodeSplit, EmptyAndAllPaddingBatchesAreValidLaunches) {
     EXPECT_EQ(gqa.to_string(), "1 split x 32 keys") << n_seqs << " sequences";
     EXPECT_NO_THROW(check_decode_split("paged_attention_decode_bf16", gqa));
     const DecodeSplit mla = plan_mla_decode_split(n_seqs, 64, 0, 132);
-    EXPECT_EQ(mla.to_string(), "1 split x 32 keys") << n_seqs << " sequences";
+    EXPECT_EQ(mla.to_string(), "1 split x 64 keys") << n_seqs << " sequences";  // the wgmma CTA's 64-key tile
     EXPECT_NO_THROW(check_decode_split("mla_decode_attention", mla));
   }
   EXPECT_EQ(plan_decode_split(0, 96, 8, 4096, 132).n_splits, 1);  // nothing to fill the GPU with
@@ -382,12 +383,25 @@ TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
       ASSERT_LE(l.total_bytes + 1024, 233472) << rank << "+" << rope;  // the H100 / H200's 228 KB an SM
     }
   }
-  // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 66 wanted, capped at 64 splits.
-  const DecodeSplit one = plan_mla_decode_split(1, 64, 32768, 132);
-  EXPECT_EQ(one.to_string(), "64 splits x 512 keys");
-  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 1);  // 256 CTAs: floor(264 / 256) = 1, one wave
-  EXPECT_EQ(plan_mla_decode_split(16, 64, 32768, 132).n_splits, 4);  // 64 CTAs x 4 = 256 <= 264 slots
-  EXPECT_EQ(plan_mla_decode_split(100, 64, 32768, 132).n_splits, 1);  // 400 CTAs: more than one wave already
+  // The decode CTA (wgmma) fits once an SM and takes 64 keys a tile; the prefill / DSA CTA (mma.sync) twice, 32 keys.
+  static_assert(kMlaWgCtasPerSm == 1 && kMlaMmaCtasPerSm == 2);
+  ASSERT_EQ(plan::sm90_ctas_per_sm_by_smem(mla_wgmma_smem_layout(512, 64).total_bytes), 1u);
+  ASSERT_EQ(plan::sm90_ctas_per_sm_by_smem(mla_mma_smem_layout(512, 64).total_bytes), 2u);
+  // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 132 slots / 4 = 33 splits of 993 keys,
+  // rounded to the 64-key tile: 32 x 1024.
+  EXPECT_EQ(plan_mla_decode_split(1, 64, 32768, 132).to_string(), "32 splits x 1024 keys");
+  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 1);  // 256 CTAs: more than one wave already
+  EXPECT_EQ(plan_mla_decode_split(32, 64, 32768, 132).n_splits, 1);  // 128 CTAs: floor(132 / 128) = 1
+  EXPECT_EQ(plan_mla_decode_split(16, 64, 32768, 132).n_splits, 2);  // 64 CTAs x 2 = 128 <= 132 slots
+  EXPECT_EQ(plan_mla_decode_split(100, 64, 32768, 132).n_splits, 1);
+  // A minimum below the tile is the tile: at 1,024 keys, 16 splits of 64 keys (not 32 half-empty tiles of 32).
+  EXPECT_EQ(plan_mla_decode_split(1, 64, 1024, 132, 32).to_string(), "16 splits x 64 keys");
+  EXPECT_EQ(plan_mla_decode_split(1, 64, 1024, 132, 128).to_string(), "8 splits x 128 keys");
+  // The prefill / DSA CTA: 264 slots / 4 = 66, capped at 64 splits of 512 keys (32-key tiles).
+  EXPECT_EQ(plan_mla_prefill_split(1, 64, 32768, 132).to_string(), "64 splits x 512 keys");
+  EXPECT_EQ(plan_mla_prefill_split(16, 64, 32768, 132).n_splits, 4);  // 64 CTAs x 4 = 256 <= 264 slots
+  EXPECT_EQ(plan_mla_prefill_split(1, 64, 1024, 132, 32).to_string(), "32 splits x 32 keys");
+  EXPECT_THROW(plan_mla_split(1, 64, 1024, 132, 32, 1, 48), Error);  // a tile not a multiple of 32 keys
   EXPECT_EQ(plan_decode_split(64, 96, 8, 32768, 132).n_splits, 1);  // GQA: 64 x 8 x 1 = 512 CTAs >= 264
   const MlaDecodeDims dims{64, 512, 192, 64, 256, 0.07f};
   EXPECT_EQ(mla_decode_workspace_bytes(2, dims, DecodeSplit{1, 64}), 0u);

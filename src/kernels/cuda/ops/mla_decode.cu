@@ -3,7 +3,7 @@
 //                         (thread per q_pe element, as f32).
 //   mla_decode_attention_kernel<MB, CB> (MB m64 blocks of rank, CB 64-wide column blocks of rank + rope): CTA
 //                         (16-head chunk, sequence, key split), two warpgroups, wgmma: mla_wgmma_attention.cuh over
-//                         keys 0..seq_len-1 (1 CTA an SM; plan_mla_decode_split still plans for 2).
+//                         keys 0..seq_len-1 (kMlaWgCtasPerSm = 1 CTA an SM, as plan_mla_decode_split plans).
 //   split merge:          split_merge_kernel.cuh (a thread per (sequence, head, dim) -> latent, or mla_project_v's
 //                         bf16 hi / lo rows with latent_parts: SplitMergeBf16Parts; shared).
 //   mla_project_v:        per pass of up to 256 sequences: mla_split_bf16_kernel (latent -> hi, lo bf16 rows;

@@ -35,6 +35,7 @@
 #include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/norm_rope.h"
 #include "kernels/cuda/ops/paged_attention.h"
+#include "plan/smem_layout.h"
 
 namespace fp4moe::cuda {
 
@@ -172,12 +173,26 @@ MlaWgmmaSmemLayout mla_wgmma_smem_checked(const char* what, int kv_lora_rank, in
 static_assert(mla_wgmma_smem_layout(512, 64).total_bytes == 2 * 9 * 8192 + 9 * 6144 + 6144 + 512 + 8192 + 1024,
               "GLM-5: 218,624 B (one CTA an SM)");
 
-// Splits for n_seqs sequences of n_heads MLA heads (ceil(n_heads / 16) CTAs each): as many as fit
-// the GPU's 2 CTAs per SM once (floor(2 n_sms / CTAs), at least 1; the mma.sync CTA's layout allows
-// 2 per SM, the decode kernel's wgmma CTA 1, so its plans fill up to two waves), each split >= min_keys_per_split
-// keys, at most kMaxDecodeSplits.
-DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
-                                  int64_t min_keys_per_split = 256);
+// CTAs an SM of the two MLA attention CTAs at GLM-5 dims (sm_90, by shared memory): what the split planners fill.
+inline constexpr int kMlaMmaCtasPerSm = 2;  // mla_mma_attention.cuh: mla_prefill_attention (prefill, DSA)
+inline constexpr int kMlaWgCtasPerSm = 1;   // mla_wgmma_attention.cuh: mla_decode_attention
+static_assert(plan::sm90_ctas_per_sm_by_smem(mla_mma_smem_layout(512, 64).total_bytes) == kMlaMmaCtasPerSm);
+static_assert(plan::sm90_ctas_per_sm_by_smem(mla_wgmma_smem_layout(512, 64).total_bytes) == kMlaWgCtasPerSm);
+
+// Splits for n_rows query rows (decode: sequences; prefill / DSA: query tokens) of n_heads MLA heads (ceil(n_heads /
+// 16) CTAs each) over key lists of at most max_keys: as many as fit the GPU's n_sms x ctas_per_sm CTA slots once
+// (floor(slots / CTAs), at least 1: more splits than fit add a wave and the merge without adding parallelism; GLM-5
+// at 64 sequences is 256 CTAs, one split), each split a multiple of keys_per_tile keys and at least
+// max(min_keys_per_split, keys_per_tile) of them (a shorter split leaves part of every key tile empty), at most
+// kMaxDecodeSplits.
+DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, int n_sms, int64_t min_keys_per_split,
+                           int ctas_per_sm, int keys_per_tile);
+// mla_decode_attention's splits: plan_mla_split for the wgmma CTA (kMlaWgCtasPerSm an SM, kMlaWgKeysPerTile keys a
+// tile).
+inline DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
+                                         int64_t min_keys_per_split = 256) {
+  return plan_mla_split(n_seqs, n_heads, max_seq_len, n_sms, min_keys_per_split, kMlaWgCtasPerSm, kMlaWgKeysPerTile);
+}
 // f32 workspace of mla_decode_attention's split path (0 for one split): [n_seqs, n_heads, n_splits, rank] + lse.
 size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split);
 

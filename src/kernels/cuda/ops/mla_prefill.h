@@ -72,10 +72,12 @@ FP4MOE_ATTN_HD inline void mla_split_key_range(int64_t n_keys, int split, int64_
 
 // Splits of the key lists for n_tokens queries of n_heads heads whose longest key list holds
 // max_keys_per_query keys (dense: the longest seq_len; DSA: min(index_topk, longest seq_len)):
-// plan_mla_decode_split with one "sequence" per query token (1 split once the tokens fill the GPU).
+// plan_mla_split for the mma.sync CTA (kMlaMmaCtasPerSm an SM, 32-key tiles) with one row per query token (1 split
+// once the tokens fill the GPU).
 inline DecodeSplit plan_mla_prefill_split(int64_t n_tokens, int64_t n_heads, int64_t max_keys_per_query, int n_sms,
                                           int64_t min_keys_per_split = 256) {
-  return plan_mla_decode_split(n_tokens, n_heads, max_keys_per_query, n_sms, min_keys_per_split);
+  return plan_mla_split(n_tokens, n_heads, max_keys_per_query, n_sms, min_keys_per_split, kMlaMmaCtasPerSm,
+                        kAttnKeysPerTile);
 }
 // f32 workspace of the split path (0 for one split): [n_tokens, n_heads, n_splits, rank] + lse.
 inline size_t mla_prefill_workspace_bytes(int64_t n_tokens, const MlaDecodeDims& dims, const DecodeSplit& split) {

@@ -12,22 +12,20 @@ namespace fp4moe::cuda {
 
 namespace {
 
-// Splits so that base_ctas * n_splits fills 2 x n_sms CTA slots: at least (round_down false: the
-// GQA kernel, several CTAs per SM) or at most, never below one split (round_down true: the MLA
-// kernel, whose shared memory allows 2 CTAs per SM, so more splits than fit add a wave and the
-// merge without adding parallelism: GLM-5 at 64 sequences is 256 CTAs in one wave, not 512 in two).
-// Each split >= min_keys_per_split keys (a multiple of the 32-key tile), n_splits <=
-// kMaxDecodeSplits, and no split always empty. An empty batch (base_ctas 0) gets one split.
-DecodeSplit split_for_ctas(int64_t base_ctas, int64_t max_seq_len, int n_sms, int64_t min_keys_per_split,
-                           bool round_down) {
-  const int64_t slots = 2 * static_cast<int64_t>(n_sms);
+// Splits so that base_ctas * n_splits fills `slots` CTA slots: at least (round_down false: the GQA
+// kernel, 2 x n_sms slots, several CTAs per SM) or at most, never below one split (round_down true:
+// the MLA kernels, plan_mla_split). Each split >= max(min_keys_per_split, key_tile) keys, a multiple of
+// key_tile, n_splits <= kMaxDecodeSplits, and no split always empty. An empty batch (base_ctas 0) gets
+// one split.
+DecodeSplit split_for_ctas(int64_t base_ctas, int64_t max_seq_len, int64_t slots, int64_t min_keys_per_split,
+                           bool round_down, int key_tile) {
   const int64_t want = base_ctas <= 0 ? 1 : round_down ? std::max<int64_t>(1, slots / base_ctas)
                                                        : (slots + base_ctas - 1) / base_ctas;
-  const int64_t by_len = std::max<int64_t>(1, max_seq_len / min_keys_per_split);
+  const int64_t by_len = std::max<int64_t>(1, max_seq_len / std::max<int64_t>(min_keys_per_split, key_tile));
   const int64_t n = std::clamp<int64_t>(std::min(want, by_len), 1, kMaxDecodeSplits);
   const int64_t len = std::max<int64_t>(max_seq_len, 1);
   int64_t kps = (len + n - 1) / n;
-  kps = (kps + kAttnKeysPerTile - 1) / kAttnKeysPerTile * kAttnKeysPerTile;
+  kps = (kps + key_tile - 1) / key_tile * key_tile;
   DecodeSplit s;
   s.keys_per_split = kps;
   s.n_splits = static_cast<int>((len + kps - 1) / kps);
@@ -70,7 +68,8 @@ DecodeSplit plan_decode_split(int64_t n_seqs, int64_t n_heads, int64_t n_kv_head
       << "plan_decode_split: n_seqs=" << n_seqs << ", max_seq_len=" << max_seq_len << " (int32), n_sms=" << n_sms
       << ", min_keys_per_split=" << min_keys_per_split;
   const AttentionRowTiling tiling = attention_row_tiling(n_heads, n_kv_heads);
-  return split_for_ctas(n_seqs * n_kv_heads * tiling.n_head_chunks, max_seq_len, n_sms, min_keys_per_split, false);
+  return split_for_ctas(n_seqs * n_kv_heads * tiling.n_head_chunks, max_seq_len, 2 * static_cast<int64_t>(n_sms),
+                        min_keys_per_split, false, kAttnKeysPerTile);
 }
 
 DecodeSplit cap_decode_split(const DecodeSplit& split, int64_t n_seqs, int64_t n_heads, int64_t head_dim,
@@ -86,14 +85,17 @@ DecodeSplit cap_decode_split(const DecodeSplit& split, int64_t n_seqs, int64_t n
   return s;
 }
 
-DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
-                                  int64_t min_keys_per_split) {
-  FP4MOE_CHECK(n_seqs >= 0 && n_heads >= 1 && max_seq_len >= 0 && max_seq_len <= INT32_MAX && n_sms >= 1 &&
-               min_keys_per_split >= 1)
-      << "plan_mla_decode_split: n_seqs=" << n_seqs << ", n_heads=" << n_heads << ", max_seq_len=" << max_seq_len
-      << " (int32), n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split;
+DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, int n_sms, int64_t min_keys_per_split,
+                           int ctas_per_sm, int keys_per_tile) {
+  FP4MOE_CHECK(n_rows >= 0 && n_heads >= 1 && max_keys >= 0 && max_keys <= INT32_MAX && n_sms >= 1 &&
+               min_keys_per_split >= 1 && ctas_per_sm >= 1 && keys_per_tile >= kAttnKeysPerTile &&
+               keys_per_tile % kAttnKeysPerTile == 0)
+      << "plan_mla_split: n_rows=" << n_rows << ", n_heads=" << n_heads << ", max_keys=" << max_keys
+      << " (int32), n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split << ", ctas_per_sm=" << ctas_per_sm
+      << ", keys_per_tile=" << keys_per_tile << " (a multiple of " << kAttnKeysPerTile << ")";
   const int64_t chunks = (n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
-  return split_for_ctas(n_seqs * chunks, max_seq_len, n_sms, min_keys_per_split, true);
+  return split_for_ctas(n_rows * chunks, max_keys, static_cast<int64_t>(ctas_per_sm) * n_sms, min_keys_per_split, true,
+                        keys_per_tile);
 }
 
 size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split) {
