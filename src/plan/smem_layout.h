@@ -28,16 +28,17 @@ FP4MOE_HD constexpr uint32_t round_up(uint32_t x, uint32_t align) {
   return align <= 1 ? x : (x + align - 1) / align * align;
 }
 FP4MOE_HD constexpr uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+FP4MOE_HD constexpr uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 // sm_90's shared memory an SM and the part reserved for each resident CTA (the H100 / H200 rows of gpu_table.cpp:
 // cudaDevAttrMaxSharedMemoryPerMultiprocessor 233,472 B, cudaDevAttrReservedSharedMemoryPerBlock 1,024 B): how many
-// CTAs of smem_bytes dynamic shared memory one SM holds, for the planners that fill n_sms x that many slots.
+// CTAs of smem_bytes dynamic shared memory one SM holds, for the planners that fill n_sms x that many slots. A
+// compile-time copy of those table rows (static_asserts need constexpr); test_gpu_table pins them equal.
 inline constexpr uint32_t kSm90SmemPerSmBytes = 233472;
 inline constexpr uint32_t kSm90SmemReservedPerCtaBytes = 1024;
 FP4MOE_HD constexpr uint32_t sm90_ctas_per_sm_by_smem(uint32_t smem_bytes) {
   return kSm90SmemPerSmBytes / (smem_bytes + kSm90SmemReservedPerCtaBytes);
 }
-FP4MOE_HD constexpr uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 // What a region holds; lets the planner group regions into the "stages x stage + epilogue +
 // overhead" summary without string compares.

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "plan/gpu_table.h"
+#include "plan/smem_layout.h"
 
 namespace fp4moe::plan {
 namespace {
@@ -41,6 +42,10 @@ TEST(GpuTable, CapacitiesFromTheSpec) {
   EXPECT_EQ(require_gpu("rtx-4090").smem_optin_per_block, 101376u);
   EXPECT_EQ(require_gpu("h200").smem_optin_per_block, 232448u);
   EXPECT_EQ(require_gpu("h200").smem_per_sm, 233472u);
+  for (const char* n : {"h100", "h200"}) {  // smem_layout.h's compile-time copy of the sm_90 rows
+    EXPECT_EQ(require_gpu(n).smem_per_sm, kSm90SmemPerSmBytes) << n;
+    EXPECT_EQ(require_gpu(n).smem_reserved_per_block, kSm90SmemReservedPerCtaBytes) << n;
+  }
   EXPECT_EQ(require_gpu("b200").smem_optin_per_block, 232448u);
   EXPECT_EQ(require_gpu("b300").smem_optin_per_block, 232448u);
   for (const char* n : {"rtx-pro-6000", "rtx-5090", "gb10"}) {

@@ -572,7 +572,8 @@ void Glm5CudaModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace
       plan.attn_workspace = cuda::mla_decode_workspace_bytes(S_run, mla_, plan.split);
     } else {
       const int64_t max_keys = plan.dsa ? std::min<int64_t>(cfg_.index_topk, max_len) : max_len;
-      // A DSA decode step (one query per sequence) splits like a dense decode step.
+      // A DSA decode step (one query per sequence) splits by --decode-split-min-keys like a dense decode step, for
+      // the prefill kernel's CTA (2 an SM, 32-key tiles).
       plan.split = step.decode_only ? cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, common_.n_sms,
                                                                    gopt_.decode_split_min_keys)
                                     : cuda::plan_mla_prefill_split(T, mla_.n_heads, max_keys, common_.n_sms);

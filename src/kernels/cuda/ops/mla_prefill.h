@@ -16,8 +16,8 @@
 //   q_start [n_seqs + 1] int32: sequence s's queries are rows q_start[s] .. q_start[s+1) (q_start[0]
 //           = 0, q_start[n_seqs] = n_tokens), at positions seq_len - q_len .. seq_len - 1
 //   latent  [n_tokens, n_heads, rank] f32 (mla_project_v input)
-// The CTA is mla_decode's (tensor cores, mla_mma_smem_layout): 16 heads of ONE query token x one
-// split of that token's key list; rank + rope must be a multiple of 16.
+// The CTA is mla_mma_attention.cuh's (mma.sync tensor cores, mla_mma_smem_layout; the decode kernel has its own wgmma
+// CTA): 16 heads of ONE query token x one split of that token's key list; rank + rope must be a multiple of 16.
 // Split-K over the key list (like decode) is optional: plan_mla_prefill_split picks 1 split for a
 // big prefill and more for few tokens (a DSA decode step); workspace and merge as in decode.
 //
