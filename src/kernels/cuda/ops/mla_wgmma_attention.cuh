@@ -128,7 +128,7 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
     const int64_t row = pending_in_list ? rows.resolve(pending) : -1;
     const bool ok = row >= 0;  // else zero-filled (the source is not read)
     // A refused row reads nothing (src-size 0) from the cache base; chunks past W likewise. (The address can then lie
-    // up to 128 B past the row, or ~1.1 KB past the base: not read; memcheck of this is not yet run.)
+    // up to 128 B past the row, or ~1.1 KB past the base: not read; memcheck reports nothing, thirty-fifth session.)
     const char* src = reinterpret_cast<const char*>(p.cache + (ok ? row : 0)) + 16 * key_sub;
     const uint32_t dst = tiles_u32 + buf * L.tile_bytes + static_cast<uint32_t>(key_j) * kMlaWgColBytes;
 #pragma unroll
