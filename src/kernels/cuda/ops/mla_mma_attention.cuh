@@ -68,6 +68,22 @@ struct RowFetch {
   int32_t b = 0;  // and the key's row within its block (decode)
 };
 
+// One thread's list entry of the next key tile (both attention CTAs): fetch issues its lookup a tile ahead (none
+// for an entry at or past key_end), row resolves it when the tile's copies are issued (-1: past the end or refused).
+struct AheadRow {
+  RowFetch pending;
+  bool in_list = false;
+  template <class Rows>
+  __device__ __forceinline__ void fetch(const Rows& rows, int entry, int key_end) {
+    in_list = entry < key_end;
+    if (in_list) pending = rows.fetch(entry);
+  }
+  template <class Rows>
+  __device__ __forceinline__ int64_t row(const Rows& rows) const {
+    return in_list ? rows.resolve(pending) : -1;
+  }
+};
+
 // Token `key` (0 <= key < 2^31) as (its page's table index, its row within the page): 32-bit division.
 __device__ __forceinline__ void key_page(int key, int page_size, uint32_t& page, uint32_t& within) {
   page = static_cast<uint32_t>(key) / static_cast<uint32_t>(page_size);
@@ -169,20 +185,15 @@ __device__ __forceinline__ void attend(const Args& p, const Rows& rows, unsigned
   const uint32_t p_u32 = tiles_u32 + static_cast<uint32_t>(L.p_offset);
 
   // Thread i copies 16 B pieces i % 4, i % 4 + 4, ... of list entry k0 + i / 4 of a tile at k0. Its
-  // entry's lookup is fetched a tile ahead (fetch_tile: `pending`), resolved when the tile's copies
+  // entry's lookup is fetched a tile ahead (fetch_tile: `ahead`), resolved when the tile's copies
   // are issued (copy_tile: into buffer `buf`, zeros past key_end and for refused rows, one commit group).
   static_assert(kThreads == 4 * kAttnKeysPerTile, "four threads per key of a tile");
   const int pieces = W / 8;
   const int key_j = static_cast<int>(threadIdx.x) / 4, key_sub = static_cast<int>(threadIdx.x) % 4;
-  RowFetch pending;
-  bool pending_in_list = false;
-  auto fetch_tile = [&](int k0) {
-    const int entry = k0 + key_j;
-    pending_in_list = entry < key_end;
-    if (pending_in_list) pending = rows.fetch(entry);
-  };
+  AheadRow ahead;
+  auto fetch_tile = [&](int k0) { ahead.fetch(rows, k0 + key_j, key_end); };
   auto copy_tile = [&](int buf) {
-    const int64_t row = pending_in_list ? rows.resolve(pending) : -1;
+    const int64_t row = ahead.row(rows);
     const bool ok = row >= 0;  // else zero-filled (the source is not read)
     const __nv_bfloat16* src = p.cache + (ok ? row : 0) + key_sub * 8;
     uint32_t dst = tiles_u32 + buf * L.tile_bytes + key_j * L.row_bytes + key_sub * 16;

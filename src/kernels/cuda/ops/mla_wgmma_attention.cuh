@@ -117,15 +117,10 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
   // This thread's two chunks of each column block: 4 j + key_sub, swizzled by its key row.
   const uint32_t swz_off[2] = {static_cast<uint32_t>(((key_sub ^ key_j) & 7) << 4),
                                static_cast<uint32_t>((((4 + key_sub) ^ key_j) & 7) << 4)};
-  mla_mma::RowFetch pending;
-  bool pending_in_list = false;
-  auto fetch_tile = [&](int k0) {
-    const int entry = k0 + key_j;
-    pending_in_list = entry < key_end;
-    if (pending_in_list) pending = rows.fetch(entry);
-  };
+  mla_mma::AheadRow ahead;
+  auto fetch_tile = [&](int k0) { ahead.fetch(rows, k0 + key_j, key_end); };
   auto copy_tile = [&](int buf) {
-    const int64_t row = pending_in_list ? rows.resolve(pending) : -1;
+    const int64_t row = ahead.row(rows);
     const bool ok = row >= 0;  // else zero-filled (the source is not read)
     // A refused row reads nothing (src-size 0) from the cache base; chunks past W likewise. (The address can then lie
     // up to 128 B past the row, or ~1.1 KB past the base: not read; memcheck reports nothing, thirty-fifth session.)
