@@ -61,7 +61,7 @@ struct MlaParams {
 };
 
 // Decode: keys 0..seq_len-1 of sequence blockIdx.y, split blockIdx.z, heads of chunk blockIdx.x: the CTA's
-// arguments and key rows for either attention core. False (after flagging kDeviceErrorSeqLen) for a bad seq_len.
+// arguments and key rows for the attention CTA. False (after flagging kDeviceErrorSeqLen) for a bad seq_len.
 __device__ __forceinline__ bool decode_cta(const MlaParams& p, mla_mma::Args& a, mla_mma::TableRows& rows) {
   const int chunk = blockIdx.x;
   const int s = blockIdx.y;

@@ -108,7 +108,8 @@ static_assert(mla_mma_smem_layout(512, 64).total_bytes == 2 * 32 * 1168 + 8192 +
               "GLM-5: 101,376 B (2 CTAs per SM)");
 
 // The layout for (rank, rope), after checking it against the current device's opt-in limit per
-// block: throws naming `what`, the byte breakdown and the limit. Shared by both MLA launchers.
+// block: throws naming `what`, the byte breakdown and the limit (mla_prefill_attention's; decode checks its wgmma
+// layout with mla_wgmma_smem_checked).
 MlaMmaSmemLayout mla_mma_smem_checked(const char* what, int kv_lora_rank, int rope_dim);
 
 // The wgmma attention CTA (ops/mla_wgmma_attention.cuh: decode, two warpgroups, 16 heads of one sequence, 64 keys a

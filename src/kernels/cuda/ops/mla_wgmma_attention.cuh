@@ -34,6 +34,7 @@
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/mla_mma_attention.cuh"
 #include "kernels/cuda/ptx.cuh"
+#include "plan/layout_sm90_w4a16.h"
 
 namespace fp4moe::cuda::mla_wgmma {
 
@@ -47,20 +48,18 @@ using ScoresOp = gmma::MMA_64x48x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::
 using PvOp = gmma::MMA_64x48x16_F32BF16BF16_SS<gmma::Major::MN, gmma::Major::K>;
 constexpr int kRegs = 24;  // 64 x 48 f32 over 128 threads
 
-// 128B-swizzle descriptors (the wgmma canonical layouts, CuTe's make_gmma_desc): start address >> 4 in bits 0-13,
-// leading byte offset >> 4 in 16-29 (K-major swizzled: unused, 1; MN-major: the next 64 MN elements, one column
-// block further), stride byte offset >> 4 (the next 8 rows: 1,024 B) in 32-45, layout type 1 (128B swizzle) in 62-63.
-// The low word is kept per thread and advanced by compile-time constants (16 B units), the high word is a constant.
-constexpr uint32_t kDescHi = (kMlaWgAtomBytes >> 4) | (1u << 30);
-__device__ __forceinline__ uint32_t desc_k_lo(uint32_t addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+// 128B-swizzle descriptors and tiles: the W4A16 wgmma kind's (plan/layout_sm90_w4a16.h, checked against CuTe by
+// test_wgmma_layout_host): w4a16_wgmma_desc_lo for K-major operands, w4a16_wgmma_desc_of_lo adds the constant high
+// word; the low word is kept per thread and advanced by compile-time constants (16 B units). w4a16_wgmma_swizzle:
+// 16 B chunk c (< 8) of row r of a column block.
+static_assert(kMlaWgAtomBytes == plan::kWgmmaSwizzleAtom && kMlaWgColBytes == 128, "the W4A16 kind's 128B swizzle");
+using plan::w4a16_wgmma_desc_lo;
+using plan::w4a16_wgmma_desc_of_lo;
+using plan::w4a16_wgmma_swizzle;
+// An MN-major operand's low word: as w4a16_wgmma_desc_lo, with the leading byte offset (bits 16-29, >> 4) = the next
+// 64 MN elements, one column block further.
 __device__ __forceinline__ uint32_t desc_mn_lo(uint32_t addr, uint32_t next_mn_bytes) {
   return ((addr & 0x3FFFFu) >> 4) | (((next_mn_bytes >> 4) & 0x3FFFu) << 16);
-}
-__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (uint64_t{kDescHi} << 32) | lo; }
-
-// Byte offset of 16 B chunk c (< 8) of row r inside a 128B-swizzled column block.
-__device__ __forceinline__ uint32_t swz(uint32_t row, uint32_t chunk) {
-  return row * kMlaWgColBytes + (((chunk & 7u) ^ (row & 7u)) << 4);
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -167,7 +166,7 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
 #pragma unroll
     for (int part = 0; part < kMlaPParts; ++part) {
       const uint32_t r = static_cast<uint32_t>(part * kMlaHeadsPerCta + hl);
-      ptx::st_shared_v4(q_u32 + (c >> 3) * L.q_col_bytes + swz(r, static_cast<uint32_t>(c)),
+      ptx::st_shared_v4(q_u32 + (c >> 3) * L.q_col_bytes + w4a16_wgmma_swizzle(r, static_cast<uint32_t>(c & 7)),
                         make_uint4(parts[part][0], parts[part][1], parts[part][2], parts[part][3]));
     }
   }
@@ -192,15 +191,15 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
 
   // Descriptor low words: the scores' A (tile 0) and B (q) at this warpgroup's first k16 step, P x c_kv's A (tile 0,
   // this warpgroup's first m64 block) and B (P).
-  const uint32_t a_lo0 = desc_k_lo(tiles_u32) + 2 * wg, b_lo0 = desc_k_lo(q_u32) + 2 * wg;
+  const uint32_t a_lo0 = w4a16_wgmma_desc_lo(tiles_u32) + 2 * wg, b_lo0 = w4a16_wgmma_desc_lo(q_u32) + 2 * wg;
   const uint32_t pv_a_lo0 = desc_mn_lo(tiles_u32, L.tile_col_bytes) + wg * kMbPerWg * (L.tile_col_bytes >> 4);
-  const uint32_t pv_b_lo = desc_k_lo(p_u32);
+  const uint32_t pv_b_lo = w4a16_wgmma_desc_lo(p_u32);
   // The P element this thread stores for head hh (key 16 warp + g + 8 wg, part 0; part x further by 16 rows).
   uint32_t p_st[4];
 #pragma unroll
   for (int hh = 0; hh < 4; ++hh) {
     const uint32_t key = static_cast<uint32_t>(16 * warp + g + 8 * wg);
-    p_st[hh] = p_u32 + swz(static_cast<uint32_t>(head_of(hh)), key >> 3) + (key & 7) * 2;
+    p_st[hh] = p_u32 + w4a16_wgmma_swizzle(static_cast<uint32_t>(head_of(hh)), key >> 3) + (key & 7) * 2;
   }
 
   for (int it = 0; it < n_tiles; ++it) {
@@ -225,8 +224,8 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
 #pragma unroll
     for (int i = 0; i < kHalfSteps; ++i) {
       // k16 step 2 i + wg: column block i / 2, 32 B x (2 (i % 2) + wg) along the rows (wg's part in a_lo0 / b_lo0).
-      wgmma<ScoresOp>(desc_of(a_lo + (i >> 1) * (L.tile_col_bytes >> 4) + (i & 1) * 4),
-                      desc_of(b_lo0 + (i >> 1) * (L.q_col_bytes >> 4) + (i & 1) * 4), sc, i == 0,
+      wgmma<ScoresOp>(w4a16_wgmma_desc_of_lo(a_lo + (i >> 1) * (L.tile_col_bytes >> 4) + (i & 1) * 4),
+                      w4a16_wgmma_desc_of_lo(b_lo0 + (i >> 1) * (L.q_col_bytes >> 4) + (i & 1) * 4), sc, i == 0,
                       std::make_index_sequence<kRegs>{});
     }
     cute::warpgroup_commit_batch();
@@ -314,8 +313,8 @@ __device__ __forceinline__ void attend(const mla_mma::Args& p, const Rows& rows,
 #pragma unroll
         for (int b = 0; b < kMbPerWg; ++b) {
           // m64 block wg x kMbPerWg + b (its column block), keys 16 kk .. (2,048 B of tile rows further).
-          wgmma<PvOp>(desc_of(a_lo + b * (L.tile_col_bytes >> 4) + kk * (16 * kMlaWgColBytes >> 4)),
-                      desc_of(pv_b_lo + kk * 2), o[b], false, std::make_index_sequence<kRegs>{});
+          wgmma<PvOp>(w4a16_wgmma_desc_of_lo(a_lo + b * (L.tile_col_bytes >> 4) + kk * (16 * kMlaWgColBytes >> 4)),
+                      w4a16_wgmma_desc_of_lo(pv_b_lo + kk * 2), o[b], false, std::make_index_sequence<kRegs>{});
         }
       }
       cute::warpgroup_commit_batch();
