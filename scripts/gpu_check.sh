@@ -7,9 +7,10 @@
 #   FP4MOE_STAGES  which of "tests sanitizer bench" to run after the build (default all)
 #   FP4MOE_TARGETS build only these targets (default all; e.g. the sanitizer's test binaries)
 #   FP4MOE_SANITIZE which test binaries the sanitizer stage runs (default all of its list)
-#   FP4MOE_BENCH   which of "w4a16 large gemm moe read" the bench stage runs (default all; "large": bench_w4a16
+#   FP4MOE_BENCH   which of "w4a16 large gemm moe read mla" the bench stage runs (default all; "large": bench_w4a16
 #                  at 512-4096 rows, the sizes that decide the NVFP4 dequantize + cuBLAS thresholds; "read":
-#                  bench_hbm_read, the read-only ceiling of the decode GEMMs' bytes and access pattern)
+#                  bench_hbm_read, the read-only ceiling of the decode GEMMs' bytes and access pattern; "mla":
+#                  bench_mla_decode, the MLA decode attention's splits against its planner and the mma.sync CTA)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 jobs=$(nproc)
@@ -67,7 +68,7 @@ fi
 if has bench; then
 step "GPU benchmarks"
 fp4moe=build-gpu/fp4moe
-benches=" ${FP4MOE_BENCH:-w4a16 large gemm moe read} "
+benches=" ${FP4MOE_BENCH:-w4a16 large gemm moe read mla} "
 if [[ "$benches" == *" w4a16 "* ]]; then
   echo "--- bench_w4a16 (every config per row)"
   build-gpu/bench/bench_w4a16 --runs 20 2>&1 | tee "$out/bench_w4a16.txt" || status=1
@@ -89,6 +90,11 @@ fi
 if [[ "$benches" == *" read "* ]]; then
   echo "--- bench_hbm_read (the decode GEMMs' bytes read with no arithmetic: plain, the stream kernel's pattern, bulk)"
   build-gpu/bench/bench_hbm_read --runs 20 2>&1 | tee "$out/bench_hbm_read.txt" || status=1
+fi
+if [[ "$benches" == *" mla "* ]]; then
+  echo "--- bench_mla_decode (GLM-5 MLA decode attention: every split vs the planner's, the mma.sync CTA as peer)"
+  build-gpu/bench/bench_mla_decode --seqs 1,4,16,32,48,64,128 --keys 1032,2048 --runs 20 2>&1 |
+    tee "$out/bench_mla_decode.txt" || status=1
 fi
 fi
 
