@@ -188,7 +188,7 @@ void walk_attention_grid(int n_kv, int group, bool decode, const std::vector<int
         const int64_t tok0 = cta.q_tile * t.tokens_per_cta;
         if (tok0 >= q_len[s]) continue;
         int64_t kb = 0, ke = 0;
-        attn_key_range(seq_len[s], q_len[s], tok0, t.tokens_per_cta, sp, split.keys_per_split, &kb, &ke);
+        attn_key_range(seq_len[s], q_len[s], tok0, t.tokens_per_cta, sp, split.n_splits, &kb, &ke);
         ASSERT_LE(ke, seq_len[s]) << c;
         for (int r = 0; r < kAttnRowsPerCta; ++r) {
           const AttnRow row = attn_row(r, tok0, cta.head_chunk, t.heads_per_cta, t.tokens_per_cta, group, q_len[s]);
@@ -249,6 +249,44 @@ TEST(AttentionGeometry, EveryRowOncePerSplitAndKeysPartitioned) {
     walk_attention_grid(n_kv, group, decode, q_len, seq_len, split, c);
     if (HasFatalFailure()) return;
   }
+}
+
+// The decode kernel's per-sequence key ranges (mla_decode_split_keys, the code its CTAs run): for any length and
+// split count they partition 0..seq_len-1 in order, every non-empty range but the last is whole 64-key tiles of
+// ceil(seq_len / n_splits) rounded up, and a sequence shorter than the plan spreads over its splits (1,032 keys over 2:
+// 576 + 456, not 1,024 + 8 as fixed splits of a 2,048-key bucket's plan cut it).
+TEST(MlaDecodePlan, SplitKeysPartitionEachSequenceByItsLength) {
+  std::mt19937_64 rng(testing::test_seed());
+  for (int it = 0; it < 2000; ++it) {
+    const int n_splits = 1 + static_cast<int>(rng() % 40);
+    const int64_t seq_len = it < 50 ? it : static_cast<int64_t>(rng() % 5000);
+    const int64_t tile =
+        ((seq_len + n_splits - 1) / n_splits + kMlaWgKeysPerTile - 1) / kMlaWgKeysPerTile * kMlaWgKeysPerTile;
+    int64_t next = 0;
+    for (int z = 0; z < n_splits; ++z) {
+      int64_t b = -1, e = -1;
+      mla_decode_split_keys(seq_len, n_splits, z, &b, &e);
+      ASSERT_LE(b, e) << seq_len << " / " << n_splits << " split " << z;
+      if (b == e) {
+        ASSERT_GE(b, seq_len) << seq_len << " / " << n_splits << " split " << z;  // only trailing splits are empty
+        continue;
+      }
+      ASSERT_EQ(b, next) << seq_len << " / " << n_splits << " split " << z;
+      ASSERT_EQ(b % kMlaWgKeysPerTile, 0) << seq_len << " / " << n_splits << " split " << z;
+      ASSERT_TRUE(e - b == tile || e == seq_len)
+          << seq_len << " / " << n_splits << " split " << z << ": " << b << ".." << e;
+      next = e;
+    }
+    ASSERT_EQ(next, seq_len) << seq_len << " / " << n_splits;
+  }
+  int64_t b = 0, e = 0;
+  mla_decode_split_keys(1032, 2, 0, &b, &e);
+  EXPECT_EQ(e - b, 576);
+  mla_decode_split_keys(1032, 2, 1, &b, &e);
+  EXPECT_EQ(e - b, 456);
+  mla_decode_split_keys(1032, 4, 3, &b, &e);  // 4 x 320 (5 tiles): the last 72 keys
+  EXPECT_EQ(b, 960);
+  EXPECT_EQ(e, 1032);
 }
 
 // A batch with no key anywhere (all entries padded, or no entries) still plans a valid launch, for
@@ -387,16 +425,42 @@ TEST(MlaDecodePlan, LayoutSplitsWorkspace) {
   static_assert(kMlaWgCtasPerSm == 1 && kMlaMmaCtasPerSm == 2);
   ASSERT_EQ(plan::sm90_ctas_per_sm_by_smem(mla_wgmma_smem_layout(512, 64).total_bytes), 1u);
   ASSERT_EQ(plan::sm90_ctas_per_sm_by_smem(mla_mma_smem_layout(512, 64).total_bytes), 2u);
-  // One GLM-5 sequence (64 heads = 4 CTAs) of 32768 tokens on 132 SMs: 132 slots / 4 = 33 splits of 993 keys,
-  // rounded to the 64-key tile: 32 x 1024.
-  EXPECT_EQ(plan_mla_decode_split(1, 64, 32768, 132).to_string(), "32 splits x 1024 keys");
-  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 1);  // 256 CTAs: more than one wave already
-  EXPECT_EQ(plan_mla_decode_split(32, 64, 32768, 132).n_splits, 1);  // 128 CTAs: floor(132 / 128) = 1
-  EXPECT_EQ(plan_mla_decode_split(16, 64, 32768, 132).n_splits, 2);  // 64 CTAs x 2 = 128 <= 132 slots
-  EXPECT_EQ(plan_mla_decode_split(100, 64, 32768, 132).n_splits, 1);
-  // A minimum below the tile is the tile: at 1,024 keys, 16 splits of 64 keys (not 32 half-empty tiles of 32).
+  // The decode plan is the least time of kMlaWgSplitCost's model. Where bench_mla_decode measured (H100, 132 SMs,
+  // thirty-sixth session) it is the fastest split: 1 sequence x 1,024 keys 16 x 64 (13.1 us; 4 x 256 20.5), 4 x 1,024
+  // 8 splits (16.0), 16 x 1,024 2 (35.1; 4: 40.1), 32 x 1,024 1 (51.6; 2: 67.0), 48 x 1,024 2 (97.9; 1: 102.7),
+  // 8 x 2,048 4, 24 x 2,048 4 (92.0; 1: 93.7), 48 x 2,048 2 (163.6; 1: 191.3), 64 x 2,048 1 (189.2; 2: 218.3).
   EXPECT_EQ(plan_mla_decode_split(1, 64, 1024, 132, 32).to_string(), "16 splits x 64 keys");
+  EXPECT_EQ(plan_mla_decode_split(4, 64, 1024, 132, 32).to_string(), "8 splits x 128 keys");
+  // 1,032 keys: 17 splits of one tile (13.5 us measured; 9 x 128: 15.4), past floor(1,032 / 64) = 16 parts.
+  EXPECT_EQ(plan_mla_decode_split(1, 64, 1032, 132, 32).to_string(), "17 splits x 64 keys");
+  EXPECT_EQ(plan_mla_decode_split(16, 64, 1024, 132, 32).to_string(), "2 splits x 512 keys");
+  EXPECT_EQ(plan_mla_decode_split(32, 64, 1024, 132, 32).to_string(), "1 split x 1024 keys");
+  EXPECT_EQ(plan_mla_decode_split(48, 64, 1024, 132, 32).to_string(), "2 splits x 512 keys");
+  EXPECT_EQ(plan_mla_decode_split(8, 64, 2048, 132, 32).to_string(), "4 splits x 512 keys");
+  EXPECT_EQ(plan_mla_decode_split(24, 64, 2048, 132, 32).to_string(), "4 splits x 512 keys");
+  EXPECT_EQ(plan_mla_decode_split(48, 64, 2048, 132, 32).to_string(), "2 splits x 1024 keys");
+  EXPECT_EQ(plan_mla_decode_split(64, 64, 2048, 132, 32).to_string(), "1 split x 2048 keys");
+  // The minimum keys a split caps the count: at most 1,024 / 128 = 8.
   EXPECT_EQ(plan_mla_decode_split(1, 64, 1024, 132, 128).to_string(), "8 splits x 128 keys");
+  // Long lists: one sequence (4 CTAs) of 32,768 keys 32 splits of 1,024 (128 CTAs, one wave); 64 sequences (256 CTAs,
+  // two waves) 1. 100 sequences: 400 CTAs leave a fourth wave of 4 CTAs at 1 split, and the model would take 8 splits
+  // of 4,096 (3,200 CTAs), but more than kMlaMaxSplitWaves = 4 waves of split CTAs (528) is refused: 1 split. No plan
+  // of several splits exceeds that bound (the workspace's), and every plan covers its keys.
+  EXPECT_EQ(plan_mla_decode_split(1, 64, 32768, 132).to_string(), "32 splits x 1024 keys");
+  EXPECT_EQ(plan_mla_decode_split(64, 64, 32768, 132).n_splits, 1);
+  EXPECT_EQ(plan_mla_decode_split(100, 64, 32768, 132).n_splits, 1);
+  for (int64_t seqs : {1, 3, 17, 33, 48, 65, 100, 256}) {
+    for (int64_t keys : {64, 1000, 2048, 32768}) {
+      const DecodeSplit s = plan_mla_decode_split(seqs, 64, keys, 132, 32);
+      if (s.n_splits > 1) {
+        EXPECT_LE(seqs * 4 * s.n_splits, kMlaMaxSplitWaves * 132) << seqs << " x " << keys;
+      }
+      EXPECT_GE(static_cast<int64_t>(s.n_splits) * s.keys_per_split, keys) << seqs << " x " << keys;
+    }
+  }
+  // An empty batch and a batch of empty lists: one split.
+  EXPECT_EQ(plan_mla_decode_split(0, 64, 1024, 132).n_splits, 1);
+  EXPECT_EQ(plan_mla_decode_split(8, 64, 0, 132).n_splits, 1);
   // The prefill / DSA CTA: 264 slots / 4 = 66, capped at 64 splits of 512 keys (32-key tiles).
   EXPECT_EQ(plan_mla_prefill_split(1, 64, 32768, 132).to_string(), "64 splits x 512 keys");
   EXPECT_EQ(plan_mla_prefill_split(16, 64, 32768, 132).n_splits, 4);  // 64 CTAs x 4 = 256 <= 264 slots

@@ -72,11 +72,17 @@ FP4MOE_ATTN_HD inline int64_t attn_query_pos(int64_t seq_len, int64_t q_len, int
   return seq_len - q_len + token;
 }
 
-// Keys [begin, end) the CTA walks: its split's range, cut at its last row's position.
+// Keys [begin, end) the CTA walks: its split's range, cut at its last row's position. The sequence's keys are cut
+// into n_splits parts of ceil(seq_len / n_splits) rounded up to whole kAttnKeysPerTile-key tiles by its own length
+// (trailing splits may be empty), so a split planned for a longer list (a CUDA graph plans for its power-of-two
+// block-table bucket, up to twice the longest sequence; a batch mixes lengths) spreads every sequence over its
+// splits instead of filling the first ones (as mla_decode_split_keys for MLA decode).
 FP4MOE_ATTN_HD inline void attn_key_range(int64_t seq_len, int64_t q_len, int64_t tok0, int tokens_per_cta, int split,
-                                          int64_t keys_per_split, int64_t* begin, int64_t* end) {
+                                          int n_splits, int64_t* begin, int64_t* end) {
   const int64_t last_token = (tok0 + tokens_per_cta < q_len ? tok0 + tokens_per_cta : q_len) - 1;
   const int64_t last_pos = attn_query_pos(seq_len, q_len, last_token);
+  const int64_t per = (seq_len + n_splits - 1) / n_splits;
+  const int64_t keys_per_split = (per + kAttnKeysPerTile - 1) / kAttnKeysPerTile * kAttnKeysPerTile;
   *begin = static_cast<int64_t>(split) * keys_per_split;
   const int64_t e = *begin + keys_per_split;
   *end = e < last_pos + 1 ? e : last_pos + 1;

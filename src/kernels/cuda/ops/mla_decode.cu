@@ -50,8 +50,7 @@ struct MlaParams {
   uint32_t* error_flag;
   int64_t n_blocks;
   int64_t max_blocks_per_seq;
-  int64_t keys_per_split;
-  int64_t max_keys;
+  int64_t max_keys;  // n_splits x keys_per_split: the longest seq_len the plan takes
   int page_size;
   int n_heads;
   int rank;
@@ -71,9 +70,10 @@ __device__ __forceinline__ bool decode_cta(const MlaParams& p, mla_mma::Args& a,
     if (threadIdx.x == 0) atomicOr(p.error_flag, kDeviceErrorSeqLen);
     return false;  // CTA-uniform
   }
-  // Every head of a decode query sees keys 0..seq_len-1; this split walks [begin, end).
-  const int64_t begin64 = static_cast<int64_t>(split) * p.keys_per_split;
-  const int64_t end64 = min(begin64 + p.keys_per_split, seq_len);
+  // Every head of a decode query sees keys 0..seq_len-1; this split walks [begin, end) of them, cut by this
+  // sequence's own length.
+  int64_t begin64 = 0, end64 = 0;
+  mla_decode_split_keys(seq_len, p.n_splits, split, &begin64, &end64);
   const bool any_key = end64 > begin64;
   const int W = p.rank + p.rope;
   // The key list is the sequence's keys 0..seq_len-1 (list entry = key).
@@ -400,7 +400,6 @@ bool mla_decode_attention(const float* q_lat, const MlaCacheView& cache, const i
   p.error_flag = error_flag;
   p.n_blocks = cache.n_blocks;
   p.max_blocks_per_seq = max_blocks_per_seq;
-  p.keys_per_split = split.keys_per_split;
   p.max_keys = split.keys_per_split * split.n_splits;
   p.page_size = static_cast<int>(cache.page_size);
   p.n_heads = dims.n_heads;

@@ -180,19 +180,57 @@ inline constexpr int kMlaWgCtasPerSm = 1;   // mla_wgmma_attention.cuh: mla_deco
 static_assert(plan::sm90_ctas_per_sm_by_smem(mla_mma_smem_layout(512, 64).total_bytes) == kMlaMmaCtasPerSm);
 static_assert(plan::sm90_ctas_per_sm_by_smem(mla_wgmma_smem_layout(512, 64).total_bytes) == kMlaWgCtasPerSm);
 
+// The keys [begin, end) split `split` of n_splits walks for a decode sequence of seq_len keys: the sequence's own keys
+// cut into parts of ceil(seq_len / n_splits) rounded up to whole kMlaWgKeysPerTile-key tiles (trailing splits may be
+// empty). A split planned for a longer list (a CUDA graph plans for its block-table bucket, up to twice the longest
+// sequence; a batch mixes lengths) still spreads each sequence over all of its splits: with fixed-size splits a
+// sequence of half the planned length filled the first half of them and left the rest empty, so the CTAs of the first
+// ones did all the work (thirty-sixth session: batch 16 at 1,032 keys, planned for 2,048).
+FP4MOE_ATTN_HD inline void mla_decode_split_keys(int64_t seq_len, int n_splits, int split, int64_t* begin,
+                                                 int64_t* end) {
+  const int64_t per = (seq_len + n_splits - 1) / n_splits;
+  const int64_t kps = (per + kMlaWgKeysPerTile - 1) / kMlaWgKeysPerTile * kMlaWgKeysPerTile;
+  *begin = static_cast<int64_t>(split) * kps;
+  *end = *begin + kps < seq_len ? *begin + kps : seq_len;
+  if (*end < *begin) *end = *begin;
+}
+
+// A split plan's time model for a CTA kind: a CTA takes cta_us + tile_us a key tile of its split, CTAs run in waves of
+// n_sms x ctas_per_sm, and more than one split adds the merge launch: merge_us + merge_part_us for every (row, head,
+// split) partial (written by the CTAs, read by the merge).
+struct MlaSplitCost {
+  double cta_us = 0;
+  double tile_us = 0;
+  double merge_us = 0;
+  double merge_part_us = 0;
+};
+// The wgmma decode CTA at GLM-5 dims (rank 512 + rope 64), fitted by least squares to bench_mla_decode's 168 points
+// (1-128 sequences x 256-2,048 keys x every split; H100, thirty-sixth session, BENCHMARKS.md): the split it picks is
+// the measured fastest or within 1.1% of it at every point.
+inline constexpr MlaSplitCost kMlaWgSplitCost{4.55, 2.84, 2.07, 0.0014};
+// With a cost model, more than one split only while the split CTAs fill at most this many waves: the split workspace
+// (a partial of rank + 1 f32 a head, 16 heads a CTA) stays under 4 x slots x 16 x (rank + 1) x 4 B (17.3 MB at GLM-5
+// on 132 SMs; CUDA graphs grow it to their largest plan). Past 4 waves of one split the last wave's tail is under a
+// quarter of the time; the measured best plans used at most 2.9 waves.
+inline constexpr int64_t kMlaMaxSplitWaves = 4;
+
 // Splits for n_rows query rows (decode: sequences; prefill / DSA: query tokens) of n_heads MLA heads (ceil(n_heads /
-// 16) CTAs each) over key lists of at most max_keys: as many as fit the GPU's n_sms x ctas_per_sm CTA slots once
-// (floor(slots / CTAs), at least 1: more splits than fit add a wave and the merge without adding parallelism; GLM-5
-// at 64 sequences is 256 CTAs, one split), each split a multiple of keys_per_tile keys and at least
+// 16) CTAs each) over key lists of at most max_keys, each split a multiple of keys_per_tile keys and at least
 // max(min_keys_per_split, keys_per_tile) of them (a shorter split leaves part of every key tile empty), at most
-// kMaxDecodeSplits.
+// kMaxDecodeSplits. With a cost model (decode): the count of the least modelled time (waves x (CTA + its tiles) +
+// the merge) among those whose CTAs fill at most kMlaMaxSplitWaves waves, e.g. GLM-5 at 48 sequences x 2,048 keys 2
+// splits (192 CTAs fill 1.45 waves of 132; 2 splits fill 2.9 of half the length: 164 vs 191 us measured), at 64
+// sequences 1, at 1 sequence x 1,024 keys 16. Without (prefill / DSA: no measured model for the mma.sync CTA): as many
+// as fit the GPU's n_sms x ctas_per_sm CTA slots once (floor(slots / CTAs), at least 1: more add a wave and the merge).
 DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, int n_sms, int64_t min_keys_per_split,
-                           int ctas_per_sm, int keys_per_tile);
+                           int ctas_per_sm, int keys_per_tile, const MlaSplitCost* cost = nullptr);
 // mla_decode_attention's splits: plan_mla_split for the wgmma CTA (kMlaWgCtasPerSm an SM, kMlaWgKeysPerTile keys a
-// tile).
+// tile, kMlaWgSplitCost). The kernel cuts each sequence by its own length (mla_decode_split_keys); max_seq_len bounds
+// them (a longer one is refused).
 inline DecodeSplit plan_mla_decode_split(int64_t n_seqs, int64_t n_heads, int64_t max_seq_len, int n_sms,
                                          int64_t min_keys_per_split = 256) {
-  return plan_mla_split(n_seqs, n_heads, max_seq_len, n_sms, min_keys_per_split, kMlaWgCtasPerSm, kMlaWgKeysPerTile);
+  return plan_mla_split(n_seqs, n_heads, max_seq_len, n_sms, min_keys_per_split, kMlaWgCtasPerSm, kMlaWgKeysPerTile,
+                        &kMlaWgSplitCost);
 }
 // f32 workspace of mla_decode_attention's split path (0 for one split): [n_seqs, n_heads, n_splits, rank] + lse.
 size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split);
@@ -232,7 +270,9 @@ struct MlaQRope {
 void mla_absorb_q(const __nv_bfloat16* q, const __nv_bfloat16* kv_b, const MlaDecodeDims& dims, int64_t n_seqs,
                   float* q_lat, cublasHandle_t cublas, cudaStream_t stream, const MlaQRope* q_rope = nullptr);
 
-// Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split).
+// Step 2: latent [n_seqs, n_heads, rank] f32. workspace: mla_decode_workspace_bytes (null for one split). split:
+// plan_mla_decode_split; its n_splits cut each sequence by its own length (mla_decode_split_keys), a seq_len above
+// n_splits x keys_per_split sets kDeviceErrorSeqLen.
 // latent_parts (optional, mla_project_v_parts): step 3's bf16 hi / lo rows are written there instead of latent
 // (mla_project_v's split launch saved), by the CTAs with one split, by the merge with several; it then returns
 // true, false when it wrote latent.

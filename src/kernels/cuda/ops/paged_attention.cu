@@ -52,7 +52,6 @@ struct KernelParams {
   uint32_t* error_flag;
   int64_t n_blocks;
   int64_t max_blocks_per_seq;
-  int64_t keys_per_split;
   int64_t max_keys;  // a seq_len above this (or above max_blocks_per_seq * page_size) is an error
   int page_size;
   int n_kv_heads;
@@ -126,7 +125,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Ker
     limit[i] = row.valid ? static_cast<int>(attn_query_pos(seq_len, q_len, row.token)) : -1;
   }
   int64_t key_begin64 = 0, key_end64 = 0;
-  attn_key_range(seq_len, q_len, tok0, p.tokens_per_cta, split, p.keys_per_split, &key_begin64, &key_end64);
+  attn_key_range(seq_len, q_len, tok0, p.tokens_per_cta, split, p.n_splits, &key_begin64, &key_end64);
   // Walked keys are below seq_len (int32), so 32-bit from here (fewer registers in the hot loop); an
   // empty range (a split past this sequence's end, whose begin may not fit 32 bits) becomes [0, 0).
   const bool any_key = key_end64 > key_begin64;
@@ -330,7 +329,6 @@ void paged_attention_decode_bf16(const PagedAttentionArgs& args, const DecodeSpl
   if (args.n_seqs == 0) return;
   const AttentionRowTiling t = attention_row_tiling(args.n_heads, args.cache.n_kv_heads);
   KernelParams p = make_params(args, t);
-  p.keys_per_split = split.keys_per_split;
   p.max_keys = split.keys_per_split * split.n_splits;
   p.n_splits = split.n_splits;
   const int64_t n_rows = args.n_seqs * args.n_heads;
@@ -358,7 +356,6 @@ void paged_attention_prefill_bf16(const PagedAttentionArgs& args, const int32_t*
   KernelParams p = make_params(args, t);
   p.q_start = q_start;
   const int64_t cap = args.max_blocks_per_seq * args.cache.page_size;
-  p.keys_per_split = (cap + kAttnKeysPerTile - 1) / kAttnKeysPerTile * kAttnKeysPerTile;
   p.max_keys = cap;
   p.n_splits = 1;
   const int64_t n_q_tiles = (max_q_len + t.tokens_per_cta - 1) / t.tokens_per_cta;

@@ -70,7 +70,9 @@ AttentionRowTiling attention_row_tiling(int64_t n_heads, int64_t n_kv_heads);
 
 // How the keys of the longest sequence are split across CTAs. A default-constructed split (0 x 0)
 // is "not planned": every decode launcher rejects it, so take one from plan_decode_split /
-// plan_mla_decode_split (or spell out both fields).
+// plan_mla_decode_split (or spell out both fields). The decode kernels cut each sequence into n_splits
+// parts by its own length (attn_key_range, mla_decode_split_keys); keys_per_split is the plan's part of
+// the longest list and bounds the lengths a launch takes (n_splits x keys_per_split).
 struct DecodeSplit {
   int n_splits = 0;
   int64_t keys_per_split = 0;  // a multiple of kAttnKeysPerTile; n_splits * keys_per_split >= max_seq_len

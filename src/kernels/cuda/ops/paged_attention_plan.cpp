@@ -12,6 +12,18 @@ namespace fp4moe::cuda {
 
 namespace {
 
+// max_seq_len keys (at least 1) cut into n parts of ceil(len / n) rounded up to whole key tiles: n_splits = the parts
+// that are not always empty (n or fewer).
+DecodeSplit split_into(int64_t max_seq_len, int64_t n, int key_tile) {
+  const int64_t len = std::max<int64_t>(max_seq_len, 1);
+  int64_t kps = (len + n - 1) / n;
+  kps = (kps + key_tile - 1) / key_tile * key_tile;
+  DecodeSplit s;
+  s.keys_per_split = kps;
+  s.n_splits = static_cast<int>((len + kps - 1) / kps);
+  return s;
+}
+
 // Splits so that base_ctas * n_splits fills `slots` CTA slots: at least (round_down false: the GQA
 // kernel, 2 x n_sms slots, several CTAs per SM) or at most, never below one split (round_down true:
 // the MLA kernels, plan_mla_split). Each split >= max(min_keys_per_split, key_tile) keys, a multiple of
@@ -22,14 +34,7 @@ DecodeSplit split_for_ctas(int64_t base_ctas, int64_t max_seq_len, int64_t slots
   const int64_t want = base_ctas <= 0 ? 1 : round_down ? std::max<int64_t>(1, slots / base_ctas)
                                                        : (slots + base_ctas - 1) / base_ctas;
   const int64_t by_len = std::max<int64_t>(1, max_seq_len / std::max<int64_t>(min_keys_per_split, key_tile));
-  const int64_t n = std::clamp<int64_t>(std::min(want, by_len), 1, kMaxDecodeSplits);
-  const int64_t len = std::max<int64_t>(max_seq_len, 1);
-  int64_t kps = (len + n - 1) / n;
-  kps = (kps + key_tile - 1) / key_tile * key_tile;
-  DecodeSplit s;
-  s.keys_per_split = kps;
-  s.n_splits = static_cast<int>((len + kps - 1) / kps);
-  return s;
+  return split_into(max_seq_len, std::clamp<int64_t>(std::min(want, by_len), 1, kMaxDecodeSplits), key_tile);
 }
 
 }  // namespace
@@ -86,7 +91,7 @@ DecodeSplit cap_decode_split(const DecodeSplit& split, int64_t n_seqs, int64_t n
 }
 
 DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, int n_sms, int64_t min_keys_per_split,
-                           int ctas_per_sm, int keys_per_tile) {
+                           int ctas_per_sm, int keys_per_tile, const MlaSplitCost* cost) {
   FP4MOE_CHECK(n_rows >= 0 && n_heads >= 1 && max_keys >= 0 && max_keys <= INT32_MAX && n_sms >= 1 &&
                min_keys_per_split >= 1 && ctas_per_sm >= 1 && keys_per_tile >= kAttnKeysPerTile &&
                keys_per_tile % kAttnKeysPerTile == 0)
@@ -94,8 +99,31 @@ DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, in
       << " (int32), n_sms=" << n_sms << ", min_keys_per_split=" << min_keys_per_split << ", ctas_per_sm=" << ctas_per_sm
       << ", keys_per_tile=" << keys_per_tile << " (a multiple of " << kAttnKeysPerTile << ")";
   const int64_t chunks = (n_heads + kMlaHeadsPerCta - 1) / kMlaHeadsPerCta;
-  return split_for_ctas(n_rows * chunks, max_keys, static_cast<int64_t>(ctas_per_sm) * n_sms, min_keys_per_split, true,
-                        keys_per_tile);
+  const int64_t slots = static_cast<int64_t>(ctas_per_sm) * n_sms;
+  if (cost == nullptr || n_rows == 0) {
+    return split_for_ctas(n_rows * chunks, max_keys, slots, min_keys_per_split, true, keys_per_tile);
+  }
+  // Every count up to kMaxDecodeSplits whose splits keep min_keys_per_split keys, by the model's time; the fewer
+  // splits on a tie. (Not split_for_ctas's floor(max_keys / min keys) cap: at 1,032 keys and 64-key tiles it stops at
+  // 16 parts, which round to 9 splits of 128, and never reaches 17 of 64.)
+  DecodeSplit best;
+  double best_us = 0;
+  for (int64_t n = 1; n <= kMaxDecodeSplits; ++n) {
+    const DecodeSplit s = split_into(max_keys, n, keys_per_tile);
+    if (s.keys_per_split < min_keys_per_split && n > 1) break;  // keys a split only shrink as n grows
+    if (s.n_splits != n) continue;                              // the same plan as a smaller count
+    const int64_t ctas = n_rows * chunks * s.n_splits;
+    if (n > 1 && ctas > kMlaMaxSplitWaves * slots) break;  // the workspace bound (mla_decode.h)
+    const double waves = static_cast<double>((ctas + slots - 1) / slots);
+    const double tiles = static_cast<double>(s.keys_per_split / keys_per_tile);
+    double us = waves * (cost->cta_us + cost->tile_us * tiles);
+    if (s.n_splits > 1) us += cost->merge_us + cost->merge_part_us * static_cast<double>(n_rows * n_heads * s.n_splits);
+    if (best.n_splits == 0 || us < best_us) {
+      best = s;
+      best_us = us;
+    }
+  }
+  return best;
 }
 
 size_t mla_decode_workspace_bytes(int64_t n_seqs, const MlaDecodeDims& dims, const DecodeSplit& split) {
