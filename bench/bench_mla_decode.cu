@@ -2,8 +2,8 @@
 // choices, to check plan_mla_decode_split against measured times. GLM-5 dims (64 heads, kv_lora_rank 512, rope 64,
 // bf16 cache in pages of --page-size tokens, the engine's default), one query token a sequence, every sequence
 // --keys long (the kernel cuts each sequence by its own length, mla_decode_split_keys: equal lengths are the worst
-// case of a plan). For each (sequences, keys) every split count 1, 2, 4, ... up to kMaxDecodeSplits that leaves no
-// split empty is timed (keys a split rounded up to whole 64-key tiles, as the planner and the kernel cut them); the
+// case of a plan). For each (sequences, keys) every distinct split of n = 1 .. kMaxDecodeSplits parts is timed
+// (ceil(keys / n) rounded up to whole 64-key tiles, as the planner and the kernel cut them; no split empty); the
 // planner's choice (plan_mla_decode_split for the device's SM count and --min-keys, the engine's
 // --decode-split-min-keys default unless given) is marked "<- plan". Peer, same run and inputs: mla_prefill_attention
 // (the mma.sync CTA, 2 an SM, 32-key tiles) with one query a sequence and its own planner's split: the kernel decode
@@ -12,10 +12,11 @@
 // as a fraction of the HBM roofline (device-to-device copy bandwidth measured in the same run, read + written). The
 // four head chunks of a sequence share its rows through L2, so the roofline counts them once. Method:
 // tune/gpu_bench.h's (CUDA events, 5 warm-ups, median of --runs, --batch back-to-back launches a sample); caches rotate
-// over enough sets that the bytes between two launches of a set exceed 3x the L2, so no launch finds its rows in L2 (a
-// model step reads the cache after the layer's weights). Run: bench_mla_decode [--seqs 1,16,32,64,128] [--keys
-// 1024,4096] [--runs 30] [--batch 10]
-// [--page-size 16] [--min-keys 32]. Needs a Hopper GPU; exits non-zero on errors (device error flags included).
+// over enough sets that the other sets' bytes between two launches of a set are at least 3x the L2, so no launch finds
+// its rows in L2 (a model step reads the cache after the layer's weights). Run: bench_mla_decode [--seqs
+// 1,8,16,32,64,128]
+// [--keys 1024,4096] [--runs 30] [--batch 10] [--page-size 16] [--min-keys 32]. Needs a Hopper GPU; exits non-zero on
+// errors (device error flags included).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -75,7 +76,8 @@ struct Point {
   Point(int64_t seqs, int64_t n_keys, int64_t page, int64_t l2_bytes) : n_seqs(seqs), keys(n_keys), page_size(page) {
     pages = (keys + page_size - 1) / page_size;
     const int64_t cache_bytes = n_seqs * pages * page_size * kWidth * 2;
-    n_sets = static_cast<int>(std::clamp<int64_t>((3 * l2_bytes + cache_bytes - 1) / cache_bytes, 1, 256));
+    // The other sets' bytes between two launches of one set: (n_sets - 1) x cache_bytes >= 3 x L2.
+    n_sets = static_cast<int>(std::clamp<int64_t>(1 + (3 * l2_bytes + cache_bytes - 1) / cache_bytes, 2, 257));
     for (int s = 0; s < n_sets; ++s) {
       caches.emplace_back(static_cast<size_t>(cache_bytes));
       fill_bf16<<<1024, 256>>>(caches.back().as<__nv_bfloat16>(), cache_bytes / 2, 17u + static_cast<uint32_t>(s));
@@ -171,7 +173,7 @@ int run(const std::vector<int64_t>& seqs_list, const std::vector<int64_t>& keys_
       double best_us = 1e30, plan_us = 0;
       cuda::DecodeSplit best;
       int64_t last_n = 0;
-      for (int64_t want = 1; want <= cuda::kMaxDecodeSplits; want *= 2) {
+      for (int64_t want = 1; want <= cuda::kMaxDecodeSplits; ++want) {
         const cuda::DecodeSplit s = split_of(keys, want);
         if (s.n_splits == last_n) continue;
         last_n = s.n_splits;
@@ -188,9 +190,10 @@ int run(const std::vector<int64_t>& seqs_list, const std::vector<int64_t>& keys_
                     static_cast<double>(ctas) / (static_cast<double>(n_sms) * cuda::kMlaWgCtasPerSm), us, gbps,
                     100.0 * gbps * 1e9 / hbm_bps, is_plan ? "<- plan" : "");
       }
-      if (plan_us == 0) {  // the planner picked a split the sweep does not hold (e.g. capped by min keys)
+      if (plan_us == 0) {  // the planner picked a split the sweep does not hold (a hand-made one)
         plan_us = tune::time_median_us([&](int set) { pt.decode(plan, set); }, pt.n_sets, timing);
         pt.check("mla_decode_attention " + plan.to_string());
+        if (plan_us < best_us) best_us = plan_us, best = plan;
         std::printf("%5lld %6lld | %6d %9lld %6s %6s | %9.1f %7s %6s | <- plan\n", static_cast<long long>(seqs),
                     static_cast<long long>(keys), plan.n_splits, static_cast<long long>(plan.keys_per_split), "", "",
                     plan_us, "", "");

@@ -255,8 +255,8 @@ TEST(CudaMlaDecode, Glm5LikeMatchesCpuAbsorbed) {
       {"glm5-like dims (20 heads, rank 512), page 64", kGlm5Like, 64, kLens, DecodeSplit{1, 320}},
       {"glm5-like dims, forced splits", kGlm5Like, 64, kLens, DecodeSplit{3, 128}},
       // 10 splits: the merge's loads 8 splits at a time, then a tail of 2; the shorter rows' empty splits
-      // inside the 8 (split_merge.h).
-      {"glm5-like dims, 10 forced splits of 32 keys", kGlm5Like, 64, kLens, DecodeSplit{10, 32}},
+      // inside the 8 (split_merge.h). 300 keys are cut as 4 x 64 + 44 and 5 empty splits.
+      {"glm5-like dims, 10 forced splits", kGlm5Like, 64, kLens, DecodeSplit{10, 32}},
       // A plan for longer lists than these (a CUDA graph plans for its block-table bucket): each sequence is cut by
       // its own length (mla_decode_split_keys), 700 keys as 192 x 3 + 124, 300 as 128 + 128 + 44 + an empty split.
       {"glm5-like dims, 4 splits planned for 1,024 keys", kGlm5Like, 64, {1, 17, 64, 300, 0, 700}, DecodeSplit{4, 256}},

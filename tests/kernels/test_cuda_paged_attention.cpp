@@ -242,7 +242,7 @@ TEST(CudaPagedAttention, DecodeSmall) {
   run_cases({
       {"tiny group 2, d32, page 16", 4, 2, 32, 16, kMixedDecode, true},
       {"tiny, forced 5 x 64-key splits", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{5, 64}},
-      {"tiny, 10 x 32-key splits (most empty)", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{10, 32}},
+      {"tiny, 10 splits (each sequence cut by its length; short ones leave most empty)", 4, 2, 32, 16, kMixedDecode, true, DecodeSplit{10, 32}},
       {"mha d96, page 1", 3, 3, 96, 1, {{0, 1}, {40, 1}}, true},
       {"padded entry (seq_len 0)", 8, 2, 64, 16, {{20, 1}, {0, 0}, {5, 1}}, true, DecodeSplit{2, 32}},
       {"all entries padded, planner", 8, 2, 64, 16, {{0, 0}, {0, 0}}, true},

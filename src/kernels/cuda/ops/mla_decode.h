@@ -215,12 +215,12 @@ inline constexpr MlaSplitCost kMlaWgSplitCost{4.55, 2.84, 2.07, 0.0014};
 inline constexpr int64_t kMlaMaxSplitWaves = 4;
 
 // Splits for n_rows query rows (decode: sequences; prefill / DSA: query tokens) of n_heads MLA heads (ceil(n_heads /
-// 16) CTAs each) over key lists of at most max_keys, each split a multiple of keys_per_tile keys and at least
-// max(min_keys_per_split, keys_per_tile) of them (a shorter split leaves part of every key tile empty), at most
-// kMaxDecodeSplits. With a cost model (decode): the count of the least modelled time (waves x (CTA + its tiles) +
+// 16) CTAs each) over key lists of at most max_keys, each split of the longest list a multiple of keys_per_tile keys
+// and at least max(min_keys_per_split, keys_per_tile) of them (a shorter split leaves part of every key tile empty; a
+// shorter sequence's parts are shorter, down to one tile), at most kMaxDecodeSplits. With a cost model (decode): the count of the least modelled time (waves x (CTA + its tiles) +
 // the merge) among those whose CTAs fill at most kMlaMaxSplitWaves waves, e.g. GLM-5 at 48 sequences x 2,048 keys 2
 // splits (192 CTAs fill 1.45 waves of 132; 2 splits fill 2.9 of half the length: 164 vs 191 us measured), at 64
-// sequences 1, at 1 sequence x 1,024 keys 16. Without (prefill / DSA: no measured model for the mma.sync CTA): as many
+// sequences 1, at 1 sequence x 1,024 keys 16 (with the engine's 32 min keys). Without (prefill / DSA: no measured model for the mma.sync CTA): as many
 // as fit the GPU's n_sms x ctas_per_sm CTA slots once (floor(slots / CTAs), at least 1: more add a wave and the merge).
 DecodeSplit plan_mla_split(int64_t n_rows, int64_t n_heads, int64_t max_keys, int n_sms, int64_t min_keys_per_split,
                            int ctas_per_sm, int keys_per_tile, const MlaSplitCost* cost = nullptr);

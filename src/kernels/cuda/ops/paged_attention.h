@@ -85,7 +85,8 @@ inline constexpr int kMaxLaunchSplits = 65535;
 inline constexpr int64_t kMaxKeysPerSplit = int64_t{1} << 31;
 void check_decode_split(const char* what, const DecodeSplit& split);
 // Enough CTAs to fill the GPU twice (n_sms SMs; n_seqs * n_kv_heads * head chunks CTAs without
-// splitting), at least min_keys_per_split keys a split, at most kMaxDecodeSplits splits. Always a
+// splitting), at least min_keys_per_split keys a split of the longest sequence (a shorter one's parts
+// are shorter: attn_key_range), at most kMaxDecodeSplits splits. Always a
 // valid launch (check_decode_split), also for max_seq_len 0 (an all-padding batch: 1 split x 32
 // keys, the kernel writes zeros) and n_seqs 0 (an empty batch: 1 split).
 inline constexpr int kMaxDecodeSplits = 64;
