@@ -205,8 +205,9 @@ struct MlaSplitCost {
   double merge_part_us = 0;
 };
 // The wgmma decode CTA at GLM-5 dims (rank 512 + rope 64), fitted by least squares to bench_mla_decode's 168 points
-// (1-128 sequences x 256-2,048 keys x every split; H100, thirty-sixth session, BENCHMARKS.md): the split it picks is
-// the measured fastest or within 1.1% of it at every point.
+// (1-128 sequences x 256-2,048 keys x power-of-two split counts; H100, thirty-sixth session, BENCHMARKS.md): the
+// split it picks is the measured fastest or within 1.1% of it at every point; at 3-56 sequences and every count
+// (run 4) within 1.5% but at 6 x 2,048 keys (9.2%: 144 CTAs on 132 SMs ran faster than the two waves it counts).
 inline constexpr MlaSplitCost kMlaWgSplitCost{4.55, 2.84, 2.07, 0.0014};
 // With a cost model, more than one split only while the split CTAs fill at most this many waves: the split workspace
 // (a partial of rank + 1 f32 a head, 16 heads a CTA) stays under 4 x slots x 16 x (rank + 1) x 4 B (17.3 MB at GLM-5
