@@ -142,8 +142,7 @@ struct Point {
 // The split of `keys` into n parts of whole 64-key tiles (the planner's rounding), n reduced where a split would be
 // empty.
 cuda::DecodeSplit split_of(int64_t keys, int64_t n) {
-  int64_t kps = (keys + n - 1) / n;
-  kps = (kps + cuda::kMlaWgKeysPerTile - 1) / cuda::kMlaWgKeysPerTile * cuda::kMlaWgKeysPerTile;
+  const int64_t kps = cuda::split_part_keys(keys, n, cuda::kMlaWgKeysPerTile);
   return {static_cast<int>((keys + kps - 1) / kps), kps};
 }
 

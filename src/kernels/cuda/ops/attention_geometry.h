@@ -72,6 +72,15 @@ FP4MOE_ATTN_HD inline int64_t attn_query_pos(int64_t seq_len, int64_t q_len, int
   return seq_len - q_len + token;
 }
 
+// Keys a part when a list of len keys is cut into n parts of whole key tiles: ceil(len / n) rounded up to `tile`. One
+// definition for the planners' keys_per_split of the longest list (paged_attention_plan.cpp) and for each decode
+// kernel's cut of a sequence by its own length (attn_key_range, mla_decode_split_keys), so the split a planner models
+// is the split a kernel runs.
+FP4MOE_ATTN_HD inline int64_t split_part_keys(int64_t len, int64_t n, int64_t tile) {
+  const int64_t per = (len + n - 1) / n;
+  return (per + tile - 1) / tile * tile;
+}
+
 // Keys [begin, end) the CTA walks: its split's range, cut at its last row's position. The sequence's keys are cut
 // into n_splits parts of ceil(seq_len / n_splits) rounded up to whole kAttnKeysPerTile-key tiles by its own length
 // (trailing splits may be empty), so a split planned for a longer list (a CUDA graph plans for its power-of-two
@@ -81,8 +90,7 @@ FP4MOE_ATTN_HD inline void attn_key_range(int64_t seq_len, int64_t q_len, int64_
                                           int n_splits, int64_t* begin, int64_t* end) {
   const int64_t last_token = (tok0 + tokens_per_cta < q_len ? tok0 + tokens_per_cta : q_len) - 1;
   const int64_t last_pos = attn_query_pos(seq_len, q_len, last_token);
-  const int64_t per = (seq_len + n_splits - 1) / n_splits;
-  const int64_t keys_per_split = (per + kAttnKeysPerTile - 1) / kAttnKeysPerTile * kAttnKeysPerTile;
+  const int64_t keys_per_split = split_part_keys(seq_len, n_splits, kAttnKeysPerTile);
   *begin = static_cast<int64_t>(split) * keys_per_split;
   const int64_t e = *begin + keys_per_split;
   *end = e < last_pos + 1 ? e : last_pos + 1;

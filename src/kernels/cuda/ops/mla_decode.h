@@ -188,8 +188,7 @@ static_assert(plan::sm90_ctas_per_sm_by_smem(mla_wgmma_smem_layout(512, 64).tota
 // ones did all the work (thirty-sixth session: batch 16 at 1,032 keys, planned for 2,048).
 FP4MOE_ATTN_HD inline void mla_decode_split_keys(int64_t seq_len, int n_splits, int split, int64_t* begin,
                                                  int64_t* end) {
-  const int64_t per = (seq_len + n_splits - 1) / n_splits;
-  const int64_t kps = (per + kMlaWgKeysPerTile - 1) / kMlaWgKeysPerTile * kMlaWgKeysPerTile;
+  const int64_t kps = split_part_keys(seq_len, n_splits, kMlaWgKeysPerTile);
   *begin = static_cast<int64_t>(split) * kps;
   *end = *begin + kps < seq_len ? *begin + kps : seq_len;
   if (*end < *begin) *end = *begin;

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/ops/attention_geometry.h"
 #include "kernels/cuda/ops/mla_decode.h"
 #include "kernels/cuda/ops/paged_attention.h"
 
@@ -16,8 +17,7 @@ namespace {
 // that are not always empty (n or fewer).
 DecodeSplit split_into(int64_t max_seq_len, int64_t n, int key_tile) {
   const int64_t len = std::max<int64_t>(max_seq_len, 1);
-  int64_t kps = (len + n - 1) / n;
-  kps = (kps + key_tile - 1) / key_tile * key_tile;
+  const int64_t kps = split_part_keys(len, n, key_tile);
   DecodeSplit s;
   s.keys_per_split = kps;
   s.n_splits = static_cast<int>((len + kps - 1) / kps);
