@@ -26,10 +26,31 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::json& config) {
   return out;
 }
 
+// `content`, `x.content` or `x['content']`.
+bool names_content(const jinja::Expr& e) {
+  using K = jinja::Expr::Kind;
+  if (e.kind == K::kName || e.kind == K::kAttr) return e.name == "content";
+  return e.kind == K::kSubscript && e.args.size() == 2 && e.args[1] && e.args[1]->kind == K::kLiteral &&
+         e.args[1]->literal == "content";
+}
+
+// Whether a for loop anywhere in `body` (branches, loop bodies, macros, blocks) iterates such an expression.
+bool loops_over_content(const jinja::Body& body) {
+  for (const jinja::Stmt& st : body) {
+    if (st.kind == jinja::Stmt::Kind::kFor && st.expr && names_content(*st.expr)) return true;
+    for (const auto& branch : st.branches)
+      if (loops_over_content(branch.second)) return true;
+    if (loops_over_content(st.body) || loops_over_content(st.else_body)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ChatTemplate::ChatTemplate(const std::string& source, nlohmann::ordered_json special_tokens, const std::string& name)
-    : program_(jinja::parse(source, name)), special_tokens_(std::move(special_tokens)) {}
+    : program_(jinja::parse(source, name)),
+      special_tokens_(std::move(special_tokens)),
+      iterates_content_(loops_over_content(program_->body)) {}
 
 ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::string& origin) {
   FP4MOE_CHECK(config.is_object() && config.contains("chat_template"))

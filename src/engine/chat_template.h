@@ -42,10 +42,16 @@ class ChatTemplate {
   std::string render(const nlohmann::ordered_json& messages, const RenderOptions& options) const;
   std::string render(const nlohmann::ordered_json& messages) const { return render(messages, RenderOptions{}); }
   const std::string& source() const;
+  // Whether the template loops over a message's content (`for x in m.content`, `m['content']`, or a
+  // variable or macro parameter named content): it takes OpenAI's list of content parts. Else it prints
+  // content as a string, and a list of text parts is joined before rendering (vLLM's content format
+  // detection, "openai" vs "string").
+  bool iterates_content() const { return iterates_content_; }
 
  private:
   std::shared_ptr<const jinja::Program> program_;
   nlohmann::ordered_json special_tokens_;
+  bool iterates_content_ = false;
 };
 
 }  // namespace fp4moe::engine

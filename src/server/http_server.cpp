@@ -308,7 +308,13 @@ class RequestHandler {
         ro.add_generation_prompt = req.add_generation_prompt;
         ro.extra = req.chat_template_kwargs;
         if (!req.tools.is_null()) ro.tools = req.tools;
-        rendered = tmpl->render(*req.messages, ro);
+        if (tmpl->iterates_content()) {
+          rendered = tmpl->render(*req.messages, ro);
+        } else {
+          nlohmann::ordered_json messages = *req.messages;
+          flatten_text_parts(&messages);
+          rendered = tmpl->render(messages, ro);
+        }
       } catch (const fp4moe::Error& e) {
         throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
       }

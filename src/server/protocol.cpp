@@ -288,12 +288,61 @@ json parse_body(const std::string& body) {
         throw bad_request("body", "the JSON body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
       return true;
     });
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range 406: a number past a double ("1e999")
     throw bad_request("body", std::string("malformed JSON body (") + std::to_string(body.size()) +
                                   " bytes): " + e.what());
   }
   if (!j.is_object()) throw bad_request("body", "the body must be a JSON object, got " + show(j));
   return j;
+}
+
+namespace {
+
+// OpenAI content parts of a text-only model: {"type": "text", "text": string}. A media part (the served
+// model has no encoder for it) or an unknown type is a 400 naming the part and its type.
+void check_content_parts(const json& parts, const std::string& at) {
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    const std::string where = at + "[" + std::to_string(j) + "]";
+    if (!part.is_object()) throw bad_request(where, where + " must be an object {\"type\", ...}, got " + show(part));
+    const auto type = part.find("type");
+    if (type == part.end() || !type->is_string())
+      throw bad_request(where + ".type", where + ".type must be a string, got " +
+                                             (type == part.end() ? std::string("nothing") : show(*type)));
+    const std::string t = type->get<std::string>();
+    if (t == "text") {
+      const auto text = part.find("text");
+      if (text == part.end() || !text->is_string())
+        throw bad_request(where + ".text", where + ".text must be a string, got " +
+                                               (text == part.end() ? std::string("nothing") : show(*text)));
+    } else if (t == "image_url" || t == "input_image" || t == "image" || t == "input_audio" || t == "audio" ||
+               t == "video_url" || t == "video" || t == "file") {
+      throw bad_request(where + ".type", where + ".type = " + show(*type) +
+                                             ": the served model takes text only (content parts of type \"text\")");
+    } else {
+      throw bad_request(where + ".type", where + ".type = " + show(*type) + " is not a content part type (\"text\")");
+    }
+  }
+}
+
+}  // namespace
+
+void flatten_text_parts(nlohmann::ordered_json* messages) {
+  if (!messages->is_array()) return;
+  for (auto& msg : *messages) {
+    if (!msg.is_object() || !msg.contains("content") || !msg["content"].is_array()) continue;
+    std::string text;
+    bool first = true;
+    for (const auto& part : msg["content"]) {
+      if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") ||
+          !part["text"].is_string())
+        continue;  // parse_request refused these
+      if (!first) text += '\n';
+      text += part["text"].get<std::string>();
+      first = false;
+    }
+    msg["content"] = std::move(text);
+  }
 }
 
 ParsedRequest parse_request(Endpoint endpoint, const json& body) {
@@ -380,6 +429,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         auto content = msg.find("content");
         if (content != msg.end() && !content->is_string() && !content->is_null() && !content->is_array())
           throw bad_request(at + ".content", at + ".content must be a string or a list of parts, got " + show(*content));
+        if (content != msg.end() && content->is_array()) check_content_parts(*content, at + ".content");
       }
       // Re-parse with key order kept: the template's tojson prints keys as the client sent them.
       r.messages = nlohmann::ordered_json::parse(m->dump());

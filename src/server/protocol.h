@@ -184,6 +184,11 @@ nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx,
 
 nlohmann::json usage_json(const engine::Usage& u);
 
+// A chat message's list of text parts as one string, the parts' texts joined by "\n" (vLLM's "string"
+// content format), for a chat template that prints `content` instead of iterating its parts
+// (engine::ChatTemplate::iterates_content). parse_request has refused every other kind of part.
+void flatten_text_parts(nlohmann::ordered_json* messages);
+
 // JSON text that never throws on invalid UTF-8 (it is replaced by U+FFFD).
 std::string dump_json(const nlohmann::json& j);
 

@@ -332,6 +332,27 @@ TEST(ChatTemplate, SpecialTokensToolsAndExtraVariables) {
   EXPECT_EQ(tmpl.render(ordered_json::array(), options), "<s>FalseFalse");
 }
 
+// vLLM's content-format detection: a loop over a message's content (through a macro parameter, an
+// attribute or a subscript) takes OpenAI's list of parts; printing content takes a string.
+TEST(ChatTemplate, IteratesContentIsDetected) {
+  const JinjaCase* glm = nullptr;
+  for (const JinjaCase& c : kCases)
+    if (std::string(c.name) == "messages_glm_like") glm = &c;
+  ASSERT_NE(glm, nullptr);
+  EXPECT_TRUE(ChatTemplate(glm->source, ordered_json::object()).iterates_content());  // visible_text(content)
+  EXPECT_TRUE(ChatTemplate("{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}",
+                           ordered_json::object())
+                  .iterates_content());
+  EXPECT_TRUE(ChatTemplate("{% if x %}{% else %}{% for p in messages[0].content if p.type == 'text' %}{% endfor %}"
+                           "{% endif %}",
+                           ordered_json::object())
+                  .iterates_content());
+  EXPECT_FALSE(ChatTemplate::load(testing::shared_path("golden/tokenizer")).iterates_content());
+  EXPECT_FALSE(ChatTemplate("{% for m in messages %}{{ m.content }}{% for c in m.contents %}{% endfor %}{% endfor %}",
+                            ordered_json::object())
+                   .iterates_content());
+}
+
 TEST(ChatTemplate, NamedTemplateListAndMissingTemplate) {
   const nlohmann::json config = {
       {"chat_template", {{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}}}};

@@ -329,6 +329,24 @@ TEST_F(DefaultServer, ChatCompletionsFieldByField) {
   usage0.erase("prompt_tokens_details");
   EXPECT_EQ(usage, usage0);
   EXPECT_EQ(text, ch["message"]["content"].get<std::string>());
+
+  // OpenAI content parts: the default template prints content, so text parts are joined by "\n" and the
+  // prompt is the one of that string; an image part is a 400 (a text-only model).
+  auto prompt_tokens = [&](const json& content) {
+    auto res = c.post("/v1/chat/completions",
+                      json{{"messages", {{{"role", "user"}, {"content", content}}}}, {"max_tokens", 1}}.dump());
+    EXPECT_EQ(res.status, 200) << res.body;
+    return res.status == 200 ? parse(res.body)["usage"]["prompt_tokens"].get<int64_t>() : -1;
+  };
+  EXPECT_EQ(prompt_tokens(json::array({{{"type", "text"}, {"text", "Hello"}}, {{"type", "text"}, {"text", "you"}}})),
+            prompt_tokens("Hello\nyou"));
+  expect_error(
+      c.post("/v1/chat/completions",
+             json{{"messages",
+                   {{{"role", "user"},
+                     {"content", {{{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,"}}}}}}}}}}
+                 .dump()),
+      400, "messages[0].content[0].type");
 }
 
 TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
@@ -385,6 +403,7 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   HttpClient c(srv_->url(), kTimeout);
   expect_error(c.post("/generate", "{not json"), 400, "body");
   expect_error(c.post("/generate", "[1,2]"), 400, "body");
+  expect_error(c.post("/v1/completions", R"({"prompt": "a", "temperature": 1e999})"), 400, "body");  // no double
   expect_error(c.post("/generate", json{{"sampling_params", {{"max_new_tokens", 2}}}}.dump()), 400, "text");
   expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"temperature", -1}}}}.dump()), 400,
                "sampling_params.temperature");
@@ -427,37 +446,51 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
 }
 
 TEST_F(DefaultServer, ClientDisconnectMidStreamFreesItsRequest) {
-  const double aborted_before = metric(srv_->url(), "fp4moe:num_aborted_requests_total");
   HttpClient c(srv_->url(), kTimeout);
   json body = {{"text", "go"},
                {"sampling_params", {{"max_new_tokens", 400}, {"ignore_eos", true}, {"temperature", 0}}},
                {"stream", true}};
-  int n_chunks = 0;
-  double running_while_streaming = -1;
-  auto r = c.post_sse("/generate", body.dump(), [&](std::string_view d) {
-    if (d == "[DONE]") return true;
-    if (++n_chunks == 3) {
-      running_while_streaming = metric(srv_->url(), "fp4moe:num_running_reqs");
-      return false;  // hang up
+  // The hang-up races the reply's own end (400 tokens, ~0.5 s here): a round in which all 400 were
+  // generated is retried; one round must see the request aborted and freed.
+  bool aborted = false;
+  for (int round = 0; round < 5 && !aborted; ++round) {
+    const double aborted_before = metric(srv_->url(), "fp4moe:num_aborted_requests_total");
+    const double generated_before = metric(srv_->url(), "fp4moe:generation_tokens_total");
+    int n_chunks = 0;
+    double running_while_streaming = -1;
+    auto r = c.post_sse("/generate", body.dump(), [&](std::string_view d) {
+      if (d == "[DONE]") return true;
+      if (++n_chunks == 3) {
+        running_while_streaming = metric(srv_->url(), "fp4moe:num_running_reqs");
+        return false;  // hang up
+      }
+      return true;
+    });
+    EXPECT_EQ(r.status, -1);  // we closed it
+    EXPECT_EQ(n_chunks, 3);
+    // The server notices at its next write, aborts the request and frees its KV.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    double running = 1, used = 1;
+    while (std::chrono::steady_clock::now() < deadline) {
+      running = metric(srv_->url(), "fp4moe:num_running_reqs");
+      used = metric(srv_->url(), "fp4moe:num_used_tokens");
+      if (running == 0 && used == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return true;
-  });
-  EXPECT_EQ(r.status, -1);  // we closed it
-  EXPECT_EQ(n_chunks, 3);
-  EXPECT_EQ(running_while_streaming, 1);
-  // The server notices at its next write, aborts the request and frees its KV.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  double running = 1, used = 1;
-  while (std::chrono::steady_clock::now() < deadline) {
-    running = metric(srv_->url(), "fp4moe:num_running_reqs");
-    used = metric(srv_->url(), "fp4moe:num_used_tokens");
-    if (running == 0 && used == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(running, 0);
+    EXPECT_EQ(used, 0);
+    const double generated = metric(srv_->url(), "fp4moe:generation_tokens_total") - generated_before;
+    const double n_aborted = metric(srv_->url(), "fp4moe:num_aborted_requests_total") - aborted_before;
+    if (generated == 400) {  // it ended before the hang-up reached it
+      EXPECT_EQ(n_aborted, 0);
+      continue;
+    }
+    EXPECT_EQ(running_while_streaming, 1);
+    EXPECT_EQ(n_aborted, 1);
+    EXPECT_LT(generated, 400);
+    aborted = true;
   }
-  EXPECT_EQ(running, 0);
-  EXPECT_EQ(used, 0);
-  EXPECT_EQ(metric(srv_->url(), "fp4moe:num_aborted_requests_total"), aborted_before + 1);
-  // 400 tokens were asked for; far fewer were generated.
+  EXPECT_TRUE(aborted) << "in 5 rounds the hang-up never came before the reply's end";
   HttpClient c2(srv_->url(), kTimeout);
   EXPECT_EQ(c2.get("/health").status, 200);
 }
@@ -773,34 +806,47 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
 // is a 404 naming it, a body without rid or abort_all a 400. The server keeps serving.
 TEST_F(DefaultServer, AbortRequestByRidAndAll) {
   HttpClient c(srv_->url(), kTimeout);
-  std::atomic<bool> have_rid{false};
-  std::string rid;
-  json last;
-  std::thread streamer([&] {
-    HttpClient s(srv_->url(), kTimeout);
-    const json body = {{"text", "count with me"},
-                       {"stream", true},
-                       {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
-    s.post_sse("/generate", body.dump(), [&](std::string_view data) {
-      if (data == "[DONE]") return true;
-      last = json::parse(data);
-      if (!have_rid) {
-        rid = last["meta_info"]["id"].get<std::string>();
-        have_rid = true;
-      }
-      return true;
+  // Each abort races its reply's own end (480 tokens, ~0.6 s here): a round where the reply ended first
+  // (the abort a 404, the stream ended by "length") is retried; one round must abort it.
+  bool rid_aborted = false;
+  for (int round = 0; round < 5 && !rid_aborted; ++round) {
+    std::atomic<bool> have_rid{false};
+    std::string rid;
+    json last;
+    std::thread streamer([&] {
+      HttpClient s(srv_->url(), kTimeout);
+      const json body = {{"text", "count with me"},
+                         {"stream", true},
+                         {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
+      s.post_sse("/generate", body.dump(), [&](std::string_view data) {
+        if (data == "[DONE]") return true;
+        last = json::parse(data);
+        if (!have_rid) {
+          rid = last["meta_info"]["id"].get<std::string>();
+          have_rid = true;
+        }
+        return true;
+      });
     });
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!have_rid && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  ASSERT_TRUE(have_rid.load());
-  auto r = c.post("/abort_request", json{{"rid", rid}}.dump());
-  streamer.join();
-  ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(parse(r.body)["requests"], 1);
-  EXPECT_EQ(last["meta_info"]["finish_reason"]["type"], "abort") << last.dump();
-  EXPECT_LT(last["meta_info"]["completion_tokens"].get<int64_t>(), 480);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!have_rid && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!have_rid) streamer.join();
+    ASSERT_TRUE(have_rid.load());
+    auto r = c.post("/abort_request", json{{"rid", rid}}.dump());
+    streamer.join();
+    const std::string finish = last["meta_info"]["finish_reason"]["type"].get<std::string>();
+    if (r.status == 404 && finish == "length") {
+      EXPECT_EQ(last["meta_info"]["completion_tokens"], 480) << last.dump();
+      continue;
+    }
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(parse(r.body)["requests"], 1);
+    EXPECT_EQ(finish, "abort") << last.dump();
+    EXPECT_LT(last["meta_info"]["completion_tokens"].get<int64_t>(), 480);
+    rid_aborted = true;
+  }
+  EXPECT_TRUE(rid_aborted) << "in 5 rounds the abort by rid never came before the reply's end";
 
   // abort_all races the two replies' own end: on a loaded machine one may reach max_tokens between the
   // poll that saw both running and the abort. Such a round must still agree with itself (the replies

@@ -145,14 +145,43 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kChat, json{{"messages", json::array()}}, "messages", "non-empty");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", 7}}}}}, "messages[0].content", "7");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}}}}, {"top_logprobs", 2}}, "top_logprobs", "logprobs");
-  try {
-    parse_body("{\"a\": ");
-    ADD_FAILURE() << "accepted truncated JSON";
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.status, 400);
-    EXPECT_EQ(e.param, "body");
-    EXPECT_NE(e.message.find("malformed JSON"), std::string::npos) << e.message;
+  // Truncated JSON, and a number no double holds (nlohmann's out_of_range, not a parse_error).
+  for (const std::string body : {"{\"a\": ", "{\"prompt\": \"a\", \"x\": 1e999}", "{\"t\": [-1e400]}"}) {
+    try {
+      parse_body(body);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, "body");
+      EXPECT_NE(e.message.find("malformed JSON"), std::string::npos) << e.message;
+    }
   }
+}
+
+// OpenAI content parts on a text-only model: text parts pass (and are joined by "\n" for a template
+// that prints content), media and unknown parts are a 400 naming the part.
+TEST(ServerProtocol, ChatContentParts) {
+  auto chat = [](json content) { return json{{"messages", {{{"role", "user"}, {"content", std::move(content)}}}}}; };
+  const ParsedRequest r =
+      parse_request(Endpoint::kChat, chat({{{"type", "text"}, {"text", "hi"}}, {{"type", "text"}, {"text", "there"}}}));
+  nlohmann::ordered_json messages = *r.messages;
+  EXPECT_TRUE(messages[0]["content"].is_array());
+  flatten_text_parts(&messages);
+  EXPECT_EQ(messages[0]["content"], "hi\nthere");
+  nlohmann::ordered_json plain = nlohmann::ordered_json::parse(R"([{"role":"user","content":"a"},{"role":"x"}])");
+  flatten_text_parts(&plain);
+  EXPECT_EQ(plain.dump(), R"([{"role":"user","content":"a"},{"role":"x"}])");
+
+  expect_bad(Endpoint::kChat, chat({{{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}}}),
+             "messages[0].content[0].type", "text only");
+  expect_bad(Endpoint::kChat, chat({{{"type", "text"}, {"text", "a"}}, {{"type", "video"}}}),
+             "messages[0].content[1].type", "\"video\"");
+  expect_bad(Endpoint::kChat, chat({{{"type", "sticker"}}}), "messages[0].content[0].type",
+             "\"sticker\" is not a content part type");
+  expect_bad(Endpoint::kChat, chat({{{"text", "a"}}}), "messages[0].content[0].type", "nothing");
+  expect_bad(Endpoint::kChat, chat({{{"type", "text"}, {"text", 5}}}), "messages[0].content[0].text", "5");
+  expect_bad(Endpoint::kChat, chat(json::array({nullptr})), "messages[0].content[0]", "null");
+  expect_bad(Endpoint::kChat, chat(json::array({"str"})), "messages[0].content[0]", "\"str\"");
 }
 
 TEST(ServerProtocol, DefaultsErrorsAndResponses) {
