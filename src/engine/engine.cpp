@@ -630,13 +630,9 @@ void Engine::shutdown(bool drain) {
   }
 }
 
-SubmitResult Engine::submit(Request request, OutputCallback callback) {
-  SubmitResult res;
-  auto reject = [&](RejectKind kind, std::string msg) {
-    res.rejection = Rejection{kind, std::move(msg)};
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    ++impl_->stats.requests_rejected_total;
-    return res;
+std::optional<Rejection> Engine::check_request(const Request& request) const {
+  auto reject = [](RejectKind kind, std::string msg) {
+    return std::optional<Rejection>(Rejection{kind, std::move(msg)});
   };
   const int64_t n_prompt = static_cast<int64_t>(request.prompt_ids.size());
   if (n_prompt == 0) return reject(RejectKind::kBadParam, "prompt is empty (0 tokens); give at least 1 token");
@@ -672,25 +668,56 @@ SubmitResult Engine::submit(Request request, OutputCallback callback) {
                                             " tokens (max_total_tokens " + std::to_string(options_.max_total_tokens) +
                                             ", page_size " + std::to_string(options_.page_size) + ")");
   }
+  return std::nullopt;
+}
+
+SubmitResult Engine::submit(Request request, OutputCallback callback) {
+  std::vector<Submission> one;
+  one.push_back({std::move(request), std::move(callback)});
+  GroupSubmitResult g = submit_group(std::move(one));
+  SubmitResult res;
+  if (g.ok()) res.id = g.ids.front();
+  res.rejection = std::move(g.rejection);
+  return res;
+}
+
+GroupSubmitResult Engine::submit_group(std::vector<Submission> group) {
+  GroupSubmitResult res;
+  auto reject = [&](size_t index, Rejection r) {
+    res.rejection = std::move(r);
+    res.rejected_index = index;
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->stats.requests_rejected_total;
+    return std::move(res);
+  };
+  FP4MOE_CHECK(!group.empty()) << "submit_group: an empty group";
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (std::optional<Rejection> r = check_request(group[i].request)) return reject(i, std::move(*r));
+  }
+  const int64_t n = static_cast<int64_t>(group.size());
   {
     std::unique_lock<std::mutex> lock(impl_->mu);
     if (!impl_->accepting) {
       lock.unlock();
-      return reject(RejectKind::kShuttingDown, "the engine is shutting down and accepts no new requests");
+      return reject(0, {RejectKind::kShuttingDown, "the engine is shutting down and accepts no new requests"});
     }
     const int64_t queued = impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size());
-    if (queued >= options_.max_queued_requests) {
+    if (queued + n > options_.max_queued_requests) {
       lock.unlock();
-      return reject(RejectKind::kQueueFull, "waiting queue is full: " + std::to_string(queued) +
-                                                " requests waiting (max_queued_requests " +
-                                                std::to_string(options_.max_queued_requests) + ")");
+      return reject(0, {RejectKind::kQueueFull,
+                        "the waiting queue is full: " + std::to_string(queued) + " requests waiting + " +
+                            std::to_string(n) + (n == 1 ? " new" : " new (one request's choices, admitted together)") +
+                            " > max_queued_requests " + std::to_string(options_.max_queued_requests)});
     }
-    res.id = impl_->next_id++;
-    const uint64_t seed = request.sampling.seed ? *request.sampling.seed : splitmix64(res.id);
-    impl_->pending.push_back(std::make_unique<RequestState>(res.id, std::move(request), std::move(callback),
-                                                            tokenizer_.get(), impl_->vocab, seed, Clock::now()));
-    impl_->live.insert(res.id);
-    ++impl_->stats.requests_submitted_total;
+    for (Submission& sub : group) {
+      const RequestId id = impl_->next_id++;
+      const uint64_t seed = sub.request.sampling.seed ? *sub.request.sampling.seed : splitmix64(id);
+      impl_->pending.push_back(std::make_unique<RequestState>(id, std::move(sub.request), std::move(sub.callback),
+                                                              tokenizer_.get(), impl_->vocab, seed, Clock::now()));
+      impl_->live.insert(id);
+      ++impl_->stats.requests_submitted_total;
+      res.ids.push_back(id);
+    }
     impl_->stats.n_waiting = impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size());
   }
   impl_->work_cv.notify_one();

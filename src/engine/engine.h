@@ -186,6 +186,15 @@ struct SubmitResult {
   bool ok() const { return !rejection.has_value(); }
 };
 
+// All or none: the ids of a group's requests in order, or the first rejection and the index of the
+// request it names.
+struct GroupSubmitResult {
+  std::vector<RequestId> ids;
+  std::optional<Rejection> rejection;
+  size_t rejected_index = 0;
+  bool ok() const { return !rejection.has_value(); }
+};
+
 // Cumulative-free histogram (Prometheus renders it cumulatively): counts[i] = observations <=
 // bounds[i] and > bounds[i-1]; counts.back() = above the last bound.
 struct Histogram {
@@ -258,6 +267,14 @@ class Engine {
 
   // Thread-safe. Validates (bad_param), checks the lengths (too_long) and the queue (queue_full).
   SubmitResult submit(Request request, OutputCallback callback);
+  // One client request's engine requests (its prompts x n choices), admitted together or not at all:
+  // each is validated as by submit, then the queue must hold all of them at once (queue_full
+  // otherwise), so that two groups arriving together cannot each fill the queue part way and both fail.
+  struct Submission {
+    Request request;
+    OutputCallback callback;
+  };
+  GroupSubmitResult submit_group(std::vector<Submission> group);
   // Thread-safe; the request finishes with kAbort at the next step and its KV is freed. False when
   // the id is unknown or already finished.
   bool abort(RequestId id);
@@ -288,6 +305,8 @@ class Engine {
 
  private:
   struct Impl;
+  // submit's checks of one request that need no lock: bad_param and too_long.
+  std::optional<Rejection> check_request(const Request& request) const;
   EngineOptions options_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<Impl> impl_;

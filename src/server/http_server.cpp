@@ -169,11 +169,11 @@ ApiError from_rejection(const engine::Rejection& r, int retry_after_s, const std
   ApiError e;
   switch (r.kind) {
     case engine::RejectKind::kQueueFull:
-      e = unavailable("the waiting queue is full: " + r.message, retry_after_s);
+      e = unavailable(r.message, retry_after_s);
       e.type = "overloaded_error";
       break;
     case engine::RejectKind::kShuttingDown:
-      e = unavailable("the server is shutting down: " + r.message, retry_after_s);
+      e = unavailable(r.message, retry_after_s);
       break;
     case engine::RejectKind::kTooLong:
       e = bad_request(max_tokens_field, r.message);
@@ -322,6 +322,23 @@ class RequestHandler {
       fields.push_back("messages");
     }
     const int64_t vocab = engine->model_config().vocab_size;
+    {
+      // The sampling fields that name token ids, against the served vocabulary.
+      const std::string sp_prefix = endpoint_ == Endpoint::kGenerate ? "sampling_params." : "";
+      const auto& stops = req.sampling.stop_token_ids;
+      for (size_t i = 0; i < stops.size(); ++i) {
+        if (stops[i] >= vocab)
+          throw bad_request(sp_prefix + "stop_token_ids",
+                            sp_prefix + "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stops[i]) +
+                                " is outside the model's vocabulary of " + std::to_string(vocab));
+      }
+      for (const auto& [id, bias] : req.sampling.logit_bias) {
+        if (id >= vocab)
+          throw bad_request(sp_prefix + "logit_bias",
+                            sp_prefix + "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
+                                " is outside the model's vocabulary of " + std::to_string(vocab));
+      }
+    }
     const int64_t context = engine->context_length();
     const int64_t kv = engine->kv_capacity_tokens();
     int64_t prompt_tokens = 0;
@@ -359,7 +376,6 @@ class RequestHandler {
     // it would alone).
     auto channel = std::make_shared<Channel>();
     const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
-    std::vector<engine::RequestId> ids;
     std::vector<std::string> echo;  // choice i's prompt text (`echo`): as sent, or the ids decoded
     for (size_t p = 0; p < prompts.size() && req.echo; ++p) {
       const std::optional<std::string>& sent = req.batch.empty() ? req.text : req.batch[p].text;
@@ -367,29 +383,41 @@ class RequestHandler {
           sent ? *sent : tok.decode(prompts[p], {.skip_special_tokens = req.sampling.skip_special_tokens});
       for (int64_t j = 0; j < req.n; ++j) echo.push_back(text);
     }
+    std::vector<engine::Engine::Submission> group;
     for (size_t p = 0; p < prompts.size(); ++p) {
       const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
       const int64_t max_new =
           req.max_new_tokens ? *req.max_new_tokens : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
+      if (req.sampling.min_new_tokens > max_new) {
+        const std::string min_field =
+            endpoint_ == Endpoint::kGenerate ? "sampling_params.min_new_tokens" : "min_tokens";
+        throw bad_request(min_field, min_field + " = " + std::to_string(req.sampling.min_new_tokens) + " > " +
+                                         max_field + " = " + std::to_string(max_new) +
+                                         (req.max_new_tokens ? std::string() : std::string(" (the default)")));
+      }
       for (int64_t j = 0; j < req.n; ++j) {
         engine::SamplingParams sp = req.sampling;
         sp.max_new_tokens = max_new;
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        engine::SubmitResult sr = engine->submit(
-            {prompts[p], sp, req.priority}, [channel, dispatcher = server_->dispatcher_](
-                                                const engine::RequestOutput& out) { dispatcher->post(channel, out); });
-        if (!sr.ok()) {
-          for (engine::RequestId id : ids) engine->abort(id);
-          ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
-          if (prompts.size() > 1 || req.n > 1) {
-            e.message += " (" + (prompts.size() > 1 ? fields[p] + ", " : std::string()) + "choice " +
-                         std::to_string(j) + " of n = " + std::to_string(req.n) + ")";
-          }
-          throw e;
-        }
-        ids.push_back(sr.id);
+        group.push_back({{prompts[p], sp, req.priority},
+                         [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
+                           dispatcher->post(channel, out);
+                         }});
       }
     }
+    // All the choices are admitted together or none is.
+    engine::GroupSubmitResult sr = engine->submit_group(std::move(group));
+    if (!sr.ok()) {
+      ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+      const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
+                   j = sr.rejected_index % static_cast<size_t>(req.n);
+      if (sr.rejection->kind != engine::RejectKind::kQueueFull && (prompts.size() > 1 || req.n > 1)) {
+        e.message += " (" + (prompts.size() > 1 ? fields[p] + ", " : std::string()) + "choice " + std::to_string(j) +
+                     " of n = " + std::to_string(req.n) + ")";
+      }
+      throw e;
+    }
+    std::vector<engine::RequestId> ids = std::move(sr.ids);
 
     ResponseContext ctx;
     ctx.id = endpoint_prefix(endpoint_) + std::to_string(ids.front());

@@ -91,7 +91,10 @@ class Fields {
   std::vector<std::string> strings_or_string(const std::string& key) const {
     const json* v = find(key);
     if (!v) return {};
-    if (v->is_string()) return {v->get<std::string>()};
+    if (v->is_string()) {
+      if (v->get<std::string>().empty()) throw bad_request(name(key), name(key) + " is an empty stop string");
+      return {v->get<std::string>()};
+    }
     if (!v->is_array()) throw bad_request(name(key), name(key) + " must be a string or a list of strings, got " + show(*v));
     std::vector<std::string> out;
     for (size_t i = 0; i < v->size(); ++i) {
@@ -138,12 +141,13 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
 // budget max_tokens / max_completion_tokens; SGLang max_new_tokens).
 void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   engine::SamplingParams& s = r->sampling;
+  // At least one token: a request is a generation (SGLang's prefill-only max_new_tokens 0 is not served).
   if (openai) {
-    auto mt = f.integer("max_completion_tokens", 0, kMaxTokensLimit);
-    if (!mt) mt = f.integer("max_tokens", 0, kMaxTokensLimit);
+    auto mt = f.integer("max_completion_tokens", 1, kMaxTokensLimit);
+    if (!mt) mt = f.integer("max_tokens", 1, kMaxTokensLimit);
     r->max_new_tokens = mt;
   } else {
-    r->max_new_tokens = f.integer("max_new_tokens", 0, kMaxTokensLimit);
+    r->max_new_tokens = f.integer("max_new_tokens", 1, kMaxTokensLimit);
   }
   if (auto v = f.number("temperature", 0.0, 100.0)) s.temperature = *v;
   if (auto v = f.number("top_p", 0.0, 1.0)) {
@@ -152,9 +156,10 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   }
   if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v;
   if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = *v;
-  if (auto v = f.number("repetition_penalty", 0.0, 10.0)) {
+  if (auto v = f.number("repetition_penalty", 0.0, 2.0)) {  // SGLang's range, (0, 2]
     if (*v <= 0.0)
-      throw bad_request(f.name("repetition_penalty"), f.name("repetition_penalty") + " = " + show(*v) + " must be > 0");
+      throw bad_request(f.name("repetition_penalty"),
+                        f.name("repetition_penalty") + " = " + show(*v) + " must be in (0, 2]");
     s.repetition_penalty = *v;
   }
   if (auto v = f.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = *v;

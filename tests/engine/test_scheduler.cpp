@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -486,10 +487,52 @@ TEST(Scheduler, QueueFull) {
   SubmitResult r = h.engine.submit({{1, 2}, greedy(3)}, {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.rejection->kind, RejectKind::kQueueFull);
-  EXPECT_NE(r.rejection->message.find("2 requests waiting (max_queued_requests 2)"), std::string::npos)
+  EXPECT_NE(r.rejection->message.find("2 requests waiting + 1 new > max_queued_requests 2"), std::string::npos)
       << r.rejection->message;
   h.engine.step();  // admits one (max_running_requests 1): the queue has room again
   EXPECT_TRUE(h.engine.submit({{1, 2}, greedy(3)}, {}).ok());
+}
+
+// A group (one client request's choices) is admitted whole or not at all: one that does not fit the
+// queue's room leaves nothing queued and calls no callback; a bad member names its index.
+TEST(Scheduler, SubmitGroupIsAllOrNone) {
+  EngineOptions o;
+  o.max_queued_requests = 4;
+  o.max_running_requests = 1;
+  std::atomic<int> finished{0};  // before the engine, whose destructor aborts what is left
+  Harness h(o);
+  h.submit({1, 2}, greedy(3));
+  auto group = [&](size_t n, SamplingParams sp) {
+    std::vector<Engine::Submission> g;
+    for (size_t i = 0; i < n; ++i) {
+      g.push_back({{{1, 2}, sp}, [&finished](const RequestOutput& out) {
+                     if (out.finished) ++finished;
+                   }});
+    }
+    return g;
+  };
+  GroupSubmitResult r = h.engine.submit_group(group(4, greedy(3)));  // 1 waiting + 4 > 4
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kQueueFull);
+  EXPECT_NE(r.rejection->message.find("1 requests waiting + 4 new"), std::string::npos) << r.rejection->message;
+  EXPECT_EQ(h.engine.stats().requests_submitted_total, 1u);
+  EXPECT_EQ(h.engine.stats().n_waiting, 1);
+
+  std::vector<Engine::Submission> mixed = group(3, greedy(3));
+  mixed[2].request.sampling.top_p = 0;
+  r = h.engine.submit_group(std::move(mixed));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
+  EXPECT_EQ(r.rejected_index, 2u);
+
+  r = h.engine.submit_group(group(3, greedy(3)));  // 1 + 3 = 4 fits
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r.ids.size(), 3u);
+  EXPECT_EQ(r.ids[1], r.ids[0] + 1);
+  EXPECT_EQ(h.engine.stats().n_waiting, 4);
+  h.engine.run_until_idle();
+  EXPECT_EQ(finished.load(), 3);  // nothing from the refused groups
+  EXPECT_EQ(h.engine.stats().requests_rejected_total, 2u);
 }
 
 TEST(Scheduler, AbortFreesBlocks) {

@@ -67,6 +67,8 @@ void expect_error(const fp4moe::server::HttpResponse& r, int status, const std::
   if (!param.empty()) {
     EXPECT_EQ(j["error"]["param"], param) << r.body;
   }
+  // A user's error names the field, not a check of the engine's source.
+  EXPECT_EQ(r.body.find(".cpp:"), std::string::npos) << r.body;
 }
 
 // Polls /metrics until `series` equals `want` (the engine publishes its stats after each step).
@@ -420,6 +422,23 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(c.post("/v1/chat/completions", json{{"messages", {{{"content", "hi"}}}}}.dump()), 400,
                "messages[0].role");
   expect_error(c.post("/v1/detokenize", json{{"tokens", {1, 999999}}}.dump()), 400, "tokens");
+  // Fields the engine would refuse are refused here, by name (the parser's ranges are the engine's).
+  const json a = {{"prompt", "a"}};
+  auto with = [&](json extra) {
+    json b = a;
+    b.update(extra);
+    return b.dump();
+  };
+  expect_error(c.post("/v1/completions", with({{"max_tokens", 0}})), 400, "max_tokens");
+  expect_error(c.post("/v1/completions", with({{"stop", ""}})), 400, "stop");
+  expect_error(c.post("/v1/completions", with({{"stop_token_ids", {1, 100000}}})), 400, "stop_token_ids");
+  expect_error(c.post("/v1/completions", with({{"logit_bias", {{"999999", 1}}}})), 400, "logit_bias");
+  expect_error(c.post("/v1/completions", with({{"max_tokens", 2}, {"min_tokens", 3}})), 400, "min_tokens");
+  expect_error(c.post("/v1/completions", with({{"repetition_penalty", 2.5}})), 400, "repetition_penalty");
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"stop_token_ids", {100000}}}}}.dump()),
+               400, "sampling_params.stop_token_ids");
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", 0}}}}.dump()), 400,
+               "sampling_params.max_new_tokens");
   // Unknown route: a typed 404.
   expect_error(c.get("/no/such/route"), 404, "");
 
