@@ -405,6 +405,11 @@ class RequestHandler {
                          }});
       }
     }
+    if (req.rid) {
+      std::lock_guard<std::mutex> lock(server_->mu_);
+      if (server_->rids_.count(*req.rid))
+        throw bad_request("rid", "rid = \"" + *req.rid + "\" names a request that is still open");
+    }
     // All the choices are admitted together or none is.
     engine::GroupSubmitResult sr = engine->submit_group(std::move(group));
     if (!sr.ok()) {
@@ -420,7 +425,7 @@ class RequestHandler {
     std::vector<engine::RequestId> ids = std::move(sr.ids);
 
     ResponseContext ctx;
-    ctx.id = endpoint_prefix(endpoint_) + std::to_string(ids.front());
+    ctx.id = req.rid ? *req.rid : endpoint_prefix(endpoint_) + std::to_string(ids.front());
     {
       std::lock_guard<std::mutex> lock(server_->mu_);
       ctx.model = server_->options_.served_model_name;
@@ -428,7 +433,10 @@ class RequestHandler {
     ctx.created = unix_now();
     ctx.prompt_tokens = prompt_tokens;
     ctx.tokenizer = &tok;
-    server_->register_rid(ctx.id, ids);  // the replies' releasers unregister it
+    if (!server_->register_rid(ctx.id, ids)) {             // the replies' releasers unregister it
+      for (engine::RequestId id : ids) engine->abort(id);  // the same rid sent twice at once
+      throw bad_request("rid", "rid = \"" + ctx.id + "\" names a request that is still open");
+    }
 
     if (!req.stream) {
       respond_when_done(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
@@ -673,9 +681,9 @@ std::shared_ptr<engine::Engine> HttpServer::engine_or_503() const {
   return engine_;
 }
 
-void HttpServer::register_rid(const std::string& rid, std::vector<engine::RequestId> ids) {
+bool HttpServer::register_rid(const std::string& rid, std::vector<engine::RequestId> ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  rids_[rid] = std::move(ids);
+  return rids_.emplace(rid, std::move(ids)).second;
 }
 
 void HttpServer::unregister_rid(const std::string& rid) {

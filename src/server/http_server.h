@@ -96,7 +96,7 @@ class HttpServer {
   // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's
   // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
   // removed when its reply ends.
-  void register_rid(const std::string& rid, std::vector<engine::RequestId> ids);
+  bool register_rid(const std::string& rid, std::vector<engine::RequestId> ids);  // false: rid is open already
   void unregister_rid(const std::string& rid);
 
   ServerOptions options_;

@@ -134,6 +134,7 @@ class Fields {
 
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
 constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound
+constexpr size_t kMaxRidBytes = 256;
 
 void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
 
@@ -469,6 +470,18 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
   }
   if (auto v = top.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()))
     r.priority = *v;
+  if (auto v = top.string("rid")) {
+    if (v->empty() || v->size() > kMaxRidBytes)
+      throw bad_request(
+          "rid", "rid must be 1 to " + std::to_string(kMaxRidBytes) + " bytes, got " + std::to_string(v->size()));
+    const size_t digits = v->find_first_of("0123456789");
+    const std::string head = v->substr(0, digits);
+    if (digits != std::string::npos && (head.empty() || head == "cmpl-" || head == "chatcmpl-") &&
+        v->find_first_not_of("0123456789", digits) == std::string::npos)
+      throw bad_request("rid", "rid = " + show(json(*v)) +
+                                   " has the form of the server's own ids (N, cmpl-N, chatcmpl-N); choose another");
+    r.rid = *v;
+  }
   if (!r.batch.empty() && static_cast<int64_t>(r.batch.size()) * r.n > kMaxBatchChoices) {
     throw bad_request("prompt", std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
                                     std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +

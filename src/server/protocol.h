@@ -46,6 +46,9 @@ struct ParsedRequest {
   std::optional<std::vector<engine::TokenId>> input_ids;
   std::optional<std::string> text;
   std::optional<nlohmann::ordered_json> messages;
+  // SGLang's `rid`: the client's id for the reply (its id / meta_info.id, and what POST /abort_request
+  // names), instead of the server's own ("7", "cmpl-7", "chatcmpl-7"; a rid of those forms is refused).
+  std::optional<std::string> rid;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
   // max_new_tokens as sent; nullopt -> the endpoint's default (applied once the prompt length is known).

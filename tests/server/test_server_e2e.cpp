@@ -826,17 +826,22 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
 TEST_F(DefaultServer, AbortRequestByRidAndAll) {
   HttpClient c(srv_->url(), kTimeout);
   // Each abort races its reply's own end (480 tokens, ~0.6 s here): a round where the reply ended first
-  // (the abort a 404, the stream ended by "length") is retried; one round must abort it.
-  bool rid_aborted = false;
-  for (int round = 0; round < 5 && !rid_aborted; ++round) {
+  // (the abort a 404, the stream ended by "length") is retried; one round must abort it. Odd rounds send
+  // the client's own rid (SGLang's `rid`): the chunks carry it, and while the reply is open the same rid
+  // is refused.
+  bool rid_aborted = false, client_rid_aborted = false;
+  for (int round = 0; round < 10 && !(rid_aborted && client_rid_aborted); ++round) {
+    const bool client_rid = round % 2 == 1;
+    const std::string sent_rid = "client-rid-" + std::to_string(round);
     std::atomic<bool> have_rid{false};
     std::string rid;
     json last;
     std::thread streamer([&] {
       HttpClient s(srv_->url(), kTimeout);
-      const json body = {{"text", "count with me"},
-                         {"stream", true},
-                         {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
+      json body = {{"text", "count with me"},
+                   {"stream", true},
+                   {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
+      if (client_rid) body["rid"] = sent_rid;
       s.post_sse("/generate", body.dump(), [&](std::string_view data) {
         if (data == "[DONE]") return true;
         last = json::parse(data);
@@ -852,6 +857,16 @@ TEST_F(DefaultServer, AbortRequestByRidAndAll) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (!have_rid) streamer.join();
     ASSERT_TRUE(have_rid.load());
+    if (client_rid) {
+      EXPECT_EQ(rid, sent_rid);
+    } else {
+      EXPECT_EQ(rid.find("client-rid"), std::string::npos) << rid;
+    }
+    const int dup_status =
+        client_rid ? c.post("/generate",
+                            json{{"text", "x"}, {"rid", sent_rid}, {"sampling_params", {{"max_new_tokens", 1}}}}.dump())
+                         .status
+                   : 400;
     auto r = c.post("/abort_request", json{{"rid", rid}}.dump());
     streamer.join();
     const std::string finish = last["meta_info"]["finish_reason"]["type"].get<std::string>();
@@ -863,9 +878,16 @@ TEST_F(DefaultServer, AbortRequestByRidAndAll) {
     EXPECT_EQ(parse(r.body)["requests"], 1);
     EXPECT_EQ(finish, "abort") << last.dump();
     EXPECT_LT(last["meta_info"]["completion_tokens"].get<int64_t>(), 480);
-    rid_aborted = true;
+    EXPECT_EQ(dup_status, 400) << "a second request took the open rid " << sent_rid;
+    (client_rid ? client_rid_aborted : rid_aborted) = true;
   }
-  EXPECT_TRUE(rid_aborted) << "in 5 rounds the abort by rid never came before the reply's end";
+  EXPECT_TRUE(rid_aborted) << "in 5 rounds the abort by the server's rid never came before the reply's end";
+  EXPECT_TRUE(client_rid_aborted) << "in 5 rounds the abort by the client's rid never came before the reply's end";
+  // The rid is free again once its reply has ended.
+  auto again = c.post(
+      "/generate", json{{"text", "x"}, {"rid", "client-rid-1"}, {"sampling_params", {{"max_new_tokens", 1}}}}.dump());
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(parse(again.body)["meta_info"]["id"], "client-rid-1");
 
   // abort_all races the two replies' own end: on a loaded machine one may reach max_tokens between the
   // poll that saw both running and the abort. Such a round must still agree with itself (the replies

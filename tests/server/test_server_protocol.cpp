@@ -145,6 +145,12 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kChat, json{{"messages", json::array()}}, "messages", "non-empty");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", 7}}}}}, "messages[0].content", "7");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}}}}, {"top_logprobs", 2}}, "top_logprobs", "logprobs");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"rid", ""}}, "rid", "1 to 256 bytes");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"rid", std::string(257, 'r')}}, "rid", "257");
+  for (const char* own : {"7", "cmpl-12", "chatcmpl-3"})
+    expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"rid", own}}, "rid", "server's own ids");
+  for (const char* fine : {"x7", "cmpl-", "cmpl-1a", "req-42"})
+    EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"rid", fine}}).rid, fine);
   // Truncated JSON, and a number no double holds (nlohmann's out_of_range, not a parse_error).
   for (const std::string body : {"{\"a\": ", "{\"prompt\": \"a\", \"x\": 1e999}", "{\"t\": [-1e400]}"}) {
     try {
