@@ -607,7 +607,7 @@ HttpServer::HttpServer(ServerOptions options)
   FP4MOE_CHECK(options_.n_http_threads >= 1) << "HTTP threads " << options_.n_http_threads << " must be >= 1";
   const int n_threads = options_.n_http_threads;
   http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
-  http_->set_payload_max_length(size_t{64} << 20);
+  http_->set_payload_max_length(kMaxBodyBytes);
   // Keep the listening socket's descriptor: httplib listens with a backlog of 5, which drops
   // connections when dozens of clients connect at once; bind() raises it (listen() again).
   http_->set_socket_options([this](socket_t sock) {
@@ -718,6 +718,15 @@ bool bearer_matches(const httplib::Request& req, const std::string& key) {
 }  // namespace
 
 void HttpServer::install_routes() {
+  // Each route with its methods, so that a known path asked with another method is a 405 naming them.
+  auto post = [this](const std::string& path, httplib::Server::Handler h) {
+    route_methods_[path].push_back("POST");
+    http_->Post(path, std::move(h));
+  };
+  auto get = [this](const std::string& path, httplib::Server::Handler h) {
+    route_methods_[path].push_back("GET");
+    http_->Get(path, std::move(h));
+  };
   // Every handler: count it as active, turn ApiError into its JSON reply and anything else into a 500
   // that says it is a bug (with the exception's text).
   auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {
@@ -746,8 +755,8 @@ void HttpServer::install_routes() {
     }
     res.set_content("Cache flushed.\n", "text/plain");
   });
-  http_->Post("/flush_cache", flush_cache);
-  http_->Get("/flush_cache", flush_cache);
+  post("/flush_cache", flush_cache);
+  get("/flush_cache", flush_cache);
   // Before routing: the --api-key check, and POSTs without a body length. HTTP/1.1 gives a request with
   // neither Content-Length nor chunked encoding an empty body (RFC 9112 6.3; `curl -X POST` without -d
   // sends one), but httplib would wait for a body until its read timeout (30 s) and then answer 400.
@@ -779,191 +788,210 @@ void HttpServer::install_routes() {
   auto generation = [this, wrap](Endpoint e) {
     return wrap([this, e](const httplib::Request& req, httplib::Response& res) { RequestHandler(this, e).handle(req, res); });
   };
-  http_->Post("/generate", generation(Endpoint::kGenerate));
-  http_->Post("/v1/completions", generation(Endpoint::kCompletions));
-  http_->Post("/v1/chat/completions", generation(Endpoint::kChat));
+  post("/generate", generation(Endpoint::kGenerate));
+  post("/v1/completions", generation(Endpoint::kCompletions));
+  post("/v1/chat/completions", generation(Endpoint::kChat));
 
-  http_->Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
-    engine_or_503();
-    res.set_content(R"({"status":"ok"})", "application/json");
-  }));
-  http_->Get("/health_generate", wrap([this](const httplib::Request&, httplib::Response& res) {
-    auto engine = engine_or_503();
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.health_probe_timeout_s * 1000));
-    if (!engine->run_health_probe(timeout)) {
-      ApiError e = unavailable("the engine made no progress within " + std::to_string(options_.health_probe_timeout_s) +
-                                   " s",
-                               options_.retry_after_s);
-      throw e;
-    }
-    res.set_content(R"({"status":"ok"})", "application/json");
-  }));
-  http_->Get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
-    std::shared_ptr<engine::Engine> engine;
-    HttpCounters counters;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      engine = engine_;
-      counters = counters_;
-    }
-    engine::EngineStats stats;  // empty until the model is loaded
-    if (engine) stats = engine->stats();
-    res.set_content(render_metrics(stats, counters), "text/plain; version=0.0.4");
-  }));
-  http_->Get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {
-    json info = options_.launch_args;
-    info["served_model_name"] = options_.served_model_name;
-    info["host"] = options_.host;
-    info["port"] = port_;
-    std::shared_ptr<engine::Engine> engine;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      engine = engine_;
-    }
-    info["is_ready"] = engine && engine->is_ready() && !shutting_down_;
-    if (engine) {
-      const auto& o = engine->options();
-      info["max_running_requests"] = o.max_running_requests;
-      info["max_total_num_tokens"] = engine->kv_capacity_tokens();
-      info["page_size"] = o.page_size;
-      info["chunked_prefill_size"] = o.chunked_prefill_size;
-      info["max_prefill_tokens"] = o.max_prefill_tokens;
-      info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
-      info["device_sampling"] = o.device_sampling;
-      info["max_queued_requests"] = o.max_queued_requests;
-      info["schedule_policy"] = engine::to_string(o.schedule_policy);
-      info["disable_radix_cache"] = !engine->prefix_cache_enabled();
-      info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);
-      info["tool_call_parser"] = options_.tool_calls ? json(std::string(options_.tool_calls->name)) : json(nullptr);
-      info["context_length"] = engine->context_length();
-      info["vocab_size"] = engine->model_config().vocab_size;
-      info["architecture"] = engine->model_config().architecture;
-      const engine::EngineStats s = engine->stats();
-      info["internal_states"] = json::array({{{"num_running_reqs", s.n_running},
-                                              {"num_queue_reqs", s.n_waiting},
-                                              {"num_used_tokens", s.kv_used_tokens},
-                                              {"prefix_cache_tokens", s.prefix_cache_tokens},
-                                              {"max_total_num_tokens", s.kv_total_tokens},
-                                              {"generation_tokens_total", s.generation_tokens_total},
-                                              {"prompt_tokens_total", s.prompt_tokens_total}}});
-    }
-    res.set_content(dump_json(info), "application/json");
-  }));
+  get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
+        engine_or_503();
+        res.set_content(R"({"status":"ok"})", "application/json");
+      }));
+  get("/health_generate", wrap([this](const httplib::Request&, httplib::Response& res) {
+        auto engine = engine_or_503();
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.health_probe_timeout_s * 1000));
+        if (!engine->run_health_probe(timeout)) {
+          ApiError e = unavailable(
+              "the engine made no progress within " + std::to_string(options_.health_probe_timeout_s) + " s",
+              options_.retry_after_s);
+          throw e;
+        }
+        res.set_content(R"({"status":"ok"})", "application/json");
+      }));
+  get("/metrics", wrap([this](const httplib::Request&, httplib::Response& res) {
+        std::shared_ptr<engine::Engine> engine;
+        HttpCounters counters;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          engine = engine_;
+          counters = counters_;
+        }
+        engine::EngineStats stats;  // empty until the model is loaded
+        if (engine) stats = engine->stats();
+        res.set_content(render_metrics(stats, counters), "text/plain; version=0.0.4");
+      }));
+  get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {
+        json info = options_.launch_args;
+        info["served_model_name"] = options_.served_model_name;
+        info["host"] = options_.host;
+        info["port"] = port_;
+        std::shared_ptr<engine::Engine> engine;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          engine = engine_;
+        }
+        info["is_ready"] = engine && engine->is_ready() && !shutting_down_;
+        if (engine) {
+          const auto& o = engine->options();
+          info["max_running_requests"] = o.max_running_requests;
+          info["max_total_num_tokens"] = engine->kv_capacity_tokens();
+          info["page_size"] = o.page_size;
+          info["chunked_prefill_size"] = o.chunked_prefill_size;
+          info["max_prefill_tokens"] = o.max_prefill_tokens;
+          info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
+          info["device_sampling"] = o.device_sampling;
+          info["max_queued_requests"] = o.max_queued_requests;
+          info["schedule_policy"] = engine::to_string(o.schedule_policy);
+          info["disable_radix_cache"] = !engine->prefix_cache_enabled();
+          info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);
+          info["tool_call_parser"] = options_.tool_calls ? json(std::string(options_.tool_calls->name)) : json(nullptr);
+          info["context_length"] = engine->context_length();
+          info["vocab_size"] = engine->model_config().vocab_size;
+          info["architecture"] = engine->model_config().architecture;
+          const engine::EngineStats s = engine->stats();
+          info["internal_states"] = json::array({{{"num_running_reqs", s.n_running},
+                                                  {"num_queue_reqs", s.n_waiting},
+                                                  {"num_used_tokens", s.kv_used_tokens},
+                                                  {"prefix_cache_tokens", s.prefix_cache_tokens},
+                                                  {"max_total_num_tokens", s.kv_total_tokens},
+                                                  {"generation_tokens_total", s.generation_tokens_total},
+                                                  {"prompt_tokens_total", s.prompt_tokens_total}}});
+        }
+        res.set_content(dump_json(info), "application/json");
+      }));
   // SGLang's POST /abort_request: {"rid": id} ends that request's choices with finish_reason "abort"
   // (the id its reply carries: SGLang's rid, "cmpl-..." or "chatcmpl-..."), {"abort_all": true} every
   // open one; the replies end as when their client goes away. An unknown rid is a 404 naming it.
-  http_->Post(
-      "/abort_request", wrap([this](const httplib::Request& req, httplib::Response& res) {
-        auto engine = engine_or_503();
-        const json body = parse_body(req.body);
-        const bool all = body.contains("abort_all") && body["abort_all"].is_boolean() && body["abort_all"].get<bool>();
-        const auto rid_it = body.find("rid");
-        if (!all && (rid_it == body.end() || !rid_it->is_string()))
-          throw bad_request("rid", "rid (the id of a request's reply) is required, or abort_all: true");
-        std::vector<engine::RequestId> ids;
-        int64_t n_replies = 0;
+  post("/abort_request", wrap([this](const httplib::Request& req, httplib::Response& res) {
+         auto engine = engine_or_503();
+         const json body = parse_body(req.body);
+         const bool all = body.contains("abort_all") && body["abort_all"].is_boolean() && body["abort_all"].get<bool>();
+         const auto rid_it = body.find("rid");
+         if (!all && (rid_it == body.end() || !rid_it->is_string()))
+           throw bad_request("rid", "rid (the id of a request's reply) is required, or abort_all: true");
+         std::vector<engine::RequestId> ids;
+         int64_t n_replies = 0;
+         {
+           std::lock_guard<std::mutex> lock(mu_);
+           auto take = [&](const std::vector<engine::RequestId>& rid_ids) {
+             ids.insert(ids.end(), rid_ids.begin(), rid_ids.end());
+             ++n_replies;
+           };
+           if (all) {
+             for (const auto& entry : rids_) take(entry.second);
+           } else if (const auto it = rids_.find(rid_it->get<std::string>()); it != rids_.end()) {
+             take(it->second);
+           }
+         }
+         if (!all && n_replies == 0) {
+           ApiError e;
+           e.status = 404;
+           e.type = "not_found_error";
+           e.param = "rid";
+           e.message = "no open request has rid \"" + rid_it->get<std::string>() + "\" (finished, or never admitted)";
+           throw e;
+         }
+         int64_t n_aborted = 0;
+         for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
+         res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
+       }));
+  get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
+        std::shared_ptr<engine::Engine> engine;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          auto take = [&](const std::vector<engine::RequestId>& rid_ids) {
-            ids.insert(ids.end(), rid_ids.begin(), rid_ids.end());
-            ++n_replies;
-          };
-          if (all) {
-            for (const auto& entry : rids_) take(entry.second);
-          } else if (const auto it = rids_.find(rid_it->get<std::string>()); it != rids_.end()) {
-            take(it->second);
-          }
+          engine = engine_;
         }
-        if (!all && n_replies == 0) {
-          ApiError e;
-          e.status = 404;
-          e.type = "not_found_error";
-          e.param = "rid";
-          e.message = "no open request has rid \"" + rid_it->get<std::string>() + "\" (finished, or never admitted)";
-          throw e;
-        }
-        int64_t n_aborted = 0;
-        for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
-        res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
+        json m = {{"id", options_.served_model_name},
+                  {"object", "model"},
+                  {"created", unix_now()},
+                  {"owned_by", "fp4moe"},
+                  {"root", options_.served_model_name}};
+        if (engine) m["max_model_len"] = engine->context_length();
+        res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
       }));
-  http_->Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
-    std::shared_ptr<engine::Engine> engine;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      engine = engine_;
-    }
-    json m = {{"id", options_.served_model_name},
-              {"object", "model"},
-              {"created", unix_now()},
-              {"owned_by", "fp4moe"},
-              {"root", options_.served_model_name}};
-    if (engine) m["max_model_len"] = engine->context_length();
-    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
-  }));
-  http_->Post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-    auto engine = engine_or_503();
-    const json body = parse_body(req.body);
-    bool add_special = true;
-    if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
-      if (!it->is_boolean()) throw bad_request("add_special_tokens", "add_special_tokens must be true or false");
-      add_special = it->get<bool>();
-    }
-    auto it = body.find("prompt");
-    if (it == body.end() || !(it->is_string() || it->is_array()))
-      throw bad_request("prompt", "prompt must be a string or a list of strings");
-    const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
-    json out = {{"max_model_len", engine->context_length()}};
-    if (it->is_string()) {
-      const auto ids = engine->tokenizer().encode(it->get<std::string>(), eo);
-      out["tokens"] = ids;
-      out["count"] = ids.size();
-    } else {
-      json tokens = json::array(), counts = json::array();
-      for (size_t i = 0; i < it->size(); ++i) {
-        if (!(*it)[i].is_string()) throw bad_request("prompt", "prompt[" + std::to_string(i) + "] is not a string");
-        const auto ids = engine->tokenizer().encode((*it)[i].get<std::string>(), eo);
-        tokens.push_back(ids);
-        counts.push_back(ids.size());
-      }
-      out["tokens"] = tokens;
-      out["count"] = counts;
-    }
-    res.set_content(dump_json(out), "application/json");
-  }));
-  http_->Post("/v1/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-    auto engine = engine_or_503();
-    const json body = parse_body(req.body);
-    auto it = body.find("tokens");
-    if (it == body.end() || !it->is_array()) throw bad_request("tokens", "tokens must be a list of token ids (or of lists)");
-    const engine::Tokenizer& tok = engine->tokenizer();
-    auto decode = [&](const json& list, const std::string& field) {
-      std::vector<engine::TokenId> ids;
-      for (size_t i = 0; i < list.size(); ++i) {
-        const json& e = list[i];
-        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size())
-          throw bad_request(field, field + "[" + std::to_string(i) + "] = " + dump_json(e) +
-                                       " is not a token id in [0, " + std::to_string(tok.vocab_size()) + ")");
-        ids.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
-      }
-      return tok.decode(ids);
-    };
-    json out;
-    if (!it->empty() && (*it)[0].is_array()) {
-      json texts = json::array();
-      for (size_t i = 0; i < it->size(); ++i) texts.push_back(decode((*it)[i], "tokens[" + std::to_string(i) + "]"));
-      out["text"] = texts;
-    } else {
-      out["text"] = decode(*it, "tokens");
-    }
-    res.set_content(dump_json(out), "application/json");
-  }));
-  // Unknown paths and methods: the same typed JSON error.
+  post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+         auto engine = engine_or_503();
+         const json body = parse_body(req.body);
+         bool add_special = true;
+         if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+           if (!it->is_boolean()) throw bad_request("add_special_tokens", "add_special_tokens must be true or false");
+           add_special = it->get<bool>();
+         }
+         auto it = body.find("prompt");
+         if (it == body.end() || !(it->is_string() || it->is_array()))
+           throw bad_request("prompt", "prompt must be a string or a list of strings");
+         const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
+         json out = {{"max_model_len", engine->context_length()}};
+         if (it->is_string()) {
+           const auto ids = engine->tokenizer().encode(it->get<std::string>(), eo);
+           out["tokens"] = ids;
+           out["count"] = ids.size();
+         } else {
+           json tokens = json::array(), counts = json::array();
+           for (size_t i = 0; i < it->size(); ++i) {
+             if (!(*it)[i].is_string())
+               throw bad_request("prompt", "prompt[" + std::to_string(i) + "] is not a string");
+             const auto ids = engine->tokenizer().encode((*it)[i].get<std::string>(), eo);
+             tokens.push_back(ids);
+             counts.push_back(ids.size());
+           }
+           out["tokens"] = tokens;
+           out["count"] = counts;
+         }
+         res.set_content(dump_json(out), "application/json");
+       }));
+  post("/v1/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+         auto engine = engine_or_503();
+         const json body = parse_body(req.body);
+         auto it = body.find("tokens");
+         if (it == body.end() || !it->is_array())
+           throw bad_request("tokens", "tokens must be a list of token ids (or of lists)");
+         const engine::Tokenizer& tok = engine->tokenizer();
+         auto decode = [&](const json& list, const std::string& field) {
+           std::vector<engine::TokenId> ids;
+           for (size_t i = 0; i < list.size(); ++i) {
+             const json& e = list[i];
+             if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size())
+               throw bad_request(field, field + "[" + std::to_string(i) + "] = " + dump_json(e) +
+                                            " is not a token id in [0, " + std::to_string(tok.vocab_size()) + ")");
+             ids.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
+           }
+           return tok.decode(ids);
+         };
+         json out;
+         if (!it->empty() && (*it)[0].is_array()) {
+           json texts = json::array();
+           for (size_t i = 0; i < it->size(); ++i)
+             texts.push_back(decode((*it)[i], "tokens[" + std::to_string(i) + "]"));
+           out["text"] = texts;
+         } else {
+           out["text"] = decode(*it, "tokens");
+         }
+         res.set_content(dump_json(out), "application/json");
+       }));
+  // What httplib refuses before a handler runs (an unknown path, another method, a body past the limit,
+  // a malformed request): the same typed JSON error, saying which.
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ApiError e;
+    const auto known = route_methods_.find(req.path);
+    if (res.status == 404 && known != route_methods_.end()) {
+      res.status = 405;
+      std::string allow;
+      for (const std::string& m : known->second) allow += (allow.empty() ? "" : ", ") + m;
+      res.set_header("Allow", allow);
+      e.message = req.method + " " + req.path + ": the route takes " + allow;
+    } else if (res.status == 404) {
+      e.type = "not_found_error";
+      e.message = "no route for " + req.method + " " + req.path;
+    } else if (res.status == 413) {
+      e.message = req.method + " " + req.path + ": the body is larger than the " + std::to_string(kMaxBodyBytes >> 20) +
+                  " MiB a request may send";
+      e.extra = {{"limit_bytes", kMaxBodyBytes}};
+    } else {
+      e.message = req.method + " " + req.path + ": a malformed HTTP request (HTTP " + std::to_string(res.status) +
+                  ": its headers, Content-Length or chunked body could not be read)";
+    }
     e.status = res.status;
-    e.type = res.status == 404 ? "not_found_error" : "invalid_request_error";
-    e.message = "no route for " + req.method + " " + req.path + " (HTTP " + std::to_string(res.status) + ")";
     count_error(res.status);
     res.set_content(dump_json(e.to_json()), "application/json");
   });

@@ -30,10 +30,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -101,6 +101,8 @@ class HttpServer {
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
+  static constexpr size_t kMaxBodyBytes = size_t{64} << 20;        // a request body's limit (413 past it)
+  std::map<std::string, std::vector<std::string>> route_methods_;  // path -> methods; set up by install_routes
   std::thread listener_;
   int port_ = -1;
   int listen_fd_ = -1;

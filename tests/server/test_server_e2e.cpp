@@ -439,8 +439,22 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
                400, "sampling_params.stop_token_ids");
   expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", 0}}}}.dump()), 400,
                "sampling_params.max_new_tokens");
-  // Unknown route: a typed 404.
+  // Unknown route: a typed 404. A known route asked with another method: a 405 naming the methods it takes.
   expect_error(c.get("/no/such/route"), 404, "");
+  for (const auto& [res, allow] :
+       {std::pair{c.get("/v1/completions"), "POST"}, std::pair{c.post("/health", "{}"), "GET"}}) {
+    expect_error(res, 405, "");
+    const auto h = res.headers.find("Allow");
+    ASSERT_NE(h, res.headers.end()) << res.body;
+    EXPECT_EQ(h->second, allow);
+    EXPECT_NE(parse(res.body)["error"]["message"].get<std::string>().find(std::string("takes ") + allow),
+              std::string::npos)
+        << res.body;
+  }
+  // A body past the limit: 413 naming it.
+  auto big = c.post("/v1/completions", std::string((size_t{64} << 20) + 1, ' '));
+  expect_error(big, 413, "");
+  EXPECT_NE(big.body.find("64 MiB"), std::string::npos) << big.body;
 
   // 413: the prompt does not fit the context (512); both lengths are in the reply.
   std::vector<int> long_prompt(600, 65);
