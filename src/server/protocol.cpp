@@ -509,6 +509,22 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         if (!name_ok)
           throw bad_request("tools", "tools[" + std::to_string(i) + "].function.name \"" + name +
                                          "\" is not 1-64 letters, digits, '_', '-' or '.'");
+        for (size_t k = 0; k < i; ++k) {
+          if ((*tools)[k]["function"]["name"] == name)
+            throw bad_request("tools", "tools[" + std::to_string(i) + "].function.name \"" + name + "\" is tools[" +
+                                           std::to_string(k) + "]'s too; a call could not tell them apart");
+        }
+        // OpenAI: parameters is a JSON schema of an object (absent: no arguments described).
+        if (const auto ps = t["function"].find("parameters"); ps != t["function"].end() && !ps->is_null()) {
+          const bool object_schema = ps->is_object() && (!ps->contains("type") || (*ps)["type"] == "object") &&
+                                     (!ps->contains("properties") || (*ps)["properties"].is_object()) &&
+                                     (!ps->contains("required") || (*ps)["required"].is_array());
+          if (!object_schema)
+            throw bad_request("tools", "tools[" + std::to_string(i) +
+                                           "].function.parameters must be the JSON schema of an object ({\"type\": "
+                                           "\"object\", \"properties\": {...}, \"required\": [...]}), got " +
+                                           show(*ps));
+        }
       }
       if (!tools->empty()) r.tools = nlohmann::ordered_json::parse(tools->dump());  // key order: restore_key_order
     }

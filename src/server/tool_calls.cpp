@@ -219,8 +219,8 @@ std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::orde
         } else if (typed) {
           try {
             value = engine::json_schema_to_regex(ps, "[ ]?", /*strings_without_lt=*/true);
-          } catch (const Error&) {
-            value = text;  // outside the supported subset: raw text, parsed as the parser parses it
+          } catch (const Error& e) {  // as response_format's schema would be: refused, not left unconstrained
+            throw Error("tool \"" + name + "\", parameter \"" + it.key() + "\": " + e.what());
           }
         }
         // Each argument at most once, in the schema's order; a required one always.

@@ -1175,6 +1175,14 @@ TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
       c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", tools}, {"tool_choice", "always"}}.dump()),
       400, "tool_choice");
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"tools", tools}}.dump()), 400, "tools");
+  const json bogus =
+      json::array({{{"type", "function"},
+                    {"function", {{"name", "f"}, {"parameters", {{"properties", {{"x", {{"type", "bogus"}}}}}}}}}}});
+  auto forced =
+      c.post("/v1/chat/completions", json{{"messages", weather}, {"tools", bogus}, {"tool_choice", "required"}}.dump());
+  expect_error(forced, 400, "tool_choice");
+  EXPECT_NE(parse(forced.body)["error"]["message"].get<std::string>().find("parameter \"x\""), std::string::npos)
+      << forced.body;
   json body = {{"messages", {{{"role", "user"}, {"content", "Think, then answer."}}}},
                {"max_tokens", 40},
                {"temperature", 0},

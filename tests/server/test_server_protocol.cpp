@@ -115,6 +115,20 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "tool_choice \"required\" needs tools");
   expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tool_choice", "sometimes"}}, "tool_choice",
              "is not one of \"auto\", \"none\", \"required\"");
+  auto tool = [](const std::string& name, json params) {
+    json fn = {{"name", name}};
+    if (!params.is_null()) fn["parameters"] = std::move(params);
+    return json{{"type", "function"}, {"function", std::move(fn)}};
+  };
+  for (const json& bad_params : {json("x"), json(5), json{{"type", "array"}}, json{{"properties", json::array()}},
+                                 json{{"type", "object"}, {"required", "a"}}})
+    expect_bad(Endpoint::kChat, json{{"messages", msgs}, {"tools", {tool("f", bad_params)}}}, "tools",
+               "tools[0].function.parameters must be the JSON schema of an object");
+  expect_bad(Endpoint::kChat,
+             json{{"messages", msgs}, {"tools", {tool("f", nullptr), tool("g", nullptr), tool("f", nullptr)}}}, "tools",
+             "tools[2].function.name \"f\" is tools[0]'s too");
+  EXPECT_NO_THROW(parse_request(
+      Endpoint::kChat, json{{"messages", msgs}, {"tools", {tool("f", {{"type", "object"}}), tool("g", nullptr)}}}));
   const json one_tool = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
   expect_bad(Endpoint::kChat,
              json{{"messages", msgs},

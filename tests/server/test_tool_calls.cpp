@@ -200,6 +200,15 @@ TEST(ToolCalls, ForcedCallRegex) {
   EXPECT_FALSE(ping.matches(pong + "\n" + pong)) << "a named function: one call";
   EXPECT_NE(testing::error_of([&] { forced_tool_call_regex(glm45(), tools, "nope"); }).find("not among the tools"),
             std::string::npos);
+  // A typed parameter outside the schema subset is refused, naming the tool and the parameter (as the same
+  // schema in response_format is), rather than left unconstrained.
+  for (const char* bad : {R"({"type": "bogus"})", R"({"type": "array", "uniqueItems": true})"}) {
+    auto bad_tool = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":
+        {"properties": {"x": 0}}}}])");
+    bad_tool[0]["function"]["parameters"]["properties"]["x"] = nlohmann::ordered_json::parse(bad);
+    const std::string err = testing::error_of([&] { forced_tool_call_regex(glm45(), bad_tool, "f"); });
+    EXPECT_NE(err.find("tool \"f\", parameter \"x\": "), std::string::npos) << bad << ": " << err;
+  }
 
   // Random accepted texts parse into calls of the tools, days an integer in range.
   engine::DfaAutomaton a(engine::compile_regex(forced_tool_call_regex(glm45(), tools, "")));
