@@ -28,6 +28,75 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+std::string json_string(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Compact JSON text of a value with its numbers as written: read as doubles, an integer past 64 bits
+// would come back rounded (1e+137 for 138 nines; Python's json, as SGLang reads arguments, keeps it).
+class CompactJson : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::string out;
+  bool null() override { return raw("null"); }
+  bool boolean(bool v) override { return raw(v ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override { return raw(std::to_string(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return raw(std::to_string(v)); }
+  bool number_float(number_float_t, const string_t& text) override { return raw(text); }
+  bool string(string_t& v) override { return raw(json_string(v)); }
+  bool binary(binary_t&) override { return false; }
+  bool start_object(std::size_t) override { return open('{'); }
+  bool key(string_t& k) override {
+    comma();
+    out += json_string(k);
+    out += ':';
+    after_key_ = true;
+    return true;
+  }
+  bool end_object() override { return close('}'); }
+  bool start_array(std::size_t) override { return open('['); }
+  bool end_array() override { return close(']'); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  std::vector<bool> first_;  // per open container: nothing written in it yet
+  bool after_key_ = false;
+  void comma() {
+    if (after_key_) {
+      after_key_ = false;
+      return;
+    }
+    if (!first_.empty()) {
+      if (!first_.back()) out += ',';
+      first_.back() = false;
+    }
+  }
+  bool raw(const std::string& text) {
+    comma();
+    out += text;
+    return true;
+  }
+  bool open(char c) {
+    comma();
+    out += c;
+    first_.push_back(true);
+    return true;
+  }
+  bool close(char c) {
+    first_.pop_back();
+    out += c;
+    return true;
+  }
+};
+
+// `raw` as compact JSON text, or nullopt when it is not JSON.
+std::optional<std::string> compact_json(std::string_view raw) {
+  CompactJson w;
+  if (!nlohmann::json::sax_parse(raw.begin(), raw.end(), &w, nlohmann::json::input_format_t::json, true)) {
+    return std::nullopt;
+  }
+  return std::move(w.out);
+}
+
 // The body of one call (between the tags); nullopt when it is not name + key / value pairs.
 std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view body,
                                    const std::map<std::string, std::set<std::string>>& string_args) {
@@ -35,7 +104,7 @@ std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view bod
   ToolCall call;
   call.name = std::string(trim(body.substr(0, first_key)));
   if (call.name.empty() || call.name.find_first_of(" \n\t<>") != std::string::npos) return std::nullopt;
-  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  std::vector<std::pair<std::string, std::string>> args;  // key, JSON text of the value; a repeated key: the last
   const auto strings = string_args.find(call.name);
   size_t at = first_key;
   while (at != std::string_view::npos) {
@@ -51,11 +120,18 @@ std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view bod
     if (v1 == std::string_view::npos) return std::nullopt;
     const std::string key(trim(body.substr(k0, k1 - k0)));
     const std::string_view raw = body.substr(v0, v1 - v0);
+    std::string value;
     if (strings != string_args.end() && strings->second.count(key)) {
-      args[key] = std::string(raw);  // declared a string: as written
+      value = json_string(std::string(raw));  // declared a string: as written
     } else {
-      nlohmann::ordered_json value = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
-      args[key] = value.is_discarded() ? nlohmann::ordered_json(std::string(raw)) : std::move(value);
+      std::optional<std::string> parsed = compact_json(raw);
+      value = parsed ? std::move(*parsed) : json_string(std::string(raw));
+    }
+    const auto same = std::find_if(args.begin(), args.end(), [&](const auto& kv) { return kv.first == key; });
+    if (same != args.end()) {
+      same->second = std::move(value);
+    } else {
+      args.emplace_back(key, std::move(value));
     }
     at = body.find(f.key_open, v1 + f.value_close.size());
     if (!trim(body.substr(v1 + f.value_close.size(),
@@ -63,7 +139,12 @@ std::optional<ToolCall> parse_call(const ToolCallFormat& f, std::string_view bod
              .empty())
       return std::nullopt;
   }
-  call.arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  call.arguments = "{";
+  for (const auto& [key, value] : args) {
+    if (call.arguments.size() > 1) call.arguments += ',';
+    call.arguments += json_string(key) + ":" + value;
+  }
+  call.arguments += "}";
   return call;
 }
 

@@ -44,6 +44,22 @@ TEST(ToolCalls, OneShotParse) {
   EXPECT_EQ(s.calls[0].arguments, R"({"q":"7"})") << "a quoted value is the JSON string";
   EXPECT_EQ(s.content, "");
 
+  // Numbers as written (a double would round the integers past 64 bits), JSON values compacted, a repeated
+  // key's last value in the first one's place, text that is not JSON (even almost) a string.
+  const std::string nines(138, '9');
+  s = parse_tool_calls(glm45(), "<tool_call>f\n<arg_key>a</arg_key><arg_value>" + nines +
+                                    "</arg_value><arg_key>b</arg_key><arg_value> {\"x\": [1, 18446744073709551616, "
+                                    "-2.50e3, true], \"y\" : {\"z\":null, \"w\":\"\\u00e9\"}} </arg_value>"
+                                    "<arg_key>a</arg_key><arg_value>-0</arg_value><arg_key>c</arg_key><arg_value>[1,"
+                                    "</arg_value></tool_call>");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].arguments,
+            R"({"a":0,"b":{"x":[1,18446744073709551616,-2.50e3,true],"y":{"z":null,"w":"é"}},"c":"[1,"})");
+  s = parse_tool_calls(glm45(), "<tool_call>f\n<arg_key>big</arg_key><arg_value>" + nines + "</arg_value></tool_call>");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].arguments, "{\"big\":" + nines + "}");
+  EXPECT_EQ(nlohmann::json::parse(s.calls[0].arguments)["big"].is_number(), true);
+
   s = parse_tool_calls(glm45(), "  A plain answer.\n");
   EXPECT_TRUE(s.calls.empty());
   EXPECT_EQ(s.content, "  A plain answer.\n") << "no call: the text as it is";
