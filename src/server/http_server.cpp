@@ -203,6 +203,83 @@ const char* endpoint_prefix(Endpoint e) {
 
 }  // namespace
 
+// httplib's task queue, grown on demand: `min` threads always, one more (up to `max`) whenever a
+// connection arrives while none is idle, the extra ones ending after kIdleExit without work. With
+// httplib's fixed ThreadPool, N slow or idle connections (N streams, clients that send half a header)
+// held every thread, so /health and /abort_request waited for one to end or time out (30 s).
+class ElasticPool : public httplib::TaskQueue {
+ public:
+  static constexpr std::chrono::seconds kIdleExit{30};
+  ElasticPool(size_t min, size_t max) : min_(min), max_(std::max(min, max)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < min_; ++i) spawn_locked();
+  }
+  ~ElasticPool() override { shutdown(); }
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(fn));
+      if (idle_ < jobs_.size() && threads_.size() < max_) spawn_locked();
+    }
+    cv_.notify_one();
+  }
+  void shutdown() override {
+    std::map<uint64_t, std::thread> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      all.swap(threads_);
+      exited_.clear();
+    }
+    cv_.notify_all();
+    for (auto& [id, t] : all) t.join();
+  }
+  size_t n_threads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_.size() - exited_.size();
+  }
+
+ private:
+  void spawn_locked() {
+    for (uint64_t id : exited_) {  // those have left run(): join them
+      threads_.at(id).join();
+      threads_.erase(id);
+    }
+    exited_.clear();
+    const uint64_t id = next_id_++;
+    threads_.emplace(id, std::thread([this, id] { run(id); }));
+  }
+  void run(uint64_t id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool woken = cv_.wait_for(lock, kIdleExit, [&] { return stopping_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) {
+        if (stopping_) return;
+        if (!woken && threads_.size() - exited_.size() > min_) break;
+        continue;
+      }
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+    exited_.push_back(id);  // joined by the next spawn or by shutdown
+  }
+
+  const size_t min_, max_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::map<uint64_t, std::thread> threads_;
+  std::vector<uint64_t> exited_;
+  uint64_t next_id_ = 0;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
 // Counts an open handler or stream for the drain on shutdown.
 struct ActiveGuard {
   explicit ActiveGuard(HttpServer* s) : s_(s) {
@@ -605,8 +682,12 @@ HttpServer::HttpServer(ServerOptions options)
     : options_(std::move(options)), http_(std::make_unique<httplib::Server>()),
       dispatcher_(std::make_shared<OutputDispatcher>()) {
   FP4MOE_CHECK(options_.n_http_threads >= 1) << "HTTP threads " << options_.n_http_threads << " must be >= 1";
-  const int n_threads = options_.n_http_threads;
-  http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  FP4MOE_CHECK(options_.max_http_threads >= options_.n_http_threads)
+      << "max HTTP threads " << options_.max_http_threads << " must be >= the HTTP threads kept, "
+      << options_.n_http_threads;
+  const auto min_threads = static_cast<size_t>(options_.n_http_threads);
+  const auto max_threads = static_cast<size_t>(options_.max_http_threads);
+  http_->new_task_queue = [min_threads, max_threads] { return new ElasticPool(min_threads, max_threads); };
   http_->set_payload_max_length(kMaxBodyBytes);
   // Keep the listening socket's descriptor: httplib listens with a backlog of 5, which drops
   // connections when dozens of clients connect at once; bind() raises it (listen() again).

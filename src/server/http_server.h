@@ -50,7 +50,8 @@ namespace fp4moe::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 30000;
-  int n_http_threads = 128;          // one per open connection (streams hold theirs)
+  int n_http_threads = 128;     // kept; one per open connection (streams hold theirs)
+  int max_http_threads = 2048;  // grown to while connections wait; beyond, they queue
   std::string served_model_name = "default";
   nlohmann::json launch_args = nlohmann::json::object();  // reported by /get_server_info
   double health_probe_timeout_s = 20.0;

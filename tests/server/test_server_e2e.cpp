@@ -530,7 +530,7 @@ TEST_F(DefaultServer, ClientDisconnectMidStreamFreesItsRequest) {
 
 // A raw HTTP/1.1 POST on a plain socket (so the test controls when the connection closes, and may
 // leave out the Content-Length header).
-int raw_post(int port, const std::string& path, const std::string& body, bool with_length = true) {
+int raw_connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -541,6 +541,12 @@ int raw_post(int port, const std::string& path, const std::string& body, bool wi
     if (fd >= 0) ::close(fd);
     return -1;
   }
+  return fd;
+}
+
+int raw_post(int port, const std::string& path, const std::string& body, bool with_length = true) {
+  const int fd = raw_connect(port);
+  if (fd < 0) return -1;
   const std::string length = with_length ? "Content-Length: " + std::to_string(body.size()) + "\r\n" : "";
   const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
                           length + "Connection: close\r\n\r\n" + body;
@@ -612,6 +618,32 @@ TEST(ServerE2E, ClientDisconnectNonStreamingFreesItsRequest) {
   EXPECT_EQ(metric(url, "fp4moe:num_running_reqs"), 0);
   EXPECT_EQ(metric(url, "fp4moe:num_used_tokens"), 0);
   EXPECT_EQ(metric(url, "fp4moe:num_aborted_requests_total"), 1 + 3);
+}
+
+// Connections that hold a worker (clients that send half a request, as streams hold theirs) do not
+// stall the others: the pool grows past --http-threads. httplib's fixed pool made /health wait for a
+// held connection's read timeout (30 s).
+TEST(ServerE2E, HeldConnectionsDoNotStallHealth) {
+  ServerProcess srv(FP4MOE_CLI, {"--http-threads", "2", "--max-http-threads", "64"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  std::vector<int> held;
+  for (int i = 0; i < 6; ++i) {
+    const int fd = raw_connect(srv.port());
+    ASSERT_GE(fd, 0);
+    const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";  // no blank line: unfinished
+    EXPECT_EQ(::send(fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // accepted and read by now
+  HttpClient c(srv.url(), kTimeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.get("/health").status, 200);
+  auto g = c.post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump());
+  EXPECT_EQ(g.status, 200) << g.body;
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took_s, 10.0) << "the held connections stalled the server";
+  for (int fd : held) ::close(fd);
+  std::fprintf(stderr, "with 6 held connections and 2 threads kept: /health + /generate in %.3f s\n", took_s);
 }
 
 // OpenAI `n`: n choices of one request (each its own engine request, choice i seeded with seed + i),
