@@ -339,7 +339,8 @@ class RequestHandler {
       try {
         req.sampling.constraint = compiler->compile(*req.constraint);
       } catch (const fp4moe::Error& e) {
-        throw bad_request(req.constraint->param, req.constraint->param + ": " + e.what());
+        const std::string what = e.what(), param = req.constraint->param;
+        throw bad_request(param, what.rfind(param + ": ", 0) == 0 ? what : param + ": " + what);
       }
       // A reasoning model thinks first, unconstrained; the constraint applies to what follows (SGLang's
       // reasoning-aware grammars).
@@ -945,7 +946,9 @@ void HttpServer::install_routes() {
   post("/abort_request", wrap([this](const httplib::Request& req, httplib::Response& res) {
          auto engine = engine_or_503();
          const json body = parse_body(req.body);
-         const bool all = body.contains("abort_all") && body["abort_all"].is_boolean() && body["abort_all"].get<bool>();
+         if (body.contains("abort_all") && !body["abort_all"].is_boolean())
+           throw bad_request("abort_all", "abort_all must be true or false, got " + body["abort_all"].dump());
+         const bool all = body.contains("abort_all") && body["abort_all"].get<bool>();
          const auto rid_it = body.find("rid");
          if (!all && (rid_it == body.end() || !rid_it->is_string()))
            throw bad_request("rid", "rid (the id of a request's reply) is required, or abort_all: true");
@@ -999,7 +1002,8 @@ void HttpServer::install_routes() {
          }
          auto it = body.find("prompt");
          if (it == body.end() || !(it->is_string() || it->is_array()))
-           throw bad_request("prompt", "prompt must be a string or a list of strings");
+           throw bad_request("prompt", "prompt must be a string or a list of strings, got " +
+                                           (it == body.end() ? std::string("nothing") : dump_json(*it)));
          const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
          json out = {{"max_model_len", engine->context_length()}};
          if (it->is_string()) {

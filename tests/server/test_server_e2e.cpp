@@ -430,6 +430,14 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
     return b.dump();
   };
   expect_error(c.post("/v1/completions", with({{"max_tokens", 0}})), 400, "max_tokens");
+  auto bad_regex = c.post("/v1/completions", with({{"regex", "(a"}}));
+  expect_error(bad_regex, 400, "regex");
+  EXPECT_EQ(parse(bad_regex.body)["error"]["message"].get<std::string>().rfind("regex: missing ')'", 0), 0u)
+      << bad_regex.body;
+  expect_error(c.post("/abort_request", json{{"abort_all", "x"}}.dump()), 400, "abort_all");
+  auto bad_tok = c.post("/v1/tokenize", json{{"prompt", 5}}.dump());
+  expect_error(bad_tok, 400, "prompt");
+  EXPECT_NE(bad_tok.body.find("got 5"), std::string::npos) << bad_tok.body;
   expect_error(c.post("/v1/completions", with({{"stop", ""}})), 400, "stop");
   expect_error(c.post("/v1/completions", with({{"stop_token_ids", {1, 100000}}})), 400, "stop_token_ids");
   expect_error(c.post("/v1/completions", with({{"logit_bias", {{"999999", 1}}}})), 400, "logit_bias");
