@@ -234,11 +234,6 @@ class ElasticPool : public httplib::TaskQueue {
     cv_.notify_all();
     for (auto& [id, t] : all) t.join();
   }
-  size_t n_threads() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return threads_.size() - exited_.size();
-  }
-
  private:
   void spawn_locked() {
     for (uint64_t id : exited_) {  // those have left run(): join them
@@ -270,7 +265,7 @@ class ElasticPool : public httplib::TaskQueue {
   }
 
   const size_t min_, max_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
   std::map<uint64_t, std::thread> threads_;
