@@ -125,6 +125,9 @@ struct Engine::Impl {
   bool drain = true;
   bool started = false;
   std::atomic<bool> ready{false};
+  bool warmed = false;        // the warm-up forward has run (warm_cv)
+  std::string warm_up_error;  // and failed with this
+  std::condition_variable warm_cv;
   bool flush_cache = false;     // flush_prefix_cache() asked, done at the next step
   int64_t n_waiting_owned = 0;  // waiting.size(), published for submit's queue bound
   int64_t n_running_owned = 0;
@@ -551,12 +554,20 @@ struct Engine::Impl {
   }
 
   void loop() {
+    std::string error;
     try {
       warm_up();
     } catch (const std::exception& e) {
+      error = e.what();
       std::fprintf(stderr, "fp4moe engine: warm-up forward failed: %s\n", e.what());
     }
-    ready = true;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      warmed = true;
+      warm_up_error = error;
+      ready = true;
+    }
+    warm_cv.notify_all();
     while (true) {
       const bool busy = !waiting.empty() || !running.empty();
       {
@@ -735,6 +746,14 @@ bool Engine::abort(RequestId id) {
 }
 
 bool Engine::is_ready() const { return impl_->ready.load(); }
+
+std::optional<std::string> Engine::wait_warm_up() const {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  FP4MOE_CHECK(impl_->started) << "Engine::wait_warm_up() before start()";
+  impl_->warm_cv.wait(lock, [&] { return impl_->warmed; });
+  if (impl_->warm_up_error.empty()) return std::nullopt;
+  return impl_->warm_up_error;
+}
 
 bool Engine::prefix_cache_enabled() const { return impl_->cache.has_value(); }
 

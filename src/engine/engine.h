@@ -261,6 +261,9 @@ class Engine {
 
   // Starts the inference thread (runs one warm-up forward first; is_ready() turns true after it).
   void start();
+  // After start(): waits for the warm-up forward; what it threw, if it failed (a model that cannot run
+  // a token; the engine still serves, each request then failing with the error).
+  std::optional<std::string> wait_warm_up() const;
   // Stops accepting requests; drain = finish running and waiting ones first, else abort them
   // (their callbacks get FinishReason::kAbort). Joins the thread. Idempotent.
   void shutdown(bool drain);

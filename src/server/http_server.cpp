@@ -698,6 +698,9 @@ HttpServer::HttpServer(ServerOptions options)
 
 HttpServer::~HttpServer() {
   if (listener_.joinable()) {
+    // httplib's stop() does nothing until the listener has marked itself running: stopped before that
+    // (a model that fails to load at once), the listener went on accepting and the join never returned.
+    while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http_->stop();
     listener_.join();
   }
@@ -720,7 +723,10 @@ void HttpServer::bind() {
 
 void HttpServer::start() {
   FP4MOE_CHECK(port_ > 0) << "HttpServer::start before bind()";
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  listener_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_done_ = true;
+  });
 }
 
 void HttpServer::set_engine(std::shared_ptr<engine::Engine> engine,

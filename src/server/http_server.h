@@ -105,6 +105,7 @@ class HttpServer {
   static constexpr size_t kMaxBodyBytes = size_t{64} << 20;        // a request body's limit (413 past it)
   std::map<std::string, std::vector<std::string>> route_methods_;  // path -> methods; set up by install_routes
   std::thread listener_;
+  std::atomic<bool> listener_done_{false};
   int port_ = -1;
   int listen_fd_ = -1;
   std::atomic<bool> shutting_down_{false};

@@ -212,6 +212,10 @@ void run_serve(ServeArgs a) {
   const auto& cfg = l.model->config();
   auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
   eng->start();
+  // SGLang refuses to start when its warm-up request fails: a server whose every request would fail
+  // must not answer /health with 200.
+  if (std::optional<std::string> failed = eng->wait_warm_up())
+    FP4MOE_FAIL() << "the model's warm-up forward (one token) failed, so the server does not start: " << *failed;
   http.set_engine(eng, l.chat_template);
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -65,7 +65,10 @@ class ScriptedModel : public model::CausalLM {
   }
   bool states_copyable = true;  // false: states without copy_prefix (the engine runs without a prefix cache)
 
+  std::string fail_with;  // non-empty: every forward throws this (a model that cannot run)
+
   void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
+    if (!fail_with.empty()) throw Error(fail_with);
     int64_t n_tokens = 0;
     for (const model::SeqChunk& c : batch) {
       auto* s = dynamic_cast<ScriptedState*>(c.state);

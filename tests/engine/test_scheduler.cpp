@@ -718,6 +718,29 @@ TEST(Scheduler, HeldTextIsReleasedWhenTheStopStringDoesNotMatch) {
   EXPECT_EQ(h.results.at(id).finish->reason, FinishReason::kLength);
 }
 
+// A model whose forward fails: wait_warm_up() reports the warm-up's error (serve refuses to start on
+// it); a request still submitted finishes with kError and the message, not a hang.
+TEST(Scheduler, WarmUpFailureIsReported) {
+  auto model = std::make_unique<ScriptedModel>();
+  model->fail_with = "layer 0 down_proj: NaN";
+  Harness h(EngineOptions{}, std::move(model));
+  h.engine.start();
+  const std::optional<std::string> failed = h.engine.wait_warm_up();
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_NE(failed->find("layer 0 down_proj: NaN"), std::string::npos) << *failed;
+  const RequestId id = h.submit({1, 2}, greedy(2));
+  h.engine.shutdown(/*drain=*/true);
+  const Collected& c = h.results.at(id);
+  ASSERT_TRUE(c.finish.has_value());
+  EXPECT_EQ(c.finish->reason, FinishReason::kError);
+  EXPECT_NE(c.finish->error.find("layer 0 down_proj: NaN"), std::string::npos) << c.finish->error;
+
+  Harness ok(EngineOptions{});
+  ok.engine.start();
+  EXPECT_FALSE(ok.engine.wait_warm_up().has_value());
+  EXPECT_TRUE(ok.engine.is_ready());
+}
+
 TEST(Scheduler, ThreadedEngineStreamsAndProbes) {
   EngineOptions o;
   o.max_running_requests = 3;

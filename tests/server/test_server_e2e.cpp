@@ -628,6 +628,20 @@ TEST(ServerE2E, ClientDisconnectNonStreamingFreesItsRequest) {
   EXPECT_EQ(metric(url, "fp4moe:num_aborted_requests_total"), 1 + 3);
 }
 
+// A model that fails to load at once: the server prints the error and exits non-zero. (Its listener
+// thread could be stopped before it ran, and the join then waited forever; seen 1 in 2-4 starts.)
+TEST(ServerE2E, ModelThatFailsToLoadExitsWithItsError) {
+  for (int i = 0; i < 20; ++i) {
+    std::string out;
+    const int rc = fp4moe::testing::run_command(
+        std::string("timeout 30 ") + FP4MOE_CLI + " serve --model-path /nonexistent/model --port 0 </dev/null 2>&1",
+        &out);
+    ASSERT_NE(rc, 0) << out;
+    ASSERT_NE(rc, 124) << "start " << i << " hung after the load failed:\n" << out;
+    ASSERT_NE(out.find("/nonexistent/model is neither a model directory nor a preset"), std::string::npos) << out;
+  }
+}
+
 // Connections that hold a worker (clients that send half a request, as streams hold theirs) do not
 // stall the others: the pool grows past --http-threads. httplib's fixed pool made /health wait for a
 // held connection's read timeout (30 s).
