@@ -240,6 +240,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
       << source << ": vocab_size=" << c.vocab_size << ", hidden_size=" << c.hidden_size
       << ", num_hidden_layers=" << c.num_hidden_layers << ", num_attention_heads=" << c.num_attention_heads
       << ", num_key_value_heads=" << c.num_key_value_heads << " must all be positive";
+  // Per-layer lists are sized by it before any tensor is read (the loaders then check it against the
+  // checkpoint's layers): a typo of 10^9 layers would ask for tens of GB first.
+  constexpr int64_t kMaxLayers = int64_t{1} << 16;
+  FP4MOE_CHECK(c.num_hidden_layers <= kMaxLayers) << source << ": num_hidden_layers=" << c.num_hidden_layers
+                                                  << " is past " << kMaxLayers << " (no model has so many)";
   c.head_dim = get_int(j, "head_dim", source, c.hidden_size / c.num_attention_heads);
   c.intermediate_size = get_int(j, "intermediate_size", source, std::nullopt);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 131072);

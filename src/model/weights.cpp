@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -46,21 +47,30 @@ std::vector<uint16_t> load_matrix_bf16(const format::TensorStore& store, const s
 }
 
 std::vector<uint64_t> layer_tensor_bytes(const format::TensorStore& store, int64_t n_layers) {
-  std::vector<uint64_t> bytes(static_cast<size_t>(n_layers + 1), 0);
+  // Counted per layer seen first, so that a config asking for more layers than the checkpoint holds
+  // (num_hidden_layers 10^7) is refused before anything is sized by it.
+  std::map<int64_t, uint64_t> seen;  // layer (or -1: not a layer's) -> bytes
   const std::string prefix = "model.layers.";
   for (const auto& file : store.files()) {
     for (const auto& t : file->tensors()) {
-      int64_t layer = n_layers;
+      int64_t layer = -1;
       if (t.name.compare(0, prefix.size(), prefix) == 0) {
         const size_t dot = t.name.find('.', prefix.size());
         const std::string num = t.name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
         if (!num.empty() && num.size() < 10 && num.find_first_not_of("0123456789") == std::string::npos) {
-          layer = std::min<int64_t>(std::stoll(num), n_layers);
+          layer = std::stoll(num);
         }
       }
-      bytes[static_cast<size_t>(layer)] += t.nbytes();
+      seen[layer] += t.nbytes();
     }
   }
+  const int64_t on_disk = seen.empty() ? 0 : std::max<int64_t>(seen.rbegin()->first + 1, 0);
+  FP4MOE_CHECK(n_layers <= on_disk) << store.dir().string() << ": config.json num_hidden_layers = " << n_layers
+                                    << ", but the checkpoint's tensors hold "
+                                    << (on_disk == 0 ? std::string("no model.layers.N.*")
+                                                     : "layers 0-" + std::to_string(on_disk - 1));
+  std::vector<uint64_t> bytes(static_cast<size_t>(n_layers + 1), 0);
+  for (const auto& [layer, b] : seen) bytes[static_cast<size_t>(layer < 0 ? n_layers : std::min(layer, n_layers))] += b;
   return bytes;
 }
 

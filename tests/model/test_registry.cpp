@@ -135,6 +135,31 @@ TEST(ModelRegistry, WrongDtypeIsNamed) {
       << e;
 }
 
+// A config asking for more layers than the checkpoint holds is refused before anything is sized by it
+// (num_hidden_layers 10^7 grew past 3 GB); an implausible count (past 2^16) before the tensors are read.
+TEST(ModelRegistry, LayerCountPastTheCheckpointIsRefusedFirst) {
+  for (const char* model : {"glm4_moe_tiny", "glm5_tiny_nvfp4"}) {
+    for (const int64_t layers : {int64_t{1000}, int64_t{1'000'000'000}}) {
+      TempDir t;
+      copy_checkpoint(golden(model), t.path, [](const std::string&, auto&) { return true; });
+      nlohmann::json j;
+      {
+        std::ifstream in(t.path / "config.json");
+        j = nlohmann::json::parse(in);
+      }
+      j["num_hidden_layers"] = layers;
+      j.erase("mlp_layer_types");
+      j.erase("index_topk_pattern");
+      j.erase("indexer_types");
+      std::ofstream(t.path / "config.json") << j.dump();
+      const std::string e = load_error(t.path);
+      const std::string want = layers == 1000 ? "num_hidden_layers = 1000, but the checkpoint's tensors hold layers 0-"
+                                              : "num_hidden_layers=1000000000 is past 65536";
+      EXPECT_NE(e.find(want), std::string::npos) << model << ": " << e;
+    }
+  }
+}
+
 TEST(ModelRegistry, ShardedCheckpointLoadsLikeSingleFile) {
   TempDir t;
   const fs::path src = golden("glm4_moe_tiny_nvfp4");

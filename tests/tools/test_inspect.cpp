@@ -80,6 +80,30 @@ TEST(Inspect, BrokenCheckpointListsProblems) {
   EXPECT_EQ(inspect_json(c)["problems"].size(), 1u);
 }
 
+// A config that asks for far more than is on disk is a few problems, found at once: one for the layer
+// count (not one a missing module: 10^5 layers listed ~500,000), one a MoE layer for the experts (10^9
+// built 3 x 10^9 names).
+TEST(Inspect, ConfigPastTheCheckpointIsAFewProblems) {
+  TempDir tmp("inspect_huge");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), nullptr,
+                                   [](const std::string& file, nlohmann::ordered_json& j) {
+                                     if (file != "config.json") return;
+                                     j["num_hidden_layers"] = 100000;
+                                     j["n_routed_experts"] = 1000000000;
+                                   });
+  format::Checkpoint c(tmp.path());
+  const nlohmann::json j = inspect_json(c);
+  std::string all;
+  for (const auto& p : j["problems"]) all += p.dump() + "\n";
+  EXPECT_LE(j["problems"].size(), 10u) << all;
+  EXPECT_NE(all.find("num_hidden_layers = 100000, but the checkpoint's Linear modules hold layers 0-2"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("MoE layer 1 has 16 of 1000000000 routed experts (n_routed_experts) whole on disk; 2999999952 "),
+            std::string::npos)
+      << all;
+}
+
 TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
   TempDir a("inspect_demo_a"), b("inspect_demo_b");
   write_demo_bf16_checkpoint(a.path(), 7);
