@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "format/json_file.h"
+#include "format/nvfp4.h"
 
 namespace fp4moe::format {
 namespace fs = std::filesystem;
@@ -471,13 +472,26 @@ void Checkpoint::classify_modules() {
                             "] for weight U8 " + shape_to_string(w->shape) + " (N=" +
                             std::to_string(n) + ", K=" + std::to_string(k) + ")");
       }
+      // The scalars' values too (two floats a module; the block scales are checked where they are read).
+      auto scalar_value = [&](const char* suffix, const char* what) {
+        const float v = store_->view(prefix + suffix).as<float>()[0];
+        if (!nvfp4_scalar_scale_ok(v)) {
+          std::ostringstream m;
+          m << (suffix + 1) << " = " << v << ": " << what << " must be a finite, normal, positive f32";
+          problem(prefix, m.str());
+        }
+      };
       if (s2 == nullptr) {
         problem(prefix, "NVFP4 weight has no .weight_scale_2 (expected F32 [])");
       } else if (!is_scalar_f32(s2)) {
         problem(prefix, "weight_scale_2 is " + describe(*s2) + ", expected F32 []");
+      } else {
+        scalar_value(".weight_scale_2", "the global scale");
       }
       if (is != nullptr && !is_scalar_f32(is)) {
         problem(prefix, "input_scale is " + describe(*is) + ", expected F32 []");
+      } else if (is != nullptr) {
+        scalar_value(".input_scale", "the activation scale");
       }
       m.has_input_scale = is != nullptr;
     } else {

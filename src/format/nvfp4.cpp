@@ -28,19 +28,26 @@ void check_matrix(const char* what, size_t n_elems, int64_t n_rows, int64_t n_co
 
 void check_global_scale(const char* what, float gs) {
   // A normal f32: then f32(block scale) * gs >= 2^-9 * 2^-126 > 0, so no 0/0 in the codes.
-  FP4MOE_CHECK(std::isfinite(gs) && gs >= std::numeric_limits<float>::min())
+  FP4MOE_CHECK(nvfp4_scalar_scale_ok(gs))
       << what << ": global scale " << gs << " is not a finite normal positive f32 (min "
       << std::numeric_limits<float>::min() << ")";
 }
 
-// amax(|x|) / 2688, rejecting non-finite elements (their position named).
+// amax(|x|) / 2688, rejecting non-finite elements (their [row, col] named when n_cols > 0, else their
+// flat index).
 template <typename Load>
-float global_scale_impl(const char* what, size_t n, Load load) {
+float global_scale_impl(std::string_view what, size_t n, int64_t n_cols, Load load) {
   float amax = 0.0f;
   for (size_t i = 0; i < n; ++i) {
     const float v = load(i);
-    FP4MOE_CHECK(std::isfinite(v)) << what << ": non-finite value " << v << " at flat index " << i
-                                   << " of " << n;
+    if (!std::isfinite(v)) {
+      const auto at = static_cast<int64_t>(i);
+      if (n_cols > 0) {
+        FP4MOE_FAIL() << what << ": non-finite value " << v << " at [" << at / n_cols << ", " << at % n_cols << "] of ["
+                      << static_cast<int64_t>(n) / n_cols << ", " << n_cols << "]";
+      }
+      FP4MOE_FAIL() << what << ": non-finite value " << v << " at flat index " << i << " of " << n;
+    }
     amax = std::max(amax, std::fabs(v));
   }
   return amax / kGlobalScaleDivisor;
@@ -181,13 +188,12 @@ Nvfp4View nvfp4_view(const TensorView& weight, const TensorView& weight_scale,
   return v;
 }
 
-float nvfp4_global_scale(std::span<const float> x) {
-  return global_scale_impl("nvfp4_global_scale", x.size(), [&](size_t i) { return x[i]; });
+float nvfp4_global_scale(std::span<const float> x, std::string_view what, int64_t n_cols) {
+  return global_scale_impl(what, x.size(), n_cols, [&](size_t i) { return x[i]; });
 }
 
-float nvfp4_global_scale_bf16(std::span<const uint16_t> x) {
-  return global_scale_impl("nvfp4_global_scale_bf16", x.size(),
-                           [&](size_t i) { return bf16_to_f32(x[i]); });
+float nvfp4_global_scale_bf16(std::span<const uint16_t> x, std::string_view what, int64_t n_cols) {
+  return global_scale_impl(what, x.size(), n_cols, [&](size_t i) { return bf16_to_f32(x[i]); });
 }
 
 // An all-zero matrix has amax 0; ModelOpt would then divide 0 by 0. Global scale 1.0 instead
@@ -196,7 +202,7 @@ static float computed_global_scale(float gs) { return gs == 0.0f ? 1.0f : gs; }
 
 Nvfp4Matrix nvfp4_quantize(std::span<const float> x, int64_t n_rows, int64_t n_cols) {
   check_matrix("nvfp4_quantize", x.size(), n_rows, n_cols);
-  return nvfp4_quantize(x, n_rows, n_cols, computed_global_scale(nvfp4_global_scale(x)));
+  return nvfp4_quantize(x, n_rows, n_cols, computed_global_scale(nvfp4_global_scale(x, "nvfp4_quantize", n_cols)));
 }
 
 Nvfp4Matrix nvfp4_quantize(std::span<const float> x, int64_t n_rows, int64_t n_cols,
@@ -221,7 +227,7 @@ Nvfp4Matrix nvfp4_quantize_bf16(std::span<const uint16_t> x, int64_t n_rows, int
 Nvfp4Matrix nvfp4_quantize(const TensorView& x) {
   const ViewLoader load = view_loader("nvfp4_quantize", x);
   check_matrix("nvfp4_quantize", static_cast<size_t>(x.numel()), x.dim(0), x.dim(1));
-  const float gs = global_scale_impl("nvfp4_quantize", static_cast<size_t>(x.numel()), load);
+  const float gs = global_scale_impl("nvfp4_quantize", static_cast<size_t>(x.numel()), x.dim(1), load);
   return nvfp4_quantize(x, computed_global_scale(gs));
 }
 

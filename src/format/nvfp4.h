@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -189,11 +190,28 @@ struct Nvfp4Matrix {
 Nvfp4View nvfp4_view(const TensorView& weight, const TensorView& weight_scale,
                      const TensorView& weight_scale_2, std::string_view name);
 
+// A checkpoint's f32 scale (weight_scale_2, input_scale) as the numerics need it: finite, normal and
+// positive (then f32(block scale) * it >= 2^-9 * 2^-126 > 0). Also the quantizer's rule for a given global
+// scale.
+inline bool nvfp4_scalar_scale_ok(float v) { return std::isfinite(v) && v >= std::numeric_limits<float>::min(); }
+
+// The first e4m3 block scale that no quantizer writes: NaN (0x7F / 0xFF) or negative (sign set, not -0);
+// its flat index, or -1 when all are finite and >= 0.
+inline int64_t nvfp4_first_bad_block_scale(std::span<const uint8_t> scales) {
+  for (size_t i = 0; i < scales.size(); ++i) {
+    const uint8_t c = scales[i];
+    if ((c & 0x7F) == 0x7F || ((c & 0x80) != 0 && c != 0x80)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 // Global scale amax(|x|) / (6 * 448) in f32, the division ModelOpt does. For a group of matrices
 // that share one scale (q/k/v, gate/up) take the max of the members' global scales: the division
-// is monotone, so that equals amax(group) / 2688 bit for bit. An all-zero input gives 0.
-float nvfp4_global_scale(std::span<const float> x);
-float nvfp4_global_scale_bf16(std::span<const uint16_t> x);
+// is monotone, so that equals amax(group) / 2688 bit for bit. An all-zero input gives 0. A non-finite
+// element is an error naming `what` and, for a [rows, n_cols] matrix (n_cols > 0), its [row, col].
+float nvfp4_global_scale(std::span<const float> x, std::string_view what = "nvfp4_global_scale", int64_t n_cols = 0);
+float nvfp4_global_scale_bf16(std::span<const uint16_t> x, std::string_view what = "nvfp4_global_scale_bf16",
+                              int64_t n_cols = 0);
 
 // ModelOpt recipe (spec §1.4), in f32 with PyTorch's operation order, so the results are bit
 // exact: block scale = e4m3(clamp(block_amax / (6 * global_scale), 2^-9, 448)), an all-zero block

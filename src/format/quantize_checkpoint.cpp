@@ -40,8 +40,10 @@ void write_json(const fs::path& p, const ojson& j) {
 
 float weight_global_scale(const TensorView& w, const std::string& module) {
   switch (w.dtype) {
-    case DType::kBF16: return nvfp4_global_scale_bf16(w.as<uint16_t>());
-    case DType::kF32: return nvfp4_global_scale(w.as<float>());
+    case DType::kBF16:
+      return nvfp4_global_scale_bf16(w.as<uint16_t>(), module + ".weight", w.shape.back());
+    case DType::kF32:
+      return nvfp4_global_scale(w.as<float>(), module + ".weight", w.shape.back());
     default:
       FP4MOE_FAIL() << module << ".weight is " << dtype_name(w.dtype) << " "
                     << shape_to_string(w.shape) << "; quantize reads BF16 or F32 weights";

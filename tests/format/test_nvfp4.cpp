@@ -513,7 +513,8 @@ TEST(Nvfp4Quantize, RejectsBadInput) {
   std::vector<float> y(2 * 32, 1.0f);
   y[37] = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { nvfp4_quantize(y, 2, 32, 1.0f); }, {"non-finite", "[1, 5]"});
-  expect_error([&] { nvfp4_quantize(y, 2, 32); }, {"non-finite", "flat index 37"});
+  expect_error([&] { nvfp4_quantize(y, 2, 32); }, {"non-finite", "[1, 5] of [2, 32]"});
+  expect_error([&] { nvfp4_global_scale(y); }, {"non-finite", "flat index 37"});
   const std::vector<float> z(2 * 32, 1.0f);
   for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), 1e-40f}) {
     expect_error([&] { nvfp4_quantize(z, 2, 32, bad); }, {"global scale"});

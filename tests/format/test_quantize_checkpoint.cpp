@@ -181,6 +181,23 @@ TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
     t.erase("model.layers.1.mlp.experts.2.gate_proj.weight");
   });
   EXPECT_THROW(quantize_checkpoint(broken.path(), out.path(), {}), Error);
+  // A NaN in a weight: the tensor and its [row, col].
+  TempDir nan_in("quant_nan");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), nan_in.path(), [](auto& t) {
+    auto& w = t.at("model.layers.1.mlp.experts.2.up_proj.weight");
+    ASSERT_EQ(w.dtype, DType::kBF16);
+    const size_t at = static_cast<size_t>(3 * w.shape[1] + 7);
+    w.bytes[2 * at] = 0xC0;  // bf16 0x7FC0: NaN
+    w.bytes[2 * at + 1] = 0x7F;
+  });
+  try {
+    quantize_checkpoint(nan_in.path(), out.path(), {});
+    FAIL() << "a NaN weight accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.experts.2.up_proj.weight: non-finite value nan at [3, 7]"),
+              std::string::npos)
+        << e.what();
+  }
 
   std::ofstream(out.path() / "stale.safetensors") << "x";
   try {

@@ -4,10 +4,10 @@
 // exists for (here GLM-4.x with q/k RMSNorm and tied embeddings).
 //   ctest --test-dir build -R ModelRegistry
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -133,6 +133,51 @@ TEST(ModelRegistry, WrongDtypeIsNamed) {
   const std::string e = load_error(t.path);
   EXPECT_NE(e.find("model.embed_tokens.weight is I16 [512, 128], expected BF16|F32 [512, 128]"), std::string::npos)
       << e;
+}
+
+// NVFP4 scales no quantizer writes are refused at load, naming the tensor (and a block scale's [row,
+// block]); before, a zero or 1e30 global scale and NaN block scales loaded and gave zero or NaN logits.
+TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
+  const std::string mod = "model.layers.1.mlp.experts.3.down_proj";
+  auto f32 = [](float v) {
+    std::vector<uint8_t> b(4);
+    std::memcpy(b.data(), &v, 4);
+    return Replacement{DType::kF32, {}, b};
+  };
+  struct Bad {
+    std::string tensor;
+    std::function<void(Replacement&)> make;
+    std::string want;
+  };
+  const std::vector<Bad> cases = {
+      {mod + ".weight_scale_2", [&](Replacement& r) { r = f32(0.0f); }, mod + ".weight_scale_2 = 0: the global scale"},
+      {mod + ".weight_scale_2", [&](Replacement& r) { r = f32(-1.0f); }, mod + ".weight_scale_2 = -1: the global"},
+      {mod + ".input_scale", [&](Replacement& r) { r = f32(std::nanf("")); },
+       mod + ".input_scale = nan: the activation"},
+      {mod + ".weight_scale",
+       [](Replacement& r) {
+         r.bytes[2 * 4 + 1] = 0x7F;  // [2, 1]: NaN
+       },
+       mod + ".weight_scale[2, 1] = 0x7f (nan): e4m3 block scales must be finite and non-negative"},
+      {mod + ".weight_scale", [](Replacement& r) { r.bytes[5] = 0xB8; },
+       mod + ".weight_scale[1, 1] = 0xb8 (-1): e4m3 block scales"},
+  };
+  for (const Bad& bad : cases) {
+    TempDir t;
+    const fs::path src = golden("glm4_moe_tiny_nvfp4");
+    format::SafetensorsFile f(src / "model.safetensors");
+    copy_checkpoint(src, t.path, [&](const std::string& n, std::optional<Replacement>& r) {
+      if (n != bad.tensor) return true;
+      const auto v = f.view(*f.find(n));
+      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+      bad.make(*r);
+      return true;
+    });
+    for (const char* json : {"hf_quant_config.json", "generation_config.json"})
+      if (fs::exists(src / json)) fs::copy_file(src / json, t.path / json);
+    const std::string e = load_error(t.path);
+    EXPECT_NE(e.find(bad.want), std::string::npos) << e;
+  }
 }
 
 // A config asking for more layers than the checkpoint holds is refused before anything is sized by it

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -78,6 +80,23 @@ TEST(Inspect, BrokenCheckpointListsProblems) {
             std::string::npos)
       << t;
   EXPECT_EQ(inspect_json(c)["problems"].size(), 1u);
+}
+
+// NVFP4 scalar scales' values: a zero global scale or a NaN activation scale is a problem naming it.
+TEST(Inspect, BadScalarScalesAreProblems) {
+  TempDir tmp("inspect_scales");
+  auto set_f32 = [](fp4moe::testing::OwnedTensor& t, float v) { std::memcpy(t.bytes.data(), &v, 4); };
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [&](auto& t) {
+    set_f32(t.at("model.layers.2.mlp.experts.4.up_proj.weight_scale_2"), 0.0f);
+    set_f32(t.at("model.layers.0.mlp.down_proj.input_scale"), std::nanf(""));
+  });
+  format::Checkpoint c(tmp.path());
+  const std::string t = inspect_text(c);
+  EXPECT_NE(t.find("model.layers.2.mlp.experts.4.up_proj: weight_scale_2 = 0: the global scale must be a finite, "
+                   "normal, positive f32"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("model.layers.0.mlp.down_proj: input_scale = nan: the activation scale"), std::string::npos) << t;
 }
 
 // A config that asks for far more than is on disk is a few problems, found at once: one for the layer
