@@ -30,12 +30,21 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
 }
 
+// An integer field within 32 bits: no real config comes near, and the shapes multiplied from them stay
+// far from int64's range (2^62 experts printed negative latencies).
+int64_t int32_field(const json& v, const char* key, const std::string& source) {
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{INT32_MAX}
+                                           : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+  FP4MOE_CHECK(fits) << source << ": field '" << key << "' = " << v.dump() << " is past the 32-bit range";
+  return v.get<int64_t>();
+}
+
 int64_t get_int(const json& j, const char* key, int64_t fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   FP4MOE_CHECK(it->is_number_integer()) << source << ": field '" << key << "' is " << it->dump()
                                         << ", expected an integer";
-  return it->get<int64_t>();
+  return int32_field(*it, key, source);
 }
 
 int64_t require_int(const json& j, const char* key, const std::string& source) {
@@ -43,7 +52,7 @@ int64_t require_int(const json& j, const char* key, const std::string& source) {
   FP4MOE_CHECK(it != j.end() && it->is_number_integer())
       << source << ": required integer field '" << key << "' is "
       << (it == j.end() ? std::string("missing") : it->dump());
-  return it->get<int64_t>();
+  return int32_field(*it, key, source);
 }
 
 std::string get_string(const json& j, const char* key) {

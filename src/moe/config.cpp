@@ -2,9 +2,10 @@
 #include "moe/config.h"
 
 #include <cmath>
-#include <sstream>
-
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -51,6 +52,18 @@ T required(const nlohmann::json& c, const char* key, const std::string& model_ty
   FP4MOE_CHECK(c.contains(key) && !c.at(key).is_null())
       << "config.json (model_type " << model_type << "): missing field '" << key << "'";
   try {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // nlohmann's get<int> wraps 2^32 + 8 to 8: the value must fit T as written.
+      const nlohmann::json& v = c.at(key);
+      FP4MOE_CHECK(v.is_number_integer()) << "config.json (model_type " << model_type << "): field '" << key
+                                          << "' must be an integer, got " << v.dump();
+      const bool fits = v.is_number_unsigned()
+                            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                            : v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                  v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+      FP4MOE_CHECK(fits) << "config.json (model_type " << model_type << "): field '" << key << "' = " << v.dump()
+                         << " is past the range of the " << 8 * sizeof(T) << "-bit integer it is read into";
+    }
     return c.at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
     FP4MOE_FAIL() << "config.json (model_type " << model_type << "): field '" << key << "' has the wrong type: "

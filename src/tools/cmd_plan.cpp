@@ -46,8 +46,10 @@ int64_t config_int(const json& cfg, const char* key, const fs::path& file) {
   FP4MOE_CHECK(cfg.contains(key)) << file.string() << ": no '" << key << "'";
   FP4MOE_CHECK(cfg[key].is_number_integer()) << file.string() << ": '" << key << "' is " << cfg[key].dump()
                                              << ", expected an integer";
+  FP4MOE_CHECK(!cfg[key].is_number_unsigned() || cfg[key].get<uint64_t>() <= uint64_t{INT32_MAX})
+      << file.string() << ": '" << key << "' = " << cfg[key].dump() << " must be in [1, 2^31)";
   const int64_t v = cfg[key].get<int64_t>();
-  FP4MOE_CHECK(v > 0) << file.string() << ": '" << key << "' = " << v << " must be >= 1";
+  FP4MOE_CHECK(v > 0 && v <= INT32_MAX) << file.string() << ": '" << key << "' = " << v << " must be in [1, 2^31)";
   return v;
 }
 

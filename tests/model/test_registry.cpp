@@ -180,6 +180,25 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
   }
 }
 
+// An integer field past 32 bits is refused naming it (index_topk 2^32 + 8 ran as 8; 10^12 was reported as a
+// negative number no config held).
+TEST(ModelRegistry, ConfigIntegersPast32BitsAreNamed) {
+  for (const auto& [model, key] :
+       {std::pair{"glm5_tiny", "index_topk"}, std::pair{"glm4_moe_tiny", "n_shared_experts"}}) {
+    TempDir t;
+    copy_checkpoint(golden(model), t.path, [](const std::string&, auto&) { return true; });
+    nlohmann::json j;
+    {
+      std::ifstream in(t.path / "config.json");
+      j = nlohmann::json::parse(in);
+    }
+    j[key] = (int64_t{1} << 32) + 8;
+    std::ofstream(t.path / "config.json") << j.dump();
+    const std::string e = load_error(t.path);
+    EXPECT_NE(e.find(std::string(key) + "\" = 4294967304 is past the 32-bit range"), std::string::npos) << e;
+  }
+}
+
 // A config asking for more layers than the checkpoint holds is refused before anything is sized by it
 // (num_hidden_layers 10^7 grew past 3 GB); an implausible count (past 2^16) before the tensors are read.
 TEST(ModelRegistry, LayerCountPastTheCheckpointIsRefusedFirst) {

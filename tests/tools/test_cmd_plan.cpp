@@ -137,6 +137,15 @@ TEST(CmdPlan, ModelDirErrorsNameTheField) {
   std::filesystem::remove_all(dir);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("'num_experts_per_tok' is \"8\", expected an integer"), std::string::npos) << r.out;
+  // Sizes past 32 bits (2^62 experts printed negative latencies).
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"n_routed_experts": 4611686018427387904, "num_experts_per_tok": 8,
+                                            "hidden_size": 6144, "moe_intermediate_size": 2048})";
+  const CliRun huge = run_plan("--gpu b200 --decode --model " + dir.string());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(huge.status, 1) << huge.out;
+  EXPECT_NE(huge.out.find("'n_routed_experts' = 4611686018427387904 must be in [1, 2^31)"), std::string::npos)
+      << huge.out;
 }
 
 TEST(CmdPlan, DecodeEconomics) {
