@@ -668,16 +668,16 @@ void Checkpoint::check_against_quant_config() {
       problem(m.name, "NVFP4 on disk but " + q.source + " says quant_algo '" + q.quant_algo + "'");
     }
   }
-  if (q.present) {
-    if (!q.nvfp4_by_default() && q.quant_algo != "MIXED_PRECISION") {
-      problem("", q.source + ": quant_algo '" + q.quant_algo +
-                      "' is not supported (NVFP4, W4A16_NVFP4, MIXED_PRECISION)");
-    }
-    if (q.group_size != 16) {
-      problem("", q.source + ": group_size " + std::to_string(q.group_size) +
-                      " is not the NVFP4 block size 16");
-    }
-  }
+  if (std::optional<std::string> why = q.unsupported()) problem("", *why);
+}
+
+std::optional<std::string> QuantConfig::unsupported() const {
+  if (!present) return std::nullopt;
+  if (!nvfp4_by_default() && quant_algo != "MIXED_PRECISION")
+    return source + ": quant_algo '" + quant_algo + "' is not supported (NVFP4, W4A16_NVFP4, MIXED_PRECISION)";
+  if (group_size != 16)
+    return source + ": group_size " + std::to_string(group_size) + " is not the NVFP4 block size 16";
+  return std::nullopt;
 }
 
 const LinearModule* Checkpoint::find_module(std::string_view name) const {

@@ -61,6 +61,9 @@ struct QuantConfig {
 
   // True when quant_algo says "every Linear not excluded is NVFP4".
   bool nvfp4_by_default() const { return quant_algo == "NVFP4" || quant_algo == "W4A16_NVFP4"; }
+  // Why fp4moe cannot serve what this section describes (a quant_algo other than the NVFP4 ones, a group
+  // size other than 16), or nullopt; the loaders refuse it, inspect lists it.
+  std::optional<std::string> unsupported() const;
   // vLLM ModelOpt semantics: fnmatch wildcards ('*' crosses dots), exact names, and a plain name
   // also excludes everything below it ("a.b" excludes "a.b.c") or containing it at a dot boundary.
   bool is_excluded(std::string_view module) const;

@@ -304,8 +304,15 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
     FP4MOE_FAIL() << path.string() << ": malformed JSON: " << e.what();
   }
   ModelConfig c = parse_model_config(j, path.string());
-  std::vector<format::CheckpointProblem> problems;  // reported by format::Checkpoint / `fp4moe inspect`
+  // A quantization section that says something else than the NVFP4 this loader reads (a quant_method
+  // other than modelopt, FP8, group size 32, two sections that disagree) is refused: the weights would be
+  // read as NVFP4 all the same. `fp4moe inspect` lists every problem.
+  std::vector<format::CheckpointProblem> problems;
   c.quantization = format::read_quant_config(dir, j, &problems);
+  if (!problems.empty())
+    FP4MOE_FAIL() << dir.string() << ": " << problems.front().message << " (fp4moe inspect lists every problem)";
+  if (std::optional<std::string> why = c.quantization.unsupported())
+    FP4MOE_FAIL() << dir.string() << ": " << *why << " (fp4moe inspect lists every problem)";
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "format/safetensors.h"
@@ -177,6 +178,27 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
       if (fs::exists(src / json)) fs::copy_file(src / json, t.path / json);
     const std::string e = load_error(t.path);
     EXPECT_NE(e.find(bad.want), std::string::npos) << e;
+  }
+}
+
+// A quantization section that is not the NVFP4 the loader reads is refused (the weights were read as NVFP4
+// all the same).
+TEST(ModelRegistry, UnsupportedQuantizationIsRefused) {
+  for (const auto& [key, value, want] :
+       {std::tuple{"quant_algo", nlohmann::json("FP8"), "hf_quant_config.json says 'FP8'"},
+        std::tuple{"group_size", nlohmann::json(32), "group_size 32 is not the NVFP4 block size 16"}}) {
+    TempDir t;
+    const fs::path src = golden("glm4_moe_tiny_nvfp4");
+    copy_checkpoint(src, t.path, [](const std::string&, auto&) { return true; });
+    nlohmann::json q;
+    {
+      std::ifstream in(src / "hf_quant_config.json");
+      q = nlohmann::json::parse(in);
+    }
+    q["quantization"][key] = value;
+    std::ofstream(t.path / "hf_quant_config.json") << q.dump();
+    const std::string e = load_error(t.path);
+    EXPECT_NE(e.find(want), std::string::npos) << e;
   }
 }
 
