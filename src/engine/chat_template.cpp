@@ -2,12 +2,13 @@
 #include "engine/chat_template.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/file.h"
-#include "format/json_file.h"
 #include "engine/jinja_ast.h"
+#include "format/json_file.h"
 
 namespace fp4moe::engine {
 
@@ -26,23 +27,41 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::json& config) {
   return out;
 }
 
-// `content`, `x.content` or `x['content']`.
-bool names_content(const jinja::Expr& e) {
+// `content`, `x.content`, `x['content']`, one of `aliases` (names set from such an expression), or a
+// filter or test of one (`m.content | selectattr(...)`).
+bool names_content(const jinja::Expr& e, const std::set<std::string>& aliases) {
   using K = jinja::Expr::Kind;
-  if (e.kind == K::kName || e.kind == K::kAttr) return e.name == "content";
+  if (e.kind == K::kName) return e.name == "content" || aliases.count(e.name) > 0;
+  if (e.kind == K::kAttr) return e.name == "content";
+  if (e.kind == K::kFilter || e.kind == K::kTest)
+    return !e.args.empty() && e.args[0] && names_content(*e.args[0], aliases);
   return e.kind == K::kSubscript && e.args.size() == 2 && e.args[1] && e.args[1]->kind == K::kLiteral &&
          e.args[1]->literal == "content";
 }
 
-// Whether a for loop anywhere in `body` (branches, loop bodies, macros, blocks) iterates such an expression.
-bool loops_over_content(const jinja::Body& body) {
+// Visits every statement of `body` (branches, loop bodies, macros, blocks).
+template <class F>
+void for_each_stmt(const jinja::Body& body, const F& f) {
   for (const jinja::Stmt& st : body) {
-    if (st.kind == jinja::Stmt::Kind::kFor && st.expr && names_content(*st.expr)) return true;
-    for (const auto& branch : st.branches)
-      if (loops_over_content(branch.second)) return true;
-    if (loops_over_content(st.body) || loops_over_content(st.else_body)) return true;
+    f(st);
+    for (const auto& branch : st.branches) for_each_stmt(branch.second, f);
+    for_each_stmt(st.body, f);
+    for_each_stmt(st.else_body, f);
   }
-  return false;
+}
+
+// Whether a for loop anywhere iterates a message's content (vLLM's "openai" content format).
+bool loops_over_content(const jinja::Body& body) {
+  std::set<std::string> aliases;  // {% set c = m['content'] %}
+  for_each_stmt(body, [&](const jinja::Stmt& st) {
+    if (st.kind == jinja::Stmt::Kind::kSet && st.targets.size() == 1 && st.expr && names_content(*st.expr, {}))
+      aliases.insert(st.targets[0]);
+  });
+  bool found = false;
+  for_each_stmt(body, [&](const jinja::Stmt& st) {
+    found = found || (st.kind == jinja::Stmt::Kind::kFor && st.expr && names_content(*st.expr, aliases));
+  });
+  return found;
 }
 
 }  // namespace

@@ -706,6 +706,11 @@ GroupSubmitResult Engine::submit_group(std::vector<Submission> group) {
     if (std::optional<Rejection> r = check_request(group[i].request)) return reject(i, std::move(*r));
   }
   const int64_t n = static_cast<int64_t>(group.size());
+  if (n > options_.max_queued_requests) {  // never admissible: not a 503 to retry
+    return reject(
+        0, {RejectKind::kBadParam, std::to_string(n) + " requests admitted together exceed max_queued_requests " +
+                                       std::to_string(options_.max_queued_requests)});
+  }
   {
     std::unique_lock<std::mutex> lock(impl_->mu);
     if (!impl_->accepting) {

@@ -7,11 +7,12 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <sstream>
 #include <thread>
 #include <utility>
-#include <sstream>
 
 #include "core/error.h"
+#include "server/elastic_pool.h"
 #include "server/protocol.h"
 
 namespace fp4moe::server {
@@ -202,78 +203,6 @@ const char* endpoint_prefix(Endpoint e) {
 }
 
 }  // namespace
-
-// httplib's task queue, grown on demand: `min` threads always, one more (up to `max`) whenever a
-// connection arrives while none is idle, the extra ones ending after kIdleExit without work. With
-// httplib's fixed ThreadPool, N slow or idle connections (N streams, clients that send half a header)
-// held every thread, so /health and /abort_request waited for one to end or time out (30 s).
-class ElasticPool : public httplib::TaskQueue {
- public:
-  static constexpr std::chrono::seconds kIdleExit{30};
-  ElasticPool(size_t min, size_t max) : min_(min), max_(std::max(min, max)) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < min_; ++i) spawn_locked();
-  }
-  ~ElasticPool() override { shutdown(); }
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(fn));
-      if (idle_ < jobs_.size() && threads_.size() < max_) spawn_locked();
-    }
-    cv_.notify_one();
-  }
-  void shutdown() override {
-    std::map<uint64_t, std::thread> all;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-      all.swap(threads_);
-      exited_.clear();
-    }
-    cv_.notify_all();
-    for (auto& [id, t] : all) t.join();
-  }
- private:
-  void spawn_locked() {
-    for (uint64_t id : exited_) {  // those have left run(): join them
-      threads_.at(id).join();
-      threads_.erase(id);
-    }
-    exited_.clear();
-    const uint64_t id = next_id_++;
-    threads_.emplace(id, std::thread([this, id] { run(id); }));
-  }
-  void run(uint64_t id) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      const bool woken = cv_.wait_for(lock, kIdleExit, [&] { return stopping_ || !jobs_.empty(); });
-      --idle_;
-      if (jobs_.empty()) {
-        if (stopping_) return;
-        if (!woken && threads_.size() - exited_.size() > min_) break;
-        continue;
-      }
-      std::function<void()> fn = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-    exited_.push_back(id);  // joined by the next spawn or by shutdown
-  }
-
-  const size_t min_, max_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::map<uint64_t, std::thread> threads_;
-  std::vector<uint64_t> exited_;
-  uint64_t next_id_ = 0;
-  size_t idle_ = 0;
-  bool stopping_ = false;
-};
 
 // Counts an open handler or stream for the drain on shutdown.
 struct ActiveGuard {
@@ -483,13 +412,22 @@ class RequestHandler {
       if (server_->rids_.count(*req.rid))
         throw bad_request("rid", "rid = \"" + *req.rid + "\" names a request that is still open");
     }
+    const int64_t n_choices = static_cast<int64_t>(prompts.size()) * req.n;
+    if (n_choices > engine->options().max_queued_requests) {
+      throw bad_request(req.n > 1 ? "n" : "prompt",
+                        std::to_string(prompts.size()) + " prompt(s) x n = " + std::to_string(req.n) + " = " +
+                            std::to_string(n_choices) + " choices, admitted together, exceed the waiting queue's " +
+                            std::to_string(engine->options().max_queued_requests) +
+                            " (--max-queued-requests): the request could never be admitted");
+    }
     // All the choices are admitted together or none is.
     engine::GroupSubmitResult sr = engine->submit_group(std::move(group));
     if (!sr.ok()) {
       ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
       const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
                    j = sr.rejected_index % static_cast<size_t>(req.n);
-      if (sr.rejection->kind != engine::RejectKind::kQueueFull && (prompts.size() > 1 || req.n > 1)) {
+      if (sr.rejection->kind != engine::RejectKind::kQueueFull &&
+          sr.rejection->kind != engine::RejectKind::kShuttingDown && (prompts.size() > 1 || req.n > 1)) {
         e.message += " (" + (prompts.size() > 1 ? fields[p] + ", " : std::string()) + "choice " + std::to_string(j) +
                      " of n = " + std::to_string(req.n) + ")";
       }
@@ -562,6 +500,8 @@ class RequestHandler {
           if (!ev || st->choices.add(st->req, *ev) < 0) return true;
           if (!st->choices.all_finished()) return true;
           st->finished = true;
+          // Free the rid before the client can see the reply end (a client reusing it at once was refused).
+          server->unregister_rid(st->ctx.id, st->choices.ids);
           std::string body;
           try {
             if (const Accumulated* failed = st->choices.failed()) {
@@ -585,7 +525,7 @@ class RequestHandler {
         },
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
-          server->unregister_rid(st->ctx.id);
+          server->unregister_rid(st->ctx.id, st->choices.ids);
           st->active.reset();
         });
   }
@@ -618,7 +558,7 @@ class RequestHandler {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
+        [server = server_, engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
           auto ev = channel->pop(std::chrono::milliseconds(200));
           if (!ev) {
             // Idle (queued, or between slow tokens). No SSE comment pings here: sglang.bench_serving
@@ -653,6 +593,7 @@ class RequestHandler {
           }
           if (st->choices.all_finished()) {
             st->finished = true;
+            server->unregister_rid(st->ctx.id, st->choices.ids);  // before the client sees [DONE]
             if (endpoint != Endpoint::kGenerate && st->req.include_usage)
               out += sse(usage_chunk(st->req, st->ctx, choices_usage(st->ctx, st->choices.accs)));
             out += "data: [DONE]\n\n";
@@ -665,7 +606,7 @@ class RequestHandler {
         },
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
-          server->unregister_rid(st->ctx.id);
+          server->unregister_rid(st->ctx.id, st->choices.ids);
           st->active.reset();
         });
   }
@@ -679,11 +620,12 @@ HttpServer::HttpServer(ServerOptions options)
       dispatcher_(std::make_shared<OutputDispatcher>()) {
   FP4MOE_CHECK(options_.n_http_threads >= 1) << "HTTP threads " << options_.n_http_threads << " must be >= 1";
   FP4MOE_CHECK(options_.max_http_threads >= options_.n_http_threads)
-      << "max HTTP threads " << options_.max_http_threads << " must be >= the HTTP threads kept, "
-      << options_.n_http_threads;
+      << "--max-http-threads " << options_.max_http_threads << " must be >= --http-threads " << options_.n_http_threads;
   const auto min_threads = static_cast<size_t>(options_.n_http_threads);
   const auto max_threads = static_cast<size_t>(options_.max_http_threads);
-  http_->new_task_queue = [min_threads, max_threads] { return new ElasticPool(min_threads, max_threads); };
+  http_->new_task_queue = [min_threads, max_threads] {
+    return new ElasticPool(min_threads, max_threads, ElasticPool::kIdleExit);
+  };
   http_->set_payload_max_length(kMaxBodyBytes);
   // Keep the listening socket's descriptor: httplib listens with a backlog of 5, which drops
   // connections when dozens of clients connect at once; bind() raises it (listen() again).
@@ -696,14 +638,15 @@ HttpServer::HttpServer(ServerOptions options)
   install_routes();
 }
 
-HttpServer::~HttpServer() {
-  if (listener_.joinable()) {
-    // httplib's stop() does nothing until the listener has marked itself running: stopped before that
-    // (a model that fails to load at once), the listener went on accepting and the join never returned.
-    while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    http_->stop();
-    listener_.join();
-  }
+HttpServer::~HttpServer() { stop_listener(); }
+
+void HttpServer::stop_listener() {
+  if (!listener_.joinable()) return;
+  // httplib's stop() does nothing until the listener has marked itself running: stopped before that
+  // (a model that fails to load at once), the listener went on accepting and the join never returned.
+  while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
+  listener_.join();
 }
 
 void HttpServer::bind() {
@@ -751,10 +694,7 @@ void HttpServer::shutdown(bool drain, double timeout_s) {
     std::unique_lock<std::mutex> lock(active_mu_);
     active_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return n_active_ == 0; });
   }
-  if (listener_.joinable()) {
-    http_->stop();
-    listener_.join();
-  }
+  stop_listener();
 }
 
 std::shared_ptr<engine::Engine> HttpServer::engine_or_503() const {
@@ -769,9 +709,10 @@ bool HttpServer::register_rid(const std::string& rid, std::vector<engine::Reques
   return rids_.emplace(rid, std::move(ids)).second;
 }
 
-void HttpServer::unregister_rid(const std::string& rid) {
+void HttpServer::unregister_rid(const std::string& rid, const std::vector<engine::RequestId>& ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  rids_.erase(rid);
+  // Only this request's registration: its rid may already name a newer request.
+  if (const auto it = rids_.find(rid); it != rids_.end() && it->second == ids) rids_.erase(it);
 }
 
 void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {

@@ -90,6 +90,7 @@ class HttpServer {
  private:
   struct Route;
   void install_routes();
+  void stop_listener();  // stops and joins the listener thread (once it runs)
   std::shared_ptr<engine::Engine> engine_or_503() const;
   void count_error(int status);
   // An error reply: counted by status, Retry-After when it has one, the typed JSON body.
@@ -98,7 +99,7 @@ class HttpServer {
   // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
   // removed when its reply ends.
   bool register_rid(const std::string& rid, std::vector<engine::RequestId> ids);  // false: rid is open already
-  void unregister_rid(const std::string& rid);
+  void unregister_rid(const std::string& rid, const std::vector<engine::RequestId>& ids);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

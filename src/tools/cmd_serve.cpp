@@ -63,7 +63,7 @@ struct ServeArgs {
   std::string dummy_weights = "bf16";
   uint64_t seed = 0;
   int http_threads = 128;
-  int max_http_threads = 2048;
+  int max_http_threads = 0;  // 0: max(2048, http_threads)
   double drain_timeout_s = 600;
   double debug_load_delay_s = 0;  // tests: hold the load so /health's 503 phase is observable
 };
@@ -167,7 +167,7 @@ void run_serve(ServeArgs a) {
   so.host = a.host;
   so.port = a.port;
   so.n_http_threads = a.http_threads;
-  so.max_http_threads = a.max_http_threads;
+  so.max_http_threads = a.max_http_threads > 0 ? a.max_http_threads : std::max(2048, a.http_threads);
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
                          : a.model_dir.empty()        ? std::string(engine::kDefaultModelName)
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();
@@ -287,8 +287,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads kept, one per open connection (default 128)");
-  cmd->add_option("--max-http-threads", a->max_http_threads,
-                  "HTTP worker threads grown to while connections wait (default 2048); beyond, they queue");
+  cmd->add_option(
+      "--max-http-threads", a->max_http_threads,
+      "HTTP worker threads grown to while connections wait (default max(2048, --http-threads)); beyond, they "
+      "queue");
   cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM waits for open streams (default 600)");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
       ->group("Debug");

@@ -347,6 +347,13 @@ TEST(ChatTemplate, IteratesContentIsDetected) {
                            "{% endif %}",
                            ordered_json::object())
                   .iterates_content());
+  EXPECT_TRUE(ChatTemplate("{% for m in messages %}{% for p in m.content | selectattr('type', 'equalto', 'text') %}"
+                           "{{ p.text }}{% endfor %}{% endfor %}",
+                           ordered_json::object())
+                  .iterates_content());  // through a filter
+  EXPECT_TRUE(ChatTemplate("{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{% endfor %}{% endfor %}",
+                           ordered_json::object())
+                  .iterates_content());  // through a variable set from it
   EXPECT_FALSE(ChatTemplate::load(testing::shared_path("golden/tokenizer")).iterates_content());
   EXPECT_FALSE(ChatTemplate("{% for m in messages %}{{ m.content }}{% for c in m.contents %}{% endfor %}{% endfor %}",
                             ordered_json::object())

@@ -518,6 +518,12 @@ TEST(Scheduler, SubmitGroupIsAllOrNone) {
   EXPECT_EQ(h.engine.stats().requests_submitted_total, 1u);
   EXPECT_EQ(h.engine.stats().n_waiting, 1);
 
+  r = h.engine.submit_group(group(5, greedy(3)));  // more than the queue holds: never admissible
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
+  EXPECT_NE(r.rejection->message.find("5 requests admitted together exceed max_queued_requests 4"), std::string::npos)
+      << r.rejection->message;
+
   std::vector<Engine::Submission> mixed = group(3, greedy(3));
   mixed[2].request.sampling.top_p = 0;
   r = h.engine.submit_group(std::move(mixed));
@@ -532,7 +538,7 @@ TEST(Scheduler, SubmitGroupIsAllOrNone) {
   EXPECT_EQ(h.engine.stats().n_waiting, 4);
   h.engine.run_until_idle();
   EXPECT_EQ(finished.load(), 3);  // nothing from the refused groups
-  EXPECT_EQ(h.engine.stats().requests_rejected_total, 2u);
+  EXPECT_EQ(h.engine.stats().requests_rejected_total, 3u);
 }
 
 TEST(Scheduler, AbortFreesBlocks) {

@@ -951,11 +951,20 @@ TEST_F(DefaultServer, AbortRequestByRidAndAll) {
   }
   EXPECT_TRUE(rid_aborted) << "in 5 rounds the abort by the server's rid never came before the reply's end";
   EXPECT_TRUE(client_rid_aborted) << "in 5 rounds the abort by the client's rid never came before the reply's end";
-  // The rid is free again once its reply has ended.
-  auto again = c.post(
-      "/generate", json{{"text", "x"}, {"rid", "client-rid-1"}, {"sampling_params", {{"max_new_tokens", 1}}}}.dump());
-  ASSERT_EQ(again.status, 200) << again.body;
-  EXPECT_EQ(parse(again.body)["meta_info"]["id"], "client-rid-1");
+  // The rid is free again once its reply has ended: freed before the reply's last byte, so a client reusing
+  // it at once is never refused (30 back to back, streamed and not).
+  for (int i = 0; i < 30; ++i) {
+    json body = {{"text", "x"}, {"rid", "client-rid-1"}, {"sampling_params", {{"max_new_tokens", 1}}}};
+    if (i % 2 == 1) {
+      body["stream"] = true;
+      auto st = c.post_sse("/generate", body.dump(), [](std::string_view) { return true; });
+      ASSERT_EQ(st.status, 200) << "reuse " << i << ": " << st.body;
+      continue;
+    }
+    auto again = c.post("/generate", body.dump());
+    ASSERT_EQ(again.status, 200) << "reuse " << i << ": " << again.body;
+    EXPECT_EQ(parse(again.body)["meta_info"]["id"], "client-rid-1");
+  }
 
   // abort_all races the two replies' own end: on a loaded machine one may reach max_tokens between the
   // poll that saw both running and the abort. Such a round must still agree with itself (the replies
@@ -1096,6 +1105,13 @@ TEST_F(DefaultServer, LongNonStreamingReplyEqualsStreamedResult) {
 TEST(ServerE2E, QueueFullGets503WithRetryAfter) {
   ServerProcess srv(FP4MOE_CLI, {"--max-running-requests", "1", "--max-queued-requests", "1"});
   ASSERT_TRUE(srv.wait_ready(60));
+  {
+    // More choices than the queue holds can never be admitted: a 400 naming n, not a 503 to retry forever.
+    HttpClient c(srv.url(), kTimeout);
+    auto r = c.post("/v1/completions", json{{"prompt", "a"}, {"n", 2}, {"max_tokens", 1}}.dump());
+    expect_error(r, 400, "n");
+    EXPECT_NE(r.body.find("could never be admitted"), std::string::npos) << r.body;
+  }
   std::atomic<int> n_ok{0}, n_503{0}, n_other{0}, n_retry_after{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 8; ++i) {
