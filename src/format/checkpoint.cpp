@@ -405,7 +405,7 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
 
 Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
   FP4MOE_CHECK(fs::is_directory(dir)) << "checkpoint directory " << dir.string()
-                                      << " does not exist";
+                                      << (fs::exists(dir) ? " is a file, not a directory" : " does not exist");
   const fs::path config_path = dir / "config.json";
   FP4MOE_CHECK(fs::exists(config_path)) << "checkpoint " << dir.string() << " has no config.json";
   config_ = parse_model_config(read_json_file(config_path), config_path.string());

@@ -388,11 +388,9 @@ TensorStore::TensorStore(const std::filesystem::path& dir) : dir_(dir) {
     }
     for (const std::string& s : shards) {
       FP4MOE_REQUIRE(fs::is_regular_file(dir / s, ec))
-          << dir.string() << ": shard '" << s << "' named by model.safetensors.index.json does not exist"
-          << " (first tensor mapped to it: '"
-          << std::find_if(weight_map.begin(), weight_map.end(),
-                          [&](const auto& kv) { return kv.second == s; })
-                 ->first
+          << dir.string() << ": shard '" << s << "' named by model.safetensors.index.json "
+          << (fs::exists(dir / s, ec) ? "is not a regular file" : "does not exist") << " (first tensor mapped to it: '"
+          << std::find_if(weight_map.begin(), weight_map.end(), [&](const auto& kv) { return kv.second == s; })->first
           << "')";
     }
     shard_names.assign(shards.begin(), shards.end());

@@ -294,6 +294,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
 }
 
 ModelConfig load_model_config(const std::filesystem::path& dir) {
+  FP4MOE_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir))
+      << dir.string() << " is a file; give the model's directory (config.json, *.safetensors, tokenizer.json)";
   const std::filesystem::path path = dir / "config.json";
   std::ifstream in(path);
   FP4MOE_CHECK(in.good()) << "cannot open " << path.string() << " (a model directory needs config.json)";

@@ -174,7 +174,12 @@ TEST(Inspect, CliEndToEnd) {
             std::string::npos)
       << out;
   EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);
-  EXPECT_NE(out.find("/nonexistent/dir"), std::string::npos) << out;
+  EXPECT_NE(out.find("/nonexistent/dir does not exist"), std::string::npos) << out;
+  const std::string file = (golden("glm4_moe_tiny") / "config.json").string();
+  EXPECT_NE(testing::run_command(cli + " inspect " + file, &out), 0);
+  EXPECT_NE(out.find(file + " is a file, not a directory"), std::string::npos) << out;
+  EXPECT_NE(testing::run_command(cli + " generate --prompt-ids 1 --model " + file, &out), 0);
+  EXPECT_NE(out.find(file + " is a file; give the model's directory"), std::string::npos) << out;
 }
 
 }  // namespace
