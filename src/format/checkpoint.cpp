@@ -33,9 +33,8 @@ bool starts_with(std::string_view s, std::string_view prefix) {
 // An integer field within 32 bits: no real config comes near, and the shapes multiplied from them stay
 // far from int64's range (2^62 experts printed negative latencies).
 int64_t int32_field(const json& v, const char* key, const std::string& source) {
-  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{INT32_MAX}
-                                           : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
-  FP4MOE_CHECK(fits) << source << ": field '" << key << "' = " << v.dump() << " is past the 32-bit range";
+  FP4MOE_CHECK(json_int_in(v, INT32_MIN, INT32_MAX))
+      << source << ": field '" << key << "' = " << v.dump() << " is past the 32-bit range";
   return v.get<int64_t>();
 }
 

@@ -2,6 +2,7 @@
 // missing file or a parse error into an fp4moe::Error naming the path and nlohmann's position.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,13 @@ J read_json_file(const std::filesystem::path& path) {
     FP4MOE_FAIL() << path.string() << ": malformed JSON: " << e.what();
   }
   return J();
+}
+
+// Whether an integer JSON value lies in [lo, hi] as written: nlohmann's get<int> wraps 2^32 + 8 to 8, and a
+// value past int64 is held unsigned. False for a non-integer.
+inline bool json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 
 }  // namespace fp4moe::format

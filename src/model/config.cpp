@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "format/json_file.h"
 
 namespace fp4moe::model {
 namespace {
@@ -31,9 +32,8 @@ int64_t get_int(const json& j, const char* key, const std::string& src, std::opt
       << src << ": field \"" << key << "\" must be an integer, found " << v->dump();
   // Kept as int64 here, but some consumers hold 32 bits (index_topk 2^32 + 8 ran as 8): no config field
   // of a real model comes near 2^31.
-  const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() <= uint64_t{INT32_MAX}
-                                            : v->get<int64_t>() >= INT32_MIN && v->get<int64_t>() <= INT32_MAX;
-  FP4MOE_CHECK(fits) << src << ": field \"" << key << "\" = " << v->dump() << " is past the 32-bit range";
+  FP4MOE_CHECK(format::json_int_in(*v, INT32_MIN, INT32_MAX))
+      << src << ": field \"" << key << "\" = " << v->dump() << " is past the 32-bit range";
   return v->get<int64_t>();
 }
 

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "format/json_file.h"
 
 namespace fp4moe::moe {
 
@@ -57,10 +58,7 @@ T required(const nlohmann::json& c, const char* key, const std::string& model_ty
       const nlohmann::json& v = c.at(key);
       FP4MOE_CHECK(v.is_number_integer()) << "config.json (model_type " << model_type << "): field '" << key
                                           << "' must be an integer, got " << v.dump();
-      const bool fits = v.is_number_unsigned()
-                            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-                            : v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                                  v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+      const bool fits = format::json_int_in(v, std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
       FP4MOE_CHECK(fits) << "config.json (model_type " << model_type << "): field '" << key << "' = " << v.dump()
                          << " is past the range of the " << 8 * sizeof(T) << "-bit integer it is read into";
     }

@@ -3,15 +3,15 @@
 
 #include <algorithm>
 #include <array>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/json_schema.h"
 #include "engine/regex_dfa.h"
 #include "server/markup.h"
+#include "server/protocol.h"
 
 namespace fp4moe::server {
 
@@ -28,9 +28,7 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-std::string json_string(const std::string& s) {
-  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+std::string json_string(const std::string& s) { return dump_json(nlohmann::json(s)); }
 
 // Compact JSON text of a value with its numbers as written: read as doubles, an integer past 64 bits
 // would come back rounded (1e+137 for 138 nines; Python's json, as SGLang reads arguments, keeps it).

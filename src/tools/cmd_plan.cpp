@@ -9,9 +9,9 @@
 // Without --gpu the CUDA runtime's device 0 is used (an error when there is none). With --gpu and
 // a device of the same product present, the runtime's limits override the table and every
 // disagreement is printed. Tested by tests/tools/test_cmd_plan.cpp (runs the built binary).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "format/json_file.h"
 #include "plan/decode.h"
 #include "plan/gpu_table.h"
 #include "plan/plan_report.h"
@@ -46,11 +47,9 @@ int64_t config_int(const json& cfg, const char* key, const fs::path& file) {
   FP4MOE_CHECK(cfg.contains(key)) << file.string() << ": no '" << key << "'";
   FP4MOE_CHECK(cfg[key].is_number_integer()) << file.string() << ": '" << key << "' is " << cfg[key].dump()
                                              << ", expected an integer";
-  FP4MOE_CHECK(!cfg[key].is_number_unsigned() || cfg[key].get<uint64_t>() <= uint64_t{INT32_MAX})
+  FP4MOE_CHECK(format::json_int_in(cfg[key], 1, INT32_MAX))
       << file.string() << ": '" << key << "' = " << cfg[key].dump() << " must be in [1, 2^31)";
-  const int64_t v = cfg[key].get<int64_t>();
-  FP4MOE_CHECK(v > 0 && v <= INT32_MAX) << file.string() << ": '" << key << "' = " << v << " must be in [1, 2^31)";
-  return v;
+  return cfg[key].get<int64_t>();
 }
 
 // The MoE shape of a Hugging Face checkpoint: config.json's n_routed_experts,
