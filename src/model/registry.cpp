@@ -4,18 +4,22 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "core/error.h"
+#include "format/checkpoint.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/glm4_moe.h"
+#include "model/glm5.h"
 #include "model/presets.h"
 #include "model/weights.h"
-#include "model/glm5.h"
 #include "moe/weights.h"
 
 namespace fp4moe::model {
@@ -163,6 +167,74 @@ std::vector<WeightSpec> architecture_manifest(const ModelConfig& config) {
   return find_architecture(config.architecture).manifest(config);
 }
 
+TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& store) {
+  TensorCheck r;
+  // The manifest has ~3 entries an expert a MoE layer: a config past the store (n_routed_experts 10^9)
+  // is not expanded into names.
+  size_t n_stored = 0;
+  for (const auto& f : store.files()) n_stored += f->tensors().size();
+  const double n_moe = static_cast<double>(std::max<int64_t>(config.num_hidden_layers, 0));
+  const double n_want = n_moe * (3.0 * static_cast<double>(std::max<int64_t>(config.n_routed_experts, 0)) + 64.0);
+  if (n_want > 8.0 * static_cast<double>(n_stored) + 4096.0) {
+    r.skipped = "config.json asks for ~" + std::to_string(static_cast<int64_t>(n_want)) + " tensors (" +
+                std::to_string(config.num_hidden_layers) + " layers, " + std::to_string(config.n_routed_experts) +
+                " routed experts), the checkpoint holds " + std::to_string(n_stored);
+    return r;
+  }
+  std::set<std::string, std::less<>> read;  // every tensor name a part of the model reads
+  for (const WeightSpec& w : architecture_manifest(config)) {
+    if (w.role == WeightRole::kLinear || w.role == WeightRole::kLinearBF16) {
+      // The weight's shape by its format (the NVFP4 scales' are format::Checkpoint's); the scales and the
+      // activation scale count as read when present.
+      for (const char* part : {".weight", ".weight_scale", ".weight_scale_2", ".input_scale"})
+        read.insert(w.name + part);
+      const format::TensorInfo* t = store.find(w.name + ".weight");
+      const int64_t out = w.shape[0], in = w.shape[1];
+      if (t == nullptr) {
+        r.problems.push_back({w.name, "missing: " + config.architecture + " reads it (a Linear [out " +
+                                          std::to_string(out) + ", in " + std::to_string(in) + "])"});
+      } else if (t->dtype == DType::kU8
+                     ? t->shape != Shape{out, in / 2} || in % 2 != 0
+                     : (t->dtype != DType::kBF16 && t->dtype != DType::kF32) || t->shape != Shape{out, in}) {
+        r.problems.push_back({w.name, "weight is " + std::string(dtype_name(t->dtype)) + " " +
+                                          shape_to_string(t->shape) + ", expected BF16|F32 " +
+                                          shape_to_string(Shape{out, in}) + " or NVFP4 U8 " +
+                                          shape_to_string(Shape{out, in / 2})});
+      }
+      continue;
+    }
+    read.insert(w.name);
+    const format::TensorInfo* t = store.find(w.name);
+    const std::string want = "BF16|F32 " + shape_to_string(w.shape);  // as load_vector_f32 / load_matrix_bf16 read
+    if (t == nullptr) {
+      r.problems.push_back({w.name, "missing: " + config.architecture + " reads it (expected " + want + ")"});
+    } else if ((t->dtype != DType::kBF16 && t->dtype != DType::kF32) || t->shape != w.shape) {
+      r.problems.push_back(
+          {w.name, "is " + std::string(dtype_name(t->dtype)) + " " + shape_to_string(t->shape) + ", expected " + want});
+    }
+  }
+  const int64_t mtp_begin = config.num_hidden_layers,
+                mtp_end = config.num_hidden_layers + std::max<int64_t>(config.num_nextn_predict_layers, 0);
+  for (const auto& f : store.files()) {
+    std::vector<std::string> unread;
+    for (const format::TensorInfo& t : f->tensors()) {
+      if (read.count(t.name) != 0) continue;
+      int64_t layer = -1, expert = -1;
+      format::classify_module_name(t.name, &layer, &expert);
+      if (layer >= mtp_begin && layer < mtp_end) continue;
+      unread.push_back(t.name);
+    }
+    if (unread.empty()) continue;
+    if (unread.size() == f->tensors().size()) {
+      r.unread_files.push_back({f->path().filename().string(), static_cast<int64_t>(unread.size())});
+    } else {
+      r.unread.insert(r.unread.end(), unread.begin(), unread.end());
+    }
+  }
+  std::sort(r.unread.begin(), r.unread.end());
+  return r;
+}
+
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
   const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
   const std::vector<WeightSpec> manifest = architecture_manifest(config);
@@ -223,6 +295,17 @@ std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const Loa
   ModelConfig config = load_model_config(dir);
   if (options.format == LoadFormat::kAuto) {
     format::TensorStore store(dir);
+    // Tensors nothing reads are likely a config / checkpoint mismatch (an extra layer or expert, a
+    // shared expert with n_shared_experts 0): warned, not refused (HF loaders do the same).
+    const TensorCheck check = check_tensors(config, store);
+    if (!check.unread.empty()) {
+      std::string some;
+      for (size_t i = 0; i < std::min<size_t>(check.unread.size(), 3); ++i) some += (i ? ", " : "") + check.unread[i];
+      std::fprintf(stderr,
+                   "fp4moe: warning: %s: %zu tensor(s) that %s does not read: %s%s (`fp4moe inspect %s` lists them)\n",
+                   dir.string().c_str(), check.unread.size(), config.architecture.c_str(), some.c_str(),
+                   check.unread.size() > 3 ? ", ..." : "", dir.string().c_str());
+    }
     return build_model(config, store, options);
   }
   config.quantization = format::QuantConfig{};  // dummy weights ignore the directory's quantization

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "format/safetensors.h"
@@ -100,6 +101,24 @@ void register_cuda_factory(const std::string& architecture, ModelFactory create_
 // The manifest of config's architecture (every tensor it reads); fails naming the architecture when
 // none is registered. `fp4moe tune --model` takes the dense Linears' shapes from it.
 std::vector<WeightSpec> architecture_manifest(const ModelConfig& config);
+
+// The tensors config's architecture reads (its manifest) against a store: what format/checkpoint.h's
+// Linear checks do not cover. `fp4moe inspect` lists the problems and the unread tensors; load_model
+// warns about the unread ones (the loaders themselves fail on the first problem).
+struct TensorCheck {
+  // A tensor the model reads that is absent, or is of the wrong shape or dtype: the module or tensor,
+  // and a message naming the expected and the found shape / dtype.
+  std::vector<std::pair<std::string, std::string>> problems;
+  // Tensors that nothing reads, in files the model reads from (sorted); MTP layers
+  // (num_nextn_predict_layers, after num_hidden_layers) are not run and not listed.
+  std::vector<std::string> unread;
+  // Files none of whose tensors are read (a golden.safetensors beside the model): name, tensor count.
+  std::vector<std::pair<std::string, int64_t>> unread_files;
+  // Why nothing was checked, or "": a config asking for far more tensors than the store holds
+  // (its manifest is not built; format::Checkpoint names the layer and expert counts).
+  std::string skipped;
+};
+TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& store);
 
 // Builds the model a directory describes. Fails naming the architecture when none is registered.
 std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const LoadOptions& options);

@@ -4,11 +4,10 @@
 // `fp4moe inspect --demo [--demo-dir DIR]`: writes a tiny deterministic BF16 GLM-4.5-style
 // checkpoint, quantizes it to NVFP4 (format/quantize_checkpoint.h) and inspects the result.
 // Tested by tests/tools/test_inspect.cpp.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -17,6 +16,8 @@
 #include "core/error.h"
 #include "format/quantize_checkpoint.h"
 #include "format/safetensors.h"
+#include "model/config.h"
+#include "model/registry.h"
 #include "tools/commands.h"
 #include "tools/inspect.h"
 
@@ -81,7 +82,46 @@ struct DemoRng {
 
 }  // namespace
 
-std::string inspect_text(const Checkpoint& c) {
+Findings find_problems(const Checkpoint& c) {
+  Findings f;
+  f.problems = c.problems();
+  // The model loader's view. Its problems about a module format::Checkpoint already names (or a part of
+  // one: "<layer>.mlp.experts") are left out: one problem a module.
+  auto named = [&](const std::string& name) {
+    for (const auto& p : c.problems()) {
+      if (p.module.empty()) continue;
+      if (name == p.module || (name.size() > p.module.size() && name.compare(0, p.module.size(), p.module) == 0 &&
+                               name[p.module.size()] == '.'))
+        return true;
+    }
+    return false;
+  };
+  model::ModelConfig config;
+  try {
+    config = model::load_model_config(c.dir());
+  } catch (const fp4moe::Error& e) {
+    f.problems.push_back({"config.json", std::string("the model loader refuses it: ") + e.what()});
+    return f;
+  }
+  model::TensorCheck t;
+  try {
+    t = model::check_tensors(config, c.store());
+  } catch (const fp4moe::Error& e) {  // no architecture registered for a config format::Checkpoint reads
+    f.problems.push_back({"config.json", e.what()});
+    return f;
+  }
+  for (auto& [name, message] : t.problems) {
+    if (!named(name)) f.problems.push_back({name, name + ": " + message});
+  }
+  f.unread = std::move(t.unread);
+  f.unread_files = std::move(t.unread_files);
+  return f;
+}
+
+std::string inspect_text(const Checkpoint& c) { return inspect_text(c, find_problems(c)); }
+ojson inspect_json(const Checkpoint& c) { return inspect_json(c, find_problems(c)); }
+
+std::string inspect_text(const Checkpoint& c, const Findings& f) {
   const format::ModelConfig& m = c.config();
   std::string s;
   s += fmt::format("checkpoint    {}\n", c.dir().string());
@@ -121,16 +161,25 @@ std::string inspect_text(const Checkpoint& c) {
   s += fmt::format("bytes         {} (total {}, {} file(s))\n", bytes, human_bytes(total),
                    c.store().files().size());
   s += fmt::format("parameters    {} ({})\n", c.n_parameters(), human_count(c.n_parameters()));
-  if (c.problems().empty()) {
+  if (f.problems.empty()) {
     s += "problems      none\n";
   } else {
-    s += fmt::format("problems      {}\n", c.problems().size());
-    for (const auto& p : c.problems()) s += "  - " + p.message + "\n";
+    s += fmt::format("problems      {}\n", f.problems.size());
+    for (const auto& p : f.problems) s += "  - " + p.message + "\n";
   }
+  if (!f.unread.empty()) {
+    // Not problems: the loaders skip them. Likely a config / checkpoint mismatch.
+    constexpr size_t kShown = 10;
+    s += fmt::format("unread        {} tensor(s) that {} does not read:\n", f.unread.size(), m.architecture);
+    for (size_t i = 0; i < std::min(f.unread.size(), kShown); ++i) s += "  - " + f.unread[i] + "\n";
+    if (f.unread.size() > kShown)
+      s += fmt::format("  - ... and {} more (--json lists all)\n", f.unread.size() - kShown);
+  }
+  for (const auto& [file, n] : f.unread_files) s += fmt::format("not read      {} ({} tensors)\n", file, n);
   return s;
 }
 
-ojson inspect_json(const Checkpoint& c) {
+ojson inspect_json(const Checkpoint& c, const Findings& f) {
   const format::ModelConfig& m = c.config();
   ojson j;
   j["dir"] = c.dir().string();
@@ -165,8 +214,12 @@ ojson inspect_json(const Checkpoint& c) {
                                         {"producer", q.producer_name + " " + q.producer_version}}
                                 : ojson(nullptr);
   ojson problems = ojson::array();
-  for (const auto& p : c.problems()) problems.push_back({{"module", p.module}, {"message", p.message}});
+  for (const auto& p : f.problems) problems.push_back({{"module", p.module}, {"message", p.message}});
   j["problems"] = problems;
+  j["unread"] = f.unread;
+  ojson files = ojson::array();
+  for (const auto& [file, n] : f.unread_files) files.push_back({{"file", file}, {"tensors", n}});
+  j["unread_files"] = files;
   return j;
 }
 
@@ -259,11 +312,11 @@ struct InspectArgs {
   std::string demo_dir;
 };
 
-void print_report(const Checkpoint& c, bool json) {
+void print_report(const Checkpoint& c, const Findings& f, bool json) {
   if (json) {
-    fmt::print("{}\n", inspect_json(c).dump(2));
+    fmt::print("{}\n", inspect_json(c, f).dump(2));
   } else {
-    fmt::print("{}", inspect_text(c));
+    fmt::print("{}", inspect_text(c, f));
   }
 }
 
@@ -271,9 +324,10 @@ void run_inspect(const InspectArgs& a) {
   if (!a.demo) {
     FP4MOE_CHECK(!a.dir.empty()) << "inspect: give a checkpoint directory, or --demo";
     Checkpoint c(a.dir);
-    print_report(c, a.json);
-    FP4MOE_CHECK(c.problems().empty()) << "checkpoint " << a.dir << " has " << c.problems().size()
-                                       << " problem(s), listed above";
+    const Findings f = find_problems(c);
+    print_report(c, f, a.json);
+    FP4MOE_CHECK(f.problems.empty()) << "checkpoint " << a.dir << " has " << f.problems.size()
+                                     << " problem(s), listed above";
     return;
   }
   FP4MOE_CHECK(a.dir.empty()) << "inspect: --demo takes no checkpoint directory (got " << a.dir << ")";
@@ -300,8 +354,9 @@ void run_inspect(const InspectArgs& a) {
                r.n_quantized, r.quant_algo, r.n_kept, human_bytes(r.bytes_in), human_bytes(r.bytes_out));
   }
   Checkpoint c(root / "nvfp4");
-  print_report(c, a.json);
-  FP4MOE_CHECK(c.problems().empty()) << "demo checkpoint has " << c.problems().size() << " problem(s)";
+  const Findings f = find_problems(c);
+  print_report(c, f, a.json);
+  FP4MOE_CHECK(f.problems.empty()) << "demo checkpoint has " << f.problems.size() << " problem(s)";
 }
 
 }  // namespace

@@ -5,19 +5,33 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "format/checkpoint.h"
 
 namespace fp4moe::tools {
 
+// What inspect finds: format::Checkpoint's problems (the Linears against config.json and the
+// quantization config), then the model loader's (model::check_tensors: every other tensor the
+// architecture reads, missing or of the wrong shape / dtype; config.json refused by the model's parser),
+// and the tensors nothing reads.
+struct Findings {
+  std::vector<format::CheckpointProblem> problems;
+  std::vector<std::string> unread;                            // in files the model reads from
+  std::vector<std::pair<std::string, int64_t>> unread_files;  // files nothing reads: name, tensor count
+};
+Findings find_problems(const format::Checkpoint& c);
+
 // Human-readable report: architecture, layer/expert counts, module formats by kind, bytes by
-// dtype, parameters, quantization config and every problem.
-std::string inspect_text(const format::Checkpoint& c);
+// dtype, parameters, quantization config, every problem and the unread tensors.
+std::string inspect_text(const format::Checkpoint& c, const Findings& f);
+std::string inspect_text(const format::Checkpoint& c);  // with find_problems(c)
 // The same facts as JSON (keys: dir, architecture, model_type, layers, experts, modules,
-// bytes_by_dtype, parameters, quantization, problems).
+// bytes_by_dtype, parameters, quantization, problems, unread, unread_files).
+nlohmann::ordered_json inspect_json(const format::Checkpoint& c, const Findings& f);
 nlohmann::ordered_json inspect_json(const format::Checkpoint& c);
 
 // Writes a tiny BF16 Glm4MoeForCausalLM checkpoint (2 layers: 1 dense, 1 MoE with 8 experts

@@ -123,6 +123,95 @@ TEST(Inspect, ConfigPastTheCheckpointIsAFewProblems) {
       << all;
 }
 
+// Every tensor the architecture reads is checked, not only the Linears: a missing norm, a mis-shaped router
+// bias and an absent attention Linear are problems naming them (each failed only at load before); a module
+// format::Checkpoint already names is not named twice.
+TEST(Inspect, EveryTensorTheModelReadsIsChecked) {
+  TempDir tmp("inspect_manifest");
+  fp4moe::testing::copy_checkpoint(golden("glm5_tiny_nvfp4"), tmp.path(), [](auto& t) {
+    t.erase("model.layers.1.input_layernorm.weight");
+    t.at("model.layers.2.mlp.gate.e_score_correction_bias").shape = {15};
+    t.at("model.layers.2.mlp.gate.e_score_correction_bias").bytes.resize(60);
+    t.erase("model.layers.0.self_attn.kv_a_proj_with_mqa.weight");
+    t.at("model.layers.0.self_attn.indexer.k_norm.bias").dtype = DType::kU8;
+    t.at("model.layers.0.self_attn.indexer.k_norm.bias").shape = {64};
+    t.erase("model.layers.0.mlp.up_proj.weight");  // format::Checkpoint names it (scales, no weight)
+  });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  std::string all;
+  for (const auto& p : f.problems) all += p.message + "\n";
+  EXPECT_EQ(f.problems.size(), 6u) << all;  // format::Checkpoint names up_proj twice (scales; a dense MLP part)
+  for (const char* want :
+       {"model.layers.1.input_layernorm.weight: missing: GlmMoeDsaForCausalLM reads it (expected BF16|F32 [128])",
+        "model.layers.2.mlp.gate.e_score_correction_bias: is F32 [15], expected BF16|F32 [16]",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa: missing: GlmMoeDsaForCausalLM reads it (a Linear [out 48, in "
+        "128])",
+        "model.layers.0.self_attn.indexer.k_norm.bias: is U8 [64], expected BF16|F32 [32]",
+        "model.layers.0.mlp.up_proj: has quantization scales but no .weight tensor"}) {
+    EXPECT_NE(all.find(want), std::string::npos) << "'" << want << "' not in:\n" << all;
+  }
+  EXPECT_NE(inspect_text(c).find("problems      6\n"), std::string::npos);
+  EXPECT_EQ(inspect_json(c)["problems"].size(), 6u);
+}
+
+// Tensors nothing reads (an extra expert past the config's count is a problem; a KV-cache scale or a layer
+// past num_hidden_layers is not) are listed, not refused; the MTP layer the config declares is not listed.
+TEST(Inspect, UnreadTensorsAreListed) {
+  TempDir tmp("inspect_unread");
+  fp4moe::testing::copy_checkpoint(
+      golden("glm4_moe_tiny"), tmp.path(),
+      [](auto& t) {
+        fp4moe::testing::OwnedTensor scale{DType::kF32, {}, std::vector<uint8_t>(4, 0)};
+        t["model.layers.0.self_attn.k_scale"] = scale;
+        t["model.layers.3.eh_proj.weight"] = t.at("model.layers.0.self_attn.o_proj.weight");  // the MTP layer
+      },
+      [](const std::string& file, nlohmann::ordered_json& j) {
+        if (file == "config.json") j["num_nextn_predict_layers"] = 1;
+      });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  EXPECT_TRUE(f.problems.empty()) << f.problems.front().message;
+  EXPECT_EQ(f.unread, std::vector<std::string>{"model.layers.0.self_attn.k_scale"});
+  EXPECT_NE(inspect_text(c).find("unread        1 tensor(s) that Glm4MoeForCausalLM does not read:\n  - "
+                                 "model.layers.0.self_attn.k_scale\n"),
+            std::string::npos)
+      << inspect_text(c);
+  EXPECT_EQ(inspect_json(c)["unread"], nlohmann::json::array({"model.layers.0.self_attn.k_scale"}));
+  // Loading warns about it, names the tensor, and loads.
+  std::string out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
+                                     tmp.path().string(),
+                                 &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("warning: " + tmp.path().string() +
+                     ": 1 tensor(s) that Glm4MoeForCausalLM does not read: model.layers.0.self_attn.k_scale"),
+            std::string::npos)
+      << out;
+  // The golden checkpoints read every tensor.
+  for (const Case& k : kCases) {
+    format::Checkpoint g(golden(k.dir));
+    const Findings gf = find_problems(g);
+    EXPECT_TRUE(gf.unread.empty() && gf.unread_files.empty() && gf.problems.empty()) << k.dir;
+  }
+}
+
+// A config the model's parser refuses is a problem (format::Checkpoint reads fewer fields).
+TEST(Inspect, ConfigTheModelRefusesIsAProblem) {
+  TempDir tmp("inspect_model_config");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), nullptr,
+                                   [](const std::string& file, nlohmann::ordered_json& j) {
+                                     if (file == "config.json") j["num_key_value_heads"] = 3;
+                                   });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  ASSERT_FALSE(f.problems.empty());
+  EXPECT_EQ(f.problems.back().module, "config.json");
+  EXPECT_NE(f.problems.back().message.find("the model loader refuses it: "), std::string::npos)
+      << f.problems.back().message;
+}
+
 TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
   TempDir a("inspect_demo_a"), b("inspect_demo_b");
   write_demo_bf16_checkpoint(a.path(), 7);
