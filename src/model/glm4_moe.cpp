@@ -269,6 +269,7 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
   attention(l, chunks, chunk_of_row, q.data(), o.data());
   observe(a + "o_proj", o.data(), T, n_heads * D);
   linear_forward(L.attn.o, o.data(), T, h.data());
+  require_finite(h.data(), T, H, "the attention output");
   for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
   const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
   if (trace) trace->layer_times.push_back({l, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
@@ -283,6 +284,7 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
     L.moe->forward(h.data(), T, y.data(), trace ? &mt : nullptr);
     if (trace) trace->moe_layers.push_back({l, mt.plan.counts()});
   }
+  require_finite(y.data(), T, H, L.dense ? "the MLP output" : "the MoE output");
   for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   if (trace) {
     trace->layer_times.push_back({l, L.dense ? "mlp" : "moe", std::chrono::duration<double>(Clock::now() - t_mlp).count()});
@@ -329,7 +331,13 @@ void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace)
         rope_cos_sin(inv_freq_, c.pos0 + i, cos.data() + (c.row0 + i) * half, sin.data() + (c.row0 + i) * half);
       }
     }
-    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) run_layer(l, chunks, chunk_of_row, cos, sin, x, trace);
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      try {
+        run_layer(l, chunks, chunk_of_row, cos, sin, x, trace);
+      } catch (const Error& e) {
+        throw Error("layer " + std::to_string(l) + ": " + e.what());
+      }
+    }
 
     // Final norm and lm_head on the rows whose logits are wanted only.
     std::vector<int64_t> rows;

@@ -117,6 +117,10 @@ class Glm5Model final : public GlmMoeDsaModel {
   void attention(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b, const float* x,
                  std::vector<KeySelection>& shared_sel, float* out);
   void forward_impl(std::span<const SeqChunk> batch, const Batch& b, ForwardTrace* trace);
+  // One decoder layer on h [rows, H] in place (xn, y: scratch of h's size).
+  void run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,
+                 std::vector<KeySelection>& shared_sel, std::vector<float>& h, std::vector<float>& xn,
+                 std::vector<float>& y, ForwardTrace* trace);
   // RoPE on the rope dims [offset, offset + qk_rope_head_dim) of n_heads heads of batch row `row`.
   void rope(const Batch& b, int64_t row, float* x, int64_t n_heads, int64_t stride, int64_t offset,
             bool interleave) const;
@@ -357,6 +361,40 @@ void Glm5Model::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
   for (size_t ci = 0; ci < batch.size(); ++ci) b.states[ci]->length_ += static_cast<int64_t>(batch[ci].tokens.size());
 }
 
+void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,
+                          std::vector<KeySelection>& shared_sel, std::vector<float>& h, std::vector<float>& xn,
+                          std::vector<float>& y, ForwardTrace* trace) {
+  const int64_t n = b.row0.back(), H = cfg_.hidden_size;
+  // Part timings only when traced (the engine exports them as layer_seconds_total).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_attn = trace ? Clock::now() : Clock::time_point{};
+  rms_norm(h.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, xn.data());
+  attention(L, batch, b, xn.data(), shared_sel, y.data());
+  require_finite(y.data(), n, H, "the attention output");
+  for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+  const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
+  if (trace)
+    trace->layer_times.push_back({L.index, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
+  rms_norm(h.data(), n, H, L.post_norm.data(), cfg_.rms_norm_eps, xn.data());
+  if (L.moe) {
+    moe::MoeTrace mt;
+    L.moe->forward(xn.data(), n, y.data(), trace ? &mt : nullptr);
+    if (trace) trace->moe_layers.push_back({L.index, mt.plan.counts()});
+  } else {
+    moe::LinearInputObserver obs;
+    if (observer_) {
+      obs = [this](const std::string& m, const float* x, int64_t rows, int64_t cols) { observer_(m, x, rows, cols); };
+    }
+    L.dense->forward(xn.data(), n, y.data(), observer_ ? &obs : nullptr);
+  }
+  require_finite(y.data(), n, H, L.moe ? "the MoE output" : "the MLP output");
+  for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+  if (trace) {
+    trace->layer_times.push_back(
+        {L.index, L.moe ? "moe" : "mlp", std::chrono::duration<double>(Clock::now() - t_mlp).count()});
+  }
+}
+
 void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, ForwardTrace* trace) {
   const int64_t n = b.row0.back(), H = cfg_.hidden_size;
   std::vector<int32_t> ids;
@@ -367,31 +405,11 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
   embedding_lookup(table, ids, h.data());
 
   std::vector<KeySelection> shared_sel(batch.size());
-  // Part timings only when traced (the engine exports them as layer_seconds_total).
-  using Clock = std::chrono::steady_clock;
   for (const Glm5Layer& L : layers_) {
-    const Clock::time_point t_attn = trace ? Clock::now() : Clock::time_point{};
-    rms_norm(h.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, xn.data());
-    attention(L, batch, b, xn.data(), shared_sel, y.data());
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-    const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
-    if (trace) trace->layer_times.push_back({L.index, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
-    rms_norm(h.data(), n, H, L.post_norm.data(), cfg_.rms_norm_eps, xn.data());
-    if (L.moe) {
-      moe::MoeTrace mt;
-      L.moe->forward(xn.data(), n, y.data(), trace ? &mt : nullptr);
-      if (trace) trace->moe_layers.push_back({L.index, mt.plan.counts()});
-    } else {
-      moe::LinearInputObserver obs;
-      if (observer_) {
-        obs = [this](const std::string& m, const float* x, int64_t rows, int64_t cols) { observer_(m, x, rows, cols); };
-      }
-      L.dense->forward(xn.data(), n, y.data(), observer_ ? &obs : nullptr);
-    }
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-    if (trace) {
-      trace->layer_times.push_back(
-          {L.index, L.moe ? "moe" : "mlp", std::chrono::duration<double>(Clock::now() - t_mlp).count()});
+    try {
+      run_layer(L, batch, b, shared_sel, h, xn, y, trace);
+    } catch (const Error& e) {
+      throw Error("layer " + std::to_string(L.index) + ": " + e.what());
     }
   }
 

@@ -87,6 +87,14 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void require_finite(const float* x, int64_t rows, int64_t cols, const char* what) {
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (std::isfinite(x[i])) continue;
+    FP4MOE_FAIL() << what << " at row " << i / cols << ", column " << i % cols << " is " << x[i]
+                  << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
+  }
+}
+
 void softmax_inplace(float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);

@@ -136,6 +136,47 @@ TEST(ModelRegistry, WrongDtypeIsNamed) {
       << e;
 }
 
+// A NaN in a BF16 weight loads (values are not scanned) and the forward fails naming the layer and the
+// sublayer whose output first holds it, not the next layer's softmax. One weight a case: layer 2's o_proj
+// (attention), layer 0's dense MLP, layer 1's shared expert (every token passes through it).
+TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
+  struct Case {
+    const char* model;
+    const char* tensor;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"glm4_moe_tiny", "model.layers.2.self_attn.o_proj.weight", "layer 2: the attention output at row 0, column "},
+      {"glm4_moe_tiny", "model.layers.0.mlp.down_proj.weight", "layer 0: the MLP output at row 0, column "},
+      {"glm5_tiny", "model.layers.1.mlp.shared_experts.down_proj.weight", "layer 1: the MoE output at row 0, column "},
+      {"glm5_tiny", "model.layers.2.self_attn.o_proj.weight", "layer 2: the attention output at row 0, column "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    TempDir t;
+    copy_checkpoint(golden(c.model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
+      if (n != c.tensor) return true;
+      format::SafetensorsFile f(golden(c.model) / "model.safetensors");
+      const TensorView v = f.view(*f.find(n));
+      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+      const uint16_t nan_bf16 = 0x7FC0;
+      std::memcpy(r->bytes.data() + 2 * 3, &nan_bf16, 2);  // row 0, column 3
+      return true;
+    });
+    LoadOptions o;
+    o.progress = false;
+    auto lm = load_model(t.path, o);
+    std::string e;
+    try {
+      prompt_logits(*lm);
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    EXPECT_EQ(e.rfind(c.want, 0), 0u) << e;
+    EXPECT_NE(e.find(" is nan: a weight of this layer (or its input) holds NaN or Inf"), std::string::npos) << e;
+  }
+}
+
 // NVFP4 scales no quantizer writes are refused at load, naming the tensor (and a block scale's [row,
 // block]); before, a zero or 1e30 global scale and NaN block scales loaded and gave zero or NaN logits.
 TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
