@@ -38,14 +38,15 @@ class Fields {
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
   }
-  std::optional<double> number(const std::string& key, double lo, double hi) const {
+  // A number in [lo, hi], or in (lo, hi] when lo_open.
+  std::optional<double> number(const std::string& key, double lo, double hi, bool lo_open = false) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
     if (!v->is_number()) throw bad_request(name(key), name(key) + " must be a number, got " + show(*v));
     const double d = v->get<double>();
-    if (!std::isfinite(d) || d < lo || d > hi) {
+    if (!std::isfinite(d) || d < lo || (lo_open && d == lo) || d > hi) {
       std::ostringstream m;
-      m << name(key) << " = " << show(*v) << " is outside [" << lo << ", " << hi << "]";
+      m << name(key) << " = " << show(*v) << " is outside " << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
       throw bad_request(name(key), m.str());
     }
     return d;
@@ -151,18 +152,10 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
     r->max_new_tokens = f.integer("max_new_tokens", 1, kMaxTokensLimit);
   }
   if (auto v = f.number("temperature", 0.0, 100.0)) s.temperature = *v;
-  if (auto v = f.number("top_p", 0.0, 1.0)) {
-    if (*v <= 0.0) throw bad_request(f.name("top_p"), f.name("top_p") + " = " + show(*v) + " must be in (0, 1]");
-    s.top_p = *v;
-  }
+  if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = *v;
   if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v;
   if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = *v;
-  if (auto v = f.number("repetition_penalty", 0.0, 2.0)) {  // SGLang's range, (0, 2]
-    if (*v <= 0.0)
-      throw bad_request(f.name("repetition_penalty"),
-                        f.name("repetition_penalty") + " = " + show(*v) + " must be in (0, 2]");
-    s.repetition_penalty = *v;
-  }
+  if (auto v = f.number("repetition_penalty", 0.0, 2.0, /*lo_open=*/true)) s.repetition_penalty = *v;  // SGLang's
   if (auto v = f.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = *v;
   if (auto v = f.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = *v;
   std::optional<int64_t> seed = f.integer("seed", 0, INT64_MAX);

@@ -92,6 +92,11 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "sampling_params.stop", "stop[1]");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
+  // Ranges open at their lower end say so.
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"top_p", 1.5}}, "top_p", "top_p = 1.5 is outside (0, 1]");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"top_p", 0}}, "top_p", "top_p = 0 is outside (0, 1]");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"repetition_penalty", 0.0}}}},
+             "sampling_params.repetition_penalty", "sampling_params.repetition_penalty = 0.0 is outside (0, 2]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"x", 1}}}}, "logit_bias", "not a token id");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"5", 101}}}}, "logit_bias", "101");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", 3}}, "logit_bias", "object");
