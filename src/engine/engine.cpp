@@ -656,8 +656,8 @@ std::optional<Rejection> Engine::check_request(const Request& request) const {
   }
   try {
     request.sampling.validate(impl_->vocab);
-  } catch (const Error& e) {
-    return reject(RejectKind::kBadParam, e.what());
+  } catch (const FieldError& e) {
+    return std::optional<Rejection>(Rejection{RejectKind::kBadParam, e.what(), e.field()});
   }
   if (request.priority != 0 && options_.schedule_policy != SchedulePolicy::kPriority) {
     return reject(RejectKind::kBadParam, "priority " + std::to_string(request.priority) +

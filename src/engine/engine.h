@@ -178,6 +178,7 @@ const char* to_string(RejectKind k);  // "queue_full", "too_long", "bad_param", 
 struct Rejection {
   RejectKind kind = RejectKind::kBadParam;
   std::string message;  // names the field / numbers, e.g. "prompt 900 + max_new_tokens 200 = 1100 tokens > ..."
+  std::string field;    // the SamplingParams field a kBadParam names ("stop_token_ids"), or ""
 };
 
 struct SubmitResult {

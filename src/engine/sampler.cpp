@@ -5,39 +5,62 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <sstream>
+#include <string>
 
 #include "core/error.h"
 
 namespace fp4moe::engine {
 
+namespace {
+
+std::string show(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// Throws FieldError(field, message) unless ok.
+void need(bool ok, const char* field, const std::string& message) {
+  if (!ok) throw FieldError(field, message);
+}
+
+}  // namespace
+
 void SamplingParams::validate(int64_t vocab_size) const {
-  FP4MOE_CHECK(max_new_tokens >= 1) << "max_new_tokens " << max_new_tokens << " must be >= 1";
-  FP4MOE_CHECK(min_new_tokens >= 0 && min_new_tokens <= max_new_tokens)
-      << "min_new_tokens " << min_new_tokens << " must be in [0, max_new_tokens = " << max_new_tokens << "]";
-  FP4MOE_CHECK(std::isfinite(temperature) && temperature >= 0.0)
-      << "temperature " << temperature << " must be >= 0 (0 = greedy)";
-  FP4MOE_CHECK(top_k == -1 || top_k >= 0) << "top_k " << top_k << " must be -1 (off), 0 (off) or >= 1";
-  FP4MOE_CHECK(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0) << "top_p " << top_p << " must be in (0, 1]";
-  FP4MOE_CHECK(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0) << "min_p " << min_p << " must be in [0, 1]";
-  FP4MOE_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= 2.0)
-      << "repetition_penalty " << repetition_penalty << " must be in (0, 2]";
-  FP4MOE_CHECK(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0 && frequency_penalty <= 2.0)
-      << "frequency_penalty " << frequency_penalty << " must be in [-2, 2]";
-  FP4MOE_CHECK(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0)
-      << "presence_penalty " << presence_penalty << " must be in [-2, 2]";
-  FP4MOE_CHECK(top_logprobs >= 0 && top_logprobs <= 20) << "top_logprobs " << top_logprobs << " must be in [0, 20]";
-  FP4MOE_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= 20)
-      << "prompt_logprobs " << prompt_logprobs << " must be -1 (off) or in [0, 20]";
+  need(max_new_tokens >= 1, "max_new_tokens", "max_new_tokens " + std::to_string(max_new_tokens) + " must be >= 1");
+  need(min_new_tokens >= 0 && min_new_tokens <= max_new_tokens, "min_new_tokens",
+       "min_new_tokens " + std::to_string(min_new_tokens) +
+           " must be in [0, max_new_tokens = " + std::to_string(max_new_tokens) + "]");
+  need(std::isfinite(temperature) && temperature >= 0.0, "temperature",
+       "temperature " + show(temperature) + " must be >= 0 (0 = greedy)");
+  need(top_k == -1 || top_k >= 0, "top_k", "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or >= 1");
+  need(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0, "top_p", "top_p " + show(top_p) + " must be in (0, 1]");
+  need(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0, "min_p", "min_p " + show(min_p) + " must be in [0, 1]");
+  need(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= 2.0, "repetition_penalty",
+       "repetition_penalty " + show(repetition_penalty) + " must be in (0, 2]");
+  need(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0 && frequency_penalty <= 2.0, "frequency_penalty",
+       "frequency_penalty " + show(frequency_penalty) + " must be in [-2, 2]");
+  need(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0, "presence_penalty",
+       "presence_penalty " + show(presence_penalty) + " must be in [-2, 2]");
+  need(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs",
+       "top_logprobs " + std::to_string(top_logprobs) + " must be in [0, 20]");
+  need(prompt_logprobs >= -1 && prompt_logprobs <= 20, "prompt_logprobs",
+       "prompt_logprobs " + std::to_string(prompt_logprobs) + " must be -1 (off) or in [0, 20]");
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
-    FP4MOE_CHECK(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size)
-        << "stop_token_ids[" << i << "] = " << stop_token_ids[i] << " is outside the vocabulary [0, " << vocab_size << ")";
+    need(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size, "stop_token_ids",
+         "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stop_token_ids[i]) +
+             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
   }
-  for (size_t i = 0; i < stop.size(); ++i) FP4MOE_CHECK(!stop[i].empty()) << "stop[" << i << "] is an empty string";
+  for (size_t i = 0; i < stop.size(); ++i) {
+    need(!stop[i].empty(), "stop", "stop[" + std::to_string(i) + "] is an empty string");
+  }
   for (const auto& [id, bias] : logit_bias) {
-    FP4MOE_CHECK(id >= 0 && id < vocab_size)
-        << "logit_bias token " << id << " is outside the vocabulary [0, " << vocab_size << ")";
-    FP4MOE_CHECK(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f)
-        << "logit_bias of token " << id << " = " << bias << " must be in [-100, 100]";
+    need(id >= 0 && id < vocab_size, "logit_bias",
+         "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
+             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+    need(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f, "logit_bias",
+         "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [-100, 100]");
   }
 }
 

@@ -24,10 +24,24 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
+
 namespace fp4moe::engine {
 
 using TokenId = int32_t;
 class TokenConstraint;  // engine/constraint.h
+
+// A request field out of its range: `field` as SamplingParams spells it ("stop_token_ids"); the message
+// names the field and value and carries no source location (a server maps the field to its API's name and
+// returns the message as it is).
+class FieldError : public Error {
+ public:
+  FieldError(std::string field, const std::string& message) : Error(message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
 
 struct SamplingParams {
   int64_t max_new_tokens = 128;
@@ -73,7 +87,7 @@ struct SamplingParams {
   };
   std::optional<ReasoningSpan> constraint_after_reasoning;
 
-  // Fails (fp4moe::Error) naming the field and value when out of range; vocab bounds the ids.
+  // Fails (FieldError, below) naming the field and value when out of range; vocab bounds the ids.
   void validate(int64_t vocab_size) const;
   bool greedy() const { return temperature == 0.0 || top_k == 1; }
   // False when the choice is the plain argmax of the logits (greedy, no penalties, no logprobs):

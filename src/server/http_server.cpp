@@ -166,7 +166,16 @@ ApiError engine_failure(const std::string& request_id, const std::string& error)
   return internal_error("request " + request_id + " failed in the engine: " + error);
 }
 
-ApiError from_rejection(const engine::Rejection& r, int retry_after_s, const std::string& max_tokens_field) {
+// The API's name of a SamplingParams field: SGLang's /generate nests them under sampling_params; the OpenAI
+// routes name the token budgets max_tokens / min_tokens.
+std::string api_field(Endpoint endpoint, const std::string& field) {
+  if (endpoint == Endpoint::kGenerate) return "sampling_params." + field;
+  if (field == "max_new_tokens") return "max_tokens";
+  if (field == "min_new_tokens") return "min_tokens";
+  return field;
+}
+
+ApiError from_rejection(const engine::Rejection& r, int retry_after_s, Endpoint endpoint) {
   ApiError e;
   switch (r.kind) {
     case engine::RejectKind::kQueueFull:
@@ -177,11 +186,11 @@ ApiError from_rejection(const engine::Rejection& r, int retry_after_s, const std
       e = unavailable(r.message, retry_after_s);
       break;
     case engine::RejectKind::kTooLong:
-      e = bad_request(max_tokens_field, r.message);
+      e = bad_request(api_field(endpoint, "max_new_tokens"), r.message);
       e.type = "context_length_exceeded";
       break;
     case engine::RejectKind::kBadParam:
-      e = bad_request("", r.message);
+      e = bad_request(r.field.empty() ? std::string() : api_field(endpoint, r.field), r.message);
       break;
   }
   return e;
@@ -324,23 +333,6 @@ class RequestHandler {
       fields.push_back("messages");
     }
     const int64_t vocab = engine->model_config().vocab_size;
-    {
-      // The sampling fields that name token ids, against the served vocabulary.
-      const std::string sp_prefix = endpoint_ == Endpoint::kGenerate ? "sampling_params." : "";
-      const auto& stops = req.sampling.stop_token_ids;
-      for (size_t i = 0; i < stops.size(); ++i) {
-        if (stops[i] >= vocab)
-          throw bad_request(sp_prefix + "stop_token_ids",
-                            sp_prefix + "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stops[i]) +
-                                " is outside the model's vocabulary of " + std::to_string(vocab));
-      }
-      for (const auto& [id, bias] : req.sampling.logit_bias) {
-        if (id >= vocab)
-          throw bad_request(sp_prefix + "logit_bias",
-                            sp_prefix + "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
-                                " is outside the model's vocabulary of " + std::to_string(vocab));
-      }
-    }
     const int64_t context = engine->context_length();
     const int64_t kv = engine->kv_capacity_tokens();
     int64_t prompt_tokens = 0;
@@ -377,7 +369,7 @@ class RequestHandler {
     // and are told apart by request id. Choice p n + j: prompt p, seed + j (a prompt of a batch draws what
     // it would alone).
     auto channel = std::make_shared<Channel>();
-    const std::string max_field = endpoint_ == Endpoint::kGenerate ? "sampling_params.max_new_tokens" : "max_tokens";
+    const std::string max_field = api_field(endpoint_, "max_new_tokens");
     std::vector<std::string> echo;  // choice i's prompt text (`echo`): as sent, or the ids decoded
     for (size_t p = 0; p < prompts.size() && req.echo; ++p) {
       const std::optional<std::string>& sent = req.batch.empty() ? req.text : req.batch[p].text;
@@ -391,8 +383,7 @@ class RequestHandler {
       const int64_t max_new =
           req.max_new_tokens ? *req.max_new_tokens : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
       if (req.sampling.min_new_tokens > max_new) {
-        const std::string min_field =
-            endpoint_ == Endpoint::kGenerate ? "sampling_params.min_new_tokens" : "min_tokens";
+        const std::string min_field = api_field(endpoint_, "min_new_tokens");
         throw bad_request(min_field, min_field + " = " + std::to_string(req.sampling.min_new_tokens) + " > " +
                                          max_field + " = " + std::to_string(max_new) +
                                          (req.max_new_tokens ? std::string() : std::string(" (the default)")));
@@ -423,7 +414,7 @@ class RequestHandler {
     // All the choices are admitted together or none is.
     engine::GroupSubmitResult sr = engine->submit_group(std::move(group));
     if (!sr.ok()) {
-      ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, max_field);
+      ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, endpoint_);
       const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
                    j = sr.rejected_index % static_cast<size_t>(req.n);
       if (sr.rejection->kind != engine::RejectKind::kQueueFull &&
