@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -48,10 +49,32 @@ void configure(httplib::Client& c, double timeout_s, const std::string& bearer) 
   c.set_keep_alive(false);
 }
 
-HttpResponse from_result(httplib::Result& r) {
+// A transport failure in words: where, and what probably happened (httplib's own names are one word:
+// "Connection", "Read").
+std::string transport_error(httplib::Error e, const std::string& host, int port, double timeout_s) {
+  const std::string at = host + ":" + std::to_string(port);
+  std::ostringstream t;
+  t << timeout_s;
+  switch (e) {
+    case httplib::Error::Connection:
+      return "could not connect to " + at +
+             " (connection refused, or the host is unknown or unreachable: is the "
+             "server running there?)";
+    case httplib::Error::ConnectionTimeout:
+      return "connecting to " + at + " timed out after " + t.str() + " s";
+    case httplib::Error::Read:
+      return "no reply from " + at + " within " + t.str() + " s, or the server closed the connection";
+    case httplib::Error::Write:
+      return "sending the request to " + at + " failed (the server closed the connection)";
+    default:
+      return "HTTP transport error talking to " + at + ": " + httplib::to_string(e);
+  }
+}
+
+HttpResponse from_result(httplib::Result& r, const std::string& host, int port, double timeout_s) {
   HttpResponse out;
   if (!r) {
-    out.error = httplib::to_string(r.error());
+    out.error = transport_error(r.error(), host, port, timeout_s);
     return out;
   }
   out.status = r->status;
@@ -80,14 +103,14 @@ HttpResponse HttpClient::get(const std::string& path) {
   httplib::Client c(host_, port_);
   configure(c, timeout_s_, bearer_);
   auto r = c.Get(path);
-  return from_result(r);
+  return from_result(r, host_, port_, timeout_s_);
 }
 
 HttpResponse HttpClient::post(const std::string& path, const std::string& body, const std::string& content_type) {
   httplib::Client c(host_, port_);
   configure(c, timeout_s_, bearer_);
   auto r = c.Post(path, body, content_type);
-  return from_result(r);
+  return from_result(r, host_, port_, timeout_s_);
 }
 
 HttpResponse HttpClient::post_sse(const std::string& path, const std::string& body,
@@ -150,7 +173,7 @@ HttpResponse HttpClient::post_sse(const std::string& path, const std::string& bo
   httplib::Error err = httplib::Error::Success;
   const bool ok = c.send(req, res, err);
   if (!ok && !stopped) {
-    if (out.error.empty()) out.error = httplib::to_string(err);
+    if (out.error.empty()) out.error = transport_error(err, host_, port_, timeout_s_);
     if (out.status == 200 || out.status == -1) out.status = -1;
   }
   if (stopped) out.status = -1, out.error = "closed by the client";

@@ -14,23 +14,24 @@
 // (E2E - TTFT) / (output tokens - 1). Several --max-concurrency values run one after another; each
 // run appends one JSON line to --output-file and is one point of the --plot SVG (output tokens/s vs
 // median and p99 E2E latency). Tested by tests/server/test_server_e2e.cpp (BenchServing).
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -129,12 +130,20 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
       if (j.contains("input_ids")) p.body_prompt = {{"input_ids", j["input_ids"]}};
       else if (j.contains("prompt") && j["prompt"].is_string()) p.body_prompt = {{"text", j["prompt"]}};
       else FP4MOE_FAIL() << a.dataset << ":" << n_line << ": needs \"prompt\" (a string) or \"input_ids\"";
-      p.output_len = j.value("output_len", a.output_len);
+      if (j.contains("output_len")) {
+        FP4MOE_CHECK(j["output_len"].is_number_integer())
+            << a.dataset << ":" << n_line << ": output_len must be an integer, got " << j["output_len"].dump();
+        p.output_len = j["output_len"].get<int64_t>();
+      } else {
+        p.output_len = a.output_len;
+      }
       FP4MOE_CHECK(p.output_len >= 1) << a.dataset << ":" << n_line << ": output_len " << p.output_len << " must be >= 1";
       out.push_back(std::move(p));
     }
     FP4MOE_CHECK(!out.empty()) << a.dataset << " has no prompts";
-    while (static_cast<int64_t>(out.size()) < a.num_prompts) out.push_back(out[out.size() % static_cast<size_t>(n_line)]);
+    // Fewer prompts than --num-prompts: they repeat in order.
+    const size_t n_read = out.size();
+    while (static_cast<int64_t>(out.size()) < a.num_prompts) out.push_back(out[out.size() % n_read]);
     return out;
   }
   FP4MOE_CHECK(vocab >= 1) << "the server reports vocab_size " << vocab;
@@ -210,7 +219,10 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   r.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.output_len = tokens;
   if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
-  else if (res.status != 200) r.error = "HTTP " + std::to_string(res.status) + " " + res.error + " " + res.body.substr(0, 300);
+  else if (res.status == -1)
+    r.error = res.error;
+  else if (res.status != 200)
+    r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300);
   else if (tokens == 0) r.error = "no tokens streamed";
   else r.ok = true;
   return r;
@@ -375,12 +387,24 @@ std::string render_plot(const std::vector<json>& runs) {
 void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
+  FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
+  // The output files are opened now, so that a path that cannot be written fails before the run, not after it.
+  auto writable = [](const std::string& path, const char* flag, std::ios::openmode mode) {
+    if (path.empty()) return;
+    std::ofstream f(path, mode);
+    const int err = errno;
+    FP4MOE_CHECK(f.good()) << "cannot write " << flag << " " << path << ": " << std::strerror(err);
+  };
+  writable(a.output_file, "--output-file", std::ios::app);
+  writable(a.plot, "--plot", std::ios::app);
 
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);
   auto info = client.get("/get_server_info");
-  FP4MOE_CHECK(info.status == 200) << a.url << "/get_server_info answered " << info.status << " " << info.error << " "
-                                   << info.body.substr(0, 300);
+  FP4MOE_CHECK(info.status == 200) << a.url << "/get_server_info: "
+                                   << (info.status == -1 ? info.error
+                                                         : "answered " + std::to_string(info.status) + " " +
+                                                               info.body.substr(0, 300));
   const json server_info = json::parse(info.body, nullptr, false);
   FP4MOE_CHECK(server_info.is_object()) << a.url << "/get_server_info is not JSON: " << info.body.substr(0, 300);
   const auto prompts = make_prompts(a, server_info.value("vocab_size", int64_t{0}));

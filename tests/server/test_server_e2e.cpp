@@ -1468,7 +1468,41 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   EXPECT_EQ(runs[0]["total_cached_input_tokens"], 0);
   EXPECT_EQ(runs[1]["total_cached_input_tokens"], 12 * 16);
   fs::remove(out);
+
+  // A dataset with blank lines and fewer prompts than --num-prompts: they repeat (it read past its end).
+  const fs::path ds = fs::temp_directory_path() / ("fp4moe_bench_ds_" + std::to_string(getpid()) + ".jsonl");
+  std::ofstream(ds) << "\n{\"prompt\": \"hi\", \"output_len\": 2}\n\n";
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 3 --dataset " + ds.string(),
+      &text);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("Successful requests:                     3"), std::string::npos) << text;
+  std::ofstream(ds) << "{\"prompt\": \"hi\", \"output_len\": \"x\"}\n";
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 1 --dataset " + ds.string(),
+      &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find(ds.string() + ":1: output_len must be an integer, got \"x\""), std::string::npos) << text;
+  fs::remove(ds);
+  // Bad flags fail at once, before any request: a zero timeout (it aborted the process from a worker
+  // thread), an output file that cannot be written (it failed after the whole run).
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --timeout 0",
+                                    &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("--timeout 0 must be > 0 seconds"), std::string::npos) << text;
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --num-prompts 1 --output-file " + fs::temp_directory_path().string(),
+                                    &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("cannot write --output-file " + fs::temp_directory_path().string() + ": Is a directory"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("Serving Benchmark Result"), std::string::npos) << text;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  // Nothing listening: the message says so in words.
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url(), &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("/get_server_info: could not connect to 127.0.0.1:"), std::string::npos) << text;
 }
 
 }  // namespace
