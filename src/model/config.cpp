@@ -4,6 +4,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -116,6 +117,8 @@ void parse_moe(const json& j, const std::string& src, ModelConfig& c) {
   c.scoring_func = get_str(j, "scoring_func", src, "sigmoid");
   c.topk_method = get_str(j, "topk_method", src, "noaux_tc");
   c.first_k_dense_replace = get_int(j, "first_k_dense_replace", src, 0);
+  FP4MOE_CHECK(c.first_k_dense_replace >= 0)
+      << src << ": first_k_dense_replace=" << c.first_k_dense_replace << " must be >= 0 (the leading dense layers)";
   c.num_nextn_predict_layers = get_int(j, "num_nextn_predict_layers", src, 0);
 
   c.mlp_layer_types = get_str_list(j, "mlp_layer_types", src);
@@ -254,7 +257,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   c.head_dim = get_int(j, "head_dim", source, c.hidden_size / c.num_attention_heads);
   c.intermediate_size = get_int(j, "intermediate_size", source, std::nullopt);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 131072);
+  FP4MOE_CHECK(c.max_position_embeddings >= 1)
+      << source << ": max_position_embeddings=" << c.max_position_embeddings << " must be >= 1";
   c.rms_norm_eps = static_cast<float>(get_num(j, "rms_norm_eps", source, 1e-5));
+  FP4MOE_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0.0f)
+      << source << ": rms_norm_eps=" << c.rms_norm_eps << " must be a positive number (as f32)";
   c.hidden_act = get_str(j, "hidden_act", source, "silu");
   FP4MOE_CHECK(c.hidden_act == "silu") << source << ": hidden_act=\"" << c.hidden_act << "\" (only silu is supported)";
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, false);
@@ -271,6 +278,10 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
     } else {
       FP4MOE_CHECK(eos->is_number_integer()) << source << ": eos_token_id must be an integer or a list, found " << eos->dump();
       c.eos_token_ids.push_back(eos->get<int64_t>());
+    }
+    for (int64_t id : c.eos_token_ids) {
+      FP4MOE_CHECK(id >= 0 && id < c.vocab_size)
+          << source << ": eos_token_id " << id << " is outside the vocabulary [0, " << c.vocab_size << ")";
     }
   }
   c.use_qk_norm = get_bool(j, "use_qk_norm", source, false);

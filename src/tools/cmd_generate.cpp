@@ -126,6 +126,11 @@ void run_generate(const GenerateArgs& a) {
     FP4MOE_CHECK(prompt[i] < V) << "prompt token " << prompt[i] << " at position " << i
                                 << " is outside the vocabulary [0, " << V << ")";
   }
+  // As bench-one-batch and serve: positions past the model's trained range are refused, not run.
+  const int64_t n_positions = static_cast<int64_t>(prompt.size()) + a.max_new_tokens;
+  FP4MOE_CHECK(n_positions <= cfg.max_position_embeddings)
+      << "the prompt's " << prompt.size() << " tokens + --max-new-tokens " << a.max_new_tokens << " = " << n_positions
+      << " exceed the model's max_position_embeddings " << cfg.max_position_embeddings;
 
   const bool dump = !a.dump_logits.empty();
   std::vector<float> dumped;  // [positions, V]

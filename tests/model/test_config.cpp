@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "model/config.h"
@@ -118,6 +119,18 @@ TEST(ModelConfig, ErrorsNameTheField) {
   j = base;
   j["hidden_act"] = "gelu";
   EXPECT_NE(error_of(j).find("hidden_act=\"gelu\""), std::string::npos) << error_of(j);
+  // Values that load and fail far away (or never): refused naming the field.
+  for (const auto& [key, value, want] :
+       {std::tuple<const char*, nlohmann::json, const char*>{"rms_norm_eps", -1, "rms_norm_eps=-1 must be a positive"},
+        {"rms_norm_eps", 0, "rms_norm_eps=0 must be a positive"},
+        {"max_position_embeddings", 0, "max_position_embeddings=0 must be >= 1"},
+        {"first_k_dense_replace", -1, "first_k_dense_replace=-1 must be >= 0"},
+        {"eos_token_id", 99999, "eos_token_id 99999 is outside the vocabulary [0, 512)"},
+        {"eos_token_id", nlohmann::json::array({1, -1}), "eos_token_id -1 is outside the vocabulary [0, 512)"}}) {
+    j = base;
+    j[key] = value;
+    EXPECT_NE(error_of(j).find(want), std::string::npos) << key << ": " << error_of(j);
+  }
   j = base;
   j.erase("first_k_dense_replace");  // HF default 0 -> every layer MoE
   EXPECT_EQ(parse_model_config(j, "t").mlp_layer_types, (std::vector<std::string>{"sparse", "sparse", "sparse"}));

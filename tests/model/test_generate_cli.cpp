@@ -157,6 +157,13 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
   r = run(model + " --prompt hello");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("tokenizer.json"), std::string::npos) << r.out;
+  // Past the model's positions: refused, as bench-one-batch and serve refuse it (it generated on).
+  r = run(model + " --prompt-ids 1,2,3 --max-new-tokens 5000 --ignore-eos");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("the prompt's 3 tokens + --max-new-tokens 5000 = 5003 exceed the model's "
+                       "max_position_embeddings 4096"),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace
