@@ -117,7 +117,8 @@ std::optional<GpuSpec> find_gpu(std::string_view name) {
   std::string digits = n;
   if (digits.rfind("sm-", 0) == 0) digits = digits.substr(3);
   else if (digits.rfind("sm", 0) == 0) digits = digits.substr(2);
-  if (!digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+  if (!digits.empty() && digits.size() <= 6 &&
+      std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
     const int sm = std::stoi(digits);
     for (const GpuSpec& g : gpu_table()) {
       if (g.sm == sm) return g;

@@ -113,15 +113,24 @@ Problem parse_problem(std::string_view text) {
   return p;
 }
 
-std::vector<int64_t> parse_token_list(std::string_view text) {
+std::vector<int64_t> parse_token_list(std::string_view text, std::string_view option) {
   std::vector<int64_t> out;
   std::string_view rest = text;
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
-    out.push_back(parse_int("tokens", rest.substr(0, comma), text));
+    const std::string_view value = rest.substr(0, comma);
+    int64_t v = 0;
+    FP4MOE_CHECK(!value.empty()) << option << " '" << text << "': an entry is empty";
+    for (char c : value) {
+      FP4MOE_CHECK(c >= '0' && c <= '9') << option << " '" << text << "': " << value << " is not a positive integer";
+      v = v * 10 + (c - '0');
+      FP4MOE_CHECK(v <= (int64_t{1} << 40)) << option << " '" << text << "': " << value << " is too large";
+    }
+    FP4MOE_CHECK(v > 0) << option << " '" << text << "': " << value << " must be >= 1";
+    out.push_back(v);
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
   }
-  FP4MOE_CHECK(!out.empty()) << "token list '" << text << "' is empty";
+  FP4MOE_CHECK(!out.empty()) << option << " '" << text << "' is empty";
   return out;
 }
 

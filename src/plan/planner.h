@@ -35,8 +35,8 @@ struct Problem {
 // Parses "moe:E=256,topk=8,H=6144,I=2048" or "gemm:M=128,N=4096,K=6144"; throws fp4moe::Error
 // naming the bad field.
 Problem parse_problem(std::string_view text);
-// Parses "1,16,64" into token counts (each >= 1).
-std::vector<int64_t> parse_token_list(std::string_view text);
+// Parses "1,16,64" into counts (each >= 1); errors name `option` (the flag it came from) and the list.
+std::vector<int64_t> parse_token_list(std::string_view text, std::string_view option = "--tokens");
 
 // Expected number of experts that receive at least one of `tokens` tokens under uniform top-k
 // routing: E x (1 - (1 - k/E)^tokens).

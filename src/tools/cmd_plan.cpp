@@ -132,7 +132,7 @@ void run_decode(const PlanArgs& a, const plan::Problem& problem, const plan::Res
   m.intermediate = problem.intermediate;
   m.ep = a.ep;
   if (!a.routing.empty()) m.routing = read_routing(a.routing);
-  const std::vector<int64_t> conc = plan::parse_token_list(a.concurrency);
+  const std::vector<int64_t> conc = plan::parse_token_list(a.concurrency, "--concurrency");
   const std::vector<plan::DecodeRow> rows = plan::decode_table(m, gpu.spec, conc);
   const int64_t needed = plan::concurrency_for_utilization(m, gpu.spec, a.target_util);
   const bool fp4 = gpu.spec.fp4_dense_tflops > 0;
@@ -234,7 +234,8 @@ void register_plan_command(CLI::App& app) {
   cmd->add_option("--ep", args->ep, "expert-parallel degree for --decode (default 8)");
   cmd->add_option("--concurrency", args->concurrency, "running requests for --decode (default 1,16,64,256,1024)");
   cmd->add_option("--target-util", args->target_util, "utilization target for --decode (default 0.5)");
-  cmd->add_option("--routing", args->routing, "JSON array of per-expert token counts for --decode (default uniform)");
+  cmd->add_option("--routing", args->routing,
+                  "FILE: a JSON array of per-expert token counts for --decode (default uniform routing)");
   cmd->add_flag("--no-runtime", args->no_runtime, "ignore the local GPU, use the table only");
   cmd->add_flag("--layouts", args->layouts, "also print every candidate's SMEM region table (offset, bytes, alignment)");
   cmd->callback([args] { run_plan(*args); });

@@ -16,6 +16,7 @@ TEST(GpuTable, ProductNames) {
   }
   EXPECT_EQ(find_gpu("dgx-spark")->name, "gb10");
   EXPECT_FALSE(find_gpu("h300").has_value());
+  EXPECT_FALSE(find_gpu("sm_99999999999").has_value());  // past int: was std::stoi's out_of_range, "stoi"
   try {
     require_gpu("h300");
     FAIL() << "require_gpu accepted h300";

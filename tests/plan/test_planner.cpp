@@ -41,6 +41,13 @@ TEST(Problem, ErrorsNameTheField) {
   EXPECT_NE(message("conv:E=8").find("kind 'conv' is not moe or gemm"), std::string::npos);
   EXPECT_THROW(parse_token_list("1,,2"), Error);
   EXPECT_THROW(parse_token_list("0"), Error);
+  // The list's own flag is named (plan's --concurrency was reported as "problem '0': tokens=0").
+  try {
+    parse_token_list("16,0", "--concurrency");
+    FAIL() << "accepted 0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--concurrency '16,0': 0 must be >= 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Problem, MoeGemms) {
