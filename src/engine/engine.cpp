@@ -658,6 +658,8 @@ std::optional<Rejection> Engine::check_request(const Request& request) const {
     request.sampling.validate(impl_->vocab);
   } catch (const FieldError& e) {
     return std::optional<Rejection>(Rejection{RejectKind::kBadParam, e.what(), e.field()});
+  } catch (const Error& e) {  // a check that names no field
+    return reject(RejectKind::kBadParam, e.what());
   }
   if (request.priority != 0 && options_.schedule_policy != SchedulePolicy::kPriority) {
     return reject(RejectKind::kBadParam, "priority " + std::to_string(request.priority) +

@@ -20,47 +20,56 @@ std::string show(double v) {
   return os.str();
 }
 
-// Throws FieldError(field, message) unless ok.
-void need(bool ok, const char* field, const std::string& message) {
-  if (!ok) throw FieldError(field, message);
+// Throws FieldError(field, message()) unless ok; the message is built only then (validate runs per request
+// and per logit_bias entry).
+template <class Message>
+void need(bool ok, const char* field, Message&& message) {
+  if (!ok) throw FieldError(field, message());
 }
 
 }  // namespace
 
 void SamplingParams::validate(int64_t vocab_size) const {
-  need(max_new_tokens >= 1, "max_new_tokens", "max_new_tokens " + std::to_string(max_new_tokens) + " must be >= 1");
-  need(min_new_tokens >= 0 && min_new_tokens <= max_new_tokens, "min_new_tokens",
-       "min_new_tokens " + std::to_string(min_new_tokens) +
-           " must be in [0, max_new_tokens = " + std::to_string(max_new_tokens) + "]");
+  need(max_new_tokens >= 1, "max_new_tokens",
+       [&] { return "max_new_tokens " + std::to_string(max_new_tokens) + " must be >= 1"; });
+  need(min_new_tokens >= 0 && min_new_tokens <= max_new_tokens, "min_new_tokens", [&] {
+    return "min_new_tokens " + std::to_string(min_new_tokens) +
+           " must be in [0, max_new_tokens = " + std::to_string(max_new_tokens) + "]";
+  });
   need(std::isfinite(temperature) && temperature >= 0.0, "temperature",
-       "temperature " + show(temperature) + " must be >= 0 (0 = greedy)");
-  need(top_k == -1 || top_k >= 0, "top_k", "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or >= 1");
-  need(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0, "top_p", "top_p " + show(top_p) + " must be in (0, 1]");
-  need(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0, "min_p", "min_p " + show(min_p) + " must be in [0, 1]");
+       [&] { return "temperature " + show(temperature) + " must be >= 0 (0 = greedy)"; });
+  need(top_k == -1 || top_k >= 0, "top_k",
+       [&] { return "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or >= 1"; });
+  need(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0, "top_p",
+       [&] { return "top_p " + show(top_p) + " must be in (0, 1]"; });
+  need(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0, "min_p",
+       [&] { return "min_p " + show(min_p) + " must be in [0, 1]"; });
   need(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= 2.0, "repetition_penalty",
-       "repetition_penalty " + show(repetition_penalty) + " must be in (0, 2]");
+       [&] { return "repetition_penalty " + show(repetition_penalty) + " must be in (0, 2]"; });
   need(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0 && frequency_penalty <= 2.0, "frequency_penalty",
-       "frequency_penalty " + show(frequency_penalty) + " must be in [-2, 2]");
+       [&] { return "frequency_penalty " + show(frequency_penalty) + " must be in [-2, 2]"; });
   need(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0, "presence_penalty",
-       "presence_penalty " + show(presence_penalty) + " must be in [-2, 2]");
+       [&] { return "presence_penalty " + show(presence_penalty) + " must be in [-2, 2]"; });
   need(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs",
-       "top_logprobs " + std::to_string(top_logprobs) + " must be in [0, 20]");
+       [&] { return "top_logprobs " + std::to_string(top_logprobs) + " must be in [0, 20]"; });
   need(prompt_logprobs >= -1 && prompt_logprobs <= 20, "prompt_logprobs",
-       "prompt_logprobs " + std::to_string(prompt_logprobs) + " must be -1 (off) or in [0, 20]");
+       [&] { return "prompt_logprobs " + std::to_string(prompt_logprobs) + " must be -1 (off) or in [0, 20]"; });
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
-    need(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size, "stop_token_ids",
-         "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stop_token_ids[i]) +
-             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+    need(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size, "stop_token_ids", [&] {
+      return "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stop_token_ids[i]) +
+             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")";
+    });
   }
   for (size_t i = 0; i < stop.size(); ++i) {
-    need(!stop[i].empty(), "stop", "stop[" + std::to_string(i) + "] is an empty string");
+    need(!stop[i].empty(), "stop", [&] { return "stop[" + std::to_string(i) + "] is an empty string"; });
   }
   for (const auto& [id, bias] : logit_bias) {
-    need(id >= 0 && id < vocab_size, "logit_bias",
-         "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
-             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")");
+    need(id >= 0 && id < vocab_size, "logit_bias", [&] {
+      return "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
+             " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")";
+    });
     need(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f, "logit_bias",
-         "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [-100, 100]");
+         [&] { return "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [-100, 100]"; });
   }
 }
 

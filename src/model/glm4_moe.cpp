@@ -225,6 +225,17 @@ void Glm4MoeModel::attention(int64_t l, const std::vector<ChunkRows>& chunks, co
   });
 }
 
+// fail_non_finite (model/ops.h) for x [rows, H] of a step, naming the row's batch entry and position.
+void check_finite(const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row, const float* x,
+                  int64_t H, const char* what) {
+  const int64_t i = first_non_finite(x, static_cast<int64_t>(chunk_of_row.size()) * H);
+  if (i < 0) return;
+  const int64_t row = i / H;
+  const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
+  const ChunkRows& c = chunks[static_cast<size_t>(entry)];
+  fail_non_finite(what, entry, c.pos0 + (row - c.row0), i % H, x[i]);
+}
+
 void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row,
                              const std::vector<float>& cos, const std::vector<float>& sin, std::vector<float>& x,
                              ForwardTrace* trace) const {
@@ -269,7 +280,7 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
   attention(l, chunks, chunk_of_row, q.data(), o.data());
   observe(a + "o_proj", o.data(), T, n_heads * D);
   linear_forward(L.attn.o, o.data(), T, h.data());
-  require_finite(h.data(), T, H, "the attention output");
+  check_finite(chunks, chunk_of_row, h.data(), H, "the attention output");
   for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
   const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
   if (trace) trace->layer_times.push_back({l, "attention", std::chrono::duration<double>(t_mlp - t_attn).count()});
@@ -284,7 +295,7 @@ void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, co
     L.moe->forward(h.data(), T, y.data(), trace ? &mt : nullptr);
     if (trace) trace->moe_layers.push_back({l, mt.plan.counts()});
   }
-  require_finite(y.data(), T, H, L.dense ? "the MLP output" : "the MoE output");
+  check_finite(chunks, chunk_of_row, y.data(), H, L.dense ? "the MLP output" : "the MoE output");
   for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   if (trace) {
     trace->layer_times.push_back({l, L.dense ? "mlp" : "moe", std::chrono::duration<double>(Clock::now() - t_mlp).count()});

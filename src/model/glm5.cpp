@@ -117,6 +117,8 @@ class Glm5Model final : public GlmMoeDsaModel {
   void attention(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b, const float* x,
                  std::vector<KeySelection>& shared_sel, float* out);
   void forward_impl(std::span<const SeqChunk> batch, const Batch& b, ForwardTrace* trace);
+  // fail_non_finite (model/ops.h) for x [rows, H] of batch b, naming the row's batch entry and position.
+  static void check_finite(const Batch& b, const float* x, int64_t H, const char* what);
   // One decoder layer on h [rows, H] in place (xn, y: scratch of h's size).
   void run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,
                  std::vector<KeySelection>& shared_sel, std::vector<float>& h, std::vector<float>& xn,
@@ -361,6 +363,14 @@ void Glm5Model::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
   for (size_t ci = 0; ci < batch.size(); ++ci) b.states[ci]->length_ += static_cast<int64_t>(batch[ci].tokens.size());
 }
 
+void Glm5Model::check_finite(const Batch& b, const float* x, int64_t H, const char* what) {
+  const int64_t i = first_non_finite(x, b.row0.back() * H);
+  if (i < 0) return;
+  const int64_t row = i / H;
+  const auto entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
+  fail_non_finite(what, entry, b.pos[static_cast<size_t>(row)], i % H, x[i]);
+}
+
 void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,
                           std::vector<KeySelection>& shared_sel, std::vector<float>& h, std::vector<float>& xn,
                           std::vector<float>& y, ForwardTrace* trace) {
@@ -370,7 +380,7 @@ void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, c
   const Clock::time_point t_attn = trace ? Clock::now() : Clock::time_point{};
   rms_norm(h.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, xn.data());
   attention(L, batch, b, xn.data(), shared_sel, y.data());
-  require_finite(y.data(), n, H, "the attention output");
+  check_finite(b, y.data(), H, "the attention output");
   for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
   const Clock::time_point t_mlp = trace ? Clock::now() : Clock::time_point{};
   if (trace)
@@ -387,7 +397,7 @@ void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, c
     }
     L.dense->forward(xn.data(), n, y.data(), observer_ ? &obs : nullptr);
   }
-  require_finite(y.data(), n, H, L.moe ? "the MoE output" : "the MLP output");
+  check_finite(b, y.data(), H, L.moe ? "the MoE output" : "the MLP output");
   for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
   if (trace) {
     trace->layer_times.push_back(

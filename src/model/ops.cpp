@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -87,12 +88,18 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
-void require_finite(const float* x, int64_t rows, int64_t cols, const char* what) {
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    if (std::isfinite(x[i])) continue;
-    FP4MOE_FAIL() << what << " at row " << i / cols << ", column " << i % cols << " is " << x[i]
-                  << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
+int64_t first_non_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
   }
+  return -1;
+}
+
+void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value) {
+  std::ostringstream m;
+  m << what << " of batch entry " << entry << " at position " << position << ", column " << column << " is " << value
+    << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
+  throw Error(m.str());
 }
 
 void softmax_inplace(float* x, int64_t n) {

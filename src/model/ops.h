@@ -41,10 +41,11 @@ inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 // out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 
-// Fails naming `what` ("the attention output"), the first NaN / Inf of x [rows, cols], its row and column,
-// and the likely causes: the CPU forwards call it on each sublayer's output so that a non-finite weight is
-// blamed on its layer, not on the next layer's softmax.
-void require_finite(const float* x, int64_t rows, int64_t cols, const char* what);
+// The CPU forwards check each sublayer's output so that a non-finite weight is blamed on its layer, not on
+// the next layer's softmax: the index of the first NaN / Inf of x[0, n), or -1; and the failure naming
+// `what` ("the attention output"), the batch entry, its position, the column, the value and likely causes.
+int64_t first_non_finite(const float* x, int64_t n);
+[[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value);
 
 // Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error).
 void softmax_inplace(float* x, int64_t n);

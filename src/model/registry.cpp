@@ -173,16 +173,41 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
   // is not expanded into names.
   size_t n_stored = 0;
   for (const auto& f : store.files()) n_stored += f->tensors().size();
-  const double n_moe = static_cast<double>(std::max<int64_t>(config.num_hidden_layers, 0));
-  const double n_want = n_moe * (3.0 * static_cast<double>(std::max<int64_t>(config.n_routed_experts, 0)) + 64.0);
+  int64_t n_moe_layers = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) n_moe_layers += config.is_moe_layer(l) ? 1 : 0;
+  const double n_want =
+      static_cast<double>(n_moe_layers) * 3.0 * static_cast<double>(std::max<int64_t>(config.n_routed_experts, 0)) +
+      64.0 * static_cast<double>(std::max<int64_t>(config.num_hidden_layers, 0));
   if (n_want > 8.0 * static_cast<double>(n_stored) + 4096.0) {
     r.skipped = "config.json asks for ~" + std::to_string(static_cast<int64_t>(n_want)) + " tensors (" +
                 std::to_string(config.num_hidden_layers) + " layers, " + std::to_string(config.n_routed_experts) +
                 " routed experts), the checkpoint holds " + std::to_string(n_stored);
     return r;
   }
+  // Layers past the checkpoint's last one are one problem (a 40-layer config over 3 layers listed 2,295).
+  int64_t layers_on_disk = 0;
+  for (const auto& f : store.files()) {
+    for (const format::TensorInfo& t : f->tensors()) {
+      int64_t layer = -1, expert = -1;
+      format::classify_module_name(t.name, &layer, &expert);
+      layers_on_disk = std::max(layers_on_disk, layer + 1);
+    }
+  }
+  if (config.num_hidden_layers > layers_on_disk) {
+    r.problems.push_back(
+        {"config.json",
+         "num_hidden_layers = " + std::to_string(config.num_hidden_layers) + ": the checkpoint holds " +
+             (layers_on_disk == 0 ? std::string("no layer") : "layers 0-" + std::to_string(layers_on_disk - 1)),
+         false});
+  }
+  auto past_disk = [&](const std::string& name) {
+    int64_t layer = -1, expert = -1;
+    format::classify_module_name(name, &layer, &expert);
+    return layer >= layers_on_disk;
+  };
   std::set<std::string, std::less<>> read;  // every tensor name a part of the model reads
   for (const WeightSpec& w : architecture_manifest(config)) {
+    if (past_disk(w.name)) continue;
     if (w.role == WeightRole::kLinear || w.role == WeightRole::kLinearBF16) {
       // The weight's shape by its format (the NVFP4 scales' are format::Checkpoint's); the scales and the
       // activation scale count as read when present.
@@ -191,15 +216,18 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
       const format::TensorInfo* t = store.find(w.name + ".weight");
       const int64_t out = w.shape[0], in = w.shape[1];
       if (t == nullptr) {
-        r.problems.push_back({w.name, "missing: " + config.architecture + " reads it (a Linear [out " +
-                                          std::to_string(out) + ", in " + std::to_string(in) + "])"});
+        r.problems.push_back({w.name,
+                              "missing: " + config.architecture + " reads it (a Linear [out " + std::to_string(out) +
+                                  ", in " + std::to_string(in) + "])",
+                              true});
       } else if (t->dtype == DType::kU8
                      ? t->shape != Shape{out, in / 2} || in % 2 != 0
                      : (t->dtype != DType::kBF16 && t->dtype != DType::kF32) || t->shape != Shape{out, in}) {
-        r.problems.push_back({w.name, "weight is " + std::string(dtype_name(t->dtype)) + " " +
-                                          shape_to_string(t->shape) + ", expected BF16|F32 " +
-                                          shape_to_string(Shape{out, in}) + " or NVFP4 U8 " +
-                                          shape_to_string(Shape{out, in / 2})});
+        r.problems.push_back({w.name,
+                              "weight is " + std::string(dtype_name(t->dtype)) + " " + shape_to_string(t->shape) +
+                                  ", expected BF16|F32 " + shape_to_string(Shape{out, in}) + " or NVFP4 U8 " +
+                                  shape_to_string(Shape{out, in / 2}),
+                              true});
       }
       continue;
     }

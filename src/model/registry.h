@@ -106,9 +106,15 @@ std::vector<WeightSpec> architecture_manifest(const ModelConfig& config);
 // Linear checks do not cover. `fp4moe inspect` lists the problems and the unread tensors; load_model
 // warns about the unread ones (the loaders themselves fail on the first problem).
 struct TensorCheck {
-  // A tensor the model reads that is absent, or is of the wrong shape or dtype: the module or tensor,
-  // and a message naming the expected and the found shape / dtype.
-  std::vector<std::pair<std::string, std::string>> problems;
+  // A tensor the model reads that is absent, or is of the wrong shape or dtype: the module (a Linear's name)
+  // or tensor, and a message naming the expected and the found shape / dtype. A config asking for layers
+  // the checkpoint does not hold is one problem ("config.json"), not one a tensor.
+  struct Problem {
+    std::string name;
+    std::string message;
+    bool linear = false;  // name is a Linear module (its .weight and scales)
+  };
+  std::vector<Problem> problems;
   // Tensors that nothing reads, in files the model reads from (sorted); MTP layers
   // (num_nextn_predict_layers, after num_hidden_layers) are not run and not listed.
   std::vector<std::string> unread;

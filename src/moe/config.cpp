@@ -91,7 +91,8 @@ MoeConfig moe_config_from_hf(const nlohmann::json& c) {
     cfg.topk_group = optional_field<int>(c, "topk_group", 1, mt);
     cfg.norm_topk_prob = optional_field<bool>(c, "norm_topk_prob", true, mt);
     cfg.routed_scaling_factor = optional_field<float>(c, "routed_scaling_factor", 1.0f, mt);
-    cfg.n_shared_experts = optional_field<int>(c, "n_shared_experts", 0, mt);
+    cfg.n_shared_experts =
+        optional_field<int>(c, "n_shared_experts", 1, mt);  // transformers' default (model/config.cpp too)
     const std::string scoring = optional_field<std::string>(c, "scoring_func", "sigmoid", mt);
     FP4MOE_CHECK(scoring == "sigmoid")
         << "config.json (model_type " << mt << "): scoring_func '" << scoring << "' is not supported (sigmoid only)";

@@ -168,7 +168,16 @@ ApiError engine_failure(const std::string& request_id, const std::string& error)
 
 // The API's name of a SamplingParams field: SGLang's /generate nests them under sampling_params; the OpenAI
 // routes name the token budgets max_tokens / min_tokens.
+// The API's name of a SamplingParams field: SGLang's /generate nests them under sampling_params; the OpenAI
+// routes name the token budgets max_tokens / min_tokens. The logprob counts are top-level fields of each
+// API's own name; prompt_logprobs has none (""): it follows from echo / logprob_start_len.
 std::string api_field(Endpoint endpoint, const std::string& field) {
+  if (field == "prompt_logprobs") return "";
+  if (field == "top_logprobs") {
+    return endpoint == Endpoint::kGenerate      ? "top_logprobs_num"
+           : endpoint == Endpoint::kCompletions ? "logprobs"
+                                                : "top_logprobs";
+  }
   if (endpoint == Endpoint::kGenerate) return "sampling_params." + field;
   if (field == "max_new_tokens") return "max_tokens";
   if (field == "min_new_tokens") return "min_tokens";
@@ -189,9 +198,14 @@ ApiError from_rejection(const engine::Rejection& r, int retry_after_s, Endpoint 
       e = bad_request(api_field(endpoint, "max_new_tokens"), r.message);
       e.type = "context_length_exceeded";
       break;
-    case engine::RejectKind::kBadParam:
-      e = bad_request(r.field.empty() ? std::string() : api_field(endpoint, r.field), r.message);
+    case engine::RejectKind::kBadParam: {
+      // The message starts with the engine's name of the field: the API's instead.
+      const std::string param = r.field.empty() ? std::string() : api_field(endpoint, r.field);
+      std::string message = r.message;
+      if (!param.empty() && message.rfind(r.field, 0) == 0) message = param + message.substr(r.field.size());
+      e = bad_request(param, message);
       break;
+    }
   }
   return e;
 }
@@ -417,8 +431,12 @@ class RequestHandler {
       ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, endpoint_);
       const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
                    j = sr.rejected_index % static_cast<size_t>(req.n);
+      // Which prompt and choice, where that tells something: not for a sampling field, which every choice shares.
+      const bool shared_field = !sr.rejection->field.empty() && sr.rejection->field != "max_new_tokens" &&
+                                sr.rejection->field != "min_new_tokens";
       if (sr.rejection->kind != engine::RejectKind::kQueueFull &&
-          sr.rejection->kind != engine::RejectKind::kShuttingDown && (prompts.size() > 1 || req.n > 1)) {
+          sr.rejection->kind != engine::RejectKind::kShuttingDown && !shared_field &&
+          (prompts.size() > 1 || req.n > 1)) {
         e.message += " (" + (prompts.size() > 1 ? fields[p] + ", " : std::string()) + "choice " + std::to_string(j) +
                      " of n = " + std::to_string(req.n) + ")";
       }

@@ -18,6 +18,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/registry.h"
+#include "moe/config.h"
 #include "tools/commands.h"
 #include "tools/inspect.h"
 
@@ -85,36 +86,36 @@ struct DemoRng {
 Findings find_problems(const Checkpoint& c) {
   Findings f;
   f.problems = c.problems();
-  // The model loader's view. Its problems about a module format::Checkpoint already names (or a part of
-  // one: "<layer>.mlp.experts") are left out: one problem a module.
-  auto named = [&](const std::string& name) {
+  // The model loader's view. A Linear that format::Checkpoint already names (or a part of one:
+  // "<layer>.mlp.experts") is not named again; any other tensor only when Checkpoint names that tensor.
+  auto named = [&](const model::TensorCheck::Problem& m) {
     for (const auto& p : c.problems()) {
       if (p.module.empty()) continue;
-      if (name == p.module || (name.size() > p.module.size() && name.compare(0, p.module.size(), p.module) == 0 &&
-                               name[p.module.size()] == '.'))
+      if (m.name == p.module) return true;
+      if (m.linear && m.name.size() > p.module.size() && m.name.compare(0, p.module.size(), p.module) == 0 &&
+          m.name[p.module.size()] == '.')
         return true;
     }
     return false;
   };
   model::ModelConfig config;
+  model::TensorCheck t;
   try {
     config = model::load_model_config(c.dir());
+    // The MoE layers read their own fields of config.json (moe/config.h): what that parser refuses, the
+    // load refuses.
+    if (config.n_routed_experts > 0) moe::moe_config_from_hf(config.raw);
+    t = model::check_tensors(config, c.store());
   } catch (const fp4moe::Error& e) {
     f.problems.push_back({"config.json", std::string("the model loader refuses it: ") + e.what()});
     return f;
   }
-  model::TensorCheck t;
-  try {
-    t = model::check_tensors(config, c.store());
-  } catch (const fp4moe::Error& e) {  // no architecture registered for a config format::Checkpoint reads
-    f.problems.push_back({"config.json", e.what()});
-    return f;
-  }
-  for (auto& [name, message] : t.problems) {
-    if (!named(name)) f.problems.push_back({name, name + ": " + message});
+  for (auto& p : t.problems) {
+    if (!named(p)) f.problems.push_back({p.name, p.name + ": " + p.message});
   }
   f.unread = std::move(t.unread);
   f.unread_files = std::move(t.unread_files);
+  f.skipped = std::move(t.skipped);
   return f;
 }
 
@@ -176,6 +177,7 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
       s += fmt::format("  - ... and {} more (--json lists all)\n", f.unread.size() - kShown);
   }
   for (const auto& [file, n] : f.unread_files) s += fmt::format("not read      {} ({} tensors)\n", file, n);
+  if (!f.skipped.empty()) s += "not checked   the tensors besides the Linears: " + f.skipped + "\n";
   return s;
 }
 
@@ -220,6 +222,7 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
   ojson files = ojson::array();
   for (const auto& [file, n] : f.unread_files) files.push_back({{"file", file}, {"tensors", n}});
   j["unread_files"] = files;
+  if (!f.skipped.empty()) j["not_checked"] = f.skipped;
   return j;
 }
 

@@ -22,6 +22,7 @@ struct Findings {
   std::vector<format::CheckpointProblem> problems;
   std::vector<std::string> unread;                            // in files the model reads from
   std::vector<std::pair<std::string, int64_t>> unread_files;  // files nothing reads: name, tensor count
+  std::string skipped;  // why the tensors besides the Linears were not checked (model::TensorCheck), or ""
 };
 Findings find_problems(const format::Checkpoint& c);
 

@@ -146,10 +146,14 @@ TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
     const char* want;
   };
   const Case cases[] = {
-      {"glm4_moe_tiny", "model.layers.2.self_attn.o_proj.weight", "layer 2: the attention output at row 0, column "},
-      {"glm4_moe_tiny", "model.layers.0.mlp.down_proj.weight", "layer 0: the MLP output at row 0, column "},
-      {"glm5_tiny", "model.layers.1.mlp.shared_experts.down_proj.weight", "layer 1: the MoE output at row 0, column "},
-      {"glm5_tiny", "model.layers.2.self_attn.o_proj.weight", "layer 2: the attention output at row 0, column "},
+      {"glm4_moe_tiny", "model.layers.2.self_attn.o_proj.weight",
+       "layer 2: the attention output of batch entry 0 at position 0, column "},
+      {"glm4_moe_tiny", "model.layers.0.mlp.down_proj.weight",
+       "layer 0: the MLP output of batch entry 0 at position 0, column "},
+      {"glm5_tiny", "model.layers.1.mlp.shared_experts.down_proj.weight",
+       "layer 1: the MoE output of batch entry 0 at position 0, column "},
+      {"glm5_tiny", "model.layers.2.self_attn.o_proj.weight",
+       "layer 2: the attention output of batch entry 0 at position 0, column "},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.tensor);

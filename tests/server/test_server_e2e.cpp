@@ -443,8 +443,17 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(c.post("/v1/completions", with({{"logit_bias", {{"999999", 1}}}})), 400, "logit_bias");
   expect_error(c.post("/v1/completions", with({{"max_tokens", 2}, {"min_tokens", 3}})), 400, "min_tokens");
   expect_error(c.post("/v1/completions", with({{"repetition_penalty", 2.5}})), 400, "repetition_penalty");
-  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"stop_token_ids", {100000}}}}}.dump()),
-               400, "sampling_params.stop_token_ids");
+  const auto oov = c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"stop_token_ids", {100000}}}}}.dump());
+  expect_error(oov, 400, "sampling_params.stop_token_ids");
+  // The message names the field as the API does, and no choice (every choice shares it).
+  EXPECT_EQ(
+      parse(oov.body)["error"]["message"].get<std::string>().rfind("sampling_params.stop_token_ids[0] = 100000", 0), 0u)
+      << oov.body;
+  const auto oov_n = c.post(
+      "/v1/chat/completions",
+      json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 2}, {"logit_bias", {{"99999", 1}}}}.dump());
+  expect_error(oov_n, 400, "logit_bias");
+  EXPECT_EQ(oov_n.body.find("choice"), std::string::npos) << oov_n.body;
   expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", 0}}}}.dump()), 400,
                "sampling_params.max_new_tokens");
   // Unknown route: a typed 404. A known route asked with another method: a 405 naming the methods it takes.
@@ -1037,7 +1046,8 @@ TEST_F(DefaultServer, LogitBiasAndRefusedFields) {
           .dump());
   EXPECT_EQ(oc.status, 200) << oc.body;
   // Outside the vocabulary (272 tokens): 400 from the engine's validation, naming the token.
-  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 5}}}}.dump()), 400, "");
+  expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 5}}}}.dump()), 400,
+               "logit_bias");
   expect_error(c.post("/v1/completions", json{{"prompt", "a"}, {"response_format", {{"type", "grammar"}}}}.dump()), 400,
                "response_format");
   expect_error(

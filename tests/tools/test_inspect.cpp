@@ -155,8 +155,8 @@ TEST(Inspect, EveryTensorTheModelReadsIsChecked) {
   EXPECT_EQ(inspect_json(c)["problems"].size(), 6u);
 }
 
-// Tensors nothing reads (an extra expert past the config's count is a problem; a KV-cache scale or a layer
-// past num_hidden_layers is not) are listed, not refused; the MTP layer the config declares is not listed.
+// Tensors nothing reads (here a KV-cache scale) are listed, not refused; the MTP layer the config declares is
+// not listed.
 TEST(Inspect, UnreadTensorsAreListed) {
   TempDir tmp("inspect_unread");
   fp4moe::testing::copy_checkpoint(
@@ -194,6 +194,70 @@ TEST(Inspect, UnreadTensorsAreListed) {
     format::Checkpoint g(golden(k.dir));
     const Findings gf = find_problems(g);
     EXPECT_TRUE(gf.unread.empty() && gf.unread_files.empty() && gf.problems.empty()) << k.dir;
+  }
+}
+
+// The review's cases: a tensor beside a Linear that format::Checkpoint names is still named (only the Linear's
+// own parts are deduplicated); a config asking for 40 layers over 3 is a few problems, not 2,295; the MoE
+// parser's refusals are problems; a config without n_shared_experts reads the shared expert on disk (both
+// parsers default to 1, as transformers does; the MoE one said 0 and skipped it).
+TEST(Inspect, ReviewedEdges) {
+  {
+    TempDir tmp("inspect_router_bias");
+    fp4moe::testing::copy_checkpoint(
+        golden("glm4_moe_tiny_nvfp4"), tmp.path(),
+        [](auto& t) { t.erase("model.layers.1.mlp.gate.e_score_correction_bias"); },
+        [](const std::string& file, nlohmann::ordered_json& j) {
+          if (file == "hf_quant_config.json") j["quantization"]["exclude_modules"] = {"lm_head"};
+          if (file == "config.json") j["quantization_config"]["ignore"] = {"lm_head"};
+        });
+    format::Checkpoint c(tmp.path());
+    std::string all;
+    for (const auto& p : find_problems(c).problems) all += p.message + "\n";
+    EXPECT_NE(all.find("model.layers.1.mlp.gate: BF16 on disk but not excluded"), std::string::npos) << all;
+    EXPECT_NE(all.find("model.layers.1.mlp.gate.e_score_correction_bias: missing"), std::string::npos) << all;
+  }
+  {
+    TempDir tmp("inspect_40_layers");
+    fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), nullptr,
+                                     [](const std::string& file, nlohmann::ordered_json& j) {
+                                       if (file == "config.json") j["num_hidden_layers"] = 40;
+                                     });
+    format::Checkpoint c(tmp.path());
+    const Findings f = find_problems(c);
+    std::string all;
+    for (const auto& p : f.problems) all += p.message + "\n";
+    EXPECT_LE(f.problems.size(), 5u) << all;
+  }
+  {
+    TempDir tmp("inspect_softmax");
+    fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), nullptr,
+                                     [](const std::string& file, nlohmann::ordered_json& j) {
+                                       if (file == "config.json") j["scoring_func"] = "softmax";
+                                     });
+    format::Checkpoint c(tmp.path());
+    const Findings f = find_problems(c);
+    ASSERT_FALSE(f.problems.empty());
+    EXPECT_NE(f.problems.back().message.find("scoring_func 'softmax' is not supported"), std::string::npos)
+        << f.problems.back().message;
+  }
+  {
+    TempDir tmp("inspect_shared_default");
+    fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), nullptr,
+                                     [](const std::string& file, nlohmann::ordered_json& j) {
+                                       if (file == "config.json") j.erase("n_shared_experts");
+                                     });
+    format::Checkpoint c(tmp.path());
+    const Findings f = find_problems(c);
+    EXPECT_TRUE(f.problems.empty() && f.unread.empty())
+        << (f.problems.empty() ? f.unread.front() : f.problems.front().message);
+    // The same greedy tokens as the golden model, whose config says n_shared_experts 1.
+    std::string a, b;
+    const std::string gen =
+        std::string(FP4MOE_CLI) + " generate --prompt-ids 5,17,99 --max-new-tokens 4 --greedy --model ";
+    ASSERT_EQ(testing::run_command(gen + tmp.path().string() + " 2>/dev/null | grep -i ids", &a), 0) << a;
+    ASSERT_EQ(testing::run_command(gen + golden("glm4_moe_tiny").string() + " 2>/dev/null | grep -i ids", &b), 0) << b;
+    EXPECT_EQ(a, b);
   }
 }
 
