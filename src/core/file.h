@@ -6,7 +6,8 @@
 
 namespace fp4moe {
 
-// The file's bytes; throws fp4moe::Error "cannot open <path>: <strerror>" when it cannot be read.
+// The file's bytes; throws fp4moe::Error "cannot open <path>: <strerror>" when it cannot be read, and
+// "<path> is a directory, not a file" for a directory.
 std::string read_file(const std::filesystem::path& path);
 
 }  // namespace fp4moe

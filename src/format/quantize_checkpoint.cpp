@@ -2,16 +2,18 @@
 // tests/format/test_quantize_checkpoint.cpp.
 #include "format/quantize_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "format/checkpoint.h"
@@ -96,9 +98,20 @@ std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
 void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
   FP4MOE_CHECK(!(fs::exists(out_dir) && fs::equivalent(in_dir, out_dir)))
       << "quantize: output directory " << out_dir.string() << " is the input directory";
-  FP4MOE_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)))
+  FP4MOE_CHECK(!fs::exists(out_dir) || fs::is_directory(out_dir))
+      << "quantize: output directory " << out_dir.string() << " exists and is not a directory";
+  FP4MOE_CHECK(!fs::exists(out_dir) || fs::is_empty(out_dir))
       << "quantize: output directory " << out_dir.string()
       << " already exists and is not empty (stale shards would mix with the new ones)";
+  // The output can be created: its nearest existing ancestor is a writable directory (checked before the
+  // calibration and the quantization, not after them).
+  fs::path up = fs::absolute(out_dir);
+  while (!fs::exists(up) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
+  FP4MOE_CHECK(fs::is_directory(up)) << "quantize: output directory " << out_dir.string()
+                                     << " cannot be created: " << up.string() << " is not a directory";
+  FP4MOE_CHECK(::access(up.c_str(), W_OK) == 0)
+      << "quantize: output directory " << out_dir.string() << " cannot be created: " << up.string()
+      << " is not writable (" << std::strerror(errno) << ")";
   Checkpoint in(in_dir);
   in.require_valid();
   FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)

@@ -9,17 +9,17 @@
 //
 // DIR holds tokenizer.json and tokenizer_config.json. Tested by tests/engine (the library) and by
 // running it on shared/golden/tokenizer.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
+#include "core/file.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_text.h"
@@ -47,12 +47,6 @@ struct TokenizeOptions {
 
 std::string read_all(std::istream& in) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FP4MOE_CHECK(in.good()) << "cannot open " << path;
-  return read_all(in);
 }
 
 // A token's bytes for display: printable text as is, control bytes and split UTF-8 as \xNN.

@@ -1,4 +1,4 @@
-// read_file: contents round trip; a missing file names the path and the OS reason.
+// read_file: contents round trip; a missing file names the path and the OS reason; a directory says so.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,6 +25,17 @@ TEST(File, MissingFileNamesPathAndReason) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("cannot open /nonexistent/fp4moe/x.json: No such file or directory"), std::string::npos) << msg;
+  }
+}
+
+// A directory is said to be one (reading it threw libstdc++'s "basic_filebuf::underflow ... Is a directory").
+TEST(File, DirectoryIsNamed) {
+  const auto dir = std::filesystem::temp_directory_path();
+  try {
+    read_file(dir);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.string() + " is a directory, not a file"), std::string::npos) << e.what();
   }
 }
 

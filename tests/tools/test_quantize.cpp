@@ -146,6 +146,16 @@ TEST(QuantizeCli, RefusesBeforeCalibrating) {
             1);
   EXPECT_NE(out.find("already exists and is not empty"), std::string::npos) << out;
   EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  // A file as the output, or under it: said so before any work (it said "not empty", or failed after the run).
+  const std::string file = (tmp.path() / "full" / "x").string();
+  for (const auto& [dest, want] : {std::pair{file, file + " exists and is not a directory"},
+                                   std::pair{file + "/out", "cannot be created: " + file + " is not a directory"}}) {
+    EXPECT_EQ(testing::run_command(
+                  std::string(FP4MOE_CLI) + " quantize " + golden("glm4_moe_tiny").string() + " " + dest, &out),
+              1);
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  }
 }
 
 TEST(QuantizeCli, BadPromptsAreNamed) {
