@@ -23,19 +23,19 @@
 //
 // Without --model it runs the embedded default model (engine/default_model.h).
 // Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/default_model.h"
@@ -176,6 +176,34 @@ double mean_step(const Row& r) {
   return r.decode_steps > 0 ? r.decode_total_s / static_cast<double>(r.decode_steps) : 0.0;
 }
 
+// The CPU backend holds every sequence's KV cache and one forward's activations in host memory: a batch that
+// cannot fit is refused before it is allocated (batch 10^7 grew to 6 GB and ended in "std::bad_alloc"). The
+// KV bytes a token are measured, the model's own (KvState::bytes of a 16-token prompt, / 16); the activations
+// a row are a rough upper bound (hidden + MLP widths x 8 f32 buffers) plus the logits.
+void check_cpu_memory(model::CausalLM& lm, int64_t batch, int64_t tokens_per_seq, int64_t prefill_chunk) {
+  constexpr int64_t kProbe = 16;
+  const auto state = lm.new_state();
+  const std::vector<int32_t> probe(kProbe, 0);
+  lm.forward_one(*state, probe, false);
+  const int64_t kv_token = static_cast<int64_t>(state->bytes()) / kProbe;
+  const model::ModelConfig& c = lm.config();
+  const int64_t row = 8 *
+                      (c.hidden_size + std::max(c.intermediate_size, c.moe_intermediate_size * c.num_experts_per_tok)) *
+                      static_cast<int64_t>(sizeof(float));
+  const int64_t step_rows = std::min(batch * tokens_per_seq, std::max(prefill_chunk, batch));
+  const double kv_bytes =
+      static_cast<double>(batch) * static_cast<double>(tokens_per_seq) * static_cast<double>(kv_token);
+  const double act_bytes = static_cast<double>(step_rows) * static_cast<double>(row) +
+                           static_cast<double>(batch) * static_cast<double>(c.vocab_size) * sizeof(float);
+  const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  FP4MOE_CHECK(phys <= 0 || kv_bytes + act_bytes <= phys)
+      << "--batch-size " << batch << " x " << tokens_per_seq << " tokens need ~"
+      << fmt::format("{:.1f}", kv_bytes / 1e9) << " GB of CPU KV cache (" << kv_token << " B a token) and ~"
+      << fmt::format("{:.1f}", act_bytes / 1e9) << " GB of activations (" << step_rows
+      << " rows in a forward; --max-prefill-tokens bounds them); this machine has " << fmt::format("{:.1f}", phys / 1e9)
+      << " GB";
+}
+
 void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
   FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
@@ -216,6 +244,7 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.input_len + a.output_len <= max_pos)
       << "--input-len " << a.input_len << " + --output-len " << a.output_len << " = " << a.input_len + a.output_len
       << " exceeds the model's max_position_embeddings " << max_pos;
+  if (a.device.device == "cpu") check_cpu_memory(*lm, max_b, a.input_len + a.output_len, prefill_chunk);
   std::mt19937_64 rng(a.seed);
   // Each batch size is warmed up with its own shapes first (the same prefill and decode steps): the
   // first use of a GEMM shape loads its kernels (cuBLAS, CUDA lazy loading) and the first step of a

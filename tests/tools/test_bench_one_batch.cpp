@@ -82,6 +82,11 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
             std::string::npos)
       << out;
+  // A batch past the machine's memory is refused before it is allocated (it grew to 6 GB, then bad_alloc).
+  EXPECT_EQ(run("--batch-size 100000000 --input-len 4 --output-len 1", &out), 1);
+  EXPECT_NE(out.find("--batch-size 100000000 x 5 tokens need ~"), std::string::npos) << out;
+  EXPECT_NE(out.find("GB of CPU KV cache ("), std::string::npos) << out;
+  EXPECT_EQ(out.find("bad_alloc"), std::string::npos) << out;
 }
 
 }  // namespace
