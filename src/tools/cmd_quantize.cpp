@@ -26,6 +26,8 @@ namespace fp4moe::tools {
 namespace fs = std::filesystem;
 
 PromptIds read_prompt_ids(const fs::path& file) {
+  std::error_code ec;
+  FP4MOE_CHECK(!fs::is_directory(file, ec)) << "prompt file " << file.string() << " is a directory, not a file";
   std::ifstream in(file);
   FP4MOE_CHECK(in.good()) << "cannot open prompt file " << file.string();
   PromptIds prompts;
@@ -52,6 +54,7 @@ PromptIds read_prompt_ids(const fs::path& file) {
       }
     }
     flush();
+    FP4MOE_CHECK(!ids.empty()) << file.string() << ":" << line_no << ": the prompt holds no token id";
     prompts.push_back(std::move(ids));
   }
   FP4MOE_CHECK(!prompts.empty()) << "prompt file " << file.string() << " holds no prompts";
@@ -90,11 +93,11 @@ Calibration calibrate_input_amax(const fs::path& model_dir, const PromptIds& pro
   Calibration cal;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = prompts[i];
-    FP4MOE_CHECK(!p.empty()) << "calibration prompt " << i << " is empty";
+    // Counted from 1, as the prompt file's prompts (its lines other than blanks and # comments).
+    FP4MOE_CHECK(!p.empty()) << "calibration prompt #" << i + 1 << " is empty";
     for (int32_t id : p) {
-      FP4MOE_CHECK(id >= 0 && id < vocab)
-          << "calibration prompt " << i << ": token id " << id << " is outside the vocabulary [0, "
-          << vocab << ")";
+      FP4MOE_CHECK(id >= 0 && id < vocab) << "calibration prompt #" << i + 1 << " (of " << prompts.size()
+                                          << "): token id " << id << " is outside the vocabulary [0, " << vocab << ")";
     }
     auto state = lm->new_state();
     lm->forward_one(*state, p, /*all_logits=*/false);

@@ -174,8 +174,24 @@ TEST(QuantizeCli, BadPromptsAreNamed) {
                     " " + golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q").string(),
                 &out),
             1);
-  EXPECT_NE(out.find("token id 999999 is outside the vocabulary [0, 512)"), std::string::npos) << out;
+  EXPECT_NE(out.find("calibration prompt #1 (of 1): token id 999999 is outside the vocabulary [0, 512)"),
+            std::string::npos)
+      << out;
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q" / "model.safetensors"));
+  // A line of separators only names its line (it was "calibration prompt 0 is empty"); a directory says so.
+  std::ofstream(tmp.path() / "empty.txt") << "1 2\n,,,\n";
+  EXPECT_THROW(read_prompt_ids(tmp.path() / "empty.txt"), Error);
+  try {
+    read_prompt_ids(tmp.path() / "empty.txt");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("empty.txt:2: the prompt holds no token id"), std::string::npos) << e.what();
+  }
+  try {
+    read_prompt_ids(tmp.path());
+    FAIL() << "read a directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory, not a file"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Calibration, PromptFileAndBuiltinSet) {
