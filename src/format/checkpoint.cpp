@@ -388,6 +388,10 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
       add_problem("quant_algo disagrees: hf_quant_config.json says '" + legacy->quant_algo +
                   "', config.json quantization_config says '" + modern->quant_algo + "'");
     }
+    if (legacy->group_size != modern->group_size) {
+      add_problem("group_size disagrees: hf_quant_config.json says " + std::to_string(legacy->group_size) +
+                  ", config.json quantization_config says " + std::to_string(modern->group_size));
+    }
     std::set<std::string> a(legacy->exclude_modules.begin(), legacy->exclude_modules.end());
     std::set<std::string> b(modern->exclude_modules.begin(), modern->exclude_modules.end());
     if (a != b) {

@@ -32,6 +32,7 @@ namespace {
 struct TokenizeOptions {
   std::string tokenizer_dir;
   std::string text;
+  bool text_given = false;  // --text was given (its text may be empty: it tokenizes to no ids)
   std::string file;
   bool from_stdin = false;
   std::string decode;
@@ -97,6 +98,7 @@ std::vector<engine::TokenId> parse_ids(const std::string& list) {
     FP4MOE_CHECK(used == s.size() && v >= 0 && v < (1LL << 31)) << "--decode: '" << s << "' is not a token id";
     ids.push_back(static_cast<engine::TokenId>(v));
   }
+  FP4MOE_CHECK(!ids.empty()) << "--decode '" << list << "' holds no token id";
   return ids;
 }
 
@@ -118,7 +120,7 @@ nlohmann::ordered_json ids_json(const engine::Tokenizer& tok, const std::vector<
 }
 
 void run_tokenize(const TokenizeOptions& o) {
-  const int n_modes = !o.text.empty() + !o.file.empty() + o.from_stdin + !o.decode.empty() + !o.chat.empty();
+  const int n_modes = o.text_given + !o.file.empty() + o.from_stdin + !o.decode.empty() + !o.chat.empty();
   FP4MOE_CHECK(n_modes == 1) << "give exactly one of --text, --file, --stdin, --decode, --chat (got " << n_modes << ")";
   const engine::Tokenizer tok = engine::Tokenizer::load(o.tokenizer_dir);
   const engine::EncodeOptions encode_options{.add_special_tokens = o.add_special_tokens,
@@ -173,7 +175,7 @@ void run_tokenize(const TokenizeOptions& o) {
     return;
   }
 
-  const std::string text = !o.text.empty() ? o.text : o.from_stdin ? read_all(std::cin) : read_file(o.file);
+  const std::string text = o.text_given ? o.text : o.from_stdin ? read_all(std::cin) : read_file(o.file);
   const std::vector<engine::TokenId> ids = tok.encode(text, encode_options);
   if (o.json) {
     nlohmann::ordered_json out = ids_json(tok, ids);
@@ -191,7 +193,7 @@ void register_tokenize_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "tokenize text, decode ids or render a chat with a model's tokenizer");
   cmd->add_option("--tokenizer", options->tokenizer_dir, "folder with tokenizer.json (and tokenizer_config.json)")
       ->required();
-  cmd->add_option("--text", options->text, "text to tokenize");
+  CLI::Option* text = cmd->add_option("--text", options->text, "text to tokenize");
   cmd->add_option("--file", options->file, "file whose contents to tokenize");
   cmd->add_flag("--stdin", options->from_stdin, "tokenize standard input");
   cmd->add_option("--decode", options->decode, "comma-separated token ids to decode, e.g. 1,2,3");
@@ -205,7 +207,10 @@ void register_tokenize_command(CLI::App& app) {
   cmd->add_flag("--add-special-tokens", options->add_special_tokens, "apply the post-processor (BOS etc.)");
   cmd->add_flag("--skip-special-tokens", options->skip_special_tokens, "--decode: leave special tokens out");
   cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "--chat: without add_generation_prompt");
-  cmd->callback([options] { run_tokenize(*options); });
+  cmd->callback([options, text] {
+    options->text_given = text->count() > 0;
+    run_tokenize(*options);
+  });
 }
 
 }  // namespace fp4moe::tools

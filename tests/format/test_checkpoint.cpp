@@ -303,6 +303,12 @@ TEST(Checkpoint, QuantConfigsDisagree) {
     if (file == "config.json") j["quantization_config"]["ignore"] = {"lm_head"};
   });
   expect_problem(p, "", {"exclusion lists disagree", "model.layers.*.mlp.gate"});
+  // The group size too (config.json's 32 was ignored beside hf_quant_config.json's 16).
+  p = problems_after("glm4_moe_tiny_nvfp4", nullptr, [](const std::string& file, auto& j) {
+    if (file == "config.json") j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 32;
+  });
+  expect_problem(p, "",
+                 {"group_size disagrees: hf_quant_config.json says 16, config.json quantization_config says 32"});
 }
 
 TEST(Checkpoint, Nvfp4WithoutQuantConfig) {

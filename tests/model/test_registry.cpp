@@ -230,7 +230,7 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
 // all the same).
 TEST(ModelRegistry, UnsupportedQuantizationIsRefused) {
   for (const auto& [key, value, want] :
-       {std::tuple{"quant_algo", nlohmann::json("FP8"), "hf_quant_config.json says 'FP8'"},
+       {std::tuple{"quant_algo", nlohmann::json("FP8"), "hf_quant_config.json: quant_algo 'FP8' is not supported"},
         std::tuple{"group_size", nlohmann::json(32), "group_size 32 is not the NVFP4 block size 16"}}) {
     TempDir t;
     const fs::path src = golden("glm4_moe_tiny_nvfp4");

@@ -61,6 +61,11 @@ TEST(CmdTokenize, ErrorsCarryNumbers) {
   EXPECT_NE(out.find("give exactly one of --text, --file, --stdin, --decode, --chat (got 2)"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,5000"), &out), 1);
   EXPECT_NE(out.find("id 5000 is outside the vocabulary (size 4096)"), std::string::npos) << out;
+  // An empty --text is text (no ids), not a missing option; a --decode list of no ids is an error, not "".
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--text '' --ids"), &out), 0) << out;
+  EXPECT_EQ(out, "[]\n");
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--decode ,,"), &out), 1);
+  EXPECT_NE(out.find("--decode ',,' holds no token id"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,x"), &out), 1);
   EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
 }
