@@ -530,6 +530,18 @@ TEST(Scheduler, SubmitGroupIsAllOrNone) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.rejection->kind, RejectKind::kBadParam);
   EXPECT_EQ(r.rejected_index, 2u);
+  // A sampling field's rejection names the field (a server maps it to its API's name) and no source file.
+  EXPECT_EQ(r.rejection->field, "top_p");
+  EXPECT_EQ(r.rejection->message, "top_p 0 must be in (0, 1]");
+  std::vector<Engine::Submission> oov = group(1, greedy(3));
+  oov[0].request.sampling.stop_token_ids = {1, 1 << 30};
+  r = h.engine.submit_group(std::move(oov));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.rejection->field, "stop_token_ids");
+  EXPECT_NE(r.rejection->message.find("stop_token_ids[1] = 1073741824 is outside the model's vocabulary [0, "),
+            std::string::npos)
+      << r.rejection->message;
+  EXPECT_EQ(r.rejection->message.find(".cpp"), std::string::npos) << r.rejection->message;
 
   r = h.engine.submit_group(group(3, greedy(3)));  // 1 + 3 = 4 fits
   ASSERT_TRUE(r.ok());
@@ -538,7 +550,7 @@ TEST(Scheduler, SubmitGroupIsAllOrNone) {
   EXPECT_EQ(h.engine.stats().n_waiting, 4);
   h.engine.run_until_idle();
   EXPECT_EQ(finished.load(), 3);  // nothing from the refused groups
-  EXPECT_EQ(h.engine.stats().requests_rejected_total, 3u);
+  EXPECT_EQ(h.engine.stats().requests_rejected_total, 4u);
 }
 
 TEST(Scheduler, AbortFreesBlocks) {
