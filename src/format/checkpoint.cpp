@@ -371,8 +371,10 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
       from_section(qc, q);
       // The flat shape keeps the group size inside config_groups.*.weights.
       if (auto g = qc.find("config_groups"); g != qc.end() && g->is_object()) {
+        // The 4-bit weight groups' (a mixed export may list other groups, e.g. an int4 AWQ group of 128).
         for (auto& [name, group] : g->items()) {
-          if (group.contains("weights") && group["weights"].is_object())
+          if (group.contains("weights") && group["weights"].is_object() &&
+              get_int(group["weights"], "num_bits", 4, q.source) == 4)
             q.group_size = get_int(group["weights"], "group_size", q.group_size, q.source);
         }
       }

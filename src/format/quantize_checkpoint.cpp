@@ -109,9 +109,10 @@ void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
   while (!fs::exists(up) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
   FP4MOE_CHECK(fs::is_directory(up)) << "quantize: output directory " << out_dir.string()
                                      << " cannot be created: " << up.string() << " is not a directory";
-  FP4MOE_CHECK(::access(up.c_str(), W_OK) == 0)
-      << "quantize: output directory " << out_dir.string() << " cannot be created: " << up.string()
-      << " is not writable (" << std::strerror(errno) << ")";
+  const int writable = ::access(up.c_str(), W_OK), access_errno = errno;
+  FP4MOE_CHECK(writable == 0) << "quantize: output directory " << out_dir.string()
+                              << " cannot be created: " << up.string() << " is not writable ("
+                              << std::strerror(access_errno) << ")";
   Checkpoint in(in_dir);
   in.require_valid();
   FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)

@@ -322,11 +322,12 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   // read as NVFP4 all the same. `fp4moe inspect` lists every problem.
   std::vector<format::CheckpointProblem> problems;
   c.quantization = format::read_quant_config(dir, j, &problems);
-  // What the section asks for first (FP8, group 32), then whether the two sections agree.
-  if (std::optional<std::string> why = c.quantization.unsupported())
-    FP4MOE_FAIL() << dir.string() << ": " << *why << " (fp4moe inspect lists every problem)";
+  // The sections' problems first (a quant_method other than modelopt is named there, before the empty
+  // quant_algo it leaves), then what the section asks for (FP8, group 32).
   if (!problems.empty())
     FP4MOE_FAIL() << dir.string() << ": " << problems.front().message << " (fp4moe inspect lists every problem)";
+  if (std::optional<std::string> why = c.quantization.unsupported())
+    FP4MOE_FAIL() << dir.string() << ": " << *why << " (fp4moe inspect lists every problem)";
   return c;
 }
 

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -222,7 +223,8 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   else if (res.status == -1)
     r.error = res.error;
   else if (res.status != 200)
-    r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300);
+    r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300) +
+              (res.error.empty() ? std::string() : " (" + res.error + ")");
   else if (tokens == 0) r.error = "no tokens streamed";
   else r.ok = true;
   return r;
@@ -389,11 +391,16 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
   // The output files are opened now, so that a path that cannot be written fails before the run, not after it.
+  // (A file the check creates is removed again: a run that fails later leaves no empty file behind.)
   auto writable = [](const std::string& path, const char* flag, std::ios::openmode mode) {
     if (path.empty()) return;
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(path, ec);
     std::ofstream f(path, mode);
     const int err = errno;
     FP4MOE_CHECK(f.good()) << "cannot write " << flag << " " << path << ": " << std::strerror(err);
+    f.close();
+    if (!existed) std::filesystem::remove(path, ec);
   };
   writable(a.output_file, "--output-file", std::ios::app);
   writable(a.plot, "--plot", std::ios::app);

@@ -33,6 +33,7 @@ struct TokenizeOptions {
   std::string tokenizer_dir;
   std::string text;
   bool text_given = false;  // --text was given (its text may be empty: it tokenizes to no ids)
+  bool file_given = false, decode_given = false;
   std::string file;
   bool from_stdin = false;
   std::string decode;
@@ -120,13 +121,13 @@ nlohmann::ordered_json ids_json(const engine::Tokenizer& tok, const std::vector<
 }
 
 void run_tokenize(const TokenizeOptions& o) {
-  const int n_modes = o.text_given + !o.file.empty() + o.from_stdin + !o.decode.empty() + !o.chat.empty();
+  const int n_modes = o.text_given + o.file_given + o.from_stdin + o.decode_given + !o.chat.empty();
   FP4MOE_CHECK(n_modes == 1) << "give exactly one of --text, --file, --stdin, --decode, --chat (got " << n_modes << ")";
   const engine::Tokenizer tok = engine::Tokenizer::load(o.tokenizer_dir);
   const engine::EncodeOptions encode_options{.add_special_tokens = o.add_special_tokens,
                                              .parse_special = !o.no_parse_special};
 
-  if (!o.decode.empty()) {
+  if (o.decode_given) {
     const std::vector<engine::TokenId> ids = parse_ids(o.decode);
     for (engine::TokenId id : ids) {
       FP4MOE_CHECK(id < tok.vocab_size()) << "--decode: id " << id << " is outside the vocabulary (size "
@@ -194,9 +195,9 @@ void register_tokenize_command(CLI::App& app) {
   cmd->add_option("--tokenizer", options->tokenizer_dir, "folder with tokenizer.json (and tokenizer_config.json)")
       ->required();
   CLI::Option* text = cmd->add_option("--text", options->text, "text to tokenize");
-  cmd->add_option("--file", options->file, "file whose contents to tokenize");
+  CLI::Option* file = cmd->add_option("--file", options->file, "file whose contents to tokenize");
   cmd->add_flag("--stdin", options->from_stdin, "tokenize standard input");
-  cmd->add_option("--decode", options->decode, "comma-separated token ids to decode, e.g. 1,2,3");
+  CLI::Option* decode = cmd->add_option("--decode", options->decode, "comma-separated token ids to decode, e.g. 1,2,3");
   cmd->add_option("--chat", options->chat,
                   "JSON file with a list of messages (or {\"messages\": [...], \"tools\": [...]}) to render "
                   "with the chat template (generation prompt on) and tokenize");
@@ -207,8 +208,10 @@ void register_tokenize_command(CLI::App& app) {
   cmd->add_flag("--add-special-tokens", options->add_special_tokens, "apply the post-processor (BOS etc.)");
   cmd->add_flag("--skip-special-tokens", options->skip_special_tokens, "--decode: leave special tokens out");
   cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "--chat: without add_generation_prompt");
-  cmd->callback([options, text] {
+  cmd->callback([options, text, file, decode] {
     options->text_given = text->count() > 0;
+    options->file_given = file->count() > 0;
+    options->decode_given = decode->count() > 0;
     run_tokenize(*options);
   });
 }

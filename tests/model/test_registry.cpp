@@ -230,8 +230,9 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
 // all the same).
 TEST(ModelRegistry, UnsupportedQuantizationIsRefused) {
   for (const auto& [key, value, want] :
-       {std::tuple{"quant_algo", nlohmann::json("FP8"), "hf_quant_config.json: quant_algo 'FP8' is not supported"},
-        std::tuple{"group_size", nlohmann::json(32), "group_size 32 is not the NVFP4 block size 16"}}) {
+       {std::tuple{"quant_algo", nlohmann::json("FP8"), "hf_quant_config.json says 'FP8'"},
+        std::tuple{"group_size", nlohmann::json(32),
+                   "group_size disagrees: hf_quant_config.json says 32, config.json quantization_config says 16"}}) {
     TempDir t;
     const fs::path src = golden("glm4_moe_tiny_nvfp4");
     copy_checkpoint(src, t.path, [](const std::string&, auto&) { return true; });
@@ -245,6 +246,18 @@ TEST(ModelRegistry, UnsupportedQuantizationIsRefused) {
     const std::string e = load_error(t.path);
     EXPECT_NE(e.find(want), std::string::npos) << e;
   }
+  // A DeepSeek-style FP8 section names its quant_method, not the quant_algo it leaves empty.
+  TempDir t;
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string&, auto&) { return true; });
+  nlohmann::json c;
+  {
+    std::ifstream in(t.path / "config.json");
+    c = nlohmann::json::parse(in);
+  }
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  std::ofstream(t.path / "config.json") << c.dump();
+  const std::string e = load_error(t.path);
+  EXPECT_NE(e.find("quant_method 'fp8' is not supported"), std::string::npos) << e;
 }
 
 // An integer field past 32 bits is refused naming it (index_topk 2^32 + 8 ran as 8; 10^12 was reported as a
