@@ -10,10 +10,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "format/checkpoint.h"

@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "format/checkpoint.h"
@@ -184,14 +185,15 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
                 " routed experts), the checkpoint holds " + std::to_string(n_stored);
     return r;
   }
+  auto layer_of = [](std::string_view name) {  // "model.layers.<L>." -> L, else -1
+    int64_t layer = -1, expert = -1;
+    format::classify_module_name(name, &layer, &expert);
+    return layer;
+  };
   // Layers past the checkpoint's last one are one problem (a 40-layer config over 3 layers listed 2,295).
   int64_t layers_on_disk = 0;
   for (const auto& f : store.files()) {
-    for (const format::TensorInfo& t : f->tensors()) {
-      int64_t layer = -1, expert = -1;
-      format::classify_module_name(t.name, &layer, &expert);
-      layers_on_disk = std::max(layers_on_disk, layer + 1);
-    }
+    for (const format::TensorInfo& t : f->tensors()) layers_on_disk = std::max(layers_on_disk, layer_of(t.name) + 1);
   }
   if (config.num_hidden_layers > layers_on_disk) {
     r.problems.push_back(
@@ -200,14 +202,9 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
              (layers_on_disk == 0 ? std::string("no layer") : "layers 0-" + std::to_string(layers_on_disk - 1)),
          false});
   }
-  auto past_disk = [&](const std::string& name) {
-    int64_t layer = -1, expert = -1;
-    format::classify_module_name(name, &layer, &expert);
-    return layer >= layers_on_disk;
-  };
   std::set<std::string, std::less<>> read;  // every tensor name a part of the model reads
   for (const WeightSpec& w : architecture_manifest(config)) {
-    if (past_disk(w.name)) continue;
+    if (layer_of(w.name) >= layers_on_disk) continue;
     if (w.role == WeightRole::kLinear || w.role == WeightRole::kLinearBF16) {
       // The weight's shape by its format (the NVFP4 scales' are format::Checkpoint's); the scales and the
       // activation scale count as read when present.
@@ -247,8 +244,7 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
     std::vector<std::string> unread;
     for (const format::TensorInfo& t : f->tensors()) {
       if (read.count(t.name) != 0) continue;
-      int64_t layer = -1, expert = -1;
-      format::classify_module_name(t.name, &layer, &expert);
+      const int64_t layer = layer_of(t.name);
       if (layer >= mtp_begin && layer < mtp_end) continue;
       unread.push_back(t.name);
     }

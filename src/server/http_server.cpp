@@ -167,8 +167,6 @@ ApiError engine_failure(const std::string& request_id, const std::string& error)
 }
 
 // The API's name of a SamplingParams field: SGLang's /generate nests them under sampling_params; the OpenAI
-// routes name the token budgets max_tokens / min_tokens.
-// The API's name of a SamplingParams field: SGLang's /generate nests them under sampling_params; the OpenAI
 // routes name the token budgets max_tokens / min_tokens. The logprob counts are top-level fields of each
 // API's own name; prompt_logprobs has none (""): it follows from echo / logprob_start_len.
 std::string api_field(Endpoint endpoint, const std::string& field) {

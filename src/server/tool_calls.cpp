@@ -3,9 +3,10 @@
 
 #include <algorithm>
 #include <array>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/json_schema.h"

@@ -23,19 +23,21 @@
 //
 // Without --model it runs the embedded default model (engine/default_model.h).
 // Tested by tests/tools/test_bench_one_batch.cpp (runs the binary on the default model).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/default_model.h"

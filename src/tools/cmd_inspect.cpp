@@ -4,10 +4,11 @@
 // `fp4moe inspect --demo [--demo-dir DIR]`: writes a tiny deterministic BF16 GLM-4.5-style
 // checkpoint, quantizes it to NVFP4 (format/quantize_checkpoint.h) and inspects the result.
 // Tested by tests/tools/test_inspect.cpp.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstring>
 #include <fstream>

@@ -9,17 +9,18 @@
 // Without --gpu the CUDA runtime's device 0 is used (an error when there is none). With --gpu and
 // a device of the same product present, the runtime's limits override the table and every
 // disagreement is printed. Tested by tests/tools/test_cmd_plan.cpp (runs the built binary).
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "format/json_file.h"

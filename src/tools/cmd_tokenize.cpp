@@ -9,14 +9,15 @@
 //
 // DIR holds tokenizer.json and tokenizer_config.json. Tested by tests/engine (the library) and by
 // running it on shared/golden/tokenizer.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
