@@ -1,5 +1,7 @@
 #include "core/file.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -19,6 +21,29 @@ std::string read_file(const std::filesystem::path& path) {
   ss << in.rdbuf();
   FP4MOE_CHECK(!in.bad()) << "cannot read " << path.string();
   return ss.str();
+}
+
+void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents) {
+  namespace fs = std::filesystem;
+  const std::string head = what + " " + path.string();
+  std::error_code ec;
+  FP4MOE_CHECK(!path.empty()) << what << ": the path is empty";
+  FP4MOE_CHECK(!fs::is_directory(path, ec)) << head << " is a directory, not a file";
+  fs::path target = fs::absolute(path, ec);
+  if (ec) target = path;
+  if (!fs::exists(target, ec)) {
+    fs::path up = target.parent_path();
+    if (create_parents) {
+      while (!fs::exists(up, ec) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
+    }
+    FP4MOE_CHECK(fs::exists(up, ec)) << head << " cannot be written: the directory " << up.string()
+                                     << " does not exist";
+    FP4MOE_CHECK(fs::is_directory(up, ec)) << head << " cannot be written: " << up.string() << " is not a directory";
+    target = up;
+  }
+  const int writable = ::access(target.c_str(), W_OK), access_errno = errno;
+  FP4MOE_CHECK(writable == 0) << head << " cannot be written: " << target.string() << " is not writable ("
+                              << std::strerror(access_errno) << ")";
 }
 
 }  // namespace fp4moe

@@ -1,4 +1,5 @@
-// Whole-file reading with errors that name the path and the OS reason. Tested by tests/core/test_file.cpp.
+// Whole-file reading, and the up-front check that an output file can be written, with errors that name the path and
+// the OS reason. Tested by tests/core/test_file.cpp.
 #pragma once
 
 #include <filesystem>
@@ -9,5 +10,11 @@ namespace fp4moe {
 // The file's bytes; throws fp4moe::Error "cannot open <path>: <strerror>" when it cannot be read, and
 // "<path> is a directory, not a file" for a directory.
 std::string read_file(const std::filesystem::path& path);
+
+// Fails, naming `what` (e.g. "--cache") and the path, unless a file can be written at `path` now, so that a command
+// refuses a bad output path before its work rather than after it. The path must not be a directory; an existing
+// file must be writable; otherwise its parent must be a writable directory, or with create_parents (the writer makes
+// the missing directories) its nearest existing ancestor must be. Creates nothing.
+void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false);
 
 }  // namespace fp4moe

@@ -75,6 +75,10 @@ std::string scale_group_of(const std::string& module) {
 
 std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra) {
   std::vector<std::string> out;
+  for (const std::string& p : extra) {
+    FP4MOE_CHECK(!p.empty()) << "quantize: --exclude '' is an empty pattern (it names no module; give a module name or "
+                                "an fnmatch pattern such as 'model.layers.*.self_attn')";
+  }
   for (const auto& list : {default_quantize_exclusions(), extra}) {
     for (const std::string& p : list) {
       if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -92,6 +96,21 @@ std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
   std::vector<std::string> out;
   for (const LinearModule& m : in.modules()) {
     if (m.kind != ModuleKind::kEmbedding && !exclusions.is_excluded(m.name)) out.push_back(m.name);
+  }
+  return out;
+}
+
+std::vector<std::string> unmatched_exclusions(const fs::path& in_dir, const std::vector<std::string>& extra) {
+  Checkpoint in(in_dir);
+  std::vector<std::string> out;
+  for (const std::string& p : extra) {
+    QuantConfig one;
+    one.present = true;
+    one.exclude_modules = {p};
+    const bool matches = std::any_of(in.modules().begin(), in.modules().end(), [&](const LinearModule& m) {
+      return m.kind != ModuleKind::kEmbedding && one.is_excluded(m.name);
+    });
+    if (!matches && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
   return out;
 }

@@ -58,13 +58,18 @@ std::vector<std::string> default_quantize_exclusions();
 // ("....self_attn.qkv" for q/k/v_proj, "....gate_up" for gate/up_proj), or `module` itself.
 std::string scale_group_of(const std::string& module);
 
-// The exclusion list quantize writes: the defaults, then `extra`, duplicates dropped.
+// The exclusion list quantize writes: the defaults, then `extra`, duplicates dropped. An empty pattern in `extra` is
+// refused.
 std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra);
 
 // The Linear modules of `in_dir` that quantize_checkpoint would quantize with these options
 // (sorted); calibration uses it to keep only the amax values that will be written.
 std::vector<std::string> modules_to_quantize(const std::filesystem::path& in_dir,
                                              const std::vector<std::string>& extra_exclude);
+
+// The patterns of `extra` that match no Linear module of `in_dir` (a typo keeps nothing in BF16; the command warns).
+std::vector<std::string> unmatched_exclusions(const std::filesystem::path& in_dir,
+                                              const std::vector<std::string>& extra);
 
 // The refusals quantize_checkpoint makes before any work (output not empty or the input itself,
 // input invalid or already quantized), so a caller can check them before a long calibration pass.

@@ -391,20 +391,9 @@ void run_bench(const BenchArgs& a) {
   FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
-  // The output files are opened now, so that a path that cannot be written fails before the run, not after it.
-  // (A file the check creates is removed again: a run that fails later leaves no empty file behind.)
-  auto writable = [](const std::string& path, const char* flag, std::ios::openmode mode) {
-    if (path.empty()) return;
-    std::error_code ec;
-    const bool existed = std::filesystem::exists(path, ec);
-    std::ofstream f(path, mode);
-    const int err = errno;
-    FP4MOE_CHECK(f.good()) << "cannot write " << flag << " " << path << ": " << std::strerror(err);
-    f.close();
-    if (!existed) std::filesystem::remove(path, ec);
-  };
-  writable(a.output_file, "--output-file", std::ios::app);
-  writable(a.plot, "--plot", std::ios::app);
+  // A path that cannot be written fails before the run, not after it.
+  if (!a.output_file.empty()) check_writable_file(a.output_file, "--output-file");
+  if (!a.plot.empty()) check_writable_file(a.plot, "--plot");
 
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "model/config.h"
 #include "model/presets.h"
 #include "model/registry.h"
@@ -130,6 +131,7 @@ void run_tune(const TuneArgs& a) {
   fmt::print("tuning {} shape(s) x {} token bucket(s), cache {}\n", shapes.size(), buckets.size(), path);
   for (const NamedShape& s : named) fmt::print("  {:<26} {}\n", s.name, s.shape.to_string());
   std::fflush(stdout);
+  check_writable_file(path, "tune cache", /*create_parents=*/true);  // before the tuning, not after it
 #ifndef FP4MOE_HAVE_CUDA
   FP4MOE_FAIL() << "fp4moe tune needs a GPU, and this build has no CUDA (configured without nvcc or with "
                    "-DFP4MOE_CUDA=OFF)";

@@ -1,4 +1,6 @@
 // read_file: contents round trip; a missing file names the path and the OS reason; a directory says so.
+// check_writable_file: a directory, a path under a file and a missing parent are refused, naming the path; a new file
+// in a directory, an existing file and (with create_parents) missing directories pass; nothing is created.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -37,6 +39,39 @@ TEST(File, DirectoryIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(dir.string() + " is a directory, not a file"), std::string::npos) << e.what();
   }
+}
+
+// The helper throws `needle`'s message for `path`.
+void expect_refused(const std::filesystem::path& path, bool create_parents, const std::string& needle) {
+  try {
+    check_writable_file(path, "--out", create_parents);
+    ADD_FAILURE() << path << ": no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(File, WritableFileCheckRefusesBadPaths) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path();
+  expect_refused(tmp, false, "--out " + tmp.string() + " is a directory, not a file");
+  expect_refused("", false, "--out: the path is empty");
+  const fs::path file = tmp / "fp4moe_writable_check_file";
+  std::ofstream(file) << "x";
+  expect_refused(file / "y.json", false, "--out " + (file / "y.json").string() + " cannot be written: " +
+                                             file.string() + " is not a directory");
+  expect_refused(file / "a" / "y.json", true, "cannot be written: " + file.string() + " is not a directory");
+  const fs::path missing = tmp / "fp4moe_writable_check_missing";
+  fs::remove_all(missing);
+  expect_refused(missing / "y.json", false,
+                 "cannot be written: the directory " + missing.string() + " does not exist");
+  // Passing paths; nothing is created on the way.
+  EXPECT_NO_THROW(check_writable_file(file, "--out"));
+  EXPECT_NO_THROW(check_writable_file(tmp / "fp4moe_writable_check_new.json", "--out"));
+  EXPECT_NO_THROW(check_writable_file(missing / "a" / "y.json", "--out", /*create_parents=*/true));
+  EXPECT_FALSE(fs::exists(missing));
+  EXPECT_FALSE(fs::exists(tmp / "fp4moe_writable_check_new.json"));
+  fs::remove(file);
 }
 
 }  // namespace

@@ -118,6 +118,19 @@ TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
   EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 105);
 }
 
+// A pattern that matches no Linear is reported (a typo would keep nothing in BF16); an empty one is refused.
+TEST(QuantizeCheckpoint, ExclusionPatternsAreChecked) {
+  EXPECT_EQ(unmatched_exclusions(golden("glm5_tiny"),
+                                 {"model.layers.*.self_attn*", "model.layers.*.self_atn*", "lm_head", "mlp.gate_proj"}),
+            (std::vector<std::string>{"model.layers.*.self_atn*"}));
+  try {
+    quantize_exclusions({"lm_head", ""});
+    FAIL() << "an empty pattern was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize: --exclude '' is an empty pattern"), std::string::npos) << e.what();
+  }
+}
+
 TEST(QuantizeCheckpoint, WithoutCalibrationIsWeightOnly) {
   TempDir out("quant_w4a16");
   QuantizeReport r = quantize_checkpoint(golden("glm4_moe_tiny"), out.path(), {});

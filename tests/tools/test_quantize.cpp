@@ -92,6 +92,7 @@ void calibrated_case(const std::string& model, const std::string& extra_args, in
             std::string::npos)
       << out;
   EXPECT_NE(out.find("to NVFP4"), std::string::npos) << out;
+  EXPECT_EQ(out.find("matches no Linear module"), std::string::npos) << out;
   expect_weights_equal(tmp.path() / "q", golden(model + "_nvfp4"));
   format::Checkpoint c(tmp.path() / "q");
   EXPECT_TRUE(c.problems().empty());
@@ -156,6 +157,14 @@ TEST(QuantizeCli, RefusesBeforeCalibrating) {
     EXPECT_NE(out.find(want), std::string::npos) << out;
     EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
   }
+  // An empty --exclude pattern is refused before any work (it was accepted and written to the exclusion list).
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --exclude '' " + golden("glm4_moe_tiny").string() +
+                                     " " + (tmp.path() / "q2").string(),
+                                 &out),
+            1);
+  EXPECT_NE(out.find("quantize: --exclude '' is an empty pattern"), std::string::npos) << out;
+  EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q2"));
 }
 
 TEST(QuantizeCli, BadPromptsAreNamed) {

@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -131,6 +133,18 @@ TEST(TuneCli, WithoutGpuFailsWithTheReason) {
 #else
   EXPECT_NE(err.find("fp4moe tune needs a GPU, and this build has no CUDA"), std::string::npos) << err;
 #endif
+}
+
+// A cache path that cannot be written fails before the tuning (it failed when the winners were saved, after minutes of
+// timing), with or without a GPU.
+TEST(TuneCli, UnwritableCachePathFailsFirst) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1 --cache " + dir), "tune cache " + dir + " is a directory, not a file");
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "fp4moe_tune_cache_parent";
+  std::ofstream(file) << "x";
+  EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1 --cache " + (file / "sub" / "tune.json").string()),
+             "cannot be written: " + file.string() + " is not a directory");
+  std::filesystem::remove(file);
 }
 
 TEST(BenchGemmCli, OptionErrorsNameTheBadToken) {
