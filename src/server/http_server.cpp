@@ -848,7 +848,12 @@ void HttpServer::install_routes() {
         }
         engine::EngineStats stats;  // empty until the model is loaded
         if (engine) stats = engine->stats();
-        res.set_content(render_metrics(stats, counters), "text/plain; version=0.0.4");
+        ServedModel model{"", options_.served_model_name};
+        const json& args = options_.launch_args;
+        if (args.is_object() && args.contains("model_path") && args["model_path"].is_string()) {
+          model.model_path = args["model_path"].get<std::string>();
+        }
+        res.set_content(render_metrics(stats, counters, model), "text/plain; version=0.0.4");
       }));
   get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {
         json info = options_.launch_args;

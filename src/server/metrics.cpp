@@ -44,10 +44,27 @@ void histogram(std::ostringstream& o, const std::string& name, const char* help,
   o << kPrefix << name << "_count " << h.count << "\n";
 }
 
+// A Prometheus label value: \\, \" and \n escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string render_metrics(const engine::EngineStats& s, const HttpCounters& http) {
+std::string render_metrics(const engine::EngineStats& s, const HttpCounters& http, const ServedModel& model) {
   std::ostringstream o;
+  header(o, "model_info", "gauge", "The served model (labels); always 1.");
+  o << kPrefix << "model_info{model_path=\"" << label_value(model.model_path) << "\",served_model_name=\""
+    << label_value(model.served_model_name) << "\"} 1\n";
   scalar(o, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", static_cast<double>(s.prompt_tokens_total));
   scalar(o, "generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(s.generation_tokens_total));
   scalar(o, "num_requests_total", "counter", "Requests accepted by the engine.", static_cast<double>(s.requests_submitted_total));

@@ -6,7 +6,8 @@
 //              http_errors_total{code}, moe_expert_tokens_total{layer, expert},
 //              moe_active_experts_total{layer}, layer_seconds_total{layer, part}, layer_timed_steps_total
 //   gauges     fp4moe:num_running_reqs, num_queue_reqs, num_used_tokens, max_total_num_tokens,
-//              token_usage (KV fraction), is_ready
+//              token_usage (KV fraction), is_ready, model_info{model_path, served_model_name} (always 1: the
+//              labels say which model the series are about, so a saved copy can be analyzed without --model)
 //   histograms fp4moe:time_to_first_token_seconds, inter_token_latency_seconds,
 //              e2e_request_latency_seconds, decode_batch_size, moe_expert_step_tokens
 // `fp4moe analyze` (tools/analyze.h) reads the MoE and layer-time series.
@@ -27,6 +28,12 @@ struct HttpCounters {
   std::map<int, uint64_t> errors_by_status;
 };
 
-std::string render_metrics(const engine::EngineStats& stats, const HttpCounters& http);
+// Which model the server serves: the labels of fp4moe:model_info.
+struct ServedModel {
+  std::string model_path;  // as launched ("(embedded default)" when none was given)
+  std::string served_model_name;
+};
+
+std::string render_metrics(const engine::EngineStats& stats, const HttpCounters& http, const ServedModel& model = {});
 
 }  // namespace fp4moe::server

@@ -124,6 +124,12 @@ double bytes_per_weight(WeightFormat f) { return f == WeightFormat::kNvfp4 ? 0.5
 Measured read_measured(const PromText& p) {
   Measured m;
   const std::string P = kP;
+  // Counters only grow from 0: a negative or non-finite one is a corrupt copy, and would give negative rates.
+  for (const PromSample& s : p.samples) {
+    const bool counter = s.name.rfind(P, 0) == 0 && s.name.size() > 6 && s.name.compare(s.name.size() - 6, 6, "_total") == 0;
+    FP4MOE_CHECK(!counter || (std::isfinite(s.value) && s.value >= 0))
+        << "metrics line " << s.line << ": " << s.name << " = " << s.value << ", but a counter is finite and >= 0";
+  }
   m.steps = p.value(P + "forward_steps_total");
   m.forward_tokens = p.value(P + "forward_tokens_total");
   m.forward_seconds = p.value(P + "forward_seconds_total");

@@ -4,11 +4,12 @@
 // --max-running-requests would do (tools/analyze.h has the formulas; docs/server.md how to read the tables).
 //
 //   fp4moe analyze --url http://127.0.0.1:30000            # model and max-running from /get_server_info
-//   fp4moe analyze --metrics metrics.txt --model DIR [--weights nvfp4|bf16]
+//   fp4moe analyze --metrics metrics.txt [--model DIR] [--weights nvfp4|bf16]
 //       [--hbm-gbps 4200] [--peak-tflops 780] [--max-running-requests N] [--json]
 //
-// The model config: --model DIR, else the server's model_path (with --url) when it is a local
-// directory, else the embedded default model. --weights auto: nvfp4 when the checkpoint's
+// The model config: --model DIR|PRESET, else the server's model_path (/get_server_info with --url, else the
+// metrics' fp4moe:model_info line, which a saved copy carries too) when it is a local directory or a preset,
+// the embedded default model when the server says it serves that; metrics that name no model need --model. --weights auto: nvfp4 when the checkpoint's
 // quantization config says NVFP4 (and for the embedded default model, whose experts are NVFP4),
 // bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs the built binary).
 #include <CLI/CLI.hpp>
@@ -56,6 +57,7 @@ void run_analyze(AnalyzeArgs a) {
   FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
       << "give exactly one of --metrics FILE and --url http://host:port (got "
       << (a.metrics_file.empty() ? "neither" : "both") << ")";
+  if (a.weights != "auto") parse_weight_format(a.weights);  // a bad --weights before any other work
   std::string text;
   std::string model_path;  // from the server, when it says
   if (!a.url.empty()) {
@@ -80,6 +82,14 @@ void run_analyze(AnalyzeArgs a) {
     text = read_text(a.metrics_file);
   }
 
+  const PromText metrics = parse_prometheus_text(text);
+  // The model: --model, else the server's model_path (/get_server_info, else the metrics' own model_info line,
+  // which a saved copy carries too).
+  if (model_path.empty()) {
+    for (const PromSample* s : metrics.find("fp4moe:model_info")) {
+      if (auto it = s->labels.find("model_path"); it != s->labels.end()) model_path = it->second;
+    }
+  }
   model::ModelConfig cfg;
   bool embedded = false;
   if (!a.model_dir.empty()) {
@@ -89,6 +99,9 @@ void run_analyze(AnalyzeArgs a) {
         << "the server serves " << model_path << ", which is neither a directory here nor a preset: pass --model DIR";
     cfg = model::load_config_or_preset(model_path);
   } else {
+    FP4MOE_CHECK(!model_path.empty())
+        << (a.url.empty() ? "--metrics " + a.metrics_file : a.url)
+        << " names no model (no fp4moe:model_info line, and no server to ask): pass --model DIR|PRESET";
     cfg = model::parse_model_config(engine::default_model_config(), "the embedded default model");
     embedded = true;
   }
@@ -101,7 +114,7 @@ void run_analyze(AnalyzeArgs a) {
     weights = parse_weight_format(a.weights);
   }
 
-  const Measured m = read_measured(parse_prometheus_text(text));
+  const Measured m = read_measured(metrics);
   const Analysis an = analyze(m, cfg, weights, a.roofline, a.max_running_requests);
   if (a.json_out) {
     fmt::print("{}\n", analysis_json(an).dump(2));
@@ -120,7 +133,7 @@ void register_analyze_command(CLI::App& app) {
   cmd->add_option("--metrics", a->metrics_file, "A saved /metrics text");
   cmd->add_option("--url", a->url, "A running server, http://host:port (reads /metrics and /get_server_info)");
   cmd->add_option("--model,--model-path", a->model_dir,
-                  "Model directory for the config (default: the server's model_path, else the embedded default model)");
+                  "Model directory or preset for the config (default: the model the server or the metrics' model_info name)");
   cmd->add_option("--weights", a->weights, "Expert weight format: auto, nvfp4 (0.5625 B/weight) or bf16 (default auto)");
   cmd->add_option("--hbm-gbps", a->roofline.hbm_gbps, "HBM roofline in GB/s (default 4200: H200 copy bandwidth)");
   cmd->add_option("--peak-tflops", a->roofline.peak_tflops, "Tensor roofline in TFLOP/s (default 780: H200 BF16)");

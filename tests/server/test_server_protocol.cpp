@@ -417,13 +417,14 @@ TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
   s.expert_tokens = {{3, 0}, {1, 2}};
   s.kv_used_tokens = 16;
   s.kv_total_tokens = 64;
-  const std::string text = render_metrics(s, HttpCounters{{{400, 3}}});
+  const std::string text = render_metrics(s, HttpCounters{{{400, 3}}}, ServedModel{"/m/a\"b", "glm"});
   for (const char* line : {"fp4moe:time_to_first_token_seconds_bucket{le=\"0.1\"} 1\n",
                            "fp4moe:time_to_first_token_seconds_bucket{le=\"1\"} 2\n",
                            "fp4moe:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n",
                            "fp4moe:time_to_first_token_seconds_count 3\n", "fp4moe:token_usage 0.25\n",
                            "fp4moe:moe_expert_tokens_total{layer=\"2\",expert=\"1\"} 2\n",
                            "fp4moe:http_errors_total{code=\"400\"} 3\n",
+                           "fp4moe:model_info{model_path=\"/m/a\\\"b\",served_model_name=\"glm\"} 1\n",
                            "# TYPE fp4moe:e2e_request_latency_seconds histogram\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }

@@ -308,6 +308,19 @@ TEST(Analyze, RejectsMismatchedConfigAndEmptyMetrics) {
         << e.what();
   }
   EXPECT_THROW(parse_weight_format("fp8"), fp4moe::Error);
+  // A negative counter (a corrupt copy) is refused, naming its line.
+  text = kMetrics;
+  const std::string steps = "\nfp4moe:forward_steps_total ";
+  const size_t at = text.find(steps);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + steps.size(), "-");
+  try {
+    read_measured(parse_prometheus_text(text));
+    FAIL() << "negative counter accepted";
+  } catch (const fp4moe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(": fp4moe:forward_steps_total = -"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a counter is finite and >= 0"), std::string::npos) << e.what();
+  }
 }
 
 // A model that also times the GEMMs inside "moe" gets per-GEMM achieved rates.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,10 +107,29 @@ TEST(AnalyzeE2E, ServerMetricsThenAnalyze) {
   { std::ofstream(path) << again.body; }
   std::string from_file;
   EXPECT_EQ(run("--metrics " + path + " --max-running-requests 4 --json", &from_file), 0) << from_file;
-  std::filesystem::remove(path);
   const json jf = json::parse(from_file);
   EXPECT_EQ(jf["layers"], j["layers"]);
   EXPECT_EQ(jf["what_if"], j["what_if"]);
+  // The copy names its model (fp4moe:model_info): without it, and without --model, analyze refuses rather than
+  // assume the embedded default model's widths.
+  EXPECT_NE(again.body.find("fp4moe:model_info{model_path=\"(embedded default)\",served_model_name=\""),
+            std::string::npos)
+      << again.body;
+  std::string stripped;
+  {
+    std::istringstream in(again.body);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("fp4moe:model_info", 0) != 0) stripped += line + "\n";
+    }
+  }
+  { std::ofstream(path) << stripped; }
+  EXPECT_NE(run("--metrics " + path, &from_file), 0) << from_file;
+  EXPECT_NE(from_file.find("--metrics " + path + " names no model (no fp4moe:model_info line"), std::string::npos)
+      << from_file;
+  // --model still decides: a preset that is not the served model is caught by the expert count.
+  EXPECT_NE(run("--metrics " + path + " --model glm5-shard", &from_file), 0) << from_file;
+  EXPECT_NE(from_file.find("is --model the served model?"), std::string::npos) << from_file;
+  std::filesystem::remove(path);
 
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
