@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -135,13 +136,23 @@ void parse_moe(const json& j, const std::string& src, ModelConfig& c) {
     FP4MOE_CHECK(t == "dense" || t == "sparse")
         << src << ": mlp_layer_types[" << i << "]=\"" << t << "\" is neither \"dense\" nor \"sparse\"";
   }
-  FP4MOE_CHECK(c.scoring_func == "sigmoid" || c.scoring_func == "softmax")
-      << src << ": scoring_func=\"" << c.scoring_func << "\" (supported: sigmoid, softmax)";
+  FP4MOE_CHECK(c.scoring_func == "sigmoid")
+      << src << ": scoring_func '" << c.scoring_func
+      << "' is not supported (sigmoid only: the GLM routers' sigmoid with e_score_correction_bias)";
   FP4MOE_CHECK(c.n_routed_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts)
       << src << ": num_experts_per_tok=" << c.num_experts_per_tok << " with n_routed_experts=" << c.n_routed_experts;
   FP4MOE_CHECK(c.n_group >= 1 && c.n_routed_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group)
       << src << ": n_group=" << c.n_group << ", topk_group=" << c.topk_group
       << " with n_routed_experts=" << c.n_routed_experts;
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  FP4MOE_CHECK(c.n_routed_experts <= kIntMax && c.n_shared_experts >= 0 && c.n_shared_experts <= kIntMax)
+      << src << ": n_routed_experts=" << c.n_routed_experts << ", n_shared_experts=" << c.n_shared_experts
+      << " (each in [0, " << kIntMax << "])";
+  try {
+    c.moe_config().validate();  // the router's own rules (group sizes, top_k within the chosen groups, ...)
+  } catch (const Error& e) {
+    throw Error(src + ": " + e.what());
+  }
 }
 
 void parse_glm5(const json& j, const std::string& src, ModelConfig& c) {
@@ -220,6 +231,24 @@ std::string ModelConfig::summary() const {
      << n_shared_experts << " shared (I=" << moe_intermediate_size << ")";
   if (quantization.present) os << ", quant " << quantization.quant_algo;
   return os.str();
+}
+
+moe::MoeConfig ModelConfig::moe_config() const {
+  moe::MoeConfig m;
+  m.hidden = hidden_size;
+  m.moe_intermediate = moe_intermediate_size;
+  m.n_experts = static_cast<int>(n_routed_experts);
+  m.top_k = static_cast<int>(num_experts_per_tok);
+  m.n_group = static_cast<int>(n_group);
+  m.topk_group = static_cast<int>(topk_group);
+  m.norm_topk_prob = norm_topk_prob;
+  m.routed_scaling_factor = routed_scaling_factor;
+  m.scoring = moe::ScoringFunc::kSigmoid;
+  m.correction_bias = true;
+  // transformers' GlmMoeDsaMoE masks unchosen groups with -inf; Glm4MoeMoE (and DeepseekV3MoE) with 0.0.
+  m.masked_fill_value = architecture == kArchGlmMoeDsa ? -std::numeric_limits<float>::infinity() : 0.0f;
+  m.n_shared_experts = static_cast<int>(n_shared_experts);
+  return m;
 }
 
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source) {

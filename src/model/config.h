@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/checkpoint.h"
+#include "moe/config.h"
 
 namespace fp4moe::model {
 
@@ -65,7 +66,7 @@ struct ModelConfig {
   int64_t topk_group = 1;
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
-  std::string scoring_func = "sigmoid";  // "sigmoid" (+ e_score_correction_bias) or "softmax"
+  std::string scoring_func = "sigmoid";  // "sigmoid" (+ e_score_correction_bias): the only one the GLM routers use
   std::string topk_method = "noaux_tc";
   int64_t first_k_dense_replace = 0;
   std::vector<std::string> mlp_layer_types;  // per layer "dense" or "sparse" (derived when absent)
@@ -95,6 +96,9 @@ struct ModelConfig {
   bool is_moe_layer(int64_t layer) const;    // mlp_layer_types[layer] == "sparse"
   int64_t rotary_dim() const;                // GLM-4.x: head_dim * partial_rotary_factor (even)
   std::string summary() const;               // one line: arch, layers, hidden, heads, experts
+  // What the MoE layers run with (the fields above; the masked-group fill by architecture: -inf for GLM-5, 0 for
+  // GLM-4.5, as transformers). The one source of the MoE layers' config: they do not parse config.json again.
+  moe::MoeConfig moe_config() const;
 };
 
 // Parses a config.json object. `source` names it in errors. Fails on an unknown architecture

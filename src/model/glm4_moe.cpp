@@ -88,7 +88,7 @@ Glm4MoeModel::Glm4MoeModel(const ModelConfig& config, const format::TensorStore&
     : cfg_(config) {
   FP4MOE_CHECK(cfg_.rope_type == "default") << cfg_.source << ": rope_type \"" << cfg_.rope_type
                                             << "\" is not implemented (only \"default\")";
-  moe_cfg_ = moe::moe_config_from_hf(cfg_.raw);
+  moe_cfg_ = cfg_.moe_config();
   rotary_dim_ = cfg_.rotary_dim();
   inv_freq_ = rope_inv_freq(rotary_dim_, cfg_.rope_theta);
   const int64_t H = cfg_.hidden_size;
@@ -412,9 +412,7 @@ std::vector<WeightSpec> glm4_moe_manifest(const ModelConfig& c) {
     };
     if (c.is_moe_layer(l)) {
       m.push_back({p + ".mlp.gate", {c.n_routed_experts, H}, WeightRole::kLinearBF16});
-      if (c.scoring_func == "sigmoid") {
-        m.push_back({p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, WeightRole::kF32Bias});
-      }
+      m.push_back({p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, WeightRole::kF32Bias});
       for (int64_t e = 0; e < c.n_routed_experts; ++e) mlp(p + ".mlp.experts." + std::to_string(e), c.moe_intermediate_size);
       if (c.n_shared_experts > 0) mlp(p + ".mlp.shared_experts", c.moe_intermediate_size * c.n_shared_experts);
     } else {

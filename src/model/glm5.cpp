@@ -177,7 +177,7 @@ Glm5Model::Glm5Model(const ModelConfig& c, const format::TensorStore& store, con
   }
   progress.advance(layer_bytes.back());  // embeddings, final norm, lm_head (and unused MTP layers)
 
-  const moe::MoeConfig moe_cfg = moe::moe_config_from_hf(c.raw);
+  const moe::MoeConfig moe_cfg = c.moe_config();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     Glm5Layer L;
     L.index = l;

@@ -19,7 +19,6 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/registry.h"
-#include "moe/config.h"
 #include "tools/commands.h"
 #include "tools/inspect.h"
 
@@ -103,9 +102,6 @@ Findings find_problems(const Checkpoint& c) {
   model::TensorCheck t;
   try {
     config = model::load_model_config(c.dir());
-    // The MoE layers read their own fields of config.json (moe/config.h): what that parser refuses, the
-    // load refuses.
-    if (config.n_routed_experts > 0) moe::moe_config_from_hf(config.raw);
     t = model::check_tensors(config, c.store());
   } catch (const fp4moe::Error& e) {
     f.problems.push_back({"config.json", std::string("the model loader refuses it: ") + e.what()});

@@ -3,6 +3,7 @@
 //   ctest --test-dir build -R ModelConfig
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <tuple>
 
@@ -95,6 +96,35 @@ TEST(ModelConfig, DerivedIndexerTypesFollowHf) {
             (std::vector<std::string>{"full", "shared", "shared", "full", "full", "shared"}));
   j["index_topk_pattern"] = "FSX";
   EXPECT_NE(error_of(j).find("index_topk_pattern has 3 letters"), std::string::npos) << error_of(j);
+}
+
+// The MoE layers' config comes from the one parse: the same as the MoE library's own reading of the file, with the
+// group fill by architecture; the router's rules and scoring_func are checked at parse time, naming the file.
+TEST(ModelConfig, MoeConfigFromTheOneParse) {
+  for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
+    const nlohmann::json raw =
+        read_json(fp4moe::testing::shared_path(std::string("golden/models/") + model + "/config.json"));
+    const moe::MoeConfig got = parse_model_config(raw, model).moe_config();
+    const moe::MoeConfig want = moe::moe_config_from_hf(raw);
+    EXPECT_EQ(got.to_string(), want.to_string()) << model;
+    EXPECT_EQ(got.correction_bias, want.correction_bias) << model;
+    EXPECT_EQ(got.shared_intermediate(), want.shared_intermediate()) << model;
+  }
+  const nlohmann::json base = read_json(fp4moe::testing::shared_path("golden/models/glm5_tiny/config.json"));
+  EXPECT_TRUE(std::isinf(parse_model_config(base, "t").moe_config().masked_fill_value));
+  nlohmann::json j = base;
+  j["scoring_func"] = "softmax";
+  EXPECT_NE(error_of(j).find("test.json: scoring_func 'softmax' is not supported (sigmoid only"), std::string::npos)
+      << error_of(j);
+  j = base;
+  j["num_experts_per_tok"] = j["n_routed_experts"];
+  j["n_group"] = 2;
+  j["topk_group"] = 1;  // top_k past the experts of the one chosen group
+  EXPECT_NE(error_of(j).find("test.json: "), std::string::npos) << error_of(j);
+  EXPECT_NE(error_of(j).find("exceeds the experts of the chosen groups"), std::string::npos) << error_of(j);
+  j = base;
+  j.erase("n_shared_experts");  // transformers' default: one shared expert
+  EXPECT_EQ(parse_model_config(j, "t").moe_config().n_shared_experts, 1);
 }
 
 TEST(ModelConfig, ErrorsNameTheField) {

@@ -102,7 +102,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
       << " page_size=" << gopt_.page_size << " (all must be >= 1)";
   std::string why;
   FP4MOE_CHECK(cuda::cuda_device_available(&why)) << "--device cuda: no usable GPU (" << why << ")";
-  moe_cfg_ = moe::moe_config_from_hf(cfg_.raw);
+  moe_cfg_ = cfg_.moe_config();
   rotary_dim_ = cfg_.rotary_dim();
   max_T_ = gopt_.max_tokens_per_step;
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, V = cfg_.vocab_size;

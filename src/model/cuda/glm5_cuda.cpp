@@ -197,7 +197,7 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   idx_ = {id.n_heads, id.head_dim, c.index_topk, id.softmax_scale(), id.weight_scale()};
   rope_style_ = c.rope_interleave ? cuda::RopeStyle::kInterleaved : cuda::RopeStyle::kNeox;
   index_rope_style_ = c.indexer_rope_interleave ? cuda::RopeStyle::kInterleaved : cuda::RopeStyle::kNeox;
-  moe_cfg_ = moe::moe_config_from_hf(c.raw);
+  moe_cfg_ = c.moe_config();
   max_T_ = gopt_.max_tokens_per_step;
   const int64_t H = c.hidden_size, V = c.vocab_size, heads = c.num_attention_heads;
   const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim, latent_w = R + rope;
