@@ -242,7 +242,11 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   c.moe_intermediate_size = get_int(j, "moe_intermediate_size", 0, source);
   c.n_routed_experts = get_int(j, "n_routed_experts", get_int(j, "num_experts", 0, source), source);
   c.n_experts_per_tok = get_int(j, "num_experts_per_tok", 0, source);
-  c.n_shared_experts = get_int(j, "n_shared_experts", 0, source);
+  // transformers' default for the model types that have the field (Glm4MoeConfig, GlmMoeDsaConfig, DeepseekV3Config:
+  // one shared expert, as model::ModelConfig reads it); 0 for the others (Qwen3-MoE, Mixtral have none).
+  const bool shared_by_default =
+      c.model_type == "glm4_moe" || c.model_type == "glm_moe_dsa" || c.model_type == "deepseek_v3";
+  c.n_shared_experts = get_int(j, "n_shared_experts", shared_by_default ? 1 : 0, source);
   c.first_k_dense_replace = get_int(j, "first_k_dense_replace", 0, source);
   c.n_nextn_layers = get_int(j, "num_nextn_predict_layers", 0, source);
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean()) {
@@ -276,36 +280,46 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   return c;
 }
 
+namespace {
+
+// A module index: 1-9 decimal digits (so that it fits an int64_t with room, and a name like
+// "model.layers.99999999999999999999.x" is no layer rather than an overflow), else -1.
+int64_t parse_index(std::string_view digits) {
+  if (digits.empty() || digits.size() > 9) return -1;
+  int64_t v = 0;
+  for (char ch : digits) {
+    if (ch < '0' || ch > '9') return -1;
+    v = v * 10 + (ch - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+int64_t layer_index(std::string_view name) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!starts_with(name, kLayers)) return -1;
+  const std::string_view rest = name.substr(kLayers.size());
+  const size_t dot = rest.find('.');
+  return dot == std::string_view::npos ? -1 : parse_index(rest.substr(0, dot));
+}
+
 ModuleKind classify_module_name(std::string_view name, int64_t* layer, int64_t* expert) {
   *layer = -1;
   *expert = -1;
   if (name == "lm_head" || ends_with(name, ".lm_head")) return ModuleKind::kLmHead;
   if (ends_with(name, "embed_tokens")) return ModuleKind::kEmbedding;
-  constexpr std::string_view kLayers = "model.layers.";
-  if (!starts_with(name, kLayers)) return ModuleKind::kOther;
-  std::string_view rest = name.substr(kLayers.size());
-  size_t dot = rest.find('.');
-  if (dot == 0 || dot == std::string_view::npos) return ModuleKind::kOther;
-  int64_t l = 0;
-  for (char ch : rest.substr(0, dot)) {
-    if (ch < '0' || ch > '9') return ModuleKind::kOther;
-    l = l * 10 + (ch - '0');
-  }
+  const int64_t l = layer_index(name);
+  if (l < 0) return ModuleKind::kOther;
   *layer = l;
-  rest = rest.substr(dot + 1);
+  std::string_view rest = name.substr(name.find('.', std::string_view("model.layers.").size()) + 1);
   if (starts_with(rest, "self_attn.")) return ModuleKind::kAttention;
   if (starts_with(rest, "mlp.shared_experts.")) return ModuleKind::kSharedExpert;
   constexpr std::string_view kExperts = "mlp.experts.";
   if (starts_with(rest, kExperts)) {
-    std::string_view e = rest.substr(kExperts.size());
-    size_t d = e.find('.');
-    int64_t v = 0;
-    bool digits = d != 0 && d != std::string_view::npos;
-    for (size_t i = 0; digits && i < d; ++i) {
-      if (e[i] < '0' || e[i] > '9') digits = false;
-      else v = v * 10 + (e[i] - '0');
-    }
-    if (digits) *expert = v;
+    const std::string_view e = rest.substr(kExperts.size());
+    const size_t d = e.find('.');
+    if (d != std::string_view::npos) *expert = parse_index(e.substr(0, d));
     return ModuleKind::kRoutedExpert;
   }
   if (rest == "mlp.gate") return ModuleKind::kRouter;

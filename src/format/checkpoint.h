@@ -187,7 +187,11 @@ class Checkpoint {
 QuantConfig read_quant_config(const std::filesystem::path& dir, const nlohmann::json& config,
                               std::vector<CheckpointProblem>* problems);
 
-// Parses "model.layers.<L>." and "mlp.experts.<E>." out of a module name.
+// The layer of a module or tensor name "model.layers.<L>...." (L of 1-9 digits), else -1. The one parse of a
+// layer index (the loader's per-layer byte counts and the manifest checks use it too).
+int64_t layer_index(std::string_view name);
+
+// Parses "model.layers.<L>." and "mlp.experts.<E>." out of a module name (-1 where absent; indices of 1-9 digits).
 ModuleKind classify_module_name(std::string_view name, int64_t* layer, int64_t* expert);
 
 }  // namespace fp4moe::format

@@ -185,15 +185,10 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
                 " routed experts), the checkpoint holds " + std::to_string(n_stored);
     return r;
   }
-  auto layer_of = [](std::string_view name) {  // "model.layers.<L>." -> L, else -1
-    int64_t layer = -1, expert = -1;
-    format::classify_module_name(name, &layer, &expert);
-    return layer;
-  };
   // Layers past the checkpoint's last one are one problem (a 40-layer config over 3 layers listed 2,295).
   int64_t layers_on_disk = 0;
   for (const auto& f : store.files()) {
-    for (const format::TensorInfo& t : f->tensors()) layers_on_disk = std::max(layers_on_disk, layer_of(t.name) + 1);
+    for (const format::TensorInfo& t : f->tensors()) layers_on_disk = std::max(layers_on_disk, format::layer_index(t.name) + 1);
   }
   if (config.num_hidden_layers > layers_on_disk) {
     r.problems.push_back(
@@ -204,7 +199,7 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
   }
   std::set<std::string, std::less<>> read;  // every tensor name a part of the model reads
   for (const WeightSpec& w : architecture_manifest(config)) {
-    if (layer_of(w.name) >= layers_on_disk) continue;
+    if (format::layer_index(w.name) >= layers_on_disk) continue;
     if (w.role == WeightRole::kLinear || w.role == WeightRole::kLinearBF16) {
       // The weight's shape by its format (the NVFP4 scales' are format::Checkpoint's); the scales and the
       // activation scale count as read when present.
@@ -244,7 +239,7 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
     std::vector<std::string> unread;
     for (const format::TensorInfo& t : f->tensors()) {
       if (read.count(t.name) != 0) continue;
-      const int64_t layer = layer_of(t.name);
+      const int64_t layer = format::layer_index(t.name);
       if (layer >= mtp_begin && layer < mtp_end) continue;
       unread.push_back(t.name);
     }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "format/checkpoint.h"
 #include "model/ops.h"
 
 namespace fp4moe::model {
@@ -50,17 +51,9 @@ std::vector<uint64_t> layer_tensor_bytes(const format::TensorStore& store, int64
   // Counted per layer seen first, so that a config asking for more layers than the checkpoint holds
   // (num_hidden_layers 10^7) is refused before anything is sized by it.
   std::map<int64_t, uint64_t> seen;  // layer (or -1: not a layer's) -> bytes
-  const std::string prefix = "model.layers.";
   for (const auto& file : store.files()) {
     for (const auto& t : file->tensors()) {
-      int64_t layer = -1;
-      if (t.name.compare(0, prefix.size(), prefix) == 0) {
-        const size_t dot = t.name.find('.', prefix.size());
-        const std::string num = t.name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
-        if (!num.empty() && num.size() < 10 && num.find_first_not_of("0123456789") == std::string::npos) {
-          layer = std::stoll(num);
-        }
-      }
+      const int64_t layer = format::layer_index(t.name);
       seen[layer] += t.nbytes();
     }
   }

@@ -393,6 +393,28 @@ TEST(ModuleNames, Classification) {
   EXPECT_EQ(classify_module_name("model.embed_tokens", &l, &e), ModuleKind::kEmbedding);
   EXPECT_EQ(classify_module_name("model.layers.78.eh_proj", &l, &e), ModuleKind::kOther);
   EXPECT_EQ(l, 78);
+  // Indices of more than 9 digits are no index (they overflowed int64_t); layer_index is the same parse.
+  EXPECT_EQ(classify_module_name("model.layers.99999999999999999999.mlp.gate", &l, &e), ModuleKind::kOther);
+  EXPECT_EQ(l, -1);
+  EXPECT_EQ(classify_module_name("model.layers.2.mlp.experts.99999999999999999999.up_proj", &l, &e),
+            ModuleKind::kRoutedExpert);
+  EXPECT_EQ(l, 2);
+  EXPECT_EQ(e, -1);
+  EXPECT_EQ(layer_index("model.layers.123456789.input_layernorm.weight"), 123456789);
+  EXPECT_EQ(layer_index("model.layers.1234567890.input_layernorm.weight"), -1);
+  EXPECT_EQ(layer_index("model.layers.7"), -1);
+  EXPECT_EQ(layer_index("model.layers.x7.mlp"), -1);
+  EXPECT_EQ(layer_index("model.norm.weight"), -1);
+}
+
+// n_shared_experts defaults as transformers does: 1 for the GLM / DeepSeek-V3 types, 0 for the others.
+TEST(ModelConfigParse, SharedExpertDefaultFollowsTheModelType) {
+  nlohmann::json j = {{"num_hidden_layers", 2}, {"hidden_size", 8}, {"vocab_size", 16}, {"model_type", "glm4_moe"}};
+  EXPECT_EQ(parse_model_config(j, "t").n_shared_experts, 1);
+  j["model_type"] = "qwen3_moe";
+  EXPECT_EQ(parse_model_config(j, "t").n_shared_experts, 0);
+  j["n_shared_experts"] = 2;
+  EXPECT_EQ(parse_model_config(j, "t").n_shared_experts, 2);
 }
 
 }  // namespace
