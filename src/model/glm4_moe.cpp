@@ -228,12 +228,11 @@ void Glm4MoeModel::attention(int64_t l, const std::vector<ChunkRows>& chunks, co
 // fail_non_finite (model/ops.h) for x [rows, H] of a step, naming the row's batch entry and position.
 void check_finite(const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row, const float* x,
                   int64_t H, const char* what) {
-  const int64_t i = first_non_finite(x, static_cast<int64_t>(chunk_of_row.size()) * H);
-  if (i < 0) return;
-  const int64_t row = i / H;
-  const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
-  const ChunkRows& c = chunks[static_cast<size_t>(entry)];
-  fail_non_finite(what, entry, c.pos0 + (row - c.row0), i % H, x[i]);
+  check_finite_rows(x, static_cast<int64_t>(chunk_of_row.size()), H, what, [&](int64_t row) {
+    const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
+    const ChunkRows& c = chunks[static_cast<size_t>(entry)];
+    return std::pair<int64_t, int64_t>{entry, c.pos0 + (row - c.row0)};
+  });
 }
 
 void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row,

@@ -364,11 +364,10 @@ void Glm5Model::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
 }
 
 void Glm5Model::check_finite(const Batch& b, const float* x, int64_t H, const char* what) {
-  const int64_t i = first_non_finite(x, b.row0.back() * H);
-  if (i < 0) return;
-  const int64_t row = i / H;
-  const auto entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
-  fail_non_finite(what, entry, b.pos[static_cast<size_t>(row)], i % H, x[i]);
+  check_finite_rows(x, b.row0.back(), H, what, [&](int64_t row) {
+    const int64_t entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
+    return std::pair<int64_t, int64_t>{entry, b.pos[static_cast<size_t>(row)]};
+  });
 }
 
 void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,

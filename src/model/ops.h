@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -46,6 +47,16 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // `what` ("the attention output"), the batch entry, its position, the column, the value and likely causes.
 int64_t first_non_finite(const float* x, int64_t n);
 [[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value);
+
+// Both checked together on rows x [rows, H]: `locate(row)` gives the row's {batch entry, position} (each model
+// lays its batch out its own way).
+template <typename Locate>
+void check_finite_rows(const float* x, int64_t rows, int64_t H, const char* what, Locate locate) {
+  const int64_t i = first_non_finite(x, rows * H);
+  if (i < 0) return;
+  const auto [entry, position] = locate(i / H);
+  fail_non_finite(what, entry, position, i % H, x[i]);
+}
 
 // Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error).
 void softmax_inplace(float* x, int64_t n);
