@@ -380,16 +380,32 @@ struct Engine::Impl {
     }
     model::ForwardTrace trace;
     const auto t0 = Clock::now();
+    // A failed forward leaves the states unchanged. A SequenceError blames one entry: that request fails alone
+    // and the others of the step run its work again next step; any other error fails every request of the step.
+    bool failed = false;
+    std::string failure;
+    int64_t culprit = -1;
     try {
       model->forward(chunks, &trace);
+    } catch (const model::SequenceError& e) {
+      failed = true;
+      failure = e.what();
+      if (e.entry() >= 0 && e.entry() < static_cast<int64_t>(plan.size())) culprit = e.entry();
     } catch (const std::exception& e) {
-      // The states are unchanged; the requests of this step cannot continue.
-      const std::string msg = std::string("forward of step ") + std::to_string(info.step) + " (" +
-                              std::to_string(plan.size()) + " sequences, " + std::to_string(n_tokens) +
-                              " tokens) failed: " + e.what();
-      for (const Planned& p : plan) {
+      failed = true;
+      failure = e.what();
+    }
+    if (failed) {
+      const std::string msg =
+          culprit >= 0 ? "forward of step " + std::to_string(info.step) + " failed for this request (the other " +
+                             std::to_string(plan.size() - 1) + " sequences of the step go on): " + failure
+                       : "forward of step " + std::to_string(info.step) + " (" + std::to_string(plan.size()) +
+                             " sequences, " + std::to_string(n_tokens) + " tokens) failed: " + failure;
+      if (culprit >= 0) std::fprintf(stderr, "fp4moe engine: %s\n", msg.c_str());
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (culprit >= 0 && static_cast<int64_t>(i) != culprit) continue;
         for (auto& r : running) {
-          if (r.get() == p.req) finish(r, FinishReason::kError, msg);
+          if (r.get() == plan[i].req) finish(r, FinishReason::kError, msg);
         }
       }
       compact();

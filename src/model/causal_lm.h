@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/config.h"
 #include "moe/mlp.h"
 
@@ -96,6 +97,19 @@ struct ForwardTrace {
 // only the rows routed to them (moe/mlp.h); attention Linears see all tokens of the step.
 using LinearInputObserver = moe::LinearInputObserver;
 
+// A forward failure blamed on one batch entry (the CPU models: the first entry whose rows hold a NaN / Inf after a
+// sublayer; rows of different entries do not mix there). As with any forward error the states are left as they
+// were; the engine fails that request alone and runs the others again (another entry at fault fails the same way
+// on that step).
+class SequenceError : public Error {
+ public:
+  SequenceError(int64_t entry, const std::string& what) : Error(what), entry_(entry) {}
+  int64_t entry() const { return entry_; }  // index into forward()'s batch
+
+ private:
+  int64_t entry_;
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -109,7 +123,7 @@ class CausalLM {
   virtual bool supports_argmax() const { return false; }
 
   // One step over a batch of sequences (each chunk's state must be distinct). On error the
-  // states are left as they were before the call.
+  // states are left as they were before the call; SequenceError names the one entry at fault.
   virtual void forward(std::span<const SeqChunk> batch, ForwardTrace* trace = nullptr) = 0;
 
   // Installs (or, with an empty function, removes) the Linear input observer.

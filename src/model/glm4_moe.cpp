@@ -344,6 +344,8 @@ void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace)
     for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
       try {
         run_layer(l, chunks, chunk_of_row, cos, sin, x, trace);
+      } catch (const SequenceError& e) {
+        throw SequenceError(e.entry(), "layer " + std::to_string(l) + ": " + e.what());
       } catch (const Error& e) {
         throw Error("layer " + std::to_string(l) + ": " + e.what());
       }

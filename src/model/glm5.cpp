@@ -417,6 +417,8 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
   for (const Glm5Layer& L : layers_) {
     try {
       run_layer(L, batch, b, shared_sel, h, xn, y, trace);
+    } catch (const SequenceError& e) {
+      throw SequenceError(e.entry(), "layer " + std::to_string(L.index) + ": " + e.what());
     } catch (const Error& e) {
       throw Error("layer " + std::to_string(L.index) + ": " + e.what());
     }

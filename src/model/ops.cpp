@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/causal_lm.h"
 
 namespace fp4moe::model {
 
@@ -99,12 +100,20 @@ void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t 
   std::ostringstream m;
   m << what << " of batch entry " << entry << " at position " << position << ", column " << column << " is " << value
     << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
-  throw Error(m.str());
+  throw SequenceError(entry, m.str());
 }
 
 void softmax_inplace(float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, x[i]);
+    nan = nan || std::isnan(x[i]);
+  }
+  if (nan) {  // NaN in, NaN out: the sublayer's finite check then names the sequence it came from
+    std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   FP4MOE_CHECK(std::isfinite(m)) << "softmax over " << n << " values whose maximum is " << m;
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) {

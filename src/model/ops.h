@@ -58,7 +58,8 @@ void check_finite_rows(const float* x, int64_t rows, int64_t H, const char* what
   fail_non_finite(what, entry, position, i % H, x[i]);
 }
 
-// Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error).
+// Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error; a NaN among them
+// makes every output NaN, for the caller's non-finite check to blame on its sequence).
 void softmax_inplace(float* x, int64_t n);
 
 // out[t] = table[ids[t]] as f32; table is [vocab, dim] BF16 or F32. An id outside

@@ -66,9 +66,16 @@ class ScriptedModel : public model::CausalLM {
   bool states_copyable = true;  // false: states without copy_prefix (the engine runs without a prefix cache)
 
   std::string fail_with;  // non-empty: every forward throws this (a model that cannot run)
+  int32_t poison_token = -1;  // >= 0: a chunk holding this token fails alone (model::SequenceError), as a NaN would
 
   void forward(std::span<const model::SeqChunk> batch, model::ForwardTrace* trace) override {
     if (!fail_with.empty()) throw Error(fail_with);
+    for (size_t b = 0; b < batch.size() && poison_token >= 0; ++b) {  // checked before any state changes
+      const auto& t = batch[b].tokens;
+      if (std::find(t.begin(), t.end(), poison_token) != t.end()) {
+        throw model::SequenceError(static_cast<int64_t>(b), "entry " + std::to_string(b) + " holds a NaN");
+      }
+    }
     int64_t n_tokens = 0;
     for (const model::SeqChunk& c : batch) {
       auto* s = dynamic_cast<ScriptedState*>(c.state);

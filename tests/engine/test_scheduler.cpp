@@ -123,6 +123,37 @@ TEST(Scheduler, ConcurrentEqualsAlone) {
   expect_same_as_alone(o, testing::test_seed(), 12);
 }
 
+// A forward that blames one sequence (model::SequenceError, as the CPU models do for a NaN in its rows) fails that
+// request alone: the others of the step run it again and finish exactly as alone; every block comes back.
+TEST(Scheduler, SequenceErrorFailsOnlyThatRequest) {
+  EngineOptions o;
+  o.max_running_requests = 4;
+  auto model = std::make_unique<ScriptedModel>();
+  model->poison_token = 271;  // the eos id: never generated, so only the poisoned prompt holds it
+  Harness h(o, std::move(model));
+  auto cases = mixed_cases(testing::test_seed() + 11, 8);
+  cases.insert(cases.begin() + 2, Case{{5, 6, 271, 7}, greedy(5)});
+  std::vector<RequestId> ids;
+  for (const Case& c : cases) ids.push_back(h.submit(c.prompt, c.sp));
+  h.engine.run_until_idle();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Collected& got = h.results.at(ids[i]);
+    ASSERT_TRUE(got.finish.has_value()) << "request " << i << " never finished";
+    if (i == 2) {
+      EXPECT_EQ(got.finish->reason, FinishReason::kError);
+      EXPECT_NE(got.finish->error.find("failed for this request (the other "), std::string::npos) << got.finish->error;
+      EXPECT_NE(got.finish->error.find("holds a NaN"), std::string::npos) << got.finish->error;
+      EXPECT_TRUE(got.ids.empty());
+      continue;
+    }
+    EXPECT_EQ(got.finish->reason, FinishReason::kLength) << "request " << i << ": " << got.finish->error;
+    EXPECT_EQ(got.ids, alone(cases[i].prompt, cases[i].sp)) << "request " << i;
+  }
+  const EngineStats s = h.engine.stats();
+  EXPECT_EQ(s.kv_used_tokens, 0);
+  EXPECT_EQ(s.n_running + s.n_waiting, 0);
+}
+
 // A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or
 // penalties take that path, seeded temperature / top-k requests are drawn by the model
 // (SeqChunk::sample with the request's own uniform draw), the others still get logits, and every

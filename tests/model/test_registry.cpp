@@ -181,6 +181,52 @@ TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
   }
 }
 
+// A NaN confined to one sequence of a batch (here: the embedding row of a token only that sequence holds) is blamed
+// on its batch entry (SequenceError), with the states unchanged; the other sequence then runs alone exactly as on
+// the unmodified model.
+TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
+  for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
+    SCOPED_TRACE(model);
+    TempDir t;
+    const std::string table = "model.embed_tokens.weight";
+    copy_checkpoint(golden(model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
+      if (n != table) return true;
+      format::SafetensorsFile f(golden(model) / "model.safetensors");
+      const TensorView v = f.view(*f.find(n));
+      EXPECT_EQ(v.dtype, DType::kBF16);
+      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+      const uint16_t nan_bf16 = 0x7FC0;
+      std::memcpy(r->bytes.data() + 2 * (99 * v.shape[1] + 3), &nan_bf16, 2);  // token 99, column 3
+      return true;
+    });
+    LoadOptions o;
+    o.progress = false;
+    auto lm = load_model(t.path, o);
+    auto clean = load_model(golden(model), o);
+    const int64_t V = lm->vocab_size();
+    const std::vector<int32_t> a = {5, 17, 3}, b = {8, 99, 42};
+    auto sa = lm->new_state(), sb = lm->new_state();
+    std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+    const SeqChunk batch[] = {{sa.get(), a, la.data()}, {sb.get(), b, lb.data()}};
+    try {
+      lm->forward(batch);
+      ADD_FAILURE() << "no error";
+    } catch (const SequenceError& e) {
+      EXPECT_EQ(e.entry(), 1);
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("layer 0: the attention output of batch entry 1 at position 1, column ", 0), 0u) << msg;
+    }
+    EXPECT_EQ(sa->length(), 0);
+    EXPECT_EQ(sb->length(), 0);
+    lm->forward(std::span<const SeqChunk>(batch, 1));
+    auto sc = clean->new_state();
+    std::vector<float> want(static_cast<size_t>(V));
+    const SeqChunk alone[] = {{sc.get(), a, want.data()}};
+    clean->forward(alone);
+    EXPECT_EQ(la, want);
+  }
+}
+
 // NVFP4 scales no quantizer writes are refused at load, naming the tensor (and a block scale's [row,
 // block]); before, a zero or 1e30 global scale and NaN block scales loaded and gave zero or NaN logits.
 TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
