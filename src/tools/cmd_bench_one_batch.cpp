@@ -26,8 +26,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -40,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "engine/default_model.h"
 #include "engine/sampler.h"
 #include "model/registry.h"
@@ -197,13 +196,13 @@ void check_cpu_memory(model::CausalLM& lm, int64_t batch, int64_t tokens_per_seq
       static_cast<double>(batch) * static_cast<double>(tokens_per_seq) * static_cast<double>(kv_token);
   const double act_bytes = static_cast<double>(step_rows) * static_cast<double>(row) +
                            static_cast<double>(batch) * static_cast<double>(c.vocab_size) * sizeof(float);
-  const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  FP4MOE_CHECK(phys <= 0 || kv_bytes + act_bytes <= phys)
+  const HostMemory avail = host_memory_available();  // MemAvailable, or the cgroup limit when that is lower
+  FP4MOE_CHECK(avail.source.empty() || kv_bytes + act_bytes <= avail.bytes)
       << "--batch-size " << batch << " x " << tokens_per_seq << " tokens need ~"
       << fmt::format("{:.1f}", kv_bytes / 1e9) << " GB of CPU KV cache (" << kv_token << " B a token) and ~"
       << fmt::format("{:.1f}", act_bytes / 1e9) << " GB of activations (" << step_rows
-      << " rows in a forward; --max-prefill-tokens bounds them); this machine has " << fmt::format("{:.1f}", phys / 1e9)
-      << " GB";
+      << " rows in a forward; --max-prefill-tokens bounds them); this machine has "
+      << fmt::format("{:.1f}", avail.bytes / 1e9) << " GB available (" << avail.source << ")";
 }
 
 void run_bench(const BenchArgs& a) {
