@@ -25,7 +25,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help / version text, exit 0); a usage error exits 2, as argparse and getopt
+    // tools do, not with CLI11's own codes (105-114).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   } catch (const fp4moe::Error& e) {
     std::fprintf(stderr, "fp4moe: error: %s\n", e.what());
     return 1;

@@ -72,5 +72,17 @@ TEST(CmdTokenize, ErrorsCarryNumbers) {
   EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
 }
 
+// Command-line usage errors exit 2 (as argparse and getopt tools do; CLI11's own codes were 105-114), with CLI11's
+// message; --help exits 0.
+TEST(CmdTokenize, UsageErrorsExitTwo) {
+  std::string out;
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--no-such-flag 2>&1"), &out), 2) << out;
+  EXPECT_NE(out.find("--no-such-flag"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("A subcommand is required"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--help"), &out), 0) << out;
+  EXPECT_NE(out.find("--decode"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace fp4moe::tools
