@@ -188,7 +188,8 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
   // Layers past the checkpoint's last one are one problem (a 40-layer config over 3 layers listed 2,295).
   int64_t layers_on_disk = 0;
   for (const auto& f : store.files()) {
-    for (const format::TensorInfo& t : f->tensors()) layers_on_disk = std::max(layers_on_disk, format::layer_index(t.name) + 1);
+    for (const format::TensorInfo& t : f->tensors())
+      layers_on_disk = std::max(layers_on_disk, format::layer_index(t.name) + 1);
   }
   if (config.num_hidden_layers > layers_on_disk) {
     r.problems.push_back(

@@ -126,7 +126,8 @@ Measured read_measured(const PromText& p) {
   const std::string P = kP;
   // Counters only grow from 0: a negative or non-finite one is a corrupt copy, and would give negative rates.
   for (const PromSample& s : p.samples) {
-    const bool counter = s.name.rfind(P, 0) == 0 && s.name.size() > 6 && s.name.compare(s.name.size() - 6, 6, "_total") == 0;
+    const bool counter =
+        s.name.rfind(P, 0) == 0 && s.name.size() > 6 && s.name.compare(s.name.size() - 6, 6, "_total") == 0;
     FP4MOE_CHECK(!counter || (std::isfinite(s.value) && s.value >= 0))
         << "metrics line " << s.line << ": " << s.name << " = " << s.value << ", but a counter is finite and >= 0";
   }

@@ -9,9 +9,9 @@
 //
 // The model config: --model DIR|PRESET, else the server's model_path (/get_server_info with --url, else the
 // metrics' fp4moe:model_info line, which a saved copy carries too) when it is a local directory or a preset,
-// the embedded default model when the server says it serves that; metrics that name no model need --model. --weights auto: nvfp4 when the checkpoint's
-// quantization config says NVFP4 (and for the embedded default model, whose experts are NVFP4),
-// bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs the built binary).
+// the embedded default model when the server says it serves that; metrics that name no model need --model.
+// --weights auto: nvfp4 when the checkpoint's quantization config says NVFP4 (and for the embedded default
+// model, whose experts are NVFP4), bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs the built binary).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -100,8 +100,9 @@ void run_analyze(AnalyzeArgs a) {
     cfg = model::load_config_or_preset(model_path);
   } else {
     FP4MOE_CHECK(!model_path.empty())
-        << (a.url.empty() ? "--metrics " + a.metrics_file : a.url)
-        << " names no model (no fp4moe:model_info line, and no server to ask): pass --model DIR|PRESET";
+        << (a.url.empty() ? "--metrics " + a.metrics_file + " names no model (no fp4moe:model_info line)"
+                          : a.url + " names no model (no model_path in /get_server_info, no fp4moe:model_info line)")
+        << ": pass --model DIR|PRESET";
     cfg = model::parse_model_config(engine::default_model_config(), "the embedded default model");
     embedded = true;
   }
@@ -132,8 +133,9 @@ void register_analyze_command(CLI::App& app) {
                  "from a server's /metrics");
   cmd->add_option("--metrics", a->metrics_file, "A saved /metrics text");
   cmd->add_option("--url", a->url, "A running server, http://host:port (reads /metrics and /get_server_info)");
-  cmd->add_option("--model,--model-path", a->model_dir,
-                  "Model directory or preset for the config (default: the model the server or the metrics' model_info name)");
+  cmd->add_option(
+      "--model,--model-path", a->model_dir,
+      "Model directory or preset for the config (default: the model the server or the metrics' model_info name)");
   cmd->add_option("--weights", a->weights, "Expert weight format: auto, nvfp4 (0.5625 B/weight) or bf16 (default auto)");
   cmd->add_option("--hbm-gbps", a->roofline.hbm_gbps, "HBM roofline in GB/s (default 4200: H200 copy bandwidth)");
   cmd->add_option("--peak-tflops", a->roofline.peak_tflops, "Tensor roofline in TFLOP/s (default 780: H200 BF16)");

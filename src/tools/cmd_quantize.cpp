@@ -157,7 +157,7 @@ void run_quantize(const QuantizeArgs& a) {
   opt.exclude = a.exclude;
   opt.producer_version = FP4MOE_VERSION;
   format::check_quantize_paths(a.in_dir, a.out_dir);  // refuse before a long calibration pass
-  format::quantize_exclusions(a.exclude);              // an empty --exclude too
+  format::quantize_exclusions(a.exclude);             // an empty --exclude too
   for (const std::string& p : format::unmatched_exclusions(a.in_dir, a.exclude)) {
     fmt::print(stderr, "quantize: warning: --exclude '{}' matches no Linear module of {} (it keeps nothing in BF16)\n",
                p, a.in_dir);

@@ -58,13 +58,13 @@ TEST(File, WritableFileCheckRefusesBadPaths) {
   expect_refused("", false, "--out: the path is empty");
   const fs::path file = tmp / "fp4moe_writable_check_file";
   std::ofstream(file) << "x";
-  expect_refused(file / "y.json", false, "--out " + (file / "y.json").string() + " cannot be written: " +
-                                             file.string() + " is not a directory");
+  expect_refused(
+      file / "y.json", false,
+      "--out " + (file / "y.json").string() + " cannot be written: " + file.string() + " is not a directory");
   expect_refused(file / "a" / "y.json", true, "cannot be written: " + file.string() + " is not a directory");
   const fs::path missing = tmp / "fp4moe_writable_check_missing";
   fs::remove_all(missing);
-  expect_refused(missing / "y.json", false,
-                 "cannot be written: the directory " + missing.string() + " does not exist");
+  expect_refused(missing / "y.json", false, "cannot be written: the directory " + missing.string() + " does not exist");
   // Passing paths; nothing is created on the way.
   EXPECT_NO_THROW(check_writable_file(file, "--out"));
   EXPECT_NO_THROW(check_writable_file(tmp / "fp4moe_writable_check_new.json", "--out"));

@@ -158,8 +158,8 @@ TEST(QuantizeCli, RefusesBeforeCalibrating) {
     EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
   }
   // An empty --exclude pattern is refused before any work (it was accepted and written to the exclusion list).
-  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --exclude '' " + golden("glm4_moe_tiny").string() +
-                                     " " + (tmp.path() / "q2").string(),
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --exclude '' " +
+                                     golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q2").string(),
                                  &out),
             1);
   EXPECT_NE(out.find("quantize: --exclude '' is an empty pattern"), std::string::npos) << out;

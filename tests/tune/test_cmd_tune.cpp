@@ -139,7 +139,8 @@ TEST(TuneCli, WithoutGpuFailsWithTheReason) {
 // timing), with or without a GPU.
 TEST(TuneCli, UnwritableCachePathFailsFirst) {
   const std::string dir = std::filesystem::temp_directory_path().string();
-  EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1 --cache " + dir), "tune cache " + dir + " is a directory, not a file");
+  EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1 --cache " + dir),
+             "tune cache " + dir + " is a directory, not a file");
   const std::filesystem::path file = std::filesystem::temp_directory_path() / "fp4moe_tune_cache_parent";
   std::ofstream(file) << "x";
   EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1 --cache " + (file / "sub" / "tune.json").string()),
