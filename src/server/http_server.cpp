@@ -19,6 +19,16 @@ namespace fp4moe::server {
 namespace {
 
 using nlohmann::json;
+
+// A streamed chunk worth sending: its choice has text / a delta, logprobs or a finish_reason. Text a parser or a
+// stop string holds back leaves an empty one, which is not sent (a forced tool call sent ~130 of them).
+bool carries_something(const json& chunk, const char* payload) {
+  const json& c = chunk["choices"][0];
+  const json& p = c[payload];
+  const bool has_payload = p.is_string() ? !p.get<std::string>().empty() : !p.empty();
+  return has_payload || !c["logprobs"].is_null() || !c["finish_reason"].is_null();
+}
+
 constexpr int kListenBacklog = 1024;  // pending connections (httplib's own is 5)
 // Non-streaming replies: how often the waiting provider probes its connection with a space.
 constexpr std::chrono::milliseconds kLivenessInterval(150);
@@ -548,6 +558,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
+      std::vector<size_t> text_offsets;  // completions logprobs: bytes of the choice's tokens sent so far
       std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
@@ -556,6 +567,7 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->first.assign(ids.size(), true);
+    st->text_offsets.assign(ids.size(), 0);
     if (st->req.reasoning != nullptr || st->req.tool_calls != nullptr)
       st->parsers.assign(ids.size(), ChatChoiceStream::for_request(st->req));
     st->choices = Choices(std::move(ids), std::move(echo));
@@ -582,14 +594,18 @@ class RequestHandler {
                 out += sse(generate_response(st->req, st->ctx, st->choices.accs.front()));
               break;
             case Endpoint::kCompletions:
-              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished)
-                out += sse(completion_chunk(st->req, st->ctx, *ev, index));
+              if (!ev->tokens.empty() || !ev->text.empty() || ev->finished) {
+                const json chunk =
+                    completion_chunk(st->req, st->ctx, *ev, index, &st->text_offsets[static_cast<size_t>(index)]);
+                if (carries_something(chunk, "text")) out += sse(chunk);
+              }
               break;
             case Endpoint::kChat: {
               std::vector<bool>::reference first = st->first[static_cast<size_t>(index)];
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || first) {
                 ChatChoiceStream* ps = st->parsers.empty() ? nullptr : &st->parsers[static_cast<size_t>(index)];
-                out += sse(chat_chunk(st->req, st->ctx, *ev, first, index, ps));
+                const json chunk = chat_chunk(st->req, st->ctx, *ev, first, index, ps);
+                if (first || carries_something(chunk, "delta")) out += sse(chunk);
                 first = false;
               }
               break;
@@ -729,6 +745,23 @@ void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
   res.set_content(dump_json(e.to_json()), "application/json");
 }
 
+ApiError HttpServer::unrouted(const httplib::Request& req, httplib::Response& res) const {
+  ApiError e;
+  const auto known = route_methods_.find(req.path);
+  if (known != route_methods_.end()) {
+    e.status = 405;
+    std::string allow;
+    for (const std::string& m : known->second) allow += (allow.empty() ? "" : ", ") + m;
+    res.set_header("Allow", allow);
+    e.message = req.method + " " + req.path + ": the route takes " + allow;
+  } else {
+    e.status = 404;
+    e.type = "not_found_error";
+    e.message = "no route for " + req.method + " " + req.path;
+  }
+  return e;
+}
+
 void HttpServer::count_error(int status) {
   std::lock_guard<std::mutex> lock(mu_);
   ++counters_.errors_by_status[status];
@@ -807,8 +840,13 @@ void HttpServer::install_routes() {
     const bool no_body = (req.method == "POST" || req.method == "PUT") && !req.has_header("Content-Length") &&
                          req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos;
     if (!no_body) return httplib::Server::HandlerResponse::Unhandled;
+    const auto known = route_methods_.find(req.path);
+    const bool routed = known != route_methods_.end() &&
+                        std::find(known->second.begin(), known->second.end(), req.method) != known->second.end();
     if (req.method == "POST" && req.path == "/flush_cache") {
       flush_cache(req, res);
+    } else if (!routed) {
+      reply_error(unrouted(req, res), res);  // 404 / 405 as with a body, not "came without a body"
     } else {
       reply_error(bad_request("", req.method + " " + req.path +
                                       " came without a body (no Content-Length header): send the JSON request"),
@@ -905,7 +943,8 @@ void HttpServer::install_routes() {
          const bool all = body.contains("abort_all") && body["abort_all"].get<bool>();
          const auto rid_it = body.find("rid");
          if (!all && (rid_it == body.end() || !rid_it->is_string()))
-           throw bad_request("rid", "rid (the id of a request's reply) is required, or abort_all: true");
+           throw bad_request("rid", "rid (the id of a request's reply, a string) is required, or abort_all: true; got " +
+                                        (rid_it == body.end() ? std::string("no rid") : "rid = " + dump_json(*rid_it)));
          std::vector<engine::RequestId> ids;
          int64_t n_replies = 0;
          {
@@ -932,26 +971,44 @@ void HttpServer::install_routes() {
          for (engine::RequestId id : ids) n_aborted += engine->abort(id) ? 1 : 0;
          res.set_content(dump_json(json{{"requests", n_replies}, {"aborted", n_aborted}}), "application/json");
        }));
-  get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
-        std::shared_ptr<engine::Engine> engine;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          engine = engine_;
+  // The one model this server serves, as /v1/models lists it.
+  auto model_card = [this] {
+    std::shared_ptr<engine::Engine> engine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine = engine_;
+    }
+    json m = {{"id", options_.served_model_name},
+              {"object", "model"},
+              {"created", unix_now()},
+              {"owned_by", "fp4moe"},
+              {"root", options_.served_model_name}};
+    if (engine) m["max_model_len"] = engine->context_length();
+    return m;
+  };
+  get("/v1/models", wrap([model_card](const httplib::Request&, httplib::Response& res) {
+        res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}), "application/json");
+      }));
+  // OpenAI's retrieve-model: the served model's card, or a 404 naming the id asked for.
+  get(R"(/v1/models/(.+))", wrap([this, model_card](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches.size() > 1 ? std::string(req.matches[1]) : std::string();
+        if (id != options_.served_model_name) {
+          ApiError e;
+          e.status = 404;
+          e.type = "not_found_error";
+          e.param = "model";
+          e.message = "the model '" + id + "' does not exist; this server serves '" + options_.served_model_name + "'";
+          throw e;
         }
-        json m = {{"id", options_.served_model_name},
-                  {"object", "model"},
-                  {"created", unix_now()},
-                  {"owned_by", "fp4moe"},
-                  {"root", options_.served_model_name}};
-        if (engine) m["max_model_len"] = engine->context_length();
-        res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+        res.set_content(dump_json(model_card()), "application/json");
       }));
   post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
          auto engine = engine_or_503();
          const json body = parse_body(req.body);
          bool add_special = true;
          if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
-           if (!it->is_boolean()) throw bad_request("add_special_tokens", "add_special_tokens must be true or false");
+           if (!it->is_boolean())
+             throw bad_request("add_special_tokens", "add_special_tokens must be true or false, got " + dump_json(*it));
            add_special = it->get<bool>();
          }
          auto it = body.find("prompt");
@@ -999,8 +1056,13 @@ void HttpServer::install_routes() {
          json out;
          if (!it->empty() && (*it)[0].is_array()) {
            json texts = json::array();
-           for (size_t i = 0; i < it->size(); ++i)
-             texts.push_back(decode((*it)[i], "tokens[" + std::to_string(i) + "]"));
+           for (size_t i = 0; i < it->size(); ++i) {
+             const std::string field = "tokens[" + std::to_string(i) + "]";
+             if (!(*it)[i].is_array())  // a list of lists throughout (a bare id here was a 500, null / {} "")
+               throw bad_request(field, field + " = " + dump_json((*it)[i]) +
+                                            " is not a list of token ids (tokens[0] is one, so every item must be)");
+             texts.push_back(decode((*it)[i], field));
+           }
            out["text"] = texts;
          } else {
            out["text"] = decode(*it, "tokens");
@@ -1012,16 +1074,9 @@ void HttpServer::install_routes() {
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ApiError e;
-    const auto known = route_methods_.find(req.path);
-    if (res.status == 404 && known != route_methods_.end()) {
-      res.status = 405;
-      std::string allow;
-      for (const std::string& m : known->second) allow += (allow.empty() ? "" : ", ") + m;
-      res.set_header("Allow", allow);
-      e.message = req.method + " " + req.path + ": the route takes " + allow;
-    } else if (res.status == 404) {
-      e.type = "not_found_error";
-      e.message = "no route for " + req.method + " " + req.path;
+    if (res.status == 404) {
+      e = unrouted(req, res);
+      res.status = e.status;
     } else if (res.status == 413) {
       e.message = req.method + " " + req.path + ": the body is larger than the " + std::to_string(kMaxBodyBytes >> 20) +
                   " MiB a request may send";

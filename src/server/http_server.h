@@ -42,6 +42,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }
 
@@ -95,6 +96,8 @@ class HttpServer {
   void count_error(int status);
   // An error reply: counted by status, Retry-After when it has one, the typed JSON body.
   void reply_error(const ApiError& e, httplib::Response& res);
+  // No handler for req.method on req.path: 405 with Allow when the path has other methods, else 404.
+  ApiError unrouted(const httplib::Request& req, httplib::Response& res) const;
   // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's
   // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
   // removed when its reply ends.

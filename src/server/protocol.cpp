@@ -252,8 +252,10 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai) {
 
 void parse_stream(const Fields& f, ParsedRequest* r) {
   if (auto v = f.boolean("stream")) r->stream = *v;
-  if (const json* so = f.find("stream_options")) {
+  if (const json* so = f.find("stream_options"); so != nullptr && !so->is_null()) {
     if (!so->is_object()) throw bad_request("stream_options", "stream_options must be an object, got " + show(*so));
+    if (!r->stream)  // as the OpenAI API and vLLM: the options of a stream that is not one are a client mistake
+      throw bad_request("stream_options", "stream_options is only allowed with stream = true");
     if (auto v = Fields(*so, "stream_options.").boolean("include_usage")) r->include_usage = *v;
   }
 }
@@ -425,7 +427,23 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         if (!msg.is_object()) throw bad_request(at, at + " must be an object, got " + show(msg));
         auto role = msg.find("role");
         if (role == msg.end() || !role->is_string()) throw bad_request(at + ".role", at + ".role must be a string");
+        const std::string who = role->get<std::string>();
+        static const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool", "function", "observation"};
+        if (std::find(std::begin(kRoles), std::end(kRoles), who) == std::end(kRoles))
+          throw bad_request(at + ".role", at + ".role = " + show(*role) +
+                                              " is not a role (system, developer, user, assistant, tool, function, "
+                                              "observation)");
         auto content = msg.find("content");
+        if (who != "assistant" && (content == msg.end() || content->is_null()))
+          throw bad_request(at + ".content", at + ".content is required for a " + who + " message");
+        if (auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
+          if (!calls->is_array()) throw bad_request(at + ".tool_calls", at + ".tool_calls must be a list, got " + show(*calls));
+          for (size_t k = 0; k < calls->size(); ++k) {
+            if (!(*calls)[k].is_object())
+              throw bad_request(at + ".tool_calls", at + ".tool_calls[" + std::to_string(k) + "] must be an object, got " +
+                                                        show((*calls)[k]));
+          }
+        }
         if (content != msg.end() && !content->is_string() && !content->is_null() && !content->is_array())
           throw bad_request(at + ".content", at + ".content must be a string or a list of parts, got " + show(*content));
         if (content != msg.end() && content->is_array()) check_content_parts(*content, at + ".content");
@@ -656,8 +674,9 @@ json finish_json(const engine::Finish& f) {
 }
 
 // OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}.
+// text_offset: the bytes before the first of `tokens` (a stream's earlier chunks); *end: the bytes after the last.
 json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::GeneratedToken>& tokens,
-                         size_t text_offset) {
+                         size_t text_offset, size_t* end = nullptr) {
   json tok = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   size_t off = text_offset;
   for (const auto& t : tokens) {
@@ -670,6 +689,7 @@ json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::G
     offs.push_back(off);
     off += token_bytes(ctx, t.id).size();  // byte offsets into the completion text
   }
+  if (end != nullptr) *end = off;
   return {{"tokens", tok}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
@@ -809,9 +829,10 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
 }
 
 json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                      int64_t index) {
+                      int64_t index, size_t* text_offset) {
   json choice = {{"index", index}, {"text", out.text}};
-  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, 0) : json(nullptr);
+  size_t start = text_offset != nullptr ? *text_offset : 0;
+  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, start, text_offset) : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
   return openai_envelope(ctx, "text_completion", json::array({choice}));
 }

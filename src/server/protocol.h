@@ -159,9 +159,10 @@ inline nlohmann::json chat_response(const ParsedRequest& req, const ResponseCont
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices);
 
 // OpenAI streaming chunks for one engine event of choice `index` (its new tokens and text;
-// finish_reason on the choice's last).
+// finish_reason on the choice's last). text_offset (a stream keeps one per choice): the logprobs' text_offset
+// counts on from it, as in the whole reply, and it is advanced past this chunk's tokens.
 nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                                int64_t index = 0);
+                                int64_t index = 0, size_t* text_offset = nullptr);
 // One chat choice's parsers (--reasoning-parser, --tool-call-parser), kept across a stream's events;
 // a whole reply is one take(text, true).
 struct ChatChoiceStream {

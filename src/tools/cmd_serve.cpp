@@ -112,6 +112,11 @@ Loaded load(const ServeArgs& a) {
   return l;
 }
 
+// --max-http-threads 0 (the default): max(2048, --http-threads).
+int effective_max_http_threads(const ServeArgs& a) {
+  return a.max_http_threads > 0 ? a.max_http_threads : std::max(2048, a.http_threads);
+}
+
 nlohmann::json launch_args(const ServeArgs& a) {
   return {{"model_path", a.model_dir.empty() ? std::string("(embedded default)") : a.model_dir},
           {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
@@ -121,7 +126,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"dummy_weights", a.dummy_weights},
           {"random_seed", a.seed},
           {"http_threads", a.http_threads},
-          {"max_http_threads", a.max_http_threads},
+          {"max_http_threads", effective_max_http_threads(a)},
           {"api_key", a.api_key.empty() ? "" : "(set)"},  // never the key itself
           {"reasoning_parser", a.reasoning_parser},
           {"tool_call_parser", a.tool_call_parser},
@@ -167,7 +172,7 @@ void run_serve(ServeArgs a) {
   so.host = a.host;
   so.port = a.port;
   so.n_http_threads = a.http_threads;
-  so.max_http_threads = a.max_http_threads > 0 ? a.max_http_threads : std::max(2048, a.http_threads);
+  so.max_http_threads = effective_max_http_threads(a);
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
                          : a.model_dir.empty()        ? std::string(engine::kDefaultModelName)
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();

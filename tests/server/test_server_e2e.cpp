@@ -266,6 +266,19 @@ TEST_F(DefaultServer, CompletionsFieldByField) {
     EXPECT_EQ(text, ch["text"].get<std::string>());
   }
 
+  // Streamed logprobs: text_offset counts on across the chunks, equal to the whole reply's (it restarted at 0 in
+  // every chunk).
+  body["logprobs"] = 2;
+  body.erase("stream_options");
+  int status = 0;
+  bool done = false;
+  json offsets = json::array();
+  for (const json& k : sse_chunks(c, "/v1/completions", body, &status, &done)) {
+    if (k["choices"].empty() || k["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& o : k["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(offsets, lp["text_offset"]);
+
   // A prompt of token ids works too.
   auto ri = c.post("/v1/completions", json{{"prompt", {10, 20, 30}}, {"max_tokens", 2}}.dump());
   ASSERT_EQ(ri.status, 200) << ri.body;
@@ -361,6 +374,14 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   EXPECT_EQ(mj["data"][0]["id"], "tiny-default");
   EXPECT_EQ(mj["data"][0]["object"], "model");
   EXPECT_EQ(mj["data"][0]["max_model_len"], 512);
+  // Retrieve one model (OpenAI GET /v1/models/{id}): its card, or a 404 naming the id.
+  auto one = c.get("/v1/models/tiny-default");
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(parse(one.body)["id"], "tiny-default");
+  EXPECT_EQ(parse(one.body)["object"], "model");
+  auto other = c.get("/v1/models/gpt-4");
+  expect_error(other, 404, "model");
+  EXPECT_NE(other.body.find("the model 'gpt-4' does not exist"), std::string::npos) << other.body;
 
   auto t = c.post("/v1/tokenize", json{{"prompt", "abc"}, {"add_special_tokens", false}}.dump());
   ASSERT_EQ(t.status, 200) << t.body;
@@ -381,6 +402,7 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   }
   EXPECT_EQ(ij["context_length"], 512);
   EXPECT_EQ(ij["device_sampling"], true);  // the default (the CPU model has no device to draw on)
+  EXPECT_EQ(ij["max_http_threads"], std::max<int64_t>(2048, ij["http_threads"].get<int64_t>()));  // effective, not 0
 
   // Greedy /generate with a stop token: it ends at that token with finish_reason stop.
   json body = {{"input_ids", {72, 101, 108, 108, 111}}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}},
@@ -422,6 +444,16 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(c.post("/v1/chat/completions", json{{"messages", {{{"content", "hi"}}}}}.dump()), 400,
                "messages[0].role");
   expect_error(c.post("/v1/detokenize", json{{"tokens", {1, 999999}}}.dump()), 400, "tokens");
+  // A list of lists with a bare item: 400 naming it (a bare id was a 500, null / {} decoded as "").
+  expect_error(c.post("/v1/detokenize", R"({"tokens": [[1], 2]})"), 400, "tokens[1]");
+  expect_error(c.post("/v1/detokenize", R"({"tokens": [[1], null]})"), 400, "tokens[1]");
+  // Chat messages: an unknown role, a user turn without content, tool_calls that are not a list of objects.
+  expect_error(c.post("/v1/chat/completions", R"({"messages": [{"role": "bogus", "content": "hi"}]})"), 400,
+               "messages[0].role");
+  expect_error(c.post("/v1/chat/completions", R"({"messages": [{"role": "user"}]})"), 400, "messages[0].content");
+  expect_error(c.post("/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [5]}]})"),
+               400, "messages[1].tool_calls");
   // Fields the engine would refuse are refused here, by name (the parser's ranges are the engine's).
   const json a = {{"prompt", "a"}};
   auto with = [&](json extra) {
@@ -1201,6 +1233,14 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
     const std::string refused = raw_reply("/generate");
     EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
     EXPECT_NE(refused.find("POST /generate came without a body"), std::string::npos) << refused;
+    // Without a body, an unknown route is still a 404 and a GET route a 405 naming GET (both were "came without a
+    // body" 400s).
+    const std::string unknown = raw_reply("/no/such/route");
+    EXPECT_EQ(unknown.rfind("HTTP/1.1 404", 0), 0u) << unknown;
+    EXPECT_NE(unknown.find("no route for POST /no/such/route"), std::string::npos) << unknown;
+    const std::string get_only = raw_reply("/health");
+    EXPECT_EQ(get_only.rfind("HTTP/1.1 405", 0), 0u) << get_only;
+    EXPECT_NE(get_only.find("Allow: GET"), std::string::npos) << get_only;
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_raw).count(), 5.0);
     auto f = c.post("/flush_cache", "");
     EXPECT_EQ(f.status, 200) << f.body;
@@ -1297,6 +1337,13 @@ TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
   }
   EXPECT_EQ(reasoning, want.reasoning);
   EXPECT_EQ(content, want.content);
+  // No empty chunk: after the first (the role), each carries a delta, logprobs or the finish_reason (text a parser
+  // held back sent chunks of "delta": {}; a forced tool call ~130 of them).
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    if (chunks[i]["choices"].empty()) continue;
+    const json& ch = chunks[i]["choices"][0];
+    EXPECT_TRUE(!ch["delta"].empty() || !ch["finish_reason"].is_null()) << chunks[i].dump();
+  }
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
