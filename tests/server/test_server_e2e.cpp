@@ -467,6 +467,13 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   EXPECT_EQ(parse(bad_regex.body)["error"]["message"].get<std::string>().rfind("regex: missing ')'", 0), 0u)
       << bad_regex.body;
   expect_error(c.post("/abort_request", json{{"abort_all", "x"}}.dump()), 400, "abort_all");
+  // The bad value is in the message.
+  auto bad_rid = c.post("/abort_request", json{{"rid", 5}}.dump());
+  expect_error(bad_rid, 400, "rid");
+  EXPECT_NE(bad_rid.body.find("got rid = 5"), std::string::npos) << bad_rid.body;
+  auto bad_special = c.post("/v1/tokenize", json{{"prompt", "a"}, {"add_special_tokens", "x"}}.dump());
+  expect_error(bad_special, 400, "add_special_tokens");
+  EXPECT_NE(bad_special.body.find("got \\\"x\\\""), std::string::npos) << bad_special.body;
   auto bad_tok = c.post("/v1/tokenize", json{{"prompt", 5}}.dump());
   expect_error(bad_tok, 400, "prompt");
   EXPECT_NE(bad_tok.body.find("got 5"), std::string::npos) << bad_tok.body;
