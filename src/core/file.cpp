@@ -23,7 +23,8 @@ std::string read_file(const std::filesystem::path& path) {
   return ss.str();
 }
 
-void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents) {
+void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents,
+                         bool via_rename) {
   namespace fs = std::filesystem;
   const std::string head = what + " " + path.string();
   std::error_code ec;
@@ -31,7 +32,7 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   FP4MOE_CHECK(!fs::is_directory(path, ec)) << head << " is a directory, not a file";
   fs::path target = fs::absolute(path, ec);
   if (ec) target = path;
-  if (!fs::exists(target, ec)) {
+  if (via_rename || !fs::exists(target, ec)) {
     fs::path up = target.parent_path();
     if (create_parents) {
       while (!fs::exists(up, ec) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();

@@ -14,7 +14,10 @@ std::string read_file(const std::filesystem::path& path);
 // Fails, naming `what` (e.g. "--cache") and the path, unless a file can be written at `path` now, so that a command
 // refuses a bad output path before its work rather than after it. The path must not be a directory; an existing
 // file must be writable; otherwise its parent must be a writable directory, or with create_parents (the writer makes
-// the missing directories) its nearest existing ancestor must be. Creates nothing.
-void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false);
+// the missing directories) its nearest existing ancestor must be. With via_rename (the writer writes a temporary
+// file beside it and renames it over the path) the directory must be writable whether or not the file exists.
+// Creates nothing.
+void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false,
+                         bool via_rename = false);
 
 }  // namespace fp4moe

@@ -151,6 +151,10 @@ struct Engine::Impl {
     vocab = cfg.vocab_size;
     context_length = o.context_length > 0 ? o.context_length : cfg.max_position_embeddings;
     FP4MOE_CHECK(context_length >= 2) << "context length " << context_length << " must be >= 2";
+    // As SGLang refuses without its override: positions past the model's were never trained (RoPE tables, DSA).
+    FP4MOE_CHECK(context_length <= cfg.max_position_embeddings)
+        << "context length " << context_length << " is past the model's max_position_embeddings "
+        << cfg.max_position_embeddings << " (" << cfg.source << "): ask for at most that";
     for (int64_t t : cfg.eos_token_ids) eos_ids.push_back(static_cast<TokenId>(t));
     if (o.enable_prefix_cache && model->new_state()->copy_prefix(0) != nullptr) cache.emplace(o.page_size);
     stats = empty_stats();
@@ -382,6 +386,8 @@ struct Engine::Impl {
     const auto t0 = Clock::now();
     // A failed forward leaves the states unchanged. A SequenceError blames one entry: that request fails alone
     // and the others of the step run its work again next step; any other error fails every request of the step.
+    // (Only the CPU models throw SequenceError, and they take no device draws: a re-run's second draw from a
+    // seeded request's sampler cannot happen.)
     bool failed = false;
     std::string failure;
     int64_t culprit = -1;
@@ -390,7 +396,7 @@ struct Engine::Impl {
     } catch (const model::SequenceError& e) {
       failed = true;
       failure = e.what();
-      if (e.entry() >= 0 && e.entry() < static_cast<int64_t>(plan.size())) culprit = e.entry();
+      if (e.entry() >= 0 && e.entry() < static_cast<int64_t>(plan.size()) && plan.size() > 1) culprit = e.entry();
     } catch (const std::exception& e) {
       failed = true;
       failure = e.what();
@@ -401,7 +407,7 @@ struct Engine::Impl {
                              std::to_string(plan.size() - 1) + " sequences of the step go on): " + failure
                        : "forward of step " + std::to_string(info.step) + " (" + std::to_string(plan.size()) +
                              " sequences, " + std::to_string(n_tokens) + " tokens) failed: " + failure;
-      if (culprit >= 0) std::fprintf(stderr, "fp4moe engine: %s\n", msg.c_str());
+      std::fprintf(stderr, "fp4moe engine: %s\n", msg.c_str());
       for (size_t i = 0; i < plan.size(); ++i) {
         if (culprit >= 0 && static_cast<int64_t>(i) != culprit) continue;
         for (auto& r : running) {
@@ -655,6 +661,18 @@ void Engine::shutdown(bool drain) {
     if (drain) run_until_idle();
     impl_->abort_everything();
   }
+}
+
+void Engine::begin_drain() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->accepting = false;
+    if (!impl_->stop) {
+      impl_->stop = true;
+      impl_->drain = true;
+    }
+  }
+  impl_->work_cv.notify_all();
 }
 
 std::optional<Rejection> Engine::check_request(const Request& request) const {

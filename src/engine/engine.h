@@ -266,8 +266,12 @@ class Engine {
   // a token; the engine still serves, each request then failing with the error).
   std::optional<std::string> wait_warm_up() const;
   // Stops accepting requests; drain = finish running and waiting ones first, else abort them
-  // (their callbacks get FinishReason::kAbort). Joins the thread. Idempotent.
+  // (their callbacks get FinishReason::kAbort). Joins the thread. Idempotent; shutdown(false) after
+  // begin_drain() aborts what the drain has not finished.
   void shutdown(bool drain);
+  // Stops accepting requests and lets the running and waiting ones finish, returning at once (the thread
+  // ends when they have): a server's drain with a deadline, after which it calls shutdown(false).
+  void begin_drain();
 
   // Thread-safe. Validates (bad_param), checks the lengths (too_long) and the queue (queue_full).
   SubmitResult submit(Request request, OutputCallback callback);

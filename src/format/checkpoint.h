@@ -86,7 +86,7 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t n_routed_experts = 0;
   int64_t n_experts_per_tok = 0;
-  int64_t n_shared_experts = 0;
+  int64_t n_shared_experts = 0;  // default 1 for glm4_moe / glm_moe_dsa / deepseek_v3, 0 otherwise (transformers)
   int64_t first_k_dense_replace = 0;
   bool tie_word_embeddings = false;
   std::vector<bool> layer_is_moe;  // from mlp_layer_types, else first_k_dense_replace

@@ -101,6 +101,7 @@ std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
 }
 
 std::vector<std::string> unmatched_exclusions(const fs::path& in_dir, const std::vector<std::string>& extra) {
+  if (extra.empty()) return {};
   Checkpoint in(in_dir);
   std::vector<std::string> out;
   for (const std::string& p : extra) {

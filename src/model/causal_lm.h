@@ -100,7 +100,7 @@ using LinearInputObserver = moe::LinearInputObserver;
 // A forward failure blamed on one batch entry (the CPU models: the first entry whose rows hold a NaN / Inf after a
 // sublayer; rows of different entries do not mix there). As with any forward error the states are left as they
 // were; the engine fails that request alone and runs the others again (another entry at fault fails the same way
-// on that step).
+// on that step). A model that throws it must not answer SeqChunk::sample (the engine would draw again on the re-run).
 class SequenceError : public Error {
  public:
   SequenceError(int64_t entry, const std::string& what) : Error(what), entry_(entry) {}

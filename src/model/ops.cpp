@@ -96,10 +96,13 @@ int64_t first_non_finite(const float* x, int64_t n) {
   return -1;
 }
 
-void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value) {
+void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value,
+                     int64_t other_entries) {
   std::ostringstream m;
-  m << what << " of batch entry " << entry << " at position " << position << ", column " << column << " is " << value
-    << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
+  m << what << " of batch entry " << entry << " at position " << position << ", column " << column << " is " << value;
+  if (other_entries > 0) m << " (and rows of " << other_entries << " other batch entries)";
+  m << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
+  if (other_entries > 0) throw Error(m.str());
   throw SequenceError(entry, m.str());
 }
 
@@ -110,7 +113,8 @@ void softmax_inplace(float* x, int64_t n) {
     m = std::max(m, x[i]);
     nan = nan || std::isnan(x[i]);
   }
-  if (nan) {  // NaN in, NaN out: the sublayer's finite check then names the sequence it came from
+  // NaN / +inf in, NaN out: the sublayer's finite check then names the sequence it came from.
+  if (nan || m == std::numeric_limits<float>::infinity()) {
     std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
     return;
   }

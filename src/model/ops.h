@@ -45,21 +45,32 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // The CPU forwards check each sublayer's output so that a non-finite weight is blamed on its layer, not on
 // the next layer's softmax: the index of the first NaN / Inf of x[0, n), or -1; and the failure naming
 // `what` ("the attention output"), the batch entry, its position, the column, the value and likely causes.
+// `other_entries`: how many further batch entries hold non-finite rows; 0 throws SequenceError (the one entry is
+// at fault: the engine fails that request alone), more a plain Error (a weight all of them read, most likely).
 int64_t first_non_finite(const float* x, int64_t n);
-[[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value);
+[[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value,
+                                  int64_t other_entries = 0);
 
 // Both checked together on rows x [rows, H]: `locate(row)` gives the row's {batch entry, position} (each model
-// lays its batch out its own way).
+// lays its batch out its own way). Past the first non-finite row, the other rows are scanned too, so that one
+// entry is blamed only when the non-finite rows are all its own.
 template <typename Locate>
 void check_finite_rows(const float* x, int64_t rows, int64_t H, const char* what, Locate locate) {
   const int64_t i = first_non_finite(x, rows * H);
   if (i < 0) return;
   const auto [entry, position] = locate(i / H);
-  fail_non_finite(what, entry, position, i % H, x[i]);
+  int64_t others = 0, last_other = -1;
+  for (int64_t r = i / H + 1; r < rows; ++r) {
+    const int64_t e = locate(r).first;
+    if (e == entry || e == last_other || first_non_finite(x + r * H, H) < 0) continue;
+    ++others;  // rows of one entry are contiguous: count each entry once
+    last_other = e;
+  }
+  fail_non_finite(what, entry, position, i % H, x[i], others);
 }
 
-// Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error; a NaN among them
-// makes every output NaN, for the caller's non-finite check to blame on its sequence).
+// Numerically stable softmax in place over n values (-inf entries get 0; all -inf is an error; a NaN or a +inf
+// among them makes every output NaN, for the caller's non-finite check to blame on its sequence).
 void softmax_inplace(float* x, int64_t n);
 
 // out[t] = table[ids[t]] as f32; table is [vocab, dim] BF16 or F32. An id outside

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -505,7 +506,7 @@ class RequestHandler {
     res.status = 200;
     res.set_chunked_content_provider(
         kJsonContentType,
-        [server = server_, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
+        [server = server_, engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
           // Probe at least every kLivenessInterval, whether tokens are flowing or not.
           const auto now = std::chrono::steady_clock::now();
           if (now - st->last_probe >= kLivenessInterval) {
@@ -515,6 +516,8 @@ class RequestHandler {
           auto ev = channel->pop(std::chrono::duration_cast<std::chrono::milliseconds>(
               st->last_probe + kLivenessInterval - std::chrono::steady_clock::now()));
           if (!ev || st->choices.add(st->req, *ev) < 0) return true;
+          // One choice failed: the reply is the error, so its sibling choices stop now rather than run to the end.
+          if (st->choices.failed() != nullptr) st->choices.abort_unfinished(*engine);
           if (!st->choices.all_finished()) return true;
           st->finished = true;
           // Free the rid before the client can see the reply end (a client reusing it at once was refused).
@@ -613,6 +616,7 @@ class RequestHandler {
           }
           if (ev->finished && ev->finished->reason == engine::FinishReason::kError) {
             out += sse(engine_failure(st->ctx.id, ev->finished->error).to_json());
+            st->choices.abort_unfinished(*engine);  // the stream ends in the error: its sibling choices stop too
           }
           if (st->choices.all_finished()) {
             st->finished = true;
@@ -712,11 +716,21 @@ void HttpServer::shutdown(bool drain, double timeout_s) {
     std::lock_guard<std::mutex> lock(mu_);
     engine = engine_;
   }
-  if (engine) engine->shutdown(drain);  // finishes (or aborts) every request; their streams then end
-  {
+  // Drain: the engine finishes the running and queued requests while the replies stream, for at most timeout_s;
+  // whatever is left then is aborted (its replies end with finish_reason abort), and their handlers get a few
+  // seconds more to write that.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  auto wait_replies = [&](std::chrono::steady_clock::time_point until) {
     std::unique_lock<std::mutex> lock(active_mu_);
-    active_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return n_active_ == 0; });
+    active_cv_.wait_until(lock, until, [&] { return n_active_ == 0; });
+  };
+  if (engine && drain) {
+    engine->begin_drain();
+    wait_replies(deadline);
   }
+  if (engine) engine->shutdown(false);  // aborts what the drain did not finish; joins the engine thread
+  wait_replies(std::max(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5)));
   stop_listener();
 }
 
@@ -747,7 +761,12 @@ void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
 
 ApiError HttpServer::unrouted(const httplib::Request& req, httplib::Response& res) const {
   ApiError e;
-  const auto known = route_methods_.find(req.path);
+  auto known = route_methods_.find(req.path);
+  if (known == route_methods_.end()) {  // a pattern route ("/v1/models/(.+)"): httplib matches them as regexes
+    known = std::find_if(route_methods_.begin(), route_methods_.end(), [&](const auto& r) {
+      return r.first.find('(') != std::string::npos && std::regex_match(req.path, std::regex(r.first));
+    });
+  }
   if (known != route_methods_.end()) {
     e.status = 405;
     std::string allow;
@@ -840,9 +859,11 @@ void HttpServer::install_routes() {
     const bool no_body = (req.method == "POST" || req.method == "PUT") && !req.has_header("Content-Length") &&
                          req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos;
     if (!no_body) return httplib::Server::HandlerResponse::Unhandled;
-    const auto known = route_methods_.find(req.path);
-    const bool routed = known != route_methods_.end() &&
-                        std::find(known->second.begin(), known->second.end(), req.method) != known->second.end();
+    const bool routed = std::any_of(route_methods_.begin(), route_methods_.end(), [&](const auto& r) {
+      const bool path = r.first == req.path ||
+                        (r.first.find('(') != std::string::npos && std::regex_match(req.path, std::regex(r.first)));
+      return path && std::find(r.second.begin(), r.second.end(), req.method) != r.second.end();
+    });
     if (req.method == "POST" && req.path == "/flush_cache") {
       flush_cache(req, res);
     } else if (!routed) {

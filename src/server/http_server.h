@@ -83,8 +83,9 @@ class HttpServer {
   void start();
   // Hands over the started engine and the model's chat template (null: chat requests get 400).
   void set_engine(std::shared_ptr<engine::Engine> engine, std::shared_ptr<const engine::ChatTemplate> chat_template);
-  // Stops taking requests (503 from now on), lets the engine finish (drain) or abort its requests,
-  // waits up to timeout_s for open streams to end, then closes the listener and joins its thread.
+  // Stops taking requests (503 from now on); with drain lets the engine finish its running and queued requests for
+  // at most timeout_s, then aborts what is left (those replies end with finish_reason abort), waits a few seconds
+  // for the open replies to end, closes the listener and joins its thread.
   void shutdown(bool drain, double timeout_s);
   bool is_shutting_down() const { return shutting_down_.load(); }
 

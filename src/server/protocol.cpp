@@ -255,7 +255,8 @@ void parse_stream(const Fields& f, ParsedRequest* r) {
   if (const json* so = f.find("stream_options"); so != nullptr && !so->is_null()) {
     if (!so->is_object()) throw bad_request("stream_options", "stream_options must be an object, got " + show(*so));
     if (!r->stream)  // as the OpenAI API and vLLM: the options of a stream that is not one are a client mistake
-      throw bad_request("stream_options", "stream_options is only allowed with stream = true");
+      throw bad_request("stream_options", "stream_options is only allowed with stream = true, got stream = " +
+                                              std::string(f.find("stream") != nullptr ? show(*f.find("stream")) : "absent (false)"));
     if (auto v = Fields(*so, "stream_options.").boolean("include_usage")) r->include_usage = *v;
   }
 }
@@ -434,7 +435,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
                                               " is not a role (system, developer, user, assistant, tool, function, "
                                               "observation)");
         auto content = msg.find("content");
-        if (who != "assistant" && (content == msg.end() || content->is_null()))
+        // content may be null (or absent) on an assistant turn (its tool_calls) and on a legacy function message.
+        if (who != "assistant" && who != "function" && (content == msg.end() || content->is_null()))
           throw bad_request(at + ".content", at + ".content is required for a " + who + " message");
         if (auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
           if (!calls->is_array()) throw bad_request(at + ".tool_calls", at + ".tool_calls must be a list, got " + show(*calls));
@@ -721,7 +723,8 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   meta["finish_reason"] = acc.finish ? finish_json(*acc.finish) : json(nullptr);
   if (acc.finish) {
     meta["e2e_latency"] = acc.finish->timings.e2e_s;
-    meta["ttft"] = acc.finish->timings.ttft_s;
+    // No first token (aborted or failed before it): null, not 0 (the TTFT histogram leaves such requests out too).
+    meta["ttft"] = acc.finish->timings.token_times_s.empty() ? json(nullptr) : json(acc.finish->timings.ttft_s);
     meta["queue_time"] = acc.finish->timings.queue_s;
   }
   if (req.return_logprob) {

@@ -9,7 +9,8 @@
 //
 // Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
 // the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
-// SIGTERM / SIGINT: stop taking requests, let running and queued ones finish, exit 0.
+// SIGTERM / SIGINT: stop taking requests, let running and queued ones finish for at most --drain-timeout seconds,
+// abort the rest, exit 0; a second signal exits at once (status 1).
 // Tested by tests/server/test_server_e2e.cpp and test_server_load.cpp (they run this binary).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -209,6 +210,11 @@ void run_serve(ServeArgs a) {
       fmt::print(stderr, "fp4moe serve: signal {} during the model load; exiting\n", sig);
       std::_Exit(0);
     }
+    // A second signal while draining: exit now, as SGLang / vLLM do on a second Ctrl-C.
+    sigwait(&stop_signals, &sig);
+    fmt::print(stderr, "fp4moe serve: second signal {} while draining; exiting without waiting for the requests\n",
+               sig);
+    std::_Exit(1);
   });
   signals.detach();
 
@@ -296,7 +302,7 @@ void register_serve_command(CLI::App& app) {
       "--max-http-threads", a->max_http_threads,
       "HTTP worker threads grown to while connections wait (default max(2048, --http-threads)); beyond, they "
       "queue");
-  cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM waits for open streams (default 600)");
+  cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); a second signal exits at once");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
       ->group("Debug");
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md

@@ -131,7 +131,8 @@ void run_tune(const TuneArgs& a) {
   fmt::print("tuning {} shape(s) x {} token bucket(s), cache {}\n", shapes.size(), buckets.size(), path);
   for (const NamedShape& s : named) fmt::print("  {:<26} {}\n", s.name, s.shape.to_string());
   std::fflush(stdout);
-  check_writable_file(path, "tune cache", /*create_parents=*/true);  // before the tuning, not after it
+  // Before the tuning, not after it; TuneCache::save writes a temporary file beside the cache and renames it.
+  check_writable_file(path, "tune cache", /*create_parents=*/true, /*via_rename=*/true);
 #ifndef FP4MOE_HAVE_CUDA
   FP4MOE_FAIL() << "fp4moe tune needs a GPU, and this build has no CUDA (configured without nvcc or with "
                    "-DFP4MOE_CUDA=OFF)";

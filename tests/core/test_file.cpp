@@ -69,6 +69,9 @@ TEST(File, WritableFileCheckRefusesBadPaths) {
   EXPECT_NO_THROW(check_writable_file(file, "--out"));
   EXPECT_NO_THROW(check_writable_file(tmp / "fp4moe_writable_check_new.json", "--out"));
   EXPECT_NO_THROW(check_writable_file(missing / "a" / "y.json", "--out", /*create_parents=*/true));
+  // via_rename: an existing file in a writable directory passes (the directory is what it checks; an unwritable
+  // one cannot be made portably: root writes anywhere).
+  EXPECT_NO_THROW(check_writable_file(file, "--out", false, /*via_rename=*/true));
   EXPECT_FALSE(fs::exists(missing));
   EXPECT_FALSE(fs::exists(tmp / "fp4moe_writable_check_new.json"));
   fs::remove(file);

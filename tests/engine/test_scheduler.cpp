@@ -152,6 +152,17 @@ TEST(Scheduler, SequenceErrorFailsOnlyThatRequest) {
   const EngineStats s = h.engine.stats();
   EXPECT_EQ(s.kv_used_tokens, 0);
   EXPECT_EQ(s.n_running + s.n_waiting, 0);
+  // The re-run step counts nothing twice: each prompt once (the failed one's too: it was admitted), each token
+  // generated once, one first token per finished request.
+  uint64_t prompt_tokens = 0, generated = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    prompt_tokens += cases[i].prompt.size();
+    generated += h.results.at(ids[i]).ids.size();
+  }
+  EXPECT_EQ(s.prompt_tokens_total, prompt_tokens);
+  EXPECT_EQ(s.generation_tokens_total, generated);
+  EXPECT_EQ(s.ttft_s.count, cases.size() - 1);
+  EXPECT_EQ(s.requests_finished_total, cases.size());
 }
 
 // A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or

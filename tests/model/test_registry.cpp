@@ -225,6 +225,43 @@ TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
     clean->forward(alone);
     EXPECT_EQ(la, want);
   }
+  // A NaN weight every row reads: each entry's rows are non-finite, so no one entry is blamed (a plain Error: the
+  // engine fails the step's requests together instead of one a step).
+  for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
+    SCOPED_TRACE(model);
+    TempDir t;
+    const std::string weight = "model.layers.1.self_attn.o_proj.weight";
+    copy_checkpoint(golden(model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
+      if (n != weight) return true;
+      format::SafetensorsFile f(golden(model) / "model.safetensors");
+      const TensorView v = f.view(*f.find(n));
+      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+      const uint16_t nan_bf16 = 0x7FC0;
+      std::memcpy(r->bytes.data() + 2 * 3, &nan_bf16, 2);  // row 0, column 3
+      return true;
+    });
+    LoadOptions o;
+    o.progress = false;
+    auto lm = load_model(t.path, o);
+    const std::vector<int32_t> a = {5, 17, 3}, b = {8, 9, 42};
+    auto sa = lm->new_state(), sb = lm->new_state();
+    const SeqChunk batch[] = {{sa.get(), a, nullptr}, {sb.get(), b, nullptr}};
+    std::string what;
+    bool blamed_one = false;
+    try {
+      lm->forward(batch);
+    } catch (const SequenceError& e) {
+      blamed_one = true;
+      what = e.what();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_FALSE(blamed_one) << what;
+    EXPECT_NE(what.find("layer 1: the attention output of batch entry 0 at position 0, column 0 is nan (and rows of 1 "
+                        "other batch entries)"),
+              std::string::npos)
+        << what;
+  }
 }
 
 // NVFP4 scales no quantizer writes are refused at load, naming the tensor (and a block scale's [row,

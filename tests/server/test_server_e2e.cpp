@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "format/checkpoint_edit.h"
 #include "format/safetensors.h"
 #include "server/http_client.h"
 #include "server/reasoning.h"
@@ -137,6 +139,58 @@ TEST(ServerE2E, HealthGoes503Then200AndMetricsParse) {
   EXPECT_GT(n_expert_series, 0);
   EXPECT_GT(expert_tokens, 0);
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+// A NaN in one prompt's rows (its token's embedding row is NaN in this copy of glm5_tiny) fails that request
+// alone: a concurrent request in the same batch finishes with the clean model's ids; a batch of prompts whose one
+// prompt fails answers the error and stops its sibling choice (it ran to max_tokens); the server keeps serving.
+TEST(ServerE2E, NanInOnePromptFailsOnlyThatRequest) {
+  const fs::path golden = fp4moe::testing::shared_path("golden/models/glm5_tiny");
+  const fs::path tok = fp4moe::testing::shared_path("golden/tokenizer");
+  const fs::path dir = fs::temp_directory_path() / ("fp4moe_nan_row_" + std::to_string(::getpid()));
+  fp4moe::testing::copy_checkpoint(golden, dir, [](fp4moe::testing::TensorMap& t) {
+    auto& table = t.at("model.embed_tokens.weight");
+    const uint16_t nan_bf16 = 0x7FC0;
+    std::memcpy(table.bytes.data() + 2 * (99 * table.shape[1] + 3), &nan_bf16, 2);  // token 99, column 3
+  });
+  fp4moe::format::SafetensorsFile g(golden / "golden.safetensors");
+  const auto ids = g.view("greedy_ids").as<int64_t>();
+  const int64_t N = g.view("greedy_ids").dim(1), S = g.view("input_ids").dim(1);
+  const std::vector<int64_t> clean_prompt(ids.begin(), ids.begin() + S);
+  const std::vector<int64_t> expected(ids.begin() + S, ids.begin() + N);
+  ASSERT_EQ(std::find(ids.begin(), ids.begin() + N, 99), ids.begin() + N) << "the golden sequence holds token 99";
+  ServerProcess srv(FP4MOE_CLI, {"--model", dir.string(), "--tokenizer-path", tok.string()});
+  ASSERT_TRUE(srv.wait_ready(120));
+  std::vector<fp4moe::server::HttpResponse> replies(2);
+  std::thread bad([&] {
+    HttpClient cc(srv.url(), kTimeout);
+    replies[0] = cc.post("/generate", json{{"input_ids", {8, 99, 42}}, {"sampling_params", {{"max_new_tokens", 4}}}}.dump());
+  });
+  std::thread good([&] {
+    HttpClient cc(srv.url(), kTimeout);
+    replies[1] = cc.post("/generate", json{{"input_ids", clean_prompt},
+                                           {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}}
+                                          .dump());
+  });
+  bad.join();
+  good.join();
+  EXPECT_NE(replies[0].body.find("is nan"), std::string::npos) << replies[0].body;
+  ASSERT_EQ(replies[1].status, 200) << replies[1].body;
+  EXPECT_EQ(parse(replies[1].body)["output_ids"].get<std::vector<int64_t>>(), expected);
+  // A batch of two prompts, the second poisoned: the error, and the first choice is stopped, not run on.
+  HttpClient c(srv.url(), kTimeout);
+  const auto before = fp4moe::testing::parse_prometheus(c.get("/metrics").body);
+  auto batch = c.post("/v1/completions",
+                      json{{"prompt", {clean_prompt, {8, 99, 42}}}, {"max_tokens", 200}, {"ignore_eos", true}}.dump());
+  EXPECT_NE(batch.body.find("is nan"), std::string::npos) << batch.body;
+  const auto after = fp4moe::testing::parse_prometheus(c.get("/metrics").body);
+  EXPECT_LT(after.at("fp4moe:generation_tokens_total") - before.at("fp4moe:generation_tokens_total"), 200);
+  EXPECT_EQ(after.at("fp4moe:num_aborted_requests_total") - before.at("fp4moe:num_aborted_requests_total"), 1);
+  ASSERT_EQ(c.post("/generate", json{{"input_ids", clean_prompt}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump())
+                .status,
+            200);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  fs::remove_all(dir);
 }
 
 TEST(ServerE2E, GoldenGlm5TinyGreedyIds) {
@@ -382,6 +436,9 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   auto other = c.get("/v1/models/gpt-4");
   expect_error(other, 404, "model");
   EXPECT_NE(other.body.find("the model 'gpt-4' does not exist"), std::string::npos) << other.body;
+  auto post_one = c.post("/v1/models/tiny-default", "{}");  // the pattern route takes GET only
+  expect_error(post_one, 405, "");
+  EXPECT_EQ(post_one.headers.find("Allow")->second, "GET");
 
   auto t = c.post("/v1/tokenize", json{{"prompt", "abc"}, {"add_special_tokens", false}}.dump());
   ASSERT_EQ(t.status, 200) << t.body;
@@ -1401,6 +1458,57 @@ TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
   EXPECT_EQ(status, 200);
   EXPECT_TRUE(done);
   EXPECT_EQ(final_ids.size(), 60u);  // the running request finished
+}
+
+// --drain-timeout bounds the drain: a request that would run long is aborted when it expires (the engine thread
+// was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a second signal
+// exits at once.
+// --context-length past the model's max_position_embeddings is refused at start, naming both (it served 9,000
+// positions of an 8,192-position model).
+TEST(ServerE2E, ContextLengthPastTheModelIsRefused) {
+  std::string text;
+  EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --context-length 100000 2>&1", &text),
+            1);
+  EXPECT_NE(text.find("context length 100000 is past the model's max_position_embeddings 8192"), std::string::npos)
+      << text;
+}
+
+TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
+  for (bool second_signal : {false, true}) {
+    SCOPED_TRACE(second_signal ? "second signal" : "drain timeout");
+    ServerProcess srv(FP4MOE_CLI, {"--drain-timeout", second_signal ? "600" : "1"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    std::atomic<int> chunks{0};
+    std::string finish;
+    size_t n_ids = 0;
+    std::thread client([&] {
+      HttpClient c(srv.url(), kTimeout);
+      json body = {{"text", "drain"},
+                   {"sampling_params", {{"max_new_tokens", 3000}, {"ignore_eos", true}}},
+                   {"stream", true}};
+      c.post_sse("/generate", body.dump(), [&](std::string_view d) {
+        if (d == "[DONE]") return true;
+        ++chunks;
+        const json j = json::parse(d);
+        n_ids = j["output_ids"].size();
+        if (j["meta_info"]["finish_reason"].is_object()) finish = j["meta_info"]["finish_reason"]["type"];
+        return true;
+      });
+    });
+    while (chunks.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (second_signal) {
+      ::kill(srv.pid(), SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // two pending SIGTERMs would merge into one
+    }
+    const int rc = srv.stop(SIGTERM, 30);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    client.join();
+    EXPECT_EQ(rc, second_signal ? 1 : 0);
+    EXPECT_LT(took, 8.0);
+    EXPECT_LT(n_ids, 3000u);
+    if (!second_signal) EXPECT_EQ(finish, "abort");
+  }
 }
 
 // --api-key: every route but the probes and /metrics wants the Bearer key (401 naming the header

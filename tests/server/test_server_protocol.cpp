@@ -166,7 +166,7 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}}, "top_logprobs", "logprobs");
   // stream_options belong to a stream (OpenAI and vLLM refuse them otherwise); null is no options.
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}},
-             "stream_options", "only allowed with stream = true");
+             "stream_options", "only allowed with stream = true, got stream = absent (false)");
   EXPECT_NO_THROW(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"stream_options", nullptr}}));
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"rid", ""}}, "rid", "1 to 256 bytes");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"rid", std::string(257, 'r')}}, "rid", "257");
@@ -248,6 +248,11 @@ TEST(ServerProtocol, DefaultsErrorsAndResponses) {
   const json g = generate_response(req, ctx, acc);
   EXPECT_EQ(g["output_ids"], json({5, 6}));
   EXPECT_EQ(g["meta_info"]["finish_reason"]["type"], "length");
+  EXPECT_TRUE(g["meta_info"]["ttft"].is_null());  // no token times: no first token to time (it said 0.0)
+  Accumulated timed = acc;
+  timed.finish->timings.ttft_s = 0.25;
+  timed.finish->timings.token_times_s = {0.25, 0.5};
+  EXPECT_EQ(generate_response(req, ctx, timed)["meta_info"]["ttft"], 0.25);
   EXPECT_EQ(g["meta_info"]["finish_reason"]["length"], 2);
   // logit_bias (OpenAI and SGLang), the plain response_format, best_of = n: accepted.
   const ParsedRequest lb = parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}},
