@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/thread_pool.h"
+#include "moe/router.h"
 
 namespace fp4moe::model {
 
@@ -65,9 +66,8 @@ KeySelection dsa_select_topk(const IndexerDims& dims, const float* q, const floa
     std::vector<float> scores(static_cast<size_t>(n_causal));
     dsa_index_scores(dims, q + static_cast<size_t>(i) * dims.n_heads * dims.head_dim,
                      w + static_cast<size_t>(i) * dims.n_heads, cache, q_pos[i], scores.data());
-    std::nth_element(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
+    std::nth_element(order.begin(), order.begin() + k, order.end(),
+                     [&](int32_t a, int32_t b) { return moe::ranks_before(scores[a], a, scores[b], b); });
     order.resize(static_cast<size_t>(k));
     std::sort(order.begin(), order.end());
   };

@@ -17,7 +17,7 @@ void top_k_indices(const float* v, int n, int k, int* out, std::vector<int>& scr
   scratch.resize(static_cast<size_t>(n));
   std::iota(scratch.begin(), scratch.end(), 0);
   std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.end(),
-                    [v](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+                    [v](int a, int b) { return ranks_before(v[a], a, v[b], b); });
   std::copy(scratch.begin(), scratch.begin() + k, out);
 }
 

@@ -7,11 +7,22 @@
 // order of their choice score. Tested by tests/moe/test_router.cpp (vs a naive reference).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "moe/config.h"
 
 namespace fp4moe::moe {
+
+// The order of a top-k over scores: higher first, ties to the lower index, and a NaN ranked as -inf, so that the
+// comparison is a strict weak order even when a sequence's scores went NaN (std::partial_sort / nth_element with
+// a NaN-broken comparator is undefined behaviour: the sublayer's finite check reports the NaN afterwards).
+inline bool ranks_before(float va, int64_t a, float vb, int64_t b) {
+  constexpr float kLow = -std::numeric_limits<float>::infinity();
+  const float x = std::isnan(va) ? kLow : va, y = std::isnan(vb) ? kLow : vb;
+  return x > y || (x == y && a < b);
+}
 
 // logits [n_tokens, E] (f32 router logits), correction_bias [E] (sigmoid family with
 // cfg.correction_bias; else may be nullptr). Writes topk_idx [n_tokens, k] and topk_weights [n_tokens, k].

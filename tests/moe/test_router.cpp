@@ -119,6 +119,28 @@ TEST(Router, GroupedSigmoidMatchesNaiveReference) {
   check_against_naive(no_norm, 32, rng);
 }
 
+// NaN scores rank below every number (a strict weak order, where the plain '>' made partial_sort undefined): a
+// token whose logits are partly NaN gets valid, distinct experts, the finite ones first.
+TEST(Router, NanScoresRankLastAndExpertsStayValid) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(ranks_before(1.0f, 5, nan, 0));
+  EXPECT_FALSE(ranks_before(nan, 0, 1.0f, 5));
+  EXPECT_TRUE(ranks_before(nan, 0, nan, 1));  // NaN ties: lower index first
+  EXPECT_FALSE(ranks_before(nan, 1, nan, 0));
+  EXPECT_TRUE(ranks_before(-inf, 0, nan, 1));  // -inf ties NaN: by index
+  const MoeConfig cfg = sigmoid_config(16, 4, 1, 1, 0.0f);
+  std::vector<float> logits(16, nan), bias(16, 0.0f);
+  logits[3] = 1.0f;
+  logits[9] = 2.0f;
+  std::vector<int32_t> idx(4);
+  std::vector<float> w(4);
+  route(cfg, logits.data(), bias.data(), 1, idx.data(), w.data());
+  EXPECT_EQ(idx[0], 9);
+  EXPECT_EQ(idx[1], 3);
+  for (int32_t e : idx) EXPECT_TRUE(e >= 0 && e < 16) << e;
+  EXPECT_EQ(std::set<int32_t>(idx.begin(), idx.end()).size(), 4u);
+}
+
 TEST(Router, SoftmaxTopKMatchesNaiveReference) {
   std::mt19937_64 rng(testing::test_seed() + 1);
   for (bool norm : {false, true}) {
