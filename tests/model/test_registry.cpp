@@ -139,6 +139,20 @@ TEST(ModelRegistry, WrongDtypeIsNamed) {
 // A NaN in a BF16 weight loads (values are not scanned) and the forward fails naming the layer and the
 // sublayer whose output first holds it, not the next layer's softmax. One weight a case: layer 2's o_proj
 // (attention), layer 0's dense MLP, layer 1's shared expert (every token passes through it).
+// Copies golden `model` to `to` with one element of the BF16 tensor `name` (row `row`, column `col`) set to NaN.
+void copy_with_nan(const std::string& model, const fs::path& to, const std::string& name, int64_t row, int64_t col) {
+  copy_checkpoint(golden(model), to, [&](const std::string& n, std::optional<Replacement>& r) {
+    if (n != name) return true;
+    format::SafetensorsFile f(golden(model) / "model.safetensors");
+    const TensorView v = f.view(*f.find(n));
+    EXPECT_EQ(v.dtype, DType::kBF16) << n;
+    r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+    const uint16_t nan_bf16 = 0x7FC0;
+    std::memcpy(r->bytes.data() + 2 * (row * v.shape[1] + col), &nan_bf16, 2);
+    return true;
+  });
+}
+
 TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
   struct Case {
     const char* model;
@@ -158,15 +172,7 @@ TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.tensor);
     TempDir t;
-    copy_checkpoint(golden(c.model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
-      if (n != c.tensor) return true;
-      format::SafetensorsFile f(golden(c.model) / "model.safetensors");
-      const TensorView v = f.view(*f.find(n));
-      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
-      const uint16_t nan_bf16 = 0x7FC0;
-      std::memcpy(r->bytes.data() + 2 * 3, &nan_bf16, 2);  // row 0, column 3
-      return true;
-    });
+    copy_with_nan(c.model, t.path, c.tensor, 0, 3);
     LoadOptions o;
     o.progress = false;
     auto lm = load_model(t.path, o);
@@ -188,17 +194,7 @@ TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
   for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
     SCOPED_TRACE(model);
     TempDir t;
-    const std::string table = "model.embed_tokens.weight";
-    copy_checkpoint(golden(model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
-      if (n != table) return true;
-      format::SafetensorsFile f(golden(model) / "model.safetensors");
-      const TensorView v = f.view(*f.find(n));
-      EXPECT_EQ(v.dtype, DType::kBF16);
-      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
-      const uint16_t nan_bf16 = 0x7FC0;
-      std::memcpy(r->bytes.data() + 2 * (99 * v.shape[1] + 3), &nan_bf16, 2);  // token 99, column 3
-      return true;
-    });
+    copy_with_nan(model, t.path, "model.embed_tokens.weight", 99, 3);  // token 99's row
     LoadOptions o;
     o.progress = false;
     auto lm = load_model(t.path, o);
@@ -230,16 +226,7 @@ TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
   for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
     SCOPED_TRACE(model);
     TempDir t;
-    const std::string weight = "model.layers.1.self_attn.o_proj.weight";
-    copy_checkpoint(golden(model), t.path, [&](const std::string& n, std::optional<Replacement>& r) {
-      if (n != weight) return true;
-      format::SafetensorsFile f(golden(model) / "model.safetensors");
-      const TensorView v = f.view(*f.find(n));
-      r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
-      const uint16_t nan_bf16 = 0x7FC0;
-      std::memcpy(r->bytes.data() + 2 * 3, &nan_bf16, 2);  // row 0, column 3
-      return true;
-    });
+    copy_with_nan(model, t.path, "model.layers.1.self_attn.o_proj.weight", 0, 3);
     LoadOptions o;
     o.progress = false;
     auto lm = load_model(t.path, o);
