@@ -93,7 +93,7 @@ std::vector<CgroupMemoryFiles> cgroup_memory_levels(const std::string& proc_self
 
 HostMemory host_memory_available() {
   return host_memory_from(slurp("/proc/meminfo"), cgroup_memory_levels(slurp("/proc/self/cgroup"), "/sys/fs/cgroup",
-                                                                        [](const std::string& p) { return slurp(p); }));
+                                                                       [](const std::string& p) { return slurp(p); }));
 }
 
 }  // namespace fp4moe

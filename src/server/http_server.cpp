@@ -561,7 +561,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
-      std::vector<size_t> text_offsets;  // completions logprobs: bytes of the choice's tokens sent so far
+      std::vector<size_t> text_offsets;       // completions logprobs: bytes of the choice's tokens sent so far
       std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
@@ -719,8 +719,9 @@ void HttpServer::shutdown(bool drain, double timeout_s) {
   // Drain: the engine finishes the running and queued requests while the replies stream, for at most timeout_s;
   // whatever is left then is aborted (its replies end with finish_reason abort), and their handlers get a few
   // seconds more to write that.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(std::max(timeout_s, 0.0)));
   auto wait_replies = [&](std::chrono::steady_clock::time_point until) {
     std::unique_lock<std::mutex> lock(active_mu_);
     active_cv_.wait_until(lock, until, [&] { return n_active_ == 0; });
@@ -964,8 +965,9 @@ void HttpServer::install_routes() {
          const bool all = body.contains("abort_all") && body["abort_all"].get<bool>();
          const auto rid_it = body.find("rid");
          if (!all && (rid_it == body.end() || !rid_it->is_string()))
-           throw bad_request("rid", "rid (the id of a request's reply, a string) is required, or abort_all: true; got " +
-                                        (rid_it == body.end() ? std::string("no rid") : "rid = " + dump_json(*rid_it)));
+           throw bad_request("rid",
+                             "rid (the id of a request's reply, a string) is required, or abort_all: true; got " +
+                                 (rid_it == body.end() ? std::string("no rid") : "rid = " + dump_json(*rid_it)));
          std::vector<engine::RequestId> ids;
          int64_t n_replies = 0;
          {

@@ -72,7 +72,10 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
          static_cast<double>(s.requests_finished_total));
   scalar(o, "num_aborted_requests_total", "counter", "Requests aborted (client gone or shutdown).",
          static_cast<double>(s.requests_aborted_total));
-  scalar(o, "num_rejected_requests_total", "counter", "Requests the engine refused at submit (queue full, prompt + max tokens past the context or KV cache, a sampling field it refuses); what the HTTP layer refuses first (malformed fields, a prompt alone past the context) is in http_errors_total.",
+  scalar(o, "num_rejected_requests_total", "counter",
+         "Requests the engine refused at submit (queue full, prompt + max tokens past the context or KV cache, a "
+         "sampling field it refuses); what the HTTP layer refuses first (malformed fields, a prompt alone past the "
+         "context) is in http_errors_total.",
          static_cast<double>(s.requests_rejected_total));
   scalar(o, "num_preemptions_total", "counter", "Running requests preempted by recompute (KV exhausted).",
          static_cast<double>(s.preemptions_total));

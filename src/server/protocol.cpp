@@ -255,8 +255,9 @@ void parse_stream(const Fields& f, ParsedRequest* r) {
   if (const json* so = f.find("stream_options"); so != nullptr && !so->is_null()) {
     if (!so->is_object()) throw bad_request("stream_options", "stream_options must be an object, got " + show(*so));
     if (!r->stream)  // as the OpenAI API and vLLM: the options of a stream that is not one are a client mistake
-      throw bad_request("stream_options", "stream_options is only allowed with stream = true, got stream = " +
-                                              std::string(f.find("stream") != nullptr ? show(*f.find("stream")) : "absent (false)"));
+      throw bad_request("stream_options",
+                        "stream_options is only allowed with stream = true, got stream = " +
+                            std::string(f.find("stream") != nullptr ? show(*f.find("stream")) : "absent (false)"));
     if (auto v = Fields(*so, "stream_options.").boolean("include_usage")) r->include_usage = *v;
   }
 }
@@ -429,7 +430,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         auto role = msg.find("role");
         if (role == msg.end() || !role->is_string()) throw bad_request(at + ".role", at + ".role must be a string");
         const std::string who = role->get<std::string>();
-        static const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool", "function", "observation"};
+        static const char* const kRoles[] = {"system", "developer", "user",       "assistant",
+                                             "tool",   "function",  "observation"};
         if (std::find(std::begin(kRoles), std::end(kRoles), who) == std::end(kRoles))
           throw bad_request(at + ".role", at + ".role = " + show(*role) +
                                               " is not a role (system, developer, user, assistant, tool, function, "
@@ -439,11 +441,12 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body) {
         if (who != "assistant" && who != "function" && (content == msg.end() || content->is_null()))
           throw bad_request(at + ".content", at + ".content is required for a " + who + " message");
         if (auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
-          if (!calls->is_array()) throw bad_request(at + ".tool_calls", at + ".tool_calls must be a list, got " + show(*calls));
+          if (!calls->is_array())
+            throw bad_request(at + ".tool_calls", at + ".tool_calls must be a list, got " + show(*calls));
           for (size_t k = 0; k < calls->size(); ++k) {
             if (!(*calls)[k].is_object())
-              throw bad_request(at + ".tool_calls", at + ".tool_calls[" + std::to_string(k) + "] must be an object, got " +
-                                                        show((*calls)[k]));
+              throw bad_request(at + ".tool_calls", at + ".tool_calls[" + std::to_string(k) +
+                                                        "] must be an object, got " + show((*calls)[k]));
           }
         }
         if (content != msg.end() && !content->is_string() && !content->is_null() && !content->is_array())

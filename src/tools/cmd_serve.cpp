@@ -302,7 +302,9 @@ void register_serve_command(CLI::App& app) {
       "--max-http-threads", a->max_http_threads,
       "HTTP worker threads grown to while connections wait (default max(2048, --http-threads)); beyond, they "
       "queue");
-  cmd->add_option("--drain-timeout", a->drain_timeout_s, "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); a second signal exits at once");
+  cmd->add_option("--drain-timeout", a->drain_timeout_s,
+                  "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); a "
+                  "second signal exits at once");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
       ->group("Debug");
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md

@@ -18,7 +18,8 @@ TEST(HostMemory, MemAvailableAndCgroupLimits) {
   HostMemory m = host_memory_from(kMeminfo, {});
   EXPECT_DOUBLE_EQ(m.bytes, 20000000.0 * 1024);
   EXPECT_EQ(m.source, "MemAvailable");
-  m = host_memory_from(kMeminfo, {{"a/memory.max", "8000000000\n", "3000000000\n", "anon 1\ninactive_file 1000000000\n"}});
+  m = host_memory_from(kMeminfo,
+                       {{"a/memory.max", "8000000000\n", "3000000000\n", "anon 1\ninactive_file 1000000000\n"}});
   EXPECT_DOUBLE_EQ(m.bytes, 6e9);  // 8 GB - (3 GB used - 1 GB reclaimable cache)
   EXPECT_EQ(m.source, "cgroup a/memory.max");
   m = host_memory_from(kMeminfo, {{"a", "max\n", "3000000000\n", ""}});
@@ -28,7 +29,8 @@ TEST(HostMemory, MemAvailableAndCgroupLimits) {
   m = host_memory_from(kMeminfo, {{"a", "100\n", "200\n", ""}});
   EXPECT_DOUBLE_EQ(m.bytes, 0.0);
   // Two levels: the tighter one decides.
-  m = host_memory_from(kMeminfo, {{"leaf", "9000000000\n", "1000000000\n", ""}, {"parent", "4000000000\n", "1000000000\n", ""}});
+  m = host_memory_from(kMeminfo,
+                       {{"leaf", "9000000000\n", "1000000000\n", ""}, {"parent", "4000000000\n", "1000000000\n", ""}});
   EXPECT_DOUBLE_EQ(m.bytes, 3e9);
   EXPECT_EQ(m.source, "cgroup parent");
   m = host_memory_from("", {});
@@ -55,7 +57,8 @@ TEST(HostMemory, CgroupLevelsFromProcSelfCgroup) {
   EXPECT_EQ(levels[1].where, "/cg/system.slice/memory.max");
   EXPECT_DOUBLE_EQ(host_memory_from("", levels).bytes, 990.0);
   // v1: the memory controller's line, under root/memory.
-  files = {{"/cg/memory/docker/abc/memory.limit_in_bytes", "500\n"}, {"/cg/memory/docker/abc/memory.usage_in_bytes", "100\n"}};
+  files = {{"/cg/memory/docker/abc/memory.limit_in_bytes", "500\n"},
+           {"/cg/memory/docker/abc/memory.usage_in_bytes", "100\n"}};
   levels = cgroup_memory_levels("12:cpu,cpuacct:/docker/abc\n9:memory:/docker/abc\n", "/cg", read);
   ASSERT_EQ(levels.size(), 1u);
   EXPECT_EQ(levels[0].where, "/cg/memory/docker/abc/memory.limit_in_bytes");

@@ -164,13 +164,14 @@ TEST(ServerE2E, NanInOnePromptFailsOnlyThatRequest) {
   std::vector<fp4moe::server::HttpResponse> replies(2);
   std::thread bad([&] {
     HttpClient cc(srv.url(), kTimeout);
-    replies[0] = cc.post("/generate", json{{"input_ids", {8, 99, 42}}, {"sampling_params", {{"max_new_tokens", 4}}}}.dump());
+    replies[0] =
+        cc.post("/generate", json{{"input_ids", {8, 99, 42}}, {"sampling_params", {{"max_new_tokens", 4}}}}.dump());
   });
   std::thread good([&] {
     HttpClient cc(srv.url(), kTimeout);
-    replies[1] = cc.post("/generate", json{{"input_ids", clean_prompt},
-                                           {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}}
-                                          .dump());
+    replies[1] = cc.post(
+        "/generate",
+        json{{"input_ids", clean_prompt}, {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}}.dump());
   });
   bad.join();
   good.join();
@@ -1467,8 +1468,8 @@ TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
 // positions of an 8,192-position model).
 TEST(ServerE2E, ContextLengthPastTheModelIsRefused) {
   std::string text;
-  EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --context-length 100000 2>&1", &text),
-            1);
+  EXPECT_EQ(
+      fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --context-length 100000 2>&1", &text), 1);
   EXPECT_NE(text.find("context length 100000 is past the model's max_position_embeddings 8192"), std::string::npos)
       << text;
 }
@@ -1483,9 +1484,8 @@ TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
     size_t n_ids = 0;
     std::thread client([&] {
       HttpClient c(srv.url(), kTimeout);
-      json body = {{"text", "drain"},
-                   {"sampling_params", {{"max_new_tokens", 3000}, {"ignore_eos", true}}},
-                   {"stream", true}};
+      json body = {
+          {"text", "drain"}, {"sampling_params", {{"max_new_tokens", 3000}, {"ignore_eos", true}}}, {"stream", true}};
       c.post_sse("/generate", body.dump(), [&](std::string_view d) {
         if (d == "[DONE]") return true;
         ++chunks;

@@ -163,7 +163,8 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"presence_penalty", 3}}, "presence_penalty", "3");
   expect_bad(Endpoint::kChat, json{{"messages", json::array()}}, "messages", "non-empty");
   expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", 7}}}}}, "messages[0].content", "7");
-  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}}, "top_logprobs", "logprobs");
+  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"top_logprobs", 2}},
+             "top_logprobs", "logprobs");
   // stream_options belong to a stream (OpenAI and vLLM refuse them otherwise); null is no options.
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}},
              "stream_options", "only allowed with stream = true, got stream = absent (false)");
