@@ -255,6 +255,12 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   FP4MOE_CHECK(c.n_layers > 0 && c.hidden_size > 0 && c.vocab_size > 0)
       << source << ": num_hidden_layers=" << c.n_layers << " hidden_size=" << c.hidden_size
       << " vocab_size=" << c.vocab_size << " must all be positive";
+  FP4MOE_CHECK(c.n_layers <= kMaxModelLayers)
+      << source << ": num_hidden_layers=" << c.n_layers << " is past " << kMaxModelLayers << " (no model has so many)";
+  FP4MOE_CHECK(c.first_k_dense_replace >= 0)
+      << source << ": first_k_dense_replace=" << c.first_k_dense_replace << " must be >= 0 (the leading dense layers)";
+  FP4MOE_CHECK(c.n_nextn_layers >= 0) << source << ": num_nextn_predict_layers=" << c.n_nextn_layers
+                                      << " must be >= 0 (the MTP layers after num_hidden_layers)";
   c.layer_is_moe.assign(static_cast<size_t>(c.n_layers), false);
   if (auto it = j.find("mlp_layer_types"); it != j.end() && it->is_array()) {
     FP4MOE_CHECK(static_cast<int64_t>(it->size()) == c.n_layers)

@@ -74,6 +74,10 @@ struct QuantConfig {
 // fnmatch-style match ('*' any run, '?' one char, '[...]' sets) over the whole string.
 bool wildcard_match(std::string_view pattern, std::string_view text);
 
+// The most decoder layers a config may ask for (no model has so many; a bigger num_hidden_layers is a typo or a
+// hostile file that would size per-layer tables by it). Both config parsers check it.
+inline constexpr int64_t kMaxModelLayers = int64_t{1} << 16;
+
 // The architecture facts fp4moe needs from config.json (the raw JSON stays available).
 struct ModelConfig {
   std::string architecture;  // architectures[0]

@@ -121,6 +121,8 @@ void parse_moe(const json& j, const std::string& src, ModelConfig& c) {
   FP4MOE_CHECK(c.first_k_dense_replace >= 0)
       << src << ": first_k_dense_replace=" << c.first_k_dense_replace << " must be >= 0 (the leading dense layers)";
   c.num_nextn_predict_layers = get_int(j, "num_nextn_predict_layers", src, 0);
+  FP4MOE_CHECK(c.num_nextn_predict_layers >= 0) << src << ": num_nextn_predict_layers=" << c.num_nextn_predict_layers
+                                                << " must be >= 0 (the MTP layers after num_hidden_layers)";
 
   c.mlp_layer_types = get_str_list(j, "mlp_layer_types", src);
   if (c.mlp_layer_types.empty()) {
@@ -280,9 +282,9 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
       << ", num_key_value_heads=" << c.num_key_value_heads << " must all be positive";
   // Per-layer lists are sized by it before any tensor is read (the loaders then check it against the
   // checkpoint's layers): a typo of 10^9 layers would ask for tens of GB first.
-  constexpr int64_t kMaxLayers = int64_t{1} << 16;
-  FP4MOE_CHECK(c.num_hidden_layers <= kMaxLayers) << source << ": num_hidden_layers=" << c.num_hidden_layers
-                                                  << " is past " << kMaxLayers << " (no model has so many)";
+  FP4MOE_CHECK(c.num_hidden_layers <= format::kMaxModelLayers)
+      << source << ": num_hidden_layers=" << c.num_hidden_layers << " is past " << format::kMaxModelLayers
+      << " (no model has so many)";
   c.head_dim = get_int(j, "head_dim", source, c.hidden_size / c.num_attention_heads);
   c.intermediate_size = get_int(j, "intermediate_size", source, std::nullopt);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 131072);

@@ -368,6 +368,13 @@ void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace)
       observe("lm_head", hn.data(), R, H);
       std::vector<float> logits(static_cast<size_t>(R * V));
       linear_forward(lm_head_, hn.data(), R, logits.data());
+      // A non-finite final norm or lm_head gave NaN / Inf logits that sampled as token 0, silently.
+      check_finite_rows(logits.data(), R, V, "the logits (model.norm, lm_head)", [&](int64_t k) {
+        const int64_t row = rows[static_cast<size_t>(k)];
+        const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
+        const ChunkRows& c = chunks[static_cast<size_t>(entry)];
+        return std::pair<int64_t, int64_t>{entry, c.pos0 + (row - c.row0)};
+      });
       int64_t r = 0;
       for (size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].logits == nullptr) continue;

@@ -438,6 +438,12 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
              xf.data() + i * H);
   }
   linear(lm_head_, "lm_head", xf.data(), m, logits.data());
+  // A non-finite final norm or lm_head gave NaN / Inf logits that sampled as token 0, silently.
+  check_finite_rows(logits.data(), m, cfg_.vocab_size, "the logits (model.norm, lm_head)", [&](int64_t k) {
+    const int64_t row = rows[static_cast<size_t>(k)];
+    const int64_t entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
+    return std::pair<int64_t, int64_t>{entry, b.pos[static_cast<size_t>(row)]};
+  });
   int64_t i = 0;
   for (size_t ci = 0; ci < batch.size(); ++ci) {
     if (batch[ci].logits == nullptr) continue;

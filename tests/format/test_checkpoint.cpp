@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "format/checkpoint.h"
 #include "format/checkpoint_edit.h"
@@ -415,6 +416,27 @@ TEST(ModelConfigParse, SharedExpertDefaultFollowsTheModelType) {
   EXPECT_EQ(parse_model_config(j, "t").n_shared_experts, 0);
   j["n_shared_experts"] = 2;
   EXPECT_EQ(parse_model_config(j, "t").n_shared_experts, 2);
+}
+
+// Values that sized or indexed the per-layer table: refused, naming the field (a negative first_k_dense_replace
+// wrote before the table: "double free or corruption" in inspect; 10^9 layers ran inspect for minutes at 10 GB).
+TEST(ModelConfigParse, LayerCountsAreBounded) {
+  const nlohmann::json base = {{"num_hidden_layers", 2}, {"hidden_size", 8},       {"vocab_size", 16},
+                               {"model_type", "glm4_moe"}, {"n_routed_experts", 4}, {"num_experts_per_tok", 2},
+                               {"moe_intermediate_size", 8}};
+  for (const auto& [key, value, want] :
+       {std::tuple<const char*, int64_t, const char*>{"first_k_dense_replace", -1, "first_k_dense_replace=-1 must be >= 0"},
+        {"num_hidden_layers", 1000000000, "num_hidden_layers=1000000000 is past 65536"},
+        {"num_nextn_predict_layers", -5, "num_nextn_predict_layers=-5 must be >= 0"}}) {
+    nlohmann::json j = base;
+    j[key] = value;
+    try {
+      parse_model_config(j, "t");
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

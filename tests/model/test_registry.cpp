@@ -168,6 +168,9 @@ TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
        "layer 1: the MoE output of batch entry 0 at position 0, column "},
       {"glm5_tiny", "model.layers.2.self_attn.o_proj.weight",
        "layer 2: the attention output of batch entry 0 at position 0, column "},
+      // After the last layer: NaN logits were sampled as token 0 without a word.
+      {"glm4_moe_tiny", "lm_head.weight", "the logits (model.norm, lm_head) of batch entry 0 at position 0, column 0"},
+      {"glm5_tiny", "lm_head.weight", "the logits (model.norm, lm_head) of batch entry 0 at position 0, column 0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.tensor);
