@@ -329,8 +329,25 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
         << source << ": rotary dim head_dim " << c.head_dim << " * partial_rotary_factor " << c.partial_rotary_factor
         << " = " << c.rotary_dim() << " must be even and in (0, head_dim]";
     c.rope_interleave = get_bool(j, "rope_interleave", source, false);
+    FP4MOE_CHECK(c.rope_type == "default")
+        << c.source << ": rope_type \"" << c.rope_type << "\" is not implemented (only \"default\")";
   } else if (c.architecture == kArchGlmMoeDsa) {
     parse_glm5(j, source, c);
+    // What the GLM-5 forward needs of these fields (checked here, not at load, so that inspect reports them too).
+    FP4MOE_CHECK(c.q_lora_rank > 0) << c.source << ": q_lora_rank=" << c.q_lora_rank
+                                    << "; GlmMoeDsaForCausalLM needs the q LoRA (q_a_proj/q_b_proj)";
+    FP4MOE_CHECK(c.rope_type == "default") << c.source << ": rope_type \"" << c.rope_type
+                                           << "\" is not implemented for GlmMoeDsaForCausalLM (only \"default\")";
+    FP4MOE_CHECK(c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0 &&
+                 c.qk_nope_head_dim >= 0)
+        << c.source << ": bad MLA dims kv_lora_rank=" << c.kv_lora_rank << " qk_rope_head_dim=" << c.qk_rope_head_dim
+        << " qk_nope_head_dim=" << c.qk_nope_head_dim << " v_head_dim=" << c.v_head_dim;
+    FP4MOE_CHECK(c.index_topk > 0 && c.index_n_heads > 0 && c.index_head_dim >= c.qk_rope_head_dim)
+        << c.source << ": bad indexer dims index_topk=" << c.index_topk << " index_n_heads=" << c.index_n_heads
+        << " index_head_dim=" << c.index_head_dim << " (must be >= qk_rope_head_dim " << c.qk_rope_head_dim << ")";
+    FP4MOE_CHECK(static_cast<int64_t>(c.indexer_types.size()) == c.num_hidden_layers &&
+                 (c.num_hidden_layers == 0 || c.indexer_types[0] == "full"))
+        << c.source << ": indexer_types must list " << c.num_hidden_layers << " layers starting with \"full\"";
   }
   return c;
 }

@@ -86,8 +86,6 @@ class Glm4MoeModel final : public CausalLM {
 
 Glm4MoeModel::Glm4MoeModel(const ModelConfig& config, const format::TensorStore& store, const LoadOptions& options)
     : cfg_(config) {
-  FP4MOE_CHECK(cfg_.rope_type == "default") << cfg_.source << ": rope_type \"" << cfg_.rope_type
-                                            << "\" is not implemented (only \"default\")";
   moe_cfg_ = cfg_.moe_config();
   rotary_dim_ = cfg_.rotary_dim();
   inv_freq_ = rope_inv_freq(rotary_dim_, cfg_.rope_theta);

@@ -142,20 +142,8 @@ class Glm5Model final : public GlmMoeDsaModel {
 
 Glm5Model::Glm5Model(const ModelConfig& c, const format::TensorStore& store, const LoadOptions& options)
     : cfg_(c) {
-  FP4MOE_CHECK(c.q_lora_rank > 0) << c.source << ": q_lora_rank=" << c.q_lora_rank
-                                  << "; GlmMoeDsaForCausalLM needs the q LoRA (q_a_proj/q_b_proj)";
-  FP4MOE_CHECK(c.rope_type == "default") << c.source << ": rope_type \"" << c.rope_type
-                                         << "\" is not implemented for GlmMoeDsaForCausalLM (only \"default\")";
-  FP4MOE_CHECK(c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0 &&
-               c.qk_nope_head_dim >= 0)
-      << c.source << ": bad MLA dims kv_lora_rank=" << c.kv_lora_rank << " qk_rope_head_dim=" << c.qk_rope_head_dim
-      << " qk_nope_head_dim=" << c.qk_nope_head_dim << " v_head_dim=" << c.v_head_dim;
-  FP4MOE_CHECK(c.index_topk > 0 && c.index_n_heads > 0 && c.index_head_dim >= c.qk_rope_head_dim)
-      << c.source << ": bad indexer dims index_topk=" << c.index_topk << " index_n_heads=" << c.index_n_heads
-      << " index_head_dim=" << c.index_head_dim << " (must be >= qk_rope_head_dim " << c.qk_rope_head_dim << ")";
-  FP4MOE_CHECK(static_cast<int64_t>(c.indexer_types.size()) == c.num_hidden_layers &&
-               (c.num_hidden_layers == 0 || c.indexer_types[0] == "full"))
-      << c.source << ": indexer_types must list " << c.num_hidden_layers << " layers starting with \"full\"";
+  // The config's own rules (q LoRA, rope_type, MLA and indexer dims, indexer_types) are checked at parse time
+  // (model/config.cpp), so `inspect` reports them too.
   mla_dims_ = {static_cast<int>(c.num_attention_heads), static_cast<int>(c.kv_lora_rank),
                static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
                static_cast<int>(c.v_head_dim)};

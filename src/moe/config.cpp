@@ -31,8 +31,9 @@ void MoeConfig::validate() const {
       << experts_per_group() << ")";
   FP4MOE_CHECK(scoring == ScoringFunc::kSigmoid || n_group == 1)
       << "MoE softmax scoring supports n_group=1 only, got n_group=" << n_group;
-  FP4MOE_CHECK(std::isfinite(routed_scaling_factor))
-      << "MoE routed_scaling_factor=" << routed_scaling_factor << " is not finite";
+  FP4MOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0)
+      << "MoE routed_scaling_factor=" << routed_scaling_factor << " must be finite and > 0 (it scales the routed "
+      << "experts' weights)";
   FP4MOE_CHECK(n_shared_experts >= 0) << "MoE n_shared_experts=" << n_shared_experts << " must be >= 0";
 }
 

@@ -421,11 +421,12 @@ TEST(ModelConfigParse, SharedExpertDefaultFollowsTheModelType) {
 // Values that sized or indexed the per-layer table: refused, naming the field (a negative first_k_dense_replace
 // wrote before the table: "double free or corruption" in inspect; 10^9 layers ran inspect for minutes at 10 GB).
 TEST(ModelConfigParse, LayerCountsAreBounded) {
-  const nlohmann::json base = {{"num_hidden_layers", 2}, {"hidden_size", 8},       {"vocab_size", 16},
-                               {"model_type", "glm4_moe"}, {"n_routed_experts", 4}, {"num_experts_per_tok", 2},
+  const nlohmann::json base = {{"num_hidden_layers", 2},    {"hidden_size", 8},      {"vocab_size", 16},
+                               {"model_type", "glm4_moe"},  {"n_routed_experts", 4}, {"num_experts_per_tok", 2},
                                {"moe_intermediate_size", 8}};
   for (const auto& [key, value, want] :
-       {std::tuple<const char*, int64_t, const char*>{"first_k_dense_replace", -1, "first_k_dense_replace=-1 must be >= 0"},
+       {std::tuple<const char*, int64_t, const char*>{"first_k_dense_replace", -1,
+                                                      "first_k_dense_replace=-1 must be >= 0"},
         {"num_hidden_layers", 1000000000, "num_hidden_layers=1000000000 is past 65536"},
         {"num_nextn_predict_layers", -5, "num_nextn_predict_layers=-5 must be >= 0"}}) {
     nlohmann::json j = base;

@@ -123,6 +123,16 @@ TEST(ModelConfig, MoeConfigFromTheOneParse) {
   EXPECT_NE(error_of(j).find("test.json: "), std::string::npos) << error_of(j);
   EXPECT_NE(error_of(j).find("exceeds the experts of the chosen groups"), std::string::npos) << error_of(j);
   j = base;
+  j["routed_scaling_factor"] = 0;  // accepted before: it zeroed the routed experts
+  EXPECT_NE(error_of(j).find("routed_scaling_factor=0 must be finite and > 0"), std::string::npos) << error_of(j);
+  // GLM-5's forward needs (checked at parse time now, so that inspect reports them): the indexer and rope_type.
+  j = base;
+  j["index_topk"] = 0;
+  EXPECT_NE(error_of(j).find("test.json: bad indexer dims index_topk=0"), std::string::npos) << error_of(j);
+  j = base;
+  j["rope_parameters"]["rope_type"] = "yarn";
+  EXPECT_NE(error_of(j).find("rope_type \"yarn\" is not implemented"), std::string::npos) << error_of(j);
+  j = base;
   j.erase("n_shared_experts");  // transformers' default: one shared expert
   EXPECT_EQ(parse_model_config(j, "t").moe_config().n_shared_experts, 1);
 }
