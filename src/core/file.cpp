@@ -33,17 +33,28 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   fs::path target = fs::absolute(path, ec);
   if (ec) target = path;
   if (via_rename || !fs::exists(target, ec)) {
-    fs::path up = target.parent_path();
-    if (create_parents) {
-      while (!fs::exists(up, ec) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
-    }
-    FP4MOE_CHECK(fs::exists(up, ec)) << head << " cannot be written: the directory " << up.string()
-                                     << " does not exist";
-    FP4MOE_CHECK(fs::is_directory(up, ec)) << head << " cannot be written: " << up.string() << " is not a directory";
-    target = up;
+    check_can_create_in(target.parent_path(), head, "written", create_parents);
+    return;
   }
   const int writable = ::access(target.c_str(), W_OK), access_errno = errno;
   FP4MOE_CHECK(writable == 0) << head << " cannot be written: " << target.string() << " is not writable ("
+                              << std::strerror(access_errno) << ")";
+}
+
+void check_can_create_in(const std::filesystem::path& dir, const std::string& head, const std::string& verb,
+                         bool walk_up) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path up = dir;
+  if (walk_up) {
+    while (!fs::exists(up, ec) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
+  }
+  FP4MOE_CHECK(fs::exists(up, ec)) << head << " cannot be " << verb << ": the directory " << up.string()
+                                   << " does not exist";
+  FP4MOE_CHECK(fs::is_directory(up, ec)) << head << " cannot be " << verb << ": " << up.string()
+                                         << " is not a directory";
+  const int writable = ::access(up.c_str(), W_OK), access_errno = errno;
+  FP4MOE_CHECK(writable == 0) << head << " cannot be " << verb << ": " << up.string() << " is not writable ("
                               << std::strerror(access_errno) << ")";
 }
 

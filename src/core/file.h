@@ -20,4 +20,11 @@ std::string read_file(const std::filesystem::path& path);
 void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false,
                          bool via_rename = false);
 
+// Fails unless something can be created in `dir` now: `dir` (with walk_up, its nearest existing ancestor, as for a
+// writer that makes the missing directories) exists, is a directory and is writable. The message is
+// "<head> cannot be <verb>: <the directory> does not exist / is not a directory / is not writable (<reason>)".
+// Creates nothing. check_writable_file and quantize's output-directory check use it.
+void check_can_create_in(const std::filesystem::path& dir, const std::string& head, const std::string& verb,
+                         bool walk_up);
+
 }  // namespace fp4moe

@@ -558,6 +558,25 @@ struct Engine::Impl {
     return true;
   }
 
+  // Stops accepting requests and tells the loop to stop, draining first or not (a later call can only turn the
+  // drain off: shutdown(false) after begin_drain() aborts what is left). Whether the thread was started.
+  bool request_stop(bool drain_first) {
+    bool was_started = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      accepting = false;
+      if (!stop) {
+        stop = true;
+        drain = drain_first;
+      } else if (!drain_first) {
+        drain = false;
+      }
+      was_started = started;
+    }
+    work_cv.notify_all();
+    return was_started;
+  }
+
   void abort_everything() {
     take_pending_and_aborts();
     for (auto& r : running) finish(r, FinishReason::kAbort);
@@ -642,20 +661,7 @@ void Engine::start() {
 }
 
 void Engine::shutdown(bool drain) {
-  bool started = false;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->accepting = false;
-    if (!impl_->stop) {
-      impl_->stop = true;
-      impl_->drain = drain;
-    } else if (!drain) {
-      impl_->drain = false;
-    }
-    started = impl_->started;
-  }
-  impl_->work_cv.notify_all();
-  if (started) {
+  if (impl_->request_stop(drain)) {
     if (impl_->thread.joinable()) impl_->thread.join();
   } else {
     if (drain) run_until_idle();
@@ -663,17 +669,7 @@ void Engine::shutdown(bool drain) {
   }
 }
 
-void Engine::begin_drain() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->accepting = false;
-    if (!impl_->stop) {
-      impl_->stop = true;
-      impl_->drain = true;
-    }
-  }
-  impl_->work_cv.notify_all();
-}
+void Engine::begin_drain() { impl_->request_stop(/*drain=*/true); }
 
 std::optional<Rejection> Engine::check_request(const Request& request) const {
   auto reject = [](RejectKind kind, std::string msg) {

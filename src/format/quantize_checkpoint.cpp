@@ -2,10 +2,7 @@
 // tests/format/test_quantize_checkpoint.cpp.
 #include "format/quantize_checkpoint.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "format/checkpoint.h"
 #include "format/json_file.h"
 #include "format/nvfp4.h"
@@ -126,14 +124,8 @@ void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
       << " already exists and is not empty (stale shards would mix with the new ones)";
   // The output can be created: its nearest existing ancestor is a writable directory (checked before the
   // calibration and the quantization, not after them).
-  fs::path up = fs::absolute(out_dir);
-  while (!fs::exists(up) && up.has_parent_path() && up.parent_path() != up) up = up.parent_path();
-  FP4MOE_CHECK(fs::is_directory(up)) << "quantize: output directory " << out_dir.string()
-                                     << " cannot be created: " << up.string() << " is not a directory";
-  const int writable = ::access(up.c_str(), W_OK), access_errno = errno;
-  FP4MOE_CHECK(writable == 0) << "quantize: output directory " << out_dir.string()
-                              << " cannot be created: " << up.string() << " is not writable ("
-                              << std::strerror(access_errno) << ")";
+  check_can_create_in(fs::absolute(out_dir), "quantize: output directory " + out_dir.string(), "created",
+                      /*walk_up=*/true);
   Checkpoint in(in_dir);
   in.require_valid();
   FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)

@@ -141,17 +141,11 @@ void parse_moe(const json& j, const std::string& src, ModelConfig& c) {
   FP4MOE_CHECK(c.scoring_func == "sigmoid")
       << src << ": scoring_func '" << c.scoring_func
       << "' is not supported (sigmoid only: the GLM routers' sigmoid with e_score_correction_bias)";
-  FP4MOE_CHECK(c.n_routed_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts)
-      << src << ": num_experts_per_tok=" << c.num_experts_per_tok << " with n_routed_experts=" << c.n_routed_experts;
-  FP4MOE_CHECK(c.n_group >= 1 && c.n_routed_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group)
-      << src << ": n_group=" << c.n_group << ", topk_group=" << c.topk_group
-      << " with n_routed_experts=" << c.n_routed_experts;
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  FP4MOE_CHECK(c.n_routed_experts <= kIntMax && c.n_shared_experts >= 0 && c.n_shared_experts <= kIntMax)
-      << src << ": n_routed_experts=" << c.n_routed_experts << ", n_shared_experts=" << c.n_shared_experts
-      << " (each in [0, " << kIntMax << "])";
+  // The router's own rules (top_k in [1, experts], E % n_group, topk_group <= n_group, top_k within the chosen
+  // groups, n_shared_experts >= 0, ...): one definition, MoeConfig::validate. (get_int keeps every field within 32
+  // bits, so the int fields of MoeConfig hold them.)
   try {
-    c.moe_config().validate();  // the router's own rules (group sizes, top_k within the chosen groups, ...)
+    c.moe_config().validate();
   } catch (const Error& e) {
     throw Error(src + ": " + e.what());
   }
@@ -329,15 +323,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
         << source << ": rotary dim head_dim " << c.head_dim << " * partial_rotary_factor " << c.partial_rotary_factor
         << " = " << c.rotary_dim() << " must be even and in (0, head_dim]";
     c.rope_interleave = get_bool(j, "rope_interleave", source, false);
-    FP4MOE_CHECK(c.rope_type == "default")
-        << c.source << ": rope_type \"" << c.rope_type << "\" is not implemented (only \"default\")";
   } else if (c.architecture == kArchGlmMoeDsa) {
     parse_glm5(j, source, c);
     // What the GLM-5 forward needs of these fields (checked here, not at load, so that inspect reports them too).
     FP4MOE_CHECK(c.q_lora_rank > 0) << c.source << ": q_lora_rank=" << c.q_lora_rank
                                     << "; GlmMoeDsaForCausalLM needs the q LoRA (q_a_proj/q_b_proj)";
-    FP4MOE_CHECK(c.rope_type == "default") << c.source << ": rope_type \"" << c.rope_type
-                                           << "\" is not implemented for GlmMoeDsaForCausalLM (only \"default\")";
     FP4MOE_CHECK(c.kv_lora_rank > 0 && c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0 &&
                  c.qk_nope_head_dim >= 0)
         << c.source << ": bad MLA dims kv_lora_rank=" << c.kv_lora_rank << " qk_rope_head_dim=" << c.qk_rope_head_dim
@@ -349,6 +339,9 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
                  (c.num_hidden_layers == 0 || c.indexer_types[0] == "full"))
         << c.source << ": indexer_types must list " << c.num_hidden_layers << " layers starting with \"full\"";
   }
+  // Both forwards implement plain RoPE only.
+  FP4MOE_CHECK(c.rope_type == "default") << c.source << ": rope_type \"" << c.rope_type << "\" is not implemented for "
+                                         << c.architecture << " (only \"default\")";
   return c;
 }
 

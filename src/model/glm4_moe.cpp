@@ -223,14 +223,19 @@ void Glm4MoeModel::attention(int64_t l, const std::vector<ChunkRows>& chunks, co
   });
 }
 
+// The batch entry and the position of a row of a step (for the non-finite checks' messages).
+std::pair<int64_t, int64_t> entry_and_position(const std::vector<ChunkRows>& chunks,
+                                               const std::vector<int32_t>& chunk_of_row, int64_t row) {
+  const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
+  const ChunkRows& c = chunks[static_cast<size_t>(entry)];
+  return {entry, c.pos0 + (row - c.row0)};
+}
+
 // fail_non_finite (model/ops.h) for x [rows, H] of a step, naming the row's batch entry and position.
 void check_finite(const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row, const float* x,
                   int64_t H, const char* what) {
-  check_finite_rows(x, static_cast<int64_t>(chunk_of_row.size()), H, what, [&](int64_t row) {
-    const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
-    const ChunkRows& c = chunks[static_cast<size_t>(entry)];
-    return std::pair<int64_t, int64_t>{entry, c.pos0 + (row - c.row0)};
-  });
+  check_finite_rows(x, static_cast<int64_t>(chunk_of_row.size()), H, what,
+                    [&](int64_t row) { return entry_and_position(chunks, chunk_of_row, row); });
 }
 
 void Glm4MoeModel::run_layer(int64_t l, const std::vector<ChunkRows>& chunks, const std::vector<int32_t>& chunk_of_row,
@@ -368,10 +373,7 @@ void Glm4MoeModel::forward(std::span<const SeqChunk> batch, ForwardTrace* trace)
       linear_forward(lm_head_, hn.data(), R, logits.data());
       // A non-finite final norm or lm_head gave NaN / Inf logits that sampled as token 0, silently.
       check_finite_rows(logits.data(), R, V, "the logits (model.norm, lm_head)", [&](int64_t k) {
-        const int64_t row = rows[static_cast<size_t>(k)];
-        const int32_t entry = chunk_of_row[static_cast<size_t>(row)];
-        const ChunkRows& c = chunks[static_cast<size_t>(entry)];
-        return std::pair<int64_t, int64_t>{entry, c.pos0 + (row - c.row0)};
+        return entry_and_position(chunks, chunk_of_row, rows[static_cast<size_t>(k)]);
       });
       int64_t r = 0;
       for (size_t i = 0; i < batch.size(); ++i) {

@@ -108,6 +108,10 @@ class Glm5Model final : public GlmMoeDsaModel {
     std::vector<int64_t> row0;   // first row of each chunk (+ total at the end)
     std::vector<int64_t> pos;    // absolute position of every row
     std::vector<float> cos, sin; // RoPE tables of every row [n_rows, qk_rope_head_dim / 2]
+    // The batch entry and the position of a row (for the non-finite checks' messages).
+    std::pair<int64_t, int64_t> entry_and_position(int64_t row) const {
+      return {std::upper_bound(row0.begin(), row0.end(), row) - row0.begin() - 1, pos[static_cast<size_t>(row)]};
+    }
   };
 
   void linear(const LinearWeight& w, const std::string& module, const float* x, int64_t n, float* y) const {
@@ -352,10 +356,7 @@ void Glm5Model::forward(std::span<const SeqChunk> batch, ForwardTrace* trace) {
 }
 
 void Glm5Model::check_finite(const Batch& b, const float* x, int64_t H, const char* what) {
-  check_finite_rows(x, b.row0.back(), H, what, [&](int64_t row) {
-    const int64_t entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
-    return std::pair<int64_t, int64_t>{entry, b.pos[static_cast<size_t>(row)]};
-  });
+  check_finite_rows(x, b.row0.back(), H, what, [&](int64_t row) { return b.entry_and_position(row); });
 }
 
 void Glm5Model::run_layer(const Glm5Layer& L, std::span<const SeqChunk> batch, const Batch& b,
@@ -427,11 +428,8 @@ void Glm5Model::forward_impl(std::span<const SeqChunk> batch, const Batch& b, Fo
   }
   linear(lm_head_, "lm_head", xf.data(), m, logits.data());
   // A non-finite final norm or lm_head gave NaN / Inf logits that sampled as token 0, silently.
-  check_finite_rows(logits.data(), m, cfg_.vocab_size, "the logits (model.norm, lm_head)", [&](int64_t k) {
-    const int64_t row = rows[static_cast<size_t>(k)];
-    const int64_t entry = std::upper_bound(b.row0.begin(), b.row0.end(), row) - b.row0.begin() - 1;
-    return std::pair<int64_t, int64_t>{entry, b.pos[static_cast<size_t>(row)]};
-  });
+  check_finite_rows(logits.data(), m, cfg_.vocab_size, "the logits (model.norm, lm_head)",
+                    [&](int64_t k) { return b.entry_and_position(rows[static_cast<size_t>(k)]); });
   int64_t i = 0;
   for (size_t ci = 0; ci < batch.size(); ++ci) {
     if (batch[ci].logits == nullptr) continue;

@@ -30,6 +30,12 @@ bool carries_something(const json& chunk, const char* payload) {
   return has_payload || !c["logprobs"].is_null() || !c["finish_reason"].is_null();
 }
 
+// Whether a registered route serves `path`: the same text, or for a pattern route ("/v1/models/(.+)") a regex match,
+// as httplib matches them.
+bool route_matches(const std::string& route, const std::string& path) {
+  return route == path || (route.find('(') != std::string::npos && std::regex_match(path, std::regex(route)));
+}
+
 constexpr int kListenBacklog = 1024;  // pending connections (httplib's own is 5)
 // Non-streaming replies: how often the waiting provider probes its connection with a space.
 constexpr std::chrono::milliseconds kLivenessInterval(150);
@@ -762,12 +768,8 @@ void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
 
 ApiError HttpServer::unrouted(const httplib::Request& req, httplib::Response& res) const {
   ApiError e;
-  auto known = route_methods_.find(req.path);
-  if (known == route_methods_.end()) {  // a pattern route ("/v1/models/(.+)"): httplib matches them as regexes
-    known = std::find_if(route_methods_.begin(), route_methods_.end(), [&](const auto& r) {
-      return r.first.find('(') != std::string::npos && std::regex_match(req.path, std::regex(r.first));
-    });
-  }
+  const auto known = std::find_if(route_methods_.begin(), route_methods_.end(),
+                                  [&](const auto& r) { return route_matches(r.first, req.path); });
   if (known != route_methods_.end()) {
     e.status = 405;
     std::string allow;
@@ -861,9 +863,8 @@ void HttpServer::install_routes() {
                          req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos;
     if (!no_body) return httplib::Server::HandlerResponse::Unhandled;
     const bool routed = std::any_of(route_methods_.begin(), route_methods_.end(), [&](const auto& r) {
-      const bool path = r.first == req.path ||
-                        (r.first.find('(') != std::string::npos && std::regex_match(req.path, std::regex(r.first)));
-      return path && std::find(r.second.begin(), r.second.end(), req.method) != r.second.end();
+      return route_matches(r.first, req.path) &&
+             std::find(r.second.begin(), r.second.end(), req.method) != r.second.end();
     });
     if (req.method == "POST" && req.path == "/flush_cache") {
       flush_cache(req, res);

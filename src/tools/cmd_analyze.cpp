@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -57,7 +58,9 @@ void run_analyze(AnalyzeArgs a) {
   FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
       << "give exactly one of --metrics FILE and --url http://host:port (got "
       << (a.metrics_file.empty() ? "neither" : "both") << ")";
-  if (a.weights != "auto") parse_weight_format(a.weights);  // a bad --weights before any other work
+  // A bad --weights fails before any other work.
+  const std::optional<WeightFormat> asked =
+      a.weights == "auto" ? std::nullopt : std::optional<WeightFormat>(parse_weight_format(a.weights));
   std::string text;
   std::string model_path;  // from the server, when it says
   if (!a.url.empty()) {
@@ -107,12 +110,12 @@ void run_analyze(AnalyzeArgs a) {
     embedded = true;
   }
   WeightFormat weights = WeightFormat::kBf16;
-  if (a.weights == "auto") {
+  if (asked) {
+    weights = *asked;
+  } else {
     const bool nvfp4 = embedded || cfg.quantization.nvfp4_by_default() ||
                        cfg.quantization.quant_algo == "MIXED_PRECISION";
     weights = nvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kBf16;
-  } else {
-    weights = parse_weight_format(a.weights);
   }
 
   const Measured m = read_measured(metrics);
