@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/config.h"
 
 namespace fp4moe::engine {
 
@@ -71,6 +72,22 @@ void SamplingParams::validate(int64_t vocab_size) const {
     need(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f, "logit_bias",
          [&] { return "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [-100, 100]"; });
   }
+}
+
+SamplingParams sampling_defaults_from(const model::GenerationDefaults& g) {
+  SamplingParams p;
+  if (g.temperature) p.temperature = *g.temperature;
+  if (g.top_p) p.top_p = *g.top_p;
+  if (g.top_k) p.top_k = *g.top_k;
+  if (g.min_p) p.min_p = *g.min_p;
+  if (g.repetition_penalty) p.repetition_penalty = *g.repetition_penalty;
+  try {
+    p.validate(1);  // no ids among these fields
+  } catch (const FieldError& e) {
+    FP4MOE_FAIL() << g.source << ": " << e.what()
+                  << " (a request's range; --sampling-defaults openai ignores the file's)";
+  }
+  return p;
 }
 
 TokenId argmax_token(const float* logits, int64_t vocab) {

@@ -26,6 +26,10 @@
 
 #include "core/error.h"
 
+namespace fp4moe::model {
+struct GenerationDefaults;  // model/config.h
+}
+
 namespace fp4moe::engine {
 
 using TokenId = int32_t;
@@ -103,6 +107,10 @@ struct SamplingParams {
            presence_penalty == 0.0 && logit_bias.empty() && min_new_tokens == 0 && constraint == nullptr;
   }
 };
+
+// SamplingParams{} with the values generation_config.json recommends (SGLang's --sampling-defaults model); fails
+// naming the file, the field and the request's range when a value is out of it (SamplingParams::validate).
+SamplingParams sampling_defaults_from(const model::GenerationDefaults& generation);
 
 struct TokenLogprob {
   TokenId id = 0;

@@ -434,9 +434,6 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
   const fs::path config_path = dir / "config.json";
   FP4MOE_CHECK(fs::exists(config_path)) << "checkpoint " << dir.string() << " has no config.json";
   config_ = parse_model_config(read_json_file(config_path), config_path.string());
-  if (fs::exists(dir / "generation_config.json")) {
-    config_.generation = read_json_file(dir / "generation_config.json");
-  }
   quant_ = read_quant_config(dir, config_.raw, &problems_);
   store_ = std::make_unique<TensorStore>(dir);
   classify_modules();

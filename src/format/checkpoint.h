@@ -1,5 +1,5 @@
 // Checkpoint description: what a Hugging Face checkpoint directory holds, read from config.json,
-// generation_config.json, hf_quant_config.json / config.json "quantization_config" and the
+// hf_quant_config.json / config.json "quantization_config" and the
 // safetensors headers (single file or sharded). Facts: ../shared/spec/nvfp4-and-glm.md §2, §4.
 //
 // Every 2-D weight module is described (name, kind, layer, expert, [out, in], format), where the
@@ -95,7 +95,6 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::vector<bool> layer_is_moe;  // from mlp_layer_types, else first_k_dense_replace
   nlohmann::json raw;              // config.json as read
-  nlohmann::json generation;       // generation_config.json (null when absent)
 
   int64_t n_moe_layers() const;
   int64_t n_dense_layers() const { return n_layers - n_moe_layers(); }

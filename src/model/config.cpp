@@ -87,6 +87,27 @@ std::optional<int64_t> get_opt_int(const json& j, const char* key, const std::st
   return v->get<int64_t>();
 }
 
+// A token id or a list of them (eos_token_id), each in [0, vocab_size); empty when absent.
+std::vector<int64_t> get_token_ids(const json& j, const char* key, const std::string& src, int64_t vocab_size) {
+  std::vector<int64_t> ids;
+  const json* v = field(j, key);
+  if (v == nullptr) return ids;
+  if (v->is_array()) {
+    for (const json& e : *v) {
+      FP4MOE_CHECK(e.is_number_integer()) << src << ": " << key << " lists a non-integer " << e.dump();
+      ids.push_back(e.get<int64_t>());
+    }
+  } else {
+    FP4MOE_CHECK(v->is_number_integer()) << src << ": " << key << " must be an integer or a list, found " << v->dump();
+    ids.push_back(v->get<int64_t>());
+  }
+  for (int64_t id : ids) {
+    FP4MOE_CHECK(id >= 0 && id < vocab_size)
+        << src << ": " << key << " " << id << " is outside the vocabulary [0, " << vocab_size << ")";
+  }
+  return ids;
+}
+
 void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
   // transformers 5: rope_parameters {rope_theta, rope_type, partial_rotary_factor}; older files: top-level
   // rope_theta and rope_scaling {type|rope_type, ...}.
@@ -294,21 +315,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   c.mlp_bias = get_bool(j, "mlp_bias", source, false);
   c.bos_token_id = get_opt_int(j, "bos_token_id", source);
   c.pad_token_id = get_opt_int(j, "pad_token_id", source);
-  if (const json* eos = field(j, "eos_token_id")) {
-    if (eos->is_array()) {
-      for (const json& e : *eos) {
-        FP4MOE_CHECK(e.is_number_integer()) << source << ": eos_token_id lists a non-integer " << e.dump();
-        c.eos_token_ids.push_back(e.get<int64_t>());
-      }
-    } else {
-      FP4MOE_CHECK(eos->is_number_integer()) << source << ": eos_token_id must be an integer or a list, found " << eos->dump();
-      c.eos_token_ids.push_back(eos->get<int64_t>());
-    }
-    for (int64_t id : c.eos_token_ids) {
-      FP4MOE_CHECK(id >= 0 && id < c.vocab_size)
-          << source << ": eos_token_id " << id << " is outside the vocabulary [0, " << c.vocab_size << ")";
-    }
-  }
+  c.eos_token_ids = get_token_ids(j, "eos_token_id", source, c.vocab_size);
   c.use_qk_norm = get_bool(j, "use_qk_norm", source, false);
 
   if (c.architecture == kArchGlm4Moe) c.partial_rotary_factor = 0.5f;  // Glm4MoeConfig default
@@ -345,6 +352,38 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   return c;
 }
 
+std::string GenerationDefaults::sampling_summary() const {
+  std::ostringstream os;
+  auto add = [&](const char* name, const auto& v) {
+    if (!v) return;
+    if (os.tellp() > 0) os << ", ";
+    os << name << " " << *v;
+  };
+  add("temperature", temperature);
+  add("top_p", top_p);
+  add("top_k", top_k);
+  add("min_p", min_p);
+  add("repetition_penalty", repetition_penalty);
+  return os.str();
+}
+
+GenerationDefaults parse_generation_config(const nlohmann::json& j, const std::string& source, int64_t vocab_size) {
+  FP4MOE_CHECK(j.is_object()) << source << ": must be a JSON object, found " << j.type_name();
+  GenerationDefaults g;
+  g.source = source;
+  g.eos_token_ids = get_token_ids(j, "eos_token_id", source, vocab_size);
+  auto number = [&](const char* key) -> std::optional<double> {
+    if (field(j, key) == nullptr) return std::nullopt;
+    return get_num(j, key, source, std::nullopt);
+  };
+  g.temperature = number("temperature");
+  g.top_p = number("top_p");
+  g.min_p = number("min_p");
+  g.repetition_penalty = number("repetition_penalty");
+  if (field(j, "top_k") != nullptr) g.top_k = get_int(j, "top_k", source, std::nullopt);
+  return g;
+}
+
 ModelConfig load_model_config(const std::filesystem::path& dir) {
   FP4MOE_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir))
       << dir.string() << " is a file; give the model's directory (config.json, *.safetensors, tokenizer.json)";
@@ -369,6 +408,14 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
     FP4MOE_FAIL() << dir.string() << ": " << problems.front().message << " (fp4moe inspect lists every problem)";
   if (std::optional<std::string> why = c.quantization.unsupported())
     FP4MOE_FAIL() << dir.string() << ": " << *why << " (fp4moe inspect lists every problem)";
+  const std::filesystem::path gen_path = dir / "generation_config.json";
+  if (std::filesystem::exists(gen_path)) {
+    c.generation = parse_generation_config(format::read_json_file(gen_path), gen_path.string(), c.vocab_size);
+    for (int64_t id : c.generation.eos_token_ids) {
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+    }
+  }
   return c;
 }
 

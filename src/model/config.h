@@ -24,6 +24,23 @@ namespace fp4moe::model {
 inline constexpr const char* kArchGlm4Moe = "Glm4MoeForCausalLM";
 inline constexpr const char* kArchGlmMoeDsa = "GlmMoeDsaForCausalLM";
 
+// The model's generation_config.json (transformers' GenerationConfig) as SGLang's `--sampling-defaults model` and
+// vLLM's `--generation-config auto` read it: the end-of-sequence tokens it adds to config.json's and the sampling
+// values its authors recommend. Only what the file gives is set; the ranges are the requests' (the server checks
+// them with engine::SamplingParams::validate, inspect too). A model without the file has source empty.
+struct GenerationDefaults {
+  std::string source;                  // the file, for messages; empty when the model has none
+  std::vector<int64_t> eos_token_ids;  // its eos_token_id (int or list), in [0, vocab_size)
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+
+  bool has_sampling() const { return temperature || top_p || top_k || min_p || repetition_penalty; }
+  std::string sampling_summary() const;  // "temperature 0.6, top_p 0.95" (empty when none)
+};
+
 struct ModelConfig {
   std::string source;        // the file it came from, for messages
   std::string architecture;  // architectures[0], e.g. "Glm4MoeForCausalLM"
@@ -45,7 +62,9 @@ struct ModelConfig {
   bool mlp_bias = false;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> pad_token_id;
-  std::vector<int64_t> eos_token_ids;    // eos_token_id as int or list
+  // config.json's eos_token_id (int or list); load_model_config adds generation_config.json's (as SGLang and vLLM
+  // stop at both), so this is every token that ends a sequence.
+  std::vector<int64_t> eos_token_ids;
 
   // RoPE ("rope_parameters" in transformers 5, or the legacy top-level rope_theta / rope_scaling).
   float rope_theta = 10000.0f;
@@ -92,6 +111,7 @@ struct ModelConfig {
   // the cross-check. Absent (present == false) for dummy weights and plain BF16 checkpoints.
   format::QuantConfig quantization;
   nlohmann::json raw;                        // the whole config.json, for anything not above
+  GenerationDefaults generation;             // generation_config.json (load_model_config reads it)
 
   bool is_moe_layer(int64_t layer) const;    // mlp_layer_types[layer] == "sparse"
   int64_t rotary_dim() const;                // GLM-4.x: head_dim * partial_rotary_factor (even)
@@ -106,7 +126,12 @@ struct ModelConfig {
 // (e.g. heads not divisible by kv heads, mlp_layer_types of the wrong length).
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 
-// Reads dir/config.json and the quantization section (format::read_quant_config).
+// Parses a generation_config.json object; `source` names it in errors. Fails on a field of the wrong JSON type and
+// on an eos_token_id outside [0, vocab_size). Null fields count as absent.
+GenerationDefaults parse_generation_config(const nlohmann::json& j, const std::string& source, int64_t vocab_size);
+
+// Reads dir/config.json, the quantization section (format::read_quant_config) and dir/generation_config.json when
+// present (malformed JSON or a bad field fails, naming the file).
 ModelConfig load_model_config(const std::filesystem::path& dir);
 
 // The architectures parse_model_config accepts.

@@ -265,7 +265,7 @@ class RequestHandler {
 
   void handle(const httplib::Request& http_req, httplib::Response& res) {
     auto engine = server_->engine_or_503();
-    ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body));
+    ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body), server_->sampling_defaults());
     restore_key_order(req, http_req.body);
     if (endpoint_ == Endpoint::kChat && req.separate_reasoning.value_or(true))
       req.reasoning = server_->options_.reasoning;
@@ -706,13 +706,20 @@ void HttpServer::start() {
 }
 
 void HttpServer::set_engine(std::shared_ptr<engine::Engine> engine,
-                            std::shared_ptr<const engine::ChatTemplate> chat_template) {
+                            std::shared_ptr<const engine::ChatTemplate> chat_template,
+                            engine::SamplingParams sampling_defaults) {
   auto constraints =
       engine ? std::make_shared<engine::ConstraintCompiler>(engine->tokenizer(), options_.constraints) : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   engine_ = std::move(engine);
   chat_template_ = std::move(chat_template);
   constraints_ = std::move(constraints);
+  sampling_defaults_ = std::move(sampling_defaults);
+}
+
+engine::SamplingParams HttpServer::sampling_defaults() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sampling_defaults_;
 }
 
 void HttpServer::shutdown(bool drain, double timeout_s) {
@@ -936,6 +943,12 @@ void HttpServer::install_routes() {
           info["max_prefill_tokens"] = o.max_prefill_tokens;
           info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
           info["device_sampling"] = o.device_sampling;
+          const engine::SamplingParams d = sampling_defaults();
+          info["default_sampling_params"] = {{"temperature", d.temperature},
+                                             {"top_p", d.top_p},
+                                             {"top_k", d.top_k},
+                                             {"min_p", d.min_p},
+                                             {"repetition_penalty", d.repetition_penalty}};
           info["max_queued_requests"] = o.max_queued_requests;
           info["schedule_policy"] = engine::to_string(o.schedule_policy);
           info["disable_radix_cache"] = !engine->prefix_cache_enabled();

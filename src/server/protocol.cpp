@@ -348,9 +348,10 @@ void flatten_text_parts(nlohmann::ordered_json* messages) {
   }
 }
 
-ParsedRequest parse_request(Endpoint endpoint, const json& body) {
+ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::SamplingParams& defaults) {
   ParsedRequest r;
   r.endpoint = endpoint;
+  r.sampling = defaults;
   Fields top(body, "");
   if (auto m = top.string("model")) r.model = *m;
   switch (endpoint) {

@@ -233,7 +233,8 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write F32 logits [positions, vocab] of every prompt position and decode step (safetensors)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at config.json's eos_token_id");
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "Do not stop at the model's eos_token_id (config.json's and generation_config.json's)");
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
   cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");

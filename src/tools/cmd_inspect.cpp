@@ -6,6 +6,7 @@
 // Tested by tests/tools/test_inspect.cpp.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 #include "format/quantize_checkpoint.h"
 #include "format/safetensors.h"
 #include "model/config.h"
@@ -107,6 +109,14 @@ Findings find_problems(const Checkpoint& c) {
     f.problems.push_back({"config.json", std::string("the model loader refuses it: ") + e.what()});
     return f;
   }
+  f.loaded = true;
+  f.eos_token_ids = config.eos_token_ids;
+  f.generation = config.generation;
+  try {
+    engine::sampling_defaults_from(config.generation);
+  } catch (const fp4moe::Error& e) {
+    f.problems.push_back({"generation_config.json", std::string("the server refuses it: ") + e.what()});
+  }
   for (auto& p : t.problems) {
     if (!named(p)) f.problems.push_back({p.name, p.name + ": " + p.message});
   }
@@ -139,6 +149,12 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
                      join(q.exclude_modules));
   } else {
     s += "quantization  none\n";
+  }
+  if (f.loaded) {
+    s += fmt::format("generation    eos [{}]{}\n", fmt::join(f.eos_token_ids, ", "),
+                     f.generation.has_sampling()
+                         ? "; sampling defaults " + f.generation.sampling_summary() + " (" + f.generation.source + ")"
+                         : std::string());
   }
   s += fmt::format("modules       {:<16} {:>7} {:>7}\n", "kind", "NVFP4", "BF16");
   auto summary = c.kind_summary();
@@ -212,6 +228,20 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
                                         {"exclude_modules", q.exclude_modules},
                                         {"producer", q.producer_name + " " + q.producer_version}}
                                 : ojson(nullptr);
+  ojson sampling = ojson::object();
+  auto put = [&](const char* key, const auto& v) {
+    if (v) sampling[key] = *v;
+  };
+  put("temperature", f.generation.temperature);
+  put("top_p", f.generation.top_p);
+  put("top_k", f.generation.top_k);
+  put("min_p", f.generation.min_p);
+  put("repetition_penalty", f.generation.repetition_penalty);
+  j["generation"] = f.loaded
+                        ? ojson{{"eos_token_ids", f.eos_token_ids},
+                                {"source", f.generation.source.empty() ? ojson(nullptr) : ojson(f.generation.source)},
+                                {"sampling_defaults", sampling}}
+                        : ojson(nullptr);
   ojson problems = ojson::array();
   for (const auto& p : f.problems) problems.push_back({{"module", p.module}, {"message", p.message}});
   j["problems"] = problems;

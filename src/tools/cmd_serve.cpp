@@ -5,7 +5,7 @@
 //       [--max-running-requests N] [--max-total-tokens N] [--chunked-prefill-size N]
 //       [--max-prefill-tokens N] [--num-continuous-decode-steps N] [--max-queued-requests N]
 //       [--schedule-policy fcfs|priority] [--load-format auto|dummy] [--dummy-weights bf16|nvfp4] [--seed S]
-//       [--context-length N]
+//       [--context-length N] [--sampling-defaults model|openai]
 //
 // Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
 // the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
@@ -37,6 +37,7 @@
 #include "engine/default_model.h"
 #include "engine/engine.h"
 #include "engine/regex_dfa.h"
+#include "model/presets.h"
 #include "model/registry.h"
 #include "server/http_server.h"
 #include "tools/commands.h"
@@ -54,6 +55,7 @@ struct ServeArgs {
   std::string api_key;
   std::string reasoning_parser;  // --reasoning-parser (empty: replies are not split)
   std::string tool_call_parser;  // --tool-call-parser (empty: requests with tools are refused)
+  std::string sampling_defaults = "model";  // --sampling-defaults: model (generation_config.json) or openai
   engine::ConstraintOptions constraints;  // --constrained-json-whitespace-pattern
   std::string host = "127.0.0.1";
   int port = 30000;
@@ -113,6 +115,20 @@ Loaded load(const ServeArgs& a) {
   return l;
 }
 
+// What a request's omitted sampling fields default to: with --sampling-defaults model the values of the model's
+// generation_config.json (checked before the weights load: a bad value fails in seconds, not after the load).
+engine::SamplingParams sampling_defaults(const ServeArgs& a) {
+  if (a.sampling_defaults == "openai" || a.model_dir.empty()) return {};
+  const model::GenerationDefaults g = model::load_config_or_preset(a.model_dir).generation;
+  engine::SamplingParams d = engine::sampling_defaults_from(g);
+  if (g.has_sampling()) {
+    fmt::print(stderr,
+               "fp4moe serve: default sampling parameters from {}: {} (--sampling-defaults openai ignores them)\n",
+               g.source, g.sampling_summary());
+  }
+  return d;
+}
+
 // --max-http-threads 0 (the default): max(2048, --http-threads).
 int effective_max_http_threads(const ServeArgs& a) {
   return a.max_http_threads > 0 ? a.max_http_threads : std::max(2048, a.http_threads);
@@ -131,6 +147,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"api_key", a.api_key.empty() ? "" : "(set)"},  // never the key itself
           {"reasoning_parser", a.reasoning_parser},
           {"tool_call_parser", a.tool_call_parser},
+          {"sampling_defaults", a.sampling_defaults},
           {"constrained_json_whitespace_pattern", a.constraints.json_whitespace}};
 }
 
@@ -219,6 +236,7 @@ void run_serve(ServeArgs a) {
   signals.detach();
 
   if (a.debug_load_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.debug_load_delay_s));
+  const engine::SamplingParams defaults = sampling_defaults(a);
   Loaded l = load(a);
   const auto& cfg = l.model->config();
   auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
@@ -227,7 +245,7 @@ void run_serve(ServeArgs a) {
   // must not answer /health with 200.
   if (std::optional<std::string> failed = eng->wait_warm_up())
     FP4MOE_FAIL() << "the model's warm-up forward (one token) failed, so the server does not start: " << *failed;
-  http.set_engine(eng, l.chat_template);
+  http.set_engine(eng, l.chat_template, defaults);
   {
     std::lock_guard<std::mutex> lock(mu);
     loaded = true;
@@ -283,6 +301,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--constrained-json-whitespace-pattern", a->constraints.json_whitespace,
                   "Regex of the whitespace allowed between JSON tokens of json_schema replies (default "
                   "[ \\t\\n\\r]{0,20}; e.g. [ ]? for compact JSON)");
+  cmd->add_option("--sampling-defaults", a->sampling_defaults,
+                  "What a request's omitted temperature / top_p / top_k / min_p / repetition_penalty default to: "
+                  "model (the model's generation_config.json, as SGLang; the default) or openai (1, 1, off, 0, 1)")
+      ->check(CLI::IsMember({"model", "openai"}));
   cmd->add_option("--reasoning-parser", a->reasoning_parser,
                   "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
                   "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)");

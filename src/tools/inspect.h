@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/checkpoint.h"
+#include "model/config.h"
 
 namespace fp4moe::tools {
 
@@ -24,6 +25,11 @@ struct Findings {
   std::vector<std::string> unread;                            // in files the model reads from
   std::vector<std::pair<std::string, int64_t>> unread_files;  // files nothing reads: name, tensor count
   std::string skipped;  // why the tensors besides the Linears were not checked (model::TensorCheck), or ""
+  bool loaded = false;  // the model loader read the config (then the two fields below are set)
+  // What ends a sequence (config.json's eos_token_id and generation_config.json's, as the loader merges them) and
+  // the sampling values generation_config.json recommends (the server's --sampling-defaults model).
+  std::vector<int64_t> eos_token_ids;
+  model::GenerationDefaults generation;
 };
 Findings find_problems(const format::Checkpoint& c);
 
@@ -32,7 +38,8 @@ Findings find_problems(const format::Checkpoint& c);
 std::string inspect_text(const format::Checkpoint& c, const Findings& f);
 std::string inspect_text(const format::Checkpoint& c);  // with find_problems(c)
 // The same facts as JSON (keys: dir, architecture, model_type, layers, experts, modules,
-// bytes_by_dtype, parameters, quantization, problems, unread, unread_files).
+// bytes_by_dtype, parameters, quantization, generation (null when the model loader refuses the config), problems,
+// unread, unread_files).
 nlohmann::ordered_json inspect_json(const format::Checkpoint& c, const Findings& f);
 nlohmann::ordered_json inspect_json(const format::Checkpoint& c);
 

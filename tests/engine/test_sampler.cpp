@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "model/config.h"
 #include "testing/testing.h"
 
 namespace fp4moe::engine {
@@ -46,6 +47,29 @@ TEST(Sampler, GreedyIsArgmax) {
   Sampler s(p, 100, 1);
   const auto order = by_prob(softmax(z, 1.0));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(z.data()).id, order[0]);
+}
+
+// generation_config.json's values become the defaults; one out of a request's range is refused naming the file.
+TEST(Sampler, SamplingDefaultsFromGenerationConfig) {
+  model::GenerationDefaults g;
+  g.source = "m/generation_config.json";
+  EXPECT_EQ(sampling_defaults_from(g).temperature, 1.0);  // none given: SamplingParams{}
+  g.temperature = 0.6;
+  g.top_k = 20;
+  g.repetition_penalty = 1.05;
+  const SamplingParams p = sampling_defaults_from(g);
+  EXPECT_EQ(p.temperature, 0.6);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_EQ(p.top_p, 1.0);
+  EXPECT_EQ(p.repetition_penalty, 1.05);
+  g.min_p = 1.5;
+  try {
+    sampling_defaults_from(g);
+    ADD_FAILURE() << "min_p 1.5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m/generation_config.json: min_p 1.5 must be in [0, 1]"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Sampler, SeededDrawsRepeatAndSeedsDiffer) {

@@ -3,6 +3,8 @@
 //   ctest --test-dir build -R ModelConfig
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <fstream>
 #include <tuple>
@@ -179,6 +181,58 @@ TEST(ModelConfig, ErrorsNameTheField) {
   j["rope_theta"] = 5e5;  // legacy top-level form
   EXPECT_FLOAT_EQ(parse_model_config(j, "t").rope_theta, 5e5f);
   EXPECT_FLOAT_EQ(parse_model_config(j, "t").partial_rotary_factor, 0.5f);
+}
+
+// generation_config.json: its eos ids join config.json's (SGLang and vLLM stop at both), its sampling values are
+// kept as given (null = absent), and a malformed file or field is refused naming the file.
+TEST(ModelConfig, GenerationConfig) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("fp4moe_generation_config_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(fp4moe::testing::shared_path("golden/models/glm5_tiny/config.json"), dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto with = [&](const std::string& text) {
+    std::ofstream(dir / "generation_config.json") << text;
+    return load_model_config(dir);
+  };
+  auto error_with = [&](const std::string& text) -> std::string {
+    try {
+      with(text);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const ModelConfig c = with(R"({"eos_token_id": [3, 1], "temperature": 0.6, "top_p": 0.95, "top_k": null})");
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1, 3}));  // config.json's 1, then the new 3
+  EXPECT_EQ(c.generation.eos_token_ids, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(c.generation.source, (dir / "generation_config.json").string());
+  EXPECT_EQ(c.generation.temperature, 0.6);
+  EXPECT_EQ(c.generation.top_p, 0.95);
+  EXPECT_FALSE(c.generation.top_k.has_value());
+  EXPECT_FALSE(c.generation.min_p.has_value());
+  EXPECT_TRUE(c.generation.has_sampling());
+  EXPECT_EQ(c.generation.sampling_summary(), "temperature 0.6, top_p 0.95");
+  EXPECT_EQ(with(R"({"eos_token_id": 7, "top_k": 20, "repetition_penalty": 1.05})").eos_token_ids,
+            (std::vector<int64_t>{1, 7}));
+  EXPECT_FALSE(with(R"({"use_cache": true})").generation.has_sampling());
+
+  const std::string file = (dir / "generation_config.json").string();
+  for (const auto& [text, want] :
+       {std::pair<std::string, std::string>{R"({"temperature": "hot"})", "field \"temperature\" must be a number"},
+        {R"({"top_k": 1.5})", "field \"top_k\" must be an integer"},
+        {R"({"eos_token_id": 512})", "eos_token_id 512 is outside the vocabulary [0, 512)"},
+        {R"({"eos_token_id": ["a"]})", "eos_token_id lists a non-integer"},
+        {R"([1, 2])", "must be a JSON object"},
+        {R"({"temperature": 0.6)", "malformed JSON"}}) {
+    const std::string e = error_with(text);
+    EXPECT_NE(e.find(file + ": " + want), std::string::npos) << text << " -> " << e;
+  }
+  std::filesystem::remove(dir / "generation_config.json");
+  const ModelConfig none = load_model_config(dir);
+  EXPECT_TRUE(none.generation.source.empty());
+  EXPECT_EQ(none.eos_token_ids, (std::vector<int64_t>{1}));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

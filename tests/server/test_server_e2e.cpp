@@ -1461,9 +1461,6 @@ TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
   EXPECT_EQ(final_ids.size(), 60u);  // the running request finished
 }
 
-// --drain-timeout bounds the drain: a request that would run long is aborted when it expires (the engine thread
-// was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a second signal
-// exits at once.
 // --context-length past the model's max_position_embeddings is refused at start, naming both (it served 9,000
 // positions of an 8,192-position model).
 TEST(ServerE2E, ContextLengthPastTheModelIsRefused) {
@@ -1473,6 +1470,81 @@ TEST(ServerE2E, ContextLengthPastTheModelIsRefused) {
   EXPECT_NE(text.find("context length 100000 is past the model's max_position_embeddings 8192"), std::string::npos)
       << text;
 }
+
+// The model's generation_config.json, as SGLang reads it: its eos_token_id ends a reply as config.json's does, and
+// under --sampling-defaults model (the default) its sampling values fill what a request omits (here temperature 0:
+// a request without one is greedy). --sampling-defaults openai ignores the values; a value out of a request's range
+// stops the start, naming the file.
+TEST(ServerE2E, GenerationConfigEosAndSamplingDefaults) {
+  const fs::path golden = fp4moe::testing::shared_path("golden/models/glm5_tiny");
+  const fs::path tok = fp4moe::testing::shared_path("golden/tokenizer");
+  fp4moe::format::SafetensorsFile g(golden / "golden.safetensors");
+  const auto ids = g.view("greedy_ids").as<int64_t>();
+  const int64_t N = g.view("greedy_ids").dim(1), S = g.view("input_ids").dim(1);
+  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + S);
+  const std::vector<int64_t> greedy(ids.begin() + S, ids.begin() + N);
+  // The first generated token not seen before it and not config.json's eos (1) becomes generation_config's eos.
+  size_t k = 1;
+  while (k < greedy.size() && (greedy[k] == 1 || std::find(greedy.begin(), greedy.begin() + static_cast<long>(k),
+                                                           greedy[k]) != greedy.begin() + static_cast<long>(k)))
+    ++k;
+  ASSERT_LT(k, greedy.size());
+  const int64_t eos = greedy[k];
+  fp4moe::testing::TempDir tmp("serve_generation_config");
+  auto write_generation = [&](const json& j) { std::ofstream(tmp.path() / "generation_config.json") << j.dump(); };
+  fp4moe::testing::copy_checkpoint(golden, tmp.path());
+  write_generation({{"eos_token_id", {1, eos}}, {"temperature", 0.0}, {"top_p", 0.5}});
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--model", tmp.path().string(), "--tokenizer-path", tok.string()});
+    ASSERT_TRUE(srv.wait_ready(120));
+    HttpClient c(srv.url(), kTimeout);
+    auto r = c.post("/generate", json{{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", N - S}}}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = parse(r.body);
+    const auto out = j["output_ids"].get<std::vector<int64_t>>();
+    ASSERT_GE(out.size(), k);
+    EXPECT_EQ(std::vector<int64_t>(out.begin(), out.begin() + static_cast<long>(k)),
+              std::vector<int64_t>(greedy.begin(), greedy.begin() + static_cast<long>(k)));  // greedy: temperature 0
+    EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "stop") << j.dump();
+    EXPECT_EQ(j["meta_info"]["finish_reason"]["matched"], eos) << j.dump();
+    auto info = c.get("/get_server_info");
+    ASSERT_EQ(info.status, 200);
+    const json ij = parse(info.body);
+    EXPECT_EQ(ij["sampling_defaults"], "model");
+    EXPECT_EQ(ij["default_sampling_params"]["temperature"], 0.0);
+    EXPECT_EQ(ij["default_sampling_params"]["top_p"], 0.5);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--model", tmp.path().string(), "--tokenizer-path", tok.string(),
+                                   "--sampling-defaults", "openai"});
+    ASSERT_TRUE(srv.wait_ready(120));
+    HttpClient c(srv.url(), kTimeout);
+    const json ij = parse(c.get("/get_server_info").body);
+    EXPECT_EQ(ij["default_sampling_params"]["temperature"], 1.0);
+    EXPECT_EQ(ij["default_sampling_params"]["top_p"], 1.0);
+    // The eos still ends a greedy reply (it is not a sampling default).
+    auto r = c.post(
+        "/generate",
+        json{{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", N - S}, {"temperature", 0}}}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(parse(r.body)["meta_info"]["finish_reason"]["matched"], eos) << r.body;
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
+  write_generation({{"temperature", -1}});
+  std::string text;
+  EXPECT_EQ(fp4moe::testing::run_command(std::string("timeout 60 ") + FP4MOE_CLI + " serve --port 0 --model " +
+                                             tmp.path().string() + " --tokenizer-path " + tok.string() + " 2>&1",
+                                         &text),
+            1);
+  EXPECT_NE(text.find((tmp.path() / "generation_config.json").string() + ": temperature -1 must be >= 0"),
+            std::string::npos)
+      << text;
+}
+
+// --drain-timeout bounds the drain: a request that would run long is aborted when it expires (the engine thread
+// was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a second signal
+// exits at once.
 
 TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
   for (bool second_signal : {false, true}) {

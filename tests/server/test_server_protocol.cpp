@@ -58,6 +58,29 @@ TEST(ServerProtocol, GenerateParsesSamplingParams) {
   EXPECT_EQ(r.sampling.top_logprobs, 3);
 }
 
+// --sampling-defaults model: the fields a body omits (or sends null) take the server's defaults, on every endpoint;
+// the fields it sends win.
+TEST(ServerProtocol, SamplingDefaultsFillOmittedFields) {
+  fp4moe::engine::SamplingParams d;
+  d.temperature = 0.6;
+  d.top_p = 0.95;
+  d.top_k = 20;
+  const ParsedRequest g =
+      parse_request(Endpoint::kGenerate, json{{"text", "hi"}, {"sampling_params", {{"temperature", 0.0}}}}, d);
+  EXPECT_EQ(g.sampling.temperature, 0.0);
+  EXPECT_EQ(g.sampling.top_p, 0.95);
+  EXPECT_EQ(g.sampling.top_k, 20);
+  const ParsedRequest c =
+      parse_request(Endpoint::kCompletions, json{{"prompt", "hi"}, {"temperature", nullptr}, {"top_k", -1}}, d);
+  EXPECT_EQ(c.sampling.temperature, 0.6);
+  EXPECT_EQ(c.sampling.top_k, -1);
+  const ParsedRequest m = parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}, d);
+  EXPECT_EQ(m.sampling.temperature, 0.6);
+  EXPECT_EQ(m.sampling.top_p, 0.95);
+  EXPECT_EQ(parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}).sampling.top_p,
+            1.0);  // no defaults given: the API's
+}
+
 TEST(ServerProtocol, OpenAiFieldsAndNulls) {
   const ParsedRequest c = parse_request(Endpoint::kCompletions,
                                         json{{"prompt", "hi"}, {"max_tokens", 4}, {"temperature", nullptr},

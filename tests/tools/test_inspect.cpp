@@ -276,6 +276,49 @@ TEST(Inspect, ConfigTheModelRefusesIsAProblem) {
       << f.problems.back().message;
 }
 
+// generation_config.json: inspect shows what ends a sequence (config.json's eos and its own) and its sampling values,
+// and reports a value the server refuses (a request's range) or a file the loader refuses.
+TEST(Inspect, GenerationConfig) {
+  auto with_generation = [](const TempDir& tmp, nlohmann::ordered_json g) {
+    fp4moe::testing::copy_checkpoint(golden("glm5_tiny"), tmp.path(), nullptr,
+                                     [&](const std::string& file, nlohmann::ordered_json& j) {
+                                       if (file == "generation_config.json") j = g;
+                                     });
+    format::Checkpoint c(tmp.path());
+    return std::make_pair(find_problems(c), inspect_text(c));
+  };
+  {
+    TempDir tmp("inspect_generation_ok");
+    const auto [f, text] = with_generation(tmp, {{"eos_token_id", {3, 1}}, {"temperature", 0.6}, {"top_p", 0.95}});
+    EXPECT_TRUE(f.problems.empty()) << text;
+    EXPECT_EQ(f.eos_token_ids, (std::vector<int64_t>{1, 3}));  // config.json's 1 first
+    EXPECT_NE(text.find("generation    eos [1, 3]; sampling defaults temperature 0.6, top_p 0.95 ("), std::string::npos)
+        << text;
+    format::Checkpoint c(tmp.path());
+    const auto j = inspect_json(c, f);
+    EXPECT_EQ(j["generation"]["eos_token_ids"], nlohmann::json::array({1, 3}));
+    EXPECT_EQ(j["generation"]["sampling_defaults"]["top_p"], 0.95);
+    EXPECT_FALSE(j["generation"]["sampling_defaults"].contains("top_k"));
+  }
+  {
+    TempDir tmp("inspect_generation_range");
+    const auto [f, text] = with_generation(tmp, {{"temperature", 0.6}, {"top_p", 0}});
+    ASSERT_EQ(f.problems.size(), 1u) << text;
+    EXPECT_EQ(f.problems[0].module, "generation_config.json");
+    EXPECT_NE(f.problems[0].message.find("generation_config.json: top_p 0 must be in (0, 1]"), std::string::npos)
+        << f.problems[0].message;
+  }
+  {
+    TempDir tmp("inspect_generation_type");
+    const auto [f, text] = with_generation(tmp, {{"top_k", "forty"}});
+    ASSERT_EQ(f.problems.size(), 1u) << text;
+    EXPECT_NE(f.problems[0].message.find("generation_config.json: field \"top_k\" must be an integer"),
+              std::string::npos)
+        << f.problems[0].message;
+    EXPECT_EQ(text.find("generation    "), std::string::npos) << text;  // the loader refused: nothing to show
+  }
+}
+
 TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
   TempDir a("inspect_demo_a"), b("inspect_demo_b");
   write_demo_bf16_checkpoint(a.path(), 7);
