@@ -659,38 +659,40 @@ void Checkpoint::check_against_config() {
 }
 
 void Checkpoint::check_against_quant_config() {
-  const QuantConfig& q = quant_;
   for (LinearModule& m : modules_) {
-    const bool nvfp4 = m.format == LinearFormat::kNVFP4;
-    const std::optional<std::string> by = q.present ? q.excluded_by(m.name) : std::nullopt;
-    m.excluded = by.has_value();
-    if (!q.present) {
-      if (nvfp4) problem(m.name, "NVFP4 on disk but the checkpoint has no quantization config "
-                                 "(hf_quant_config.json or config.json quantization_config)");
-      continue;
-    }
-    if (q.nvfp4_by_default()) {
-      if (nvfp4 && by) {
-        problem(m.name, "NVFP4 on disk but excluded by '" + *by + "' in " + q.source);
-      } else if (!nvfp4 && !by && m.kind != ModuleKind::kEmbedding) {
-        problem(m.name, "BF16 on disk but not excluded, and " + q.source + " says quant_algo " +
-                            q.quant_algo + " for every Linear not in exclude_modules");
-      }
-    } else if (q.quant_algo == "MIXED_PRECISION") {
-      auto it = q.quantized_layers.find(m.name);
-      const bool listed_nvfp4 = it != q.quantized_layers.end() &&
-                                it->second.find("NVFP4") != std::string::npos;
-      if (nvfp4 && !listed_nvfp4) {
-        problem(m.name, "NVFP4 on disk but not listed as NVFP4 in quantized_layers of " + q.source);
-      } else if (!nvfp4 && it != q.quantized_layers.end()) {
-        problem(m.name, "BF16 on disk but listed in quantized_layers of " + q.source + " as " +
-                            it->second);
-      }
-    } else if (nvfp4) {
-      problem(m.name, "NVFP4 on disk but " + q.source + " says quant_algo '" + q.quant_algo + "'");
-    }
+    m.excluded = quant_.present && quant_.excluded_by(m.name).has_value();
+    if (std::optional<std::string> why =
+            quant_.disagreement(m.name, m.format == LinearFormat::kNVFP4, m.kind == ModuleKind::kEmbedding))
+      problem(m.name, *why);
   }
-  if (std::optional<std::string> why = q.unsupported()) problem("", *why);
+  if (std::optional<std::string> why = quant_.unsupported()) problem("", *why);
+}
+
+std::optional<std::string> QuantConfig::disagreement(const std::string& module, bool nvfp4, bool embedding) const {
+  if (!present) {
+    if (nvfp4)
+      return "NVFP4 on disk but the checkpoint has no quantization config (hf_quant_config.json or config.json "
+             "quantization_config)";
+    return std::nullopt;
+  }
+  if (nvfp4_by_default()) {
+    const std::optional<std::string> by = excluded_by(module);
+    if (nvfp4 && by) return "NVFP4 on disk but excluded by '" + *by + "' in " + source;
+    if (!nvfp4 && !by && !embedding)
+      return "BF16 on disk but not excluded, and " + source + " says quant_algo " + quant_algo +
+             " for every Linear not in exclude_modules";
+    return std::nullopt;
+  }
+  if (quant_algo == "MIXED_PRECISION") {
+    auto it = quantized_layers.find(module);
+    const bool listed_nvfp4 = it != quantized_layers.end() && it->second.find("NVFP4") != std::string::npos;
+    if (nvfp4 && !listed_nvfp4) return "NVFP4 on disk but not listed as NVFP4 in quantized_layers of " + source;
+    if (!nvfp4 && it != quantized_layers.end())
+      return "BF16 on disk but listed in quantized_layers of " + source + " as " + it->second;
+    return std::nullopt;
+  }
+  if (nvfp4) return "NVFP4 on disk but " + source + " says quant_algo '" + quant_algo + "'";
+  return std::nullopt;
 }
 
 std::optional<std::string> QuantConfig::unsupported() const {

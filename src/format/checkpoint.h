@@ -69,6 +69,11 @@ struct QuantConfig {
   bool is_excluded(std::string_view module) const;
   // The pattern that excludes `module`, if any.
   std::optional<std::string> excluded_by(std::string_view module) const;
+  // How a Linear stored as NVFP4 (nvfp4_on_disk) or BF16 disagrees with this section, or nullopt: NVFP4 with no
+  // section, NVFP4 excluded, BF16 not excluded where quant_algo makes every other Linear NVFP4 (an embedding may
+  // stay BF16), MIXED_PRECISION's quantized_layers. The one rule: format::Checkpoint reports these as problems
+  // (inspect); the model loader, which reads each Linear as stored, warns about them.
+  std::optional<std::string> disagreement(const std::string& module, bool nvfp4_on_disk, bool embedding = false) const;
 };
 
 // fnmatch-style match ('*' any run, '?' one char, '[...]' sets) over the whole string.

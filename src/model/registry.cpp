@@ -221,6 +221,9 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
                                   ", expected BF16|F32 " + shape_to_string(Shape{out, in}) + " or NVFP4 U8 " +
                                   shape_to_string(Shape{out, in / 2}),
                               true});
+      } else if (std::optional<std::string> why =
+                     config.quantization.disagreement(w.name, t->dtype == DType::kU8)) {
+        r.quant_disagreements.push_back({w.name, *why, true});
       }
       continue;
     }
@@ -318,6 +321,15 @@ std::unique_ptr<CausalLM> load_model(const std::filesystem::path& dir, const Loa
     // Tensors nothing reads are likely a config / checkpoint mismatch (an extra layer or expert, a
     // shared expert with n_shared_experts 0): warned, not refused (HF loaders do the same).
     const TensorCheck check = check_tensors(config, store);
+    if (!check.quant_disagreements.empty()) {
+      // As vLLM / SGLang would refuse (their layers take the section's format); these Linears load as stored.
+      const TensorCheck::Problem& first = check.quant_disagreements.front();
+      std::fprintf(stderr,
+                   "fp4moe: warning: %s: %zu Linear(s) are stored otherwise than the quantization config says, e.g. "
+                   "%s: %s; each loads as stored (`fp4moe inspect %s` lists them)\n",
+                   dir.string().c_str(), check.quant_disagreements.size(), first.name.c_str(), first.message.c_str(),
+                   dir.string().c_str());
+    }
     if (!check.unread.empty()) {
       std::string some;
       for (size_t i = 0; i < std::min<size_t>(check.unread.size(), 3); ++i) some += (i ? ", " : "") + check.unread[i];

@@ -120,6 +120,10 @@ struct TensorCheck {
   std::vector<std::string> unread;
   // Files none of whose tensors are read (a golden.safetensors beside the model): name, tensor count.
   std::vector<std::pair<std::string, int64_t>> unread_files;
+  // Linears stored otherwise than the quantization section says (format::QuantConfig::disagreement: NVFP4 with no
+  // section or excluded, BF16 where it says NVFP4): name and message. They load as stored; load_model warns
+  // (format::Checkpoint lists them as problems for inspect).
+  std::vector<Problem> quant_disagreements;
   // Why nothing was checked, or "": a config asking for far more tensors than the store holds
   // (its manifest is not built; format::Checkpoint names the layer and expert counts).
   std::string skipped;

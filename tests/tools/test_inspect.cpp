@@ -276,6 +276,56 @@ TEST(Inspect, ConfigTheModelRefusesIsAProblem) {
       << f.problems.back().message;
 }
 
+// A checkpoint whose Linears are stored otherwise than its quantization section says (the section dropped from an
+// NVFP4 checkpoint, or an NVFP4 section beside BF16 weights): inspect lists each as a problem, the model loader
+// reads each as stored and warns once with the count and the first (the same rule, QuantConfig::disagreement).
+TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
+  struct Edit {
+    const char* from;
+    bool drop_section;  // else: add glm5_tiny_nvfp4's section to the BF16 checkpoint
+    const char* want;
+  };
+  for (const Edit& e : {Edit{"glm5_tiny_nvfp4", true,
+                             "NVFP4 on disk but the checkpoint has no quantization config"},
+                        Edit{"glm5_tiny", false,
+                             "BF16 on disk but not excluded, and hf_quant_config.json says quant_algo NVFP4"}}) {
+    TempDir tmp("inspect_quant_disagrees");
+    fp4moe::testing::copy_checkpoint(golden(e.from), tmp.path(), nullptr,
+                                     [&](const std::string& file, nlohmann::ordered_json& j) {
+                                       if (file == "config.json" && e.drop_section) j.erase("quantization_config");
+                                     });
+    if (e.drop_section) {
+      std::filesystem::remove(tmp.path() / "hf_quant_config.json");
+    } else {
+      std::filesystem::copy_file(golden("glm5_tiny_nvfp4") / "hf_quant_config.json", tmp.path() / "hf_quant_config.json");
+    }
+    format::Checkpoint c(tmp.path());
+    const Findings f = find_problems(c);
+    EXPECT_EQ(f.problems.size(), 105u) << e.from;  // glm5_tiny_nvfp4's NVFP4 Linears
+    EXPECT_NE(f.problems.front().message.find(e.want), std::string::npos) << f.problems.front().message;
+    std::string out;
+    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
+                                       tmp.path().string(),
+                                   &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("warning: " + tmp.path().string() +
+                       ": 105 Linear(s) are stored otherwise than the quantization config says, e.g. "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(e.want), std::string::npos) << out;
+  }
+  // The golden checkpoints agree with their sections: no warning.
+  for (const Case& k : kCases) {
+    std::string out;
+    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) +
+                                       " generate --prompt-ids 1,2 --max-new-tokens 1 --model " + golden(k.dir).string(),
+                                   &out),
+              0);
+    EXPECT_EQ(out.find("warning"), std::string::npos) << k.dir << ": " << out;
+  }
+}
+
 // generation_config.json: inspect shows what ends a sequence (config.json's eos and its own) and its sampling values,
 // and reports a value the server refuses (a request's range) or a file the loader refuses.
 TEST(Inspect, GenerationConfig) {
