@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -302,6 +303,18 @@ std::vector<uint8_t> unswizzle_scales_128x4(std::span<const uint8_t> swizzled, i
     }
   }
   return out;
+}
+
+std::optional<std::string> nvfp4_bad_block_scale(std::string_view module, std::span<const uint8_t> scales,
+                                                 int64_t n_cols) {
+  const int64_t bad = nvfp4_first_bad_block_scale(scales);
+  if (bad < 0) return std::nullopt;
+  const uint8_t code = scales[static_cast<size_t>(bad)];
+  std::ostringstream m;
+  m << module << ".weight_scale[" << bad / n_cols << ", " << bad % n_cols << "] = 0x" << std::hex
+    << static_cast<int>(code) << std::dec << " (" << e4m3_to_f32(code)
+    << "): e4m3 block scales must be finite and non-negative";
+  return m.str();
 }
 
 }  // namespace fp4moe::format

@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -204,6 +206,12 @@ inline int64_t nvfp4_first_bad_block_scale(std::span<const uint8_t> scales) {
   }
   return -1;
 }
+
+// What is wrong with `module`.weight_scale ([rows, n_cols] e4m3 block scales), naming the first bad one by [row,
+// col], its code and value ("m.weight_scale[2, 1] = 0x7f (nan): e4m3 block scales must be finite and
+// non-negative"), or nullopt. The loader refuses such a Linear with it; inspect --check-scales reports it.
+std::optional<std::string> nvfp4_bad_block_scale(std::string_view module, std::span<const uint8_t> scales,
+                                                 int64_t n_cols);
 
 // Global scale amax(|x|) / (6 * 448) in f32, the division ModelOpt does. For a group of matrices
 // that share one scale (q/k/v, gate/up) take the max of the members' global scales: the division

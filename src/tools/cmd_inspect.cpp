@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "format/nvfp4.h"
 #include "format/quantize_checkpoint.h"
 #include "format/safetensors.h"
 #include "model/config.h"
@@ -85,9 +86,17 @@ struct DemoRng {
 
 }  // namespace
 
-Findings find_problems(const Checkpoint& c) {
+Findings find_problems(const Checkpoint& c, bool check_scales) {
   Findings f;
   f.problems = c.problems();
+  if (check_scales) {
+    for (const format::LinearModule& m : c.modules()) {
+      if (m.format != LinearFormat::kNVFP4 || !m.ok) continue;  // a module with a problem has it listed already
+      const TensorView s = c.store().view(m.name + ".weight_scale");
+      if (std::optional<std::string> why = format::nvfp4_bad_block_scale(m.name, s.bytes, m.in_features / format::kNvfp4BlockSize))
+        f.problems.push_back({m.name, *why});
+    }
+  }
   // The model loader's view. A Linear that format::Checkpoint already names (or a part of one:
   // "<layer>.mlp.experts") is not named again; any other tensor only when Checkpoint names that tensor.
   auto named = [&](const model::TensorCheck::Problem& m) {
@@ -339,6 +348,7 @@ struct InspectArgs {
   std::string dir;
   bool json = false;
   bool demo = false;
+  bool check_scales = false;
   std::string demo_dir;
 };
 
@@ -354,7 +364,7 @@ void run_inspect(const InspectArgs& a) {
   if (!a.demo) {
     FP4MOE_CHECK(!a.dir.empty()) << "inspect: give a checkpoint directory, or --demo";
     Checkpoint c(a.dir);
-    const Findings f = find_problems(c);
+    const Findings f = find_problems(c, a.check_scales);
     print_report(c, f, a.json);
     FP4MOE_CHECK(f.problems.empty()) << "checkpoint " << a.dir << " has " << f.problems.size()
                                      << " problem(s), listed above";
@@ -397,6 +407,9 @@ void register_inspect_command(CLI::App& app) {
       "inspect", "describe a checkpoint: architecture, layers, experts, NVFP4/BF16 modules, bytes, problems");
   cmd->add_option("dir", args->dir, "checkpoint directory (config.json + *.safetensors)");
   cmd->add_flag("--json", args->json, "print JSON instead of text");
+  cmd->add_flag("--check-scales", args->check_scales,
+                "also read every NVFP4 block scale (an eighth of the weight bytes) and report NaN or negative ones, "
+                "which the load refuses");
   cmd->add_flag("--demo", args->demo,
                 "build a tiny deterministic NVFP4 GLM-style checkpoint in a temp dir and inspect it");
   cmd->add_option("--demo-dir", args->demo_dir, "with --demo: write the demo checkpoints here and keep them");

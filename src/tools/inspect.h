@@ -31,7 +31,9 @@ struct Findings {
   std::vector<int64_t> eos_token_ids;
   model::GenerationDefaults generation;
 };
-Findings find_problems(const format::Checkpoint& c);
+// check_scales: also read every NVFP4 Linear's e4m3 block scales (an eighth of the packed weight bytes) and report
+// a NaN or negative one (format::nvfp4_bad_block_scale), as the load would refuse it.
+Findings find_problems(const format::Checkpoint& c, bool check_scales = false);
 
 // Human-readable report: architecture, layer/expert counts, module formats by kind, bytes by
 // dtype, parameters, quantization config, every problem and the unread tensors.

@@ -99,6 +99,30 @@ TEST(Inspect, BadScalarScalesAreProblems) {
   EXPECT_NE(t.find("model.layers.0.mlp.down_proj: input_scale = nan: the activation scale"), std::string::npos) << t;
 }
 
+// The e4m3 block scales are read only with --check-scales (an eighth of the weight bytes); then a NaN or negative one
+// is a problem with the message the load refuses it with.
+TEST(Inspect, CheckScalesReadsTheBlockScales) {
+  TempDir tmp("inspect_block_scales");
+  const std::string mod = "model.layers.1.mlp.experts.3.down_proj";
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [&](auto& t) {
+    t.at(mod + ".weight_scale").bytes[2 * 4 + 1] = 0x7F;  // [2, 1] of [*, 4]: NaN
+    t.at("model.layers.0.mlp.up_proj.weight_scale").bytes[0] = 0xB8;  // [0, 0]: -1
+  });
+  format::Checkpoint c(tmp.path());
+  EXPECT_TRUE(find_problems(c).problems.empty());
+  const Findings f = find_problems(c, /*check_scales=*/true);
+  ASSERT_EQ(f.problems.size(), 2u);
+  EXPECT_EQ(f.problems[0].message,
+            "model.layers.0.mlp.up_proj.weight_scale[0, 0] = 0xb8 (-1): e4m3 block scales must be finite and "
+            "non-negative");
+  EXPECT_EQ(f.problems[1].message,
+            mod + ".weight_scale[2, 1] = 0x7f (nan): e4m3 block scales must be finite and non-negative");
+  std::string out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " inspect --check-scales " + tmp.path().string(), &out), 1);
+  EXPECT_NE(out.find(mod + ".weight_scale[2, 1] = 0x7f (nan)"), std::string::npos) << out;
+  for (const Case& k : kCases) EXPECT_TRUE(find_problems(format::Checkpoint(golden(k.dir)), true).problems.empty());
+}
+
 // A config that asks for far more than is on disk is a few problems, found at once: one for the layer
 // count (not one a missing module: 10^5 layers listed ~500,000; past 65,536 the config itself is refused), one a MoE
 // layer for the experts (10^9 built 3 x 10^9 names).

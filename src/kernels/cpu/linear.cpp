@@ -304,13 +304,8 @@ LinearWeight linear_weight_from_tensors(const LinearTensors& t, int64_t out, int
           << mod << ".input_scale = " << *is << ": the activation scale must be a finite, normal, positive f32";
     }
     // Read once here, as every weight byte is: a NaN or negative block scale would only show as NaN logits.
-    if (const int64_t bad = format::nvfp4_first_bad_block_scale(sv.bytes); bad >= 0) {
-      const int64_t cols = in / kNvfp4BlockSize;
-      const uint8_t code = sv.bytes[static_cast<size_t>(bad)];
-      FP4MOE_FAIL() << mod << ".weight_scale[" << bad / cols << ", " << bad % cols << "] = 0x" << std::hex
-                    << static_cast<int>(code) << std::dec << " (" << format::e4m3_to_f32(code)
-                    << "): e4m3 block scales must be finite and non-negative";
-    }
+    if (std::optional<std::string> why = format::nvfp4_bad_block_scale(mod, sv.bytes, in / kNvfp4BlockSize))
+      FP4MOE_FAIL() << *why;
     std::vector<uint8_t> packed(wv.bytes.begin(), wv.bytes.end());
     std::vector<uint8_t> scales(sv.bytes.begin(), sv.bytes.end());
     return LinearWeight::from_nvfp4(out, in, std::move(packed), std::move(scales), gs, is, std::move(bias));
