@@ -145,6 +145,7 @@ struct Tokenizer::Impl {
 };
 
 void Tokenizer::Impl::load_model(const json& model) {
+  FP4MOE_CHECK(model.is_object()) << origin << ": model must be an object (a BPE model), found " << model.type_name();
   const std::string type = model.value("type", std::string("BPE"));
   FP4MOE_CHECK(type == "BPE") << origin << ": model.type is '" << type << "'; only BPE is supported";
   FP4MOE_CHECK(!model.contains("dropout") || model.at("dropout").is_null())

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -388,14 +387,10 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   FP4MOE_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir))
       << dir.string() << " is a file; give the model's directory (config.json, *.safetensors, tokenizer.json)";
   const std::filesystem::path path = dir / "config.json";
-  std::ifstream in(path);
-  FP4MOE_CHECK(in.good()) << "cannot open " << path.string() << " (a model directory needs config.json)";
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    FP4MOE_FAIL() << path.string() << ": malformed JSON: " << e.what();
-  }
+  std::error_code ec;
+  FP4MOE_CHECK(std::filesystem::exists(path, ec) || std::filesystem::is_symlink(path, ec))
+      << "cannot open " << path.string() << " (a model directory needs config.json)";
+  const json j = format::read_json_file(path);
   ModelConfig c = parse_model_config(j, path.string());
   // A quantization section that says something else than the NVFP4 this loader reads (a quant_method
   // other than modelopt, FP8, group size 32, two sections that disagree) is refused: the weights would be

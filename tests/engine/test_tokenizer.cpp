@@ -347,6 +347,9 @@ TEST(TokenizerLoad, UnsupportedPartsNameTheirJsonPath) {
   tj = tiny_tokenizer_json();
   tj["added_tokens"][0]["content"] = 5;
   expect_load_error(tj, "t.json: unexpected JSON type");
+  tj = tiny_tokenizer_json();
+  tj["model"] = 5;  // was nlohmann's "cannot use value() with number"
+  expect_load_error(tj, "t.json: model must be an object (a BPE model), found number");
 }
 
 }  // namespace

@@ -232,6 +232,17 @@ TEST(ModelConfig, GenerationConfig) {
   const ModelConfig none = load_model_config(dir);
   EXPECT_TRUE(none.generation.source.empty());
   EXPECT_EQ(none.eos_token_ids, (std::vector<int64_t>{1}));
+  // config.json that is a directory is named as one (it was libstdc++'s "basic_filebuf::underflow error").
+  std::filesystem::remove(dir / "config.json");
+  std::filesystem::create_directory(dir / "config.json");
+  try {
+    load_model_config(dir);
+    ADD_FAILURE() << "a config.json directory loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "config.json").string() + " is a directory, not a file"),
+              std::string::npos)
+        << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 
