@@ -264,6 +264,7 @@ class RequestHandler {
   RequestHandler(HttpServer* server, Endpoint endpoint) : server_(server), endpoint_(endpoint) {}
 
   void handle(const httplib::Request& http_req, httplib::Response& res) {
+    http10_ = http_req.version == "HTTP/1.0";
     auto engine = server_->engine_or_503();
     ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body), server_->sampling_defaults());
     restore_key_order(req, http_req.body);
@@ -510,8 +511,8 @@ class RequestHandler {
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
     res.status = 200;
-    res.set_chunked_content_provider(
-        kJsonContentType,
+    set_provider(
+        res, kJsonContentType,
         [server = server_, engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
           // Probe at least every kLivenessInterval, whether tokens are flowing or not.
           const auto now = std::chrono::steady_clock::now();
@@ -584,8 +585,8 @@ class RequestHandler {
     const Endpoint endpoint = endpoint_;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
+    set_provider(
+        res, "text/event-stream",
         [server = server_, engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
           auto ev = channel->pop(std::chrono::milliseconds(200));
           if (!ev) {
@@ -644,8 +645,21 @@ class RequestHandler {
         });
   }
 
+  // HTTP/1.0 has no chunked transfer coding (RFC 9112 section 7): such a client's reply ends when the connection
+  // closes (httplib's provider without a length), as ApacheBench and other HTTP/1.0 clients read it.
+  void set_provider(httplib::Response& res, const char* content_type, httplib::ContentProviderWithoutLength provider,
+                    httplib::ContentProviderResourceReleaser releaser) const {
+    if (http10_) {
+      res.set_header("Connection", "close");
+      res.set_content_provider(content_type, std::move(provider), std::move(releaser));
+    } else {
+      res.set_chunked_content_provider(content_type, std::move(provider), std::move(releaser));
+    }
+  }
+
   HttpServer* server_;
   Endpoint endpoint_;
+  bool http10_ = false;  // the request came as HTTP/1.0
 };
 
 HttpServer::HttpServer(ServerOptions options)

@@ -6,6 +6,8 @@
 // non-streaming reply with liveness spaces equal to the streamed result), SIGTERM draining, and `fp4moe bench-serving` against it.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -658,14 +660,55 @@ int raw_connect(int port) {
   return fd;
 }
 
-int raw_post(int port, const std::string& path, const std::string& body, bool with_length = true) {
+int raw_post(int port, const std::string& path, const std::string& body, bool with_length = true,
+             const std::string& version = "HTTP/1.1") {
   const int fd = raw_connect(port);
   if (fd < 0) return -1;
   const std::string length = with_length ? "Content-Length: " + std::to_string(body.size()) + "\r\n" : "";
-  const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                          length + "Connection: close\r\n\r\n" + body;
+  const std::string msg = "POST " + path + " " + version +
+                          "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + length +
+                          "Connection: close\r\n\r\n" + body;
   EXPECT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
   return fd;
+}
+
+// Everything the server sends on fd until it closes the connection (or timeout_s passes).
+std::string read_until_closed(int fd, double timeout_s) {
+  std::string got;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// An HTTP/1.0 client gets its reply delimited by the connection's close: HTTP/1.0 has no chunked coding (httplib's
+// chunked provider sent "Transfer-Encoding: chunked" to it, which ApacheBench and other 1.0 clients cannot read).
+TEST_F(DefaultServer, Http10RepliesAreNotChunked) {
+  for (bool stream : {false, true}) {
+    const json body = {{"prompt", "hi"}, {"max_tokens", 4}, {"temperature", 0}, {"stream", stream}};
+    const int fd = raw_post(srv_->port(), "/v1/completions", body.dump(), true, "HTTP/1.0");
+    ASSERT_GE(fd, 0);
+    const std::string reply = read_until_closed(fd, kTimeout);
+    ::close(fd);
+    const size_t head_end = reply.find("\r\n\r\n");
+    ASSERT_NE(head_end, std::string::npos) << reply;
+    const std::string head = reply.substr(0, head_end), payload = reply.substr(head_end + 4);
+    EXPECT_NE(head.find(" 200 "), std::string::npos) << head;
+    EXPECT_EQ(head.find("chunked"), std::string::npos) << head;
+    EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+    if (!stream) {
+      EXPECT_EQ(parse(payload)["usage"]["completion_tokens"], 4) << payload;
+    } else {
+      EXPECT_EQ(payload.rfind("data: {", 0), 0u) << payload;
+      EXPECT_NE(payload.find("data: [DONE]\n\n"), std::string::npos) << payload;
+    }
+  }
 }
 
 // A non-streaming request that would run for many seconds; its client reads nothing and closes
