@@ -221,8 +221,7 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
                                   ", expected BF16|F32 " + shape_to_string(Shape{out, in}) + " or NVFP4 U8 " +
                                   shape_to_string(Shape{out, in / 2}),
                               true});
-      } else if (std::optional<std::string> why =
-                     config.quantization.disagreement(w.name, t->dtype == DType::kU8)) {
+      } else if (std::optional<std::string> why = config.quantization.disagreement(w.name, t->dtype == DType::kU8)) {
         r.quant_disagreements.push_back({w.name, *why, true});
       }
       continue;

@@ -93,7 +93,8 @@ Findings find_problems(const Checkpoint& c, bool check_scales) {
     for (const format::LinearModule& m : c.modules()) {
       if (m.format != LinearFormat::kNVFP4 || !m.ok) continue;  // a module with a problem has it listed already
       const TensorView s = c.store().view(m.name + ".weight_scale");
-      if (std::optional<std::string> why = format::nvfp4_bad_block_scale(m.name, s.bytes, m.in_features / format::kNvfp4BlockSize))
+      if (std::optional<std::string> why =
+              format::nvfp4_bad_block_scale(m.name, s.bytes, m.in_features / format::kNvfp4BlockSize))
         f.problems.push_back({m.name, *why});
     }
   }

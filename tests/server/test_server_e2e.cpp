@@ -665,9 +665,8 @@ int raw_post(int port, const std::string& path, const std::string& body, bool wi
   const int fd = raw_connect(port);
   if (fd < 0) return -1;
   const std::string length = with_length ? "Content-Length: " + std::to_string(body.size()) + "\r\n" : "";
-  const std::string msg = "POST " + path + " " + version +
-                          "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + length +
-                          "Connection: close\r\n\r\n" + body;
+  const std::string msg = "POST " + path + " " + version + "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          length + "Connection: close\r\n\r\n" + body;
   EXPECT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
   return fd;
 }

@@ -105,7 +105,7 @@ TEST(Inspect, CheckScalesReadsTheBlockScales) {
   TempDir tmp("inspect_block_scales");
   const std::string mod = "model.layers.1.mlp.experts.3.down_proj";
   fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), [&](auto& t) {
-    t.at(mod + ".weight_scale").bytes[2 * 4 + 1] = 0x7F;  // [2, 1] of [*, 4]: NaN
+    t.at(mod + ".weight_scale").bytes[2 * 4 + 1] = 0x7F;              // [2, 1] of [*, 4]: NaN
     t.at("model.layers.0.mlp.up_proj.weight_scale").bytes[0] = 0xB8;  // [0, 0]: -1
   });
   format::Checkpoint c(tmp.path());
@@ -309,10 +309,9 @@ TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
     bool drop_section;  // else: add glm5_tiny_nvfp4's section to the BF16 checkpoint
     const char* want;
   };
-  for (const Edit& e : {Edit{"glm5_tiny_nvfp4", true,
-                             "NVFP4 on disk but the checkpoint has no quantization config"},
-                        Edit{"glm5_tiny", false,
-                             "BF16 on disk but not excluded, and hf_quant_config.json says quant_algo NVFP4"}}) {
+  for (const Edit& e :
+       {Edit{"glm5_tiny_nvfp4", true, "NVFP4 on disk but the checkpoint has no quantization config"},
+        Edit{"glm5_tiny", false, "BF16 on disk but not excluded, and hf_quant_config.json says quant_algo NVFP4"}}) {
     TempDir tmp("inspect_quant_disagrees");
     fp4moe::testing::copy_checkpoint(golden(e.from), tmp.path(), nullptr,
                                      [&](const std::string& file, nlohmann::ordered_json& j) {
@@ -321,7 +320,8 @@ TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
     if (e.drop_section) {
       std::filesystem::remove(tmp.path() / "hf_quant_config.json");
     } else {
-      std::filesystem::copy_file(golden("glm5_tiny_nvfp4") / "hf_quant_config.json", tmp.path() / "hf_quant_config.json");
+      std::filesystem::copy_file(golden("glm5_tiny_nvfp4") / "hf_quant_config.json",
+                                 tmp.path() / "hf_quant_config.json");
     }
     format::Checkpoint c(tmp.path());
     const Findings f = find_problems(c);
@@ -342,8 +342,8 @@ TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
   // The golden checkpoints agree with their sections: no warning.
   for (const Case& k : kCases) {
     std::string out;
-    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) +
-                                       " generate --prompt-ids 1,2 --max-new-tokens 1 --model " + golden(k.dir).string(),
+    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
+                                       golden(k.dir).string(),
                                    &out),
               0);
     EXPECT_EQ(out.find("warning"), std::string::npos) << k.dir << ": " << out;
