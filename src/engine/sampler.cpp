@@ -37,24 +37,35 @@ void SamplingParams::validate(int64_t vocab_size) const {
     return "min_new_tokens " + std::to_string(min_new_tokens) +
            " must be in [0, max_new_tokens = " + std::to_string(max_new_tokens) + "]";
   });
-  need(std::isfinite(temperature) && temperature >= 0.0, "temperature",
-       [&] { return "temperature " + show(temperature) + " must be >= 0 (0 = greedy)"; });
+  need(std::isfinite(temperature) && temperature >= 0.0 && temperature <= kMaxTemperature, "temperature", [&] {
+    return "temperature " + show(temperature) + " must be in [0, " + show(kMaxTemperature) + "] (0 = greedy)";
+  });
   need(top_k == -1 || top_k >= 0, "top_k",
        [&] { return "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or >= 1"; });
   need(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0, "top_p",
        [&] { return "top_p " + show(top_p) + " must be in (0, 1]"; });
   need(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0, "min_p",
        [&] { return "min_p " + show(min_p) + " must be in [0, 1]"; });
-  need(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= 2.0, "repetition_penalty",
-       [&] { return "repetition_penalty " + show(repetition_penalty) + " must be in (0, 2]"; });
-  need(std::isfinite(frequency_penalty) && frequency_penalty >= -2.0 && frequency_penalty <= 2.0, "frequency_penalty",
-       [&] { return "frequency_penalty " + show(frequency_penalty) + " must be in [-2, 2]"; });
-  need(std::isfinite(presence_penalty) && presence_penalty >= -2.0 && presence_penalty <= 2.0, "presence_penalty",
-       [&] { return "presence_penalty " + show(presence_penalty) + " must be in [-2, 2]"; });
-  need(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs",
-       [&] { return "top_logprobs " + std::to_string(top_logprobs) + " must be in [0, 20]"; });
-  need(prompt_logprobs >= -1 && prompt_logprobs <= 20, "prompt_logprobs",
-       [&] { return "prompt_logprobs " + std::to_string(prompt_logprobs) + " must be -1 (off) or in [0, 20]"; });
+  need(std::isfinite(repetition_penalty) && repetition_penalty > 0.0 && repetition_penalty <= kMaxRepetitionPenalty,
+       "repetition_penalty", [&] {
+         return "repetition_penalty " + show(repetition_penalty) + " must be in (0, " + show(kMaxRepetitionPenalty) +
+                "]";
+       });
+  auto penalty = [&](double v, const char* name) {
+    need(std::isfinite(v) && v >= -kMaxAbsPenalty && v <= kMaxAbsPenalty, name, [&] {
+      return std::string(name) + " " + show(v) + " must be in [" + show(-kMaxAbsPenalty) + ", " +
+             show(kMaxAbsPenalty) + "]";
+    });
+  };
+  penalty(frequency_penalty, "frequency_penalty");
+  penalty(presence_penalty, "presence_penalty");
+  need(top_logprobs >= 0 && top_logprobs <= kMaxTopLogprobs, "top_logprobs", [&] {
+    return "top_logprobs " + std::to_string(top_logprobs) + " must be in [0, " + std::to_string(kMaxTopLogprobs) + "]";
+  });
+  need(prompt_logprobs >= -1 && prompt_logprobs <= kMaxTopLogprobs, "prompt_logprobs", [&] {
+    return "prompt_logprobs " + std::to_string(prompt_logprobs) + " must be -1 (off) or in [0, " +
+           std::to_string(kMaxTopLogprobs) + "]";
+  });
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     need(stop_token_ids[i] >= 0 && stop_token_ids[i] < vocab_size, "stop_token_ids", [&] {
       return "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(stop_token_ids[i]) +
@@ -69,12 +80,16 @@ void SamplingParams::validate(int64_t vocab_size) const {
       return "logit_bias[\"" + std::to_string(id) + "\"]: token " + std::to_string(id) +
              " is outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")";
     });
-    need(std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f, "logit_bias",
-         [&] { return "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [-100, 100]"; });
+    need(std::isfinite(bias) && bias >= -kMaxAbsLogitBias && bias <= kMaxAbsLogitBias, "logit_bias", [&] {
+      return "logit_bias of token " + std::to_string(id) + " = " + show(bias) + " must be in [" +
+             show(-kMaxAbsLogitBias) + ", " + show(kMaxAbsLogitBias) + "]";
+    });
   }
 }
 
 SamplingParams sampling_defaults_from(const model::GenerationDefaults& g) {
+  if (!g.problems.empty())
+    FP4MOE_FAIL() << g.problems.front() << " (--sampling-defaults openai ignores the file's sampling values)";
   SamplingParams p;
   if (g.temperature) p.temperature = *g.temperature;
   if (g.top_p) p.top_p = *g.top_p;

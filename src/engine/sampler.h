@@ -47,6 +47,16 @@ class FieldError : public Error {
   std::string field_;
 };
 
+// The requests' ranges, one definition for SamplingParams::validate and the server's parse (which names the API's
+// field): temperature [0, kMaxTemperature], repetition_penalty (0, kMaxRepetitionPenalty], frequency / presence
+// penalty [-kMaxAbsPenalty, kMaxAbsPenalty], logit_bias [-kMaxAbsLogitBias, kMaxAbsLogitBias], top_logprobs and
+// prompt_logprobs up to kMaxTopLogprobs (OpenAI's bounds; vLLM / SGLang's for the penalties).
+inline constexpr double kMaxTemperature = 100.0;
+inline constexpr double kMaxRepetitionPenalty = 2.0;
+inline constexpr double kMaxAbsPenalty = 2.0;
+inline constexpr double kMaxAbsLogitBias = 100.0;
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
 struct SamplingParams {
   int64_t max_new_tokens = 128;
   // vLLM's min_tokens / SGLang's min_new_tokens: until this many tokens were generated, EOS (unless

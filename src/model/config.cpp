@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "format/json_file.h"
@@ -351,18 +352,19 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& sourc
   return c;
 }
 
+bool GenerationDefaults::has_sampling() const {
+  bool any = false;
+  for_each_sampling([&](const char*, const auto& v) { any = any || v.has_value(); });
+  return any;
+}
+
 std::string GenerationDefaults::sampling_summary() const {
   std::ostringstream os;
-  auto add = [&](const char* name, const auto& v) {
+  for_each_sampling([&](const char* name, const auto& v) {
     if (!v) return;
     if (os.tellp() > 0) os << ", ";
     os << name << " " << *v;
-  };
-  add("temperature", temperature);
-  add("top_p", top_p);
-  add("top_k", top_k);
-  add("min_p", min_p);
-  add("repetition_penalty", repetition_penalty);
+  });
   return os.str();
 }
 
@@ -371,19 +373,37 @@ GenerationDefaults parse_generation_config(const nlohmann::json& j, const std::s
   GenerationDefaults g;
   g.source = source;
   g.eos_token_ids = get_token_ids(j, "eos_token_id", source, vocab_size);
-  auto number = [&](const char* key) -> std::optional<double> {
-    if (field(j, key) == nullptr) return std::nullopt;
-    return get_num(j, key, source, std::nullopt);
-  };
-  g.temperature = number("temperature");
-  g.top_p = number("top_p");
-  g.min_p = number("min_p");
-  g.repetition_penalty = number("repetition_penalty");
-  if (field(j, "top_k") != nullptr) g.top_k = get_int(j, "top_k", source, std::nullopt);
+  GenerationDefaults::for_each_sampling(g, [&](const char* key, auto& member) {
+    const json* v = field(j, key);
+    if (v == nullptr) return;
+    const std::string at = source + ": field \"" + key + "\" must be ";
+    if constexpr (std::is_same_v<std::decay_t<decltype(*member)>, int64_t>) {
+      if (v->is_number_integer() && format::json_int_in(*v, INT32_MIN, INT32_MAX)) {
+        member = v->get<int64_t>();
+      } else {
+        g.problems.push_back(at + "an integer, found " + v->dump());
+      }
+    } else if (v->is_number()) {
+      member = v->get<double>();
+    } else {
+      g.problems.push_back(at + "a number, found " + v->dump());
+    }
+  });
   return g;
 }
 
-ModelConfig load_model_config(const std::filesystem::path& dir) {
+void load_generation_config(const std::filesystem::path& dir, ModelConfig& c) {
+  const std::filesystem::path path = dir / "generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !std::filesystem::is_symlink(path, ec)) return;
+  c.generation = parse_generation_config(format::read_json_file(path), path.string(), c.vocab_size);
+  for (int64_t id : c.generation.eos_token_ids) {
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  }
+}
+
+ModelConfig load_model_config(const std::filesystem::path& dir, bool with_generation) {
   FP4MOE_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir))
       << dir.string() << " is a file; give the model's directory (config.json, *.safetensors, tokenizer.json)";
   const std::filesystem::path path = dir / "config.json";
@@ -403,14 +423,7 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
     FP4MOE_FAIL() << dir.string() << ": " << problems.front().message << " (fp4moe inspect lists every problem)";
   if (std::optional<std::string> why = c.quantization.unsupported())
     FP4MOE_FAIL() << dir.string() << ": " << *why << " (fp4moe inspect lists every problem)";
-  const std::filesystem::path gen_path = dir / "generation_config.json";
-  if (std::filesystem::exists(gen_path)) {
-    c.generation = parse_generation_config(format::read_json_file(gen_path), gen_path.string(), c.vocab_size);
-    for (int64_t id : c.generation.eos_token_ids) {
-      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
-        c.eos_token_ids.push_back(id);
-    }
-  }
+  if (with_generation) load_generation_config(dir, c);
   return c;
 }
 

@@ -24,20 +24,39 @@ namespace fp4moe::model {
 inline constexpr const char* kArchGlm4Moe = "Glm4MoeForCausalLM";
 inline constexpr const char* kArchGlmMoeDsa = "GlmMoeDsaForCausalLM";
 
-// The model's generation_config.json (transformers' GenerationConfig) as SGLang's `--sampling-defaults model` and
-// vLLM's `--generation-config auto` read it: the end-of-sequence tokens it adds to config.json's and the sampling
-// values its authors recommend. Only what the file gives is set; the ranges are the requests' (the server checks
-// them with engine::SamplingParams::validate, inspect too). A model without the file has source empty.
+// The model's generation_config.json (transformers' GenerationConfig): the end-of-sequence tokens it adds to
+// config.json's (SGLang and vLLM stop at both) and the sampling values its authors recommend, which the server's
+// `--sampling-defaults model` applies to the OpenAI routes as SGLang (chat) and vLLM (`--generation-config auto`:
+// chat and completions) do. Only the fields the file gives are taken (not transformers' class defaults, e.g. its
+// top_k 50); max_new_tokens and do_sample are not read (SGLang reads neither; vLLM caps max_tokens by the former).
+// The ranges are the requests' (engine::sampling_defaults_from checks them). A model without the file has source
+// empty.
 struct GenerationDefaults {
-  std::string source;                  // the file, for messages; empty when the model has none
-  std::vector<int64_t> eos_token_ids;  // its eos_token_id (int or list), in [0, vocab_size)
+  std::string source;                    // the file, for messages; empty when the model has none
+  std::vector<int64_t> eos_token_ids;    // its eos_token_id (int or list), in [0, vocab_size)
   std::optional<double> temperature;
   std::optional<double> top_p;
   std::optional<int64_t> top_k;
   std::optional<double> min_p;
   std::optional<double> repetition_penalty;
+  // A sampling field of the wrong JSON type ("field \"top_k\" must be an integer, found 1.5"): kept, not thrown,
+  // since only `serve --sampling-defaults model` reads these fields (it refuses them; inspect lists them).
+  std::vector<std::string> problems;
 
-  bool has_sampling() const { return temperature || top_p || top_k || min_p || repetition_penalty; }
+  // Calls f(name, member) for each sampling field above (of g, const or not): the one list of them.
+  template <class Self, class F>
+  static void for_each_sampling(Self& g, F&& f) {
+    f("temperature", g.temperature);
+    f("top_p", g.top_p);
+    f("top_k", g.top_k);
+    f("min_p", g.min_p);
+    f("repetition_penalty", g.repetition_penalty);
+  }
+  template <class F>
+  void for_each_sampling(F&& f) const {
+    for_each_sampling(*this, f);
+  }
+  bool has_sampling() const;
   std::string sampling_summary() const;  // "temperature 0.6, top_p 0.95" (empty when none)
 };
 
@@ -126,13 +145,18 @@ struct ModelConfig {
 // (e.g. heads not divisible by kv heads, mlp_layer_types of the wrong length).
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 
-// Parses a generation_config.json object; `source` names it in errors. Fails on a field of the wrong JSON type and
-// on an eos_token_id outside [0, vocab_size). Null fields count as absent.
+// Parses a generation_config.json object; `source` names it in errors. Fails when it is not an object or its
+// eos_token_id is not ids in [0, vocab_size) (they decide where replies end); a sampling field of the wrong type goes
+// to `problems`. Null fields count as absent.
 GenerationDefaults parse_generation_config(const nlohmann::json& j, const std::string& source, int64_t vocab_size);
 
-// Reads dir/config.json, the quantization section (format::read_quant_config) and dir/generation_config.json when
-// present (malformed JSON or a bad field fails, naming the file).
-ModelConfig load_model_config(const std::filesystem::path& dir);
+// Reads dir/generation_config.json when there is one (a dangling link is an error, as for config.json) into
+// c.generation and adds its eos ids to c.eos_token_ids; fails naming the file on malformed JSON or a bad eos.
+void load_generation_config(const std::filesystem::path& dir, ModelConfig& c);
+
+// Reads dir/config.json, the quantization section (format::read_quant_config) and, unless with_generation is false,
+// dir/generation_config.json (load_generation_config).
+ModelConfig load_model_config(const std::filesystem::path& dir, bool with_generation = true);
 
 // The architectures parse_model_config accepts.
 const std::vector<std::string>& known_architectures();

@@ -266,7 +266,7 @@ class RequestHandler {
   void handle(const httplib::Request& http_req, httplib::Response& res) {
     http10_ = http_req.version == "HTTP/1.0";
     auto engine = server_->engine_or_503();
-    ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body), server_->sampling_defaults());
+    ParsedRequest req = parse_request(endpoint_, parse_body(http_req.body), server_->options_.sampling_defaults);
     restore_key_order(req, http_req.body);
     if (endpoint_ == Endpoint::kChat && req.separate_reasoning.value_or(true))
       req.reasoning = server_->options_.reasoning;
@@ -646,12 +646,27 @@ class RequestHandler {
   }
 
   // HTTP/1.0 has no chunked transfer coding (RFC 9112 section 7): such a client's reply ends when the connection
-  // closes (httplib's provider without a length), as ApacheBench and other HTTP/1.0 clients read it.
+  // closes (httplib's provider without a length), as ApacheBench and other HTTP/1.0 clients read it. httplib 0.11
+  // keeps a "Connection: Keep-Alive" 1.0 connection open after such a body (the client then waits for its 5 s
+  // keep-alive timeout), so once the provider has said done it returns false, which makes httplib close it.
   void set_provider(httplib::Response& res, const char* content_type, httplib::ContentProviderWithoutLength provider,
                     httplib::ContentProviderResourceReleaser releaser) const {
     if (http10_) {
       res.set_header("Connection", "close");
-      res.set_content_provider(content_type, std::move(provider), std::move(releaser));
+      res.set_content_provider(
+          content_type,
+          [provider = std::move(provider)](size_t offset, httplib::DataSink& sink) {
+            bool done = false;
+            const std::function<void()> done_fn = sink.done;
+            sink.done = [&] {
+              done = true;
+              done_fn();
+            };
+            const bool ok = provider(offset, sink);
+            sink.done = done_fn;
+            return ok && !done;
+          },
+          std::move(releaser));
     } else {
       res.set_chunked_content_provider(content_type, std::move(provider), std::move(releaser));
     }
@@ -720,20 +735,13 @@ void HttpServer::start() {
 }
 
 void HttpServer::set_engine(std::shared_ptr<engine::Engine> engine,
-                            std::shared_ptr<const engine::ChatTemplate> chat_template,
-                            engine::SamplingParams sampling_defaults) {
+                            std::shared_ptr<const engine::ChatTemplate> chat_template) {
   auto constraints =
       engine ? std::make_shared<engine::ConstraintCompiler>(engine->tokenizer(), options_.constraints) : nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   engine_ = std::move(engine);
   chat_template_ = std::move(chat_template);
   constraints_ = std::move(constraints);
-  sampling_defaults_ = std::move(sampling_defaults);
-}
-
-engine::SamplingParams HttpServer::sampling_defaults() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sampling_defaults_;
 }
 
 void HttpServer::shutdown(bool drain, double timeout_s) {
@@ -957,7 +965,7 @@ void HttpServer::install_routes() {
           info["max_prefill_tokens"] = o.max_prefill_tokens;
           info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
           info["device_sampling"] = o.device_sampling;
-          const engine::SamplingParams d = sampling_defaults();
+          const engine::SamplingParams& d = options_.sampling_defaults;
           info["default_sampling_params"] = {{"temperature", d.temperature},
                                              {"top_p", d.top_p},
                                              {"top_k", d.top_k},

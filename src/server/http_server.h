@@ -67,6 +67,9 @@ struct ServerOptions {
   // Structured outputs (regex / json_schema / response_format): the JSON whitespace pattern and the
   // compiled-constraint cache size (engine/constraint.h).
   engine::ConstraintOptions constraints;
+  // What an OpenAI request's omitted sampling fields take (parse_request): the model's generation_config.json under
+  // --sampling-defaults model (engine::sampling_defaults_from), else the API's own.
+  engine::SamplingParams sampling_defaults;
 };
 
 class HttpServer {
@@ -81,11 +84,8 @@ class HttpServer {
   int port() const { return port_; }
   // Serves on a background thread; until set_engine() every model endpoint answers 503.
   void start();
-  // Hands over the started engine and the model's chat template (null: chat requests get 400). A request's
-  // sampling fields it omits take sampling_defaults' values (the model's generation_config.json under
-  // --sampling-defaults model, engine::sampling_defaults_from; else the API's own defaults).
-  void set_engine(std::shared_ptr<engine::Engine> engine, std::shared_ptr<const engine::ChatTemplate> chat_template,
-                  engine::SamplingParams sampling_defaults = {});
+  // Hands over the started engine and the model's chat template (null: chat requests get 400).
+  void set_engine(std::shared_ptr<engine::Engine> engine, std::shared_ptr<const engine::ChatTemplate> chat_template);
   // Stops taking requests (503 from now on); with drain lets the engine finish its running and queued requests for
   // at most timeout_s, then aborts what is left (those replies end with finish_reason abort), waits a few seconds
   // for the open replies to end, closes the listener and joins its thread.
@@ -97,7 +97,6 @@ class HttpServer {
   void install_routes();
   void stop_listener();  // stops and joins the listener thread (once it runs)
   std::shared_ptr<engine::Engine> engine_or_503() const;
-  engine::SamplingParams sampling_defaults() const;  // set_engine's, under mu_
   void count_error(int status);
   // An error reply: counted by status, Retry-After when it has one, the typed JSON body.
   void reply_error(const ApiError& e, httplib::Response& res);

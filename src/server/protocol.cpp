@@ -121,7 +121,8 @@ class Fields {
       const long long id = std::strtoll(k.c_str(), &end, 10);
       if (k.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
         throw bad_request(name(key), at + ": the key is not a token id (a non-negative integer)");
-      if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100.0 || b.get<double>() > 100.0)
+      if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -engine::kMaxAbsLogitBias ||
+          b.get<double>() > engine::kMaxAbsLogitBias)
         throw bad_request(name(key), at + " = " + show(b) + " is not a bias in [-100, 100]");
       out.emplace_back(static_cast<engine::TokenId>(id), b.get<float>());
     }
@@ -134,7 +135,7 @@ class Fields {
 };
 
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
-constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound
+using engine::kMaxTopLogprobs;
 constexpr size_t kMaxRidBytes = 256;
 
 void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
@@ -151,13 +152,13 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   } else {
     r->max_new_tokens = f.integer("max_new_tokens", 1, kMaxTokensLimit);
   }
-  if (auto v = f.number("temperature", 0.0, 100.0)) s.temperature = *v;
+  if (auto v = f.number("temperature", 0.0, engine::kMaxTemperature)) s.temperature = *v;
   if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = *v;
   if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v;
   if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = *v;
-  if (auto v = f.number("repetition_penalty", 0.0, 2.0, /*lo_open=*/true)) s.repetition_penalty = *v;  // SGLang's
-  if (auto v = f.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = *v;
-  if (auto v = f.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = *v;
+  if (auto v = f.number("repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, /*lo_open=*/true)) s.repetition_penalty = *v;  // SGLang's
+  if (auto v = f.number("frequency_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.frequency_penalty = *v;
+  if (auto v = f.number("presence_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.presence_penalty = *v;
   std::optional<int64_t> seed = f.integer("seed", 0, INT64_MAX);
   if (!seed) seed = f.integer("sampling_seed", 0, INT64_MAX);  // SGLang's name
   if (seed) s.seed = static_cast<uint64_t>(*seed);
@@ -351,7 +352,7 @@ void flatten_text_parts(nlohmann::ordered_json* messages) {
 ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::SamplingParams& defaults) {
   ParsedRequest r;
   r.endpoint = endpoint;
-  r.sampling = defaults;
+  if (endpoint != Endpoint::kGenerate) r.sampling = defaults;  // SGLang's /generate takes none
   Fields top(body, "");
   if (auto m = top.string("model")) r.model = *m;
   switch (endpoint) {

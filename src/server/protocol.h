@@ -100,8 +100,9 @@ inline constexpr int64_t kMaxChoices = 64;        // the largest `n`
 inline constexpr int kMaxBodyDepth = 64;          // JSON nesting of a request body
 inline constexpr int64_t kMaxBatchChoices = 256;  // prompts x n of one completions request
 
-// Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field. The sampling
-// fields the body omits keep `defaults`' values (the server's --sampling-defaults).
+// Parses a request body (already JSON) for an endpoint; throws ApiError (400) naming the field. On the OpenAI routes
+// the sampling fields the body omits keep `defaults`' values (the server's --sampling-defaults; as vLLM, which
+// applies the model's to chat and completions); /generate keeps SGLang's own defaults, as SGLang does.
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const engine::SamplingParams& defaults = {});
 // parse_body's JSON keeps object keys sorted; where the order sent matters it is re-read from the raw
 // body: `tools` (rendered into the prompt as sent, as HF's templates do) and an object JSON schema (its

@@ -113,19 +113,24 @@ Findings find_problems(const Checkpoint& c, bool check_scales) {
   model::ModelConfig config;
   model::TensorCheck t;
   try {
-    config = model::load_model_config(c.dir());
+    config = model::load_model_config(c.dir(), /*with_generation=*/false);
     t = model::check_tensors(config, c.store());
   } catch (const fp4moe::Error& e) {
     f.problems.push_back({"config.json", std::string("the model loader refuses it: ") + e.what()});
     return f;
   }
-  f.loaded = true;
-  f.eos_token_ids = config.eos_token_ids;
-  f.generation = config.generation;
+  // generation_config.json on its own: its problems do not hide the tensors'.
   try {
+    model::load_generation_config(c.dir(), config);
+    f.loaded = true;
+    f.eos_token_ids = config.eos_token_ids;
+    f.generation = config.generation;
     engine::sampling_defaults_from(config.generation);
   } catch (const fp4moe::Error& e) {
-    f.problems.push_back({"generation_config.json", std::string("the server refuses it: ") + e.what()});
+    const bool served = f.loaded;  // parsed, but its sampling values are refused by serve --sampling-defaults model
+    f.problems.push_back({"generation_config.json", std::string(served ? "serve --sampling-defaults model refuses it: "
+                                                                       : "the model loader refuses it: ") +
+                                                        e.what()});
   }
   for (auto& p : t.problems) {
     if (!named(p)) f.problems.push_back({p.name, p.name + ": " + p.message});
@@ -161,7 +166,8 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
     s += "quantization  none\n";
   }
   if (f.loaded) {
-    s += fmt::format("generation    eos [{}]{}\n", fmt::join(f.eos_token_ids, ", "),
+    s += fmt::format("generation    eos {}{}\n",
+                     f.eos_token_ids.empty() ? std::string("none") : fmt::format("[{}]", fmt::join(f.eos_token_ids, ", ")),
                      f.generation.has_sampling()
                          ? "; sampling defaults " + f.generation.sampling_summary() + " (" + f.generation.source + ")"
                          : std::string());
@@ -242,11 +248,7 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
   auto put = [&](const char* key, const auto& v) {
     if (v) sampling[key] = *v;
   };
-  put("temperature", f.generation.temperature);
-  put("top_p", f.generation.top_p);
-  put("top_k", f.generation.top_k);
-  put("min_p", f.generation.min_p);
-  put("repetition_penalty", f.generation.repetition_penalty);
+  f.generation.for_each_sampling(put);
   j["generation"] = f.loaded
                         ? ojson{{"eos_token_ids", f.eos_token_ids},
                                 {"source", f.generation.source.empty() ? ojson(nullptr) : ojson(f.generation.source)},
@@ -395,7 +397,7 @@ void run_inspect(const InspectArgs& a) {
                r.n_quantized, r.quant_algo, r.n_kept, human_bytes(r.bytes_in), human_bytes(r.bytes_out));
   }
   Checkpoint c(root / "nvfp4");
-  const Findings f = find_problems(c);
+  const Findings f = find_problems(c, a.check_scales);
   print_report(c, f, a.json);
   FP4MOE_CHECK(f.problems.empty()) << "demo checkpoint has " << f.problems.size() << " problem(s)";
 }

@@ -115,8 +115,9 @@ Loaded load(const ServeArgs& a) {
   return l;
 }
 
-// What a request's omitted sampling fields default to: with --sampling-defaults model the values of the model's
-// generation_config.json (checked before the weights load: a bad value fails in seconds, not after the load).
+// What an OpenAI request's omitted sampling fields default to: with --sampling-defaults model the values of the
+// model's generation_config.json (checked before the socket opens and the weights load: a bad value fails in
+// seconds).
 engine::SamplingParams sampling_defaults(const ServeArgs& a) {
   if (a.sampling_defaults == "openai" || a.model_dir.empty()) return {};
   const model::GenerationDefaults g = model::load_config_or_preset(a.model_dir).generation;
@@ -200,6 +201,7 @@ void run_serve(ServeArgs a) {
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;
   so.constraints = a.constraints;
+  so.sampling_defaults = sampling_defaults(a);
   server::HttpServer http(so);
   http.bind();
   http.start();
@@ -236,7 +238,6 @@ void run_serve(ServeArgs a) {
   signals.detach();
 
   if (a.debug_load_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.debug_load_delay_s));
-  const engine::SamplingParams defaults = sampling_defaults(a);
   Loaded l = load(a);
   const auto& cfg = l.model->config();
   auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
@@ -245,7 +246,7 @@ void run_serve(ServeArgs a) {
   // must not answer /health with 200.
   if (std::optional<std::string> failed = eng->wait_warm_up())
     FP4MOE_FAIL() << "the model's warm-up forward (one token) failed, so the server does not start: " << *failed;
-  http.set_engine(eng, l.chat_template, defaults);
+  http.set_engine(eng, l.chat_template);
   {
     std::lock_guard<std::mutex> lock(mu);
     loaded = true;

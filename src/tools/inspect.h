@@ -25,7 +25,7 @@ struct Findings {
   std::vector<std::string> unread;                            // in files the model reads from
   std::vector<std::pair<std::string, int64_t>> unread_files;  // files nothing reads: name, tensor count
   std::string skipped;  // why the tensors besides the Linears were not checked (model::TensorCheck), or ""
-  bool loaded = false;  // the model loader read the config (then the two fields below are set)
+  bool loaded = false;  // the model loader read config.json and generation_config.json (then the fields below are set)
   // What ends a sequence (config.json's eos_token_id and generation_config.json's, as the loader merges them) and
   // the sampling values generation_config.json recommends (the server's --sampling-defaults model).
   std::vector<int64_t> eos_token_ids;

@@ -62,6 +62,19 @@ TEST(Sampler, SamplingDefaultsFromGenerationConfig) {
   EXPECT_EQ(p.top_k, 20);
   EXPECT_EQ(p.top_p, 1.0);
   EXPECT_EQ(p.repetition_penalty, 1.05);
+  g.temperature = 150;  // a request's bound: the file cannot set what no request may send
+  EXPECT_THROW(sampling_defaults_from(g), Error);
+  g.temperature = 0.6;
+  g.problems = {"m/generation_config.json: field \"top_k\" must be an integer, found 1.5"};
+  try {
+    sampling_defaults_from(g);
+    ADD_FAILURE() << "a mistyped field accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be an integer, found 1.5 (--sampling-defaults openai ignores"),
+              std::string::npos)
+        << e.what();
+  }
+  g.problems.clear();
   g.min_p = 1.5;
   try {
     sampling_defaults_from(g);

@@ -183,6 +183,15 @@ TEST(ModelConfig, ErrorsNameTheField) {
   EXPECT_FLOAT_EQ(parse_model_config(j, "t").partial_rotary_factor, 0.5f);
 }
 
+std::string error_with_no_write(const std::filesystem::path& dir) {
+  try {
+    load_model_config(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // generation_config.json: its eos ids join config.json's (SGLang and vLLM stop at both), its sampling values are
 // kept as given (null = absent), and a malformed file or field is refused naming the file.
 TEST(ModelConfig, GenerationConfig) {
@@ -218,16 +227,28 @@ TEST(ModelConfig, GenerationConfig) {
   EXPECT_FALSE(with(R"({"use_cache": true})").generation.has_sampling());
 
   const std::string file = (dir / "generation_config.json").string();
+  // A sampling field of the wrong type is kept as a problem (only serve --sampling-defaults model reads these);
+  // the eos ids still count.
+  const ModelConfig typed = with(R"({"eos_token_id": 7, "temperature": "hot", "top_k": 1.5, "top_p": 0.9})");
+  EXPECT_EQ(typed.eos_token_ids, (std::vector<int64_t>{1, 7}));
+  EXPECT_EQ(typed.generation.top_p, 0.9);
+  EXPECT_FALSE(typed.generation.temperature.has_value());
+  EXPECT_EQ(typed.generation.problems,
+            (std::vector<std::string>{file + ": field \"temperature\" must be a number, found \"hot\"",
+                                      file + ": field \"top_k\" must be an integer, found 1.5"}));
   for (const auto& [text, want] :
-       {std::pair<std::string, std::string>{R"({"temperature": "hot"})", "field \"temperature\" must be a number"},
-        {R"({"top_k": 1.5})", "field \"top_k\" must be an integer"},
-        {R"({"eos_token_id": 512})", "eos_token_id 512 is outside the vocabulary [0, 512)"},
+       {std::pair<std::string, std::string>{R"({"eos_token_id": 512})",
+                                            "eos_token_id 512 is outside the vocabulary [0, 512)"},
         {R"({"eos_token_id": ["a"]})", "eos_token_id lists a non-integer"},
         {R"([1, 2])", "must be a JSON object"},
         {R"({"temperature": 0.6)", "malformed JSON"}}) {
     const std::string e = error_with(text);
     EXPECT_NE(e.find(file + ": " + want), std::string::npos) << text << " -> " << e;
   }
+  // A dangling link is an error, as for config.json (a half-fetched Hugging Face snapshot), not a missing file.
+  std::filesystem::remove(dir / "generation_config.json");
+  std::filesystem::create_symlink(dir / "nowhere.json", dir / "generation_config.json");
+  EXPECT_NE(error_with_no_write(dir).find("cannot open " + file), std::string::npos) << error_with_no_write(dir);
   std::filesystem::remove(dir / "generation_config.json");
   const ModelConfig none = load_model_config(dir);
   EXPECT_TRUE(none.generation.source.empty());

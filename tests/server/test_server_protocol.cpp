@@ -58,8 +58,8 @@ TEST(ServerProtocol, GenerateParsesSamplingParams) {
   EXPECT_EQ(r.sampling.top_logprobs, 3);
 }
 
-// --sampling-defaults model: the fields a body omits (or sends null) take the server's defaults, on every endpoint;
-// the fields it sends win.
+// --sampling-defaults model: the fields an OpenAI body omits (or sends null) take the server's defaults, the fields
+// it sends win; SGLang's /generate keeps its own defaults (as SGLang: only its chat route reads the model's).
 TEST(ServerProtocol, SamplingDefaultsFillOmittedFields) {
   fp4moe::engine::SamplingParams d;
   d.temperature = 0.6;
@@ -68,8 +68,8 @@ TEST(ServerProtocol, SamplingDefaultsFillOmittedFields) {
   const ParsedRequest g =
       parse_request(Endpoint::kGenerate, json{{"text", "hi"}, {"sampling_params", {{"temperature", 0.0}}}}, d);
   EXPECT_EQ(g.sampling.temperature, 0.0);
-  EXPECT_EQ(g.sampling.top_p, 0.95);
-  EXPECT_EQ(g.sampling.top_k, 20);
+  EXPECT_EQ(g.sampling.top_p, 1.0);
+  EXPECT_EQ(g.sampling.top_k, -1);
   const ParsedRequest c =
       parse_request(Endpoint::kCompletions, json{{"prompt", "hi"}, {"temperature", nullptr}, {"top_k", -1}}, d);
   EXPECT_EQ(c.sampling.temperature, 0.6);

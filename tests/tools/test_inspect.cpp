@@ -384,13 +384,27 @@ TEST(Inspect, GenerationConfig) {
   }
   {
     TempDir tmp("inspect_generation_type");
-    const auto [f, text] = with_generation(tmp, {{"top_k", "forty"}});
+    const auto [f, text] = with_generation(tmp, {{"top_k", "forty"}, {"eos_token_id", 3}});
     ASSERT_EQ(f.problems.size(), 1u) << text;
+    EXPECT_EQ(f.problems[0].module, "generation_config.json");
+    EXPECT_NE(f.problems[0].message.find("serve --sampling-defaults model refuses it: "), std::string::npos);
     EXPECT_NE(f.problems[0].message.find("generation_config.json: field \"top_k\" must be an integer"),
               std::string::npos)
         << f.problems[0].message;
-    EXPECT_EQ(text.find("generation    "), std::string::npos) << text;  // the loader refused: nothing to show
+    EXPECT_NE(text.find("generation    eos [1, 3]\n"), std::string::npos) << text;  // the loader reads the rest
   }
+  // A file the loader refuses is one problem, named as the file's, and the tensors are still checked.
+  TempDir tmp("inspect_generation_malformed");
+  fp4moe::testing::copy_checkpoint(golden("glm5_tiny"), tmp.path(),
+                                   [](auto& t) { t.erase("model.layers.0.input_layernorm.weight"); });
+  std::ofstream(tmp.path() / "generation_config.json") << "{\"eos_token_id\": ";
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  ASSERT_EQ(f.problems.size(), 2u) << inspect_text(c, f);
+  EXPECT_EQ(f.problems[0].module, "generation_config.json");
+  EXPECT_NE(f.problems[0].message.find("the model loader refuses it: "), std::string::npos);
+  EXPECT_NE(f.problems[0].message.find("malformed JSON"), std::string::npos) << f.problems[0].message;
+  EXPECT_EQ(f.problems[1].module, "model.layers.0.input_layernorm.weight");
 }
 
 TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
