@@ -32,6 +32,14 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   FP4MOE_CHECK(!fs::is_directory(path, ec)) << head << " is a directory, not a file";
   fs::path target = fs::absolute(path, ec);
   if (ec) target = path;
+  if (via_rename) {
+    // The rename replaces what is there: follow a link to its file (the writer does), and refuse anything but a
+    // regular file (a device such as /dev/null, a FIFO).
+    target = follow_links(target);
+    const fs::file_status st = fs::status(target, ec);
+    FP4MOE_CHECK(!fs::exists(st) || fs::is_regular_file(st))
+        << head << " exists and is not a regular file (a device, FIFO or socket): it would be replaced";
+  }
   if (via_rename || !fs::exists(target, ec)) {
     check_can_create_in(target.parent_path(), head, "written", create_parents);
     return;
@@ -39,6 +47,20 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   const int writable = ::access(target.c_str(), W_OK), access_errno = errno;
   FP4MOE_CHECK(writable == 0) << head << " cannot be written: " << target.string() << " is not writable ("
                               << std::strerror(access_errno) << ")";
+}
+
+std::filesystem::path follow_links(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hops = 0; hops <= 40; ++hops) {
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(p, ec))) return p;
+    const fs::path next = fs::read_symlink(p, ec);
+    FP4MOE_CHECK(!ec) << path.string() << ": cannot read the link " << p.string() << ": " << ec.message();
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  FP4MOE_FAIL() << path.string() << ": more than 40 symbolic links (a loop)";
+  return p;
 }
 
 void check_can_create_in(const std::filesystem::path& dir, const std::string& head, const std::string& verb,

@@ -15,10 +15,15 @@ std::string read_file(const std::filesystem::path& path);
 // refuses a bad output path before its work rather than after it. The path must not be a directory; an existing
 // file must be writable; otherwise its parent must be a writable directory, or with create_parents (the writer makes
 // the missing directories) its nearest existing ancestor must be. With via_rename (the writer writes a temporary
-// file beside it and renames it over the path) the directory must be writable whether or not the file exists.
+// file beside it and renames it over the path) the directory must be writable whether or not the file exists, a link
+// is followed to its file, and something there that is not a regular file (a device, a FIFO) is refused.
 // Creates nothing.
 void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false,
                          bool via_rename = false);
+
+// The file a chain of symbolic links ends at (the path itself when it is no link; a dangling link's target, which
+// writing creates). Fails naming the path on a loop (more than 40 links).
+std::filesystem::path follow_links(const std::filesystem::path& path);
 
 // Fails unless something can be created in `dir` now: `dir` (with walk_up, its nearest existing ancestor, as for a
 // writer that makes the missing directories) exists, is a directory and is writable. The message is

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/file.h"
 
 // Like FP4MOE_CHECK, without the "check failed: <condition>" prefix: these messages describe a
 // malformed input to its user, and start with the file name.
@@ -525,8 +526,16 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
       << path.string() << ": header too large (" << text.size() << " bytes > limit "
       << kSafetensorsMaxHeaderBytes << ")";
 
-  // Temp file in the same directory, then rename: readers never see a partial file.
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  // Temp file in the same directory, then rename: readers never see a partial file. A symlink is followed (the file
+  // it names is replaced, the link kept); anything but a regular file there (a device such as /dev/null, a FIFO) is
+  // refused: the rename would replace it.
+  std::error_code ec;
+  const std::filesystem::path target = follow_links(path);
+  const std::filesystem::file_status st = std::filesystem::status(target, ec);
+  FP4MOE_REQUIRE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st))
+      << path.string() << " exists and is not a regular file (a directory, device, FIFO or socket): safetensors are "
+      << "written to a file, replacing it";
+  const std::filesystem::path tmp = target.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int open_errno = errno;
   FP4MOE_REQUIRE(fd >= 0) << tmp.string() << ": cannot create: " << errno_text(open_errno);
@@ -558,10 +567,10 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     ::unlink(tmp.c_str());
     FP4MOE_FAIL() << tmp.string() << ": cannot flush: " << errno_text(err);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    FP4MOE_FAIL() << path.string() << ": cannot rename " << tmp.string() << " to it: " << errno_text(err);
+    FP4MOE_FAIL() << target.string() << ": cannot rename " << tmp.string() << " to it: " << errno_text(err);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "format/safetensors.h"
@@ -98,6 +99,16 @@ void run_generate(const GenerateArgs& a) {
   const bool greedy = !a.temperature || *a.temperature == 0.0;
   FP4MOE_CHECK(greedy || *a.temperature > 0.0) << "--temperature " << *a.temperature << " must be >= 0";
   const std::filesystem::path dir = a.model_dir;
+  if (!a.dump_logits.empty()) {
+    // Before the run: a path that cannot be written, or one of the model's own files (it would be replaced).
+    check_writable_file(a.dump_logits, "--dump-logits", /*create_parents=*/false, /*via_rename=*/true);
+    std::error_code ec;
+    const std::filesystem::path out = std::filesystem::weakly_canonical(a.dump_logits, ec);
+    const std::filesystem::path model = std::filesystem::weakly_canonical(dir, ec);
+    FP4MOE_CHECK(!std::filesystem::exists(out, ec) || out.parent_path() != model)
+        << "--dump-logits " << a.dump_logits << " is a file of the model directory " << dir.string()
+        << "; it would be replaced";
+  }
 
   std::optional<engine::Tokenizer> tokenizer;
   if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = engine::Tokenizer::load(dir);

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "core/error.h"
 #include "tools/commands.h"
@@ -22,6 +23,21 @@ int main(int argc, char** argv) {
   fp4moe::tools::register_tune_command(app);
   fp4moe::tools::register_bench_command(app);
   fp4moe::tools::register_analyze_command(app);
+  // An option given an empty value ("--dump-logits ''", an unset shell variable) is a usage error, not the option
+  // left out (which silently meant no dump, random calibration prompts, uniform routing). The options whose empty
+  // value means something are exempt.
+  for (CLI::App* sub : app.get_subcommands({})) {
+    sub->parse_complete_callback([sub] {
+      for (const CLI::Option* o : sub->get_options()) {
+        if (o->get_items_expected_max() == 0 || o->count() == 0) continue;  // a flag, or not given
+        const std::string name = o->get_name(false, true);
+        if (name == "--text" || name == "--constrained-json-whitespace-pattern") continue;
+        for (const std::string& r : o->results()) {
+          if (r.empty()) throw CLI::ValidationError(o->get_name(), "is empty: give a value or leave the option out");
+        }
+      }
+    });
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,6 +3,8 @@
 // in a directory, an existing file and (with create_parents) missing directories pass; nothing is created.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -51,6 +53,15 @@ void expect_refused(const std::filesystem::path& path, bool create_parents, cons
   }
 }
 
+void expect_refused_rename(const std::filesystem::path& p, const std::string& want) {
+  try {
+    check_writable_file(p, "--out", false, /*via_rename=*/true);
+    ADD_FAILURE() << p << " passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 TEST(File, WritableFileCheckRefusesBadPaths) {
   namespace fs = std::filesystem;
   const fs::path tmp = fs::temp_directory_path();
@@ -75,6 +86,32 @@ TEST(File, WritableFileCheckRefusesBadPaths) {
   EXPECT_FALSE(fs::exists(missing));
   EXPECT_FALSE(fs::exists(tmp / "fp4moe_writable_check_new.json"));
   fs::remove(file);
+}
+
+// via_rename replaces what is at the path: a device (/dev/null) or FIFO is refused, a link is followed to its file
+// (a dangling one to the file writing will create), and a loop is named.
+TEST(File, RenameTargetsAreRegularFilesBehindTheirLinks) {
+  namespace fs = std::filesystem;
+  expect_refused_rename("/dev/null", "--out /dev/null exists and is not a regular file (a device, FIFO or socket)");
+  const fs::path tmp = fs::temp_directory_path() / ("fp4moe_links_" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "file") << "x";
+  fs::create_symlink("file", tmp / "rel");        // relative to its directory
+  fs::create_symlink(tmp / "rel", tmp / "chain");  // a link to a link
+  fs::create_symlink(tmp / "none", tmp / "dangling");
+  fs::create_symlink("/dev/null", tmp / "to_device");
+  fs::create_symlink(tmp / "loop_b", tmp / "loop_a");
+  fs::create_symlink(tmp / "loop_a", tmp / "loop_b");
+  EXPECT_EQ(follow_links(tmp / "file"), tmp / "file");
+  EXPECT_EQ(follow_links(tmp / "rel"), tmp / "file");
+  EXPECT_EQ(follow_links(tmp / "chain"), tmp / "file");
+  EXPECT_EQ(follow_links(tmp / "dangling"), tmp / "none");
+  EXPECT_NO_THROW(check_writable_file(tmp / "chain", "--out", false, /*via_rename=*/true));
+  EXPECT_NO_THROW(check_writable_file(tmp / "dangling", "--out", false, /*via_rename=*/true));
+  expect_refused_rename(tmp / "to_device", "exists and is not a regular file");
+  expect_refused_rename(tmp / "loop_a", "more than 40 symbolic links (a loop)");
+  fs::remove_all(tmp);
 }
 
 }  // namespace

@@ -164,6 +164,22 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
                        "max_position_embeddings 4096"),
             std::string::npos)
       << r.out;
+  // An empty option value is a usage error (it meant no dump); --dump-logits is checked before the run: a device
+  // or one of the model's own files would be replaced by the rename (both were, with rc 0).
+  r = run(model + " --prompt-ids 1 --dump-logits ''");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--dump-logits: is empty"), std::string::npos) << r.out;
+  r = run(model + " --prompt-ids 1 --dump-logits /dev/null");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("--dump-logits /dev/null exists and is not a regular file"), std::string::npos) << r.out;
+  const fs::path copy = fs::temp_directory_path() / ("fp4moe_generate_own_file_" + std::to_string(getpid()));
+  fs::remove_all(copy);
+  fs::copy(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny"), copy, fs::copy_options::recursive);
+  r = run("--model " + copy.string() + " --prompt-ids 1 --dump-logits " + (copy / "model.safetensors").string());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find(" is a file of the model directory "), std::string::npos) << r.out;
+  EXPECT_TRUE(fp4moe::format::SafetensorsFile(copy / "model.safetensors").find("model.norm.weight") != nullptr);
+  fs::remove_all(copy);
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ TEST(CmdTokenize, ErrorsCarryNumbers) {
   EXPECT_EQ(out, "[]\n");
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode ,,"), &out), 1);
   EXPECT_NE(out.find("--decode ',,' holds no token id"), std::string::npos) << out;
-  EXPECT_EQ(testing::run_command(tokenize_cmd("--decode ''"), &out), 1);
-  EXPECT_NE(out.find("--decode '' holds no token id"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--decode ''"), &out), 2);  // an empty option value: a usage error
+  EXPECT_NE(out.find("--decode: is empty"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,x"), &out), 1);
   EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
 }
