@@ -54,9 +54,7 @@ float weight_global_scale(const TensorView& w, const std::string& module) {
 
 }  // namespace
 
-std::vector<std::string> default_quantize_exclusions() {
-  return {"lm_head", "model.layers.*.mlp.gate"};
-}
+std::vector<std::string> default_quantize_exclusions() { return {"lm_head", "model.layers.*.mlp.gate"}; }
 
 std::string scale_group_of(const std::string& module) {
   const size_t dot = module.rfind('.');
@@ -71,30 +69,80 @@ std::string scale_group_of(const std::string& module) {
   return module;
 }
 
-std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra) {
-  std::vector<std::string> out;
+std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra, const Checkpoint& in) {
   for (const std::string& p : extra) {
     FP4MOE_CHECK(!p.empty()) << "quantize: --exclude '' is an empty pattern (it names no module; give a module name or "
                                 "an fnmatch pattern such as 'model.layers.*.self_attn')";
   }
-  for (const auto& list : {default_quantize_exclusions(), extra}) {
-    for (const std::string& p : list) {
-      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  QuantConfig q;
+  q.present = true;
+  auto add = [&](const std::string& p) {
+    if (std::find(q.exclude_modules.begin(), q.exclude_modules.end(), p) == q.exclude_modules.end())
+      q.exclude_modules.push_back(p);
+  };
+  for (const auto& list : {default_quantize_exclusions(), extra})
+    for (const std::string& p : list) add(p);
+  // Added only where they keep something the list above would quantize.
+  std::vector<std::string> must_stay = {"model.layers.*.self_attn.indexer.weights_proj"};
+  const ModelConfig& c = in.config();
+  for (int64_t l = c.n_layers; l < c.n_layers + c.n_nextn_layers; ++l)
+    must_stay.push_back("model.layers." + std::to_string(l) + ".*");
+  std::vector<std::string> added;
+  for (const std::string& p : must_stay) {
+    const bool keeps = std::any_of(in.modules().begin(), in.modules().end(), [&](const LinearModule& m) {
+      return m.kind != ModuleKind::kEmbedding && wildcard_match(p, m.name) && !q.is_excluded(m.name);
+    });
+    if (keeps) added.push_back(p);
+  }
+  for (const std::string& p : added) add(p);
+  return q.exclude_modules;
+}
+
+namespace {
+
+// The Linears of `in` that `exclusions` leaves to quantize (sorted; embeddings stay). Refuses, naming them, those whose
+// K is not a multiple of the block, with one --exclude pattern for them all where the first one's name with its
+// indices as '*' matches only such modules.
+std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const QuantConfig& exclusions) {
+  std::vector<const LinearModule*> out, bad;
+  for (const LinearModule& m : in.modules()) {
+    if (m.kind == ModuleKind::kEmbedding || exclusions.is_excluded(m.name)) continue;
+    (m.in_features % kNvfp4BlockSize == 0 ? out : bad).push_back(&m);
+  }
+  if (bad.empty()) return out;
+  std::string pattern;
+  for (size_t i = 0; i < bad[0]->name.size(); ++i) {
+    const char c = bad[0]->name[i];
+    if (std::isdigit(static_cast<unsigned char>(c)) && (i == 0 || bad[0]->name[i - 1] == '.')) {
+      while (i + 1 < bad[0]->name.size() && std::isdigit(static_cast<unsigned char>(bad[0]->name[i + 1]))) ++i;
+      pattern += '*';
+    } else {
+      pattern += c;
     }
   }
+  const bool pattern_is_exact = std::none_of(out.begin(), out.end(), [&](const LinearModule* m) {
+    return wildcard_match(pattern, m->name);
+  });
+  std::ostringstream names;
+  for (size_t i = 0; i < std::min<size_t>(bad.size(), 3); ++i)
+    names << (i ? ", " : "") << bad[i]->name << " (K=" << bad[i]->in_features << ")";
+  if (bad.size() > 3) names << ", ...";
+  FP4MOE_FAIL() << "quantize: " << bad.size() << " Linear(s) have in_features K not a multiple of the NVFP4 block ("
+                << kNvfp4BlockSize << "): " << names.str() << "; keep them in BF16 with --exclude '"
+                << (pattern_is_exact ? pattern : bad[0]->name) << "'"
+                << (pattern_is_exact ? "" : " (and each of the others)");
   return out;
 }
 
-std::vector<std::string> modules_to_quantize(const fs::path& in_dir,
-                                             const std::vector<std::string>& extra_exclude) {
+}  // namespace
+
+std::vector<std::string> modules_to_quantize(const fs::path& in_dir, const std::vector<std::string>& extra_exclude) {
   Checkpoint in(in_dir);
   QuantConfig exclusions;
   exclusions.present = true;
-  exclusions.exclude_modules = quantize_exclusions(extra_exclude);
+  exclusions.exclude_modules = quantize_exclusions(extra_exclude, in);
   std::vector<std::string> out;
-  for (const LinearModule& m : in.modules()) {
-    if (m.kind != ModuleKind::kEmbedding && !exclusions.is_excluded(m.name)) out.push_back(m.name);
-  }
+  for (const LinearModule* m : quantizable_modules(in, exclusions)) out.push_back(m->name);
   return out;
 }
 
@@ -142,26 +190,20 @@ QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_d
   QuantizeReport report;
   QuantConfig exclusions;
   exclusions.present = true;
-  exclusions.exclude_modules = quantize_exclusions(options.exclude);
+  exclusions.exclude_modules = quantize_exclusions(options.exclude, in);
   report.exclude_modules = exclusions.exclude_modules;
 
   // Modules to quantize, grouped by shared scale.
   std::map<std::string, std::vector<const LinearModule*>> groups;
   std::map<std::string, std::string> group_of;  // module -> group
-  for (const LinearModule& m : in.modules()) {
-    if (m.kind == ModuleKind::kEmbedding) continue;
-    if (exclusions.is_excluded(m.name)) {
-      ++report.n_kept;
-      continue;
-    }
-    FP4MOE_CHECK(m.in_features % kNvfp4BlockSize == 0)
-        << "quantize: " << m.name << " has in_features K=" << m.in_features
-        << ", not a multiple of the NVFP4 block (16); exclude it with --exclude '" << m.name << "'";
-    const std::string g = scale_group_of(m.name);
-    groups[g].push_back(&m);
-    group_of[m.name] = g;
+  for (const LinearModule* m : quantizable_modules(in, exclusions)) {
+    const std::string g = scale_group_of(m->name);
+    groups[g].push_back(m);
+    group_of[m->name] = g;
     ++report.n_quantized;
   }
+  for (const LinearModule& m : in.modules())
+    if (m.kind != ModuleKind::kEmbedding && exclusions.is_excluded(m.name)) ++report.n_kept;
   FP4MOE_CHECK(report.n_quantized > 0)
       << "quantize: the exclusion patterns leave no Linear to quantize in " << in_dir.string();
 

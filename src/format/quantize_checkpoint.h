@@ -28,11 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "format/checkpoint.h"
+
 namespace fp4moe::format {
 
 struct QuantizeOptions {
   // Exclusion patterns (vLLM/ModelOpt semantics, see QuantConfig::is_excluded), appended after
-  // the defaults "lm_head" and "model.layers.*.mlp.gate".
+  // the defaults (default_quantize_exclusions).
   std::vector<std::string> exclude;
   // Calibrated input amax per quantized module; empty = weight-only (no input_scale).
   std::map<std::string, float> input_amax;
@@ -58,12 +60,16 @@ std::vector<std::string> default_quantize_exclusions();
 // ("....self_attn.qkv" for q/k/v_proj, "....gate_up" for gate/up_proj), or `module` itself.
 std::string scale_group_of(const std::string& module);
 
-// The exclusion list quantize writes: the defaults, then `extra`, duplicates dropped. An empty pattern in `extra` is
-// refused.
-std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra);
+// The exclusion list quantize writes for checkpoint `in`: the defaults, then `extra` (duplicates dropped; an empty
+// pattern is refused), then what must stay BF16 and neither leaves so: the GLM-5 DSA indexer's weights_proj (SGLang
+// and vLLM build it unquantized) and each MTP layer on disk after num_hidden_layers ("model.layers.78.*", as
+// ModelOpt's _add_mtp_exclusions: speculative decoding loads it in BF16, and calibration never runs it).
+std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra, const Checkpoint& in);
 
 // The Linear modules of `in_dir` that quantize_checkpoint would quantize with these options
-// (sorted); calibration uses it to keep only the amax values that will be written.
+// (sorted); calibration uses it to keep only the amax values that will be written. Fails, before any work, when some
+// of them have an in_features K that is not a multiple of the NVFP4 block, with their count, the first ones and a
+// pattern that excludes them all.
 std::vector<std::string> modules_to_quantize(const std::filesystem::path& in_dir,
                                              const std::vector<std::string>& extra_exclude);
 

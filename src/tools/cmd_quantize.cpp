@@ -157,7 +157,8 @@ void run_quantize(const QuantizeArgs& a) {
   opt.exclude = a.exclude;
   opt.producer_version = FP4MOE_VERSION;
   format::check_quantize_paths(a.in_dir, a.out_dir);  // refuse before a long calibration pass
-  format::quantize_exclusions(a.exclude);             // an empty --exclude too
+  // The modules it will quantize (an empty --exclude, K not a multiple of 16: refused now, not after calibrating).
+  const std::vector<std::string> modules = format::modules_to_quantize(a.in_dir, a.exclude);
   for (const std::string& p : format::unmatched_exclusions(a.in_dir, a.exclude)) {
     fmt::print(stderr, "quantize: warning: --exclude '{}' matches no Linear module of {} (it keeps nothing in BF16)\n",
                p, a.in_dir);
@@ -167,7 +168,6 @@ void run_quantize(const QuantizeArgs& a) {
                "quantize: --no-calibration: writing a weight-only W4A16_NVFP4 checkpoint without "
                "input_scale (fine for W4A16 inference; W4A4 loaders need a calibrated checkpoint)\n");
   } else {
-    const std::vector<std::string> modules = format::modules_to_quantize(a.in_dir, a.exclude);
     PromptIds prompts;
     std::string source;
     if (!a.calib_prompts.empty()) {

@@ -118,13 +118,77 @@ TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
   EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 105);
 }
 
+// What must stay BF16 is kept so without an --exclude: the GLM-5 indexer's weights_proj (SGLang and vLLM build it
+// unquantized) and an MTP layer on disk (ModelOpt's _add_mtp_exclusions; calibration never runs it and failed on
+// its 56 modules). Neither pattern is written where another already keeps those modules (the goldens above).
+TEST(QuantizeCheckpoint, IndexerWeightsProjAndMtpLayersStayBf16) {
+  TempDir out("quant_must_stay");
+  QuantizeReport r = quantize_checkpoint(golden("glm5_tiny"), out.path() / "g5", {});
+  EXPECT_EQ(r.exclude_modules, (std::vector<std::string>{"lm_head", "model.layers.*.mlp.gate",
+                                                         "model.layers.*.self_attn.indexer.weights_proj"}));
+  Checkpoint g5(out.path() / "g5");
+  EXPECT_EQ(g5.find_module("model.layers.0.self_attn.indexer.weights_proj")->format, LinearFormat::kBF16);
+  EXPECT_EQ(g5.find_module("model.layers.0.self_attn.indexer.wk")->format, LinearFormat::kNVFP4);
+
+  // glm4_moe_tiny with its MTP layer (3; num_nextn_predict_layers 1) on disk: a copy of layer 1 plus eh_proj.
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), out.path() / "mtp", [](fp4moe::testing::TensorMap& t) {
+    fp4moe::testing::TensorMap more;
+    for (const auto& [name, tensor] : t) {
+      if (name.rfind("model.layers.1.", 0) == 0) more["model.layers.3." + name.substr(15)] = tensor;
+    }
+    more["model.layers.3.eh_proj.weight"] = t.at("model.layers.0.mlp.down_proj.weight");
+    t.insert(more.begin(), more.end());
+  });
+  QuantizeOptions calibrated;
+  calibrated.input_amax = golden_input_amax(golden("glm4_moe_tiny_nvfp4"));
+  r = quantize_checkpoint(out.path() / "mtp", out.path() / "mtp_q", calibrated);
+  EXPECT_EQ(r.exclude_modules, (std::vector<std::string>{"lm_head", "model.layers.*.mlp.gate", "model.layers.3.*"}));
+  Checkpoint q(out.path() / "mtp_q");
+  EXPECT_TRUE(q.problems().empty()) << q.problems().front().message;
+  EXPECT_EQ(q.find_module("model.layers.3.eh_proj")->format, LinearFormat::kBF16);
+  EXPECT_EQ(q.find_module("model.layers.3.mlp.experts.0.up_proj")->format, LinearFormat::kBF16);
+  EXPECT_EQ(q.find_module("model.layers.1.mlp.experts.0.up_proj")->format, LinearFormat::kNVFP4);
+}
+
+// Linears whose K is not a multiple of 16 are refused before any work, all counted, with one pattern for them.
+TEST(QuantizeCheckpoint, KNotAMultipleOf16IsRefusedWithAPattern) {
+  TempDir tmp("quant_odd_k");
+  fp4moe::testing::copy_checkpoint(
+      golden("glm4_moe_tiny"), tmp.path() / "in",
+      [](fp4moe::testing::TensorMap& t) {
+        for (auto& [name, tensor] : t) {
+          const bool expert = name.find(".mlp.experts.") != std::string::npos;
+          if (!expert || name.find("_proj.weight") == std::string::npos) continue;
+          const bool down = name.find("down_proj") != std::string::npos;
+          tensor.shape = down ? Shape{128, 72} : Shape{72, 128};
+          tensor.bytes.assign(static_cast<size_t>(128 * 72 * 2), 0x3c);
+        }
+      },
+      [](const std::string& file, nlohmann::ordered_json& j) {
+        if (file == "config.json") j["moe_intermediate_size"] = 72;
+      });
+  try {
+    modules_to_quantize(tmp.path() / "in", {});
+    FAIL() << "K = 72 accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("quantize: 32 Linear(s) have in_features K not a multiple of the NVFP4 block (16): "
+                     "model.layers.1.mlp.experts.0.down_proj (K=72), "),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("keep them in BF16 with --exclude 'model.layers.*.mlp.experts.*.down_proj'"), std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(modules_to_quantize(tmp.path() / "in", {"model.layers.*.mlp.experts.*.down_proj"}).size(), 117u - 32u);
+}
+
 // A pattern that matches no Linear is reported (a typo would keep nothing in BF16); an empty one is refused.
 TEST(QuantizeCheckpoint, ExclusionPatternsAreChecked) {
   EXPECT_EQ(unmatched_exclusions(golden("glm5_tiny"),
                                  {"model.layers.*.self_attn*", "model.layers.*.self_atn*", "lm_head", "mlp.gate_proj"}),
             (std::vector<std::string>{"model.layers.*.self_atn*"}));
   try {
-    quantize_exclusions({"lm_head", ""});
+    quantize_exclusions({"lm_head", ""}, Checkpoint(golden("glm5_tiny")));
     FAIL() << "an empty pattern was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("quantize: --exclude '' is an empty pattern"), std::string::npos) << e.what();
