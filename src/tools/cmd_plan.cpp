@@ -57,14 +57,7 @@ int64_t config_int(const json& cfg, const char* key, const fs::path& file) {
 // num_experts_per_tok, hidden_size, moe_intermediate_size.
 plan::Problem problem_from_model(const std::string& dir) {
   const fs::path file = fs::path(dir) / "config.json";
-  std::ifstream in(file);
-  FP4MOE_CHECK(in.good()) << "cannot open " << file.string();
-  json cfg;
-  try {
-    cfg = json::parse(in);
-  } catch (const json::exception& e) {
-    FP4MOE_FAIL() << file.string() << ": not valid JSON: " << e.what();
-  }
+  json cfg = format::read_json_file(file);
   if (cfg.contains("text_config") && !cfg.contains("n_routed_experts")) cfg = cfg["text_config"];
   plan::Problem p;
   p.kind = plan::Problem::Kind::kMoe;
@@ -107,14 +100,7 @@ plan::ResolvedGpu resolve_gpu(const PlanArgs& a) {
 }
 
 std::vector<double> read_routing(const std::string& path) {
-  std::ifstream in(path);
-  FP4MOE_CHECK(in.good()) << "cannot open routing histogram " << path;
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    FP4MOE_FAIL() << path << ": not valid JSON: " << e.what();
-  }
+  const json j = format::read_json_file(path);
   FP4MOE_CHECK(j.is_array()) << path << ": expected a JSON array of per-expert token counts";
   std::vector<double> out;
   for (const json& v : j) {

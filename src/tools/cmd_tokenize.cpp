@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "format/json_file.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_text.h"
@@ -146,12 +147,7 @@ void run_tokenize(const TokenizeOptions& o) {
   }
 
   if (!o.chat.empty()) {
-    nlohmann::ordered_json messages;
-    try {
-      messages = nlohmann::ordered_json::parse(read_file(o.chat));
-    } catch (const nlohmann::json::parse_error& e) {
-      FP4MOE_FAIL() << o.chat << ": invalid JSON: " << e.what();
-    }
+    nlohmann::ordered_json messages = format::parse_json_text<nlohmann::ordered_json>(read_file(o.chat), o.chat);
     // Either a bare list of messages or an OpenAI request body {"messages": [...], "tools": [...]}.
     engine::ChatTemplate::RenderOptions render_options;
     render_options.add_generation_prompt = !o.no_generation_prompt;

@@ -4,6 +4,8 @@
 // rejected with their bytes on a GPU with less shared memory (--gpu rtx-4090).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -188,6 +190,18 @@ TEST(CmdPlan, ErrorsCarryNumbers) {
   r = run_plan("--gpu h200 --kernel cutlass-sm100-moe --emit-blocklist --problem moe:E=8,topk=2,H=64,I=64");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("--emit-blocklist covers FlashInfer's SM120"), std::string::npos) << r.out;
+  // A routing histogram nested 100,000 deep segfaulted (rc 139); a directory gave libstdc++'s basic_filebuf error.
+  const std::filesystem::path deep =
+      std::filesystem::temp_directory_path() / ("fp4moe_plan_deep_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(deep) << std::string(100000, '[') << std::string(100000, ']');
+  r = run_plan("--gpu h200 --problem moe:E=8,topk=2,H=64,I=64 --decode --routing " + deep.string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find(deep.string() + ": JSON nests deeper than 256 levels"), std::string::npos) << r.out;
+  std::filesystem::remove(deep);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  r = run_plan("--gpu h200 --problem moe:E=8,topk=2,H=64,I=64 --decode --routing " + dir);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find(dir + " is a directory, not a file"), std::string::npos) << r.out;
 }
 
 }  // namespace
