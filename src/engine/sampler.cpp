@@ -53,8 +53,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
        });
   auto penalty = [&](double v, const char* name) {
     need(std::isfinite(v) && v >= -kMaxAbsPenalty && v <= kMaxAbsPenalty, name, [&] {
-      return std::string(name) + " " + show(v) + " must be in [" + show(-kMaxAbsPenalty) + ", " +
-             show(kMaxAbsPenalty) + "]";
+      return std::string(name) + " " + show(v) + " must be in [" + show(-kMaxAbsPenalty) + ", " + show(kMaxAbsPenalty) +
+             "]";
     });
   };
   penalty(frequency_penalty, "frequency_penalty");

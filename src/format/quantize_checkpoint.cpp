@@ -120,9 +120,8 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
       pattern += c;
     }
   }
-  const bool pattern_is_exact = std::none_of(out.begin(), out.end(), [&](const LinearModule* m) {
-    return wildcard_match(pattern, m->name);
-  });
+  const bool pattern_is_exact =
+      std::none_of(out.begin(), out.end(), [&](const LinearModule* m) { return wildcard_match(pattern, m->name); });
   std::ostringstream names;
   for (size_t i = 0; i < std::min<size_t>(bad.size(), 3); ++i)
     names << (i ? ", " : "") << bad[i]->name << " (K=" << bad[i]->in_features << ")";

@@ -32,8 +32,8 @@ inline constexpr const char* kArchGlmMoeDsa = "GlmMoeDsaForCausalLM";
 // The ranges are the requests' (engine::sampling_defaults_from checks them). A model without the file has source
 // empty.
 struct GenerationDefaults {
-  std::string source;                    // the file, for messages; empty when the model has none
-  std::vector<int64_t> eos_token_ids;    // its eos_token_id (int or list), in [0, vocab_size)
+  std::string source;                  // the file, for messages; empty when the model has none
+  std::vector<int64_t> eos_token_ids;  // its eos_token_id (int or list), in [0, vocab_size)
   std::optional<double> temperature;
   std::optional<double> top_p;
   std::optional<int64_t> top_k;

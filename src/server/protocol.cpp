@@ -156,7 +156,8 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = *v;
   if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v;
   if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = *v;
-  if (auto v = f.number("repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, /*lo_open=*/true)) s.repetition_penalty = *v;  // SGLang's
+  if (auto v = f.number("repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, /*lo_open=*/true))
+    s.repetition_penalty = *v;  // SGLang's
   if (auto v = f.number("frequency_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.frequency_penalty = *v;
   if (auto v = f.number("presence_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.presence_penalty = *v;
   std::optional<int64_t> seed = f.integer("seed", 0, INT64_MAX);

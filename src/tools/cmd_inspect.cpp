@@ -166,11 +166,12 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
     s += "quantization  none\n";
   }
   if (f.loaded) {
-    s += fmt::format("generation    eos {}{}\n",
-                     f.eos_token_ids.empty() ? std::string("none") : fmt::format("[{}]", fmt::join(f.eos_token_ids, ", ")),
-                     f.generation.has_sampling()
-                         ? "; sampling defaults " + f.generation.sampling_summary() + " (" + f.generation.source + ")"
-                         : std::string());
+    s += fmt::format(
+        "generation    eos {}{}\n",
+        f.eos_token_ids.empty() ? std::string("none") : fmt::format("[{}]", fmt::join(f.eos_token_ids, ", ")),
+        f.generation.has_sampling()
+            ? "; sampling defaults " + f.generation.sampling_summary() + " (" + f.generation.source + ")"
+            : std::string());
   }
   s += fmt::format("modules       {:<16} {:>7} {:>7}\n", "kind", "NVFP4", "BF16");
   auto summary = c.kind_summary();

@@ -97,7 +97,7 @@ TEST(File, RenameTargetsAreRegularFilesBehindTheirLinks) {
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   std::ofstream(tmp / "file") << "x";
-  fs::create_symlink("file", tmp / "rel");        // relative to its directory
+  fs::create_symlink("file", tmp / "rel");         // relative to its directory
   fs::create_symlink(tmp / "rel", tmp / "chain");  // a link to a link
   fs::create_symlink(tmp / "none", tmp / "dangling");
   fs::create_symlink("/dev/null", tmp / "to_device");

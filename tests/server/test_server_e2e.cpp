@@ -690,8 +690,8 @@ std::string read_until_closed(int fd, double timeout_s) {
 // chunked provider sent "Transfer-Encoding: chunked" to it, which ApacheBench and other 1.0 clients cannot read).
 // The server closes at once, also when the client asked for keep-alive (as `ab -k` does; it waited 5 s a reply).
 TEST_F(DefaultServer, Http10RepliesAreNotChunked) {
-  for (const auto& [stream, connection] : {std::pair<bool, const char*>{false, "close"}, {true, "close"},
-                                           {false, "Keep-Alive"}, {true, "Keep-Alive"}}) {
+  for (const auto& [stream, connection] :
+       {std::pair<bool, const char*>{false, "close"}, {true, "close"}, {false, "Keep-Alive"}, {true, "Keep-Alive"}}) {
     const json body = {{"prompt", "hi"}, {"max_tokens", 4}, {"temperature", 0}, {"stream", stream}};
     const auto t0 = std::chrono::steady_clock::now();
     const int fd = raw_post(srv_->port(), "/v1/completions", body.dump(), true, "HTTP/1.0", connection);
@@ -1531,9 +1531,8 @@ TEST(ServerE2E, GenerationConfigEosAndSamplingDefaults) {
   const std::vector<int64_t> greedy(ids.begin() + S, ids.begin() + N);
   // The first generated token not seen before it and not config.json's eos (1) becomes generation_config's eos.
   size_t k = 1;
-  while (k < greedy.size() &&
-         (greedy[k] == 1 || std::find(greedy.begin(), greedy.begin() + static_cast<long>(k), greedy[k]) !=
-                                greedy.begin() + static_cast<long>(k)))
+  while (k < greedy.size() && (greedy[k] == 1 || std::find(greedy.begin(), greedy.begin() + static_cast<long>(k),
+                                                           greedy[k]) != greedy.begin() + static_cast<long>(k)))
     ++k;
   ASSERT_LT(k, greedy.size());
   const int64_t eos = greedy[k];
