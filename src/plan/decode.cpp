@@ -35,10 +35,18 @@ void check_decode_model(const DecodeModel& m) {
         << "routing histogram has " << m.routing.size() << " entries, E=" << m.n_experts;
     double sum = 0;
     for (double h : m.routing) {
-      FP4MOE_CHECK(h >= 0) << "routing histogram has a negative entry " << h;
+      FP4MOE_CHECK(std::isfinite(h) && h >= 0) << "routing histogram has an entry " << h << " (not a finite count >= 0)";
       sum += h;
     }
     FP4MOE_CHECK(sum > 0) << "routing histogram sums to 0";
+    FP4MOE_CHECK(std::isfinite(sum)) << "routing histogram sums past a double (" << sum << ")";
+    // A token picks an expert at most once: no expert holds more than 1/topk of the routed tokens.
+    const auto top = std::max_element(m.routing.begin(), m.routing.end());
+    const double share = *top / sum;
+    FP4MOE_CHECK(share <= 1.0 / static_cast<double>(m.top_k) * (1.0 + 1e-9))
+        << "routing histogram: expert " << (top - m.routing.begin()) << " has " << *top << " of " << sum
+        << " routed tokens (a share of " << share << "), more than 1/topk = " << 1.0 / static_cast<double>(m.top_k)
+        << ": a token picks an expert at most once";
   }
 }
 

@@ -102,15 +102,30 @@ Problem parse_problem(std::string_view text) {
       else FP4MOE_FAIL() << "problem '" << text << "': unknown GEMM field '" << key << "' (expected M, N, K)";
     }
   }
+  check_problem(p, "problem '" + std::string(text) + "'");
+  return p;
+}
+
+void check_problem(const Problem& p, std::string_view what) {
+  constexpr int64_t kMaxDim = int64_t{1} << 24, kMaxExperts = int64_t{1} << 16;
   if (p.kind == Problem::Kind::kMoe) {
     FP4MOE_CHECK(p.n_experts > 0 && p.top_k > 0 && p.hidden > 0 && p.intermediate > 0)
-        << "problem '" << text << "': a MoE needs E, topk, H and I (got E=" << p.n_experts << " topk=" << p.top_k
+        << what << ": a MoE needs E, topk, H and I (got E=" << p.n_experts << " topk=" << p.top_k
         << " H=" << p.hidden << " I=" << p.intermediate << ")";
-    FP4MOE_CHECK(p.top_k <= p.n_experts) << "problem '" << text << "': topk=" << p.top_k << " > E=" << p.n_experts;
+    FP4MOE_CHECK(p.top_k <= p.n_experts) << what << ": topk=" << p.top_k << " > E=" << p.n_experts;
+    FP4MOE_CHECK(p.n_experts <= kMaxExperts && p.hidden <= kMaxDim && p.intermediate <= kMaxDim)
+        << what << ": E=" << p.n_experts << ", H=" << p.hidden << ", I=" << p.intermediate << " is past E <= "
+        << kMaxExperts << ", H, I <= " << kMaxDim;
+    FP4MOE_CHECK(p.hidden % 16 == 0 && p.intermediate % 16 == 0)
+        << what << ": H=" << p.hidden << " and I=" << p.intermediate
+        << " (the K of the down and gate_up GEMMs) must be multiples of the NVFP4 block (16)";
   } else {
-    FP4MOE_CHECK(p.n > 0 && p.k > 0) << "problem '" << text << "': a GEMM needs N and K (got N=" << p.n << " K=" << p.k << ")";
+    FP4MOE_CHECK(p.n > 0 && p.k > 0) << what << ": a GEMM needs N and K (got N=" << p.n << " K=" << p.k << ")";
+    FP4MOE_CHECK(p.m <= kMaxDim && p.n <= kMaxDim && p.k <= kMaxDim)
+        << what << ": M=" << p.m << ", N=" << p.n << ", K=" << p.k << " is past " << kMaxDim;
+    FP4MOE_CHECK(p.k % 16 == 0) << what << ": K=" << p.k << " must be a multiple of the NVFP4 block (16)";
+    FP4MOE_CHECK(p.n % 8 == 0) << what << ": N=" << p.n << " must be a multiple of 8 (the weight repack's rows)";
   }
-  return p;
 }
 
 std::vector<int64_t> parse_token_list(std::string_view text, std::string_view option) {
@@ -152,6 +167,9 @@ std::vector<GemmProblem> gemms_of(const Problem& p, int64_t tokens) {
     return out;
   }
   FP4MOE_CHECK(tokens > 0) << "a MoE problem needs a token count (got " << tokens << ")";
+  // tokens <= 2^40 (parse_token_list) and topk <= 2^16 (check_problem): the product fits, and bounds the tiles.
+  FP4MOE_CHECK(tokens * p.top_k <= (int64_t{1} << 40))
+      << tokens << " tokens x topk " << p.top_k << " = " << tokens * p.top_k << " routed tokens is past 2^40";
   const double active = std::max(1.0, expected_active_experts(p.n_experts, p.top_k, tokens));
   const int64_t groups = std::min<int64_t>(p.n_experts, static_cast<int64_t>(std::ceil(active - 1e-9)));
   const double m = static_cast<double>(tokens * p.top_k) / static_cast<double>(groups);

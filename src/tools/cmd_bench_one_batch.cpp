@@ -42,6 +42,7 @@
 #include "engine/default_model.h"
 #include "engine/sampler.h"
 #include "model/registry.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
 #include "tune/tune_cache.h"
@@ -321,7 +322,7 @@ void register_bench_one_batch_command(CLI::App& app) {
                   "Prompt tokens per prefill forward (default 4096, as `serve`; -1: the whole batch in one forward, "
                   "which sizes the GPU model's workspaces for batch x input tokens)");
   cmd->add_option("--warmup", args->warmup, "Warm-up runs of each batch size before measuring it (default 1)");
-  cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)");
+  cmd->add_option("--seed", args->seed, "Seed of the random prompts and dummy weights (default 0)")->check(unsigned_64());
   add_device_options(*cmd, args->device);
   cmd->add_flag("--bf16-peer", args->bf16_peer,
                 "cuda: run NVFP4 weights dequantized to BF16 through cuBLAS (the 16-bit path, for comparison)");

@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "server/http_client.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tune/tune_cache.h"
 
@@ -465,7 +466,7 @@ void register_bench_serving_command(CLI::App& app) {
       "--no-flush-cache", [a] { a->flush_cache = false; },
       "Keep the server's prefix cache between runs (default: POST /flush_cache before each run)");
   cmd->add_flag("--flush-cache", a->flush_cache, "Flush the server's prefix cache before each run (the default)");
-  cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)");
+  cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)")->check(unsigned_64());
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");

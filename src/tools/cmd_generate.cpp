@@ -31,6 +31,7 @@
 #include "format/safetensors.h"
 #include "model/ops.h"
 #include "model/registry.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
 
@@ -240,7 +241,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "Keep the K most likely tokens (default -1: off)");
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling threshold in (0, 1] (default 1)");
   cmd->add_option("--min-p", args->min_p, "Drop tokens below min_p * p_max, in [0, 1] (default 0)");
-  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
+  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)")->check(unsigned_64());
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write F32 logits [positions, vocab] of every prompt position and decode step (safetensors)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
@@ -248,7 +249,7 @@ void register_generate_command(CLI::App& app) {
                 "Do not stop at the model's eos_token_id (config.json's and generation_config.json's)");
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
-  cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)");
+  cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)")->check(unsigned_64());
   add_device_options(*cmd, args->device);
   cmd->callback([args] { run_generate(*args); });
 }

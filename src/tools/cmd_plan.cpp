@@ -67,6 +67,7 @@ plan::Problem problem_from_model(const std::string& dir) {
   p.intermediate = config_int(cfg, "moe_intermediate_size", file);
   FP4MOE_CHECK(p.top_k <= p.n_experts) << file.string() << ": num_experts_per_tok " << p.top_k << " > n_routed_experts "
                                        << p.n_experts;
+  plan::check_problem(p, file.string() + " (" + p.to_string() + ")");
   return p;
 }
 

@@ -40,6 +40,7 @@
 #include "model/presets.h"
 #include "model/registry.h"
 #include "server/http_server.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
 
@@ -319,7 +320,7 @@ void register_serve_command(CLI::App& app) {
       "GPU with --device cuda)");
   cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)");
   cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
-  cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)");
+  cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)")->check(unsigned_64());
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads kept, one per open connection (default 128)");
   cmd->add_option(
       "--max-http-threads", a->max_http_threads,

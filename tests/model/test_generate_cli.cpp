@@ -164,6 +164,12 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
                        "max_position_embeddings 4096"),
             std::string::npos)
       << r.out;
+  // A seed out of [0, 2^64) is a usage error (CLI11 read -1 as 2^64 - 1 and saturated 2^64: one run for three seeds).
+  for (const char* seed : {"-1", "18446744073709551616", "1.5"}) {
+    r = run(model + " --prompt-ids 1 --seed " + seed);
+    EXPECT_EQ(r.rc, 2) << seed;
+    EXPECT_NE(r.out.find("'" + std::string(seed) + "' is not an integer in [0, 2^64)"), std::string::npos) << r.out;
+  }
   // An empty option value is a usage error (it meant no dump); --dump-logits is checked before the run: a device
   // or one of the model's own files would be replaced by the rename (both were, with rc 0).
   r = run(model + " --prompt-ids 1 --dump-logits ''");

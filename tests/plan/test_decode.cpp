@@ -105,6 +105,21 @@ TEST(Decode, RejectsBadModels) {
   m.routing = {1.0, 2.0};
   EXPECT_THROW(decode_row(m, require_gpu("b200"), 1), Error);
   EXPECT_THROW(decode_row(glm5(), require_gpu("b200"), 0), Error);
+  // Impossible histograms (they planned "every expert active at concurrency 1" or 99% utilisation at 64 requests).
+  m = glm5();
+  m.routing.assign(256, 1e308);  // the sum overflows
+  EXPECT_THROW(decode_row(m, require_gpu("b200"), 1), Error);
+  m.routing.assign(256, 0.0);
+  m.routing[3] = 1.0;  // one expert with every routed token: a share of 1 > 1/8
+  try {
+    decode_row(m, require_gpu("b200"), 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("routing histogram: expert 3 has 1 of 1 routed tokens (a share of 1), more "
+                                         "than 1/topk = 0.125"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Decode, BinomialQuantile) {

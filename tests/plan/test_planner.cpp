@@ -39,6 +39,15 @@ TEST(Problem, ErrorsNameTheField) {
   EXPECT_NE(message("moe:E=8,topk=9,H=1,I=1").find("topk=9 > E=8"), std::string::npos);
   EXPECT_NE(message("moe:E=8,Q=1").find("unknown MoE field 'q'"), std::string::npos);
   EXPECT_NE(message("conv:E=8").find("kind 'conv' is not moe or gemm"), std::string::npos);
+  // Shapes the kernel cannot run are refused (they were planned); sizes whose tile counts overflowed too.
+  EXPECT_NE(message("gemm:M=1,N=128,K=100").find("K=100 must be a multiple of the NVFP4 block (16)"),
+            std::string::npos);
+  EXPECT_NE(message("gemm:M=1,N=12,K=64").find("N=12 must be a multiple of 8"), std::string::npos);
+  EXPECT_NE(message("moe:E=8,topk=2,H=6150,I=64").find("H=6150 and I=64 (the K of the down and gate_up GEMMs) must "
+                                                       "be multiples of the NVFP4 block (16)"),
+            std::string::npos);
+  EXPECT_NE(message("moe:E=1099511627776,topk=2,H=64,I=64").find("is past E <= 65536"), std::string::npos);
+  EXPECT_THROW(gemms_of(parse_problem("moe:E=65536,topk=65536,H=64,I=64"), int64_t{1} << 40), Error);
   EXPECT_THROW(parse_token_list("1,,2"), Error);
   EXPECT_THROW(parse_token_list("0"), Error);
   // The list's own flag is named (plan's --concurrency was reported as "problem '0': tokens=0").
