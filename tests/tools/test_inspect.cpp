@@ -99,6 +99,21 @@ TEST(Inspect, BadScalarScalesAreProblems) {
   EXPECT_NE(t.find("model.layers.0.mlp.down_proj: input_scale = nan: the activation scale"), std::string::npos) << t;
 }
 
+// An F16 Linear is a problem, as the loaders refuse it (inspect called F16 a type "fp4moe loads").
+TEST(Inspect, F16LinearIsAProblem) {
+  TempDir tmp("inspect_f16");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), [](auto& t) {
+    t.at("model.layers.0.self_attn.o_proj.weight").dtype = DType::kF16;
+  });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  ASSERT_FALSE(f.problems.empty());
+  EXPECT_NE(f.problems[0].message.find("model.layers.0.self_attn.o_proj: weight F16 [128, 128] is neither NVFP4 (U8) "
+                                       "nor a float type fp4moe loads (BF16, F32)"),
+            std::string::npos)
+      << f.problems[0].message;
+}
+
 // The e4m3 block scales are read only with --check-scales (an eighth of the weight bytes); then a NaN or negative one
 // is a problem with the message the load refuses it with.
 TEST(Inspect, CheckScalesReadsTheBlockScales) {
