@@ -174,7 +174,13 @@ void run_tokenize(const TokenizeOptions& o) {
   }
 
   const std::string text = o.text_given ? o.text : o.from_stdin ? read_all(std::cin) : read_file(o.file);
-  const std::vector<engine::TokenId> ids = tok.encode(text, encode_options);
+  std::vector<engine::TokenId> ids;
+  try {
+    ids = tok.encode(text, encode_options);
+  } catch (const fp4moe::Error& e) {  // e.g. invalid UTF-8 at a byte offset: say of which input
+    throw fp4moe::Error((o.text_given ? std::string("--text") : o.from_stdin ? std::string("standard input") : o.file) +
+                        ": " + e.what());
+  }
   if (o.json) {
     nlohmann::ordered_json out = ids_json(tok, ids);
     out["text"] = text;

@@ -57,6 +57,12 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
 
 TEST(CmdTokenize, ErrorsCarryNumbers) {
   std::string out;
+  // Invalid UTF-8 names its input (the file), not only the byte.
+  const std::string bad = (std::filesystem::temp_directory_path() / "fp4moe_tokenize_bad_utf8.txt").string();
+  std::ofstream(bad) << "ab\xff" << "cd";
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--file " + bad), &out), 1);
+  EXPECT_NE(out.find(bad + ": cannot tokenize: invalid UTF-8 at byte 2 of 5"), std::string::npos) << out;
+  std::filesystem::remove(bad);
   EXPECT_EQ(testing::run_command(tokenize_cmd("--text a --decode 1"), &out), 1);
   EXPECT_NE(out.find("give exactly one of --text, --file, --stdin, --decode, --chat (got 2)"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,5000"), &out), 1);
