@@ -161,6 +161,12 @@ std::vector<std::string> unmatched_exclusions(const fs::path& in_dir, const std:
   return out;
 }
 
+void create_output_dir(const fs::path& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  FP4MOE_CHECK(!ec) << "quantize: cannot create the output directory " << out_dir.string() << ": " << ec.message();
+}
+
 void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
   FP4MOE_CHECK(!(fs::exists(out_dir) && fs::equivalent(in_dir, out_dir)))
       << "quantize: output directory " << out_dir.string() << " is the input directory";
@@ -249,7 +255,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_d
   // Tensors: quantized modules replace .weight by the four NVFP4 tensors; the rest is copied.
   // One output file per input file (model.safetensors, or shards + index), so memory holds one
   // shard's output at a time; a module's tensors land in the shard that held its weight.
-  fs::create_directories(out_dir);
+  create_output_dir(out_dir);
   const auto& files = in.store().files();
   const bool sharded = files.size() > 1;
   ojson weight_map = ojson::object();

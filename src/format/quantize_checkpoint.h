@@ -77,6 +77,10 @@ std::vector<std::string> modules_to_quantize(const std::filesystem::path& in_dir
 std::vector<std::string> unmatched_exclusions(const std::filesystem::path& in_dir,
                                               const std::vector<std::string>& extra);
 
+// Makes the output directory (and its parents); fails naming it and the OS reason (/proc/x, a full disk). The CLI
+// calls it before calibrating, quantize_checkpoint before writing.
+void create_output_dir(const std::filesystem::path& out_dir);
+
 // The refusals quantize_checkpoint makes before any work (output not empty or the input itself,
 // input invalid or already quantized), so a caller can check them before a long calibration pass.
 void check_quantize_paths(const std::filesystem::path& in_dir, const std::filesystem::path& out_dir);

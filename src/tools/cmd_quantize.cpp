@@ -159,6 +159,7 @@ void run_quantize(const QuantizeArgs& a) {
   format::check_quantize_paths(a.in_dir, a.out_dir);  // refuse before a long calibration pass
   // The modules it will quantize (an empty --exclude, K not a multiple of 16: refused now, not after calibrating).
   const std::vector<std::string> modules = format::modules_to_quantize(a.in_dir, a.exclude);
+  format::create_output_dir(a.out_dir);  // one that cannot be made fails now, not after calibrating
   for (const std::string& p : format::unmatched_exclusions(a.in_dir, a.exclude)) {
     fmt::print(stderr, "quantize: warning: --exclude '{}' matches no Linear module of {} (it keeps nothing in BF16)\n",
                p, a.in_dir);

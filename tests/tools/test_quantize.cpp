@@ -157,6 +157,16 @@ TEST(QuantizeCli, RefusesBeforeCalibrating) {
     EXPECT_NE(out.find(want), std::string::npos) << out;
     EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
   }
+  // An output directory that cannot be made (here under /proc, which passes the writable-ancestor check as root) is
+  // refused before calibrating, naming it (it was a raw filesystem_error after the calibration pass).
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize " + golden("glm4_moe_tiny").string() +
+                                     " /proc/fp4moe_quantize_out",
+                                 &out),
+            1);
+  EXPECT_NE(out.find("quantize: "), std::string::npos) << out;
+  EXPECT_NE(out.find("/proc/fp4moe_quantize_out"), std::string::npos) << out;
+  EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  EXPECT_EQ(out.find("filesystem error"), std::string::npos) << out;
   // An empty --exclude pattern is refused before any work (it was accepted and written to the exclusion list): a
   // usage error, as every option given an empty value.
   EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --exclude '' " +
