@@ -80,7 +80,7 @@ plan::CutlassRules cutlass_rules(const std::string& name) {
 }
 
 plan::ResolvedGpu resolve_gpu(const PlanArgs& a) {
-  std::string why;
+  std::string why = "--no-runtime asks for no GPU query";
   std::optional<plan::RuntimeGpu> rt;
   if (!a.no_runtime) rt = plan::query_runtime_gpu(0, &why);
   if (a.gpu.empty()) {

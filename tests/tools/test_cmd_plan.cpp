@@ -190,6 +190,9 @@ TEST(CmdPlan, ErrorsCarryNumbers) {
   r = run_plan("--gpu h200 --kernel cutlass-sm100-moe --emit-blocklist --problem moe:E=8,topk=2,H=64,I=64");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("--emit-blocklist covers FlashInfer's SM120"), std::string::npos) << r.out;
+  r = run_plan("--no-runtime --problem moe:E=8,topk=2,H=64,I=64");  // the reason was empty ("rt.has_value(): ;")
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--no-runtime asks for no GPU query; pass --gpu ("), std::string::npos) << r.out;
   // A routing histogram nested 100,000 deep segfaulted (rc 139); a directory gave libstdc++'s basic_filebuf error.
   const std::filesystem::path deep =
       std::filesystem::temp_directory_path() / ("fp4moe_plan_deep_" + std::to_string(::getpid()) + ".json");
