@@ -25,6 +25,17 @@ std::filesystem::path golden(const std::string& name) {
   return fp4moe::testing::shared_path("golden/models/" + name);
 }
 
+// `fp4moe generate` of one token on `dir` (expected to succeed): what it printed, warnings included.
+std::string generate_one_token(const std::filesystem::path& dir) {
+  std::string out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
+                                     dir.string(),
+                                 &out),
+            0)
+      << out;
+  return out;
+}
+
 // Linears per model: see tests/format/test_checkpoint.cpp for how these were worked out.
 struct Case {
   const char* dir;
@@ -218,12 +229,7 @@ TEST(Inspect, UnreadTensorsAreListed) {
       << inspect_text(c);
   EXPECT_EQ(inspect_json(c)["unread"], nlohmann::json::array({"model.layers.0.self_attn.k_scale"}));
   // Loading warns about it, names the tensor, and loads.
-  std::string out;
-  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
-                                     tmp.path().string(),
-                                 &out),
-            0)
-      << out;
+  const std::string out = generate_one_token(tmp.path());
   EXPECT_NE(out.find("warning: " + tmp.path().string() +
                      ": 1 tensor(s) that Glm4MoeForCausalLM does not read: model.layers.0.self_attn.k_scale"),
             std::string::npos)
@@ -342,12 +348,7 @@ TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
     const Findings f = find_problems(c);
     EXPECT_EQ(f.problems.size(), 105u) << e.from;  // glm5_tiny_nvfp4's NVFP4 Linears
     EXPECT_NE(f.problems.front().message.find(e.want), std::string::npos) << f.problems.front().message;
-    std::string out;
-    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
-                                       tmp.path().string(),
-                                   &out),
-              0)
-        << out;
+    const std::string out = generate_one_token(tmp.path());
     EXPECT_NE(out.find("warning: " + tmp.path().string() +
                        ": 105 Linear(s) are stored otherwise than the quantization config says, e.g. "),
               std::string::npos)
@@ -356,11 +357,7 @@ TEST(Inspect, QuantConfigAgainstTheWeightsWarnsAtLoad) {
   }
   // The golden checkpoints agree with their sections: no warning.
   for (const Case& k : kCases) {
-    std::string out;
-    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " generate --prompt-ids 1,2 --max-new-tokens 1 --model " +
-                                       golden(k.dir).string(),
-                                   &out),
-              0);
+    const std::string out = generate_one_token(golden(k.dir));
     EXPECT_EQ(out.find("warning"), std::string::npos) << k.dir << ": " << out;
   }
 }
