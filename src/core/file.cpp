@@ -32,14 +32,7 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   FP4MOE_CHECK(!fs::is_directory(path, ec)) << head << " is a directory, not a file";
   fs::path target = fs::absolute(path, ec);
   if (ec) target = path;
-  if (via_rename) {
-    // The rename replaces what is there: follow a link to its file (the writer does), and refuse anything but a
-    // regular file (a device such as /dev/null, a FIFO).
-    target = follow_links(target);
-    const fs::file_status st = fs::status(target, ec);
-    FP4MOE_CHECK(!fs::exists(st) || fs::is_regular_file(st))
-        << head << " exists and is not a regular file (a device, FIFO or socket): it would be replaced";
-  }
+  if (via_rename) target = rename_target(target, head);
   if (via_rename || !fs::exists(target, ec)) {
     check_can_create_in(target.parent_path(), head, "written", create_parents);
     return;
@@ -47,6 +40,16 @@ void check_writable_file(const std::filesystem::path& path, const std::string& w
   const int writable = ::access(target.c_str(), W_OK), access_errno = errno;
   FP4MOE_CHECK(writable == 0) << head << " cannot be written: " << target.string() << " is not writable ("
                               << std::strerror(access_errno) << ")";
+}
+
+std::filesystem::path rename_target(const std::filesystem::path& path, const std::string& head) {
+  const std::filesystem::path target = follow_links(path);
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(target, ec);
+  FP4MOE_CHECK(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st))
+      << head << ": " << target.string()
+      << " exists and is not a regular file (a directory, device, FIFO or socket): the write would replace it";
+  return target;
 }
 
 std::filesystem::path follow_links(const std::filesystem::path& path) {

@@ -21,6 +21,12 @@ std::string read_file(const std::filesystem::path& path);
 void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents = false,
                          bool via_rename = false);
 
+// Where a writer that renames a temporary file over `path` should write: the file a chain of links at `path` ends at
+// (follow_links; the links are kept). Fails, starting with `head` and naming the resolved target, when something
+// other than a regular file is there (a directory, a device such as /dev/null, a FIFO): the rename would replace it.
+// check_writable_file (via_rename), SafetensorsWriter::write and TuneCache::save use it.
+std::filesystem::path rename_target(const std::filesystem::path& path, const std::string& head);
+
 // The file a chain of symbolic links ends at (the path itself when it is no link; a dangling link's target, which
 // writing creates). Fails naming the path on a loop (more than 40 links).
 std::filesystem::path follow_links(const std::filesystem::path& path);

@@ -529,12 +529,7 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   // Temp file in the same directory, then rename: readers never see a partial file. A symlink is followed (the file
   // it names is replaced, the link kept); anything but a regular file there (a device such as /dev/null, a FIFO) is
   // refused: the rename would replace it.
-  std::error_code ec;
-  const std::filesystem::path target = follow_links(path);
-  const std::filesystem::file_status st = std::filesystem::status(target, ec);
-  FP4MOE_REQUIRE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st))
-      << path.string() << " exists and is not a regular file (a directory, device, FIFO or socket): safetensors are "
-      << "written to a file, replacing it";
+  const std::filesystem::path target = rename_target(path, path.string());
   const std::filesystem::path tmp = target.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int open_errno = errno;

@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "plan/w4a16_smem.h"
 #include "tune/routing_counts.h"
+#include "tools/cli_options.h"
 #include "tune/tune_cache.h"
 #ifdef FP4MOE_HAVE_CUDA
 #include "kernels/cuda/device.h"
@@ -209,7 +210,7 @@ void add_bench_gemm_command(CLI::App& bench) {
   cmd->add_option("--tokens", args->tokens, "tokens per expert (default 1,2,4,...,512)");
   cmd->add_option("--routing", args->routing, "uniform, zipf or both (default uniform,zipf)");
   cmd->add_option("--zipf-s", args->zipf_s, "Zipf exponent of the skewed routing (default 1.1)");
-  cmd->add_option("--seed", args->seed, "seed of the skewed routing draw (default 1)");
+  cmd->add_option("--seed", args->seed, "seed of the skewed routing draw (default 1)")->check(unsigned_64());
   cmd->add_option("--runs", args->runs, "timed runs per row; the median is reported (default 30)");
   cmd->add_option("--warmup", args->warmup, "untimed runs first (default 5)");
   cmd->add_option("--batch", args->batch,

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "moe/config.h"
+#include "tools/cli_options.h"
 
 #if defined(FP4MOE_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -304,7 +305,9 @@ void add_bench_moe_command(CLI::App& bench) {
   sub->add_flag("--tuned", opts->tuned,
                 "choose the W4A16 configs with the autotuner's cache (fp4moe tune), falling back to the planner");
   sub->add_option("--cache", opts->cache, "tune cache for --tuned (default $FP4MOE_TUNE_CACHE or ~/.cache/fp4moe/tune.json)");
-  sub->add_option("--seed", opts->seed, "seed of the dummy weights and inputs")->capture_default_str();
+  sub->add_option("--seed", opts->seed, "seed of the dummy weights and inputs")
+      ->check(unsigned_64())
+      ->capture_default_str();
   sub->add_option("--experts", opts->experts, "custom shape: number of routed experts (replaces --layer)");
   sub->add_option("--hidden", opts->hidden, "custom shape: hidden size");
   sub->add_option("--inter", opts->inter, "custom shape: expert intermediate size");

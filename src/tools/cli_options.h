@@ -20,7 +20,7 @@ inline CLI::Validator unsigned_64() {
           return "'" + s + "' is not an integer in [0, 2^64)";
         return {};
       },
-      "UINT64");
+      "");  // the option's own type name (UINT) stays in --help
 }
 
 }  // namespace fp4moe::tools

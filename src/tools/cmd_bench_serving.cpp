@@ -37,6 +37,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "format/json_file.h"
 #include "server/http_client.h"
 #include "tools/cli_options.h"
 #include "tools/commands.h"
@@ -123,12 +124,7 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
     while (std::getline(lines, line) && static_cast<int64_t>(out.size()) < a.num_prompts) {
       ++n_line;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const json::exception& e) {
-        FP4MOE_FAIL() << a.dataset << ":" << n_line << ": malformed JSON: " << e.what();
-      }
+      const json j = format::parse_json_text(line, a.dataset + ":" + std::to_string(n_line));
       Prompt p;
       if (j.contains("input_ids")) p.body_prompt = {{"input_ids", j["input_ids"]}};
       else if (j.contains("prompt") && j["prompt"].is_string()) p.body_prompt = {{"text", j["prompt"]}};

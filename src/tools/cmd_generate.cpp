@@ -92,6 +92,23 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A --dump-logits path that is a file the model is read from (its JSON files, its safetensors): the dump would
+// replace it (an earlier dump beside the model, or golden.safetensors, may be replaced).
+void refuse_model_file(const std::filesystem::path& dump, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // a preset: no files
+  const fs::path out = fs::weakly_canonical(dump, ec);
+  if (!fs::exists(out, ec) || out.parent_path() != fs::weakly_canonical(dir, ec)) return;
+  bool read = out.extension() == ".json" || out.extension() == ".jinja";
+  if (!read && out.extension() == ".safetensors") {
+    const format::TensorStore store(dir);
+    for (const auto& f : store.files()) read = read || fs::equivalent(f->path(), out, ec);
+  }
+  FP4MOE_CHECK(!read) << "--dump-logits " << dump.string() << " is a file the model in " << dir.string()
+                      << " is read from; the dump would replace it";
+}
+
 void run_generate(const GenerateArgs& a) {
   FP4MOE_CHECK(a.prompt_ids.empty() != a.prompt_text.empty()) << "give exactly one of --prompt-ids and --prompt";
   FP4MOE_CHECK(a.max_new_tokens >= 1) << "--max-new-tokens " << a.max_new_tokens << " must be >= 1";
@@ -103,12 +120,7 @@ void run_generate(const GenerateArgs& a) {
   if (!a.dump_logits.empty()) {
     // Before the run: a path that cannot be written, or one of the model's own files (it would be replaced).
     check_writable_file(a.dump_logits, "--dump-logits", /*create_parents=*/false, /*via_rename=*/true);
-    std::error_code ec;
-    const std::filesystem::path out = std::filesystem::weakly_canonical(a.dump_logits, ec);
-    const std::filesystem::path model = std::filesystem::weakly_canonical(dir, ec);
-    FP4MOE_CHECK(!std::filesystem::exists(out, ec) || out.parent_path() != model)
-        << "--dump-logits " << a.dump_logits << " is a file of the model directory " << dir.string()
-        << "; it would be replaced";
+    refuse_model_file(a.dump_logits, dir);
   }
 
   std::optional<engine::Tokenizer> tokenizer;

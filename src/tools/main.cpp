@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -24,20 +26,28 @@ int main(int argc, char** argv) {
   fp4moe::tools::register_bench_command(app);
   fp4moe::tools::register_analyze_command(app);
   // An option given an empty value ("--dump-logits ''", an unset shell variable) is a usage error, not the option
-  // left out (which silently meant no dump, random calibration prompts, uniform routing). The options whose empty
-  // value means something are exempt.
-  for (CLI::App* sub : app.get_subcommands({})) {
+  // left out (which silently meant no dump, random calibration prompts, uniform routing; an empty FP4MOE_API_KEY
+  // served without authentication). The options whose empty value means something are exempt.
+  std::function<void(CLI::App*)> refuse_empty_values = [&](CLI::App* sub) {
     sub->parse_complete_callback([sub] {
       for (const CLI::Option* o : sub->get_options()) {
-        if (o->get_items_expected_max() == 0 || o->count() == 0) continue;  // a flag, or not given
+        if (o->get_items_expected_max() == 0) continue;  // a flag
         const std::string name = o->get_name(false, true);
         if (name == "--text" || name == "--constrained-json-whitespace-pattern") continue;
+        const std::string env = o->get_envname();
+        if (o->count() == 0 && !env.empty()) {
+          const char* v = std::getenv(env.c_str());
+          if (v != nullptr && *v == '\0')
+            throw CLI::ValidationError(env, "is set but empty (for " + name + "): give a value or unset it");
+        }
         for (const std::string& r : o->results()) {
           if (r.empty()) throw CLI::ValidationError(o->get_name(), "is empty: give a value or leave the option out");
         }
       }
     });
-  }
+    for (CLI::App* child : sub->get_subcommands({})) refuse_empty_values(child);
+  };
+  for (CLI::App* sub : app.get_subcommands({})) refuse_empty_values(sub);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

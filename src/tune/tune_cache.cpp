@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "format/json_file.h"
 #include "plan/layout_sm90_w4a16.h"
 #include "plan/planner.h"
 #include "plan/w4a16_smem.h"
@@ -314,7 +316,7 @@ TuneCache TuneCache::load(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   try {
-    TuneCache c = from_json(nlohmann::json::parse(text.str()), path);
+    TuneCache c = from_json(format::parse_json_text(text.str(), path), path);
     c.path_ = path;
     return c;
   } catch (const std::exception& e) {
@@ -332,7 +334,8 @@ void TuneCache::save(const std::string& path) const {
     FP4MOE_CHECK(!ec) << "cannot create the directory " << p.parent_path().string() << " for the tune cache: "
                       << ec.message();
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string target = rename_target(p, "the tune cache " + path).string();  // a link's file, never /dev/null
+  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     FP4MOE_CHECK(out.good()) << "cannot write the tune cache " << tmp << ": " << std::strerror(errno);
@@ -340,10 +343,10 @@ void TuneCache::save(const std::string& path) const {
     out.close();
     FP4MOE_CHECK(out.good()) << "error writing the tune cache " << tmp;
   }
-  std::filesystem::rename(tmp, p, ec);
+  std::filesystem::rename(tmp, target, ec);
   if (ec) {
     std::filesystem::remove(tmp);
-    FP4MOE_FAIL() << "cannot rename " << tmp << " to " << path << ": " << ec.message();
+    FP4MOE_FAIL() << "cannot rename " << tmp << " to " << target << ": " << ec.message();
   }
 }
 

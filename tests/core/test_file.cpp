@@ -92,7 +92,8 @@ TEST(File, WritableFileCheckRefusesBadPaths) {
 // (a dangling one to the file writing will create), and a loop is named.
 TEST(File, RenameTargetsAreRegularFilesBehindTheirLinks) {
   namespace fs = std::filesystem;
-  expect_refused_rename("/dev/null", "--out /dev/null exists and is not a regular file (a device, FIFO or socket)");
+  expect_refused_rename("/dev/null",
+                        "--out /dev/null: /dev/null exists and is not a regular file (a directory, device");
   const fs::path tmp = fs::temp_directory_path() / ("fp4moe_links_" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -109,7 +110,8 @@ TEST(File, RenameTargetsAreRegularFilesBehindTheirLinks) {
   EXPECT_EQ(follow_links(tmp / "dangling"), tmp / "none");
   EXPECT_NO_THROW(check_writable_file(tmp / "chain", "--out", false, /*via_rename=*/true));
   EXPECT_NO_THROW(check_writable_file(tmp / "dangling", "--out", false, /*via_rename=*/true));
-  expect_refused_rename(tmp / "to_device", "exists and is not a regular file");
+  expect_refused_rename(tmp / "to_device",
+                        (tmp / "to_device").string() + ": /dev/null exists and is not a regular file");
   expect_refused_rename(tmp / "loop_a", "more than 40 symbolic links (a loop)");
   fs::remove_all(tmp);
 }

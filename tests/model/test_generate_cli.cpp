@@ -177,14 +177,22 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
   EXPECT_NE(r.out.find("--dump-logits: is empty"), std::string::npos) << r.out;
   r = run(model + " --prompt-ids 1 --dump-logits /dev/null");
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.out.find("--dump-logits /dev/null exists and is not a regular file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--dump-logits /dev/null: /dev/null exists and is not a regular file"), std::string::npos)
+      << r.out;
   const fs::path copy = fs::temp_directory_path() / ("fp4moe_generate_own_file_" + std::to_string(getpid()));
   fs::remove_all(copy);
   fs::copy(fp4moe::testing::shared_path("golden/models/glm4_moe_tiny"), copy, fs::copy_options::recursive);
-  r = run("--model " + copy.string() + " --prompt-ids 1 --dump-logits " + (copy / "model.safetensors").string());
-  EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.out.find(" is a file of the model directory "), std::string::npos) << r.out;
+  for (const char* own : {"model.safetensors", "config.json"}) {
+    r = run("--model " + copy.string() + " --prompt-ids 1 --dump-logits " + (copy / own).string());
+    EXPECT_EQ(r.rc, 1) << own;
+    EXPECT_NE(r.out.find(" is a file the model in " + copy.string() + " is read from"), std::string::npos) << r.out;
+  }
   EXPECT_TRUE(fp4moe::format::SafetensorsFile(copy / "model.safetensors").find("model.norm.weight") != nullptr);
+  // A dump beside the model (not read by it) may be written again.
+  for (int i = 0; i < 2; ++i) {
+    r = run("--model " + copy.string() + " --prompt-ids 1 --dump-logits " + (copy / "logits.safetensors").string());
+    EXPECT_EQ(r.rc, 0) << r.out;
+  }
   fs::remove_all(copy);
 }
 

@@ -1643,6 +1643,13 @@ TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
 // otherwise, counted in /metrics), /get_server_info never shows the key, and bench-serving / analyze
 // send it with their --api-key.
 TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
+  // An empty FP4MOE_API_KEY (an unset variable in a script) is a usage error, not a server without authentication.
+  std::string env_text;
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string("FP4MOE_API_KEY= timeout 30 ") + FP4MOE_CLI + " serve --port 0 </dev/null 2>&1", &env_text),
+            2)
+      << env_text;
+  EXPECT_NE(env_text.find("FP4MOE_API_KEY: is set but empty (for --api-key)"), std::string::npos) << env_text;
   const std::string key = "s3cret-key";
   ServerProcess srv(FP4MOE_CLI, {"--api-key", key});
   ASSERT_TRUE(srv.wait_ready(60));

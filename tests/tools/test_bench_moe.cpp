@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "testing/testing.h"
 #include "tools/bench_moe.h"
 
 #if defined(FP4MOE_HAVE_CUDA)
@@ -116,6 +117,14 @@ TEST(BenchMoe, CliRefusesBadOptions) {
   expect_refusal("bench moe --iters 0", "--iters 0 >= 1");
   expect_refusal("bench moe --hbm-bw 0", "--hbm-bw 0 must be > 0");
   expect_refusal("bench moe --experts 16 --hidden 256", "needs --experts, --hidden and --inter together");
+  // Through the binary: the empty-value rule reaches nested subcommands (it read --tokens '' as 0) and seeds are
+  // unsigned; both usage errors.
+  for (const auto& [args, want] : {std::pair<std::string, std::string>{"bench moe --tokens ''", "--tokens: is empty"},
+                                   {"bench moe --seed -1", "'-1' is not an integer in [0, 2^64)"}}) {
+    std::string out;
+    EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " " + args + " 2>&1", &out), 2) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
 }
 
 TEST(BenchMoe, WithoutGpuTheCommandNamesTheReason) {

@@ -158,6 +158,24 @@ TEST(BuildId, VersionPlusCommit) {
   EXPECT_NE(id.find('+'), std::string::npos) << id;
 }
 
+// save renames over the path: a link is followed to its file (kept as a link), a device is refused, and a cache nested
+// thousands deep loads as corrupt (it segfaulted the parse) instead of crashing.
+TEST(TuneCache, SaveFollowsLinksAndRefusesDevices) {
+  TuneCache c;
+  c.put(key_a(), entry(kDown, 8, 3, 21.5, 4, 22.25));
+  const auto dir = temp_dir("links");
+  std::filesystem::create_symlink(dir / "real.json", dir / "link.json");
+  c.save((dir / "link.json").string());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.json"));
+  EXPECT_EQ(TuneCache::load((dir / "real.json").string()).to_json(), c.to_json());
+  std::filesystem::create_symlink("/dev/null", dir / "null.json");
+  EXPECT_THROW(c.save((dir / "null.json").string()), Error);
+  std::ofstream(dir / "deep.json") << std::string(100000, '[') << std::string(100000, ']');
+  const TuneCache deep = TuneCache::load((dir / "deep.json").string());
+  ASSERT_FALSE(deep.warnings().empty());
+  EXPECT_NE(deep.warnings()[0].find("JSON nests deeper than 256 levels"), std::string::npos) << deep.warnings()[0];
+}
+
 TEST(TuneCache, RoundTripsThroughAFile) {
   TuneCache c;
   c.put(key_a(), entry(kDown, 8, 3, 21.5, 4, 22.25));
