@@ -385,9 +385,9 @@ struct Engine::Impl {
     model::ForwardTrace trace;
     const auto t0 = Clock::now();
     // A failed forward leaves the states unchanged. A SequenceError blames one entry: that request fails alone
-    // and the others of the step run its work again next step; any other error fails every request of the step.
-    // (Only the CPU models throw SequenceError, and they take no device draws: a re-run's second draw from a
-    // seeded request's sampler cannot happen.)
+    // and the others of the step run its work again next step (a device draw is held until its token is
+    // appended, RequestState::device_sampling, so the re-run draws the same token); any other error fails every
+    // request of the step.
     bool failed = false;
     std::string failure;
     int64_t culprit = -1;

@@ -183,7 +183,8 @@ RequestOutput RequestState::on_argmax(TokenId id_chosen, Clock::time_point now, 
 model::DeviceSampling RequestState::device_sampling() {
   FP4MOE_CHECK(sampling.device_samplable()) << "request " << id << ": its sampling cannot run on the device";
   model::DeviceSampling d;
-  d.u = sampler_.next_uniform();
+  if (!held_draw_) held_draw_ = sampler_.next_uniform();
+  d.u = *held_draw_;
   d.temperature = sampling.temperature;
   d.top_p = sampling.top_p;
   d.min_p = sampling.min_p;
@@ -195,6 +196,7 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
                                        int64_t context_length) {
   RequestOutput out;
   out.id = id;
+  held_draw_.reset();
   sampler_.accept(s.id);
   generated.push_back(s.id);
   tokens_.push_back(s.id);

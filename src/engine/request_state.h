@@ -60,7 +60,8 @@ class RequestState {
   RequestOutput on_argmax(TokenId id, Clock::time_point now, const std::vector<TokenId>& eos_ids,
                           int64_t context_length);
   // The knobs and this step's uniform draw for a device draw (takes the draw from the request's
-  // generator, as a host sample would).
+  // generator, as a host sample would). The draw is held until a token is appended: a step that failed
+  // for another request (model::SequenceError) and runs again draws the same token, so seeds reproduce.
   model::DeviceSampling device_sampling();
   const std::optional<FinishReason>& finish_reason() const { return finish_reason_; }
   const std::string& finish_error() const { return finish_error_; }  // with FinishReason::kError
@@ -93,6 +94,7 @@ class RequestState {
   std::string held_;
   std::optional<RequestOutput> held_out_;  // events held back by hold(), not yet emitted
   Sampler sampler_;
+  std::optional<double> held_draw_;  // device_sampling()'s draw, until on_sampled appends a token
   int64_t vocab_ = 0;
   std::vector<GeneratedToken> prompt_lps_;  // prompt logprobs so far, moved into the first token's event
   int64_t prompt_lp_next_ = 1;              // the next prompt position whose logprob is due

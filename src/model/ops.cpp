@@ -99,7 +99,12 @@ int64_t first_non_finite(const float* x, int64_t n) {
 void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value,
                      int64_t other_entries) {
   std::ostringstream m;
-  m << what << " of batch entry " << entry << " at position " << position << ", column " << column << " is " << value;
+  m << what << " of batch entry " << entry << " at position " << position;
+  if (column >= 0) {
+    m << ", column " << column << " is " << value;
+  } else {
+    m << " holds NaN or Inf";
+  }
   if (other_entries > 0) m << " (and rows of " << other_entries << " other batch entries)";
   m << ": a weight of this layer (or its input) holds NaN or Inf, or the values overflowed f32";
   if (other_entries > 0) throw Error(m.str());

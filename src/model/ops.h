@@ -47,6 +47,7 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // `what` ("the attention output"), the batch entry, its position, the column, the value and likely causes.
 // `other_entries`: how many further batch entries hold non-finite rows; 0 throws SequenceError (the one entry is
 // at fault: the engine fails that request alone), more a plain Error (a weight all of them read, most likely).
+// column < 0: the row's column and value are not known (the GPU step's logits flags), "... holds NaN or Inf".
 int64_t first_non_finite(const float* x, int64_t n);
 [[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value,
                                   int64_t other_entries = 0);

@@ -123,23 +123,36 @@ TEST(Scheduler, ConcurrentEqualsAlone) {
   expect_same_as_alone(o, testing::test_seed(), 12);
 }
 
-// A forward that blames one sequence (model::SequenceError, as the CPU models do for a NaN in its rows) fails that
-// request alone: the others of the step run it again and finish exactly as alone; every block comes back.
-TEST(Scheduler, SequenceErrorFailsOnlyThatRequest) {
+// A forward that blames one sequence (model::SequenceError, as the models do for a NaN in its rows) fails that
+// request alone: the others of the step run it again and finish exactly as alone; every block comes back. Also on a
+// model that draws the seeded requests' tokens itself (as the GPU models do): the failed step's draws are held
+// for the re-run, so those requests still equal their host-sampled runs alone.
+class SequenceErrorTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Scheduler, SequenceErrorTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "DeviceDraws" : "HostSampling"; });
+
+TEST_P(SequenceErrorTest, FailsOnlyThatRequest) {
   EngineOptions o;
   o.max_running_requests = 4;
   auto model = std::make_unique<ScriptedModel>();
   model->poison_token = 271;  // the eos id: never generated, so only the poisoned prompt holds it
+  model->argmax_supported = GetParam();
+  const ScriptedModel* raw = model.get();
   Harness h(o, std::move(model));
   auto cases = mixed_cases(testing::test_seed() + 11, 8);
   cases.insert(cases.begin() + 2, Case{{5, 6, 271, 7}, greedy(5)});
+  // In the failing step, a request whose every draw shows (temperature 50 over logits in [0, 8]: nearly uniform).
+  SamplingParams flat = greedy(6);
+  flat.temperature = 50.0;
+  flat.seed = testing::test_seed() + 3;
+  cases.insert(cases.begin() + 1, Case{{9, 10, 11}, flat});
   std::vector<RequestId> ids;
   for (const Case& c : cases) ids.push_back(h.submit(c.prompt, c.sp));
   h.engine.run_until_idle();
   for (size_t i = 0; i < cases.size(); ++i) {
     const Collected& got = h.results.at(ids[i]);
     ASSERT_TRUE(got.finish.has_value()) << "request " << i << " never finished";
-    if (i == 2) {
+    if (i == 3) {
       EXPECT_EQ(got.finish->reason, FinishReason::kError);
       EXPECT_NE(got.finish->error.find("failed for this request (the other "), std::string::npos) << got.finish->error;
       EXPECT_NE(got.finish->error.find("holds a NaN"), std::string::npos) << got.finish->error;
@@ -163,6 +176,7 @@ TEST(Scheduler, SequenceErrorFailsOnlyThatRequest) {
   EXPECT_EQ(s.generation_tokens_total, generated);
   EXPECT_EQ(s.ttft_s.count, cases.size() - 1);
   EXPECT_EQ(s.requests_finished_total, cases.size());
+  if (GetParam()) EXPECT_GT(raw->sample_answers, 0);  // the seeded requests were drawn by the model
 }
 
 // A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or

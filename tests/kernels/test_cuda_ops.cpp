@@ -14,8 +14,9 @@
 //   - embedding_bf16: exact rows, vectorized and not; an out-of-range id writes zeros and sets the flag;
 //   - add_bias_bf16 (linear_ops.h): bit for bit bf16(y + b);
 //   - argmax_rows (f32 and bf16 logits, one CTA per row and split into column parts): equal to
-//     model::argmax (the sampler's greedy rule: lowest index on ties) on rows with many ties, -inf, NaNs (incl. at
-//     index 0), vocab 151552 and odd sizes.
+//     model::argmax (the sampler's greedy rule: lowest index on ties) on rows with many ties, -inf, +inf, NaNs (incl.
+//     at index 0), vocab 151552 and odd sizes; each row's NaN / Inf flag (both paths) equal to
+//     model::first_non_finite >= 0.
 // Label gpu; without a usable GPU every case skips with the reason.
 // Run: test_cuda_ops (FP4MOE_TEST_SEED=<n> replays a seed).
 #include <cuda_bf16.h>
@@ -285,6 +286,7 @@ TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {
         row[c.cols - 1] = -INFINITY;
       }
       if (kind == 3) row[0] = NAN;  // the CPU keeps index 0
+      if (kind == 1 && r % 8 == 5) row[rng() % c.cols] = INFINITY;  // wins, and flags the row
     }
     std::vector<uint16_t> xb(x.size());
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
@@ -298,8 +300,18 @@ TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {
     auto ws = device_alloc<ArgmaxCandidate>(static_cast<size_t>(kArgmaxWorkspaceCandidates));
     FP4MOE_CUDA_CHECK(cudaMemset(ws.get(), 0x7f, kArgmaxWorkspaceCandidates * sizeof(ArgmaxCandidate)));
     auto outs = device_alloc<int32_t>(static_cast<size_t>(c.rows));
-    argmax_rows(dx.get(), c.rows, c.cols, c.stride, outs.get(), ws.get(), nullptr);
+    // The rows' NaN / Inf flags, from the split path and from the one-CTA-a-row path (no workspace); poisoned.
+    auto flags = device_alloc<uint32_t>(static_cast<size_t>(c.rows));
+    auto flags1 = device_alloc<uint32_t>(static_cast<size_t>(c.rows));
+    auto out1 = device_alloc<int32_t>(static_cast<size_t>(c.rows));
+    FP4MOE_CUDA_CHECK(cudaMemset(flags.get(), 0x7f, static_cast<size_t>(c.rows) * 4));
+    FP4MOE_CUDA_CHECK(cudaMemset(flags1.get(), 0x7f, static_cast<size_t>(c.rows) * 4));
+    argmax_rows(dx.get(), c.rows, c.cols, c.stride, outs.get(), ws.get(), flags.get(), nullptr);
+    argmax_rows(dx.get(), c.rows, c.cols, c.stride, out1.get(), nullptr, flags1.get(), nullptr);
     FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint32_t> got_flags = download(flags.get(), static_cast<size_t>(c.rows));
+    const std::vector<uint32_t> got_flags1 = download(flags1.get(), static_cast<size_t>(c.rows));
+    const std::vector<int32_t> got1 = download(out1.get(), static_cast<size_t>(c.rows));
     const std::vector<int32_t> got = download(out.get(), static_cast<size_t>(c.rows));
     const std::vector<int32_t> gotb = download(outb.get(), static_cast<size_t>(c.rows));
     const std::vector<int32_t> gots = download(outs.get(), static_cast<size_t>(c.rows));
@@ -310,6 +322,10 @@ TEST(CudaArgmax, MatchesCpuGreedyOnTiesAndNaNs) {
       ASSERT_EQ(gotb[static_cast<size_t>(r)], ref) << "bf16 rows=" << c.rows << " cols=" << c.cols << " row " << r;
       ASSERT_EQ(gots[static_cast<size_t>(r)], ref)
           << "f32 split into " << parts << " parts, rows=" << c.rows << " cols=" << c.cols << " row " << r;
+      ASSERT_EQ(got1[static_cast<size_t>(r)], ref) << "f32 with flags, rows=" << c.rows << " row " << r;
+      const uint32_t want_flag = model::first_non_finite(x.data() + r * c.stride, c.cols) >= 0 ? 1u : 0u;
+      ASSERT_EQ(got_flags[static_cast<size_t>(r)], want_flag) << "split flags, rows=" << c.rows << " row " << r;
+      ASSERT_EQ(got_flags1[static_cast<size_t>(r)], want_flag) << "one-CTA flags, rows=" << c.rows << " row " << r;
     }
     if (parts > 1) {
       EXPECT_LE(c.rows * parts, kArgmaxWorkspaceCandidates);  // one CTA per row needs none

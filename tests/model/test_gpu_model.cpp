@@ -15,6 +15,8 @@
 //     indexer layers with top-k 4 on dummy BF16/NVFP4 weights vs the CPU model, sparse decode ==
 //     full forward, a mixed decode + prefill step with argmax;
 //   - decode steps as captured CUDA graphs == the same steps run eagerly (GpuCudaGraphs);
+//   - a NaN in one sequence's rows fails that sequence alone (SequenceError from the logits rows' flags, prefill and
+//     decode), states unchanged, the other going on as on the unmodified model; a NaN weight all rows read: Error;
 //   - without a GPU (CPU-only runs) GLM-5 with --device cuda fails naming the missing GPU (its GPU
 //     factory is registered), not the registry's "no GPU implementation" refusal.
 #include <cublas_v2.h>
@@ -27,9 +29,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -43,6 +48,7 @@
 #include "model/cuda/gpu_models.h"
 #include "moe/weights.h"
 #include "core/dtype.h"
+#include "model/checkpoint_edit.h"
 #include "model/config.h"
 #include "model/glm5.h"
 #include "model/registry.h"
@@ -944,6 +950,78 @@ TEST(GpuCudaGraphs, DecodeStepsMatchEagerOnEveryBucket) {
     EXPECT_GE(min_cos, 0.9999) << name;
     EXPECT_GE(static_cast<double>(top1), 0.95 * static_cast<double>(rows)) << name;
   }
+}
+
+// A NaN confined to one sequence of a step (the embedding row of a token only it holds) is blamed on that batch
+// entry: a SequenceError from the lm_head rows' NaN / Inf flags (cuda::argmax_rows), so the engine fails that
+// request alone. In a prefill step with logits and in a decode step of argmaxes (a captured graph where the layers
+// allow one), with the states unchanged; the other sequence then goes on exactly as on the unmodified
+// model. A NaN weight every row reads is a plain Error (every request of the step fails).
+TEST(GpuModel, NonFiniteLogitsAreBlamedOnTheirSequence) {
+  SKIP_WITHOUT_GPU();
+  register_gpu_models();
+  const auto failure = [](const std::function<void()>& fn) -> std::pair<int64_t, std::string> {
+    try {
+      fn();
+    } catch (const SequenceError& e) {
+      return {e.entry(), e.what()};
+    } catch (const Error& e) {
+      return {-1, e.what()};
+    }
+    return {-2, "no error"};
+  };
+  for (const char* model : {"glm4_moe_tiny_nvfp4", "glm5_tiny_nvfp4"}) {
+    SCOPED_TRACE(model);
+    checkpoint_edit::TempDir t("gpu_nan");
+    checkpoint_edit::copy_with_nan(model, t.path, "model.embed_tokens.weight", 99, 3);  // token 99's row
+    auto lm = load_model(t.path, gpu_options());
+    auto clean = load_model(checkpoint_edit::golden(model), gpu_options());
+    const auto V = static_cast<size_t>(lm->vocab_size());
+    const std::vector<int32_t> a = {5, 17, 3}, b = {8, 99, 42}, b_clean = {8, 9, 42}, da = {7}, db = {99};
+    auto sa = lm->new_state(), sb = lm->new_state();
+    std::vector<float> la(V), lb(V);
+    const SeqChunk prefill[] = {{sa.get(), a, la.data()}, {sb.get(), b, lb.data()}};
+    auto [entry, what] = failure([&] { lm->forward(prefill); });
+    EXPECT_EQ(entry, 1) << what;
+    EXPECT_EQ(what.rfind("the logits (model.norm, lm_head) of batch entry 1 at position 2 holds NaN or Inf: ", 0), 0u)
+        << what;
+    EXPECT_EQ(sa->length(), 0);
+    EXPECT_EQ(sb->length(), 0);
+
+    const SeqChunk prefill_clean[] = {{sa.get(), a, la.data()}, {sb.get(), b_clean, lb.data()}};
+    lm->forward(prefill_clean);
+    int32_t am = -1, bm = -1;
+    const SeqChunk decode[] = {{sa.get(), da, nullptr, false, &am}, {sb.get(), db, nullptr, false, &bm}};
+    std::tie(entry, what) = failure([&] { lm->forward(decode); });
+    EXPECT_EQ(entry, 1) << what;
+    EXPECT_NE(what.find("of batch entry 1 at position 3 holds NaN or Inf"), std::string::npos) << what;
+    EXPECT_EQ(sa->length(), 3);
+    EXPECT_EQ(sb->length(), 3);
+
+    // a goes on alone; the unmodified model, given the same steps, gives the same logits.
+    std::vector<float> got(V), want(V);
+    const SeqChunk decode_a[] = {{sa.get(), da, got.data()}};
+    lm->forward(decode_a);
+    auto ca = clean->new_state(), cb = clean->new_state();
+    const SeqChunk clean_prefill[] = {{ca.get(), a, la.data()}, {cb.get(), b_clean, lb.data()}};
+    clean->forward(clean_prefill);
+    const SeqChunk clean_decode[] = {{ca.get(), da, want.data()}};
+    clean->forward(clean_decode);
+    EXPECT_EQ(got, want);
+  }
+  // A NaN in a weight every row reads: every entry's rows are non-finite, no one entry is blamed.
+  checkpoint_edit::TempDir t("gpu_nan_all");
+  checkpoint_edit::copy_with_nan("glm4_moe_tiny", t.path, "model.layers.1.self_attn.o_proj.weight", 0, 3);
+  auto lm = load_model(t.path, gpu_options());
+  const std::vector<int32_t> a = {5, 17, 3}, b = {8, 9, 42};
+  auto sa = lm->new_state(), sb = lm->new_state();
+  int32_t am = -1, bm = -1;
+  const SeqChunk batch[] = {{sa.get(), a, nullptr, false, &am}, {sb.get(), b, nullptr, false, &bm}};
+  const auto [entry, what] = failure([&] { lm->forward(batch); });
+  EXPECT_EQ(entry, -1) << what;
+  EXPECT_NE(what.find("of batch entry 0 at position 2 holds NaN or Inf (and rows of 1 other batch entries)"),
+            std::string::npos)
+      << what;
 }
 
 // GLM-5 has a registered GPU factory now: without a GPU, loading glm5_tiny with --device cuda fails

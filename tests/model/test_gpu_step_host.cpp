@@ -2,11 +2,13 @@
 // GPU: the batch and table buckets of DecodeGraphs, and stage_step_ints' padded layout (empty
 // padding sequences: token 0, position 0, slot -1, one q row, seq_len 0, tables -1; padding rows
 // read their own index; the extra ints after the rows), with its refusal of a layout that does not
-// hold the step. The GPU side (capture, replay vs eager) is test_gpu_model's GpuCudaGraphs.
+// hold the step; check_finite_logits' blame of a step's NaN / Inf logits rows on their batch entry. The GPU side
+// (capture, replay vs eager) is test_gpu_model's GpuCudaGraphs.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -91,6 +93,48 @@ TEST(StageStepInts, PadsADecodeStepForItsGraph) {
         << e.what();
   }
   rollback_blocks(step.chunks, {0, 0});
+}
+
+// The logits rows' NaN / Inf flags (cuda::argmax_rows, copied after the step) blame the batch entry and position of
+// the first flagged row: a SequenceError when every flagged row is that entry's (the engine fails that request
+// alone), else a plain Error counting the other entries.
+TEST(CheckFiniteLogits, BlamesTheEntryOfTheFlaggedRows) {
+  const int owner = 0;
+  auto pool = std::make_shared<KvBlockPool>(16, 4);
+  GpuKvState a(&owner, pool, 8), b(&owner, pool, 8), c(&owner, pool, 8);
+  b.reserve(3);
+  b.commit(3);
+  const std::vector<int32_t> ta = {1, 2}, tb = {3, 4, 5}, tc = {6};
+  int32_t ac = -1;
+  std::vector<float> la(2 * 100), lb(100);
+  // a: both rows' logits (prompt logprobs); b: its last row, at positions 3..5; c: the argmax only.
+  const SeqChunk batch[] = {{&a, ta, la.data(), true}, {&b, tb, lb.data(), false}, {&c, tc, nullptr, false, &ac}};
+  const StepBatch step = plan_step(batch, &owner, 100, 64, 256);
+  ASSERT_EQ(step.rows, (std::vector<int32_t>{0, 1, 4, 5}));
+  const auto failure = [&](std::vector<uint32_t> flags) -> std::pair<int64_t, std::string> {
+    try {
+      check_finite_logits(step, flags.data());
+    } catch (const SequenceError& e) {
+      return {e.entry(), e.what()};
+    } catch (const Error& e) {
+      return {-1, e.what()};
+    }
+    return {-2, ""};
+  };
+  EXPECT_EQ(failure({0, 0, 0, 0}).first, -2);
+  const auto [entry_b, what_b] = failure({0, 0, 1, 0});
+  EXPECT_EQ(entry_b, 1);
+  EXPECT_EQ(what_b.rfind("the logits (model.norm, lm_head) of batch entry 1 at position 5 holds NaN or Inf: ", 0), 0u)
+      << what_b;
+  EXPECT_EQ(failure({0, 1, 0, 0}).first, 0);  // a's second row: entry 0, position 1
+  EXPECT_NE(failure({0, 1, 0, 0}).second.find("of batch entry 0 at position 1 holds"), std::string::npos);
+  EXPECT_EQ(failure({1, 1, 0, 0}).first, 0);  // two rows, one entry
+  EXPECT_EQ(failure({0, 0, 0, 1}).first, 2);
+  const auto [entry_all, what_all] = failure({1, 0, 1, 1});
+  EXPECT_EQ(entry_all, -1);
+  EXPECT_NE(what_all.find("of batch entry 0 at position 0 holds NaN or Inf (and rows of 2 other batch entries)"),
+            std::string::npos)
+      << what_all;
 }
 
 }  // namespace

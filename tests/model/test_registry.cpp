@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "format/safetensors.h"
+#include "model/checkpoint_edit.h"
 #include "model/registry.h"
 #include "testing/testing.h"
 
@@ -23,43 +24,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("fp4moe_test_registry_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using checkpoint_edit::copy_checkpoint;
+using checkpoint_edit::copy_with_nan;
+using checkpoint_edit::golden;
+using checkpoint_edit::Replacement;
 
-struct Replacement {
-  DType dtype;
-  Shape shape;
-  std::vector<uint8_t> bytes;
+struct TempDir : checkpoint_edit::TempDir {
+  TempDir() : checkpoint_edit::TempDir("registry") {}
 };
-
-// Copies a golden checkpoint's config.json and tensors into dir; `edit` may drop a tensor
-// (return false) or replace it (fill `out`).
-void copy_checkpoint(const fs::path& src, const fs::path& dir,
-                     const std::function<bool(const std::string&, std::optional<Replacement>&)>& edit) {
-  fs::copy_file(src / "config.json", dir / "config.json");
-  format::SafetensorsFile f(src / "model.safetensors");
-  format::SafetensorsWriter w;
-  for (const auto& info : f.tensors()) {
-    std::optional<Replacement> rep;
-    if (!edit(info.name, rep)) continue;
-    if (rep) {
-      w.add(info.name, rep->dtype, rep->shape, rep->bytes);
-    } else {
-      w.add(info.name, f.view(info));
-    }
-  }
-  w.write(dir / "model.safetensors");
-}
 
 std::string load_error(const fs::path& dir) {
   LoadOptions o;
@@ -77,8 +49,6 @@ std::vector<float> prompt_logits(CausalLM& lm) {
   const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 42};
   return lm.forward_one(*st, ids, true);
 }
-
-fs::path golden(const std::string& name) { return fp4moe::testing::shared_path("golden/models/" + name); }
 
 TEST(ModelRegistry, MissingTensorIsNamed) {
   TempDir t;
@@ -139,20 +109,6 @@ TEST(ModelRegistry, WrongDtypeIsNamed) {
 // A NaN in a BF16 weight loads (values are not scanned) and the forward fails naming the layer and the
 // sublayer whose output first holds it, not the next layer's softmax. One weight a case: layer 2's o_proj
 // (attention), layer 0's dense MLP, layer 1's shared expert (every token passes through it).
-// Copies golden `model` to `to` with one element of the BF16 tensor `name` (row `row`, column `col`) set to NaN.
-void copy_with_nan(const std::string& model, const fs::path& to, const std::string& name, int64_t row, int64_t col) {
-  copy_checkpoint(golden(model), to, [&](const std::string& n, std::optional<Replacement>& r) {
-    if (n != name) return true;
-    format::SafetensorsFile f(golden(model) / "model.safetensors");
-    const TensorView v = f.view(*f.find(n));
-    EXPECT_EQ(v.dtype, DType::kBF16) << n;
-    r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
-    const uint16_t nan_bf16 = 0x7FC0;
-    std::memcpy(r->bytes.data() + 2 * (row * v.shape[1] + col), &nan_bf16, 2);
-    return true;
-  });
-}
-
 TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
   struct Case {
     const char* model;
@@ -292,8 +248,6 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
       bad.make(*r);
       return true;
     });
-    for (const char* json : {"hf_quant_config.json", "generation_config.json"})
-      if (fs::exists(src / json)) fs::copy_file(src / json, t.path / json);
     const std::string e = load_error(t.path);
     EXPECT_NE(e.find(bad.want), std::string::npos) << e;
   }

@@ -181,12 +181,38 @@ int64_t load_ffn(const format::TensorStore& store, const std::string& prefix, bo
   return mlp->gate.device_bytes() + mlp->up.device_bytes() + mlp->down.device_bytes();
 }
 
+void check_finite_logits(const StepBatch& step, const uint32_t* non_finite) {
+  const auto n_rows = static_cast<int64_t>(step.rows.size());
+  int64_t first = 0;
+  while (first < n_rows && non_finite[first] == 0) ++first;
+  if (first == n_rows) return;
+  // The rows are in batch order, each chunk's contiguous: the entry of a row is the chunk holding its token.
+  size_t chunk = 0;
+  const auto entry_of = [&](int64_t r) {
+    const int64_t token = step.rows[static_cast<size_t>(r)];
+    while (chunk + 1 < step.chunks.size() && token >= step.chunks[chunk].row0 + step.chunks[chunk].n) ++chunk;
+    return static_cast<int64_t>(chunk);
+  };
+  const int64_t entry = entry_of(first);
+  const Chunk& c = step.chunks[static_cast<size_t>(entry)];
+  const int64_t position = c.pos0 + (step.rows[static_cast<size_t>(first)] - c.row0);
+  int64_t others = 0, last_other = -1;
+  for (int64_t r = first + 1; r < n_rows; ++r) {
+    const int64_t e = entry_of(r);
+    if (non_finite[r] == 0 || e == entry || e == last_other) continue;
+    ++others;
+    last_other = e;
+  }
+  fail_non_finite("the logits (model.norm, lm_head)", entry, position, -1, 0.0f, others);
+}
+
 StepOutputs::StepOutputs(int64_t vocab, int64_t max_rows)
     : vocab_(vocab),
       logits_(static_cast<size_t>(kLogitRowsPerPass * vocab) * 4),
       argmax_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * 4),
       argmax_parts_(static_cast<size_t>(cuda::kArgmaxWorkspaceCandidates) * sizeof(cuda::ArgmaxCandidate)),
       err_(4),
+      non_finite_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * 4),
       sample_specs_(static_cast<size_t>(std::max(max_rows, kLogitRowsPerPass)) * sizeof(cuda::SampleSpec)) {
   FP4MOE_CUDA_CHECK(cudaMemset(err_.as<uint32_t>(), 0, 4));
 }
@@ -213,7 +239,7 @@ void StepOutputs::compute_pass(cublasContext* cublas, const GpuLinear& lm_head, 
   cuda::moe::gather_rows(h, d_rows + r0, n, hidden, scratch, stream);
   lm_head.forward_f32(cublas, scratch, n, logits_.as<float>(), stream);
   cuda::argmax_rows(logits_.as<float>(), n, vocab_, vocab_, argmax_.as<int32_t>() + r0,
-                    argmax_parts_.as<cuda::ArgmaxCandidate>(), stream);
+                    argmax_parts_.as<cuda::ArgmaxCandidate>(), non_finite_.as<uint32_t>() + r0, stream);
 }
 
 void StepOutputs::lm_head_pass(cublasContext* cublas, const GpuLinear& lm_head, const bf16* h, const int32_t* d_rows,
@@ -241,8 +267,11 @@ void StepOutputs::copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n,
 
 void StepOutputs::copy_argmax(int64_t n_rows, cudaStream_t stream) {
   int32_t* h_argmax = h_argmax_.get(static_cast<size_t>(std::max<int64_t>(n_rows, 1)));
+  uint32_t* h_non_finite = h_non_finite_.get(static_cast<size_t>(std::max<int64_t>(n_rows, 1)));
   if (n_rows > 0) {
     FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_argmax, argmax_.as<int32_t>(), static_cast<size_t>(n_rows) * 4,
+                                      cudaMemcpyDeviceToHost, stream));
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(h_non_finite, non_finite_.as<uint32_t>(), static_cast<size_t>(n_rows) * 4,
                                       cudaMemcpyDeviceToHost, stream));
   }
 }
@@ -312,6 +341,7 @@ void StepOutputs::finish(std::span<const SeqChunk> batch, const StepBatch& step,
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     FP4MOE_FAIL() << "GPU forward step of " << step.n_tokens << " tokens: " << cuda::describe_device_errors(*h_err);
   }
+  check_finite_logits(step, h_non_finite_.get(0));
   const int64_t V = vocab_;
   const float* h_logits = h_logits_.get(0);
   const int32_t* h_argmax = h_argmax_.get(0);

@@ -142,6 +142,11 @@ int64_t load_ffn(const format::TensorStore& store, const std::string& prefix, bo
                  std::shared_ptr<moe::GpuMoeWorkspace>& moe_ws, std::optional<GpuDenseMlp>& mlp,
                  std::optional<moe::GpuMoeLayer>& moe, std::ostream& desc);
 
+// After a step, with non_finite[r] the NaN / Inf flag of the logits of step.rows[r] (cuda::argmax_rows): fails
+// when a row is flagged, naming the batch entry and position of the first (model::fail_non_finite: a SequenceError
+// when the flagged rows are all one entry's, so the engine fails that request alone; else an Error).
+void check_finite_logits(const StepBatch& step, const uint32_t* non_finite);
+
 // The step's outputs. Per step: copy_expert_offsets (optional), run_lm_head, then finish (the one sync).
 // A captured decode step (DecodeGraphs) runs lm_head_pass inside its graph and copy_outputs after it.
 class StepOutputs {
@@ -166,14 +171,16 @@ class StepOutputs {
   // After one lm_head_pass over at least the step's rows (step.rows.size() <= kLogitRowsPerPass):
   // copies the logits rows and argmaxes the step wants to the host (asynchronously; finish reads them).
   void copy_outputs(const StepBatch& step, cudaStream_t stream);
-  // Synchronizes, fails naming the device errors (and clears the flag), writes the logits and
-  // argmaxes into the batch, and appends the per-expert counts of `moe_layers` to the trace.
+  // Synchronizes, fails naming the device errors (and clears the flag) or the sequence whose logits
+  // hold a NaN or Inf (check_finite_logits), writes the logits and argmaxes into the batch, and
+  // appends the per-expert counts of `moe_layers` to the trace.
   void finish(std::span<const SeqChunk> batch, const StepBatch& step, const std::vector<size_t>& moe_layers,
               ForwardTrace* trace, cudaStream_t stream);
 
  private:
   // Copies the rows [r0, r0 + n) of the last pass that want logits, after `logit_row` rows copied before.
-  // Rows d_rows[r0, r0 + n) (n <= kLogitRowsPerPass) -> logits_ [n, V], their argmax at argmax_[r0..].
+  // Rows d_rows[r0, r0 + n) (n <= kLogitRowsPerPass) -> logits_ [n, V], their argmax at argmax_[r0..] and
+  // their NaN / Inf flags at non_finite_[r0..].
   void compute_pass(cublasContext* cublas, const GpuLinear& lm_head, const __nv_bfloat16* h, const int32_t* d_rows,
                     int64_t r0, int64_t n, int64_t hidden, __nv_bfloat16* scratch, cudaStream_t stream);
   void copy_pass_logits(const StepBatch& step, int64_t r0, int64_t n, int64_t& logit_row, cudaStream_t stream);
@@ -185,11 +192,12 @@ class StepOutputs {
 
   int64_t vocab_;
   cuda::DeviceBuffer logits_, argmax_, argmax_parts_, err_;  // argmax_parts_: the split argmax's candidates
+  cuda::DeviceBuffer non_finite_;                            // [max rows] each lm_head row's NaN / Inf flag
   cuda::DeviceBuffer sample_specs_;                           // [max rows] cuda::SampleSpec
   PinnedBuffer<cuda::SampleSpec> h_sample_specs_;
   PinnedBuffer<float> h_logits_;
   PinnedBuffer<int32_t> h_argmax_, h_offsets_;
-  PinnedBuffer<uint32_t> h_err_;
+  PinnedBuffer<uint32_t> h_err_, h_non_finite_;
   int64_t n_experts_ = 0;
   bool offsets_copied_ = false;
 };

@@ -10,7 +10,9 @@
 //   argmax:    one 256-thread CTA per row, or per (row, column part) with a second one-warp-per-row
 //              kernel over the parts' candidates; (value, index) pairs reduced with xor shuffles,
 //              then across the 8 warps in shared memory, in the order argmax_beats defines (the
-//              result does not depend on how the row is cut).
+//              result does not depend on how the row is cut); a row's NaN / Inf flag rides along
+//              (__syncthreads_or in a CTA, the index's sign bit in a part's candidate, __any_sync in
+//              the merge).
 // Tested by tests/kernels/test_cuda_ops.cpp.
 #include <algorithm>
 
@@ -161,27 +163,35 @@ __device__ __forceinline__ ArgmaxCandidate warp_argmax(ArgmaxCandidate best) {
   return best;
 }
 
-// The best non-NaN candidate of x[begin, end) over the CTA; valid in thread 0. Ends with a barrier
-// (warp_best is reused).
+// The best non-NaN candidate of x[begin, end) over the CTA and whether the range holds a NaN or an Inf; valid
+// in thread 0. Ends with a barrier (warp_best is reused).
+struct ArgmaxScan {
+  ArgmaxCandidate best;
+  bool non_finite;
+};
 template <typename T>
-__device__ ArgmaxCandidate argmax_cta(const T* __restrict__ x, int64_t begin, int64_t end,
-                                      ArgmaxCandidate* warp_best) {
+__device__ ArgmaxScan argmax_cta(const T* __restrict__ x, int64_t begin, int64_t end, ArgmaxCandidate* warp_best) {
   ArgmaxCandidate best = argmax_identity();
+  int non_finite = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kCta) {
     const ArgmaxCandidate c{to_f32(x[i]), static_cast<int32_t>(i)};
+    non_finite |= !isfinite(c.value);
     if (!isnan(c.value) && argmax_beats(c, best)) best = c;
   }
   best = warp_argmax(best);
   if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
-  __syncthreads();
+  const bool any_non_finite = __syncthreads_or(non_finite) != 0;
   if (threadIdx.x == 0) {
     for (int k = 1; k < kWarps; ++k) {
       if (argmax_beats(warp_best[k], best)) best = warp_best[k];
     }
   }
   __syncthreads();
-  return best;
+  return {best, any_non_finite};
 }
+
+// A column part's candidate carries its part's non-finite flag in the index's sign bit (indices are < 2^31).
+constexpr uint32_t kPartNonFiniteBit = 0x80000000u;
 
 // The CPU loop starts from index 0 and only a strictly larger value replaces it: a NaN at 0 is
 // never replaced, and an all-NaN row (identity left) also gives 0.
@@ -190,7 +200,7 @@ __device__ __forceinline__ int32_t argmax_result(const T* __restrict__ row, Argm
   return (isnan(to_f32(row[0])) || best.index == 0x7fffffff) ? 0 : best.index;
 }
 
-// grid (parts, rows): part p of row r -> parts_out[r * parts + p].
+// grid (parts, rows): part p of row r -> parts_out[r * parts + p] (its non-finite flag in kPartNonFiniteBit).
 template <typename T>
 __global__ void __launch_bounds__(kCta)
     argmax_part_kernel(const T* __restrict__ logits, int64_t n_cols, int64_t row_stride, int64_t cols_per_part,
@@ -198,44 +208,59 @@ __global__ void __launch_bounds__(kCta)
   __shared__ ArgmaxCandidate warp_best[kWarps];
   const int64_t row = blockIdx.y, part = blockIdx.x;
   const int64_t begin = part * cols_per_part, end = min(begin + cols_per_part, n_cols);
-  const ArgmaxCandidate best = argmax_cta(logits + row * row_stride, begin, end, warp_best);
-  if (threadIdx.x == 0) parts_out[row * gridDim.x + part] = best;
+  const ArgmaxScan scan = argmax_cta(logits + row * row_stride, begin, end, warp_best);
+  if (threadIdx.x == 0) {
+    ArgmaxCandidate c = scan.best;
+    if (scan.non_finite) c.index = static_cast<int32_t>(static_cast<uint32_t>(c.index) | kPartNonFiniteBit);
+    parts_out[row * gridDim.x + part] = c;
+  }
 }
 
 // One warp per row over its `parts` candidates.
 template <typename T>
 __global__ void __launch_bounds__(kCta)
     argmax_merge_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t row_stride, int64_t parts,
-                        const ArgmaxCandidate* __restrict__ parts_in, int32_t* __restrict__ out) {
+                        const ArgmaxCandidate* __restrict__ parts_in, int32_t* __restrict__ out,
+                        uint32_t* __restrict__ non_finite) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= n_rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
   ArgmaxCandidate best = argmax_identity();
+  int flagged = 0;
   for (int64_t p = lane; p < parts; p += 32) {
-    const ArgmaxCandidate c = parts_in[row * parts + p];
+    ArgmaxCandidate c = parts_in[row * parts + p];
+    flagged |= (static_cast<uint32_t>(c.index) & kPartNonFiniteBit) != 0;
+    c.index = static_cast<int32_t>(static_cast<uint32_t>(c.index) & ~kPartNonFiniteBit);
     if (argmax_beats(c, best)) best = c;
   }
   best = warp_argmax(best);
-  if (lane == 0) out[row] = argmax_result(logits + row * row_stride, best);
+  const bool any_non_finite = __any_sync(kFullMask, flagged) != 0;
+  if (lane == 0) {
+    out[row] = argmax_result(logits + row * row_stride, best);
+    if (non_finite != nullptr) non_finite[row] = any_non_finite ? 1u : 0u;
+  }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kCta)
     argmax_kernel(const T* __restrict__ logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
-                  int32_t* __restrict__ out) {
+                  int32_t* __restrict__ out, uint32_t* __restrict__ non_finite) {
   __shared__ ArgmaxCandidate warp_best[kWarps];
   for (int64_t row = blockIdx.x; row < n_rows; row += gridDim.x) {
     const T* x = logits + row * row_stride;
-    const ArgmaxCandidate best = argmax_cta(x, 0, n_cols, warp_best);
-    if (threadIdx.x == 0) out[row] = argmax_result(x, best);
+    const ArgmaxScan scan = argmax_cta(x, 0, n_cols, warp_best);
+    if (threadIdx.x == 0) {
+      out[row] = argmax_result(x, scan.best);
+      if (non_finite != nullptr) non_finite[row] = scan.non_finite ? 1u : 0u;
+    }
   }
 }
 
 int grid_for(int64_t work, int64_t per_cta) { return grid_stride_ctas(work, per_cta, kMaxGrid); }
 
 template <typename T>
-void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride,
-                   int32_t* out, ArgmaxCandidate* workspace, cudaStream_t stream) {
+void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
+                   ArgmaxCandidate* workspace, uint32_t* non_finite, cudaStream_t stream) {
   FP4MOE_CHECK(n_rows >= 0 && n_cols >= 1 && n_cols <= 0x7ffffffe && row_stride >= n_cols)
       << what << ": rows=" << n_rows << ", cols=" << n_cols << ", row_stride=" << row_stride
       << " (need cols in [1, 2^31 - 2] and row_stride >= cols)";
@@ -243,14 +268,14 @@ void argmax_launch(const char* what, const T* logits, int64_t n_rows, int64_t n_
   FP4MOE_CHECK(logits != nullptr && out != nullptr) << what << ": null pointer for rows=" << n_rows;
   const int64_t parts = workspace != nullptr ? argmax_split_parts(n_rows, n_cols) : 1;
   if (parts == 1) {
-    argmax_kernel<T><<<grid_for(n_rows, 1), kCta, 0, stream>>>(logits, n_rows, n_cols, row_stride, out);
+    argmax_kernel<T><<<grid_for(n_rows, 1), kCta, 0, stream>>>(logits, n_rows, n_cols, row_stride, out, non_finite);
   } else {
     const int64_t cols_per_part = (n_cols + parts - 1) / parts;
     argmax_part_kernel<T><<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(n_rows)), kCta, 0, stream>>>(
         logits, n_cols, row_stride, cols_per_part, workspace);
     FP4MOE_CUDA_CHECK(cudaGetLastError());
     argmax_merge_kernel<T><<<static_cast<unsigned>((n_rows + kWarps - 1) / kWarps), kCta, 0, stream>>>(
-        logits, n_rows, row_stride, parts, workspace, out);
+        logits, n_rows, row_stride, parts, workspace, out, non_finite);
   }
   FP4MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -329,7 +354,7 @@ void embedding_bf16(const __nv_bfloat16* table, int64_t vocab, int64_t dim, cons
 
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
                  cudaStream_t stream) {
-  argmax_launch("argmax_rows(f32)", logits, n_rows, n_cols, row_stride, out, nullptr, stream);
+  argmax_launch("argmax_rows(f32)", logits, n_rows, n_cols, row_stride, out, nullptr, nullptr, stream);
 }
 
 int64_t argmax_split_parts(int64_t n_rows, int64_t n_cols) {
@@ -341,13 +366,13 @@ int64_t argmax_split_parts(int64_t n_rows, int64_t n_cols) {
 }
 
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
-                 ArgmaxCandidate* workspace, cudaStream_t stream) {
-  argmax_launch("argmax_rows(f32, split)", logits, n_rows, n_cols, row_stride, out, workspace, stream);
+                 ArgmaxCandidate* workspace, uint32_t* non_finite, cudaStream_t stream) {
+  argmax_launch("argmax_rows(f32, split)", logits, n_rows, n_cols, row_stride, out, workspace, non_finite, stream);
 }
 
 void argmax_rows(const __nv_bfloat16* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
                  cudaStream_t stream) {
-  argmax_launch("argmax_rows(bf16)", logits, n_rows, n_cols, row_stride, out, nullptr, stream);
+  argmax_launch("argmax_rows(bf16)", logits, n_rows, n_cols, row_stride, out, nullptr, nullptr, stream);
 }
 
 }  // namespace fp4moe::cuda

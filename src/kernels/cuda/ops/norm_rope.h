@@ -78,6 +78,8 @@ __host__ __device__ inline ArgmaxCandidate argmax_identity() { return {-INFINITY
 // argmax_rows (f32) with each row cut into argmax_split_parts(n_rows, n_cols) column ranges, one CTA each
 // (a few rows of a 150k vocabulary fill the GPU instead of a few SMs), their candidates reduced by a
 // second kernel. `workspace` holds kArgmaxWorkspaceCandidates candidates (4 KB; any n_rows, n_cols).
+// `non_finite` (null: not wanted) gets per row 1 when the row holds a NaN or an Inf, else 0: what the model's
+// step reads to fail the sequence whose logits went non-finite (the CPU models check every row they compute).
 inline constexpr int64_t kArgmaxWorkspaceCandidates = 512;
 inline constexpr int64_t kArgmaxMinColsPerPart = 4096;
 inline constexpr int64_t kArgmaxMaxParts = 64;
@@ -85,6 +87,6 @@ inline constexpr int64_t kArgmaxMaxParts = 64;
 // and n_rows x parts <= kArgmaxWorkspaceCandidates.
 int64_t argmax_split_parts(int64_t n_rows, int64_t n_cols);
 void argmax_rows(const float* logits, int64_t n_rows, int64_t n_cols, int64_t row_stride, int32_t* out,
-                 ArgmaxCandidate* workspace, cudaStream_t stream);
+                 ArgmaxCandidate* workspace, uint32_t* non_finite, cudaStream_t stream);
 
 }  // namespace fp4moe::cuda
