@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/json_schema.h"
+#include "format/json_file.h"
 
 namespace fp4moe::engine {
 
@@ -394,17 +396,10 @@ std::shared_ptr<const TokenConstraint> ConstraintCompiler::compile(const Constra
       // Depth-bounded like request bodies (SGLang sends the schema as text, parsed only here): the
       // regex builder recurses per level.
       constexpr int kMaxSchemaTextDepth = 64;
-      bool too_deep = false;
-      auto schema = nlohmann::ordered_json::parse(
-          spec.text,
-          [&](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
-            too_deep = too_deep || depth > kMaxSchemaTextDepth;
-            return !too_deep;
-          },
-          /*allow_exceptions=*/false);
-      if (too_deep) throw Error("the JSON schema nests deeper than " + std::to_string(kMaxSchemaTextDepth) + " levels");
-      if (schema.is_discarded()) throw Error("the JSON schema is not valid JSON");
-      const std::string regex = json_schema_to_regex(schema, options_.json_whitespace);
+      format::JsonParseFailure failure;
+      const auto schema = format::try_parse_json<nlohmann::ordered_json>(spec.text, kMaxSchemaTextDepth, &failure);
+      if (!schema) throw Error("the JSON schema: " + failure.message);
+      const std::string regex = json_schema_to_regex(*schema, options_.json_whitespace);
       automaton = std::make_shared<DfaAutomaton>(compile_regex(regex, options_.limits));
       what = "JSON schema " + shown(spec.text);
       break;

@@ -1,11 +1,15 @@
-// Reading JSON files (config.json, hf_quant_config.json, tokenizer.json, ...): one place that turns a
-// missing file or a parse error into an fp4moe::Error naming the path and nlohmann's position.
+// Reading JSON (config.json, hf_quant_config.json, tokenizer.json, ...; request bodies and schemas too, through
+// try_parse_json): one place that bounds the nesting and turns a missing file or a parse error into a message
+// naming the source and nlohmann's position.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -17,26 +21,43 @@ namespace fp4moe::format {
 // of what walks the value (a segfault), so deeper is refused while parsing.
 inline constexpr int kMaxJsonFileDepth = 256;
 
-// Parses `text` (from `source`, for messages): malformed JSON or nesting past kMaxJsonFileDepth fails naming it.
-// J is nlohmann::json or nlohmann::ordered_json (key order kept, e.g. for writing configs back).
+// The one depth-bounded JSON parse (files, request bodies, JSON schemas given as text): what reads a value later
+// (dumps, schema compilers, template walks) recurses per level, so a value nesting deeper than `max_depth` is
+// refused while parsing. Returns the value, or nullopt with `failure` filled. J is nlohmann::json or
+// nlohmann::ordered_json.
+struct JsonParseFailure {
+  bool too_deep = false;  // else malformed
+  // "malformed JSON: <nlohmann's message with the byte position>" or "JSON nests deeper than <max_depth> levels"
+  std::string message;
+};
 template <typename J = nlohmann::json>
-J parse_json_text(const std::string& text, const std::string& source) {
+std::optional<J> try_parse_json(std::string_view text, int max_depth, JsonParseFailure* failure) {
   bool too_deep = false;
   try {
-    return J::parse(text, [&](int depth, typename J::parse_event_t, J&) {
-      if (depth > kMaxJsonFileDepth) {
+    J value = J::parse(text, [&](int depth, typename J::parse_event_t, J&) {
+      if (depth > max_depth) {
         too_deep = true;
         throw std::runtime_error("too deep");
       }
       return true;
     });
-  } catch (const nlohmann::json::exception& e) {
-    FP4MOE_FAIL() << source << ": malformed JSON: " << e.what();
+    return value;
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range 406: a number past a double
+    *failure = {false, std::string("malformed JSON: ") + e.what()};
   } catch (const std::runtime_error&) {
     if (!too_deep) throw;
+    *failure = {true, "JSON nests deeper than " + std::to_string(max_depth) + " levels"};
   }
-  FP4MOE_FAIL() << source << ": JSON nests deeper than " << kMaxJsonFileDepth << " levels";
-  return J();
+  return std::nullopt;
+}
+
+// Parses `text` (from `source`, for messages): malformed JSON or nesting past kMaxJsonFileDepth fails naming it.
+template <typename J = nlohmann::json>
+J parse_json_text(const std::string& text, const std::string& source) {
+  JsonParseFailure failure;
+  std::optional<J> value = try_parse_json<J>(text, kMaxJsonFileDepth, &failure);
+  if (!value) FP4MOE_FAIL() << source << ": " << failure.message;
+  return std::move(*value);
 }
 
 template <typename J = nlohmann::json>

@@ -6,8 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+
+#include "format/json_file.h"
 
 namespace fp4moe::server {
 namespace {
@@ -285,18 +289,13 @@ ApiError bad_request(const std::string& param, const std::string& message) {
 }
 
 json parse_body(const std::string& body) {
-  json j;
-  try {
-    // Depth-bounded: what reads a body later (dump, schemas, templates) recurses per level.
-    j = json::parse(body, [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxBodyDepth)
-        throw bad_request("body", "the JSON body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
-      return true;
-    });
-  } catch (const json::exception& e) {  // parse_error, or out_of_range 406: a number past a double ("1e999")
-    throw bad_request("body", std::string("malformed JSON body (") + std::to_string(body.size()) +
-                                  " bytes): " + e.what());
+  // Depth-bounded: what reads a body later (dump, schemas, templates) recurses per level.
+  format::JsonParseFailure failure;
+  std::optional<json> parsed = format::try_parse_json(body, kMaxBodyDepth, &failure);
+  if (!parsed) {
+    throw bad_request("body", "the JSON body (" + std::to_string(body.size()) + " bytes): " + failure.message);
   }
+  json j = std::move(*parsed);
   if (!j.is_object()) throw bad_request("body", "the body must be a JSON object, got " + show(j));
   return j;
 }
@@ -460,14 +459,25 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       r.messages = nlohmann::ordered_json::parse(m->dump());
       // An assistant turn's tool_calls carry `arguments` as JSON text (OpenAI); the GLM templates iterate
       // them as a mapping (arguments.items()), so an object's text becomes the object, as vLLM does.
-      for (auto& msg : *r.messages) {
+      for (size_t i = 0; i < r.messages->size(); ++i) {
+        auto& msg = (*r.messages)[i];
         if (!msg.is_object() || !msg.contains("tool_calls") || !msg["tool_calls"].is_array()) continue;
-        for (auto& tc : msg["tool_calls"]) {
+        for (size_t k = 0; k < msg["tool_calls"].size(); ++k) {
+          auto& tc = msg["tool_calls"][k];
           if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
           auto& args = tc["function"]["arguments"];
           if (!args.is_string()) continue;
-          auto parsed = nlohmann::ordered_json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-          if (parsed.is_object()) args = std::move(parsed);
+          // Depth-bounded as the body is: the template walks the object (a deep one overflowed its stack).
+          // Text that is not JSON stays text, as vLLM keeps it.
+          format::JsonParseFailure failure;
+          auto parsed =
+              format::try_parse_json<nlohmann::ordered_json>(args.get<std::string>(), kMaxBodyDepth, &failure);
+          if (!parsed && failure.too_deep) {
+            throw bad_request(
+                "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(k) + "].function.arguments",
+                failure.message);
+          }
+          if (parsed && parsed->is_object()) args = std::move(*parsed);
         }
       }
       parse_sampling(top, &r, true);

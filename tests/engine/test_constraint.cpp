@@ -482,7 +482,7 @@ TEST(TokenConstraint, MasksEqualBruteForceOverTheVocabulary) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] {
               compiler.compile({ConstraintSpec::Kind::kJsonSchema, "json_schema", "{", {}});
-            }).find("not valid JSON"),
+            }).find("the JSON schema: malformed JSON: "),
             std::string::npos);
   // Choices are literals: "a|b" is the three characters.
   auto lit = compiler.compile({ConstraintSpec::Kind::kChoice, "guided_choice", "", {"a|b", "c"}});
@@ -496,7 +496,7 @@ TEST(TokenConstraint, DeepSchemaTextIsRefused) {
   const std::string deep_enum = R"({"enum":[)" + std::string(100000, '[') + std::string(100000, ']') + "]}";
   EXPECT_NE(testing::error_of([&] {
               compiler.compile({ConstraintSpec::Kind::kJsonSchema, "json_schema", deep_enum, {}});
-            }).find("nests deeper than 64 levels"),
+            }).find("the JSON schema: JSON nests deeper than 64 levels"),
             std::string::npos);
 }
 

@@ -209,6 +209,17 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
       EXPECT_NE(e.message.find("malformed JSON"), std::string::npos) << e.message;
     }
   }
+  // Nesting is bounded while parsing (format::try_parse_json, the parse files and schemas use too).
+  const std::string deep = "{\"a\": " + std::string(65, '[') + std::string(65, ']') + "}";
+  try {
+    parse_body(deep);
+    ADD_FAILURE() << "accepted a body nesting 66 levels";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.message, "the JSON body (" + std::to_string(deep.size()) + " bytes): JSON nests deeper than " +
+                             std::to_string(kMaxBodyDepth) + " levels");
+  }
+  EXPECT_EQ(parse_body("{\"a\": " + std::string(63, '[') + std::string(63, ']') + "}").size(), 1u);
 }
 
 // OpenAI content parts on a text-only model: text parts pass (and are joined by "\n" for a template
@@ -560,6 +571,17 @@ TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
   const auto& args = (*rt.messages)[1]["tool_calls"][0]["function"]["arguments"];
   ASSERT_TRUE(args.is_object());
   EXPECT_EQ(args.dump(), R"({"b":2,"a":[1]})") << "keys in the order sent";
+  // Arguments text that is not JSON stays text; text nesting past the body's bound is a 400 naming it (the template
+  // walks the object: a deep one overflowed the stack).
+  json odd = turn;
+  odd[1]["tool_calls"][0]["function"]["arguments"] = "{not json";
+  EXPECT_EQ(
+      (*parse_request(Endpoint::kChat, json{{"messages", odd}}).messages)[1]["tool_calls"][0]["function"]["arguments"],
+      "{not json");
+  odd[1]["tool_calls"][0]["function"]["arguments"] =
+      "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_bad(Endpoint::kChat, json{{"messages", odd}}, "messages[1].tool_calls[0].function.arguments",
+             "JSON nests deeper than 64 levels");
 
   req.reasoning = find_reasoning_format("glm45");
   req.tool_calls = find_tool_call_format("glm45");

@@ -207,7 +207,7 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
   expect_400(c.post("/v1/chat/completions", bad_schema.dump()), "response_format",
              "keyword 'uniqueItems' is not supported");
   expect_400(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"json_schema", "{nope"}}}}.dump()),
-             "sampling_params.json_schema", "not valid JSON");
+             "sampling_params.json_schema", "the JSON schema: malformed JSON");
   expect_400(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"ebnf", "root ::= \"a\""}}}}.dump()),
              "sampling_params.ebnf", "grammars (EBNF / GBNF) are not supported");
   EXPECT_EQ(c.post("/v1/completions", json{{"prompt", "a"}, {"max_tokens", 2}}.dump()).status, 200);
