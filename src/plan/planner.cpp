@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::plan {
 namespace {
@@ -123,8 +124,9 @@ void check_problem(const Problem& p, std::string_view what) {
     FP4MOE_CHECK(p.n > 0 && p.k > 0) << what << ": a GEMM needs N and K (got N=" << p.n << " K=" << p.k << ")";
     FP4MOE_CHECK(p.m <= kMaxDim && p.n <= kMaxDim && p.k <= kMaxDim)
         << what << ": M=" << p.m << ", N=" << p.n << ", K=" << p.k << " is past " << kMaxDim;
-    FP4MOE_CHECK(p.k % 16 == 0) << what << ": K=" << p.k << " must be a multiple of the NVFP4 block (16)";
-    FP4MOE_CHECK(p.n % 8 == 0) << what << ": N=" << p.n << " must be a multiple of 8 (the weight repack's rows)";
+    for (const std::string& refusal : {w4a16_k_refusal(p.k), w4a16_n_refusal(p.n)}) {
+      FP4MOE_CHECK(refusal.empty()) << what << ": " << refusal;
+    }
   }
 }
 

@@ -37,7 +37,8 @@ struct Problem {
 Problem parse_problem(std::string_view text);
 // Fails, naming `what` (the problem text or the model's config.json) and the numbers, unless the kernel can run the
 // shape: every K (a MoE's H and I, a GEMM's K) a multiple of the NVFP4 block (16), every N a multiple of 8 (the
-// weight repack's), E <= 65536 and H, I, M, N, K <= 2^24 (so the cost model's tile counts fit 64 bits).
+// W4A16 kernel's rules, plan::w4a16_k_refusal / w4a16_n_refusal), E <= 65536 and H, I, M, N, K <= 2^24 (so the cost
+// model's tile counts fit 64 bits).
 void check_problem(const Problem& p, std::string_view what);
 // Parses "1,16,64" into counts (each >= 1); errors name `option` (the flag it came from) and the list.
 std::vector<int64_t> parse_token_list(std::string_view text, std::string_view option = "--tokens");

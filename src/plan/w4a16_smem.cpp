@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "format/nvfp4.h"
+
 namespace fp4moe::plan {
 
 std::string w4a16_config_name(const W4A16Config& c) {
@@ -46,6 +48,21 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
   if (padding != 0) s << " + padding " << padding;
   s << " = " << l.total_bytes() << " B";
   return s.str();
+}
+
+std::string w4a16_k_refusal(int64_t k) {
+  static_assert(kW4A16KMultiple == format::kNvfp4BlockSize, "the kernel's K step is one NVFP4 block");
+  if (k > 0 && k % kW4A16KMultiple == 0) return "";
+  return "K=" + std::to_string(k) + " must be a positive multiple of " + std::to_string(kW4A16KMultiple) +
+         " (one NVFP4 block; K % " + std::to_string(kW4A16KMultiple) + " = " + std::to_string(k % kW4A16KMultiple) +
+         ")";
+}
+
+std::string w4a16_n_refusal(int64_t n) {
+  if (n > 0 && n % kW4A16NMultiple == 0) return "";
+  return "N=" + std::to_string(n) + " must be a positive multiple of " + std::to_string(kW4A16NMultiple) +
+         " (16 B output stores; N % " + std::to_string(kW4A16NMultiple) + " = " + std::to_string(n % kW4A16NMultiple) +
+         ")";
 }
 
 std::string w4a16_smem_refusal(const W4A16Config& c, uint32_t smem_limit) {

@@ -28,4 +28,14 @@ std::string w4a16_smem_summary(const W4A16Config& c);
 //   "config w4a16_swapab_m96n8k256_s4 cannot be built: block_w (weight rows, MMA M) must be 64 or 128"
 std::string w4a16_smem_refusal(const W4A16Config& c, uint32_t smem_limit);
 
+// The weight shapes the kernel runs, one rule each for the repack, the launcher, the planner and the tune cache:
+// K (input features) a positive multiple of the NVFP4 block (16), N (weight rows, output features) a positive
+// multiple of 8 (the epilogue's 16 B output stores of 8 bf16). Empty when the value holds, else the sentence:
+//   "K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)"
+//   "N=4100 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"
+inline constexpr int64_t kW4A16KMultiple = 16;
+inline constexpr int64_t kW4A16NMultiple = 8;
+std::string w4a16_k_refusal(int64_t k);
+std::string w4a16_n_refusal(int64_t n);
+
 }  // namespace fp4moe::plan

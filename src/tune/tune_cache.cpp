@@ -141,11 +141,9 @@ std::vector<GemmShape> parse_shape_list(std::string_view text) {
   std::vector<GemmShape> out;
   for (size_t i = 0; i < values.size(); i += 3) {
     const GemmShape s{values[i], values[i + 1], values[i + 2]};
-    FP4MOE_CHECK(s.n % 8 == 0) << "--shape '" << text << "': token " << i + 2 << " N=" << s.n
-                               << " must be a multiple of 8 (16 B output stores; N % 8 = " << s.n % 8 << ")";
-    FP4MOE_CHECK(s.k % 16 == 0) << "--shape '" << text << "': token " << i + 3 << " K=" << s.k
-                                << " must be a multiple of 16 (one NVFP4 block per e4m3 scale; K % 16 = " << s.k % 16
-                                << ")";
+    const std::string n_refusal = plan::w4a16_n_refusal(s.n), k_refusal = plan::w4a16_k_refusal(s.k);
+    FP4MOE_CHECK(n_refusal.empty()) << "--shape '" << text << "': token " << i + 2 << " " << n_refusal;
+    FP4MOE_CHECK(k_refusal.empty()) << "--shape '" << text << "': token " << i + 3 << " " << k_refusal;
     out.push_back(s);
   }
   return out;
@@ -153,10 +151,9 @@ std::vector<GemmShape> parse_shape_list(std::string_view text) {
 
 void check_shape(const GemmShape& s, const std::string& what) {
   FP4MOE_CHECK(s.n_experts >= 1 && s.n > 0 && s.k > 0) << what << ": shape " << s.to_string() << " must be positive";
-  FP4MOE_CHECK(s.n % 8 == 0) << what << ": N=" << s.n << " must be a multiple of 8 (16 B output stores; N % 8 = "
-                             << s.n % 8 << ")";
-  FP4MOE_CHECK(s.k % 16 == 0) << what << ": K=" << s.k << " must be a multiple of 16 (one NVFP4 block per e4m3 scale; K % 16 = "
-                              << s.k % 16 << ")";
+  for (const std::string& refusal : {plan::w4a16_n_refusal(s.n), plan::w4a16_k_refusal(s.k)}) {
+    FP4MOE_CHECK(refusal.empty()) << what << ": " << refusal;
+  }
 }
 
 std::string layout_version() { return layout_version(plan::kW4A16Configs, plan::kNumW4A16Configs); }

@@ -49,10 +49,11 @@ struct GemmShape {
   std::string to_string() const;  // "E=32,N=4096,K=6144"
   auto operator<=>(const GemmShape&) const = default;
 };
-// Parses "E,N,K[,E,N,K...]" (a multiple of 3 positive integers; N % 8 == 0 for the kernel's
-// 16 B stores, K % 16 == 0: whole NVFP4 blocks; the launcher checks the rest). Throws fp4moe::Error naming the bad token and its position.
+// Parses "E,N,K[,E,N,K...]" (a multiple of 3 positive integers; N and K as the kernel takes them,
+// plan::w4a16_n_refusal / w4a16_k_refusal; the launcher checks the rest). Throws fp4moe::Error naming the bad
+// token and its position.
 std::vector<GemmShape> parse_shape_list(std::string_view text);
-// Throws unless the kernel can run the shape: E >= 1, N > 0 with N % 8 == 0, K > 0 with K % 16 == 0
+// Throws unless the kernel can run the shape: E >= 1, N and K as plan::w4a16_n_refusal / w4a16_k_refusal take them
 // (`what` names the shape's origin, e.g. "model.layers gate_up").
 void check_shape(const GemmShape& shape, const std::string& what);
 

@@ -459,17 +459,19 @@ TEST(W4A16Repack, RoundTripsAndPlacesEveryCodeWhereTheLayoutSays) {
 TEST(W4A16Repack, RefusesWhatTheKernelCannotRunNamingTheNumbers) {
   std::vector<uint8_t> codes(1 << 14, 0x21), scales(1 << 12, 0x38), co, so;  // 0x38 = 1.0
   std::string msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 1, 16, 40, co, so, "layers.3.w13"); });
-  EXPECT_NE(msg.find("w4a16 repack of layers.3.w13: K=40 must be a multiple of 16 (one NVFP4 block; K % 16 = 8)"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("w4a16 repack of layers.3.w13: K=40 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)"),
+      std::string::npos)
       << msg;
   msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 1, 20, 64, co, so, "layers.3.w2"); });
-  EXPECT_NE(msg.find("w4a16 repack of layers.3.w2: N=20 must be a multiple of 8 (16 B output stores; N % 8 = 4)"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("w4a16 repack of layers.3.w2: N=20 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"),
+      std::string::npos)
       << msg;
   msg = error_of([&] { w4a16_repack(codes.data(), scales.data(), 0, 16, 64, co, so, "w"); });
   EXPECT_NE(msg.find("E=0, N=16, K=64 must be positive"), std::string::npos) << msg;
   msg = error_of([&] { w4a16_unpack(codes.data(), scales.data(), 1, 16, 40, co, so); });
-  EXPECT_NE(msg.find("w4a16 repack of weight: K=40 must be a multiple of 16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("w4a16 repack of weight: K=40 must be a positive multiple of 16"), std::string::npos) << msg;
 
   // E = 2, N = 16, K = 64: 4 scales per row. The largest finite scale (448), the smallest
   // subnormal and zero are fine ...

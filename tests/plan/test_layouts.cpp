@@ -264,6 +264,18 @@ const W4A16Config& w4a16_config_named(const std::string& name) {
   return kW4A16Configs[0];
 }
 
+// The kernel's shape rules, one sentence each (the repack, the launcher, the planner and the tune cache say them).
+TEST(W4A16Layout, ShapeRules) {
+  EXPECT_EQ(w4a16_k_refusal(6144), "");
+  EXPECT_EQ(w4a16_k_refusal(16), "");
+  EXPECT_EQ(w4a16_k_refusal(100), "K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)");
+  EXPECT_EQ(w4a16_k_refusal(0), "K=0 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 0)");
+  EXPECT_EQ(w4a16_k_refusal(-16), "K=-16 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 0)");
+  EXPECT_EQ(w4a16_n_refusal(8), "");
+  EXPECT_EQ(w4a16_n_refusal(4100), "N=4100 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)");
+  EXPECT_EQ(w4a16_n_refusal(0), "N=0 must be a positive multiple of 8 (16 B output stores; N % 8 = 0)");
+}
+
 TEST(W4A16Layout, SummaryAndRefusalWording) {
   const W4A16Config c = kW4A16Configs[9];  // w4a16_swapab_m128n64k128_s4
   EXPECT_EQ(w4a16_smem_summary(c), "4 stages x (x_tile 16384 + w_tiles 8192 + w_scales 1024) + epilogue 17408 = 119808 B");

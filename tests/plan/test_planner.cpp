@@ -40,9 +40,11 @@ TEST(Problem, ErrorsNameTheField) {
   EXPECT_NE(message("moe:E=8,Q=1").find("unknown MoE field 'q'"), std::string::npos);
   EXPECT_NE(message("conv:E=8").find("kind 'conv' is not moe or gemm"), std::string::npos);
   // Shapes the kernel cannot run are refused (they were planned); sizes whose tile counts overflowed too.
-  EXPECT_NE(message("gemm:M=1,N=128,K=100").find("K=100 must be a multiple of the NVFP4 block (16)"),
+  EXPECT_NE(
+      message("gemm:M=1,N=128,K=100").find("K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)"),
+      std::string::npos);
+  EXPECT_NE(message("gemm:M=1,N=12,K=64").find("N=12 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"),
             std::string::npos);
-  EXPECT_NE(message("gemm:M=1,N=12,K=64").find("N=12 must be a multiple of 8"), std::string::npos);
   EXPECT_NE(message("moe:E=8,topk=2,H=6150,I=64").find("H=6150 and I=64 (the K of the down and gate_up GEMMs) must "
                                                        "be multiples of the NVFP4 block (16)"),
             std::string::npos);

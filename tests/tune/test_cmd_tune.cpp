@@ -63,8 +63,7 @@ TEST(TuneCli, ShapeErrorsNameTheBadToken) {
   EXPECT_HAS(run("tune --shape 32,4096,6144,32"),
             "--shape '32,4096,6144,32': 4 numbers is not a multiple of 3 (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(run("tune --shape 32,4096,6008"),
-            "--shape '32,4096,6008': token 3 K=6008 must be a multiple of 16 (one NVFP4 block per e4m3 scale; K % 16 "
-            "= 8)");
+             "--shape '32,4096,6008': token 3 K=6008 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)");
   EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1,2,3"),
             "--tokens '1,2,3': token 3 '3' is not a token-count bucket (tokens per expert; buckets: "
             "1,2,4,8,16,32,64,128,256,512)");

@@ -101,9 +101,10 @@ TEST(Parsing, ShapeListNamesTheBadToken) {
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096"); }),
             "--shape '32,4096': 2 numbers is not a multiple of 3 (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096,6144,1,4100,64"); }),
-            "--shape '32,4096,6144,1,4100,64': token 5 N=4100 must be a multiple of 8 (16 B output stores; N % 8 = 4)");
+             "--shape '32,4096,6144,1,4100,64': token 5 N=4100 must be a positive multiple of 8 (16 B output stores; N "
+             "% 8 = 4)");
   EXPECT_HAS(error_of([] { parse_shape_list("1,64,100"); }),
-            "--shape '1,64,100': token 3 K=100 must be a multiple of 16 (one NVFP4 block per e4m3 scale; K % 16 = 4)");
+             "--shape '1,64,100': token 3 K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)");
   EXPECT_NE(error_of([] { parse_shape_list("0,64,64"); }).find("token 1 '0'"), std::string::npos);
   EXPECT_NE(error_of([] { check_shape({1, 64, 72}, "cfg down"); }).find("cfg down: K=72"), std::string::npos);
 }

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/sm90/w4a16_grouped_gemm.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::cuda::sm90 {
 
@@ -53,13 +54,11 @@ void w4a16_check_problem(const W4A16GroupedGemmArgs& a, const W4A16Config& c) {
                            std::to_string(a.m_total) + ", N=" + std::to_string(a.n) + ", K=" +
                            std::to_string(a.k) + ", E=" + std::to_string(a.n_experts) + ")";
   FP4MOE_CHECK(W4A16Layout::make(c).valid()) << what << ": invalid config";
-  FP4MOE_CHECK(a.k > 0 && a.k % 16 == 0)
-      << what << ": K=" << a.k << " must be a positive multiple of 16 (one NVFP4 block; K % 16 = " << a.k % 16 << ")";
+  const std::string k_refusal = plan::w4a16_k_refusal(a.k), n_refusal = plan::w4a16_n_refusal(a.n);
+  FP4MOE_CHECK(k_refusal.empty()) << what << ": " << k_refusal;
   FP4MOE_CHECK(a.n <= std::numeric_limits<int32_t>::max() && a.k <= std::numeric_limits<int32_t>::max())
       << what << ": N and K must be < 2^31";
-  FP4MOE_CHECK(a.n > 0 && a.n % 8 == 0)
-      << what << ": N=" << a.n << " must be a positive multiple of 8 (16 B output stores; N % 8 = "
-      << a.n % 8 << ")";
+  FP4MOE_CHECK(n_refusal.empty()) << what << ": " << n_refusal;
   FP4MOE_CHECK(a.epilogue != W4A16Epilogue::kSwiGlu || a.n % 16 == 0)
       << what << ": the SwiGLU epilogue needs N = 2 x I with I % 8 == 0 (gate/up interleaved by 8 rows); N % 16 = "
       << a.n % 16;

@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/sm90/w4a16_weight_layout.h"
+#include "plan/w4a16_smem.h"
 
 namespace fp4moe::cuda::sm90 {
 
@@ -20,10 +22,9 @@ namespace {
 void check_shape(int64_t n_experts, int64_t n, int64_t k, const char* what) {
   FP4MOE_CHECK(n_experts >= 1 && n > 0 && k > 0)
       << "w4a16 repack of " << what << ": E=" << n_experts << ", N=" << n << ", K=" << k << " must be positive";
-  FP4MOE_CHECK(k % 16 == 0) << "w4a16 repack of " << what << ": K=" << k
-                            << " must be a multiple of 16 (one NVFP4 block; K % 16 = " << k % 16 << ")";
-  FP4MOE_CHECK(n % 8 == 0) << "w4a16 repack of " << what << ": N=" << n
-                           << " must be a multiple of 8 (16 B output stores; N % 8 = " << n % 8 << ")";
+  for (const std::string& refusal : {plan::w4a16_k_refusal(k), plan::w4a16_n_refusal(n)}) {
+    FP4MOE_CHECK(refusal.empty()) << "w4a16 repack of " << what << ": " << refusal;
+  }
 }
 
 // Byte offsets of (row, k) in the kernel layout: the code's lane word and the scale byte.
