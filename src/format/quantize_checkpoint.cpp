@@ -10,6 +10,8 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <system_error>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -135,8 +137,7 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
 
 }  // namespace
 
-std::vector<std::string> modules_to_quantize(const fs::path& in_dir, const std::vector<std::string>& extra_exclude) {
-  Checkpoint in(in_dir);
+std::vector<std::string> modules_to_quantize(const Checkpoint& in, const std::vector<std::string>& extra_exclude) {
   QuantConfig exclusions;
   exclusions.present = true;
   exclusions.exclude_modules = quantize_exclusions(extra_exclude, in);
@@ -145,9 +146,8 @@ std::vector<std::string> modules_to_quantize(const fs::path& in_dir, const std::
   return out;
 }
 
-std::vector<std::string> unmatched_exclusions(const fs::path& in_dir, const std::vector<std::string>& extra) {
+std::vector<std::string> unmatched_exclusions(const Checkpoint& in, const std::vector<std::string>& extra) {
   if (extra.empty()) return {};
-  Checkpoint in(in_dir);
   std::vector<std::string> out;
   for (const std::string& p : extra) {
     QuantConfig one;
@@ -167,7 +167,22 @@ void create_output_dir(const fs::path& out_dir) {
   FP4MOE_CHECK(!ec) << "quantize: cannot create the output directory " << out_dir.string() << ": " << ec.message();
 }
 
-void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
+QuantizeOutput::QuantizeOutput(fs::path dir) : dir_(std::move(dir)), existed_(fs::exists(dir_)) {
+  create_output_dir(dir_);
+}
+
+QuantizeOutput::~QuantizeOutput() {
+  if (committed_) return;
+  std::error_code ec;
+  if (!existed_) {
+    fs::remove_all(dir_, ec);
+    return;
+  }
+  for (const auto& e : fs::directory_iterator(dir_, ec)) fs::remove_all(e.path(), ec);
+}
+
+void check_quantize_paths(const Checkpoint& in, const fs::path& out_dir) {
+  const fs::path& in_dir = in.dir();
   FP4MOE_CHECK(!(fs::exists(out_dir) && fs::equivalent(in_dir, out_dir)))
       << "quantize: output directory " << out_dir.string() << " is the input directory";
   FP4MOE_CHECK(!fs::exists(out_dir) || fs::is_directory(out_dir))
@@ -179,7 +194,6 @@ void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
   // calibration and the quantization, not after them).
   check_can_create_in(fs::absolute(out_dir), "quantize: output directory " + out_dir.string(), "created",
                       /*walk_up=*/true);
-  Checkpoint in(in_dir);
   in.require_valid();
   FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)
       << "quantize: " << in_dir.string() << " is already quantized ("
@@ -187,10 +201,9 @@ void check_quantize_paths(const fs::path& in_dir, const fs::path& out_dir) {
       << in.quant().source << "')";
 }
 
-QuantizeReport quantize_checkpoint(const fs::path& in_dir, const fs::path& out_dir,
-                                   const QuantizeOptions& options) {
-  check_quantize_paths(in_dir, out_dir);
-  Checkpoint in(in_dir);
+QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir, const QuantizeOptions& options) {
+  check_quantize_paths(in, out_dir);
+  const fs::path& in_dir = in.dir();
 
   QuantizeReport report;
   QuantConfig exclusions;

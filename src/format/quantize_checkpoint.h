@@ -66,29 +66,43 @@ std::string scale_group_of(const std::string& module);
 // ModelOpt's _add_mtp_exclusions: speculative decoding loads it in BF16, and calibration never runs it).
 std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra, const Checkpoint& in);
 
-// The Linear modules of `in_dir` that quantize_checkpoint would quantize with these options
+// The Linear modules of `in` that quantize_checkpoint would quantize with these options
 // (sorted); calibration uses it to keep only the amax values that will be written. Fails, before any work, when some
 // of them have an in_features K that is not a multiple of the NVFP4 block, with their count, the first ones and a
 // pattern that excludes them all.
-std::vector<std::string> modules_to_quantize(const std::filesystem::path& in_dir,
-                                             const std::vector<std::string>& extra_exclude);
+std::vector<std::string> modules_to_quantize(const Checkpoint& in, const std::vector<std::string>& extra_exclude);
 
-// The patterns of `extra` that match no Linear module of `in_dir` (a typo keeps nothing in BF16; the command warns).
-std::vector<std::string> unmatched_exclusions(const std::filesystem::path& in_dir,
-                                              const std::vector<std::string>& extra);
+// The patterns of `extra` that match no Linear module of `in` (a typo keeps nothing in BF16; the command warns).
+std::vector<std::string> unmatched_exclusions(const Checkpoint& in, const std::vector<std::string>& extra);
 
 // Makes the output directory (and its parents); fails naming it and the OS reason (/proc/x, a full disk). The CLI
-// calls it before calibrating, quantize_checkpoint before writing.
+// calls it before calibrating (through QuantizeOutput), quantize_checkpoint before writing.
 void create_output_dir(const std::filesystem::path& out_dir);
+
+// The output directory of one quantize run (check_quantize_paths admits only a missing or an empty one): made on
+// construction; unless commit() is called, the destructor removes what the run left in it, and the directory
+// itself when the run made it, so a run that fails (a bad calibration prompt, a full disk mid-shard) leaves no
+// half-written checkpoint behind.
+class QuantizeOutput {
+ public:
+  explicit QuantizeOutput(std::filesystem::path dir);
+  ~QuantizeOutput();
+  QuantizeOutput(const QuantizeOutput&) = delete;
+  QuantizeOutput& operator=(const QuantizeOutput&) = delete;
+  void commit() { committed_ = true; }
+
+ private:
+  std::filesystem::path dir_;
+  bool existed_ = false, committed_ = false;
+};
 
 // The refusals quantize_checkpoint makes before any work (output not empty or the input itself,
 // input invalid or already quantized), so a caller can check them before a long calibration pass.
-void check_quantize_paths(const std::filesystem::path& in_dir, const std::filesystem::path& out_dir);
+void check_quantize_paths(const Checkpoint& in, const std::filesystem::path& out_dir);
 
-// Quantizes `in_dir` into `out_dir` (created; must not exist or be empty). Throws naming the module and
+// Quantizes `in` into `out_dir` (created; must not exist or be empty). Throws naming the module and
 // numbers when the input has problems, is already quantized, or the amax map is partial.
-QuantizeReport quantize_checkpoint(const std::filesystem::path& in_dir,
-                                   const std::filesystem::path& out_dir,
+QuantizeReport quantize_checkpoint(const Checkpoint& in, const std::filesystem::path& out_dir,
                                    const QuantizeOptions& options);
 
 }  // namespace fp4moe::format

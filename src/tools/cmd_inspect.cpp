@@ -391,7 +391,7 @@ void run_inspect(const InspectArgs& a) {
   write_demo_bf16_checkpoint(root / "bf16", /*seed=*/20260101);
   format::QuantizeOptions opt;
   opt.producer_version = FP4MOE_VERSION;
-  const format::QuantizeReport r = format::quantize_checkpoint(root / "bf16", root / "nvfp4", opt);
+  const format::QuantizeReport r = format::quantize_checkpoint(format::Checkpoint(root / "bf16"), root / "nvfp4", opt);
   if (!a.json) {
     fmt::print("demo: wrote a BF16 GLM-4.5-style checkpoint and quantized {} Linears to {} "
                "(weight-only: no calibration pass), {} kept BF16; {} -> {}\n\n",

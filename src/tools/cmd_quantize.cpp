@@ -156,11 +156,14 @@ void run_quantize(const QuantizeArgs& a) {
   format::QuantizeOptions opt;
   opt.exclude = a.exclude;
   opt.producer_version = FP4MOE_VERSION;
-  format::check_quantize_paths(a.in_dir, a.out_dir);  // refuse before a long calibration pass
+  const format::Checkpoint in(a.in_dir);  // its safetensors headers, read once
+  // Refused before a long calibration pass.
+  format::check_quantize_paths(in, a.out_dir);
   // The modules it will quantize (an empty --exclude, K not a multiple of 16: refused now, not after calibrating).
-  const std::vector<std::string> modules = format::modules_to_quantize(a.in_dir, a.exclude);
-  format::create_output_dir(a.out_dir);  // one that cannot be made fails now, not after calibrating
-  for (const std::string& p : format::unmatched_exclusions(a.in_dir, a.exclude)) {
+  const std::vector<std::string> modules = format::modules_to_quantize(in, a.exclude);
+  // One that cannot be made fails now, not after calibrating; a run that fails later leaves nothing in it.
+  format::QuantizeOutput output(a.out_dir);
+  for (const std::string& p : format::unmatched_exclusions(in, a.exclude)) {
     fmt::print(stderr, "quantize: warning: --exclude '{}' matches no Linear module of {} (it keeps nothing in BF16)\n",
                p, a.in_dir);
   }
@@ -175,7 +178,6 @@ void run_quantize(const QuantizeArgs& a) {
       prompts = read_prompt_ids(a.calib_prompts);
       source = a.calib_prompts;
     } else {
-      format::Checkpoint in(a.in_dir);
       prompts = builtin_calibration_prompts(in.config().vocab_size);
       source = "the built-in set (deterministic random token ids; pass --calib-prompts for real text)";
     }
@@ -190,7 +192,8 @@ void run_quantize(const QuantizeArgs& a) {
     }
     opt.input_amax = std::move(cal.input_amax);
   }
-  const format::QuantizeReport r = format::quantize_checkpoint(a.in_dir, a.out_dir, opt);
+  const format::QuantizeReport r = format::quantize_checkpoint(in, a.out_dir, opt);
+  output.commit();
   fmt::print("quantized {} Linears to {} ({} scale-sharing groups), kept {} in BF16 (exclude: ",
              r.n_quantized, r.quant_algo, r.n_scale_groups, r.n_kept);
   for (size_t i = 0; i < r.exclude_modules.size(); ++i) {

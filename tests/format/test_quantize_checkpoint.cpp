@@ -88,7 +88,7 @@ TEST(QuantizeCheckpoint, Glm4ReproducesGoldenBitForBit) {
   TempDir out("quant_glm4");
   QuantizeOptions opt;
   opt.input_amax = golden_input_amax(golden("glm4_moe_tiny_nvfp4"));
-  QuantizeReport r = quantize_checkpoint(golden("glm4_moe_tiny"), out.path() / "q", opt);
+  QuantizeReport r = quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny")), out.path() / "q", opt);
   EXPECT_EQ(r.quant_algo, "NVFP4");
   EXPECT_EQ(r.n_quantized, 117);
   EXPECT_EQ(r.n_kept, 3);  // lm_head + 2 routers
@@ -108,7 +108,7 @@ TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
   QuantizeOptions opt;
   opt.exclude = {"model.layers.*.self_attn*"};
   opt.input_amax = golden_input_amax(golden("glm5_tiny_nvfp4"));
-  QuantizeReport r = quantize_checkpoint(golden("glm5_tiny"), out.path() / "q", opt);
+  QuantizeReport r = quantize_checkpoint(Checkpoint(golden("glm5_tiny")), out.path() / "q", opt);
   EXPECT_EQ(r.n_quantized, 105);
   EXPECT_EQ(r.n_kept, 24 + 3);
   expect_same_tensors(out.path() / "q", golden("glm5_tiny_nvfp4"), true);
@@ -123,7 +123,7 @@ TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
 // its 56 modules). Neither pattern is written where another already keeps those modules (the goldens above).
 TEST(QuantizeCheckpoint, IndexerWeightsProjAndMtpLayersStayBf16) {
   TempDir out("quant_must_stay");
-  QuantizeReport r = quantize_checkpoint(golden("glm5_tiny"), out.path() / "g5", {});
+  QuantizeReport r = quantize_checkpoint(Checkpoint(golden("glm5_tiny")), out.path() / "g5", {});
   EXPECT_EQ(r.exclude_modules, (std::vector<std::string>{"lm_head", "model.layers.*.mlp.gate",
                                                          "model.layers.*.self_attn.indexer.weights_proj"}));
   Checkpoint g5(out.path() / "g5");
@@ -141,7 +141,7 @@ TEST(QuantizeCheckpoint, IndexerWeightsProjAndMtpLayersStayBf16) {
   });
   QuantizeOptions calibrated;
   calibrated.input_amax = golden_input_amax(golden("glm4_moe_tiny_nvfp4"));
-  r = quantize_checkpoint(out.path() / "mtp", out.path() / "mtp_q", calibrated);
+  r = quantize_checkpoint(Checkpoint(out.path() / "mtp"), out.path() / "mtp_q", calibrated);
   EXPECT_EQ(r.exclude_modules, (std::vector<std::string>{"lm_head", "model.layers.*.mlp.gate", "model.layers.3.*"}));
   Checkpoint q(out.path() / "mtp_q");
   EXPECT_TRUE(q.problems().empty()) << q.problems().front().message;
@@ -168,7 +168,7 @@ TEST(QuantizeCheckpoint, KNotAMultipleOf16IsRefusedWithAPattern) {
         if (file == "config.json") j["moe_intermediate_size"] = 72;
       });
   try {
-    modules_to_quantize(tmp.path() / "in", {});
+    modules_to_quantize(Checkpoint(tmp.path() / "in"), {});
     FAIL() << "K = 72 accepted";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -179,12 +179,13 @@ TEST(QuantizeCheckpoint, KNotAMultipleOf16IsRefusedWithAPattern) {
     EXPECT_NE(m.find("keep them in BF16 with --exclude 'model.layers.*.mlp.experts.*.down_proj'"), std::string::npos)
         << m;
   }
-  EXPECT_EQ(modules_to_quantize(tmp.path() / "in", {"model.layers.*.mlp.experts.*.down_proj"}).size(), 117u - 32u);
+  EXPECT_EQ(modules_to_quantize(Checkpoint(tmp.path() / "in"), {"model.layers.*.mlp.experts.*.down_proj"}).size(),
+            117u - 32u);
 }
 
 // A pattern that matches no Linear is reported (a typo would keep nothing in BF16); an empty one is refused.
 TEST(QuantizeCheckpoint, ExclusionPatternsAreChecked) {
-  EXPECT_EQ(unmatched_exclusions(golden("glm5_tiny"),
+  EXPECT_EQ(unmatched_exclusions(Checkpoint(golden("glm5_tiny")),
                                  {"model.layers.*.self_attn*", "model.layers.*.self_atn*", "lm_head", "mlp.gate_proj"}),
             (std::vector<std::string>{"model.layers.*.self_atn*"}));
   try {
@@ -197,7 +198,7 @@ TEST(QuantizeCheckpoint, ExclusionPatternsAreChecked) {
 
 TEST(QuantizeCheckpoint, WithoutCalibrationIsWeightOnly) {
   TempDir out("quant_w4a16");
-  QuantizeReport r = quantize_checkpoint(golden("glm4_moe_tiny"), out.path(), {});
+  QuantizeReport r = quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny")), out.path(), {});
   EXPECT_EQ(r.quant_algo, "W4A16_NVFP4");
   EXPECT_FALSE(r.has_input_scales);
   expect_same_tensors(out.path(), golden("glm4_moe_tiny_nvfp4"), false);
@@ -214,7 +215,7 @@ TEST(QuantizeCheckpoint, ShardedInput) {
   fp4moe::testing::copy_checkpoint(golden("glm5_tiny"), tmp.path() / "in", nullptr, nullptr, 2);
   QuantizeOptions opt;
   opt.exclude = {"model.layers.*.self_attn*"};
-  quantize_checkpoint(tmp.path() / "in", tmp.path() / "out", opt);
+  quantize_checkpoint(Checkpoint(tmp.path() / "in"), tmp.path() / "out", opt);
   EXPECT_TRUE(std::filesystem::exists(tmp.path() / "out" / "model.safetensors.index.json"));
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "out" / "model.safetensors"));
   expect_same_tensors(tmp.path() / "out", golden("glm5_tiny_nvfp4"), false);
@@ -230,7 +231,7 @@ TEST(QuantizeCheckpoint, PartialCalibrationIsRefused) {
   opt.input_amax = golden_input_amax(golden("glm4_moe_tiny_nvfp4"));
   opt.input_amax.erase("model.layers.2.mlp.experts.5.down_proj");
   try {
-    quantize_checkpoint(golden("glm4_moe_tiny"), out.path() / "q", opt);
+    quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny")), out.path() / "q", opt);
     FAIL() << "partial calibration accepted";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -241,13 +242,13 @@ TEST(QuantizeCheckpoint, PartialCalibrationIsRefused) {
 
   opt.input_amax = golden_input_amax(golden("glm4_moe_tiny_nvfp4"));
   opt.input_amax["lm_head"] = 1.0f;  // excluded: not quantized, so no input_scale to write
-  EXPECT_THROW(quantize_checkpoint(golden("glm4_moe_tiny"), out.path() / "q", opt), Error);
+  EXPECT_THROW(quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny")), out.path() / "q", opt), Error);
 }
 
 TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
   TempDir out("quant_refuse");
   try {
-    quantize_checkpoint(golden("glm4_moe_tiny_nvfp4"), out.path(), {});
+    quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny_nvfp4")), out.path(), {});
     FAIL() << "quantized input accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already quantized (117 NVFP4 modules"), std::string::npos)
@@ -257,7 +258,7 @@ TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
   fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), broken.path(), [](auto& t) {
     t.erase("model.layers.1.mlp.experts.2.gate_proj.weight");
   });
-  EXPECT_THROW(quantize_checkpoint(broken.path(), out.path(), {}), Error);
+  EXPECT_THROW(quantize_checkpoint(Checkpoint(broken.path()), out.path(), {}), Error);
   // A NaN in a weight: the tensor and its [row, col].
   TempDir nan_in("quant_nan");
   fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), nan_in.path(), [](auto& t) {
@@ -268,7 +269,7 @@ TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
     w.bytes[2 * at + 1] = 0x7F;
   });
   try {
-    quantize_checkpoint(nan_in.path(), out.path(), {});
+    quantize_checkpoint(Checkpoint(nan_in.path()), out.path(), {});
     FAIL() << "a NaN weight accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.experts.2.up_proj.weight: non-finite value nan at [3, 7]"),
@@ -278,7 +279,7 @@ TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
 
   std::ofstream(out.path() / "stale.safetensors") << "x";
   try {
-    quantize_checkpoint(golden("glm4_moe_tiny"), out.path(), {});
+    quantize_checkpoint(Checkpoint(golden("glm4_moe_tiny")), out.path(), {});
     FAIL() << "non-empty output directory accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is not empty"), std::string::npos) << e.what();

@@ -438,7 +438,7 @@ TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
   EXPECT_TRUE(bf16.problems().empty()) << inspect_text(bf16);
   // 2 layers: attention 4+4, dense MLP 3, 8 experts * 3 + shared 3, router 1, lm_head 1 = 40.
   EXPECT_EQ(bf16.n_linear(format::LinearFormat::kBF16), 40);
-  format::quantize_checkpoint(a.path(), a.path() / "q", {});
+  format::quantize_checkpoint(format::Checkpoint(a.path()), a.path() / "q", {});
   format::Checkpoint q(a.path() / "q");
   EXPECT_TRUE(q.problems().empty()) << inspect_text(q);
   EXPECT_EQ(q.n_linear(format::LinearFormat::kNVFP4), 38);
