@@ -5,22 +5,35 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <istream>
 
 #include "core/error.h"
 
 namespace fp4moe {
 
-std::string read_file(const std::filesystem::path& path) {
+std::string read_stream(std::istream& in, const std::string& what, uint64_t max_bytes) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::string out;
+  while (in.good()) {
+    const size_t at = out.size();
+    out.resize(at + kChunk);
+    in.read(out.data() + at, static_cast<std::streamsize>(kChunk));
+    out.resize(at + static_cast<size_t>(in.gcount()));
+    FP4MOE_CHECK(out.size() <= max_bytes)
+        << what << ": more than " << max_bytes << " bytes, the most fp4moe reads whole (a device such as /dev/zero, "
+        << "or the wrong file?)";
+  }
+  FP4MOE_CHECK(!in.bad()) << "cannot read " << what;
+  return out;
+}
+
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
   std::error_code ec;
   FP4MOE_CHECK(!std::filesystem::is_directory(path, ec)) << path.string() << " is a directory, not a file";
   std::ifstream in(path, std::ios::binary);
   const int open_errno = errno;
   FP4MOE_CHECK(in.good()) << "cannot open " << path.string() << ": " << std::strerror(open_errno);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  FP4MOE_CHECK(!in.bad()) << "cannot read " << path.string();
-  return ss.str();
+  return read_stream(in, path.string(), max_bytes);
 }
 
 void check_writable_file(const std::filesystem::path& path, const std::string& what, bool create_parents,

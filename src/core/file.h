@@ -2,14 +2,23 @@
 // the OS reason. Tested by tests/core/test_file.cpp.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <iosfwd>
 #include <string>
 
 namespace fp4moe {
 
-// The file's bytes; throws fp4moe::Error "cannot open <path>: <strerror>" when it cannot be read, and
-// "<path> is a directory, not a file" for a directory.
-std::string read_file(const std::filesystem::path& path);
+// The most bytes read_file and read_stream read whole: more than any config, tokenizer or dataset fp4moe reads
+// (ShareGPT's JSON is ~0.7 GB); a device such as /dev/zero, or the wrong file, is refused instead of exhausting
+// memory.
+inline constexpr uint64_t kMaxReadFileBytes = uint64_t{1} << 30;
+
+// The file's bytes; throws fp4moe::Error "cannot open <path>: <strerror>" when it cannot be read,
+// "<path> is a directory, not a file" for a directory, and "<path>: more than <max_bytes> bytes, ..." past max_bytes.
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes = kMaxReadFileBytes);
+// The rest of `in` (standard input), bounded as read_file; `what` names it in the errors.
+std::string read_stream(std::istream& in, const std::string& what, uint64_t max_bytes = kMaxReadFileBytes);
 
 // Fails, naming `what` (e.g. "--cache") and the path, unless a file can be written at `path` now, so that a command
 // refuses a bad output path before its work rather than after it. The path must not be a directory; an existing

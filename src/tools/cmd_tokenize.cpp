@@ -14,7 +14,6 @@
 
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -48,10 +47,6 @@ struct TokenizeOptions {
   bool skip_special_tokens = false;
   bool no_generation_prompt = false;
 };
-
-std::string read_all(std::istream& in) {
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // A token's bytes for display: printable text as is, control bytes and split UTF-8 as \xNN.
 std::string display_piece(const std::string& bytes) {
@@ -173,7 +168,9 @@ void run_tokenize(const TokenizeOptions& o) {
     return;
   }
 
-  const std::string text = o.text_given ? o.text : o.from_stdin ? read_all(std::cin) : read_file(o.file);
+  const std::string text = o.text_given   ? o.text
+                           : o.from_stdin ? read_stream(std::cin, "standard input")
+                                          : read_file(o.file);
   std::vector<engine::TokenId> ids;
   try {
     ids = tok.encode(text, encode_options);

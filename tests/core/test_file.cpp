@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -30,6 +32,33 @@ TEST(File, MissingFileNamesPathAndReason) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("cannot open /nonexistent/fp4moe/x.json: No such file or directory"), std::string::npos) << msg;
   }
+}
+
+// What is read whole is bounded (kMaxReadFileBytes): /dev/zero is refused naming it instead of exhausting memory (it
+// was std::bad_alloc); a file of exactly the limit passes; a stream says what it is.
+TEST(File, ReadsAreBounded) {
+  auto path = std::filesystem::temp_directory_path() / "fp4moe_test_file_bound.bin";
+  std::ofstream(path, std::ios::binary) << std::string(3000, 'x');
+  EXPECT_EQ(read_file(path, 3000).size(), 3000u);
+  try {
+    read_file(path, 2999);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ": more than 2999 bytes, the most fp4moe reads whole"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+  try {
+    read_file("/dev/zero", 5 << 20);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/zero: more than 5242880 bytes"), std::string::npos) << e.what();
+  }
+  std::istringstream in(std::string(100, 'y'));
+  EXPECT_EQ(read_stream(in, "standard input"), std::string(100, 'y'));
+  std::istringstream big(std::string(100, 'y'));
+  EXPECT_THROW(read_stream(big, "standard input", 99), Error);
 }
 
 // A directory is said to be one (reading it threw libstdc++'s "basic_filebuf::underflow ... Is a directory").
