@@ -135,6 +135,113 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
   return out;
 }
 
+// The output files of quantize_checkpoint (its groups and scales computed), each appended to `written` once written.
+void write_output(const Checkpoint& in, const fs::path& out_dir, const QuantizeOptions& options,
+                  const std::map<std::string, std::string>& group_of, const std::map<std::string, float>& group_scale,
+                  const std::map<std::string, float>& group_input_amax, QuantizeReport& report,
+                  std::vector<fs::path>& written) {
+  // One output file per input file (model.safetensors, or shards + index), so memory holds one
+  // shard's output at a time; a module's tensors land in the shard that held its weight.
+  const fs::path& in_dir = in.dir();
+  const auto& files = in.store().files();
+  const bool sharded = files.size() > 1;
+  ojson weight_map = ojson::object();
+  uint64_t total_size = 0;
+  for (size_t i_file = 0; i_file < files.size(); ++i_file) {
+    std::string file_name = "model.safetensors";
+    if (sharded) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i_file + 1, files.size());
+      file_name = buf;
+    }
+    SafetensorsWriter writer;
+    writer.set_metadata("format", "pt");
+    auto add = [&](const std::string& name, DType dtype, const Shape& shape, std::span<const uint8_t> bytes) {
+      writer.add(name, dtype, shape, bytes);
+      weight_map[name] = file_name;
+      total_size += bytes.size();
+      report.bytes_out += bytes.size();
+    };
+    for (const TensorInfo& info : files[i_file]->tensors()) {
+      const std::string& name = info.name;
+      const TensorView v = files[i_file]->view(info);
+      report.bytes_in += v.bytes.size();
+      const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
+      auto g = group_of.find(module);
+      if (g == group_of.end()) {
+        add(name, v.dtype, v.shape, v.bytes);
+        continue;
+      }
+      const float gs = group_scale.at(g->second);
+      // An all-zero group has gs 0; nvfp4_quantize then picks 1.0 itself (ModelOpt: NaN).
+      const Nvfp4Matrix q = gs > 0.0f ? nvfp4_quantize(v, gs) : nvfp4_quantize(v);
+      add(module + ".weight", DType::kU8, {q.n_rows, q.n_cols / 2}, q.packed);
+      add(module + ".weight_scale", DType::kF8_E4M3, {q.n_rows, q.n_cols / kNvfp4BlockSize}, q.scales);
+      auto scalar = [&](const std::string& tensor, float value) {
+        uint8_t b[4];
+        std::memcpy(b, &value, 4);
+        add(tensor, DType::kF32, {}, b);
+      };
+      scalar(module + ".weight_scale_2", q.global_scale);
+      if (report.has_input_scales) {
+        scalar(module + ".input_scale", group_input_amax.at(g->second) / kInputScaleDivisor);
+      }
+    }
+    writer.write(out_dir / file_name);
+    written.push_back(out_dir / file_name);
+  }
+  if (sharded) {
+    ojson index;
+    index["metadata"] = {{"total_size", total_size}};
+    index["weight_map"] = weight_map;
+    write_json(out_dir / "model.safetensors.index.json", index);
+    written.push_back(out_dir / "model.safetensors.index.json");
+  }
+
+  // config.json: the input's, with quantization_config (placed before torch_dtype, as HF writes).
+  const ojson producer = {{"name", options.producer_name}, {"version", options.producer_version}};
+  ojson config = read_json_file<ojson>(in_dir / "config.json");
+  std::optional<ojson> torch_dtype;
+  if (config.contains("torch_dtype")) {
+    torch_dtype = config["torch_dtype"];
+    config.erase("torch_dtype");
+  }
+  ojson group0;
+  group0["weights"] = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
+  if (report.has_input_scales) {
+    group0["input_activations"] = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
+  }
+  group0["targets"] = {"Linear"};
+  ojson qc;
+  qc["quant_method"] = "modelopt";
+  qc["quant_algo"] = report.quant_algo;
+  qc["ignore"] = report.exclude_modules;
+  qc["config_groups"] = {{"group_0", group0}};
+  qc["producer"] = producer;
+  config["quantization_config"] = qc;
+  if (torch_dtype) config["torch_dtype"] = *torch_dtype;
+  write_json(out_dir / "config.json", config);
+  written.push_back(out_dir / "config.json");
+
+  ojson hf;
+  hf["producer"] = producer;
+  hf["quantization"] = {{"quant_algo", report.quant_algo},
+                        {"kv_cache_quant_algo", nullptr},
+                        {"group_size", 16},
+                        {"exclude_modules", report.exclude_modules}};
+  write_json(out_dir / "hf_quant_config.json", hf);
+  written.push_back(out_dir / "hf_quant_config.json");
+
+  // Everything else that is not weights (generation_config.json, tokenizer files, ...).
+  std::set<std::string> skip = {"config.json", "hf_quant_config.json", "model.safetensors.index.json"};
+  for (const auto& e : fs::directory_iterator(in_dir)) {
+    const std::string file = e.path().filename().string();
+    if (!e.is_regular_file() || skip.count(file) || e.path().extension() == ".safetensors") continue;
+    fs::copy_file(e.path(), out_dir / file, fs::copy_options::overwrite_existing);
+    written.push_back(out_dir / file);
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> modules_to_quantize(const Checkpoint& in, const std::vector<std::string>& extra_exclude) {
@@ -167,18 +274,23 @@ void create_output_dir(const fs::path& out_dir) {
   FP4MOE_CHECK(!ec) << "quantize: cannot create the output directory " << out_dir.string() << ": " << ec.message();
 }
 
-QuantizeOutput::QuantizeOutput(fs::path dir) : dir_(std::move(dir)), existed_(fs::exists(dir_)) {
+QuantizeOutput::QuantizeOutput(fs::path dir) : dir_(fs::absolute(std::move(dir))) {
+  // The topmost directory on the way down that does not exist yet: what the run makes.
+  for (fs::path p = dir_; !fs::exists(p); p = p.parent_path()) {
+    made_ = p;
+    if (p == p.parent_path()) break;
+  }
   create_output_dir(dir_);
 }
 
 QuantizeOutput::~QuantizeOutput() {
-  if (committed_) return;
+  if (committed_ || made_.empty()) return;
+  // Only directories the run made, and only while empty (fs::remove refuses a non-empty one): a file someone else
+  // put there stays, and so does the directory holding it.
   std::error_code ec;
-  if (!existed_) {
-    fs::remove_all(dir_, ec);
-    return;
+  for (fs::path p = dir_;; p = p.parent_path()) {
+    if (!fs::remove(p, ec) || p == made_ || p == p.parent_path()) break;
   }
-  for (const auto& e : fs::directory_iterator(dir_, ec)) fs::remove_all(e.path(), ec);
 }
 
 void check_quantize_paths(const Checkpoint& in, const fs::path& out_dir) {
@@ -265,105 +377,17 @@ QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir
   }
   report.quant_algo = report.has_input_scales ? "NVFP4" : "W4A16_NVFP4";
 
-  // Tensors: quantized modules replace .weight by the four NVFP4 tensors; the rest is copied.
-  // One output file per input file (model.safetensors, or shards + index), so memory holds one
-  // shard's output at a time; a module's tensors land in the shard that held its weight.
+  // Tensors: quantized modules replace .weight by the four NVFP4 tensors; the rest is copied. What this run writes
+  // is recorded: a failure part-way (a full disk) removes exactly those files (out_dir was empty), not a half
+  // checkpoint, and nothing it did not write.
   create_output_dir(out_dir);
-  const auto& files = in.store().files();
-  const bool sharded = files.size() > 1;
-  ojson weight_map = ojson::object();
-  uint64_t total_size = 0;
-  for (size_t i_file = 0; i_file < files.size(); ++i_file) {
-    std::string file_name = "model.safetensors";
-    if (sharded) {
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i_file + 1, files.size());
-      file_name = buf;
-    }
-    SafetensorsWriter writer;
-    writer.set_metadata("format", "pt");
-    auto add = [&](const std::string& name, DType dtype, const Shape& shape,
-                   std::span<const uint8_t> bytes) {
-      writer.add(name, dtype, shape, bytes);
-      weight_map[name] = file_name;
-      total_size += bytes.size();
-      report.bytes_out += bytes.size();
-    };
-    for (const TensorInfo& info : files[i_file]->tensors()) {
-      const std::string& name = info.name;
-      const TensorView v = files[i_file]->view(info);
-      report.bytes_in += v.bytes.size();
-      const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
-      auto g = group_of.find(module);
-      if (g == group_of.end()) {
-        add(name, v.dtype, v.shape, v.bytes);
-        continue;
-      }
-      const float gs = group_scale.at(g->second);
-      // An all-zero group has gs 0; nvfp4_quantize then picks 1.0 itself (ModelOpt: NaN).
-      const Nvfp4Matrix q = gs > 0.0f ? nvfp4_quantize(v, gs) : nvfp4_quantize(v);
-      add(module + ".weight", DType::kU8, {q.n_rows, q.n_cols / 2}, q.packed);
-      add(module + ".weight_scale", DType::kF8_E4M3, {q.n_rows, q.n_cols / kNvfp4BlockSize},
-          q.scales);
-      auto scalar = [&](const std::string& tensor, float value) {
-        uint8_t b[4];
-        std::memcpy(b, &value, 4);
-        add(tensor, DType::kF32, {}, b);
-      };
-      scalar(module + ".weight_scale_2", q.global_scale);
-      if (report.has_input_scales) {
-        scalar(module + ".input_scale", group_input_amax.at(g->second) / kInputScaleDivisor);
-      }
-    }
-    writer.write(out_dir / file_name);
-  }
-  if (sharded) {
-    ojson index;
-    index["metadata"] = {{"total_size", total_size}};
-    index["weight_map"] = weight_map;
-    write_json(out_dir / "model.safetensors.index.json", index);
-  }
-
-  // config.json: the input's, with quantization_config (placed before torch_dtype, as HF writes).
-  const ojson producer = {{"name", options.producer_name}, {"version", options.producer_version}};
-  ojson config = read_json_file<ojson>(in_dir / "config.json");
-  std::optional<ojson> torch_dtype;
-  if (config.contains("torch_dtype")) {
-    torch_dtype = config["torch_dtype"];
-    config.erase("torch_dtype");
-  }
-  ojson group0;
-  group0["weights"] = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
-  if (report.has_input_scales) {
-    group0["input_activations"] = {
-        {"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}};
-  }
-  group0["targets"] = {"Linear"};
-  ojson qc;
-  qc["quant_method"] = "modelopt";
-  qc["quant_algo"] = report.quant_algo;
-  qc["ignore"] = report.exclude_modules;
-  qc["config_groups"] = {{"group_0", group0}};
-  qc["producer"] = producer;
-  config["quantization_config"] = qc;
-  if (torch_dtype) config["torch_dtype"] = *torch_dtype;
-  write_json(out_dir / "config.json", config);
-
-  ojson hf;
-  hf["producer"] = producer;
-  hf["quantization"] = {{"quant_algo", report.quant_algo},
-                        {"kv_cache_quant_algo", nullptr},
-                        {"group_size", 16},
-                        {"exclude_modules", report.exclude_modules}};
-  write_json(out_dir / "hf_quant_config.json", hf);
-
-  // Everything else that is not weights (generation_config.json, tokenizer files, ...).
-  std::set<std::string> skip = {"config.json", "hf_quant_config.json",
-                                "model.safetensors.index.json"};
-  for (const auto& e : fs::directory_iterator(in_dir)) {
-    const std::string file = e.path().filename().string();
-    if (!e.is_regular_file() || skip.count(file) || e.path().extension() == ".safetensors") continue;
-    fs::copy_file(e.path(), out_dir / file, fs::copy_options::overwrite_existing);
+  std::vector<fs::path> written;
+  try {
+    write_output(in, out_dir, options, group_of, group_scale, group_input_amax, report, written);
+  } catch (...) {
+    std::error_code ec;
+    for (const fs::path& p : written) fs::remove(p, ec);
+    throw;
   }
   return report;
 }

@@ -79,10 +79,10 @@ std::vector<std::string> unmatched_exclusions(const Checkpoint& in, const std::v
 // calls it before calibrating (through QuantizeOutput), quantize_checkpoint before writing.
 void create_output_dir(const std::filesystem::path& out_dir);
 
-// The output directory of one quantize run (check_quantize_paths admits only a missing or an empty one): made on
-// construction; unless commit() is called, the destructor removes what the run left in it, and the directory
-// itself when the run made it, so a run that fails (a bad calibration prompt, a full disk mid-shard) leaves no
-// half-written checkpoint behind.
+// The output directory of one quantize run, made (with its missing parents) on construction, before calibrating.
+// Unless commit() is called, the destructor removes the directories the run made, each only while it is empty (a
+// file anyone put there keeps it): a run that fails after making them (a bad calibration prompt) leaves none
+// behind. The files are quantize_checkpoint's to remove: it removes what it wrote when it fails part-way.
 class QuantizeOutput {
  public:
   explicit QuantizeOutput(std::filesystem::path dir);
@@ -92,8 +92,9 @@ class QuantizeOutput {
   void commit() { committed_ = true; }
 
  private:
-  std::filesystem::path dir_;
-  bool existed_ = false, committed_ = false;
+  std::filesystem::path dir_;   // absolute
+  std::filesystem::path made_;  // the topmost directory the run made (empty: none, dir_ existed)
+  bool committed_ = false;
 };
 
 // The refusals quantize_checkpoint makes before any work (output not empty or the input itself,
@@ -101,7 +102,8 @@ class QuantizeOutput {
 void check_quantize_paths(const Checkpoint& in, const std::filesystem::path& out_dir);
 
 // Quantizes `in` into `out_dir` (created; must not exist or be empty). Throws naming the module and
-// numbers when the input has problems, is already quantized, or the amax map is partial.
+// numbers when the input has problems, is already quantized, or the amax map is partial; a failure while writing
+// removes the files this call wrote (and nothing else).
 QuantizeReport quantize_checkpoint(const Checkpoint& in, const std::filesystem::path& out_dir,
                                    const QuantizeOptions& options);
 

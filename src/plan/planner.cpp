@@ -9,6 +9,8 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "plan/w4a16_smem.h"
@@ -117,9 +119,11 @@ void check_problem(const Problem& p, std::string_view what) {
     FP4MOE_CHECK(p.n_experts <= kMaxExperts && p.hidden <= kMaxDim && p.intermediate <= kMaxDim)
         << what << ": E=" << p.n_experts << ", H=" << p.hidden << ", I=" << p.intermediate << " is past E <= "
         << kMaxExperts << ", H, I <= " << kMaxDim;
-    FP4MOE_CHECK(p.hidden % 16 == 0 && p.intermediate % 16 == 0)
-        << what << ": H=" << p.hidden << " and I=" << p.intermediate
-        << " (the K of the down and gate_up GEMMs) must be multiples of the NVFP4 block (16)";
+    // H is the gate_up GEMM's K (and the down GEMM's N), I the down GEMM's K (2 I the gate_up GEMM's N).
+    for (const auto& [name, k] : {std::pair{"H", p.hidden}, std::pair{"I", p.intermediate}}) {
+      const std::string refusal = w4a16_k_refusal(k);
+      FP4MOE_CHECK(refusal.empty()) << what << ": " << name << " (a K of the MoE GEMMs): " << refusal;
+    }
   } else {
     FP4MOE_CHECK(p.n > 0 && p.k > 0) << what << ": a GEMM needs N and K (got N=" << p.n << " K=" << p.k << ")";
     FP4MOE_CHECK(p.m <= kMaxDim && p.n <= kMaxDim && p.k <= kMaxDim)

@@ -467,11 +467,12 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
           if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
           auto& args = tc["function"]["arguments"];
           if (!args.is_string()) continue;
-          // Depth-bounded as the body is: the template walks the object (a deep one overflowed its stack).
-          // Text that is not JSON stays text, as vLLM keeps it.
+          // Depth-bounded so that the body, the object in place, still nests at most kMaxBodyDepth levels: the
+          // template walks it (a deep one overflowed its stack). Text that is not JSON stays text, as vLLM keeps it.
+          constexpr int kArgumentsDepth = 6;  // body > messages > [i] > tool_calls > [k] > function > arguments
           format::JsonParseFailure failure;
-          auto parsed =
-              format::try_parse_json<nlohmann::ordered_json>(args.get<std::string>(), kMaxBodyDepth, &failure);
+          auto parsed = format::try_parse_json<nlohmann::ordered_json>(args.get<std::string>(),
+                                                                       kMaxBodyDepth - kArgumentsDepth, &failure);
           if (!parsed && failure.too_deep) {
             throw bad_request(
                 "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(k) + "].function.arguments",

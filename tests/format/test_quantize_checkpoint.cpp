@@ -286,6 +286,30 @@ TEST(QuantizeCheckpoint, RefusesQuantizedOrBrokenInput) {
   }
 }
 
+// The CLI's output directory: a failed run removes the directories it made, each only while empty; a file anyone put
+// there keeps it (and its parents); a directory that existed, and a committed run's, stay.
+TEST(QuantizeCheckpoint, OutputDirectoryOfAFailedRun) {
+  TempDir t("quant_output");
+  const std::filesystem::path nested = t.path() / "a" / "b" / "c";
+  { QuantizeOutput out(nested); }
+  EXPECT_TRUE(std::filesystem::exists(t.path()));
+  EXPECT_FALSE(std::filesystem::exists(t.path() / "a"));
+  {
+    QuantizeOutput out(nested);
+    std::ofstream(nested / "tokenizer.json") << "{}";  // put there by someone else during the run
+  }
+  EXPECT_TRUE(std::filesystem::exists(nested / "tokenizer.json"));
+  std::filesystem::remove_all(t.path() / "a");
+  std::filesystem::create_directories(t.path() / "empty");
+  { QuantizeOutput out(t.path() / "empty"); }
+  EXPECT_TRUE(std::filesystem::is_directory(t.path() / "empty"));
+  {
+    QuantizeOutput out(nested);
+    out.commit();
+  }
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+}
+
 TEST(QuantizeCheckpoint, ScaleGroups) {
   EXPECT_EQ(scale_group_of("model.layers.0.self_attn.k_proj"), "model.layers.0.self_attn.qkv");
   EXPECT_EQ(scale_group_of("model.layers.0.self_attn.o_proj"), "model.layers.0.self_attn.o_proj");

@@ -45,8 +45,9 @@ TEST(Problem, ErrorsNameTheField) {
       std::string::npos);
   EXPECT_NE(message("gemm:M=1,N=12,K=64").find("N=12 must be a positive multiple of 8 (16 B output stores; N % 8 = 4)"),
             std::string::npos);
-  EXPECT_NE(message("moe:E=8,topk=2,H=6150,I=64").find("H=6150 and I=64 (the K of the down and gate_up GEMMs) must "
-                                                       "be multiples of the NVFP4 block (16)"),
+  EXPECT_NE(message("moe:E=8,topk=2,H=6150,I=64")
+                .find("H (a K of the MoE GEMMs): K=6150 must be a positive multiple "
+                      "of 16 (one NVFP4 block; K % 16 = 6)"),
             std::string::npos);
   EXPECT_NE(message("moe:E=1099511627776,topk=2,H=64,I=64").find("is past E <= 65536"), std::string::npos);
   EXPECT_THROW(gemms_of(parse_problem("moe:E=65536,topk=65536,H=64,I=64"), int64_t{1} << 40), Error);

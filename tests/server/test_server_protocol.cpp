@@ -578,10 +578,22 @@ TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
   EXPECT_EQ(
       (*parse_request(Endpoint::kChat, json{{"messages", odd}}).messages)[1]["tool_calls"][0]["function"]["arguments"],
       "{not json");
-  odd[1]["tool_calls"][0]["function"]["arguments"] =
-      "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const auto nested = [](int arrays) {
+    return "{\"a\": " + std::string(static_cast<size_t>(arrays), '[') + std::string(static_cast<size_t>(arrays), ']') +
+           "}";
+  };
+  odd[1]["tool_calls"][0]["function"]["arguments"] = nested(100000);
   expect_bad(Endpoint::kChat, json{{"messages", odd}}, "messages[1].tool_calls[0].function.arguments",
-             "JSON nests deeper than 64 levels");
+             "JSON nests deeper than 58 levels");
+  // The bound keeps the body, the object in place, within kMaxBodyDepth: the object and 58 arrays in it pass (the
+  // body then nests exactly 64 levels deep: it parses again), one more array is refused.
+  odd[1]["tool_calls"][0]["function"]["arguments"] = nested(58);
+  const ParsedRequest deepest = parse_request(Endpoint::kChat, json{{"messages", odd}});
+  EXPECT_TRUE((*deepest.messages)[1]["tool_calls"][0]["function"]["arguments"].is_object());
+  EXPECT_EQ(parse_body(json{{"messages", *deepest.messages}}.dump()).size(), 1u);
+  odd[1]["tool_calls"][0]["function"]["arguments"] = nested(59);
+  expect_bad(Endpoint::kChat, json{{"messages", odd}}, "messages[1].tool_calls[0].function.arguments",
+             "JSON nests deeper than 58 levels");
 
   req.reasoning = find_reasoning_format("glm45");
   req.tool_calls = find_tool_call_format("glm45");
