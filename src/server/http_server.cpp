@@ -943,6 +943,9 @@ void HttpServer::install_routes() {
         if (args.is_object() && args.contains("model_path") && args["model_path"].is_string()) {
           model.model_path = args["model_path"].get<std::string>();
         }
+        if (args.is_object() && args.contains("expert_weights") && args["expert_weights"].is_string()) {
+          model.expert_weights = args["expert_weights"].get<std::string>();
+        }
         res.set_content(render_metrics(stats, counters, model), "text/plain; version=0.0.4");
       }));
   get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {

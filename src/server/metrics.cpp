@@ -64,7 +64,9 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
   std::ostringstream o;
   header(o, "model_info", "gauge", "The served model (labels); always 1.");
   o << kPrefix << "model_info{model_path=\"" << label_value(model.model_path) << "\",served_model_name=\""
-    << label_value(model.served_model_name) << "\"} 1\n";
+    << label_value(model.served_model_name) << "\"";
+  if (!model.expert_weights.empty()) o << ",expert_weights=\"" << label_value(model.expert_weights) << "\"";
+  o << "} 1\n";
   scalar(o, "prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", static_cast<double>(s.prompt_tokens_total));
   scalar(o, "generation_tokens_total", "counter", "Generated tokens.", static_cast<double>(s.generation_tokens_total));
   scalar(o, "num_requests_total", "counter", "Requests accepted by the engine.", static_cast<double>(s.requests_submitted_total));

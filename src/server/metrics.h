@@ -32,6 +32,7 @@ struct HttpCounters {
 struct ServedModel {
   std::string model_path;  // as launched ("(embedded default)" when none was given)
   std::string served_model_name;
+  std::string expert_weights;  // "nvfp4" / "bf16": the routed experts' format (analyze's bytes); empty: not said
 };
 
 std::string render_metrics(const engine::EngineStats& stats, const HttpCounters& http, const ServedModel& model = {});

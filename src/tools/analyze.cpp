@@ -121,6 +121,11 @@ const char* to_string(WeightFormat f) { return f == WeightFormat::kNvfp4 ? "nvfp
 
 double bytes_per_weight(WeightFormat f) { return f == WeightFormat::kNvfp4 ? 0.5 + 1.0 / 16 : 2.0; }
 
+WeightFormat checkpoint_weight_format(const model::ModelConfig& cfg) {
+  const bool nvfp4 = cfg.quantization.nvfp4_by_default() || cfg.quantization.quant_algo == "MIXED_PRECISION";
+  return nvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kBf16;
+}
+
 Measured read_measured(const PromText& p) {
   Measured m;
   const std::string P = kP;

@@ -10,8 +10,10 @@
 // The model config: --model DIR|PRESET, else the server's model_path (/get_server_info with --url, else the
 // metrics' fp4moe:model_info line, which a saved copy carries too) when it is a local directory or a preset,
 // the embedded default model when the server says it serves that; metrics that name no model need --model.
-// --weights auto: nvfp4 when the checkpoint's quantization config says NVFP4 (and for the embedded default
-// model, whose experts are NVFP4), bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs the built binary).
+// --weights auto: the expert weights the server says it serves (fp4moe:model_info's expert_weights label: a
+// checkpoint's, or --dummy-weights), else nvfp4 when the checkpoint's quantization config says NVFP4 (and for the
+// embedded default model, whose experts are NVFP4), bf16 otherwise. Tested by tests/tools/test_analyze_e2e.cpp (runs
+// the built binary).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -109,13 +111,19 @@ void run_analyze(AnalyzeArgs a) {
     cfg = model::parse_model_config(engine::default_model_config(), "the embedded default model");
     embedded = true;
   }
+  // --weights auto: what the server says it serves (model_info's expert_weights: dummy weights too), else the
+  // config's quantization.
+  std::string served_weights;
+  for (const PromSample* s : metrics.find("fp4moe:model_info")) {
+    if (auto it = s->labels.find("expert_weights"); it != s->labels.end()) served_weights = it->second;
+  }
   WeightFormat weights = WeightFormat::kBf16;
   if (asked) {
     weights = *asked;
+  } else if (served_weights == "nvfp4" || served_weights == "bf16") {
+    weights = parse_weight_format(served_weights);
   } else {
-    const bool nvfp4 = embedded || cfg.quantization.nvfp4_by_default() ||
-                       cfg.quantization.quant_algo == "MIXED_PRECISION";
-    weights = nvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kBf16;
+    weights = embedded ? WeightFormat::kNvfp4 : checkpoint_weight_format(cfg);
   }
 
   const Measured m = read_measured(metrics);

@@ -31,6 +31,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,7 @@
 #include "server/http_client.h"
 #include "tools/cli_options.h"
 #include "tools/commands.h"
+#include "tools/stream_timing.h"
 #include "tune/tune_cache.h"
 
 namespace fp4moe::tools {
@@ -145,7 +147,6 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
     while (static_cast<int64_t>(out.size()) < a.num_prompts) out.push_back(out[out.size() % n_read]);
     return out;
   }
-  FP4MOE_CHECK(vocab >= 1) << "the server reports vocab_size " << vocab;
   std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
   if (a.dataset_name == "generated-shared-prefix") {
     FP4MOE_CHECK(a.gsp_groups >= 1 && a.gsp_prompts_per_group >= 1 && a.gsp_system_prompt_len >= 0 &&
@@ -192,38 +193,27 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   server::HttpClient client(url, timeout_s);
   client.set_bearer_token(a.api_key);
   const auto t0 = Clock::now();
-  auto last = t0;
-  int64_t tokens = 0;
+  tools::StreamTiming timing;
   std::string bad_chunk;
   auto res = client.post_sse("/generate", body.dump(), [&](std::string_view data) {
-    if (data == "[DONE]") return true;
-    const auto now = Clock::now();
-    json j = json::parse(data, nullptr, false);
-    if (j.is_discarded() || !j.contains("meta_info")) {
-      bad_chunk = std::string(data.substr(0, 200));
-      return false;
-    }
-    const int64_t n = j["meta_info"].value("completion_tokens", tokens);
-    r.prompt_len = j["meta_info"].value("prompt_tokens", int64_t{0});
-    r.cached_len = j["meta_info"].value("cached_tokens", int64_t{0});
-    if (n > tokens) {
-      const double dt = std::chrono::duration<double>(now - last).count();
-      if (tokens == 0) r.ttft_s = std::chrono::duration<double>(now - t0).count();
-      else r.itl_s.push_back(dt);
-      tokens = n;
-      last = now;
-    }
-    return true;
+    if (timing.on_chunk(data, std::chrono::duration<double>(Clock::now() - t0).count())) return true;
+    bad_chunk = std::string(data.substr(0, 200));
+    return false;
   });
   r.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.output_len = tokens;
+  r.output_len = timing.tokens;
+  r.prompt_len = timing.prompt_len;
+  r.cached_len = timing.cached_len;
+  r.ttft_s = timing.ttft_s;
+  r.itl_s = std::move(timing.itl_s);
   if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
   else if (res.status == -1)
     r.error = res.error;
   else if (res.status != 200)
     r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300) +
               (res.error.empty() ? std::string() : " (" + res.error + ")");
-  else if (tokens == 0) r.error = "no tokens streamed";
+  else if (timing.tokens == 0)
+    r.error = "no tokens streamed";
   else r.ok = true;
   return r;
 }
@@ -236,7 +226,13 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
   const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
   for (int64_t w = 0; w < n_workers; ++w) {
     workers.emplace_back([&] {
-      for (size_t i = next++; i < prompts.size(); i = next++) results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
+      for (size_t i = next++; i < prompts.size(); i = next++) {
+        try {
+          results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
+        } catch (const std::exception& e) {  // a failed request, not an exception escaping a thread (an abort)
+          results[i].error = e.what();
+        }
+      }
     });
   }
   for (auto& t : workers) t.join();
@@ -401,7 +397,15 @@ void run_bench(const BenchArgs& a) {
                                                                info.body.substr(0, 300));
   const json server_info = json::parse(info.body, nullptr, false);
   FP4MOE_CHECK(server_info.is_object()) << a.url << "/get_server_info is not JSON: " << info.body.substr(0, 300);
-  const auto prompts = make_prompts(a, server_info.value("vocab_size", int64_t{0}));
+  int64_t vocab = 0;  // only the generated prompts need it
+  if (a.dataset.empty()) {
+    const json v = server_info.value("vocab_size", json());
+    FP4MOE_CHECK(format::json_int_in(v, 1, INT32_MAX))
+        << a.url << "/get_server_info: vocab_size is " << (v.is_null() ? std::string("missing") : v.dump())
+        << ", expected a positive integer (the random prompts draw token ids below it)";
+    vocab = v.get<int64_t>();
+  }
+  const auto prompts = make_prompts(a, vocab);
   const std::vector<int64_t> levels = a.max_concurrency.empty()
                                           ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())}
                                           : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");

@@ -40,6 +40,7 @@
 #include "model/presets.h"
 #include "model/registry.h"
 #include "server/http_server.h"
+#include "tools/analyze.h"
 #include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
@@ -131,6 +132,17 @@ engine::SamplingParams sampling_defaults(const ServeArgs& a) {
   return d;
 }
 
+// The routed experts' format as served (fp4moe:model_info's expert_weights, for analyze): --dummy-weights with
+// --load-format dummy, else the checkpoint's (the embedded default model's experts are NVFP4).
+WeightFormat served_expert_weights(const ServeArgs& a) {
+  if (a.model_dir.empty()) return WeightFormat::kNvfp4;
+  if (model::parse_load_format(a.load_format) == model::LoadFormat::kDummy) {
+    return model::parse_dummy_weights(a.dummy_weights) == model::DummyWeights::kNVFP4 ? WeightFormat::kNvfp4
+                                                                                      : WeightFormat::kBf16;
+  }
+  return checkpoint_weight_format(model::load_config_or_preset(a.model_dir));
+}
+
 // --max-http-threads 0 (the default): max(2048, --http-threads).
 int effective_max_http_threads(const ServeArgs& a) {
   return a.max_http_threads > 0 ? a.max_http_threads : std::max(2048, a.http_threads);
@@ -198,6 +210,7 @@ void run_serve(ServeArgs a) {
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
   so.launch_args = launch_args(a);
+  so.launch_args["expert_weights"] = to_string(served_expert_weights(a));
   so.api_key = a.api_key;
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;

@@ -472,6 +472,9 @@ TEST(ServerProtocol, MetricsRenderCumulativeHistograms) {
                            "# TYPE fp4moe:e2e_request_latency_seconds histogram\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }
+  EXPECT_NE(render_metrics(s, {}, ServedModel{"/m", "glm", "nvfp4"})
+                .find("fp4moe:model_info{model_path=\"/m\",served_model_name=\"glm\",expert_weights=\"nvfp4\"} 1\n"),
+            std::string::npos);
 }
 
 // --reasoning-parser on the chat routes: the non-streaming message carries reasoning_content beside the

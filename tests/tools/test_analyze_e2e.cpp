@@ -115,6 +115,18 @@ TEST(AnalyzeE2E, ServerMetricsThenAnalyze) {
   EXPECT_NE(again.body.find("fp4moe:model_info{model_path=\"(embedded default)\",served_model_name=\""),
             std::string::npos)
       << again.body;
+  // --weights auto takes the experts' format the server labels (expert_weights: the embedded model's are NVFP4);
+  // a copy that says bf16 is read at 2 B/weight.
+  EXPECT_EQ(j["weights"], "nvfp4");
+  EXPECT_NE(again.body.find(",expert_weights=\"nvfp4\"} 1"), std::string::npos) << again.body;
+  {
+    std::string bf16 = again.body;
+    const std::string said = ",expert_weights=\"nvfp4\"";
+    bf16.replace(bf16.find(said), said.size(), ",expert_weights=\"bf16\"");
+    std::ofstream(path) << bf16;
+  }
+  EXPECT_EQ(run("--metrics " + path + " --json", &from_file), 0) << from_file;
+  EXPECT_EQ(json::parse(from_file)["weights"], "bf16");
   std::string stripped;
   {
     std::istringstream in(again.body);

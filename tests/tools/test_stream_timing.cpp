@@ -1,0 +1,52 @@
+// tools::StreamTiming, bench-serving's per-request accounting of a streamed /generate reply, against
+// sglang.bench_serving's definitions: TTFT at the first token-carrying chunk; a later chunk carrying k new tokens
+// gives k inter-token latencies of gap / k; a chunk without new tokens adds nothing and its gap rolls into the next;
+// a malformed chunk (not JSON, no meta_info object, a count that is not an integer) is refused, not thrown.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tools/stream_timing.h"
+
+namespace fp4moe::tools {
+namespace {
+
+std::string chunk(int64_t completion_tokens) {
+  return R"({"text": "x", "meta_info": {"prompt_tokens": 7, "cached_tokens": 2, "completion_tokens": )" +
+         std::to_string(completion_tokens) + "}}";
+}
+
+TEST(StreamTiming, ChunksOfSeveralTokensSpreadTheirGap) {
+  StreamTiming t;
+  EXPECT_TRUE(t.on_chunk(chunk(1), 0.5));
+  EXPECT_TRUE(t.on_chunk(chunk(1), 0.6));  // no new token: nothing, the gap rolls on
+  EXPECT_TRUE(t.on_chunk(chunk(2), 0.7));
+  EXPECT_TRUE(t.on_chunk(chunk(6), 1.5));  // 4 new tokens over 0.8 s
+  EXPECT_TRUE(t.on_chunk("[DONE]", 1.6));
+  EXPECT_DOUBLE_EQ(t.ttft_s, 0.5);
+  ASSERT_EQ(t.itl_s.size(), 5u);  // output tokens - 1, as TPOT counts them
+  EXPECT_NEAR(t.itl_s[0], 0.2, 1e-12);
+  for (size_t i = 1; i < 5; ++i) EXPECT_NEAR(t.itl_s[i], 0.2, 1e-12) << i;
+  EXPECT_EQ(t.tokens, 6);
+  EXPECT_EQ(t.prompt_len, 7);
+  EXPECT_EQ(t.cached_len, 2);
+}
+
+TEST(StreamTiming, MalformedChunksAreRefused) {
+  for (const std::string bad : {std::string("not json"), std::string("[1, 2]"), std::string(R"({"text": "x"})"),
+                                std::string(R"({"meta_info": 3})"),
+                                std::string(R"({"meta_info": {"completion_tokens": "x"}})"),
+                                std::string(R"({"meta_info": {"completion_tokens": 1.5}})"),
+                                std::string(R"({"meta_info": {"completion_tokens": 2, "prompt_tokens": null}})")}) {
+    StreamTiming t;
+    EXPECT_FALSE(t.on_chunk(bad, 0.1)) << bad;
+    EXPECT_EQ(t.tokens, 0) << bad;
+  }
+  StreamTiming t;  // counts left out keep their values
+  EXPECT_TRUE(t.on_chunk(R"({"meta_info": {}})", 0.1));
+  EXPECT_EQ(t.tokens, 0);
+}
+
+}  // namespace
+}  // namespace fp4moe::tools
