@@ -55,7 +55,12 @@ int64_t binomial_quantile(int64_t n, double p, double q) {
   if (p >= 1) return n;
   double cdf = 0;
   const double lp = std::log(p), lq = std::log1p(-p);
-  for (int64_t x = 0; x <= n; ++x) {
+  // The walk starts 12 standard deviations below the mean when that is above 0: by Bernstein's inequality the mass
+  // below it is < exp(-0.375 x 144) ~ 3e-24 (for sd >= 12), so the quantile is the same and a large n costs O(sd)
+  // steps instead of O(n p).
+  const double mean = static_cast<double>(n) * p, sd = std::sqrt(mean * (1 - p));
+  const int64_t x0 = sd >= 12 ? static_cast<int64_t>(std::max(0.0, std::floor(mean - 12 * sd))) : 0;
+  for (int64_t x = x0; x <= n; ++x) {
     const double log_pmf = std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(x) + 1) -
                            std::lgamma(static_cast<double>(n - x) + 1) + static_cast<double>(x) * lp +
                            static_cast<double>(n - x) * lq;
@@ -67,7 +72,8 @@ int64_t binomial_quantile(int64_t n, double p, double q) {
 
 DecodeRow decode_row(const DecodeModel& m, const GpuSpec& gpu, int64_t concurrency) {
   check_decode_model(m);
-  FP4MOE_CHECK(concurrency >= 1) << "concurrency must be >= 1 (got " << concurrency << ")";
+  FP4MOE_CHECK(concurrency >= 1 && concurrency <= kMaxDecodeConcurrency)
+      << "concurrency must be in [1, " << kMaxDecodeConcurrency << "] (got " << concurrency << ")";
   const std::vector<double> p = selection_probabilities(m);
   const double t = static_cast<double>(concurrency);
   const int64_t per_rank = m.n_experts / m.ep;

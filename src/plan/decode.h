@@ -46,6 +46,10 @@ struct DecodeRow {
   std::string bound;                    // "hbm" or "compute"
 };
 
+// The most running requests a decode row models: far past any server (SGLang's --max-running-requests is in the
+// thousands); --concurrency past it is refused naming it.
+inline constexpr int64_t kMaxDecodeConcurrency = int64_t{1} << 24;
+
 // Validates the model (throws fp4moe::Error with the field and its value).
 void check_decode_model(const DecodeModel& m);
 DecodeRow decode_row(const DecodeModel& m, const GpuSpec& gpu, int64_t concurrency);
@@ -54,7 +58,7 @@ std::vector<DecodeRow> decode_table(const DecodeModel& m, const GpuSpec& gpu, co
 int64_t concurrency_for_utilization(const DecodeModel& m, const GpuSpec& gpu, double target,
                                     int64_t max_concurrency = 1 << 20);
 
-// The q-quantile (0..1) of Binomial(n, p): the smallest x with P(X <= x) >= q.
+// The q-quantile (0..1) of Binomial(n, p): the smallest x with P(X <= x) >= q. O(standard deviation) steps.
 int64_t binomial_quantile(int64_t n, double p, double q);
 
 }  // namespace fp4moe::plan

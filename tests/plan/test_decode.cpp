@@ -2,6 +2,9 @@
 // checked against values computed by hand below (src/plan/decode.h has the formulas).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <utility>
+
 #include "core/error.h"
 #include "plan/decode.h"
 #include "plan/gpu_table.h"
@@ -127,6 +130,41 @@ TEST(Decode, BinomialQuantile) {
   EXPECT_EQ(binomial_quantile(16, 1.0 / 32, 0.99), 3);
   EXPECT_EQ(binomial_quantile(10, 1.0, 0.5), 10);
   EXPECT_EQ(binomial_quantile(0, 0.5, 0.5), 0);
+  // The walk from 12 standard deviations below the mean gives the quantile of the walk from 0 (the reference here).
+  const auto from_zero = [](int64_t n, double p, double q) {
+    double cdf = 0;
+    for (int64_t x = 0; x <= n; ++x) {
+      cdf += std::exp(std::lgamma(n + 1.0) - std::lgamma(x + 1.0) - std::lgamma(n - x + 1.0) + x * std::log(p) +
+                      (n - x) * std::log1p(-p));
+      if (cdf >= q - 1e-12) return x;
+    }
+    return n;
+  };
+  for (const auto& [n, p] : {std::pair<int64_t, double>{100000, 1.0 / 32}, {20000, 0.5}, {5000, 0.9}, {400, 0.4}}) {
+    for (double q : {0.01, 0.5, 0.99}) {
+      EXPECT_EQ(binomial_quantile(n, p, q), from_zero(n, p, q)) << "n=" << n << " p=" << p << " q=" << q;
+    }
+  }
+  // The largest concurrency a decode row takes, in O(sd) steps: its median is the mean.
+  const int64_t big = kMaxDecodeConcurrency;
+  EXPECT_NEAR(static_cast<double>(binomial_quantile(big, 8.0 / 256, 0.5)), big * 8.0 / 256, 2.0);
+}
+
+// --concurrency past kMaxDecodeConcurrency (2^24) is refused naming it (2^40 ran for half an hour).
+TEST(Decode, ConcurrencyIsBounded) {
+  DecodeModel m;
+  m.n_experts = 256;
+  m.top_k = 8;
+  m.hidden = 6144;
+  m.intermediate = 2048;
+  EXPECT_GT(decode_row(m, require_gpu("h200"), kMaxDecodeConcurrency).time_us, 0);
+  try {
+    decode_row(m, require_gpu("h200"), kMaxDecodeConcurrency + 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("concurrency must be in [1, 16777216] (got 16777217)"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
