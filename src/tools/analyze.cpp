@@ -301,7 +301,8 @@ Analysis analyze(const Measured& m, const model::ModelConfig& cfg, WeightFormat 
   }
 
   // What-if: the decode batch scaled with max-running-requests, routing as measured.
-  const double base = m.decode_batch_mean > 0 ? m.decode_batch_mean : a.tokens_per_step;
+  a.what_if_from_decode = m.decode_batch_mean > 0;
+  const double base = a.what_if_from_decode ? m.decode_batch_mean : a.tokens_per_step;
   std::vector<double> mults = {1.0};
   mults.insert(mults.end(), multipliers.begin(), multipliers.end());
   for (double mult : mults) {
@@ -414,6 +415,11 @@ std::string format_analysis(const Analysis& a) {
   }
 
   o += "What raising --max-running-requests would do (decode batch scaled, routing as measured; MoE GEMMs only):\n";
+  if (!a.what_if_from_decode) {
+    o += fmt::format(
+        "  (no decode step in these metrics: the batch below is the mean tokens per step, {}, prefill included)\n",
+        f(a.tokens_per_step, 1));
+  }
   {
     std::vector<std::vector<std::string>> rows;
     for (const WhatIfRow& w : a.what_if) {
@@ -488,6 +494,7 @@ nlohmann::json analysis_json(const Analysis& a) {
   j["layers"] = json::array();
   for (const LayerRow& L : a.layers) j["layers"].push_back(layer(L));
   j["total"] = layer(a.total);
+  j["what_if_batch"] = a.what_if_from_decode ? "decode_batch_mean" : "tokens_per_step";
   j["what_if"] = json::array();
   for (const WhatIfRow& w : a.what_if) {
     j["what_if"].push_back({{"multiplier", w.multiplier}, {"max_running_requests", w.max_running_requests},

@@ -16,15 +16,14 @@
 //   achieved TFLOP/s = FLOPs / t, GB/s = bytes / t; % of HBM and % of tensor peak against the given
 //   rooflines; roofline t* = max(bytes / HBM, FLOPs / peak); fraction of roofline = t* / t.
 // What-if (max-running-requests x m): decode batch B' = m B (B = measured mean decode batch, else
-// T); each expert e is picked by a token with p_e = top_k c_e / sum(c) (the measured routing), so the
-// expected active experts are sum_e 1 - (1 - p_e)^B' (at most E) and tokens per active expert
-// B' top_k / active; the MoE roofline time per step sums t* over the MoE layers and the ceiling is
-// B' / that time tokens/s (MoE GEMMs only: attention and dense layers excluded).
-// Per-GEMM achieved rates need per-GEMM times: a model that reports the parts "moe.routed_gate_up",
-// "moe.routed_down", "moe.shared_gate_up", "moe.shared_down" (subsets of "moe") gets them filled;
-// the CPU models report "attention", "mlp" and "moe" only, so those columns print "-".
-// Tested by tests/tools/test_analyze.cpp (hand-computed numbers on a fixed metrics text) and
-// tests/tools/test_analyze_e2e.cpp (the real server binary, then `fp4moe analyze --url`).
+// T, and the table says so); each expert e is picked by a token with p_e = top_k c_e / sum(c) (the measured routing),
+// so the expected active experts are sum_e 1 - (1 - p_e)^B' (at most E) and tokens per active expert B' top_k / active;
+// the MoE roofline time per step sums t* over the MoE layers and the ceiling is B' / that time tokens/s (MoE GEMMs
+// only: attention and dense layers excluded). Per-GEMM achieved rates need per-GEMM times: a model that reports the
+// parts "moe.routed_gate_up", "moe.routed_down", "moe.shared_gate_up", "moe.shared_down" (subsets of "moe") gets them
+// filled; the CPU models report "attention", "mlp" and "moe" only, so those columns print "-". Tested by
+// tests/tools/test_analyze.cpp (hand-computed numbers on a fixed metrics text) and tests/tools/test_analyze_e2e.cpp
+// (the real server binary, then `fp4moe analyze --url`).
 #pragma once
 
 #include <array>
@@ -144,6 +143,7 @@ struct Analysis {
   // per matrix: means per layer).
   LayerRow total;
   std::vector<WhatIfRow> what_if;    // x1 (measured), then the multipliers
+  bool what_if_from_decode = true;   // false: no decode step measured, the batch is tokens_per_step (said so)
 };
 
 // max_running_requests: the server's current value (0 = unknown, rows then show only the multiplier).

@@ -358,6 +358,31 @@ TEST(Analyze, NoLayerTimesLeavesMeasuredColumnsEmpty) {
   EXPECT_NE(format_analysis(a).find("no layer times"), std::string::npos);
 }
 
+// Metrics with no decode step (every step a prefill): the what-if rows scale the mean tokens per step, and say so
+// (it read as a decode batch larger than --max-running-requests).
+TEST(Analyze, WhatIfWithoutDecodeStepsSaysWhatItScales) {
+  using namespace fp4moe::tools;
+  std::string text = kMetrics;
+  for (const char* line : {"fp4moe:decode_batch_size_sum 36", "fp4moe:decode_batch_size_count 9"}) {
+    text.replace(text.find(line), std::string(line).size(),
+                 std::string(line).substr(0, std::string(line).rfind(' ')) + " 0");
+  }
+  const Analysis a =
+      analyze(read_measured(parse_prometheus_text(text)), tiny_config(), WeightFormat::kNvfp4, Roofline{});
+  EXPECT_FALSE(a.what_if_from_decode);
+  EXPECT_DOUBLE_EQ(a.what_if[0].decode_batch, 4.0);  // 40 tokens over 10 steps
+  EXPECT_NE(
+      format_analysis(a).find("(no decode step in these metrics: the batch below is the mean tokens per step, 4.0"),
+      std::string::npos)
+      << format_analysis(a);
+  EXPECT_EQ(analysis_json(a)["what_if_batch"], "tokens_per_step");
+  const Analysis measured =
+      analyze(read_measured(parse_prometheus_text(kMetrics)), tiny_config(), WeightFormat::kNvfp4, Roofline{});
+  EXPECT_TRUE(measured.what_if_from_decode);
+  EXPECT_EQ(format_analysis(measured).find("no decode step"), std::string::npos);
+  EXPECT_EQ(analysis_json(measured)["what_if_batch"], "decode_batch_mean");
+}
+
 class LayerTimes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LayerTimes, CpuModelsReportAttentionThenMlpPerLayer) {
