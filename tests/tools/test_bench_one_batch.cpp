@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,22 @@ TEST(BenchOneBatch, ChunkedPrefillDecodesTheSameTokens) {
   }
   EXPECT_EQ(hash[0].size(), 16u);
   EXPECT_EQ(hash[0], hash[1]);
+}
+
+// A batch size's prompts come from --seed and the size alone: its hash is the same whatever other sizes and warm-ups
+// the command runs (it drew from one generator shared by all of them), and another seed changes it.
+TEST(BenchOneBatch, HashOfABatchSizeIgnoresTheOtherRuns) {
+  std::string out;
+  std::vector<std::string> hashes;
+  for (const std::string flags : {"--batch-size 4", "--batch-size 1,4", "--batch-size 4 --warmup 0",
+                                  "--batch-size 2,4 --warmup 2", "--batch-size 4 --seed 5"}) {
+    ASSERT_EQ(run(flags + " --input-len 8 --output-len 4 --json", &out), 0) << out;
+    const auto results = nlohmann::json::parse(out.substr(out.find('{')))["results"];
+    hashes.push_back(results.back()["output_tokens_fnv1a"].get<std::string>());
+    EXPECT_EQ(results.back()["batch_size"], 4) << flags;
+  }
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(hashes[i], hashes[0]) << i;
+  EXPECT_NE(hashes[4], hashes[0]);
 }
 
 TEST(BenchOneBatch, BadInputNamesTheOption) {
