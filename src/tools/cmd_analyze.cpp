@@ -73,8 +73,9 @@ void run_analyze(AnalyzeArgs a) {
                                   << (r.error.empty() ? "" : " (" + r.error + ")");
     text = r.body;
     const server::HttpResponse info = client.get("/get_server_info");
-    FP4MOE_CHECK(info.status != 401) << "GET " << a.url
-                                     << "/get_server_info: 401, the server wants its API key: pass --api-key";
+    FP4MOE_CHECK(info.status != 401) << "GET " << a.url << "/get_server_info: 401, "
+                                     << (a.api_key.empty() ? "the server wants its API key: pass --api-key"
+                                                           : "the server refused the key given with --api-key");
     if (info.status == 200) {
       const nlohmann::json j = nlohmann::json::parse(info.body, nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.contains("model_path") && j["model_path"].is_string()) model_path = j["model_path"];
@@ -88,6 +89,12 @@ void run_analyze(AnalyzeArgs a) {
   }
 
   const PromText metrics = parse_prometheus_text(text);
+  // A server still loading its model serves /metrics without the MoE series yet: say that, not which series lacks.
+  for (const PromSample* s : metrics.find("fp4moe:is_ready")) {
+    FP4MOE_CHECK(s->value != 0.0) << (a.url.empty() ? "--metrics " + a.metrics_file : a.url)
+                                  << ": the server was still loading its model (fp4moe:is_ready 0): analyze its "
+                                     "metrics once /health answers 200 and it has served requests";
+  }
   // The model: --model, else the server's model_path (/get_server_info, else the metrics' own model_info line,
   // which a saved copy carries too).
   if (model_path.empty()) {

@@ -1685,7 +1685,9 @@ TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
   EXPECT_EQ(fp4moe::testing::run_command(bench + " --api-key " + key, &text), 0) << text;
   const std::string analyze = std::string(FP4MOE_CLI) + " analyze --url " + srv.url();
   EXPECT_NE(fp4moe::testing::run_command(analyze, &text), 0) << text;
-  EXPECT_NE(text.find("--api-key"), std::string::npos) << text;
+  EXPECT_NE(text.find("the server wants its API key: pass --api-key"), std::string::npos) << text;
+  EXPECT_NE(fp4moe::testing::run_command(analyze + " --api-key wrong-key", &text), 0) << text;
+  EXPECT_NE(text.find("the server refused the key given with --api-key"), std::string::npos) << text;
   EXPECT_EQ(fp4moe::testing::run_command(analyze + " --api-key " + key, &text), 0) << text;
 
   // The key from the environment (FP4MOE_API_KEY), out of the process list.

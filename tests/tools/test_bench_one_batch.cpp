@@ -95,6 +95,8 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
   EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);
   EXPECT_NE(out.find("--max-prefill-tokens 0 must be >= 1, or -1"), std::string::npos) << out;
+  EXPECT_NE(run("--device gpu", &out), 0);  // named as a bad value, not as "the default model is cpu only"
+  EXPECT_NE(out.find("device \"gpu\" is not one of: cpu, cuda"), std::string::npos) << out;
   EXPECT_NE(run("--profile-decode", &out), 0);  // profiles GPU kernels: the cpu default model has none
   EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
             std::string::npos)
