@@ -183,13 +183,17 @@ Measured read_measured(const PromText& p) {
   return m;
 }
 
+void check_roofline(const Roofline& r) {
+  FP4MOE_CHECK(std::isfinite(r.hbm_gbps) && std::isfinite(r.peak_tflops) && r.hbm_gbps > 0 && r.peak_tflops > 0)
+      << "rooflines must be finite and positive: --hbm-gbps " << r.hbm_gbps << ", --peak-tflops " << r.peak_tflops;
+}
+
 Analysis analyze(const Measured& m, const model::ModelConfig& cfg, WeightFormat weights, const Roofline& r,
                  int64_t max_running_requests, const std::vector<double>& multipliers) {
+  check_roofline(r);
   FP4MOE_CHECK(m.steps > 0) << "fp4moe:forward_steps_total = " << m.steps << ": no forward step yet; send requests first";
   FP4MOE_CHECK(!m.moe_layers.empty()) << "metrics have no fp4moe:moe_expert_tokens_total series (" << cfg.summary()
                                       << "): is this a MoE model's server?";
-  FP4MOE_CHECK(r.hbm_gbps > 0 && r.peak_tflops > 0)
-      << "rooflines must be positive: --hbm-gbps " << r.hbm_gbps << ", --peak-tflops " << r.peak_tflops;
   FP4MOE_CHECK(cfg.num_experts_per_tok > 0 && cfg.moe_intermediate_size > 0)
       << cfg.source << ": num_experts_per_tok " << cfg.num_experts_per_tok << ", moe_intermediate_size "
       << cfg.moe_intermediate_size << " must be positive";

@@ -51,6 +51,8 @@ struct Roofline {
   double hbm_gbps = 4200;     // H200 device-to-device copy, BENCHMARKS.md
   double peak_tflops = 780;   // H200 BF16 dense tensor peak (cuBLAS), BENCHMARKS.md
 };
+// Fails naming the flags unless both rooflines are finite and positive (analyze checks it; the command first).
+void check_roofline(const Roofline& r);
 
 // Distribution buckets of moe_expert_step_tokens: 0, 1-7, 8-15, 16-63, 64+ tokens.
 inline constexpr std::array<const char*, 5> kStepTokenBuckets = {"0", "1-7", "8-15", "16-63", "64+"};

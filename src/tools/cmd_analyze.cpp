@@ -60,6 +60,7 @@ void run_analyze(AnalyzeArgs a) {
   FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
       << "give exactly one of --metrics FILE and --url http://host:port (got "
       << (a.metrics_file.empty() ? "neither" : "both") << ")";
+  check_roofline(a.roofline);
   // A bad --weights fails before any other work.
   const std::optional<WeightFormat> asked =
       a.weights == "auto" ? std::nullopt : std::optional<WeightFormat>(parse_weight_format(a.weights));
@@ -158,7 +159,8 @@ void register_analyze_command(CLI::App& app) {
   cmd->add_option("--hbm-gbps", a->roofline.hbm_gbps, "HBM roofline in GB/s (default 4200: H200 copy bandwidth)");
   cmd->add_option("--peak-tflops", a->roofline.peak_tflops, "Tensor roofline in TFLOP/s (default 780: H200 BF16)");
   cmd->add_option("--max-running-requests", a->max_running_requests,
-                  "The server's current value, for the what-if rows (default: from /get_server_info with --url)");
+                  "The server's current value, for the what-if rows (default: from /get_server_info with --url)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   cmd->add_option("--timeout", a->timeout_s, "HTTP timeout in seconds (default 30)");
   cmd->add_option("--api-key", a->api_key, "The server's --api-key (sent as Authorization: Bearer)");
   cmd->add_flag("--json", a->json_out, "Print JSON (schema fp4moe.analyze.v1) instead of tables");

@@ -159,6 +159,10 @@ TEST(AnalyzeE2E, BadInputIsNamed) {
   { std::ofstream(path) << "fp4moe:forward_steps_total 1\n"; }
   EXPECT_NE(run("--metrics " + path + " --weights fp8", &out), 0);
   EXPECT_NE(out.find("--weights \"fp8\""), std::string::npos) << out;
+  // Flags: a roofline that is not finite, a max-running-requests below 1 (a usage error).
+  EXPECT_NE(run("--metrics " + path + " --model glm5-shard --hbm-gbps inf", &out), 0);
+  EXPECT_NE(out.find("rooflines must be finite and positive: --hbm-gbps inf"), std::string::npos) << out;
+  EXPECT_EQ(run("--metrics " + path + " --max-running-requests -4", &out), 2) << out;
   // Metrics of a server that was still loading: said so, not which MoE series they lack.
   { std::ofstream(path) << "fp4moe:is_ready 0\nfp4moe:forward_steps_total 0\n"; }
   EXPECT_NE(run("--metrics " + path + " --model glm5-shard", &out), 0);
