@@ -456,7 +456,8 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--dataset", a->dataset, "JSON-lines prompts: {\"prompt\": ...} or {\"input_ids\": [...]}");
   cmd->add_option("--dataset-name", a->dataset_name,
                   "random (default) or generated-shared-prefix (--gsp-*: groups of prompts sharing a system prompt; "
-                  "--num-prompts is then groups x prompts per group)");
+                  "--num-prompts is then groups x prompts per group)")
+      ->check(CLI::IsMember({"random", "generated-shared-prefix"}));
   cmd->add_option("--gsp-num-groups", a->gsp_groups, "generated-shared-prefix: groups (default 64)");
   cmd->add_option("--gsp-prompts-per-group", a->gsp_prompts_per_group, "Prompts per group (default 16)");
   cmd->add_option("--gsp-system-prompt-len", a->gsp_system_prompt_len, "Shared tokens per group (default 2048)");

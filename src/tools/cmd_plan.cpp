@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "format/json_file.h"
+#include "model/presets.h"
 #include "plan/decode.h"
 #include "plan/gpu_table.h"
 #include "plan/plan_report.h"
@@ -44,20 +45,22 @@ struct PlanArgs {
   double target_util = 0.5;
 };
 
-int64_t config_int(const json& cfg, const char* key, const fs::path& file) {
-  FP4MOE_CHECK(cfg.contains(key)) << file.string() << ": no '" << key << "'";
-  FP4MOE_CHECK(cfg[key].is_number_integer()) << file.string() << ": '" << key << "' is " << cfg[key].dump()
-                                             << ", expected an integer";
+int64_t config_int(const json& cfg, const char* key, const std::string& source) {
+  FP4MOE_CHECK(cfg.contains(key)) << source << ": no '" << key << "'";
+  FP4MOE_CHECK(cfg[key].is_number_integer())
+      << source << ": '" << key << "' is " << cfg[key].dump() << ", expected an integer";
   FP4MOE_CHECK(format::json_int_in(cfg[key], 1, INT32_MAX))
-      << file.string() << ": '" << key << "' = " << cfg[key].dump() << " must be in [1, 2^31)";
+      << source << ": '" << key << "' = " << cfg[key].dump() << " must be in [1, 2^31)";
   return cfg[key].get<int64_t>();
 }
 
 // The MoE shape of a Hugging Face checkpoint: config.json's n_routed_experts,
-// num_experts_per_tok, hidden_size, moe_intermediate_size.
+// num_experts_per_tok, hidden_size, moe_intermediate_size. --model is a checkpoint folder (any MoE architecture
+// with these fields), or a preset (model/presets.h, as serve and analyze take them) when no such folder exists.
 plan::Problem problem_from_model(const std::string& dir) {
-  const fs::path file = fs::path(dir) / "config.json";
-  json cfg = format::read_json_file(file);
+  const std::optional<json> preset = fs::exists(dir) ? std::nullopt : model::preset_config(dir);
+  const std::string file = preset ? "preset " + dir : (fs::path(dir) / "config.json").string();
+  json cfg = preset ? *preset : format::read_json_file(file);
   if (cfg.contains("text_config") && !cfg.contains("n_routed_experts")) cfg = cfg["text_config"];
   plan::Problem p;
   p.kind = plan::Problem::Kind::kMoe;
@@ -65,9 +68,9 @@ plan::Problem problem_from_model(const std::string& dir) {
   p.top_k = config_int(cfg, "num_experts_per_tok", file);
   p.hidden = config_int(cfg, "hidden_size", file);
   p.intermediate = config_int(cfg, "moe_intermediate_size", file);
-  FP4MOE_CHECK(p.top_k <= p.n_experts) << file.string() << ": num_experts_per_tok " << p.top_k << " > n_routed_experts "
+  FP4MOE_CHECK(p.top_k <= p.n_experts) << file << ": num_experts_per_tok " << p.top_k << " > n_routed_experts "
                                        << p.n_experts;
-  plan::check_problem(p, file.string() + " (" + p.to_string() + ")");
+  plan::check_problem(p, file + " (" + p.to_string() + ")");
   return p;
 }
 
@@ -213,7 +216,7 @@ void register_plan_command(CLI::App& app) {
   cmd->add_option("--gpu", args->gpu, "GPU product or arch (h200, rtx-pro-6000, b200, dgx-spark, sm_120, ...); default: device 0");
   cmd->add_option("--kernel", args->kernel, "ours | cutlass-sm120-moe | cutlass-sm100-moe (default: ours on Hopper)");
   cmd->add_option("--problem", args->problem, "moe:E=256,topk=8,H=6144,I=2048 or gemm:M=..,N=..,K=..");
-  cmd->add_option("--model", args->model, "checkpoint folder whose config.json gives the MoE shape");
+  cmd->add_option("--model", args->model, "checkpoint folder whose config.json gives the MoE shape, or a preset");
   cmd->add_option("--tokens", args->tokens, "token counts (batch sizes) to plan for, e.g. 1,16,64,512,4096");
   cmd->add_option("--cutlass", args->cutlass, "CUTLASS rules: b46b16d (>= 4.4.2, default), pre-carveout, 4.2.0");
   cmd->add_flag("--json", args->json_out, "print JSON (schema fp4moe.plan.v1, or fp4moe.decode.v1 with --decode)");

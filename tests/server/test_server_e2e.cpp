@@ -1799,6 +1799,10 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
                                     &text);
   EXPECT_EQ(rc, 1) << text;
   EXPECT_NE(text.find("--timeout 0 must be > 0 seconds"), std::string::npos) << text;
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt", &text);
+  EXPECT_EQ(rc, 2) << text;  // a usage error, also beside --dataset (it was ignored there)
+  EXPECT_NE(text.find("--dataset-name: sharegpt not in {random,generated-shared-prefix}"), std::string::npos) << text;
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
                                         " --num-prompts 1 --output-file " + fs::temp_directory_path().string(),
                                     &text);

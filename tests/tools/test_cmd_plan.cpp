@@ -131,6 +131,17 @@ TEST(CmdPlan, ModelDirReadsConfigJson) {
   EXPECT_EQ(j["kernel"], "cutlass-sm100-moe");
 }
 
+// --model takes a preset (as serve and analyze do) when no such folder exists; errors then name the preset.
+TEST(CmdPlan, ModelPreset) {
+  const CliRun r = run_plan("--gpu h200 --model glm5-shard --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["problem"], "moe:E=32,topk=8,H=6144,I=2048");  // one 8-way EP rank's 32 of GLM-5's 256 experts
+  const CliRun none = run_plan("--gpu h200 --model no-such-preset-or-dir");
+  EXPECT_EQ(none.status, 1) << none.out;
+  EXPECT_NE(none.out.find("no-such-preset-or-dir/config.json"), std::string::npos) << none.out;
+}
+
 TEST(CmdPlan, ModelDirErrorsNameTheField) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("fp4moe_plan_bad_" + std::to_string(fp4moe::testing::test_seed()));
   std::filesystem::create_directories(dir);
