@@ -55,11 +55,11 @@ int64_t binomial_quantile(int64_t n, double p, double q) {
   if (p >= 1) return n;
   double cdf = 0;
   const double lp = std::log(p), lq = std::log1p(-p);
-  // The walk starts 12 standard deviations below the mean when that is above 0: by Bernstein's inequality the mass
-  // below it is < exp(-0.375 x 144) ~ 3e-24 (for sd >= 12), so the quantile is the same and a large n costs O(sd)
-  // steps instead of O(n p).
+  // The walk starts t = 12 sd + 144 below the mean (or at 0): by Bernstein's inequality the mass below is at most
+  // exp(-t^2 / (2 (sd^2 + t / 3))), and that exponent is >= 72 for every sd (mass < 6e-32), so the quantile is the
+  // same and the walk takes O(sd + 144) steps instead of O(n p) (p near 1 included).
   const double mean = static_cast<double>(n) * p, sd = std::sqrt(mean * (1 - p));
-  const int64_t x0 = sd >= 12 ? static_cast<int64_t>(std::max(0.0, std::floor(mean - 12 * sd))) : 0;
+  const auto x0 = static_cast<int64_t>(std::max(0.0, std::floor(mean - 12 * sd - 144)));
   for (int64_t x = x0; x <= n; ++x) {
     const double log_pmf = std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(x) + 1) -
                            std::lgamma(static_cast<double>(n - x) + 1) + static_cast<double>(x) * lp +

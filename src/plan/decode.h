@@ -58,7 +58,7 @@ std::vector<DecodeRow> decode_table(const DecodeModel& m, const GpuSpec& gpu, co
 int64_t concurrency_for_utilization(const DecodeModel& m, const GpuSpec& gpu, double target,
                                     int64_t max_concurrency = 1 << 20);
 
-// The q-quantile (0..1) of Binomial(n, p): the smallest x with P(X <= x) >= q. O(standard deviation) steps.
+// The q-quantile (0..1) of Binomial(n, p): the smallest x with P(X <= x) >= q. O(standard deviation + 144) steps.
 int64_t binomial_quantile(int64_t n, double p, double q);
 
 }  // namespace fp4moe::plan

@@ -122,8 +122,16 @@ const char* to_string(WeightFormat f) { return f == WeightFormat::kNvfp4 ? "nvfp
 double bytes_per_weight(WeightFormat f) { return f == WeightFormat::kNvfp4 ? 0.5 + 1.0 / 16 : 2.0; }
 
 WeightFormat checkpoint_weight_format(const model::ModelConfig& cfg) {
-  const bool nvfp4 = cfg.quantization.nvfp4_by_default() || cfg.quantization.quant_algo == "MIXED_PRECISION";
-  return nvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kBf16;
+  const format::QuantConfig& q = cfg.quantization;
+  if (q.nvfp4_by_default()) return WeightFormat::kNvfp4;
+  if (q.quant_algo == "MIXED_PRECISION") {  // the routed experts' own entries in quantized_layers
+    for (const auto& [module, algo] : q.quantized_layers) {
+      if (module.find(".mlp.experts.") != std::string::npos && (algo == "NVFP4" || algo == "W4A16_NVFP4")) {
+        return WeightFormat::kNvfp4;
+      }
+    }
+  }
+  return WeightFormat::kBf16;
 }
 
 Measured read_measured(const PromText& p) {

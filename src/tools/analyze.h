@@ -42,9 +42,10 @@ enum class WeightFormat { kNvfp4, kBf16 };
 WeightFormat parse_weight_format(const std::string& s);  // "nvfp4" | "bf16"; fails naming the value
 const char* to_string(WeightFormat f);
 double bytes_per_weight(WeightFormat f);  // 0.5625 or 2
-// The expert weights a checkpoint with this config loads as: nvfp4 when its quantization config says NVFP4 (or
-// MIXED_PRECISION), bf16 otherwise. The server labels its metrics with what it serves (serve_weight_format), which
-// analyze --weights auto prefers to this guess from the config.
+// The routed experts' format a checkpoint with this config loads: nvfp4 when its quantization config makes every
+// Linear NVFP4, or (MIXED_PRECISION) lists routed experts as NVFP4 in quantized_layers; bf16 otherwise. serve labels
+// its metrics with it (fp4moe:model_info's expert_weights; --dummy-weights under --load-format dummy), which
+// analyze --weights auto prefers to reading the config itself.
 WeightFormat checkpoint_weight_format(const model::ModelConfig& cfg);
 
 struct Roofline {

@@ -92,9 +92,11 @@ void run_analyze(AnalyzeArgs a) {
   const PromText metrics = parse_prometheus_text(text);
   // A server still loading its model serves /metrics without the MoE series yet: say that, not which series lacks.
   for (const PromSample* s : metrics.find("fp4moe:is_ready")) {
-    FP4MOE_CHECK(s->value != 0.0) << (a.url.empty() ? "--metrics " + a.metrics_file : a.url)
-                                  << ": the server was still loading its model (fp4moe:is_ready 0): analyze its "
-                                     "metrics once /health answers 200 and it has served requests";
+    // (A server shutting down also reads 0, with its steps counted: those metrics are analyzed.)
+    FP4MOE_CHECK(s->value != 0.0 || metrics.get("fp4moe:forward_steps_total").value_or(0.0) > 0)
+        << (a.url.empty() ? "--metrics " + a.metrics_file : a.url)
+        << ": the server was still loading its model (fp4moe:is_ready 0): analyze its "
+           "metrics once /health answers 200 and it has served requests";
   }
   // The model: --model, else the server's model_path (/get_server_info, else the metrics' own model_info line,
   // which a saved copy carries too).
@@ -128,7 +130,10 @@ void run_analyze(AnalyzeArgs a) {
   WeightFormat weights = WeightFormat::kBf16;
   if (asked) {
     weights = *asked;
-  } else if (served_weights == "nvfp4" || served_weights == "bf16") {
+  } else if (!served_weights.empty()) {
+    FP4MOE_CHECK(served_weights == "nvfp4" || served_weights == "bf16")
+        << "fp4moe:model_info says expert_weights=\"" << served_weights
+        << "\": expected nvfp4 or bf16 (pass --weights)";
     weights = parse_weight_format(served_weights);
   } else {
     weights = embedded ? WeightFormat::kNvfp4 : checkpoint_weight_format(cfg);

@@ -194,6 +194,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   client.set_bearer_token(a.api_key);
   const auto t0 = Clock::now();
   tools::StreamTiming timing;
+  timing.max_tokens = p.output_len;
   std::string bad_chunk;
   auto res = client.post_sse("/generate", body.dump(), [&](std::string_view data) {
     if (timing.on_chunk(data, std::chrono::duration<double>(Clock::now() - t0).count())) return true;
@@ -201,10 +202,10 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
     return false;
   });
   r.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.output_len = timing.tokens;
+  r.output_len = timing.completion_tokens;
   r.prompt_len = timing.prompt_len;
   r.cached_len = timing.cached_len;
-  r.ttft_s = timing.ttft_s;
+  r.ttft_s = timing.tokens > 0 ? timing.ttft_s : timing.first_token_s;
   r.itl_s = std::move(timing.itl_s);
   if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
   else if (res.status == -1)
@@ -212,7 +213,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   else if (res.status != 200)
     r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300) +
               (res.error.empty() ? std::string() : " (" + res.error + ")");
-  else if (timing.tokens == 0)
+  else if (timing.completion_tokens == 0)
     r.error = "no tokens streamed";
   else r.ok = true;
   return r;

@@ -11,6 +11,7 @@
 // disagreement is printed. Tested by tests/tools/test_cmd_plan.cpp (runs the built binary).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -59,6 +60,8 @@ int64_t config_int(const json& cfg, const char* key, const std::string& source) 
 // with these fields), or a preset (model/presets.h, as serve and analyze take them) when no such folder exists.
 plan::Problem problem_from_model(const std::string& dir) {
   const std::optional<json> preset = fs::exists(dir) ? std::nullopt : model::preset_config(dir);
+  FP4MOE_CHECK(preset || fs::exists(dir)) << "--model " << dir << ": no such directory, and not a preset ("
+                                          << fmt::format("{}", fmt::join(model::preset_names(), ", ")) << ")";
   const std::string file = preset ? "preset " + dir : (fs::path(dir) / "config.json").string();
   json cfg = preset ? *preset : format::read_json_file(file);
   if (cfg.contains("text_config") && !cfg.contains("n_routed_experts")) cfg = cfg["text_config"];
@@ -124,6 +127,11 @@ void run_decode(const PlanArgs& a, const plan::Problem& problem, const plan::Res
   m.ep = a.ep;
   if (!a.routing.empty()) m.routing = read_routing(a.routing);
   const std::vector<int64_t> conc = plan::parse_token_list(a.concurrency, "--concurrency");
+  for (int64_t c : conc) {
+    FP4MOE_CHECK(c <= plan::kMaxDecodeConcurrency)
+        << "--concurrency " << c << " is past " << plan::kMaxDecodeConcurrency
+        << " running requests, the most --decode models";
+  }
   const std::vector<plan::DecodeRow> rows = plan::decode_table(m, gpu.spec, conc);
   const int64_t needed = plan::concurrency_for_utilization(m, gpu.spec, a.target_util);
   const bool fp4 = gpu.spec.fp4_dense_tflops > 0;

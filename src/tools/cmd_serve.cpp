@@ -210,7 +210,11 @@ void run_serve(ServeArgs a) {
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
   so.launch_args = launch_args(a);
-  so.launch_args["expert_weights"] = to_string(served_expert_weights(a));
+  // A config that cannot be read is the load's to report (after /health has answered 503): no label then.
+  try {
+    so.launch_args["expert_weights"] = to_string(served_expert_weights(a));
+  } catch (const Error&) {
+  }
   so.api_key = a.api_key;
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;

@@ -12,6 +12,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -47,6 +50,14 @@ struct TokenizeOptions {
   bool skip_special_tokens = false;
   bool no_generation_prompt = false;
 };
+
+// Standard input whole (bounded as read_file); a read error (stdin a directory, a closed descriptor) is named: the
+// stream reports one as the end of the input.
+std::string read_stdin() {
+  std::string text = read_stream(std::cin, "standard input");
+  FP4MOE_CHECK(!std::ferror(stdin)) << "cannot read standard input: " << std::strerror(errno);
+  return text;
+}
 
 // A token's bytes for display: printable text as is, control bytes and split UTF-8 as \xNN.
 std::string display_piece(const std::string& bytes) {
@@ -168,9 +179,7 @@ void run_tokenize(const TokenizeOptions& o) {
     return;
   }
 
-  const std::string text = o.text_given   ? o.text
-                           : o.from_stdin ? read_stream(std::cin, "standard input")
-                                          : read_file(o.file);
+  const std::string text = o.text_given ? o.text : o.from_stdin ? read_stdin() : read_file(o.file);
   std::vector<engine::TokenId> ids;
   try {
     ids = tok.encode(text, encode_options);

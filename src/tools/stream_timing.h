@@ -1,7 +1,9 @@
 // The timings of one streamed SGLang /generate request as sglang.bench_serving measures them (bench-serving's
-// per-request accounting): TTFT at the first chunk that carries tokens, then for each later chunk carrying k new
-// tokens (--num-continuous-decode-steps sends several) k inter-token latencies of its gap / k; a chunk without new
-// tokens adds nothing and its gap rolls into the next. Tested by tests/tools/test_stream_timing.cpp.
+// per-request accounting): only chunks whose text (the text so far) is not empty are timed; TTFT at the first, then
+// for each later one carrying k new tokens (--num-continuous-decode-steps sends several) k inter-token latencies of
+// its gap / k; a chunk without new tokens adds nothing and its gap rolls into the next. The output length is the
+// last chunk's completion_tokens (a reply of tokens whose text stays empty, special tokens only, is timed from its
+// first token instead of failing). Tested by tests/tools/test_stream_timing.cpp.
 #pragma once
 
 #include <cstdint>
@@ -12,16 +14,20 @@
 namespace fp4moe::tools {
 
 struct StreamTiming {
-  int64_t tokens = 0;      // meta_info.completion_tokens of the last chunk
-  int64_t prompt_len = 0;  // meta_info.prompt_tokens
+  int64_t max_tokens = INT64_MAX;  // the request's max_new_tokens: a count past it makes a chunk malformed
+  int64_t completion_tokens = 0;   // meta_info.completion_tokens of the last chunk (the output length)
+  int64_t tokens = 0;              // ... of the last timed chunk
+  int64_t prompt_len = 0;          // meta_info.prompt_tokens
   int64_t cached_len = 0;  // meta_info.cached_tokens
-  double ttft_s = 0.0;
+  double ttft_s = 0.0;     // at the first timed chunk
+  double first_token_s = 0.0;  // at the first chunk with completion_tokens > 0 (a reply whose text stays empty)
   std::vector<double> itl_s;
   double last_s = 0.0;  // when the last token-carrying chunk arrived
 
   // Accounts one SSE data payload that arrived `now_s` seconds after the request was sent ("[DONE]" is ignored).
-  // False for a payload that is not a JSON object with a meta_info object whose counts, where present, are integers;
-  // the request then fails naming it.
+  // False for a payload that is not a JSON object with a meta_info object whose counts, where present, are integers
+  // in range (completion_tokens <= max_tokens), or a timed chunk without completion_tokens; the request then fails
+  // naming it.
   bool on_chunk(std::string_view data, double now_s);
 };
 

@@ -140,7 +140,13 @@ TEST(Decode, BinomialQuantile) {
     }
     return n;
   };
-  for (const auto& [n, p] : {std::pair<int64_t, double>{100000, 1.0 / 32}, {20000, 0.5}, {5000, 0.9}, {400, 0.4}}) {
+  for (const auto& [n, p] : {std::pair<int64_t, double>{100000, 1.0 / 32},
+                             {20000, 0.5},
+                             {5000, 0.9},
+                             {400, 0.4},
+                             {100000, 1 - 1e-6},
+                             {300, 0.999},
+                             {1000, 0.02}}) {
     for (double q : {0.01, 0.5, 0.99}) {
       EXPECT_EQ(binomial_quantile(n, p, q), from_zero(n, p, q)) << "n=" << n << " p=" << p << " q=" << q;
     }

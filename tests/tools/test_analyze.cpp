@@ -383,6 +383,23 @@ TEST(Analyze, WhatIfWithoutDecodeStepsSaysWhatItScales) {
   EXPECT_EQ(analysis_json(measured)["what_if_batch"], "decode_batch_mean");
 }
 
+// --weights auto's reading of a checkpoint config (serve labels its metrics with it): NVFP4 / W4A16_NVFP4 make every
+// Linear NVFP4; MIXED_PRECISION only where quantized_layers lists routed experts as NVFP4.
+TEST(Analyze, CheckpointWeightFormat) {
+  using namespace fp4moe::tools;
+  fp4moe::model::ModelConfig c = tiny_config();
+  EXPECT_EQ(checkpoint_weight_format(c), WeightFormat::kBf16);
+  c.quantization.quant_algo = "W4A16_NVFP4";
+  EXPECT_EQ(checkpoint_weight_format(c), WeightFormat::kNvfp4);
+  c.quantization.quant_algo = "MIXED_PRECISION";
+  c.quantization.quantized_layers = {{"model.layers.1.self_attn.o_proj", "NVFP4"}};
+  EXPECT_EQ(checkpoint_weight_format(c), WeightFormat::kBf16);
+  c.quantization.quantized_layers["model.layers.1.mlp.experts.0.down_proj"] = "NVFP4";
+  EXPECT_EQ(checkpoint_weight_format(c), WeightFormat::kNvfp4);
+  c.quantization.quantized_layers = {{"model.layers.1.mlp.experts.0.down_proj", "FP8"}};
+  EXPECT_EQ(checkpoint_weight_format(c), WeightFormat::kBf16);
+}
+
 class LayerTimes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LayerTimes, CpuModelsReportAttentionThenMlpPerLayer) {

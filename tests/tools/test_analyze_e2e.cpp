@@ -167,6 +167,10 @@ TEST(AnalyzeE2E, BadInputIsNamed) {
   { std::ofstream(path) << "fp4moe:is_ready 0\nfp4moe:forward_steps_total 0\n"; }
   EXPECT_NE(run("--metrics " + path + " --model glm5-shard", &out), 0);
   EXPECT_NE(out.find("the server was still loading its model (fp4moe:is_ready 0)"), std::string::npos) << out;
+  // A server shutting down reads is_ready 0 too, with its steps counted: not called loading.
+  { std::ofstream(path) << "fp4moe:is_ready 0\nfp4moe:forward_steps_total 3\n"; }
+  EXPECT_NE(run("--metrics " + path + " --model glm5-shard", &out), 0);
+  EXPECT_EQ(out.find("still loading"), std::string::npos) << out;
   std::filesystem::remove(path);
 }
 

@@ -139,7 +139,12 @@ TEST(CmdPlan, ModelPreset) {
   EXPECT_EQ(j["problem"], "moe:E=32,topk=8,H=6144,I=2048");  // one 8-way EP rank's 32 of GLM-5's 256 experts
   const CliRun none = run_plan("--gpu h200 --model no-such-preset-or-dir");
   EXPECT_EQ(none.status, 1) << none.out;
-  EXPECT_NE(none.out.find("no-such-preset-or-dir/config.json"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("--model no-such-preset-or-dir: no such directory, and not a preset (glm5-shard, "),
+            std::string::npos)
+      << none.out;
+  const CliRun past = run_plan("--gpu h200 --decode --model glm5-shard --concurrency 16,16777217");
+  EXPECT_EQ(past.status, 1) << past.out;
+  EXPECT_NE(past.out.find("--concurrency 16777217 is past 16777216 running requests"), std::string::npos) << past.out;
 }
 
 TEST(CmdPlan, ModelDirErrorsNameTheField) {

@@ -63,6 +63,9 @@ TEST(CmdTokenize, ErrorsCarryNumbers) {
   EXPECT_EQ(testing::run_command(tokenize_cmd("--file " + bad), &out), 1);
   EXPECT_NE(out.find(bad + ": cannot tokenize: invalid UTF-8 at byte 2 of 5"), std::string::npos) << out;
   std::filesystem::remove(bad);
+  // Standard input that cannot be read (here a directory) is named; it read as empty input (exit 0, no ids).
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--stdin < /tmp"), &out), 1) << out;
+  EXPECT_NE(out.find("cannot read standard input: Is a directory"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--text a --decode 1"), &out), 1);
   EXPECT_NE(out.find("give exactly one of --text, --file, --stdin, --decode, --chat (got 2)"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,5000"), &out), 1);

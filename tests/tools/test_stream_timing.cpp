@@ -1,7 +1,8 @@
 // tools::StreamTiming, bench-serving's per-request accounting of a streamed /generate reply, against
 // sglang.bench_serving's definitions: TTFT at the first token-carrying chunk; a later chunk carrying k new tokens
 // gives k inter-token latencies of gap / k; a chunk without new tokens adds nothing and its gap rolls into the next;
-// a malformed chunk (not JSON, no meta_info object, a count that is not an integer) is refused, not thrown.
+// only chunks with text are timed; a malformed chunk (not JSON, no meta_info object, a count that is not an
+// integer or is past max_new_tokens) is refused, not thrown.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -33,6 +34,26 @@ TEST(StreamTiming, ChunksOfSeveralTokensSpreadTheirGap) {
   EXPECT_EQ(t.cached_len, 2);
 }
 
+// As sglang.bench_serving: a chunk whose text (so far) is empty is not timed (a token the decoder holds back, a
+// special token); the first timed chunk may carry several tokens (no ITL for them).
+TEST(StreamTiming, OnlyChunksWithTextAreTimed) {
+  StreamTiming t;
+  EXPECT_TRUE(t.on_chunk(R"({"text": "", "meta_info": {"completion_tokens": 1}})", 0.3));
+  EXPECT_TRUE(t.on_chunk(R"({"text": "ab", "meta_info": {"completion_tokens": 3}})", 0.5));
+  EXPECT_TRUE(t.on_chunk(R"({"text": "abc", "meta_info": {"completion_tokens": 4}})", 0.9));
+  EXPECT_DOUBLE_EQ(t.first_token_s, 0.3);
+  EXPECT_DOUBLE_EQ(t.ttft_s, 0.5);
+  ASSERT_EQ(t.itl_s.size(), 1u);
+  EXPECT_NEAR(t.itl_s[0], 0.4, 1e-12);
+  EXPECT_EQ(t.completion_tokens, 4);
+  // A reply whose text stays empty: its count, no timed chunk.
+  StreamTiming quiet;
+  EXPECT_TRUE(quiet.on_chunk(R"({"text": "", "meta_info": {"completion_tokens": 2}})", 0.2));
+  EXPECT_EQ(quiet.tokens, 0);
+  EXPECT_EQ(quiet.completion_tokens, 2);
+  EXPECT_DOUBLE_EQ(quiet.first_token_s, 0.2);
+}
+
 TEST(StreamTiming, MalformedChunksAreRefused) {
   for (const std::string bad : {std::string("not json"), std::string("[1, 2]"), std::string(R"({"text": "x"})"),
                                 std::string(R"({"meta_info": 3})"),
@@ -46,6 +67,14 @@ TEST(StreamTiming, MalformedChunksAreRefused) {
   StreamTiming t;  // counts left out keep their values
   EXPECT_TRUE(t.on_chunk(R"({"meta_info": {}})", 0.1));
   EXPECT_EQ(t.tokens, 0);
+  // A timed chunk must carry its count; a count past the request's max_new_tokens is refused (1e9 tokens would
+  // have allocated 8 GB of latencies).
+  EXPECT_FALSE(t.on_chunk(R"({"text": "a", "meta_info": {}})", 0.2));
+  StreamTiming bounded;
+  bounded.max_tokens = 16;
+  EXPECT_TRUE(bounded.on_chunk(chunk(16), 0.1));
+  EXPECT_FALSE(bounded.on_chunk(chunk(1000000000), 0.2));
+  EXPECT_FALSE(bounded.on_chunk(chunk(-1), 0.2));
 }
 
 }  // namespace
