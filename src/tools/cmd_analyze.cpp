@@ -20,7 +20,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 
@@ -62,8 +61,7 @@ void run_analyze(AnalyzeArgs a) {
       << (a.metrics_file.empty() ? "neither" : "both") << ")";
   check_roofline(a.roofline);
   // A bad --weights fails before any other work.
-  const std::optional<WeightFormat> asked =
-      a.weights == "auto" ? std::nullopt : std::optional<WeightFormat>(parse_weight_format(a.weights));
+  if (a.weights != "auto") parse_weight_format(a.weights);
   std::string text;
   std::string model_path;  // from the server, when it says
   if (!a.url.empty()) {
@@ -128,8 +126,8 @@ void run_analyze(AnalyzeArgs a) {
     if (auto it = s->labels.find("expert_weights"); it != s->labels.end()) served_weights = it->second;
   }
   WeightFormat weights = WeightFormat::kBf16;
-  if (asked) {
-    weights = *asked;
+  if (a.weights != "auto") {
+    weights = parse_weight_format(a.weights);
   } else if (!served_weights.empty()) {
     FP4MOE_CHECK(served_weights == "nvfp4" || served_weights == "bf16")
         << "fp4moe:model_info says expert_weights=\"" << served_weights

@@ -188,7 +188,9 @@ TEST_P(GoldenThroughEngine, PromptLogprobsMatchTheModelsLogits) {
       ids.push_back(r.id);
     }
     e.run_until_idle();
-    if (k >= 2) EXPECT_GT(e.stats().preemptions_total, 0u);
+    if (k >= 2) {
+      EXPECT_GT(e.stats().preemptions_total, 0u);
+    }
     for (size_t s = 0; s < prompts.size(); ++s) {
       SCOPED_TRACE("sequence " + std::to_string(s));
       EXPECT_EQ(events_with[ids[s]], 1);
@@ -206,8 +208,9 @@ TEST_P(GoldenThroughEngine, PromptLogprobsMatchTheModelsLogits) {
           EXPECT_NEAR(lp[t].top_logprobs[j].logprob, want[s][t - 1].second[j].second, 1e-4);
           // The ids agree unless a neighbour's logprob ties with this one within the tolerance.
           const auto& w = want[s][t - 1].second;
-          if ((j == 0 || w[j - 1].second - w[j].second > 1e-3) && w[j].second - w[j + 1].second > 1e-3)
+          if ((j == 0 || w[j - 1].second - w[j].second > 1e-3) && w[j].second - w[j + 1].second > 1e-3) {
             EXPECT_EQ(lp[t].top_logprobs[j].id, want[s][t - 1].second[j].first) << "position " << t << " top " << j;
+          }
         }
       }
     }

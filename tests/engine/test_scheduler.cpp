@@ -176,7 +176,9 @@ TEST_P(SequenceErrorTest, FailsOnlyThatRequest) {
   EXPECT_EQ(s.generation_tokens_total, generated);
   EXPECT_EQ(s.ttft_s.count, cases.size() - 1);
   EXPECT_EQ(s.requests_finished_total, cases.size());
-  if (GetParam()) EXPECT_GT(raw->sample_answers, 0);  // the seeded requests were drawn by the model
+  if (GetParam()) {
+    EXPECT_GT(raw->sample_answers, 0);  // the seeded requests were drawn by the model
+  }
 }
 
 // A model that answers SeqChunk::argmax (as the GPU models do): greedy requests without logprobs or

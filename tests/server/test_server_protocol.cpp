@@ -636,7 +636,9 @@ TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
     last = chat_chunk(req, ctx, out, i == 0, 0, &stream)["choices"][0];
     const json& d = last["delta"];
     if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
-    if (d.contains("content")) EXPECT_EQ(d["content"], "") << d.dump();
+    if (d.contains("content")) {
+      EXPECT_EQ(d["content"], "") << d.dump();
+    }
     if (d.contains("tool_calls")) {
       for (const json& c : d["tool_calls"]) calls.push_back(c);
     }

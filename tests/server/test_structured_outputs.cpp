@@ -129,8 +129,9 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
                                           .dump());
   ASSERT_EQ(jm.status, 200) << jm.body;
   const json jmj = parse(jm.body);
-  if (jmj["choices"][0]["finish_reason"] == "stop")
+  if (jmj["choices"][0]["finish_reason"] == "stop") {
     EXPECT_TRUE(parse(jmj["choices"][0]["text"].get<std::string>()).is_object()) << jm.body;
+  }
   auto gc = c.post("/v1/completions",
                    json{{"prompt", "pick"}, {"guided_choice", {"alpha", "beta", "gamma"}}, {"max_tokens", 10}}.dump());
   ASSERT_EQ(gc.status, 200) << gc.body;
@@ -158,11 +159,15 @@ TEST(StructuredOutputs, RepliesMatchTheirConstraint) {
     EXPECT_EQ(m["finish_reason"], "tool_calls") << tc.body;
     for (const json& call : m["message"]["tool_calls"]) {
       const std::string name = call["function"]["name"];
-      if (choice.is_object()) EXPECT_EQ(name, "ping") << tc.body;
+      if (choice.is_object()) {
+        EXPECT_EQ(name, "ping") << tc.body;
+      }
       EXPECT_TRUE(name == "ping" || name == "get_weather") << tc.body;
       EXPECT_TRUE(parse(call["function"]["arguments"].get<std::string>()).is_object()) << tc.body;
     }
-    if (choice.is_object()) EXPECT_EQ(m["message"]["tool_calls"].size(), 1u) << tc.body;
+    if (choice.is_object()) {
+      EXPECT_EQ(m["message"]["tool_calls"].size(), 1u) << tc.body;
+    }
   }
   // Streamed, a forced call's markup is held back by the parser: no chunk goes out empty (it sent ~130 chunks of
   // "delta": {} before the one with the tool_calls), and the calls arrive.
