@@ -186,6 +186,8 @@ void run_plan(const PlanArgs& a) {
   const plan::Problem problem = a.model.empty() ? plan::parse_problem(a.problem) : problem_from_model(a.model);
   const plan::ResolvedGpu gpu = resolve_gpu(a);
   if (a.decode) {
+    FP4MOE_CHECK(a.tokens.empty()) << "--tokens " << a.tokens
+                                   << " is for the tile plans; --decode models running requests: use --concurrency";
     run_decode(a, problem, gpu);
     return;
   }

@@ -142,6 +142,9 @@ TEST(CmdPlan, ModelPreset) {
   EXPECT_NE(none.out.find("--model no-such-preset-or-dir: no such directory, and not a preset (glm5-shard, "),
             std::string::npos)
       << none.out;
+  const CliRun tokens = run_plan("--gpu h200 --decode --model glm5-shard --tokens 8");  // it was ignored
+  EXPECT_EQ(tokens.status, 1) << tokens.out;
+  EXPECT_NE(tokens.out.find("--decode models running requests: use --concurrency"), std::string::npos) << tokens.out;
   const CliRun past = run_plan("--gpu h200 --decode --model glm5-shard --concurrency 16,16777217");
   EXPECT_EQ(past.status, 1) << past.out;
   EXPECT_NE(past.out.find("--concurrency 16777217 is past 16777216 running requests"), std::string::npos) << past.out;
