@@ -111,6 +111,17 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
+// What one run builds before its first request (every prompt, as token ids): at most kMaxPrompts prompts and
+// kMaxPromptTokens tokens (~2 GB of JSON); --num-prompts 10^8 died with std::bad_alloc.
+constexpr int64_t kMaxPrompts = 10'000'000, kMaxPromptTokens = int64_t{1} << 27;
+void check_prompt_budget(int64_t groups, int64_t per_group, int64_t tokens_each, const char* count_flags,
+                         const char* length_flags) {
+  FP4MOE_CHECK(groups <= kMaxPrompts / per_group) << count_flags << " = " << groups << " x " << per_group
+                                                  << " prompts is past " << kMaxPrompts << ", the most one run builds";
+  FP4MOE_CHECK(tokens_each <= kMaxPromptTokens / (groups * per_group))
+      << groups * per_group << " prompts of " << length_flags << " = " << tokens_each << " tokens are past "
+      << kMaxPromptTokens << " prompt tokens, the most one run builds before its first request";
+}
 
 std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   std::vector<Prompt> out;
@@ -154,6 +165,8 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
         << "--gsp-num-groups " << a.gsp_groups << ", --gsp-prompts-per-group " << a.gsp_prompts_per_group
         << ", --gsp-question-len " << a.gsp_question_len << " and --gsp-output-len " << a.gsp_output_len
         << " must be >= 1, --gsp-system-prompt-len " << a.gsp_system_prompt_len << " >= 0";
+    check_prompt_budget(a.gsp_groups, a.gsp_prompts_per_group, a.gsp_system_prompt_len + a.gsp_question_len,
+                        "--gsp-num-groups x --gsp-prompts-per-group", "--gsp-system-prompt-len + --gsp-question-len");
     for (int64_t g = 0; g < a.gsp_groups; ++g) {
       std::vector<int64_t> system(static_cast<size_t>(a.gsp_system_prompt_len));
       for (auto& t : system) t = tok(rng);
@@ -170,6 +183,7 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
       << "--dataset-name \"" << a.dataset_name << "\" is not one of: random, generated-shared-prefix";
   FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
       << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
+  check_prompt_budget(a.num_prompts, 1, a.input_len, "--num-prompts", "--input-len");
   for (int64_t i = 0; i < a.num_prompts; ++i) {
     std::vector<int64_t> ids(static_cast<size_t>(len_in(a.input_len)));
     for (auto& t : ids) t = tok(rng);
@@ -382,7 +396,8 @@ std::string render_plot(const std::vector<json>& runs) {
 }
 
 void run_bench(const BenchArgs& a) {
-  FP4MOE_CHECK(a.num_prompts >= 1) << "--num-prompts " << a.num_prompts << " must be >= 1";
+  FP4MOE_CHECK(a.num_prompts >= 1 && a.num_prompts <= kMaxPrompts)
+      << "--num-prompts " << a.num_prompts << " must be in [1, " << kMaxPrompts << "]";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
   // A path that cannot be written fails before the run, not after it.

@@ -1635,7 +1635,9 @@ TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
     EXPECT_EQ(rc, second_signal ? 1 : 0);
     EXPECT_LT(took, 8.0);
     EXPECT_LT(n_ids, 3000u);
-    if (!second_signal) EXPECT_EQ(finish, "abort");
+    if (!second_signal) {
+      EXPECT_EQ(finish, "abort");
+    }
   }
 }
 
@@ -1803,6 +1805,17 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
       std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt", &text);
   EXPECT_EQ(rc, 2) << text;  // a usage error, also beside --dataset (it was ignored there)
   EXPECT_NE(text.find("--dataset-name: sharegpt not in {random,generated-shared-prefix}"), std::string::npos) << text;
+  // What a run builds before its first request is bounded (--num-prompts 10^8 died with std::bad_alloc).
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 100000000", &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("--num-prompts 100000000 must be in [1, 10000000]"), std::string::npos) << text;
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 2000000 --input-len 100", &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("2000000 prompts of --input-len = 100 tokens are past 134217728 prompt tokens"),
+            std::string::npos)
+      << text;
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
                                         " --num-prompts 1 --output-file " + fs::temp_directory_path().string(),
                                     &text);
