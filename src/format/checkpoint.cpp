@@ -381,6 +381,7 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
     q.source = "config.json quantization_config";
     const json& qc = *it;
     const std::string method = get_string(qc, "quant_method");
+    q.quant_method = method;
     if (!method.empty() && method != "modelopt") {
       add_problem("config.json quantization_config: quant_method '" + method +
                   "' is not supported (only 'modelopt')");
@@ -440,7 +441,8 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
   check_against_config();
   check_against_quant_config();
   for (LinearModule& m : modules_) {
-    m.ok = std::none_of(problems_.begin(), problems_.end(),
+    m.ok = unloadable_modules_.count(m.name) == 0 &&
+           std::none_of(problems_.begin(), problems_.end(),
                         [&](const CheckpointProblem& p) { return p.module == m.name; });
   }
 }
@@ -450,6 +452,8 @@ void Checkpoint::problem(const std::string& module, const std::string& message) 
 }
 
 void Checkpoint::classify_modules() {
+  // Linears whose weight dtype no loader reads (F16, an FP8 checkpoint's F8_E4M3), by dtype: one problem each.
+  std::map<DType, std::vector<std::pair<std::string, TensorInfo>>> unloadable;
   // Group tensors by module prefix.
   std::map<std::string, std::set<std::string>> parts;  // prefix -> suffixes present
   for (const std::string& name : store_->names()) {
@@ -528,7 +532,7 @@ void Checkpoint::classify_modules() {
     } else {
       // The loaders read BF16 and F32 Linears (model::check_tensors, quantize); an F16 checkpoint is refused there.
       if (w->dtype != DType::kBF16 && w->dtype != DType::kF32) {
-        problem(prefix, "weight " + describe(*w) + " is neither NVFP4 (U8) nor a float type fp4moe loads (BF16, F32)");
+        unloadable[w->dtype].emplace_back(prefix, *w);  // one problem a dtype, after the loop
       }
       if (has_scale_tensors) {
         problem(prefix, "weight is " + describe(*w) +
@@ -547,6 +551,21 @@ void Checkpoint::classify_modules() {
   std::sort(modules_.begin(), modules_.end(),
             [](const LinearModule& a, const LinearModule& b) { return a.name < b.name; });
   for (size_t i = 0; i < modules_.size(); ++i) module_index_[modules_[i].name] = i;
+  for (const auto& [dtype, found] : unloadable) {
+    const std::string first = found.front().first + " " + describe(found.front().second);
+    const char* hint =
+        dtype == DType::kF8_E4M3
+            ? " (an FP8 checkpoint: quantize its BF16 release with `fp4moe quantize`, or use an NVFP4 one)"
+            : "";
+    if (found.size() == 1) {
+      problem(found.front().first, "weight " + describe(found.front().second) +
+                                       " is neither NVFP4 (U8) nor a float type fp4moe loads (BF16, F32)" + hint);
+      continue;
+    }
+    problem("", std::to_string(found.size()) + " Linear weights are " + std::string(dtype_name(dtype)) + " (first " +
+                    first + "): neither NVFP4 (U8) nor a float type fp4moe loads (BF16, F32)" + hint);
+    for (const auto& [module, info] : found) unloadable_modules_.insert(module);
+  }
 }
 
 void Checkpoint::check_against_config() {
@@ -665,7 +684,8 @@ void Checkpoint::check_against_quant_config() {
             quant_.disagreement(m.name, m.format == LinearFormat::kNVFP4, m.kind == ModuleKind::kEmbedding))
       problem(m.name, *why);
   }
-  if (std::optional<std::string> why = quant_.unsupported()) problem("", *why);
+  // (Another method's section is named once, by the config read: its empty quant_algo is not a second problem.)
+  if (std::optional<std::string> why = quant_.unsupported(); why && !quant_.foreign_method()) problem("", *why);
 }
 
 std::optional<std::string> QuantConfig::disagreement(const std::string& module, bool nvfp4, bool embedding) const {
@@ -744,7 +764,14 @@ void Checkpoint::require_valid() const {
 std::map<ModuleKind, KindSummary> Checkpoint::kind_summary() const {
   std::map<ModuleKind, KindSummary> s;
   for (const LinearModule& m : modules_) {
-    (m.format == LinearFormat::kNVFP4 ? s[m.kind].n_nvfp4 : s[m.kind].n_bf16) += 1;
+    KindSummary& k = s[m.kind];
+    if (m.format == LinearFormat::kNVFP4) {
+      ++k.n_nvfp4;
+    } else if (m.weight_dtype == DType::kBF16 || m.weight_dtype == DType::kF32) {
+      ++k.n_bf16;
+    } else {
+      ++k.n_other;
+    }
   }
   return s;
 }

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,7 @@ struct QuantConfig {
   bool present = false;
   std::string source;             // "hf_quant_config.json" or "config.json quantization_config"
   std::string quant_algo;         // "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION", ...
+  std::string quant_method;       // config.json quantization_config's ("modelopt"; "fp8" is refused), or empty
   std::optional<std::string> kv_cache_quant_algo;
   int64_t group_size = 16;
   std::vector<std::string> exclude_modules;  // "exclude_modules" or "ignore"
@@ -59,6 +61,9 @@ struct QuantConfig {
   std::string producer_name;
   std::string producer_version;
 
+  // A quantization_config of another method (an FP8 checkpoint's "fp8"): a problem names it; its other fields
+  // (quant_algo, producer) mean nothing here.
+  bool foreign_method() const { return !quant_method.empty() && quant_method != "modelopt"; }
   // True when quant_algo says "every Linear not excluded is NVFP4".
   bool nvfp4_by_default() const { return quant_algo == "NVFP4" || quant_algo == "W4A16_NVFP4"; }
   // Why fp4moe cannot serve what this section describes (a quant_algo other than the NVFP4 ones, a group
@@ -132,7 +137,8 @@ struct CheckpointProblem {
 // Counts per module kind and format.
 struct KindSummary {
   int64_t n_nvfp4 = 0;
-  int64_t n_bf16 = 0;
+  int64_t n_bf16 = 0;   // BF16 or F32 weights
+  int64_t n_other = 0;  // weights no loader reads (F16, F8_E4M3: a problem names them)
 };
 
 // The loader's view of one Linear: views into the memory-mapped files.
@@ -188,6 +194,7 @@ class Checkpoint {
   std::vector<LinearModule> modules_;
   std::map<std::string, size_t, std::less<>> module_index_;
   std::vector<CheckpointProblem> problems_;
+  std::set<std::string> unloadable_modules_;  // named by a problem for several modules at once
 };
 
 // Reads the quantization section of a checkpoint directory (both shapes); `present` is false when

@@ -158,10 +158,15 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
   s += fmt::format("sizes         hidden {}, intermediate {}, moe_intermediate {}, vocab {}\n",
                    m.hidden_size, m.intermediate_size, m.moe_intermediate_size, m.vocab_size);
   const format::QuantConfig& q = c.quant();
-  if (q.present) {
-    s += fmt::format("quantization  {} (group {}) from {}, producer {} {}; exclude [{}]\n",
-                     q.quant_algo, q.group_size, q.source, q.producer_name, q.producer_version,
-                     join(q.exclude_modules));
+  if (q.present && q.foreign_method()) {
+    // Another method's section (an FP8 checkpoint's quant_method "fp8"): what it is, not ModelOpt's blank fields.
+    s += fmt::format("quantization  quant_method {} from {}: not read (fp4moe reads ModelOpt NVFP4)\n", q.quant_method,
+                     q.source);
+  } else if (q.present) {
+    const std::string producer = (q.producer_name + " " + q.producer_version);
+    s += fmt::format("quantization  {} (group {}) from {}, producer {}; exclude [{}]\n",
+                     q.quant_algo.empty() ? "(no quant_algo)" : q.quant_algo, q.group_size, q.source,
+                     producer == " " ? "(not named)" : producer, join(q.exclude_modules));
   } else {
     s += "quantization  none\n";
   }
@@ -173,16 +178,27 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
             ? "; sampling defaults " + f.generation.sampling_summary() + " (" + f.generation.source + ")"
             : std::string());
   }
-  s += fmt::format("modules       {:<16} {:>7} {:>7}\n", "kind", "NVFP4", "BF16");
+  // An "other" column only when some Linear stores a dtype no loader reads (F16, F8_E4M3; a problem names it).
   auto summary = c.kind_summary();
+  format::KindSummary all;
+  for (const auto& [k, v] : summary) {
+    if (k == ModuleKind::kEmbedding) continue;  // the Linears row counts Linears
+    all.n_nvfp4 += v.n_nvfp4;
+    all.n_bf16 += v.n_bf16;
+    all.n_other += v.n_other;
+  }
+  const auto row = [&](std::string_view name, const format::KindSummary& v) {
+    return fmt::format("              {:<16} {:>7} {:>7}", name, v.n_nvfp4, v.n_bf16) +
+           (all.n_other > 0 ? fmt::format(" {:>7}", v.n_other) : std::string()) + "\n";
+  };
+  s += fmt::format("modules       {:<16} {:>7} {:>7}", "kind", "NVFP4", "BF16") +
+       (all.n_other > 0 ? fmt::format(" {:>7}", "other") : std::string()) + "\n";
   for (ModuleKind k : kKinds) {
     auto it = summary.find(k);
     if (it == summary.end()) continue;
-    s += fmt::format("              {:<16} {:>7} {:>7}\n", format::module_kind_name(k),
-                     it->second.n_nvfp4, it->second.n_bf16);
+    s += row(format::module_kind_name(k), it->second);
   }
-  s += fmt::format("              {:<16} {:>7} {:>7}\n", "Linears", c.n_linear(LinearFormat::kNVFP4),
-                   c.n_linear(LinearFormat::kBF16));
+  s += row("Linears", all);
   uint64_t total = 0;
   std::string bytes;
   for (const auto& [dtype, b] : c.bytes_by_dtype()) {
@@ -229,7 +245,7 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
                 {"moe_intermediate", m.moe_intermediate_size}, {"vocab", m.vocab_size}};
   ojson kinds = ojson::object();
   for (const auto& [k, v] : c.kind_summary()) {
-    kinds[std::string(format::module_kind_name(k))] = {{"nvfp4", v.n_nvfp4}, {"bf16", v.n_bf16}};
+    kinds[std::string(format::module_kind_name(k))] = {{"nvfp4", v.n_nvfp4}, {"bf16", v.n_bf16}, {"other", v.n_other}};
   }
   j["modules"] = {{"by_kind", kinds},
                   {"linear_nvfp4", c.n_linear(LinearFormat::kNVFP4)},
@@ -239,12 +255,12 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
   j["bytes_by_dtype"] = bytes;
   j["parameters"] = c.n_parameters();
   const format::QuantConfig& q = c.quant();
-  j["quantization"] = q.present ? ojson{{"quant_algo", q.quant_algo},
-                                        {"group_size", q.group_size},
-                                        {"source", q.source},
-                                        {"exclude_modules", q.exclude_modules},
-                                        {"producer", q.producer_name + " " + q.producer_version}}
-                                : ojson(nullptr);
+  j["quantization"] =
+      q.present
+          ? ojson{{"quant_method", q.quant_method},       {"quant_algo", q.quant_algo},
+                  {"group_size", q.group_size},           {"source", q.source},
+                  {"exclude_modules", q.exclude_modules}, {"producer", q.producer_name + " " + q.producer_version}}
+          : ojson(nullptr);
   ojson sampling = ojson::object();
   auto put = [&](const char* key, const auto& v) {
     if (v) sampling[key] = *v;

@@ -1,6 +1,7 @@
 // Tests for `fp4moe inspect`: the report functions on the four golden models and a broken copy,
 // the demo checkpoint (deterministic, quantizes cleanly), and the CLI binary end to end (exit
 // codes, --json, --demo). Run: ctest -R test_inspect.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -8,7 +9,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 
 #include "format/checkpoint.h"
 #include "format/checkpoint_edit.h"
@@ -123,6 +126,50 @@ TEST(Inspect, F16LinearIsAProblem) {
                                        "nor a float type fp4moe loads (BF16, F32)"),
             std::string::npos)
       << f.problems[0].message;
+}
+
+// An FP8 checkpoint (quant_method fp8, F8_E4M3 weights with weight_scale_inv, as GLM's FP8 releases): inspect says
+// what its section is (not ModelOpt's blank quant_algo and producer), counts the F8 Linears apart from BF16, and
+// names them in one problem with the way out, not one line a module.
+TEST(Inspect, Fp8CheckpointIsSummarized) {
+  TempDir tmp("inspect_fp8");
+  int64_t n_fp8 = 0;
+  fp4moe::testing::copy_checkpoint(
+      golden("glm4_moe_tiny"), tmp.path(),
+      [&](auto& t) {
+        std::map<std::string, fp4moe::testing::OwnedTensor> scales;
+        for (auto& [name, w] : t) {
+          if (name.find("_proj.weight") == std::string::npos || w.shape.size() != 2) continue;
+          w.dtype = DType::kF8_E4M3;
+          w.bytes.assign(static_cast<size_t>(w.shape[0] * w.shape[1]), 0);
+          const Shape blocks{(w.shape[0] + 127) / 128, (w.shape[1] + 127) / 128};
+          scales[name.substr(0, name.size() - 6) + "weight_scale_inv"] = {
+              DType::kF32, blocks, std::vector<uint8_t>(static_cast<size_t>(blocks[0] * blocks[1] * 4))};
+          ++n_fp8;
+        }
+        t.insert(scales.begin(), scales.end());
+      },
+      [](const std::string& file, nlohmann::ordered_json& j) {
+        if (file == "config.json") {
+          j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+        }
+      });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  const std::string t = inspect_text(c);
+  EXPECT_NE(t.find("quantization  quant_method fp8 from config.json quantization_config: not read"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("modules       kind               NVFP4    BF16   other\n"), std::string::npos) << t;
+  EXPECT_NE(t.find(fmt::format("Linears                0       3 {:>7}\n", n_fp8)), std::string::npos) << t;
+  EXPECT_NE(t.find(fmt::format("{} Linear weights are F8_E4M3 (first model.layers.0.mlp.down_proj F8_E4M3 [128, 256]): "
+                               "neither NVFP4 (U8) nor a float type fp4moe loads (BF16, F32) (an FP8 checkpoint: "
+                               "quantize its BF16 release with `fp4moe quantize`",
+                               n_fp8)),
+            std::string::npos)
+      << t;
+  EXPECT_EQ(t.find("quant_algo '' is not supported"), std::string::npos) << t;
+  EXPECT_LT(f.problems.size(), 5u) << t;  // one line a module before
+  EXPECT_FALSE(c.find_module("model.layers.1.mlp.experts.3.up_proj")->ok);
 }
 
 // The e4m3 block scales are read only with --check-scales (an eighth of the weight bytes); then a NaN or negative one
