@@ -972,9 +972,9 @@ TEST(GpuModel, NonFiniteLogitsAreBlamedOnTheirSequence) {
   };
   for (const char* model : {"glm4_moe_tiny_nvfp4", "glm5_tiny_nvfp4"}) {
     SCOPED_TRACE(model);
-    checkpoint_edit::TempDir t("gpu_nan");
-    checkpoint_edit::copy_with_nan(model, t.path, "model.embed_tokens.weight", 99, 3);  // token 99's row
-    auto lm = load_model(t.path, gpu_options());
+    fp4moe::testing::TempDir t("gpu_nan");
+    checkpoint_edit::copy_with_nan(model, t.path(), "model.embed_tokens.weight", 99, 3);  // token 99's row
+    auto lm = load_model(t.path(), gpu_options());
     auto clean = load_model(checkpoint_edit::golden(model), gpu_options());
     const auto V = static_cast<size_t>(lm->vocab_size());
     const std::vector<int32_t> a = {5, 17, 3}, b = {8, 99, 42}, b_clean = {8, 9, 42}, da = {7}, db = {99};
@@ -1010,9 +1010,9 @@ TEST(GpuModel, NonFiniteLogitsAreBlamedOnTheirSequence) {
     EXPECT_EQ(got, want);
   }
   // A NaN in a weight every row reads: every entry's rows are non-finite, no one entry is blamed.
-  checkpoint_edit::TempDir t("gpu_nan_all");
-  checkpoint_edit::copy_with_nan("glm4_moe_tiny", t.path, "model.layers.1.self_attn.o_proj.weight", 0, 3);
-  auto lm = load_model(t.path, gpu_options());
+  fp4moe::testing::TempDir t("gpu_nan_all");
+  checkpoint_edit::copy_with_nan("glm4_moe_tiny", t.path(), "model.layers.1.self_attn.o_proj.weight", 0, 3);
+  auto lm = load_model(t.path(), gpu_options());
   const std::vector<int32_t> a = {5, 17, 3}, b = {8, 9, 42};
   auto sa = lm->new_state(), sb = lm->new_state();
   int32_t am = -1, bm = -1;

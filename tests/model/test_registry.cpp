@@ -29,8 +29,8 @@ using checkpoint_edit::copy_with_nan;
 using checkpoint_edit::golden;
 using checkpoint_edit::Replacement;
 
-struct TempDir : checkpoint_edit::TempDir {
-  TempDir() : checkpoint_edit::TempDir("registry") {}
+struct TempDir : fp4moe::testing::TempDir {
+  TempDir() : fp4moe::testing::TempDir("registry") {}
 };
 
 std::string load_error(const fs::path& dir) {
@@ -52,44 +52,42 @@ std::vector<float> prompt_logits(CausalLM& lm) {
 
 TEST(ModelRegistry, MissingTensorIsNamed) {
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, auto&) {
-    return n != "model.layers.1.self_attn.q_proj.weight";
-  });
-  const std::string e = load_error(t.path);
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(),
+                  [](const std::string& n, auto&) { return n != "model.layers.1.self_attn.q_proj.weight"; });
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("[128, 128]"), std::string::npos) << e;
 }
 
 TEST(ModelRegistry, MissingNormIsNamed) {
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, auto&) {
-    return n != "model.layers.2.post_attention_layernorm.weight";
-  });
-  const std::string e = load_error(t.path);
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(),
+                  [](const std::string& n, auto&) { return n != "model.layers.2.post_attention_layernorm.weight"; });
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("tensor model.layers.2.post_attention_layernorm.weight is missing"), std::string::npos) << e;
   EXPECT_NE(e.find("[128]"), std::string::npos) << e;
 }
 
 TEST(ModelRegistry, WrongShapeNamesTensorAndBothShapes) {
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(), [](const std::string& n, std::optional<Replacement>& r) {
     if (n == "model.layers.0.input_layernorm.weight") r = Replacement{DType::kBF16, {64}, std::vector<uint8_t>(128)};
     return true;
   });
-  const std::string e = load_error(t.path);
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("model.layers.0.input_layernorm.weight is BF16 [64], expected BF16|F32 [128]"), std::string::npos)
       << e;
 }
 
 TEST(ModelRegistry, WrongLinearShapeNamesTensorAndBothShapes) {
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(), [](const std::string& n, std::optional<Replacement>& r) {
     if (n == "model.layers.2.mlp.experts.5.down_proj.weight") {
       r = Replacement{DType::kBF16, {64, 128}, std::vector<uint8_t>(64 * 128 * 2)};
     }
     return true;
   });
-  const std::string e = load_error(t.path);
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("model.layers.2.mlp.experts.5.down_proj"), std::string::npos) << e;
   EXPECT_NE(e.find("[64, 128]"), std::string::npos) << e;
   EXPECT_NE(e.find("[128, 64]"), std::string::npos) << e;
@@ -97,11 +95,11 @@ TEST(ModelRegistry, WrongLinearShapeNamesTensorAndBothShapes) {
 
 TEST(ModelRegistry, WrongDtypeIsNamed) {
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string& n, std::optional<Replacement>& r) {
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(), [](const std::string& n, std::optional<Replacement>& r) {
     if (n == "model.embed_tokens.weight") r = Replacement{DType::kI16, {512, 128}, std::vector<uint8_t>(512 * 128 * 2)};
     return true;
   });
-  const std::string e = load_error(t.path);
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("model.embed_tokens.weight is I16 [512, 128], expected BF16|F32 [512, 128]"), std::string::npos)
       << e;
 }
@@ -131,10 +129,10 @@ TEST(ModelRegistry, NonFiniteWeightIsBlamedOnItsLayer) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.tensor);
     TempDir t;
-    copy_with_nan(c.model, t.path, c.tensor, 0, 3);
+    copy_with_nan(c.model, t.path(), c.tensor, 0, 3);
     LoadOptions o;
     o.progress = false;
-    auto lm = load_model(t.path, o);
+    auto lm = load_model(t.path(), o);
     std::string e;
     try {
       prompt_logits(*lm);
@@ -153,10 +151,10 @@ TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
   for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
     SCOPED_TRACE(model);
     TempDir t;
-    copy_with_nan(model, t.path, "model.embed_tokens.weight", 99, 3);  // token 99's row
+    copy_with_nan(model, t.path(), "model.embed_tokens.weight", 99, 3);  // token 99's row
     LoadOptions o;
     o.progress = false;
-    auto lm = load_model(t.path, o);
+    auto lm = load_model(t.path(), o);
     auto clean = load_model(golden(model), o);
     const int64_t V = lm->vocab_size();
     const std::vector<int32_t> a = {5, 17, 3}, b = {8, 99, 42};
@@ -185,10 +183,10 @@ TEST(ModelRegistry, NonFiniteRowsAreBlamedOnTheirSequence) {
   for (const char* model : {"glm4_moe_tiny", "glm5_tiny"}) {
     SCOPED_TRACE(model);
     TempDir t;
-    copy_with_nan(model, t.path, "model.layers.1.self_attn.o_proj.weight", 0, 3);
+    copy_with_nan(model, t.path(), "model.layers.1.self_attn.o_proj.weight", 0, 3);
     LoadOptions o;
     o.progress = false;
-    auto lm = load_model(t.path, o);
+    auto lm = load_model(t.path(), o);
     const std::vector<int32_t> a = {5, 17, 3}, b = {8, 9, 42};
     auto sa = lm->new_state(), sb = lm->new_state();
     const SeqChunk batch[] = {{sa.get(), a, nullptr}, {sb.get(), b, nullptr}};
@@ -241,14 +239,14 @@ TEST(ModelRegistry, BadNvfp4ScalesAreNamedAtLoad) {
     TempDir t;
     const fs::path src = golden("glm4_moe_tiny_nvfp4");
     format::SafetensorsFile f(src / "model.safetensors");
-    copy_checkpoint(src, t.path, [&](const std::string& n, std::optional<Replacement>& r) {
+    copy_checkpoint(src, t.path(), [&](const std::string& n, std::optional<Replacement>& r) {
       if (n != bad.tensor) return true;
       const auto v = f.view(*f.find(n));
       r = Replacement{v.dtype, v.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
       bad.make(*r);
       return true;
     });
-    const std::string e = load_error(t.path);
+    const std::string e = load_error(t.path());
     EXPECT_NE(e.find(bad.want), std::string::npos) << e;
   }
 }
@@ -262,28 +260,28 @@ TEST(ModelRegistry, UnsupportedQuantizationIsRefused) {
                    "group_size disagrees: hf_quant_config.json says 32, config.json quantization_config says 16"}}) {
     TempDir t;
     const fs::path src = golden("glm4_moe_tiny_nvfp4");
-    copy_checkpoint(src, t.path, [](const std::string&, auto&) { return true; });
+    copy_checkpoint(src, t.path(), [](const std::string&, auto&) { return true; });
     nlohmann::json q;
     {
       std::ifstream in(src / "hf_quant_config.json");
       q = nlohmann::json::parse(in);
     }
     q["quantization"][key] = value;
-    std::ofstream(t.path / "hf_quant_config.json") << q.dump();
-    const std::string e = load_error(t.path);
+    std::ofstream(t.path() / "hf_quant_config.json") << q.dump();
+    const std::string e = load_error(t.path());
     EXPECT_NE(e.find(want), std::string::npos) << e;
   }
   // A DeepSeek-style FP8 section names its quant_method, not the quant_algo it leaves empty.
   TempDir t;
-  copy_checkpoint(golden("glm4_moe_tiny"), t.path, [](const std::string&, auto&) { return true; });
+  copy_checkpoint(golden("glm4_moe_tiny"), t.path(), [](const std::string&, auto&) { return true; });
   nlohmann::json c;
   {
-    std::ifstream in(t.path / "config.json");
+    std::ifstream in(t.path() / "config.json");
     c = nlohmann::json::parse(in);
   }
   c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
-  std::ofstream(t.path / "config.json") << c.dump();
-  const std::string e = load_error(t.path);
+  std::ofstream(t.path() / "config.json") << c.dump();
+  const std::string e = load_error(t.path());
   EXPECT_NE(e.find("quant_method 'fp8' is not supported"), std::string::npos) << e;
 }
 
@@ -293,15 +291,15 @@ TEST(ModelRegistry, ConfigIntegersPast32BitsAreNamed) {
   for (const auto& [model, key] :
        {std::pair{"glm5_tiny", "index_topk"}, std::pair{"glm4_moe_tiny", "n_shared_experts"}}) {
     TempDir t;
-    copy_checkpoint(golden(model), t.path, [](const std::string&, auto&) { return true; });
+    copy_checkpoint(golden(model), t.path(), [](const std::string&, auto&) { return true; });
     nlohmann::json j;
     {
-      std::ifstream in(t.path / "config.json");
+      std::ifstream in(t.path() / "config.json");
       j = nlohmann::json::parse(in);
     }
     j[key] = (int64_t{1} << 32) + 8;
-    std::ofstream(t.path / "config.json") << j.dump();
-    const std::string e = load_error(t.path);
+    std::ofstream(t.path() / "config.json") << j.dump();
+    const std::string e = load_error(t.path());
     EXPECT_NE(e.find(std::string(key) + "\" = 4294967304 is past the 32-bit range"), std::string::npos) << e;
   }
 }
@@ -312,18 +310,18 @@ TEST(ModelRegistry, LayerCountPastTheCheckpointIsRefusedFirst) {
   for (const char* model : {"glm4_moe_tiny", "glm5_tiny_nvfp4"}) {
     for (const int64_t layers : {int64_t{1000}, int64_t{1'000'000'000}}) {
       TempDir t;
-      copy_checkpoint(golden(model), t.path, [](const std::string&, auto&) { return true; });
+      copy_checkpoint(golden(model), t.path(), [](const std::string&, auto&) { return true; });
       nlohmann::json j;
       {
-        std::ifstream in(t.path / "config.json");
+        std::ifstream in(t.path() / "config.json");
         j = nlohmann::json::parse(in);
       }
       j["num_hidden_layers"] = layers;
       j.erase("mlp_layer_types");
       j.erase("index_topk_pattern");
       j.erase("indexer_types");
-      std::ofstream(t.path / "config.json") << j.dump();
-      const std::string e = load_error(t.path);
+      std::ofstream(t.path() / "config.json") << j.dump();
+      const std::string e = load_error(t.path());
       const std::string want = layers == 1000 ? "num_hidden_layers = 1000, but the checkpoint's tensors hold layers 0-"
                                               : "num_hidden_layers=1000000000 is past 65536";
       EXPECT_NE(e.find(want), std::string::npos) << model << ": " << e;
@@ -334,7 +332,7 @@ TEST(ModelRegistry, LayerCountPastTheCheckpointIsRefusedFirst) {
 TEST(ModelRegistry, ShardedCheckpointLoadsLikeSingleFile) {
   TempDir t;
   const fs::path src = golden("glm4_moe_tiny_nvfp4");
-  for (const char* f : {"config.json", "hf_quant_config.json"}) fs::copy_file(src / f, t.path / f);
+  for (const char* f : {"config.json", "hf_quant_config.json"}) fs::copy_file(src / f, t.path() / f);
   format::SafetensorsFile f(src / "model.safetensors");
   format::SafetensorsWriter a, b;
   nlohmann::json index;
@@ -344,12 +342,12 @@ TEST(ModelRegistry, ShardedCheckpointLoadsLikeSingleFile) {
     (first ? a : b).add(info.name, f.view(info));
     index["weight_map"][info.name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
-  a.write(t.path / "model-00001-of-00002.safetensors");
-  b.write(t.path / "model-00002-of-00002.safetensors");
-  std::ofstream(t.path / "model.safetensors.index.json") << index.dump();
+  a.write(t.path() / "model-00001-of-00002.safetensors");
+  b.write(t.path() / "model-00002-of-00002.safetensors");
+  std::ofstream(t.path() / "model.safetensors.index.json") << index.dump();
   LoadOptions o;
   o.progress = false;
-  auto sharded = load_model(t.path, o);
+  auto sharded = load_model(t.path(), o);
   auto single = load_model(src, o);
   EXPECT_EQ(prompt_logits(*sharded), prompt_logits(*single));
 }
@@ -416,12 +414,12 @@ TEST(ModelRegistry, DummyQkNormTiedConfigDecodesConsistently) {
   j["rope_parameters"]["partial_rotary_factor"] = 0.25;
   j["first_k_dense_replace"] = 0;
   j["num_hidden_layers"] = 2;
-  std::ofstream(t.path / "config.json") << j.dump();
+  std::ofstream(t.path() / "config.json") << j.dump();
   LoadOptions o;
   o.format = LoadFormat::kDummy;
   o.progress = false;
   o.seed = fp4moe::testing::test_seed();
-  auto lm = load_model(t.path, o);
+  auto lm = load_model(t.path(), o);
   EXPECT_EQ(lm->config().rotary_dim(), 4);
   EXPECT_NE(lm->describe().find("q/k RMSNorm"), std::string::npos);
   EXPECT_NE(lm->describe().find("(tied)"), std::string::npos);
@@ -444,8 +442,8 @@ TEST(ModelRegistry, DummyQkNormTiedConfigDecodesConsistently) {
 
   // The manifest lists the q/k norms (so the dummy checkpoint and a real one must hold them).
   TempDir t2;
-  write_dummy_checkpoint(lm->config(), o, t2.path);
-  format::TensorStore store(t2.path);
+  write_dummy_checkpoint(lm->config(), o, t2.path());
+  format::TensorStore store(t2.path());
   EXPECT_TRUE(store.contains("model.layers.1.self_attn.k_norm.weight"));
   EXPECT_FALSE(store.contains("lm_head.weight"));
 }

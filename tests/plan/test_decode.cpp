@@ -158,11 +158,7 @@ TEST(Decode, BinomialQuantile) {
 
 // --concurrency past kMaxDecodeConcurrency (2^24) is refused naming it (2^40 ran for half an hour).
 TEST(Decode, ConcurrencyIsBounded) {
-  DecodeModel m;
-  m.n_experts = 256;
-  m.top_k = 8;
-  m.hidden = 6144;
-  m.intermediate = 2048;
+  const DecodeModel m = glm5();
   EXPECT_GT(decode_row(m, require_gpu("h200"), kMaxDecodeConcurrency).time_us, 0);
   try {
     decode_row(m, require_gpu("h200"), kMaxDecodeConcurrency + 1);
