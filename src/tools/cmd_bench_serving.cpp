@@ -345,6 +345,13 @@ void print_summary(const json& j) {
   if (j.contains("first_error")) fmt::print("first error: {}\n", j["first_error"].get<std::string>());
 }
 
+// An axis label of a grid of steps `step`: as many decimals as tell neighbours apart (0 from a step of 10 on;
+// "0 1 2 2 3 4" for a 0.9 ms step before).
+std::string tick_label(double value, double step) {
+  const int decimals = step >= 10 ? 0 : std::clamp(static_cast<int>(std::ceil(-std::log10(step))) + 1, 0, 4);
+  return fmt::format("{:.{}f}", value, decimals);
+}
+
 // Latency vs throughput: one point per run (output tokens/s, E2E latency), median and p99 series.
 std::string render_plot(const std::vector<json>& runs) {
   const double W = 640, H = 420, L = 70, R = 20, T = 40, B = 50;
@@ -367,8 +374,12 @@ std::string render_plot(const std::vector<json>& runs) {
     const double xv = x_max * i / 5, yv = y_max * i / 5;
     o << fmt::format(R"svg(<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="#ddd"/>)svg", px(xv), T, px(xv), H - B) << "\n";
     o << fmt::format(R"svg(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#ddd"/>)svg", L, py(yv), W - R, py(yv)) << "\n";
-    o << fmt::format(R"svg(<text x="{:.1f}" y="{}" text-anchor="middle">{:.0f}</text>)svg", px(xv), H - B + 15, xv) << "\n";
-    o << fmt::format(R"svg(<text x="{}" y="{:.1f}" text-anchor="end">{:.0f}</text>)svg", L - 5, py(yv) + 4, yv) << "\n";
+    o << fmt::format(R"svg(<text x="{:.1f}" y="{}" text-anchor="middle">{}</text>)svg", px(xv), H - B + 15,
+                     tick_label(xv, x_max / 5))
+      << "\n";
+    o << fmt::format(R"svg(<text x="{}" y="{:.1f}" text-anchor="end">{}</text>)svg", L - 5, py(yv) + 4,
+                     tick_label(yv, y_max / 5))
+      << "\n";
   }
   o << fmt::format(R"svg(<text x="{}" y="{}" text-anchor="middle">output tokens/s</text>)svg", (L + W - R) / 2, H - 12) << "\n";
   o << fmt::format(R"svg(<text x="15" y="{}" text-anchor="middle" transform="rotate(-90 15 {})">E2E latency (ms)</text>)svg",

@@ -5,11 +5,11 @@
 // disconnect freeing its request (streaming, and non-streaming over a raw socket; a long
 // non-streaming reply with liveness spaces equal to the streamed result), SIGTERM draining, and `fp4moe bench-serving` against it.
 #include <gtest/gtest.h>
-
 #include <poll.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -1743,6 +1743,17 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   EXPECT_EQ(ss.str().rfind("<svg", 0), 0u);
   EXPECT_NE(ss.str().find("c=6"), std::string::npos);
   EXPECT_NE(ss.str().find("</svg>"), std::string::npos);
+  // The six labels of each axis are distinct (small latencies printed "0 1 2 2 3 4").
+  for (const char* anchor : {"text-anchor=\"middle\">", "text-anchor=\"end\">"}) {
+    std::vector<std::string> labels;
+    for (size_t at = ss.str().find(anchor); at != std::string::npos; at = ss.str().find(anchor, at + 1)) {
+      const size_t from = at + std::string(anchor).size();
+      const std::string label = ss.str().substr(from, ss.str().find('<', from) - from);
+      if (!label.empty() && (std::isdigit(static_cast<unsigned char>(label[0])) != 0)) labels.push_back(label);
+    }
+    ASSERT_EQ(labels.size(), 6u) << anchor << "\n" << ss.str();
+    for (size_t i = 1; i < labels.size(); ++i) EXPECT_NE(labels[i], labels[i - 1]) << anchor;
+  }
   fs::remove(out);
   fs::remove(svg);
 
