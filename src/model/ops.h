@@ -52,21 +52,30 @@ int64_t first_non_finite(const float* x, int64_t n);
 [[noreturn]] void fail_non_finite(const char* what, int64_t entry, int64_t position, int64_t column, float value,
                                   int64_t other_entries = 0);
 
+// How many batch entries other than `entry` hold a row in (first, rows) that `non_finite(row)` flags, each counted
+// once (rows of one entry are contiguous; `locate(row).first` is the row's entry): one entry is blamed only when the
+// non-finite rows are all its own. A row of `entry` itself is not tested.
+template <typename NonFinite, typename Locate>
+int64_t other_non_finite_entries(int64_t first, int64_t rows, int64_t entry, NonFinite non_finite, Locate locate) {
+  int64_t others = 0, last_other = -1;
+  for (int64_t r = first + 1; r < rows; ++r) {
+    const int64_t e = locate(r).first;
+    if (e == entry || e == last_other || !non_finite(r)) continue;
+    ++others;
+    last_other = e;
+  }
+  return others;
+}
+
 // Both checked together on rows x [rows, H]: `locate(row)` gives the row's {batch entry, position} (each model
-// lays its batch out its own way). Past the first non-finite row, the other rows are scanned too, so that one
-// entry is blamed only when the non-finite rows are all its own.
+// lays its batch out its own way).
 template <typename Locate>
 void check_finite_rows(const float* x, int64_t rows, int64_t H, const char* what, Locate locate) {
   const int64_t i = first_non_finite(x, rows * H);
   if (i < 0) return;
   const auto [entry, position] = locate(i / H);
-  int64_t others = 0, last_other = -1;
-  for (int64_t r = i / H + 1; r < rows; ++r) {
-    const int64_t e = locate(r).first;
-    if (e == entry || e == last_other || first_non_finite(x + r * H, H) < 0) continue;
-    ++others;  // rows of one entry are contiguous: count each entry once
-    last_other = e;
-  }
+  const int64_t others = other_non_finite_entries(
+      i / H, rows, entry, [&](int64_t r) { return first_non_finite(x + r * H, H) >= 0; }, locate);
   fail_non_finite(what, entry, position, i % H, x[i], others);
 }
 

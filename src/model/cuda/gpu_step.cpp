@@ -186,23 +186,18 @@ void check_finite_logits(const StepBatch& step, const uint32_t* non_finite) {
   int64_t first = 0;
   while (first < n_rows && non_finite[first] == 0) ++first;
   if (first == n_rows) return;
-  // The rows are in batch order, each chunk's contiguous: the entry of a row is the chunk holding its token.
+  // The rows are in batch order, each chunk's contiguous: a row's entry is the chunk holding its token (the rows are
+  // visited in order, so the search resumes where it stopped).
   size_t chunk = 0;
-  const auto entry_of = [&](int64_t r) {
+  const auto locate = [&](int64_t r) {
     const int64_t token = step.rows[static_cast<size_t>(r)];
     while (chunk + 1 < step.chunks.size() && token >= step.chunks[chunk].row0 + step.chunks[chunk].n) ++chunk;
-    return static_cast<int64_t>(chunk);
+    const Chunk& c = step.chunks[chunk];
+    return std::pair<int64_t, int64_t>{static_cast<int64_t>(chunk), c.pos0 + (token - c.row0)};
   };
-  const int64_t entry = entry_of(first);
-  const Chunk& c = step.chunks[static_cast<size_t>(entry)];
-  const int64_t position = c.pos0 + (step.rows[static_cast<size_t>(first)] - c.row0);
-  int64_t others = 0, last_other = -1;
-  for (int64_t r = first + 1; r < n_rows; ++r) {
-    const int64_t e = entry_of(r);
-    if (non_finite[r] == 0 || e == entry || e == last_other) continue;
-    ++others;
-    last_other = e;
-  }
+  const auto [entry, position] = locate(first);
+  const int64_t others = other_non_finite_entries(
+      first, n_rows, entry, [&](int64_t r) { return non_finite[r] != 0; }, locate);
   fail_non_finite("the logits (model.norm, lm_head)", entry, position, -1, 0.0f, others);
 }
 
