@@ -938,14 +938,12 @@ void HttpServer::install_routes() {
         }
         engine::EngineStats stats;  // empty until the model is loaded
         if (engine) stats = engine->stats();
-        ServedModel model{"", options_.served_model_name};
         const json& args = options_.launch_args;
-        if (args.is_object() && args.contains("model_path") && args["model_path"].is_string()) {
-          model.model_path = args["model_path"].get<std::string>();
-        }
-        if (args.is_object() && args.contains("expert_weights") && args["expert_weights"].is_string()) {
-          model.expert_weights = args["expert_weights"].get<std::string>();
-        }
+        const auto launch_arg = [&](const char* key) {
+          return args.is_object() && args.contains(key) && args[key].is_string() ? args[key].get<std::string>()
+                                                                                 : std::string();
+        };
+        const ServedModel model{launch_arg("model_path"), options_.served_model_name, launch_arg("expert_weights")};
         res.set_content(render_metrics(stats, counters, model), "text/plain; version=0.0.4");
       }));
   get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {

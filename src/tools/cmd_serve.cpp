@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,12 +118,25 @@ Loaded load(const ServeArgs& a) {
   return l;
 }
 
+// The model's config.json, read once before the socket opens for the sampling defaults and the metrics' expert
+// format (the load reads it again with the weights). nullopt for the embedded model, and when it cannot be read and
+// --sampling-defaults openai does not need it: the load then reports the error, after /health has answered 503.
+std::optional<model::ModelConfig> early_config(const ServeArgs& a) {
+  if (a.model_dir.empty()) return std::nullopt;
+  try {
+    return model::load_config_or_preset(a.model_dir);
+  } catch (const Error&) {
+    if (a.sampling_defaults == "model") throw;  // its values are needed now: a bad file fails in seconds
+    return std::nullopt;
+  }
+}
+
 // What an OpenAI request's omitted sampling fields default to: with --sampling-defaults model the values of the
 // model's generation_config.json (checked before the socket opens and the weights load: a bad value fails in
 // seconds).
-engine::SamplingParams sampling_defaults(const ServeArgs& a) {
-  if (a.sampling_defaults == "openai" || a.model_dir.empty()) return {};
-  const model::GenerationDefaults g = model::load_config_or_preset(a.model_dir).generation;
+engine::SamplingParams sampling_defaults(const ServeArgs& a, const std::optional<model::ModelConfig>& cfg) {
+  if (a.sampling_defaults == "openai" || !cfg) return {};
+  const model::GenerationDefaults& g = cfg->generation;
   engine::SamplingParams d = engine::sampling_defaults_from(g);
   if (g.has_sampling()) {
     fmt::print(stderr,
@@ -133,14 +147,16 @@ engine::SamplingParams sampling_defaults(const ServeArgs& a) {
 }
 
 // The routed experts' format as served (fp4moe:model_info's expert_weights, for analyze): --dummy-weights with
-// --load-format dummy, else the checkpoint's (the embedded default model's experts are NVFP4).
-WeightFormat served_expert_weights(const ServeArgs& a) {
+// --load-format dummy, else the checkpoint's (the embedded default model's experts are NVFP4); nullopt when the
+// config could not be read.
+std::optional<WeightFormat> served_expert_weights(const ServeArgs& a, const std::optional<model::ModelConfig>& cfg) {
   if (a.model_dir.empty()) return WeightFormat::kNvfp4;
   if (model::parse_load_format(a.load_format) == model::LoadFormat::kDummy) {
     return model::parse_dummy_weights(a.dummy_weights) == model::DummyWeights::kNVFP4 ? WeightFormat::kNvfp4
                                                                                       : WeightFormat::kBf16;
   }
-  return checkpoint_weight_format(model::load_config_or_preset(a.model_dir));
+  if (!cfg) return std::nullopt;
+  return checkpoint_weight_format(*cfg);
 }
 
 // --max-http-threads 0 (the default): max(2048, --http-threads).
@@ -209,17 +225,15 @@ void run_serve(ServeArgs a) {
                          : a.model_dir.empty()        ? std::string(engine::kDefaultModelName)
                                                       : fs::path(a.model_dir).lexically_normal().filename().string();
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
+  const std::optional<model::ModelConfig> early = early_config(a);
   so.launch_args = launch_args(a);
-  // A config that cannot be read is the load's to report (after /health has answered 503): no label then.
-  try {
-    so.launch_args["expert_weights"] = to_string(served_expert_weights(a));
-  } catch (const Error&) {
-  }
+  if (const std::optional<WeightFormat> w = served_expert_weights(a, early))
+    so.launch_args["expert_weights"] = to_string(*w);
   so.api_key = a.api_key;
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;
   so.constraints = a.constraints;
-  so.sampling_defaults = sampling_defaults(a);
+  so.sampling_defaults = sampling_defaults(a, early);
   server::HttpServer http(so);
   http.bind();
   http.start();
