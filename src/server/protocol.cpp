@@ -126,8 +126,12 @@ class Fields {
       if (k.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
         throw bad_request(name(key), at + ": the key is not a token id (a non-negative integer)");
       if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -engine::kMaxAbsLogitBias ||
-          b.get<double>() > engine::kMaxAbsLogitBias)
-        throw bad_request(name(key), at + " = " + show(b) + " is not a bias in [-100, 100]");
+          b.get<double>() > engine::kMaxAbsLogitBias) {
+        std::ostringstream m;
+        m << at << " = " << show(b) << " is not a bias in [" << -engine::kMaxAbsLogitBias << ", "
+          << engine::kMaxAbsLogitBias << "]";
+        throw bad_request(name(key), m.str());
+      }
       out.emplace_back(static_cast<engine::TokenId>(id), b.get<float>());
     }
     return out;

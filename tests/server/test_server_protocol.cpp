@@ -122,6 +122,8 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "sampling_params.repetition_penalty", "sampling_params.repetition_penalty = 0.0 is outside (0, 2]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"x", 1}}}}, "logit_bias", "not a token id");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"5", 101}}}}, "logit_bias", "101");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", {{"5", -101}}}}, "logit_bias",
+             "logit_bias[\"5\"] = -101 is not a bias in [-100, 100]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"logit_bias", 3}}, "logit_bias", "object");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"response_format", {{"type", "structural_tag"}}}},
              "response_format", "is not supported; {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
