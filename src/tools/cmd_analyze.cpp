@@ -61,7 +61,8 @@ void run_analyze(AnalyzeArgs a) {
       << (a.metrics_file.empty() ? "neither" : "both") << ")";
   check_roofline(a.roofline);
   // A bad --weights fails before any other work.
-  if (a.weights != "auto") parse_weight_format(a.weights);
+  const bool weights_auto = a.weights == "auto";
+  const WeightFormat asked = weights_auto ? WeightFormat::kNvfp4 : parse_weight_format(a.weights);
   std::string text;
   std::string model_path;  // from the server, when it says
   if (!a.url.empty()) {
@@ -126,8 +127,8 @@ void run_analyze(AnalyzeArgs a) {
     if (auto it = s->labels.find("expert_weights"); it != s->labels.end()) served_weights = it->second;
   }
   WeightFormat weights = WeightFormat::kBf16;
-  if (a.weights != "auto") {
-    weights = parse_weight_format(a.weights);
+  if (!weights_auto) {
+    weights = asked;
   } else if (!served_weights.empty()) {
     FP4MOE_CHECK(served_weights == "nvfp4" || served_weights == "bf16")
         << "fp4moe:model_info says expert_weights=\"" << served_weights

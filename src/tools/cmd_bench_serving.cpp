@@ -219,7 +219,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   r.output_len = timing.completion_tokens;
   r.prompt_len = timing.prompt_len;
   r.cached_len = timing.cached_len;
-  r.ttft_s = timing.tokens > 0 ? timing.ttft_s : timing.first_token_s;
+  r.ttft_s = timing.ttft();
   r.itl_s = std::move(timing.itl_s);
   if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
   else if (res.status == -1)

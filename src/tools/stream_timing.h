@@ -18,9 +18,9 @@ struct StreamTiming {
   int64_t completion_tokens = 0;   // meta_info.completion_tokens of the last chunk (the output length)
   int64_t tokens = 0;              // ... of the last timed chunk
   int64_t prompt_len = 0;          // meta_info.prompt_tokens
-  int64_t cached_len = 0;  // meta_info.cached_tokens
-  double ttft_s = 0.0;     // at the first timed chunk
-  double first_token_s = 0.0;  // at the first chunk with completion_tokens > 0 (a reply whose text stays empty)
+  int64_t cached_len = 0;          // meta_info.cached_tokens
+  double ttft_s = 0.0;             // at the first timed chunk
+  double first_token_s = 0.0;      // at the first chunk with completion_tokens > 0 (a reply whose text stays empty)
   std::vector<double> itl_s;
   double last_s = 0.0;  // when the last token-carrying chunk arrived
 
@@ -29,6 +29,8 @@ struct StreamTiming {
   // in range (completion_tokens <= max_tokens), or a timed chunk without completion_tokens; the request then fails
   // naming it.
   bool on_chunk(std::string_view data, double now_s);
+  // The request's TTFT: at its first timed chunk, or at its first token when no chunk had text.
+  double ttft() const { return tokens > 0 ? ttft_s : first_token_s; }
 };
 
 }  // namespace fp4moe::tools

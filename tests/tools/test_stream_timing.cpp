@@ -43,6 +43,7 @@ TEST(StreamTiming, OnlyChunksWithTextAreTimed) {
   EXPECT_TRUE(t.on_chunk(R"({"text": "abc", "meta_info": {"completion_tokens": 4}})", 0.9));
   EXPECT_DOUBLE_EQ(t.first_token_s, 0.3);
   EXPECT_DOUBLE_EQ(t.ttft_s, 0.5);
+  EXPECT_DOUBLE_EQ(t.ttft(), 0.5);
   ASSERT_EQ(t.itl_s.size(), 1u);
   EXPECT_NEAR(t.itl_s[0], 0.4, 1e-12);
   EXPECT_EQ(t.completion_tokens, 4);
@@ -52,14 +53,15 @@ TEST(StreamTiming, OnlyChunksWithTextAreTimed) {
   EXPECT_EQ(quiet.tokens, 0);
   EXPECT_EQ(quiet.completion_tokens, 2);
   EXPECT_DOUBLE_EQ(quiet.first_token_s, 0.2);
+  EXPECT_DOUBLE_EQ(quiet.ttft(), 0.2);
 }
 
 TEST(StreamTiming, MalformedChunksAreRefused) {
-  for (const std::string bad : {std::string("not json"), std::string("[1, 2]"), std::string(R"({"text": "x"})"),
-                                std::string(R"({"meta_info": 3})"),
-                                std::string(R"({"meta_info": {"completion_tokens": "x"}})"),
-                                std::string(R"({"meta_info": {"completion_tokens": 1.5}})"),
-                                std::string(R"({"meta_info": {"completion_tokens": 2, "prompt_tokens": null}})")}) {
+  for (const std::string& bad :
+       {std::string("not json"), std::string("[1, 2]"), std::string(R"({"text": "x"})"),
+        std::string(R"({"meta_info": 3})"), std::string(R"({"meta_info": {"completion_tokens": "x"}})"),
+        std::string(R"({"meta_info": {"completion_tokens": 1.5}})"),
+        std::string(R"({"meta_info": {"completion_tokens": 2, "prompt_tokens": null}})")}) {
     StreamTiming t;
     EXPECT_FALSE(t.on_chunk(bad, 0.1)) << bad;
     EXPECT_EQ(t.tokens, 0) << bad;
