@@ -50,20 +50,24 @@ std::string w4a16_smem_summary(const W4A16Config& c) {
   return s.str();
 }
 
-std::string w4a16_k_refusal(int64_t k) {
-  static_assert(kW4A16KMultiple == format::kNvfp4BlockSize, "the kernel's K step is one NVFP4 block");
-  if (k > 0 && k % kW4A16KMultiple == 0) return "";
-  return "K=" + std::to_string(k) + " must be a positive multiple of " + std::to_string(kW4A16KMultiple) +
-         " (one NVFP4 block; K % " + std::to_string(kW4A16KMultiple) + " = " + std::to_string(k % kW4A16KMultiple) +
-         ")";
+namespace {
+
+// "<name>=<v> must be a positive multiple of <multiple> (<why>; <name> % <multiple> = <rest>)", or "" when it is one.
+std::string multiple_refusal(const char* name, int64_t v, int64_t multiple, const char* why) {
+  if (v > 0 && v % multiple == 0) return "";
+  const std::string m = std::to_string(multiple);
+  return std::string(name) + "=" + std::to_string(v) + " must be a positive multiple of " + m + " (" + why + "; " +
+         name + " % " + m + " = " + std::to_string(v % multiple) + ")";
 }
 
-std::string w4a16_n_refusal(int64_t n) {
-  if (n > 0 && n % kW4A16NMultiple == 0) return "";
-  return "N=" + std::to_string(n) + " must be a positive multiple of " + std::to_string(kW4A16NMultiple) +
-         " (16 B output stores; N % " + std::to_string(kW4A16NMultiple) + " = " + std::to_string(n % kW4A16NMultiple) +
-         ")";
+}  // namespace
+
+std::string w4a16_k_refusal(int64_t k) {
+  static_assert(kW4A16KMultiple == format::kNvfp4BlockSize, "the kernel's K step is one NVFP4 block");
+  return multiple_refusal("K", k, kW4A16KMultiple, "one NVFP4 block");
 }
+
+std::string w4a16_n_refusal(int64_t n) { return multiple_refusal("N", n, kW4A16NMultiple, "16 B output stores"); }
 
 std::string w4a16_smem_refusal(const W4A16Config& c, uint32_t smem_limit) {
   const W4A16Layout l = W4A16Layout::make(c);
