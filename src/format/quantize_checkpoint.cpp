@@ -71,7 +71,10 @@ std::string scale_group_of(const std::string& module) {
   return module;
 }
 
-std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra, const Checkpoint& in) {
+namespace {
+
+// quantize_exclusions as the QuantConfig that applies them (is_excluded).
+QuantConfig exclusion_config(const std::vector<std::string>& extra, const Checkpoint& in) {
   for (const std::string& p : extra) {
     FP4MOE_CHECK(!p.empty()) << "quantize: --exclude '' is an empty pattern (it names no module; give a module name or "
                                 "an fnmatch pattern such as 'model.layers.*.self_attn')";
@@ -97,10 +100,8 @@ std::vector<std::string> quantize_exclusions(const std::vector<std::string>& ext
     if (keeps) added.push_back(p);
   }
   for (const std::string& p : added) add(p);
-  return q.exclude_modules;
+  return q;
 }
-
-namespace {
 
 // The Linears of `in` that `exclusions` leaves to quantize (sorted; embeddings stay). Refuses, naming them, those whose
 // K is not a multiple of the block, with one --exclude pattern for them all where the first one's name with its
@@ -244,12 +245,13 @@ void write_output(const Checkpoint& in, const fs::path& out_dir, const QuantizeO
 
 }  // namespace
 
+std::vector<std::string> quantize_exclusions(const std::vector<std::string>& extra, const Checkpoint& in) {
+  return exclusion_config(extra, in).exclude_modules;
+}
+
 std::vector<std::string> modules_to_quantize(const Checkpoint& in, const std::vector<std::string>& extra_exclude) {
-  QuantConfig exclusions;
-  exclusions.present = true;
-  exclusions.exclude_modules = quantize_exclusions(extra_exclude, in);
   std::vector<std::string> out;
-  for (const LinearModule* m : quantizable_modules(in, exclusions)) out.push_back(m->name);
+  for (const LinearModule* m : quantizable_modules(in, exclusion_config(extra_exclude, in))) out.push_back(m->name);
   return out;
 }
 
@@ -318,9 +320,7 @@ QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir
   const fs::path& in_dir = in.dir();
 
   QuantizeReport report;
-  QuantConfig exclusions;
-  exclusions.present = true;
-  exclusions.exclude_modules = quantize_exclusions(options.exclude, in);
+  const QuantConfig exclusions = exclusion_config(options.exclude, in);
   report.exclude_modules = exclusions.exclude_modules;
 
   // Modules to quantize, grouped by shared scale.
