@@ -805,10 +805,15 @@ int64_t Checkpoint::n_parameters() const {
   return n;
 }
 
-int64_t Checkpoint::n_linear(LinearFormat f) const {
-  return std::count_if(modules_.begin(), modules_.end(), [&](const LinearModule& m) {
-    return m.format == f && m.kind != ModuleKind::kEmbedding;
-  });
+KindSummary Checkpoint::linear_summary() const {
+  KindSummary all;
+  for (const auto& [k, v] : kind_summary()) {
+    if (k == ModuleKind::kEmbedding) continue;
+    all.n_nvfp4 += v.n_nvfp4;
+    all.n_bf16 += v.n_bf16;
+    all.n_other += v.n_other;
+  }
+  return all;
 }
 
 int64_t Checkpoint::n_experts_on_disk(int64_t layer) const {

@@ -309,9 +309,9 @@ void check_quantize_paths(const Checkpoint& in, const fs::path& out_dir) {
   check_can_create_in(fs::absolute(out_dir), "quantize: output directory " + out_dir.string(), "created",
                       /*walk_up=*/true);
   in.require_valid();
-  FP4MOE_CHECK(in.n_linear(LinearFormat::kNVFP4) == 0 && !in.quant().present)
-      << "quantize: " << in_dir.string() << " is already quantized ("
-      << in.n_linear(LinearFormat::kNVFP4) << " NVFP4 modules, quant config from '"
+  const int64_t n_nvfp4 = in.linear_summary().n_nvfp4;
+  FP4MOE_CHECK(n_nvfp4 == 0 && !in.quant().present)
+      << "quantize: " << in_dir.string() << " is already quantized (" << n_nvfp4 << " NVFP4 modules, quant config from '"
       << in.quant().source << "')";
 }
 

@@ -179,14 +179,8 @@ std::string inspect_text(const Checkpoint& c, const Findings& f) {
             : std::string());
   }
   // An "other" column only when some Linear stores a dtype no loader reads (F16, F8_E4M3; a problem names it).
-  auto summary = c.kind_summary();
-  format::KindSummary all;
-  for (const auto& [k, v] : summary) {
-    if (k == ModuleKind::kEmbedding) continue;  // the Linears row counts Linears
-    all.n_nvfp4 += v.n_nvfp4;
-    all.n_bf16 += v.n_bf16;
-    all.n_other += v.n_other;
-  }
+  const auto summary = c.kind_summary();
+  const format::KindSummary all = c.linear_summary();
   const auto row = [&](std::string_view name, const format::KindSummary& v) {
     return fmt::format("              {:<16} {:>7} {:>7}", name, v.n_nvfp4, v.n_bf16) +
            (all.n_other > 0 ? fmt::format(" {:>7}", v.n_other) : std::string()) + "\n";
@@ -247,9 +241,11 @@ ojson inspect_json(const Checkpoint& c, const Findings& f) {
   for (const auto& [k, v] : c.kind_summary()) {
     kinds[std::string(format::module_kind_name(k))] = {{"nvfp4", v.n_nvfp4}, {"bf16", v.n_bf16}, {"other", v.n_other}};
   }
+  const format::KindSummary linears = c.linear_summary();
   j["modules"] = {{"by_kind", kinds},
-                  {"linear_nvfp4", c.n_linear(LinearFormat::kNVFP4)},
-                  {"linear_bf16", c.n_linear(LinearFormat::kBF16)}};
+                  {"linear_nvfp4", linears.n_nvfp4},
+                  {"linear_bf16", linears.n_bf16},
+                  {"linear_other", linears.n_other}};
   ojson bytes = ojson::object();
   for (const auto& [dtype, b] : c.bytes_by_dtype()) bytes[std::string(fp4moe::dtype_name(dtype))] = b;
   j["bytes_by_dtype"] = bytes;

@@ -72,8 +72,10 @@ void expect_golden(const Checkpoint& c, const GoldenCase& g) {
   EXPECT_EQ(c.n_experts_on_disk(1), 16);
   EXPECT_EQ(c.n_experts_on_disk(2), 16);
   EXPECT_EQ(c.n_experts_on_disk(0), 0);
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4) + c.n_linear(LinearFormat::kBF16), g.n_linear);
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), g.n_nvfp4);
+  const KindSummary linears = c.linear_summary();
+  EXPECT_EQ(linears.n_nvfp4 + linears.n_bf16, g.n_linear);
+  EXPECT_EQ(linears.n_other, 0);
+  EXPECT_EQ(linears.n_nvfp4, g.n_nvfp4);
   auto s = c.kind_summary();
   EXPECT_EQ(s[ModuleKind::kAttention].n_nvfp4 + s[ModuleKind::kAttention].n_bf16, g.n_attention);
   EXPECT_EQ(s[ModuleKind::kAttention].n_nvfp4, g.n_nvfp4_attention);
@@ -340,7 +342,7 @@ TEST(Checkpoint, FlatQuantizationConfigOnly) {
   EXPECT_TRUE(c.problems().empty()) << all_problems(c);
   EXPECT_EQ(c.quant().source, "config.json quantization_config");
   EXPECT_EQ(c.quant().exclude_modules.size(), 3u);
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 105);
+  EXPECT_EQ(c.linear_summary().n_nvfp4, 105);
 }
 
 TEST(QuantConfig, ExclusionSemantics) {

@@ -100,7 +100,7 @@ TEST(QuantizeCheckpoint, Glm4ReproducesGoldenBitForBit) {
   EXPECT_FALSE(std::filesystem::exists(out.path() / "q" / "golden.safetensors"));
   Checkpoint c(out.path() / "q");
   EXPECT_TRUE(c.problems().empty());
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 117);
+  EXPECT_EQ(c.linear_summary().n_nvfp4, 117);
 }
 
 TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
@@ -115,7 +115,7 @@ TEST(QuantizeCheckpoint, Glm5WithAttentionExcludedReproducesGolden) {
   expect_same_json(out.path() / "q", golden("glm5_tiny_nvfp4"));
   Checkpoint c(out.path() / "q");
   EXPECT_TRUE(c.problems().empty());
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 105);
+  EXPECT_EQ(c.linear_summary().n_nvfp4, 105);
 }
 
 // What must stay BF16 is kept so without an --exclude: the GLM-5 indexer's weights_proj (SGLang and vLLM build it
@@ -222,7 +222,7 @@ TEST(QuantizeCheckpoint, ShardedInput) {
   Checkpoint c(tmp.path() / "out");
   EXPECT_EQ(c.store().files().size(), 2u);
   EXPECT_TRUE(c.problems().empty());
-  EXPECT_EQ(c.n_linear(LinearFormat::kNVFP4), 105);
+  EXPECT_EQ(c.linear_summary().n_nvfp4, 105);
 }
 
 TEST(QuantizeCheckpoint, PartialCalibrationIsRefused) {

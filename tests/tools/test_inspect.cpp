@@ -64,6 +64,7 @@ TEST(Inspect, GoldenModelsJson) {
     EXPECT_EQ(j["experts"]["on_disk_per_layer"]["2"], 16);
     EXPECT_EQ(j["modules"]["linear_nvfp4"], k.n_nvfp4);
     EXPECT_EQ(j["modules"]["linear_bf16"], k.n_bf16);
+    EXPECT_EQ(j["modules"]["linear_other"], 0);
     EXPECT_EQ(j["modules"]["by_kind"]["routed_experts"][k.n_nvfp4 ? "nvfp4" : "bf16"], 96);
     EXPECT_EQ(j["modules"]["by_kind"]["router"]["bf16"], 2);
     EXPECT_TRUE(j["problems"].empty());
@@ -169,6 +170,9 @@ TEST(Inspect, Fp8CheckpointIsSummarized) {
       << t;
   EXPECT_EQ(t.find("quant_algo '' is not supported"), std::string::npos) << t;
   EXPECT_LT(f.problems.size(), 5u) << t;  // one line a module before
+  const auto j = inspect_json(c);  // the JSON counts as the table does
+  EXPECT_EQ(j["modules"]["linear_bf16"], 3);
+  EXPECT_EQ(j["modules"]["linear_other"], n_fp8);
   EXPECT_FALSE(c.find_module("model.layers.1.mlp.experts.3.up_proj")->ok);
 }
 
@@ -484,11 +488,11 @@ TEST(Inspect, DemoCheckpointIsDeterministicAndClean) {
   format::Checkpoint bf16(a.path());
   EXPECT_TRUE(bf16.problems().empty()) << inspect_text(bf16);
   // 2 layers: attention 4+4, dense MLP 3, 8 experts * 3 + shared 3, router 1, lm_head 1 = 40.
-  EXPECT_EQ(bf16.n_linear(format::LinearFormat::kBF16), 40);
+  EXPECT_EQ(bf16.linear_summary().n_bf16, 40);
   format::quantize_checkpoint(format::Checkpoint(a.path()), a.path() / "q", {});
   format::Checkpoint q(a.path() / "q");
   EXPECT_TRUE(q.problems().empty()) << inspect_text(q);
-  EXPECT_EQ(q.n_linear(format::LinearFormat::kNVFP4), 38);
+  EXPECT_EQ(q.linear_summary().n_nvfp4, 38);
   EXPECT_EQ(q.n_experts_on_disk(1), 8);
   EXPECT_EQ(q.n_parameters(), bf16.n_parameters());
 }
