@@ -180,9 +180,11 @@ struct Engine::Impl {
       std::lock_guard<std::mutex> lock(mu);
       live.erase(r->id);
       abort_ids.erase(r->id);
-      ++stats.requests_finished_total;
-      if (reason == FinishReason::kAbort) ++stats.requests_aborted_total;
-      stats.e2e_s.observe(out.finished->timings.e2e_s);
+      if (r->log_metrics) {
+        ++stats.requests_finished_total;
+        if (reason == FinishReason::kAbort) ++stats.requests_aborted_total;
+        stats.e2e_s.observe(out.finished->timings.e2e_s);
+      }
     }
     r->emit(out);
     r.reset();
@@ -320,6 +322,8 @@ struct Engine::Impl {
         r->admitted(Clock::now());
         if (!r->counted_prompt && may_hit) {
           r->cached_tokens = std::min<int64_t>(r->kv_length(), static_cast<int64_t>(r->prompt.size()));
+        }
+        if (!r->counted_prompt && may_hit && r->log_metrics) {
           std::lock_guard<std::mutex> lock(mu);
           stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
           stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
@@ -330,7 +334,7 @@ struct Engine::Impl {
         if (!r->counted_prompt) {
           r->counted_prompt = true;
           std::lock_guard<std::mutex> lock(mu);
-          stats.prompt_tokens_total += static_cast<uint64_t>(r->prompt.size());
+          if (r->log_metrics) stats.prompt_tokens_total += static_cast<uint64_t>(r->prompt.size());
         }
         running.push_back(std::move(waiting.front()));
         waiting.pop_front();
@@ -443,9 +447,11 @@ struct Engine::Impl {
                                                       : r->on_logits(last_row, t1, eos_ids, context_length);
       {
         std::lock_guard<std::mutex> lock(mu);
-        stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);
-        if (before == 0) stats.ttft_s.observe(r->ttft_s());
-        if (before > 0) stats.inter_token_s.observe(r->last_inter_token_s());
+        if (r->log_metrics) {
+          stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);
+          if (before == 0) stats.ttft_s.observe(r->ttft_s());
+          if (before > 0) stats.inter_token_s.observe(r->last_inter_token_s());
+        }
       }
       if (r->finish_reason()) {
         for (auto& q : running) {
@@ -760,10 +766,10 @@ GroupSubmitResult Engine::submit_group(std::vector<Submission> group) {
     for (Submission& sub : group) {
       const RequestId id = impl_->next_id++;
       const uint64_t seed = sub.request.sampling.seed ? *sub.request.sampling.seed : splitmix64(id);
+      if (sub.request.log_metrics) ++impl_->stats.requests_submitted_total;
       impl_->pending.push_back(std::make_unique<RequestState>(id, std::move(sub.request), std::move(sub.callback),
                                                               tokenizer_.get(), impl_->vocab, seed, Clock::now()));
       impl_->live.insert(id);
-      ++impl_->stats.requests_submitted_total;
       res.ids.push_back(id);
     }
     impl_->stats.n_waiting = impl_->n_waiting_owned + static_cast<int64_t>(impl_->pending.size());
@@ -827,6 +833,7 @@ bool Engine::run_health_probe(std::chrono::milliseconds timeout) {
   probe.sampling.max_new_tokens = 1;
   probe.sampling.temperature = 0.0;
   probe.sampling.ignore_eos = true;
+  probe.log_metrics = false;  // not user traffic
   SubmitResult r = submit(std::move(probe), [done](const RequestOutput& out) {
     if (out.finished) done->set_value(out.finished->reason == FinishReason::kLength ||
                                       out.finished->reason == FinishReason::kStop);

@@ -116,6 +116,9 @@ struct Request {
   std::vector<TokenId> prompt_ids;  // >= 1 token
   SamplingParams sampling;
   int64_t priority = 0;  // SchedulePolicy::kPriority: lower is sooner; must be 0 under kFcfs
+  // false: the request's counts and latencies stay out of EngineStats' request counters and histograms (as
+  // SGLang's log_metrics: the /health_generate probe is not user traffic); the steps it rides in still count.
+  bool log_metrics = true;
 };
 
 // One sampled token as streamed.

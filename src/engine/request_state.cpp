@@ -14,6 +14,7 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
                            int64_t vocab, uint64_t seed, Clock::time_point now)
     : id(id_),
       priority(request.priority),
+      log_metrics(request.log_metrics),
       prompt(std::move(request.prompt_ids)),
       sampling(std::move(request.sampling)),
       tokens_(prompt),

@@ -27,6 +27,7 @@ class RequestState {
 
   const RequestId id;
   const int64_t priority;            // Request::priority
+  const bool log_metrics;            // Request::log_metrics
   std::vector<TokenId> prompt;       // as submitted
   SamplingParams sampling;
   std::vector<TokenId> generated;    // sampled so far

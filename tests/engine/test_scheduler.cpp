@@ -38,8 +38,8 @@ struct Harness {
                    std::shared_ptr<const Tokenizer> tok = make_default_tokenizer())
       : engine(std::move(o), std::move(m), std::move(tok)) {}
 
-  RequestId submit(std::vector<TokenId> prompt, SamplingParams sp, int64_t priority = 0) {
-    SubmitResult r = engine.submit({std::move(prompt), sp, priority}, [this](const RequestOutput& out) {
+  RequestId submit(std::vector<TokenId> prompt, SamplingParams sp, int64_t priority = 0, bool log_metrics = true) {
+    SubmitResult r = engine.submit({std::move(prompt), sp, priority, log_metrics}, [this](const RequestOutput& out) {
       std::lock_guard<std::mutex> lock(mu);
       Collected& c = results[out.id];
       ++c.n_events;
@@ -115,6 +115,34 @@ void expect_same_as_alone(EngineOptions o, uint64_t seed, int n, uint64_t* preem
   EXPECT_EQ(s.kv_used_tokens, 0);
   EXPECT_EQ(s.n_running + s.n_waiting, 0);
   if (preemptions) *preemptions = s.preemptions_total;
+}
+
+// A request with log_metrics false (the /health_generate probe) runs like any other but stays out of the request
+// counters and latency histograms; the steps it rode in count.
+TEST(Scheduler, RequestWithoutLogMetricsIsNotCounted) {
+  Harness h(EngineOptions{});
+  const RequestId quiet = h.submit({1, 2, 3}, greedy(4), 0, /*log_metrics=*/false);
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(quiet).ids, alone({1, 2, 3}, greedy(4)));
+  EngineStats s = h.engine.stats();
+  EXPECT_EQ(s.requests_submitted_total, 0u);
+  EXPECT_EQ(s.requests_finished_total, 0u);
+  EXPECT_EQ(s.prompt_tokens_total, 0u);
+  EXPECT_EQ(s.generation_tokens_total, 0u);
+  EXPECT_EQ(s.ttft_s.count, 0u);
+  EXPECT_EQ(s.inter_token_s.count, 0u);
+  EXPECT_EQ(s.e2e_s.count, 0u);
+  EXPECT_GT(s.steps_total, 0u);
+  h.submit({4, 5}, greedy(3));
+  h.engine.run_until_idle();
+  s = h.engine.stats();
+  EXPECT_EQ(s.requests_submitted_total, 1u);
+  EXPECT_EQ(s.requests_finished_total, 1u);
+  EXPECT_EQ(s.prompt_tokens_total, 2u);
+  EXPECT_EQ(s.generation_tokens_total, 3u);
+  EXPECT_EQ(s.ttft_s.count, 1u);
+  EXPECT_EQ(s.inter_token_s.count, 2u);
+  EXPECT_EQ(s.e2e_s.count, 1u);
 }
 
 TEST(Scheduler, ConcurrentEqualsAlone) {
@@ -849,8 +877,8 @@ TEST(Scheduler, ThreadedEngineStreamsAndProbes) {
     EXPECT_GE(c.finish->timings.e2e_s, c.finish->timings.ttft_s);
   }
   const EngineStats s = h.engine.stats();
-  EXPECT_EQ(s.requests_finished_total, cases.size() + 1);  // + the probe
-  EXPECT_EQ(s.ttft_s.count, cases.size() + 1);
+  EXPECT_EQ(s.requests_finished_total, cases.size());  // the probe is not counted (Request::log_metrics)
+  EXPECT_EQ(s.ttft_s.count, cases.size());
   ASSERT_EQ(s.moe_layers.size(), 1u);
   EXPECT_EQ(s.expert_tokens[0][0] * 2, s.expert_tokens[0][2]);
   EXPECT_EQ(static_cast<uint64_t>(s.expert_tokens[0][0]), s.forward_tokens_total);

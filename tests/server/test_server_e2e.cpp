@@ -128,7 +128,11 @@ TEST(ServerE2E, HealthGoes503Then200AndMetricsParse) {
                         "decode_batch_size"}) {
     EXPECT_TRUE(m.count(std::string("fp4moe:") + h + "_count")) << h;
   }
-  EXPECT_GE(m["fp4moe:e2e_request_latency_seconds_count"], 1);
+  // The /health_generate probe is not user traffic (SGLang's log_metrics): only the /generate request counts.
+  EXPECT_EQ(m["fp4moe:num_requests_total"], 1);
+  EXPECT_EQ(m["fp4moe:generation_tokens_total"], 4);
+  EXPECT_EQ(m["fp4moe:time_to_first_token_seconds_count"], 1);
+  EXPECT_EQ(m["fp4moe:e2e_request_latency_seconds_count"], 1);
   double expert_tokens = 0;
   int n_expert_series = 0;
   for (const auto& [series, v] : m) {
