@@ -60,13 +60,22 @@ class Fields {
     if (!v) return std::nullopt;
     if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
       throw bad_request(name(key), name(key) + " must be an integer, got " + show(*v));
-    const double d = v->get<double>();
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    // Compared as integers (as doubles, 2^63 equalled INT64_MAX and wrapped negative): an unsigned past INT64_MAX or a
+    // float outside [-2^63, 2^63) is out of every range.
+    std::optional<int64_t> x;
+    if (v->is_number_unsigned()) {
+      if (v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) x = static_cast<int64_t>(v->get<uint64_t>());
+    } else if (v->is_number_integer()) {
+      x = v->get<int64_t>();
+    } else if (const double d = v->get<double>(); d >= -0x1p63 && d < 0x1p63) {
+      x = static_cast<int64_t>(d);
+    }
+    if (!x || *x < lo || *x > hi) {
       std::ostringstream m;
       m << name(key) << " = " << show(*v) << " is outside [" << lo << ", " << hi << "]";
       throw bad_request(name(key), m.str());
     }
-    return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+    return x;
   }
   std::optional<bool> boolean(const std::string& key) const {
     const json* v = find(key);
@@ -168,8 +177,9 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
     s.repetition_penalty = *v;  // SGLang's
   if (auto v = f.number("frequency_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.frequency_penalty = *v;
   if (auto v = f.number("presence_penalty", -engine::kMaxAbsPenalty, engine::kMaxAbsPenalty)) s.presence_penalty = *v;
-  std::optional<int64_t> seed = f.integer("seed", 0, INT64_MAX);
-  if (!seed) seed = f.integer("sampling_seed", 0, INT64_MAX);  // SGLang's name
+  // Any int64, as vLLM takes it (a negative one is its two's complement: distinct seeds stay distinct).
+  std::optional<int64_t> seed = f.integer("seed", INT64_MIN, INT64_MAX);
+  if (!seed) seed = f.integer("sampling_seed", INT64_MIN, INT64_MAX);  // SGLang's name
   if (seed) s.seed = static_cast<uint64_t>(*seed);
   s.stop = f.strings_or_string("stop");
   if (const json* v = f.find("stop_token_ids")) s.stop_token_ids = f.ids(*v, f.name("stop_token_ids"));

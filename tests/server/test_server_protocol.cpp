@@ -115,6 +115,15 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "sampling_params.stop", "stop[1]");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
+  // Integers are compared exactly: 2^63 is past every range (as a double it equalled INT64_MAX and wrapped).
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 9223372036854775808ull}}, "seed",
+             "seed = 9223372036854775808 is outside [-9223372036854775808, 9223372036854775807]");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 1e19}}, "seed", "is outside");
+  // A negative seed is taken, as vLLM takes any int64: its two's complement.
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", -1}}).sampling.seed, UINT64_MAX);
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 2.0}}).sampling.seed, 2u);
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"max_tokens", 9223372036854775808ull}}, "max_tokens",
+             "is outside");
   // Ranges open at their lower end say so.
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"top_p", 1.5}}, "top_p", "top_p = 1.5 is outside (0, 1]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"top_p", 0}}, "top_p", "top_p = 0 is outside (0, 1]");
