@@ -4,11 +4,13 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -381,7 +383,7 @@ class RequestHandler {
       const int64_t n_prompt = static_cast<int64_t>(prompt.size());
       if (n_prompt >= context || n_prompt >= kv) {
         ApiError e;
-        e.status = 413;
+        e.status = 400;  // as OpenAI, vLLM and SGLang answer it (the openai SDK's BadRequestError)
         e.type = "context_length_exceeded";
         e.param = param;
         const bool ctx_bound = n_prompt >= context;
@@ -697,6 +699,9 @@ HttpServer::HttpServer(ServerOptions options)
   });
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
+  // httplib closes a keep-alive connection after 5 requests (its default), so a benchmark client paid a new handshake
+  // every fifth request; uvicorn (SGLang, vLLM) has no such count. An idle connection still closes after 5 s.
+  http_->set_keep_alive_max_count(kKeepAliveMaxRequests);
   install_routes();
 }
 
@@ -820,6 +825,16 @@ void HttpServer::count_error(int status) {
 
 namespace {
 
+// A Content-Type of application/x-www-form-urlencoded (parameters after ';' and the case of the type aside).
+bool form_encoded(std::string_view content_type) {
+  const std::string_view type = content_type.substr(0, content_type.find(';'));
+  constexpr std::string_view kForm = "application/x-www-form-urlencoded";
+  const size_t begin = type.find_first_not_of(" \t"), end = type.find_last_not_of(" \t");
+  if (begin == std::string_view::npos || end - begin + 1 != kForm.size()) return false;
+  return std::equal(kForm.begin(), kForm.end(), type.begin() + static_cast<std::ptrdiff_t>(begin),
+                    [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+}
+
 // The request carries `Authorization: Bearer <key>` (compared in time independent of where it differs).
 bool bearer_matches(const httplib::Request& req, const std::string& key) {
   const std::string got = req.get_header_value("Authorization");
@@ -876,6 +891,11 @@ void HttpServer::install_routes() {
   // neither Content-Length nor chunked encoding an empty body (RFC 9112 6.3; `curl -X POST` without -d
   // sends one), but httplib would wait for a body until its read timeout (30 s) and then answer 400.
   http_->set_pre_routing_handler([this, flush_cache](const httplib::Request& req, httplib::Response& res) {
+    // Every body is read as JSON whatever its Content-Type (as SGLang's and vLLM's FastAPI routes read them), but
+    // httplib refuses a form-encoded one past 8 KiB with a 413 before any handler runs, and `curl -d` sends JSON
+    // with that type: the type is dropped here, before the body is read. (The request object httplib passes is
+    // its own non-const one.)
+    if (form_encoded(req.get_header_value("Content-Type"))) const_cast<httplib::Request&>(req).headers.erase("Content-Type");
     const bool exempt = req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics";
     if (!options_.api_key.empty() && !exempt && !bearer_matches(req, options_.api_key)) {
       ApiError e;
@@ -1046,11 +1066,15 @@ void HttpServer::install_routes() {
     if (engine) m["max_model_len"] = engine->context_length();
     return m;
   };
-  get("/v1/models", wrap([model_card](const httplib::Request&, httplib::Response& res) {
+  // While the model loads these answer 503 as /health does (SGLang and vLLM open their port only once it is loaded,
+  // so clients take a 200 here for "ready").
+  get("/v1/models", wrap([this, model_card](const httplib::Request&, httplib::Response& res) {
+        engine_or_503();
         res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}), "application/json");
       }));
   // OpenAI's retrieve-model: the served model's card, or a 404 naming the id asked for.
   get(R"(/v1/models/(.+))", wrap([this, model_card](const httplib::Request& req, httplib::Response& res) {
+        engine_or_503();
         const std::string id = req.matches.size() > 1 ? std::string(req.matches[1]) : std::string();
         if (id != options_.served_model_name) {
           ApiError e;
@@ -1061,6 +1085,21 @@ void HttpServer::install_routes() {
           throw e;
         }
         res.set_content(dump_json(model_card()), "application/json");
+      }));
+  // SGLang's GET /get_model_info (its frontend and tools call it to learn what the server runs).
+  get("/get_model_info", wrap([this](const httplib::Request&, httplib::Response& res) {
+        auto engine = engine_or_503();
+        const json& args = options_.launch_args;
+        const auto arg = [&](const char* key) {
+          return args.is_object() && args.contains(key) ? args[key] : json(nullptr);
+        };
+        res.set_content(dump_json(json{{"model_path", arg("model_path")},
+                                       {"tokenizer_path", arg("tokenizer_path")},
+                                       {"served_model_name", options_.served_model_name},
+                                       {"is_generation", true},
+                                       {"architectures", json::array({engine->model_config().architecture})},
+                                       {"context_length", engine->context_length()}}),
+                        "application/json");
       }));
   post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
          auto engine = engine_or_503();

@@ -111,6 +111,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   static constexpr size_t kMaxBodyBytes = size_t{64} << 20;        // a request body's limit (413 past it)
+  static constexpr size_t kKeepAliveMaxRequests = 100000;          // requests a keep-alive connection may carry
   std::map<std::string, std::vector<std::string>> route_methods_;  // path -> methods; set up by install_routes
   std::thread listener_;
   std::atomic<bool> listener_done_{false};

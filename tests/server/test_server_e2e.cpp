@@ -98,7 +98,23 @@ double wait_metric(const std::string& url, const std::string& series, double wan
 }
 
 TEST(ServerE2E, HealthGoes503Then200AndMetricsParse) {
-  ServerProcess srv(FP4MOE_CLI, {"--debug-load-delay", "1.0"});
+  ServerProcess srv(FP4MOE_CLI, {"--debug-load-delay", "1.5"});
+  {
+    // While loading, the model routes answer 503 as /health does (SGLang and vLLM open their port once loaded, so
+    // clients read a 200 from /v1/models as "ready").
+    HttpClient c(srv.url(), kTimeout);
+    int health = -1;
+    for (int i = 0; i < 400 && health != 503; ++i) {
+      health = c.get("/health").status;
+      if (health != 503) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(health, 503);
+    for (const char* path : {"/v1/models", "/v1/models/tiny-default", "/get_model_info"}) {
+      const auto r = c.get(path);
+      EXPECT_EQ(r.status, 503) << path << ": " << r.body;
+      EXPECT_NE(r.body.find("the model is loading"), std::string::npos) << path << ": " << r.body;
+    }
+  }
   std::vector<int> statuses;
   ASSERT_TRUE(srv.wait_ready(60, &statuses));
   // Connection refused (-1) may come first, then 503 during the load, then 200.
@@ -438,6 +454,15 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   // Retrieve one model (OpenAI GET /v1/models/{id}): its card, or a 404 naming the id.
   auto one = c.get("/v1/models/tiny-default");
   ASSERT_EQ(one.status, 200) << one.body;
+  // SGLang's /get_model_info.
+  auto model_info = c.get("/get_model_info");
+  ASSERT_EQ(model_info.status, 200) << model_info.body;
+  const json mi = parse(model_info.body);
+  EXPECT_EQ(mi["is_generation"], true);
+  EXPECT_EQ(mi["served_model_name"], "tiny-default");
+  EXPECT_EQ(mi["context_length"], 512);
+  EXPECT_EQ(mi["architectures"].size(), 1u);
+  EXPECT_TRUE(mi.contains("model_path")) << mi.dump();
   EXPECT_EQ(parse(one.body)["id"], "tiny-default");
   EXPECT_EQ(parse(one.body)["object"], "model");
   auto other = c.get("/v1/models/gpt-4");
@@ -576,11 +601,12 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
   expect_error(big, 413, "");
   EXPECT_NE(big.body.find("64 MiB"), std::string::npos) << big.body;
 
-  // 413: the prompt does not fit the context (512); both lengths are in the reply.
+  // 400 (as OpenAI, vLLM and SGLang): the prompt does not fit the context (512); both lengths are in the reply.
   std::vector<int> long_prompt(600, 65);
   auto r = c.post("/generate", json{{"input_ids", long_prompt}}.dump());
-  expect_error(r, 413, "input_ids");
+  expect_error(r, 400, "input_ids");
   const json e = parse(r.body)["error"];
+  EXPECT_EQ(e["type"], "context_length_exceeded");
   EXPECT_EQ(e["prompt_tokens"], 600);
   EXPECT_EQ(e["context_length"], 512);
   EXPECT_NE(e["message"].get<std::string>().find("600"), std::string::npos);
@@ -716,6 +742,50 @@ TEST_F(DefaultServer, Http10RepliesAreNotChunked) {
       EXPECT_NE(payload.find("data: [DONE]\n\n"), std::string::npos) << payload;
     }
   }
+}
+
+// One keep-alive connection carries many requests (httplib's default closed it after 5, so a benchmark client paid a
+// new handshake every fifth request); each reply keeps it open.
+TEST_F(DefaultServer, KeepAliveConnectionCarriesManyRequests) {
+  const int fd = raw_connect(srv_->port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 12; ++i) {
+    const std::string msg = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ASSERT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size())) << "request " << i;
+    std::string reply;  // one reply: the head, then Content-Length bytes
+    char buf[4096];
+    size_t head_end = std::string::npos, want = 0;
+    while (head_end == std::string::npos || reply.size() < want) {
+      pollfd p{fd, POLLIN, 0};
+      ASSERT_GT(::poll(&p, 1, 5000), 0) << "no reply to request " << i << ": " << reply;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << "the server closed the connection before reply " << i;
+      reply.append(buf, static_cast<size_t>(n));
+      head_end = reply.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        const size_t cl = reply.find("Content-Length: ");
+        ASSERT_NE(cl, std::string::npos) << reply;
+        want = head_end + 4 + std::stoul(reply.substr(cl + 16));
+      }
+    }
+    EXPECT_NE(reply.find(" 200 "), std::string::npos) << reply;
+    EXPECT_EQ(reply.find("Connection: close"), std::string::npos) << "reply " << i << ": " << reply;
+  }
+  ::close(fd);
+}
+
+// A JSON body sent as curl -d sends it (Content-Type application/x-www-form-urlencoded) is read as JSON at any size:
+// httplib refused such a body past 8 KiB with a 413 that claimed it exceeded the 64 MiB limit.
+TEST_F(DefaultServer, FormEncodedJsonBodyOfAnySizeIsRead) {
+  HttpClient c(srv_->url(), kTimeout);
+  const std::string pad(9000, ' ');  // JSON's whitespace: a 9 KB body with a short prompt
+  for (const char* type : {"application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded; charset=utf-8"}) {
+    auto r = c.post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump() + pad, type);
+    EXPECT_EQ(r.status, 200) << type << ": " << r.body;
+  }
+  auto g = c.post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump() + pad,
+                  "application/x-www-form-urlencoded");
+  EXPECT_EQ(g.status, 200) << g.body;
 }
 
 // A non-streaming request that would run for many seconds; its client reads nothing and closes
