@@ -570,7 +570,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
-      std::vector<size_t> text_offsets;       // completions logprobs: bytes of the choice's tokens sent so far
+      std::vector<size_t> text_offsets;       // completions logprobs: characters of the choice's tokens sent so far
       std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;

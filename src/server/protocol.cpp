@@ -706,8 +706,11 @@ json finish_json(const engine::Finish& f) {
   return j;
 }
 
-// OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}.
-// text_offset: the bytes before the first of `tokens` (a stream's earlier chunks); *end: the bytes after the last.
+// OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}. As the OpenAI API
+// and vLLM, a position's top_logprobs always hold the token taken there (up to logprobs + 1 entries). text_offset
+// counts characters of the text (code points: each UTF-8 byte but a continuation byte; a token that starts inside a
+// character counts from the character after it); text_offset: the characters before the first of `tokens` (a
+// stream's earlier chunks); *end: those after the last.
 json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::GeneratedToken>& tokens,
                          size_t text_offset, size_t* end = nullptr) {
   json tok = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
@@ -718,9 +721,10 @@ json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::G
     lps.push_back(none ? json(nullptr) : json(t.logprob));
     json top = json::object();
     for (const auto& e : t.top_logprobs) top[token_text(ctx, e.id)] = e.logprob;
+    if (!none) top.emplace(token_text(ctx, t.id), t.logprob);  // no-op when it is among them
     tops.push_back(none ? json(nullptr) : top);
     offs.push_back(off);
-    off += token_bytes(ctx, t.id).size();  // byte offsets into the completion text
+    for (const char c : token_bytes(ctx, t.id)) off += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   }
   if (end != nullptr) *end = off;
   return {{"tokens", tok}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};

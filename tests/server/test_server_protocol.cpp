@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/default_model.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
 
@@ -435,6 +436,41 @@ TEST(ServerProtocol, EchoAndPromptLogprobs) {
   EXPECT_EQ(meta["input_token_logprobs"], json::array({json::array({-1.25, 4, nullptr})}));
   EXPECT_EQ(meta["input_top_logprobs"],
             json::array({json::array({json::array({-1.25, 4, nullptr}), json::array({-2.0, 5, nullptr})})}));
+}
+
+// Completions logprobs as the OpenAI API and vLLM give them: a position's top_logprobs hold the token taken there
+// (logprobs + 1 entries when it is not among the top ones; with logprobs 0 that token alone), and text_offset counts
+// characters of the text, not bytes ("h\u00e9llo \u20ac!": the bytes made "\u20ac" start at 8, not 7).
+TEST(ServerProtocol, CompletionLogprobsHoldTheTakenTokenAndCountCharacters) {
+  const auto tok = fp4moe::engine::make_default_tokenizer();
+  const std::vector<std::string> chars = {"h", "\xC3\xA9", "l", "l", "o", " ", "\xE2\x82\xAC", "!"};
+  const ResponseContext ctx{"cmpl-1", "m", 1, 2, tok.get()};
+  for (const int64_t k : {1, 0}) {
+    SCOPED_TRACE(k);
+    fp4moe::engine::RequestOutput out;  // as the engine gives it for logprobs k
+    std::vector<size_t> first_token_of_char;
+    for (const std::string& ch : chars) {
+      first_token_of_char.push_back(out.tokens.size());
+      for (const auto id : tok->encode(ch)) {
+        fp4moe::engine::GeneratedToken t{.id = id, .logprob = -2.0f};
+        // The top-1 entry is another token: the taken one must be added beside it.
+        if (k == 1) t.top_logprobs = {{static_cast<fp4moe::engine::TokenId>(id == 65 ? 66 : 65), -0.25f}};
+        out.tokens.push_back(t);
+      }
+    }
+    out.finished = fp4moe::engine::Finish{};
+    Accumulated acc;
+    acc.add(out);
+    const ParsedRequest req = parse_request(Endpoint::kCompletions, json{{"prompt", "x"}, {"logprobs", k}});
+    const json lp = completion_response(req, ctx, acc)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["top_logprobs"].size(), out.tokens.size());
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+      const json& top = lp["top_logprobs"][i];
+      EXPECT_EQ(top.size(), 1u + static_cast<size_t>(k)) << top.dump();
+      EXPECT_EQ(top.at(lp["tokens"][i].get<std::string>()), -2.0f) << top.dump();
+    }
+    for (size_t c = 0; c < chars.size(); ++c) EXPECT_EQ(lp["text_offset"][first_token_of_char[c]], c) << c;
+  }
 }
 
 // vLLM's min_tokens / include_stop_str_in_output on the OpenAI routes, SGLang's min_new_tokens / no_stop_trim on
