@@ -403,7 +403,7 @@ void load_generation_config(const std::filesystem::path& dir, ModelConfig& c) {
   }
 }
 
-ModelConfig load_model_config(const std::filesystem::path& dir, bool with_generation) {
+ModelConfig read_model_config(const std::filesystem::path& dir, std::vector<format::CheckpointProblem>* problems) {
   FP4MOE_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir))
       << dir.string() << " is a file; give the model's directory (config.json, *.safetensors, tokenizer.json)";
   const std::filesystem::path path = dir / "config.json";
@@ -412,11 +412,16 @@ ModelConfig load_model_config(const std::filesystem::path& dir, bool with_genera
       << "cannot open " << path.string() << " (a model directory needs config.json)";
   const json j = format::read_json_file(path);
   ModelConfig c = parse_model_config(j, path.string());
+  c.quantization = format::read_quant_config(dir, j, problems);
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& dir, bool with_generation) {
   // A quantization section that says something else than the NVFP4 this loader reads (a quant_method
   // other than modelopt, FP8, group size 32, two sections that disagree) is refused: the weights would be
   // read as NVFP4 all the same. `fp4moe inspect` lists every problem.
   std::vector<format::CheckpointProblem> problems;
-  c.quantization = format::read_quant_config(dir, j, &problems);
+  ModelConfig c = read_model_config(dir, &problems);
   // The sections' problems first (a quant_method other than modelopt is named there, before the empty
   // quant_algo it leaves), then what the section asks for (FP8, group 32).
   if (!problems.empty())

@@ -154,8 +154,12 @@ GenerationDefaults parse_generation_config(const nlohmann::json& j, const std::s
 // c.generation and adds its eos ids to c.eos_token_ids; fails naming the file on malformed JSON or a bad eos.
 void load_generation_config(const std::filesystem::path& dir, ModelConfig& c);
 
-// Reads dir/config.json, the quantization section (format::read_quant_config) and, unless with_generation is false,
-// dir/generation_config.json (load_generation_config).
+// Reads dir/config.json and its quantization section (format::read_quant_config), whose problems go to `problems`
+// (format::Checkpoint lists the same ones): nothing about the section is refused.
+ModelConfig read_model_config(const std::filesystem::path& dir, std::vector<format::CheckpointProblem>* problems);
+
+// read_model_config, refusing a quantization section with a problem or one this loader cannot read (FP8, group 32),
+// and unless with_generation is false dir/generation_config.json (load_generation_config).
 ModelConfig load_model_config(const std::filesystem::path& dir, bool with_generation = true);
 
 // The architectures parse_model_config accepts.

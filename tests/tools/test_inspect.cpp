@@ -372,6 +372,26 @@ TEST(Inspect, ConfigTheModelRefusesIsAProblem) {
       << f.problems.back().message;
 }
 
+// A quantization section the loader refuses is named once, by format::Checkpoint: the loader's refusal repeated its
+// first problem with a source location inside inspect's own list (the formats.md example: hf_quant_config.json no
+// longer excludes lm_head).
+TEST(Inspect, RefusedQuantizationSectionIsNamedOnce) {
+  TempDir tmp("inspect_quant_refused");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), nullptr,
+                                   [](const std::string& file, nlohmann::ordered_json& j) {
+                                     if (file == "hf_quant_config.json")
+                                       j["quantization"]["exclude_modules"] = {"model.layers.*.mlp.gate"};
+                                   });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  const std::string text = inspect_text(c, f);
+  ASSERT_EQ(f.problems.size(), 2u) << text;
+  EXPECT_NE(f.problems[0].message.find("exclusion lists disagree"), std::string::npos) << text;
+  EXPECT_EQ(f.problems[1].module, "lm_head") << text;
+  EXPECT_EQ(text.find("the model loader refuses it"), std::string::npos) << text;
+  EXPECT_EQ(text.find(".cpp:"), std::string::npos) << text;
+}
+
 // A checkpoint whose Linears are stored otherwise than its quantization section says (the section dropped from an
 // NVFP4 checkpoint, or an NVFP4 section beside BF16 weights): inspect lists each as a problem, the model loader
 // reads each as stored and warns once with the count and the first (the same rule, QuantConfig::disagreement).
