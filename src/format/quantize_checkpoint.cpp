@@ -112,6 +112,8 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
     if (m.kind == ModuleKind::kEmbedding || exclusions.is_excluded(m.name)) continue;
     (m.in_features % kNvfp4BlockSize == 0 ? out : bad).push_back(&m);
   }
+  FP4MOE_CHECK(!out.empty() || !bad.empty())
+      << "quantize: the exclusion patterns leave no Linear to quantize in " << in.dir().string();
   if (bad.empty()) return out;
   std::string pattern;
   for (size_t i = 0; i < bad[0]->name.size(); ++i) {
@@ -317,7 +319,6 @@ void check_quantize_paths(const Checkpoint& in, const fs::path& out_dir) {
 
 QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir, const QuantizeOptions& options) {
   check_quantize_paths(in, out_dir);
-  const fs::path& in_dir = in.dir();
 
   QuantizeReport report;
   const QuantConfig exclusions = exclusion_config(options.exclude, in);
@@ -334,8 +335,6 @@ QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir
   }
   for (const LinearModule& m : in.modules())
     if (m.kind != ModuleKind::kEmbedding && exclusions.is_excluded(m.name)) ++report.n_kept;
-  FP4MOE_CHECK(report.n_quantized > 0)
-      << "quantize: the exclusion patterns leave no Linear to quantize in " << in_dir.string();
 
   // weight_scale_2 per group: max over members of amax / 2688 (== amax(group) / 2688).
   std::map<std::string, float> group_scale;

@@ -176,6 +176,14 @@ TEST(QuantizeCli, RefusesBeforeCalibrating) {
   EXPECT_NE(out.find("--exclude: is empty: give a value or leave the option out"), std::string::npos) << out;
   EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q2"));
+  // Patterns that exclude every Linear: refused before calibrating (it was refused after the calibration pass).
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --exclude '*' " +
+                                     golden("glm4_moe_tiny").string() + " " + (tmp.path() / "q3").string(),
+                                 &out),
+            1);
+  EXPECT_NE(out.find("quantize: the exclusion patterns leave no Linear to quantize in"), std::string::npos) << out;
+  EXPECT_EQ(out.find("calibrated"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q3"));
 }
 
 TEST(QuantizeCli, BadPromptsAreNamed) {
