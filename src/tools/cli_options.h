@@ -1,11 +1,16 @@
-// Command-line checks several subcommands share. Tested by tests/model/test_generate_cli.cpp (--seed).
+// Command-line checks several subcommands share. Tested by tests/model/test_generate_cli.cpp (--seed, the sampling
+// flags) and tests/tools/test_bench_serving.cpp.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <string>
+
+#include "core/error.h"
+#include "engine/sampler.h"
 
 namespace fp4moe::tools {
 
@@ -21,6 +26,20 @@ inline CLI::Validator unsigned_64() {
         return {};
       },
       "");  // the option's own type name (UINT) stays in --help
+}
+
+// Sampling flags checked as the server checks a request's fields (engine::SamplingParams::validate: one definition of
+// the ranges), before any model is loaded or server asked, and named as flags: "--top-p 2 must be in (0, 1]" where
+// validate says "top_p 2 ...".
+inline void check_sampling_flags(const engine::SamplingParams& sp) {
+  try {
+    sp.validate(INT32_MAX);  // no token ids among the flags
+  } catch (const engine::FieldError& e) {
+    std::string flag = "--" + e.field(), message = e.what();
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (message.rfind(e.field(), 0) == 0) message = flag + message.substr(e.field().size());
+    FP4MOE_FAIL() << message;
+  }
 }
 
 }  // namespace fp4moe::tools

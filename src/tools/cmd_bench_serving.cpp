@@ -75,6 +75,15 @@ struct BenchArgs {
   int64_t top_k = -1;
 };
 
+// The requests' sampling flags as the server reads them (seeded per request when sampled).
+engine::SamplingParams sampling_of(const BenchArgs& a) {
+  engine::SamplingParams sp;
+  sp.temperature = a.temperature;
+  sp.top_p = a.top_p;
+  sp.top_k = a.top_k;
+  return sp;
+}
+
 struct Prompt {
   json body_prompt;  // {"input_ids": [...]} or {"text": "..."}
   int64_t output_len = 0;
@@ -123,6 +132,27 @@ void check_prompt_budget(int64_t groups, int64_t per_group, int64_t tokens_each,
       << kMaxPromptTokens << " prompt tokens, the most one run builds before its first request";
 }
 
+// The prompt flags' values, checked before the server is asked anything.
+void check_prompt_flags(const BenchArgs& a) {
+  if (!a.dataset.empty()) return;  // its prompts are read before the server is asked too
+  if (a.dataset_name == "generated-shared-prefix") {
+    FP4MOE_CHECK(a.gsp_groups >= 1 && a.gsp_prompts_per_group >= 1 && a.gsp_system_prompt_len >= 0 &&
+                 a.gsp_question_len >= 1 && a.gsp_output_len >= 1)
+        << "--gsp-num-groups " << a.gsp_groups << ", --gsp-prompts-per-group " << a.gsp_prompts_per_group
+        << ", --gsp-question-len " << a.gsp_question_len << " and --gsp-output-len " << a.gsp_output_len
+        << " must be >= 1, --gsp-system-prompt-len " << a.gsp_system_prompt_len << " >= 0";
+    check_prompt_budget(a.gsp_groups, a.gsp_prompts_per_group, a.gsp_system_prompt_len + a.gsp_question_len,
+                        "--gsp-num-groups x --gsp-prompts-per-group", "--gsp-system-prompt-len + --gsp-question-len");
+    return;
+  }
+  FP4MOE_CHECK(a.dataset_name == "random")
+      << "--dataset-name \"" << a.dataset_name << "\" is not one of: random, generated-shared-prefix";
+  FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
+      << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
+  check_prompt_budget(a.num_prompts, 1, a.input_len, "--num-prompts", "--input-len");
+}
+
+// The run's prompts (check_prompt_flags first); vocab: the server's, for the generated ones' token ids.
 std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   std::vector<Prompt> out;
   std::mt19937_64 rng(a.seed);
@@ -160,13 +190,6 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   }
   std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
   if (a.dataset_name == "generated-shared-prefix") {
-    FP4MOE_CHECK(a.gsp_groups >= 1 && a.gsp_prompts_per_group >= 1 && a.gsp_system_prompt_len >= 0 &&
-                 a.gsp_question_len >= 1 && a.gsp_output_len >= 1)
-        << "--gsp-num-groups " << a.gsp_groups << ", --gsp-prompts-per-group " << a.gsp_prompts_per_group
-        << ", --gsp-question-len " << a.gsp_question_len << " and --gsp-output-len " << a.gsp_output_len
-        << " must be >= 1, --gsp-system-prompt-len " << a.gsp_system_prompt_len << " >= 0";
-    check_prompt_budget(a.gsp_groups, a.gsp_prompts_per_group, a.gsp_system_prompt_len + a.gsp_question_len,
-                        "--gsp-num-groups x --gsp-prompts-per-group", "--gsp-system-prompt-len + --gsp-question-len");
     for (int64_t g = 0; g < a.gsp_groups; ++g) {
       std::vector<int64_t> system(static_cast<size_t>(a.gsp_system_prompt_len));
       for (auto& t : system) t = tok(rng);
@@ -179,11 +202,6 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
     std::shuffle(out.begin(), out.end(), rng);  // groups interleave, as requests would arrive
     return out;
   }
-  FP4MOE_CHECK(a.dataset_name == "random")
-      << "--dataset-name \"" << a.dataset_name << "\" is not one of: random, generated-shared-prefix";
-  FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
-      << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
-  check_prompt_budget(a.num_prompts, 1, a.input_len, "--num-prompts", "--input-len");
   for (int64_t i = 0; i < a.num_prompts; ++i) {
     std::vector<int64_t> ids(static_cast<size_t>(len_in(a.input_len)));
     for (auto& t : ids) t = tok(rng);
@@ -302,6 +320,22 @@ json summary_json(const BenchArgs& a, const Summary& s) {
   stats("tpot", s.tpot_ms);
   stats("itl", s.itl_ms);
   if (!s.first_error.empty()) j["first_error"] = s.first_error;
+  // What the run asked for (sglang.bench_serving's names), so that a line of --output-file says how it was made.
+  if (a.dataset.empty() && a.dataset_name == "random") {
+    j["random_input_len"] = a.input_len;
+    j["random_output_len"] = a.output_len;
+    j["random_range_ratio"] = a.range_ratio;
+  } else if (a.dataset.empty()) {
+    j["gsp_num_groups"] = a.gsp_groups;
+    j["gsp_prompts_per_group"] = a.gsp_prompts_per_group;
+    j["gsp_system_prompt_len"] = a.gsp_system_prompt_len;
+    j["gsp_question_len"] = a.gsp_question_len;
+    j["gsp_output_len"] = a.gsp_output_len;
+  }
+  j["seed"] = a.seed;
+  j["sampling"] = a.temperature > 0.0
+                      ? json{{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}}
+                      : json{{"temperature", 0.0}};
   return j;
 }
 
@@ -411,9 +445,16 @@ void run_bench(const BenchArgs& a) {
       << "--num-prompts " << a.num_prompts << " must be in [1, " << kMaxPrompts << "]";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
-  // A path that cannot be written fails before the run, not after it.
+  check_sampling_flags(sampling_of(a));
+  check_prompt_flags(a);
+  const std::vector<int64_t> levels = a.max_concurrency.empty()
+                                          ? std::vector<int64_t>{}  // every prompt at once: known once they are made
+                                          : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
+  // A path that cannot be written fails before the run, not after it; so does a dataset that cannot be read.
   if (!a.output_file.empty()) check_writable_file(a.output_file, "--output-file");
   if (!a.plot.empty()) check_writable_file(a.plot, "--plot");
+  std::vector<Prompt> prompts;
+  if (!a.dataset.empty()) prompts = make_prompts(a, 0);
 
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);
@@ -431,16 +472,13 @@ void run_bench(const BenchArgs& a) {
         << a.url << "/get_server_info: vocab_size is " << (v.is_null() ? std::string("missing") : v.dump())
         << ", expected a positive integer (the random prompts draw token ids below it)";
     vocab = v.get<int64_t>();
+    prompts = make_prompts(a, vocab);
   }
-  const auto prompts = make_prompts(a, vocab);
-  const std::vector<int64_t> levels = a.max_concurrency.empty()
-                                          ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())}
-                                          : tune::parse_positive_list(a.max_concurrency, "--max-concurrency");
   // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
   // before it (the same prompts) cached; --no-flush-cache keeps what is there.
   const bool flush = a.flush_cache && !server_info.value("disable_radix_cache", true);
   std::vector<json> runs;
-  for (int64_t c : levels) {
+  for (int64_t c : levels.empty() ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())} : levels) {
     if (flush) {
       auto r = client.post("/flush_cache", "");
       FP4MOE_CHECK(r.status == 200) << a.url << "/flush_cache answered " << r.status << " " << r.error << " "

@@ -113,9 +113,14 @@ void run_generate(const GenerateArgs& a) {
   FP4MOE_CHECK(a.prompt_ids.empty() != a.prompt_text.empty()) << "give exactly one of --prompt-ids and --prompt";
   FP4MOE_CHECK(a.max_new_tokens >= 1) << "--max-new-tokens " << a.max_new_tokens << " must be >= 1";
   FP4MOE_CHECK(!(a.greedy && a.temperature)) << "--greedy and --temperature exclude each other";
-  FP4MOE_CHECK(a.top_p > 0.0 && a.top_p <= 1.0) << "--top-p " << a.top_p << " must be in (0, 1]";
   const bool greedy = !a.temperature || *a.temperature == 0.0;
-  FP4MOE_CHECK(greedy || *a.temperature > 0.0) << "--temperature " << *a.temperature << " must be >= 0";
+  engine::SamplingParams sp;
+  sp.temperature = greedy ? 0.0 : *a.temperature;
+  sp.top_k = a.top_k;
+  sp.top_p = a.top_p;
+  sp.min_p = a.min_p;
+  sp.max_new_tokens = a.max_new_tokens;
+  check_sampling_flags(sp);  // as the server checks them, before the model loads
   const std::filesystem::path dir = a.model_dir;
   if (!a.dump_logits.empty()) {
     // Before the run: a path that cannot be written, or one of the model's own files (it would be replaced).
@@ -158,13 +163,6 @@ void run_generate(const GenerateArgs& a) {
 
   const bool dump = !a.dump_logits.empty();
   std::vector<float> dumped;  // [positions, V]
-  engine::SamplingParams sp;
-  sp.temperature = greedy ? 0.0 : *a.temperature;
-  sp.top_k = a.top_k;
-  sp.top_p = a.top_p;
-  sp.min_p = a.min_p;
-  sp.max_new_tokens = a.max_new_tokens;
-  sp.validate(V);
   engine::Sampler sampler(sp, V, a.seed);
   auto choose = [&](const float* logits) {
     if (greedy) return static_cast<int32_t>(model::argmax(logits, V));

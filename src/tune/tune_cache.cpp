@@ -101,7 +101,7 @@ std::vector<int64_t> parse_positive_list(std::string_view text, std::string_view
   const std::vector<std::string_view> tokens = split_commas(text);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::optional<int64_t> v = parse_positive(tokens[i]);
-    FP4MOE_CHECK(v.has_value()) << option << " '" << text << "': token " << i + 1 << " '" << tokens[i]
+    FP4MOE_CHECK(v.has_value()) << option << " '" << text << "': entry " << i + 1 << " '" << tokens[i]
                                 << "' is not a positive integer";
     out.push_back(*v);
   }
@@ -113,9 +113,9 @@ std::vector<int64_t> parse_bucket_list(std::string_view text) {
   const std::vector<std::string_view> tokens = split_commas(text);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::optional<int64_t> v = parse_positive(tokens[i]);
-    FP4MOE_CHECK(v.has_value()) << "--tokens '" << text << "': token " << i + 1 << " '" << tokens[i]
+    FP4MOE_CHECK(v.has_value()) << "--tokens '" << text << "': entry " << i + 1 << " '" << tokens[i]
                                 << "' is not a positive integer";
-    FP4MOE_CHECK(is_bucket(*v)) << "--tokens '" << text << "': token " << i + 1 << " '" << tokens[i]
+    FP4MOE_CHECK(is_bucket(*v)) << "--tokens '" << text << "': entry " << i + 1 << " '" << tokens[i]
                                 << "' is not a token-count bucket (tokens per expert; buckets: " << bucket_list_string()
                                 << ")";
     if (std::find(out.begin(), out.end(), *v) == out.end()) out.push_back(*v);
@@ -132,7 +132,7 @@ std::vector<GemmShape> parse_shape_list(std::string_view text) {
   std::vector<int64_t> values;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::optional<int64_t> v = parse_positive(tokens[i]);
-    FP4MOE_CHECK(v.has_value()) << "--shape '" << text << "': token " << i + 1 << " '" << tokens[i]
+    FP4MOE_CHECK(v.has_value()) << "--shape '" << text << "': entry " << i + 1 << " '" << tokens[i]
                                 << "' is not a positive integer (expected E,N,K[,E,N,K...])";
     values.push_back(*v);
   }
@@ -142,8 +142,8 @@ std::vector<GemmShape> parse_shape_list(std::string_view text) {
   for (size_t i = 0; i < values.size(); i += 3) {
     const GemmShape s{values[i], values[i + 1], values[i + 2]};
     const std::string n_refusal = plan::w4a16_n_refusal(s.n), k_refusal = plan::w4a16_k_refusal(s.k);
-    FP4MOE_CHECK(n_refusal.empty()) << "--shape '" << text << "': token " << i + 2 << " " << n_refusal;
-    FP4MOE_CHECK(k_refusal.empty()) << "--shape '" << text << "': token " << i + 3 << " " << k_refusal;
+    FP4MOE_CHECK(n_refusal.empty()) << "--shape '" << text << "': entry " << i + 2 << " " << n_refusal;
+    FP4MOE_CHECK(k_refusal.empty()) << "--shape '" << text << "': entry " << i + 3 << " " << k_refusal;
     out.push_back(s);
   }
   return out;

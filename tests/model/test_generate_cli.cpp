@@ -151,6 +151,18 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
   r = run(model + " --prompt-ids 1 --greedy --temperature 0.5");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("--greedy and --temperature exclude each other"), std::string::npos) << r.out;
+  // The sampling flags as the server checks them, named as flags, before the model loads (nan was "must be >= 0";
+  // 150 and the others named SamplingParams' fields).
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--temperature nan", "--temperature nan must be in [0, 100] (0 = greedy)"},
+           {"--temperature 150", "--temperature 150 must be in [0, 100]"},
+           {"--temperature 0.5 --top-k -5", "--top-k -5 must be -1 (off), 0 (off) or >= 1"},
+           {"--temperature 0.5 --min-p 2", "--min-p 2 must be in [0, 1]"},
+           {"--top-p 0", "--top-p 0 must be in (0, 1]"}}) {
+    r = run(model + " --prompt-ids 1 " + flags);
+    EXPECT_EQ(r.rc, 1) << flags;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
+  }
   r = run(model + " --prompt-ids 1 --load-format fast");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("load format \"fast\""), std::string::npos) << r.out;

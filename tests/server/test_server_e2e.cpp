@@ -1793,6 +1793,18 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
                                             out.string() + " --plot " + svg.string(),
                                         &text);
   ASSERT_EQ(rc, 0) << text;
+  {
+    // Each --output-file line says how its run was made.
+    std::ifstream f(out);
+    std::string line;
+    ASSERT_TRUE(std::getline(f, line));
+    const json run = json::parse(line);
+    EXPECT_EQ(run["random_input_len"], 24);
+    EXPECT_EQ(run["random_output_len"], 6);
+    EXPECT_EQ(run["random_range_ratio"], 1.0);
+    EXPECT_EQ(run["seed"], 1);
+    EXPECT_EQ(run["sampling"], json({{"temperature", 0.0}}));
+  }
   for (const char* k : {"Serving Benchmark Result", "Successful requests:", "Request throughput (req/s):",
                         "Input token throughput (tok/s):", "Output token throughput (tok/s):", "Mean TTFT (ms):",
                         "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):", "P99 ITL (ms):", "Median ITL (ms):"}) {
@@ -1917,6 +1929,23 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url(), &text);
   EXPECT_EQ(rc, 1) << text;
   EXPECT_NE(text.find("/get_server_info: could not connect to 127.0.0.1:"), std::string::npos) << text;
+  // Every flag's value is checked before the server is asked (with none listening, these said only "could not
+  // connect"); the sampling flags as the server checks them (a bad one failed every request, nan was sent as null).
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-concurrency 0", "--max-concurrency '0': entry 1 '0' is not a positive integer"},
+           {"--input-len -5", "--input-len -5 and --output-len 32 must be >= 1"},
+           {"--dataset /nonexistent/prompts.jsonl", "cannot open /nonexistent/prompts.jsonl"},
+           {"--dataset-name generated-shared-prefix --gsp-num-groups 0", "--gsp-num-groups 0, "},
+           {"--temperature -1", "--temperature -1 must be in [0, 100] (0 = greedy)"},
+           {"--temperature nan", "--temperature nan must be in [0, 100]"},
+           {"--temperature 0.5 --top-p 0", "--top-p 0 must be in (0, 1]"},
+           {"--temperature 0.5 --top-k -3", "--top-k -3 must be -1 (off), 0 (off) or >= 1"}}) {
+    rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " " + flags,
+                                      &text);
+    EXPECT_EQ(rc, 1) << flags << ": " << text;
+    EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
+    EXPECT_EQ(text.find("could not connect"), std::string::npos) << flags << ": " << text;
+  }
 }
 
 }  // namespace

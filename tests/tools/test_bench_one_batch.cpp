@@ -90,7 +90,7 @@ TEST(BenchOneBatch, HashOfABatchSizeIgnoresTheOtherRuns) {
 TEST(BenchOneBatch, BadInputNamesTheOption) {
   std::string out;
   EXPECT_NE(run("--batch-size 2,x", &out), 0);
-  EXPECT_NE(out.find("--batch-size '2,x': token 2 'x' is not a positive integer"), std::string::npos) << out;
+  EXPECT_NE(out.find("--batch-size '2,x': entry 2 'x' is not a positive integer"), std::string::npos) << out;
   EXPECT_NE(run("--input-len 9000 --output-len 16", &out), 0);
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
   EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);

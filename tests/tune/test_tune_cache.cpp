@@ -83,29 +83,29 @@ TEST(TokenBucket, NextPowerOfTwoCappedAt512) {
 TEST(Parsing, BucketListNamesTheBadToken) {
   EXPECT_EQ(parse_bucket_list("1,2,8,8,512"), (std::vector<int64_t>{1, 2, 8, 512}));
   EXPECT_HAS(error_of([] { parse_bucket_list("1,3"); }),
-            "--tokens '1,3': token 2 '3' is not a token-count bucket (tokens per expert; buckets: "
+            "--tokens '1,3': entry 2 '3' is not a token-count bucket (tokens per expert; buckets: "
             "1,2,4,8,16,32,64,128,256,512)");
-  EXPECT_HAS(error_of([] { parse_bucket_list("1,,2"); }), "--tokens '1,,2': token 2 '' is not a positive integer");
+  EXPECT_HAS(error_of([] { parse_bucket_list("1,,2"); }), "--tokens '1,,2': entry 2 '' is not a positive integer");
   EXPECT_HAS(error_of([] { parse_positive_list("4,-1", "--tokens"); }),
-            "--tokens '4,-1': token 2 '-1' is not a positive integer");
+            "--tokens '4,-1': entry 2 '-1' is not a positive integer");
 }
 
-TEST(Parsing, ShapeListNamesTheBadToken) {
+TEST(Parsing, ShapeListNamesTheBadEntry) {
   const std::vector<GemmShape> s = parse_shape_list("32,4096,6144, 32,6144,2048");
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0], kGateUp);
   EXPECT_EQ(s[1], kDown);
   EXPECT_EQ(s[1].to_string(), "E=32,N=6144,K=2048");
   EXPECT_HAS(error_of([] { parse_shape_list("32,40x96,6144"); }),
-            "--shape '32,40x96,6144': token 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
+            "--shape '32,40x96,6144': entry 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096"); }),
             "--shape '32,4096': 2 numbers is not a multiple of 3 (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096,6144,1,4100,64"); }),
-             "--shape '32,4096,6144,1,4100,64': token 5 N=4100 must be a positive multiple of 8 (16 B output stores; N "
+             "--shape '32,4096,6144,1,4100,64': entry 5 N=4100 must be a positive multiple of 8 (16 B output stores; N "
              "% 8 = 4)");
   EXPECT_HAS(error_of([] { parse_shape_list("1,64,100"); }),
-             "--shape '1,64,100': token 3 K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)");
-  EXPECT_NE(error_of([] { parse_shape_list("0,64,64"); }).find("token 1 '0'"), std::string::npos);
+             "--shape '1,64,100': entry 3 K=100 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 4)");
+  EXPECT_NE(error_of([] { parse_shape_list("0,64,64"); }).find("entry 1 '0'"), std::string::npos);
   EXPECT_NE(error_of([] { check_shape({1, 64, 72}, "cfg down"); }).find("cfg down: K=72"), std::string::npos);
 }
 
