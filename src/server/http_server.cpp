@@ -345,22 +345,7 @@ class RequestHandler {
         tmpl = server_->chat_template_;
       }
       if (!tmpl) throw bad_request("messages", "the served model has no chat template; use /v1/completions");
-      std::string rendered;
-      try {
-        engine::ChatTemplate::RenderOptions ro;
-        ro.add_generation_prompt = req.add_generation_prompt;
-        ro.extra = req.chat_template_kwargs;
-        if (!req.tools.is_null()) ro.tools = req.tools;
-        if (tmpl->iterates_content()) {
-          rendered = tmpl->render(*req.messages, ro);
-        } else {
-          nlohmann::ordered_json messages = *req.messages;
-          flatten_text_parts(&messages);
-          rendered = tmpl->render(messages, ro);
-        }
-      } catch (const fp4moe::Error& e) {
-        throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
-      }
+      const std::string rendered = render_chat(*tmpl, req);
       prompts.push_back(tok.encode(rendered, {.add_special_tokens = false, .parse_special = true}));
       fields.push_back("messages");
     }

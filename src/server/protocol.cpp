@@ -345,6 +345,8 @@ void check_content_parts(const json& parts, const std::string& at) {
 
 }  // namespace
 
+namespace {
+
 void flatten_text_parts(nlohmann::ordered_json* messages) {
   if (!messages->is_array()) return;
   for (auto& msg : *messages) {
@@ -360,6 +362,26 @@ void flatten_text_parts(nlohmann::ordered_json* messages) {
       first = false;
     }
     msg["content"] = std::move(text);
+  }
+}
+
+}  // namespace
+
+std::string render_chat(const engine::ChatTemplate& tmpl, const ParsedRequest& req) {
+  FP4MOE_CHECK(req.messages.has_value()) << "render_chat: not a chat request";
+  try {
+    engine::ChatTemplate::RenderOptions ro;
+    ro.add_generation_prompt = req.add_generation_prompt;
+    ro.extra = req.chat_template_kwargs;
+    if (!req.tools.is_null()) ro.tools = req.tools;
+    if (tmpl.iterates_content()) return tmpl.render(*req.messages, ro);
+    nlohmann::ordered_json messages = *req.messages;
+    flatten_text_parts(&messages);
+    return tmpl.render(messages, ro);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const fp4moe::Error& e) {
+    throw bad_request("messages", std::string("the chat template rejected the messages: ") + e.what());
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/chat_template.h"
 #include "engine/constraint.h"
 #include "engine/engine.h"
 #include "server/reasoning.h"
@@ -190,10 +191,12 @@ nlohmann::json usage_chunk(const ParsedRequest& req, const ResponseContext& ctx,
 
 nlohmann::json usage_json(const engine::Usage& u);
 
-// A chat message's list of text parts as one string, the parts' texts joined by "\n" (vLLM's "string"
-// content format), for a chat template that prints `content` instead of iterating its parts
-// (engine::ChatTemplate::iterates_content). parse_request has refused every other kind of part.
-void flatten_text_parts(nlohmann::ordered_json* messages);
+// A chat request's prompt text: its messages (as parse_request checked them) through the template, with its tools,
+// chat_template_kwargs and add_generation_prompt. For a template that prints `content` instead of iterating its parts
+// (engine::ChatTemplate::iterates_content) a message's list of text parts is one string, the parts' texts joined by
+// "\n" (vLLM's "string" content format). Throws ApiError (param messages) when the template rejects them. The
+// server and `fp4moe tokenize --chat` render with it.
+std::string render_chat(const engine::ChatTemplate& tmpl, const ParsedRequest& req);
 
 // JSON text that never throws on invalid UTF-8 (it is replaced by U+FFFD).
 std::string dump_json(const nlohmann::json& j);

@@ -27,6 +27,7 @@
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_text.h"
+#include "server/protocol.h"
 #include "tools/commands.h"
 
 namespace fp4moe::tools {
@@ -153,18 +154,19 @@ void run_tokenize(const TokenizeOptions& o) {
   }
 
   if (!o.chat.empty()) {
-    nlohmann::ordered_json messages = format::parse_json_text<nlohmann::ordered_json>(read_file(o.chat), o.chat);
-    // Either a bare list of messages or an OpenAI request body {"messages": [...], "tools": [...]}.
-    engine::ChatTemplate::RenderOptions render_options;
-    render_options.add_generation_prompt = !o.no_generation_prompt;
-    if (messages.is_object()) {
-      FP4MOE_CHECK(messages.contains("messages")) << o.chat << ": an object needs a \"messages\" list";
-      if (messages.contains("tools")) render_options.tools = messages["tools"];
-      if (messages.contains("chat_template_kwargs")) render_options.extra = messages["chat_template_kwargs"];
-      messages = nlohmann::ordered_json(messages["messages"]);
+    // Either a bare list of messages or an OpenAI request body {"messages": [...], "tools": [...]}: checked and
+    // rendered as the server's /v1/chat/completions checks and renders it (a message without a role rendered as
+    // nothing here while the server refused it).
+    nlohmann::json body = format::parse_json_text(read_file(o.chat), o.chat);
+    if (!body.is_object()) body = nlohmann::json{{"messages", std::move(body)}};
+    if (o.no_generation_prompt) body["add_generation_prompt"] = false;
+    std::string rendered;
+    try {
+      rendered = server::render_chat(engine::ChatTemplate::load(o.tokenizer_dir),
+                                     server::parse_request(server::Endpoint::kChat, body));
+    } catch (const server::ApiError& e) {
+      FP4MOE_FAIL() << o.chat << ": " << e.message;
     }
-    const engine::ChatTemplate tmpl = engine::ChatTemplate::load(o.tokenizer_dir);
-    const std::string rendered = tmpl.render(messages, render_options);
     const std::vector<engine::TokenId> ids = tok.encode(rendered, encode_options);
     if (o.json) {
       nlohmann::ordered_json out = {{"rendered", rendered}};

@@ -240,13 +240,15 @@ TEST(ServerProtocol, ChatContentParts) {
   auto chat = [](json content) { return json{{"messages", {{{"role", "user"}, {"content", std::move(content)}}}}}; };
   const ParsedRequest r =
       parse_request(Endpoint::kChat, chat({{{"type", "text"}, {"text", "hi"}}, {{"type", "text"}, {"text", "there"}}}));
-  nlohmann::ordered_json messages = *r.messages;
-  EXPECT_TRUE(messages[0]["content"].is_array());
-  flatten_text_parts(&messages);
-  EXPECT_EQ(messages[0]["content"], "hi\nthere");
-  nlohmann::ordered_json plain = nlohmann::ordered_json::parse(R"([{"role":"user","content":"a"},{"role":"x"}])");
-  flatten_text_parts(&plain);
-  EXPECT_EQ(plain.dump(), R"([{"role":"user","content":"a"},{"role":"x"}])");
+  EXPECT_TRUE((*r.messages)[0]["content"].is_array());
+  // A template that prints content gets the parts joined; one that iterates them gets the list.
+  const fp4moe::engine::ChatTemplate prints("{% for m in messages %}[{{ m.content }}]{% endfor %}", {});
+  EXPECT_FALSE(prints.iterates_content());
+  EXPECT_EQ(render_chat(prints, r), "[hi\nthere]");
+  const fp4moe::engine::ChatTemplate iterates(
+      "{% for m in messages %}{% for p in m.content %}<{{ p.text }}>{% endfor %}{% endfor %}", {});
+  EXPECT_TRUE(iterates.iterates_content());
+  EXPECT_EQ(render_chat(iterates, r), "<hi><there>");
 
   expect_bad(Endpoint::kChat, chat({{{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}}}),
              "messages[0].content[0].type", "text only");

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -49,10 +52,25 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
                     ("fp4moe_chat_" + std::to_string(std::random_device{}()) + ".json");
   std::ofstream(path) << cases["chat"]["messages"].dump();
   ASSERT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --json"), &out), 0) << out;
-  std::filesystem::remove(path);
   const nlohmann::json chat = nlohmann::json::parse(out);
   EXPECT_EQ(chat["rendered"], cases["chat"]["rendered"]);
   EXPECT_EQ(chat["ids"], cases["chat"]["ids"]);
+  // The same messages as a request body render the same.
+  std::ofstream(path) << nlohmann::json{{"messages", cases["chat"]["messages"]}}.dump();
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --json"), &out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], cases["chat"]["rendered"]);
+  // Messages the server's /v1/chat/completions refuses are refused, naming the message (they rendered as nothing but
+  // the generation prompt, exit 0).
+  for (const auto& [messages, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"([{"content": "hi"}])", "messages[0].role must be a string"},
+           {"[1, 2]", "messages[0] must be an object, got 1"},
+           {"[]", "messages must be a non-empty list"},
+           {R"([{"role": "user"}])", "messages[0].content is required for a user message"}}) {
+    std::ofstream(path) << messages;
+    EXPECT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string()), &out), 1) << messages << ": " << out;
+    EXPECT_NE(out.find(path.string() + ": " + message), std::string::npos) << messages << ": " << out;
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(CmdTokenize, ErrorsCarryNumbers) {
