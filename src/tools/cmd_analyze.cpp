@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -26,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "engine/default_model.h"
 #include "model/presets.h"
 #include "model/config.h"
@@ -47,13 +49,6 @@ struct AnalyzeArgs {
   bool json_out = false;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  FP4MOE_CHECK(f.good()) << "--metrics " << path << ": cannot open the file";
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 void run_analyze(AnalyzeArgs a) {
   FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
@@ -85,10 +80,16 @@ void run_analyze(AnalyzeArgs a) {
       }
     }
   } else {
-    text = read_text(a.metrics_file);
+    text = read_file(a.metrics_file);  // a directory, a missing file: named as such
   }
 
   const PromText metrics = parse_prometheus_text(text);
+  // (An empty file, or another exporter's page, was "names no model (no fp4moe:model_info line)".)
+  const bool ours = std::any_of(metrics.samples.begin(), metrics.samples.end(),
+                                [](const PromSample& s) { return s.name.rfind("fp4moe:", 0) == 0; });
+  FP4MOE_CHECK(ours)
+      << (a.url.empty() ? "--metrics " + a.metrics_file : a.url + "/metrics")
+      << " holds no fp4moe: series (an empty file, or not a saved fp4moe /metrics page)";
   // A server still loading its model serves /metrics without the MoE series yet: say that, not which series lacks.
   for (const PromSample* s : metrics.find("fp4moe:is_ready")) {
     // (A server shutting down also reads 0, with its steps counted: those metrics are analyzed.)

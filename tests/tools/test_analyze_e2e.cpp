@@ -151,7 +151,14 @@ TEST(AnalyzeE2E, BadInputIsNamed) {
   EXPECT_NE(run("", &out), 0);
   EXPECT_NE(out.find("give exactly one of --metrics FILE and --url"), std::string::npos) << out;
   EXPECT_NE(run("--metrics /nonexistent/metrics.txt", &out), 0);
-  EXPECT_NE(out.find("--metrics /nonexistent/metrics.txt: cannot open the file"), std::string::npos) << out;
+  EXPECT_NE(out.find("cannot open /nonexistent/metrics.txt: No such file or directory"), std::string::npos) << out;
+  // A directory and a file without fp4moe series say so (they read "names no model (no fp4moe:model_info line)").
+  EXPECT_NE(run("--metrics " + std::filesystem::temp_directory_path().string(), &out), 0);
+  EXPECT_NE(out.find(std::filesystem::temp_directory_path().string() + " is a directory, not a file"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(run("--metrics /dev/null", &out), 0);
+  EXPECT_NE(out.find("--metrics /dev/null holds no fp4moe: series"), std::string::npos) << out;
   const std::string path = (std::filesystem::temp_directory_path() / "fp4moe_analyze_bad.txt").string();
   { std::ofstream(path) << "# TYPE x counter\nx{a=\"1\" 2\n"; }
   EXPECT_NE(run("--metrics " + path, &out), 0);
