@@ -86,6 +86,7 @@ struct Choices {
     const auto it = std::find(ids.begin(), ids.end(), out.id);
     if (it == ids.end()) return -1;
     const auto i = static_cast<size_t>(it - ids.begin());
+    drop_generated(req, out);
     if (!started[i] && i < echo.size()) apply_echo(req, echo[i], out);
     started[i] = true;
     accs[i].add(out);

@@ -161,10 +161,11 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
 // budget max_tokens / max_completion_tokens; SGLang max_new_tokens).
 void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   engine::SamplingParams& s = r->sampling;
-  // At least one token: a request is a generation (SGLang's prefill-only max_new_tokens 0 is not served).
+  // At least one token: a request is a generation (SGLang's prefill-only max_new_tokens 0 is not served), but for
+  // /v1/completions' echo without generation (max_tokens 0 with echo: checked once echo is read).
   if (openai) {
     auto mt = f.integer("max_completion_tokens", 1, kMaxTokensLimit);
-    if (!mt) mt = f.integer("max_tokens", 1, kMaxTokensLimit);
+    if (!mt) mt = f.integer("max_tokens", r->endpoint == Endpoint::kCompletions ? 0 : 1, kMaxTokensLimit);
     r->max_new_tokens = mt;
   } else {
     r->max_new_tokens = f.integer("max_new_tokens", 1, kMaxTokensLimit);
@@ -453,6 +454,14 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
         r.top_logprobs = *v;
       }
       if (auto v = top.boolean("echo")) r.echo = *v;
+      if (r.max_new_tokens == 0) {
+        if (!r.echo)
+          throw bad_request("max_tokens", "max_tokens = 0 generates nothing: it is for echo: true (the prompt and its "
+                                          "logprobs alone); otherwise give max_tokens in [1, " +
+                                              std::to_string(kMaxTokensLimit) + "]");
+        r.echo_only = true;
+        r.max_new_tokens = 1;
+      }
       if (auto v = top.string("suffix"); v && !v->empty())
         throw bad_request("suffix", "suffix (insertion) is not supported, got " + show(json(*v)));
       break;
@@ -651,6 +660,19 @@ void Accumulated::add(const engine::RequestOutput& out) {
   tokens.insert(tokens.end(), out.tokens.begin(), out.tokens.end());
   text += out.text;
   if (out.finished) finish = out.finished;
+}
+
+void drop_generated(const ParsedRequest& req, engine::RequestOutput& event) {
+  if (!req.echo_only) return;
+  event.tokens.clear();
+  event.text.clear();
+  if (event.finished && event.finished->reason != engine::FinishReason::kError &&
+      event.finished->reason != engine::FinishReason::kAbort) {
+    event.finished->reason = engine::FinishReason::kLength;
+    event.finished->matched_stop_str.reset();
+    event.finished->matched_stop_token.reset();
+    event.finished->usage.completion_tokens = 0;
+  }
 }
 
 void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event) {

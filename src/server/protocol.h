@@ -63,6 +63,10 @@ struct ParsedRequest {
   // start with the prompt tokens' (the first one null), as OpenAI / vLLM reply; lm-eval's
   // loglikelihood requests (echo, logprobs 1, max_tokens 1) read them. See apply_echo.
   bool echo = false;
+  // `echo` with max_tokens 0 (vLLM's echo without generation, for scoring clients): the reply is the prompt and its
+  // logprobs alone, completion_tokens 0, finish_reason "length". The engine runs it as max_tokens 1 (its prefill
+  // gives the prompt logprobs) and drop_generated() takes that token out of every event.
+  bool echo_only = false;
   // /generate (SGLang): with return_logprob, meta_info.input_token_logprobs (and input_top_logprobs)
   // from this prompt position on; nullopt / -1: none.
   std::optional<int64_t> logprob_start_len;
@@ -129,6 +133,9 @@ struct Accumulated {
 // `echo` on a choice's first event: its text starts with the prompt's text and, when the request
 // asked for logprobs, its tokens with the prompt's entries (out.prompt_logprobs, the first one
 // without a logprob, written null), so that the stream and the whole body both carry them in front.
+// For an echo_only request: the event without what was generated (tokens, text), its finish a "length" with no
+// completion tokens.
+void drop_generated(const ParsedRequest& req, engine::RequestOutput& event);
 void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event);
 
 struct ResponseContext {

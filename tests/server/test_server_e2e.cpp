@@ -1063,6 +1063,29 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
   EXPECT_EQ(ij["choices"][0]["text"].get<std::string>().rfind("The quick", 0), 0u) << ri.body;
   const json& ilp = ij["choices"][0]["logprobs"]["token_logprobs"];
   ASSERT_EQ(ilp.size(), ids.size() + 2);
+  // max_tokens 0 with echo (vLLM's echo without generation): the prompt and its logprobs alone, the same logprobs,
+  // streamed or not; without echo a 400 naming max_tokens.
+  const json only = {{"prompt", ids}, {"max_tokens", 0}, {"logprobs", 0}, {"echo", true}};
+  auto ro = c.post("/v1/completions", only.dump());
+  ASSERT_EQ(ro.status, 200) << ro.body;
+  const json oj = parse(ro.body);
+  EXPECT_EQ(oj["choices"][0]["text"], "The quick") << ro.body;
+  EXPECT_EQ(oj["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(oj["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(oj["usage"]["prompt_tokens"], ids.size());
+  const json& olp = oj["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(olp.size(), ids.size());
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_NEAR(olp[i].get<double>(), ilp[i].get<double>(), 1e-6) << i;
+  json only_streamed = only;
+  only_streamed["stream"] = true;
+  std::string streamed_text;
+  auto rs = c.post_sse("/v1/completions", only_streamed.dump(), [&](std::string_view data) {
+    if (data != "[DONE]") streamed_text += parse(std::string(data))["choices"][0]["text"].get<std::string>();
+    return true;
+  });
+  ASSERT_EQ(rs.status, 200) << rs.body;
+  EXPECT_EQ(streamed_text, "The quick");
+  expect_error(c.post("/v1/completions", json{{"prompt", ids}, {"max_tokens", 0}}.dump()), 400, "max_tokens");
   auto g = c.post("/generate", json{{"input_ids", ids},
                                     {"sampling_params", {{"max_new_tokens", 2}, {"temperature", 0}}},
                                     {"return_logprob", true},
