@@ -416,6 +416,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       if (auto v = top.integer("top_logprobs_num", 0, kMaxTopLogprobs)) r.top_logprobs = *v;
       if (auto v = top.integer("logprob_start_len", -1, std::numeric_limits<int32_t>::max()); v && *v >= 0)
         r.logprob_start_len = *v;
+      if (auto v = top.boolean("return_text_in_logprobs")) r.return_text_in_logprobs = *v;
       break;
     }
     case Endpoint::kCompletions: {
@@ -808,11 +809,14 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   }
   if (req.return_logprob) {
     // SGLang: [[logprob, token_id, token_text_or_null], ...]; top: one list per position.
+    const auto text_of = [&](engine::TokenId id) {
+      return req.return_text_in_logprobs ? json(token_text(ctx, id)) : json(nullptr);
+    };
     json lp = json::array(), top = json::array();
     for (const auto& t : acc.tokens) {
-      lp.push_back(json::array({t.logprob, t.id, nullptr}));
+      lp.push_back(json::array({t.logprob, t.id, text_of(t.id)}));
       json row = json::array();
-      for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, nullptr}));
+      for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, text_of(e.id)}));
       top.push_back(row);
     }
     meta["output_token_logprobs"] = lp;
@@ -823,9 +827,9 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
       for (size_t i = static_cast<size_t>(*req.logprob_start_len); i < acc.prompt_logprobs.size(); ++i) {
         const engine::GeneratedToken& t = acc.prompt_logprobs[i];
         const bool none = std::isnan(t.logprob);
-        in_lp.push_back(json::array({none ? json(nullptr) : json(t.logprob), t.id, nullptr}));
+        in_lp.push_back(json::array({none ? json(nullptr) : json(t.logprob), t.id, text_of(t.id)}));
         json row = json::array();
-        for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, nullptr}));
+        for (const auto& e : t.top_logprobs) row.push_back(json::array({e.logprob, e.id, text_of(e.id)}));
         in_top.push_back(none ? json(nullptr) : row);
       }
       meta["input_token_logprobs"] = in_lp;

@@ -70,6 +70,8 @@ struct ParsedRequest {
   // /generate (SGLang): with return_logprob, meta_info.input_token_logprobs (and input_top_logprobs)
   // from this prompt position on; nullopt / -1: none.
   std::optional<int64_t> logprob_start_len;
+  // /generate (SGLang): the logprob tuples' third element is the token's text instead of null.
+  bool return_text_in_logprobs = false;
   // OpenAI `n`: choices per request, each its own engine request (with a seed, choice i samples with
   // seed + i, so the choices differ and the request reproduces). /generate takes n = 1 only.
   int64_t n = 1;

@@ -1102,7 +1102,25 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
     if (i == 0) continue;
     EXPECT_NEAR(meta["input_token_logprobs"][i][0].get<double>(), ilp[i].get<double>(), 1e-5) << i;
     EXPECT_EQ(meta["input_top_logprobs"][i].size(), 2u);
+    EXPECT_TRUE(meta["input_token_logprobs"][i][2].is_null());  // the text only when asked for
   }
+  // SGLang's return_text_in_logprobs: each tuple's third element is its token's text.
+  auto gt = c.post("/generate", json{{"input_ids", ids},
+                                     {"sampling_params", {{"max_new_tokens", 2}, {"temperature", 0}}},
+                                     {"return_logprob", true},
+                                     {"logprob_start_len", 0},
+                                     {"top_logprobs_num", 1},
+                                     {"return_text_in_logprobs", true}}
+                                    .dump());
+  ASSERT_EQ(gt.status, 200) << gt.body;
+  const json gtj = parse(gt.body);
+  const json& tmeta = gtj["meta_info"];
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(tmeta["input_token_logprobs"][i][2], std::string(1, static_cast<char>(ids[i]))) << i;
+  std::string output_text;
+  for (const json& t : tmeta["output_token_logprobs"]) output_text += t[2].get<std::string>();
+  EXPECT_EQ(output_text, gtj["text"]) << gt.body;
+  EXPECT_TRUE(tmeta["output_top_logprobs"][0][0][2].is_string()) << gt.body;
   auto g2 = c.post("/generate", json{{"input_ids", ids},
                                      {"sampling_params", {{"max_new_tokens", 1}}},
                                      {"return_logprob", true},
