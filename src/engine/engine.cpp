@@ -60,17 +60,19 @@ const char* to_string(RejectKind k) {
 }
 
 void EngineOptions::validate() const {
-  FP4MOE_CHECK(max_running_requests >= 1) << "max_running_requests " << max_running_requests << " must be >= 1";
-  FP4MOE_CHECK(page_size >= 1) << "page_size " << page_size << " must be >= 1";
-  FP4MOE_CHECK(max_total_tokens >= page_size) << "max_total_tokens " << max_total_tokens
-                                              << " must hold at least one page of " << page_size << " tokens";
-  FP4MOE_CHECK(max_prefill_tokens >= 1) << "max_prefill_tokens " << max_prefill_tokens << " must be >= 1";
-  FP4MOE_CHECK(num_continuous_decode_steps >= 1)
-      << "num_continuous_decode_steps " << num_continuous_decode_steps << " must be >= 1";
-  FP4MOE_CHECK(max_queued_requests >= 1) << "max_queued_requests " << max_queued_requests << " must be >= 1";
-  FP4MOE_CHECK(context_length >= 0) << "context_length " << context_length << " must be >= 0 (0 = the model's)";
-  FP4MOE_CHECK(max_prompt_logits_bytes >= 1)
-      << "max_prompt_logits_bytes " << max_prompt_logits_bytes << " must be >= 1";
+  // FieldError: the field leads its message, so a command can name its flag instead (tools::with_flag_names).
+  auto at_least = [](int64_t v, int64_t lo, const char* field, const std::string& more = "") {
+    if (v < lo) throw FieldError(field, std::string(field) + " " + std::to_string(v) + " must be >= " +
+                                            std::to_string(lo) + more);
+  };
+  at_least(max_running_requests, 1, "max_running_requests");
+  at_least(page_size, 1, "page_size");
+  at_least(max_total_tokens, page_size, "max_total_tokens", " (one KV page)");
+  at_least(max_prefill_tokens, 1, "max_prefill_tokens");
+  at_least(num_continuous_decode_steps, 1, "num_continuous_decode_steps");
+  at_least(max_queued_requests, 1, "max_queued_requests");
+  at_least(context_length, 0, "context_length", " (0 = the model's)");
+  at_least(max_prompt_logits_bytes, 1, "max_prompt_logits_bytes");
 }
 
 Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}

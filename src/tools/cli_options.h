@@ -28,18 +28,24 @@ inline CLI::Validator unsigned_64() {
       "");  // the option's own type name (UINT) stays in --help
 }
 
-// Sampling flags checked as the server checks a request's fields (engine::SamplingParams::validate: one definition of
-// the ranges), before any model is loaded or server asked, and named as flags: "--top-p 2 must be in (0, 1]" where
-// validate says "top_p 2 ...".
-inline void check_sampling_flags(const engine::SamplingParams& sp) {
+// Runs a validate() whose engine::FieldError names a field its flag is spelled after (top_p: --top-p), naming the
+// flag instead: "--top-p 2 must be in (0, 1]" where validate says "top_p 2 ...".
+template <class Check>
+void with_flag_names(Check&& check) {
   try {
-    sp.validate(INT32_MAX);  // no token ids among the flags
+    check();
   } catch (const engine::FieldError& e) {
     std::string flag = "--" + e.field(), message = e.what();
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (message.rfind(e.field(), 0) == 0) message = flag + message.substr(e.field().size());
     FP4MOE_FAIL() << message;
   }
+}
+
+// Sampling flags checked as the server checks a request's fields (engine::SamplingParams::validate: one definition of
+// the ranges), before any model is loaded or server asked, and named as flags.
+inline void check_sampling_flags(const engine::SamplingParams& sp) {
+  with_flag_names([&] { sp.validate(INT32_MAX); });  // no token ids among the flags
 }
 
 }  // namespace fp4moe::tools

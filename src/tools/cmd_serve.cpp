@@ -19,6 +19,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
@@ -185,7 +186,9 @@ void run_serve(ServeArgs a) {
   model::parse_device(a.device.device);  // a bad value fails before the socket opens
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
-  a.engine.validate();
+  with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
+  FP4MOE_CHECK(std::isfinite(a.drain_timeout_s) && a.drain_timeout_s >= 0)
+      << "--drain-timeout " << a.drain_timeout_s << " must be >= 0 seconds";
   const server::ToolCallFormat* tool_calls = nullptr;
   if (!a.tool_call_parser.empty()) {
     tool_calls = server::find_tool_call_format(a.tool_call_parser);

@@ -1494,6 +1494,24 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
+// The engine's flags are checked before the model loads and named as flags (the messages named EngineOptions' fields:
+// "max_running_requests 0 must be >= 1"); --drain-timeout must be a time (-1 and nan were taken).
+TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-running-requests 0", "--max-running-requests 0 must be >= 1"},
+           {"--page-size 0", "--page-size 0 must be >= 1"},
+           {"--max-total-tokens 8", "--max-total-tokens 8 must be >= 16 (one KV page)"},
+           {"--num-continuous-decode-steps 0", "--num-continuous-decode-steps 0 must be >= 1"},
+           {"--context-length -1", "--context-length -1 must be >= 0 (0 = the model's)"},
+           {"--drain-timeout -1", "--drain-timeout -1 must be >= 0 seconds"},
+           {"--drain-timeout nan", "--drain-timeout nan must be >= 0 seconds"}}) {
+    std::string text;
+    EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 1)
+        << flags << ": " << text;
+    EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
+  }
+}
+
 // --reasoning-parser glm45: chat replies split into reasoning_content and content, streamed and not,
 // agreeing with the parser applied to the same reply unsplit (separate_reasoning: false); an unknown
 // parser name stops the server before it listens, naming the known ones.
