@@ -1119,7 +1119,7 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
     EXPECT_EQ(tmeta["input_token_logprobs"][i][2], std::string(1, static_cast<char>(ids[i]))) << i;
   std::string output_text;
   for (const json& t : tmeta["output_token_logprobs"]) output_text += t[2].get<std::string>();
-  EXPECT_EQ(output_text, gtj["text"]) << gt.body;
+  EXPECT_EQ(output_text, gtj["text"].get<std::string>()) << gt.body;
   EXPECT_TRUE(tmeta["output_top_logprobs"][0][0][2].is_string()) << gt.body;
   auto g2 = c.post("/generate", json{{"input_ids", ids},
                                      {"sampling_params", {{"max_new_tokens", 1}}},
