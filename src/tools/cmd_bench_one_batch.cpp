@@ -221,6 +221,9 @@ void run_bench(const BenchArgs& a) {
 #ifndef FP4MOE_HAVE_CUDA
   FP4MOE_CHECK(!a.profile_decode) << "--profile-decode: this fp4moe was built without CUDA";
 #endif
+  // (It was ignored on the cpu, whose model has one path for NVFP4 weights: the run looked like a BF16 measurement.)
+  FP4MOE_CHECK(!a.bf16_peer || a.device.device == "cuda")
+      << "--bf16-peer runs the GPU model's 16-bit cuBLAS path: it needs --device cuda (not " << a.device.device << ")";
   const std::vector<int64_t> sizes = tune::parse_positive_list(a.batch_sizes, "--batch-size");
   const int64_t max_b = *std::max_element(sizes.begin(), sizes.end());
   const int64_t prefill_chunk = a.max_prefill_tokens == -1 ? max_b * a.input_len : a.max_prefill_tokens;

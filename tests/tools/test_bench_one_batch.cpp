@@ -101,6 +101,10 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
             std::string::npos)
       << out;
+  EXPECT_NE(run("--bf16-peer", &out), 0);  // the GPU model's cuBLAS path: ignored on the cpu before
+  EXPECT_NE(out.find("--bf16-peer runs the GPU model's 16-bit cuBLAS path: it needs --device cuda (not cpu)"),
+            std::string::npos)
+      << out;
   // A batch past the machine's memory is refused before it is allocated (it grew to 6 GB, then bad_alloc).
   EXPECT_EQ(run("--batch-size 100000000 --input-len 4 --output-len 1", &out), 1);
   EXPECT_NE(out.find("--batch-size 100000000 x 5 tokens need ~"), std::string::npos) << out;

@@ -74,6 +74,9 @@ TEST(DeviceOption, CudaGraphFlagsParseAndNegativeMaxBsFails) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--cuda-graph-max-bs -1 must be >= 0"), std::string::npos) << e.what();
   }
+  // On the cpu too (which does not read them): a bad value was taken there and refused only with --device cuda.
+  EXPECT_THROW(apply_device_option(on("cpu", -3), 100, 200, 16, o), Error);
+  EXPECT_THROW(apply_device_option(on("cpu", 8, false, 0), 100, 200, 16, o), Error);
 }
 
 }  // namespace
