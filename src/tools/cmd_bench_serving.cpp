@@ -528,10 +528,11 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--gsp-system-prompt-len", a->gsp_system_prompt_len, "Shared tokens per group (default 2048)");
   cmd->add_option("--gsp-question-len", a->gsp_question_len, "Own tokens per prompt (default 128)");
   cmd->add_option("--gsp-output-len", a->gsp_output_len, "Tokens to generate per prompt (default 256)");
-  cmd->add_flag_callback(
+  CLI::Option* keep = cmd->add_flag_callback(
       "--no-flush-cache", [a] { a->flush_cache = false; },
       "Keep the server's prefix cache between runs (default: POST /flush_cache before each run)");
-  cmd->add_flag("--flush-cache", a->flush_cache, "Flush the server's prefix cache before each run (the default)");
+  cmd->add_flag("--flush-cache", a->flush_cache, "Flush the server's prefix cache before each run (the default)")
+      ->excludes(keep);
   cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)")->check(unsigned_64());
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");

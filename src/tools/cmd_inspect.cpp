@@ -431,9 +431,10 @@ void register_inspect_command(CLI::App& app) {
   cmd->add_flag("--check-scales", args->check_scales,
                 "also read every NVFP4 block scale (an eighth of the weight bytes) and report NaN or negative ones, "
                 "which the load refuses");
-  cmd->add_flag("--demo", args->demo,
-                "build a tiny deterministic NVFP4 GLM-style checkpoint in a temp dir and inspect it");
-  cmd->add_option("--demo-dir", args->demo_dir, "with --demo: write the demo checkpoints here and keep them");
+  CLI::Option* demo = cmd->add_flag(
+      "--demo", args->demo, "build a tiny deterministic NVFP4 GLM-style checkpoint in a temp dir and inspect it");
+  cmd->add_option("--demo-dir", args->demo_dir, "with --demo: write the demo checkpoints here and keep them")
+      ->needs(demo);
   cmd->callback([args] { run_inspect(*args); });
 }
 

@@ -230,13 +230,18 @@ void register_plan_command(CLI::App& app) {
   cmd->add_option("--tokens", args->tokens, "token counts (batch sizes) to plan for, e.g. 1,16,64,512,4096");
   cmd->add_option("--cutlass", args->cutlass, "CUTLASS rules: b46b16d (>= 4.4.2, default), pre-carveout, 4.2.0");
   cmd->add_flag("--json", args->json_out, "print JSON (schema fp4moe.plan.v1, or fp4moe.decode.v1 with --decode)");
-  cmd->add_flag("--emit-blocklist", args->blocklist, "print FlashInfer tactic indices that fail on the GPU");
-  cmd->add_flag("--decode", args->decode, "decode economics instead of tiles");
-  cmd->add_option("--ep", args->ep, "expert-parallel degree for --decode (default 8)");
-  cmd->add_option("--concurrency", args->concurrency, "running requests for --decode (default 1,16,64,256,1024)");
-  cmd->add_option("--target-util", args->target_util, "utilization target for --decode (default 0.5)");
+  CLI::Option* blocklist =
+      cmd->add_flag("--emit-blocklist", args->blocklist, "print FlashInfer tactic indices that fail on the GPU");
+  CLI::Option* decode = cmd->add_flag("--decode", args->decode, "decode economics instead of tiles");
+  decode->excludes(blocklist);
+  // The decode options without --decode were ignored: a usage error (exit 2) naming the flag it needs.
+  cmd->add_option("--ep", args->ep, "expert-parallel degree for --decode (default 8)")->needs(decode);
+  cmd->add_option("--concurrency", args->concurrency, "running requests for --decode (default 1,16,64,256,1024)")
+      ->needs(decode);
+  cmd->add_option("--target-util", args->target_util, "utilization target for --decode (default 0.5)")->needs(decode);
   cmd->add_option("--routing", args->routing,
-                  "FILE: a JSON array of per-expert token counts for --decode (default uniform routing)");
+                  "FILE: a JSON array of per-expert token counts for --decode (default uniform routing)")
+      ->needs(decode);
   cmd->add_flag("--no-runtime", args->no_runtime, "ignore the local GPU, use the table only");
   cmd->add_flag("--layouts", args->layouts, "also print every candidate's SMEM region table (offset, bytes, alignment)");
   cmd->callback([args] { run_plan(*args); });

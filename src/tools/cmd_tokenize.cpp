@@ -149,6 +149,7 @@ void run_tokenize(const TokenizeOptions& o) {
       fmt::print("{}\n", out.dump(2));
     } else {
       fmt::print("{}\n", text);
+      if (o.show_count) fmt::print("Total number of tokens: {}\n", ids.size());  // (it was ignored here)
     }
     return;
   }

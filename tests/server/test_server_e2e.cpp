@@ -2005,6 +2005,10 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
     EXPECT_EQ(text.find("could not connect"), std::string::npos) << flags << ": " << text;
   }
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --flush-cache --no-flush-cache", &text);
+  EXPECT_EQ(rc, 2) << text;  // both were taken (the last one won)
+  EXPECT_NE(text.find("--no-flush-cache excludes --flush-cache"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "plan/plan_report.h"
 #include "testing/testing.h"
@@ -148,6 +150,17 @@ TEST(CmdPlan, ModelPreset) {
   const CliRun past = run_plan("--gpu h200 --decode --model glm5-shard --concurrency 16,16777217");
   EXPECT_EQ(past.status, 1) << past.out;
   EXPECT_NE(past.out.find("--concurrency 16777217 is past 16777216 running requests"), std::string::npos) << past.out;
+  // The decode options without --decode, and --emit-blocklist with it, were ignored: usage errors.
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--ep 4", "--ep requires --decode"},
+           {"--concurrency 16", "--concurrency requires --decode"},
+           {"--target-util 0.3", "--target-util requires --decode"},
+           {"--routing r.json", "--routing requires --decode"},
+           {"--decode --emit-blocklist", "--emit-blocklist excludes --decode"}}) {
+    const CliRun r = run_plan("--gpu h200 --model glm5-shard " + args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << ": " << r.out;
+  }
 }
 
 TEST(CmdPlan, ModelDirErrorsNameTheField) {

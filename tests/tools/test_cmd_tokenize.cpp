@@ -47,6 +47,8 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
 
   ASSERT_EQ(testing::run_command(tokenize_cmd("--decode 7,210,83,84 --skip-special-tokens"), &out), 0) << out;
   EXPECT_EQ(out, "\nhi\n");
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--decode 7,210,83,84 --skip-special-tokens --show-count"), &out), 0);
+  EXPECT_EQ(out, "\nhi\nTotal number of tokens: 4\n");  // --show-count was ignored with --decode
 
   const auto path = std::filesystem::temp_directory_path() /
                     ("fp4moe_chat_" + std::to_string(std::random_device{}()) + ".json");

@@ -540,6 +540,10 @@ TEST(Inspect, CliEndToEnd) {
   EXPECT_NE(out.find("model.layers.0.self_attn.v_proj: NVFP4 weight has no .weight_scale_2"),
             std::string::npos)
       << out;
+  EXPECT_EQ(testing::run_command(cli + " inspect --demo-dir /tmp/fp4moe_demo_unused " + golden("glm5_tiny").string(), &out),
+            2)
+      << out;  // it was ignored without --demo
+  EXPECT_NE(out.find("--demo-dir requires --demo"), std::string::npos) << out;
   EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);
   EXPECT_NE(out.find("/nonexistent/dir does not exist"), std::string::npos) << out;
   const std::string file = (golden("glm4_moe_tiny") / "config.json").string();
