@@ -62,8 +62,9 @@ const char* to_string(RejectKind k) {
 void EngineOptions::validate() const {
   // FieldError: the field leads its message, so a command can name its flag instead (tools::with_flag_names).
   auto at_least = [](int64_t v, int64_t lo, const char* field, const std::string& more = "") {
-    if (v < lo) throw FieldError(field, std::string(field) + " " + std::to_string(v) + " must be >= " +
-                                            std::to_string(lo) + more);
+    if (v < lo)
+      throw FieldError(field,
+                       std::string(field) + " " + std::to_string(v) + " must be >= " + std::to_string(lo) + more);
   };
   at_least(max_running_requests, 1, "max_running_requests");
   at_least(page_size, 1, "page_size");

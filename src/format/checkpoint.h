@@ -178,7 +178,7 @@ class Checkpoint {
   // Parameters, counting each NVFP4 weight as N*K elements (2 per stored byte) and leaving out
   // the quantization scales, so a checkpoint and its NVFP4 version have the same count.
   int64_t n_parameters() const;
-  KindSummary linear_summary() const;  // kind_summary()'s counts over the Linears (embeddings excluded)
+  KindSummary linear_summary() const;              // kind_summary()'s counts over the Linears (embeddings excluded)
   int64_t n_experts_on_disk(int64_t layer) const;  // distinct routed expert indices in a layer
 
  private:

@@ -313,8 +313,8 @@ void check_quantize_paths(const Checkpoint& in, const fs::path& out_dir) {
   in.require_valid();
   const int64_t n_nvfp4 = in.linear_summary().n_nvfp4;
   FP4MOE_CHECK(n_nvfp4 == 0 && !in.quant().present)
-      << "quantize: " << in_dir.string() << " is already quantized (" << n_nvfp4 << " NVFP4 modules, quant config from '"
-      << in.quant().source << "')";
+      << "quantize: " << in_dir.string() << " is already quantized (" << n_nvfp4
+      << " NVFP4 modules, quant config from '" << in.quant().source << "')";
 }
 
 QuantizeReport quantize_checkpoint(const Checkpoint& in, const fs::path& out_dir, const QuantizeOptions& options) {

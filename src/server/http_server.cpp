@@ -881,7 +881,8 @@ void HttpServer::install_routes() {
     // httplib refuses a form-encoded one past 8 KiB with a 413 before any handler runs, and `curl -d` sends JSON
     // with that type: the type is dropped here, before the body is read. (The request object httplib passes is
     // its own non-const one.)
-    if (form_encoded(req.get_header_value("Content-Type"))) const_cast<httplib::Request&>(req).headers.erase("Content-Type");
+    if (form_encoded(req.get_header_value("Content-Type")))
+      const_cast<httplib::Request&>(req).headers.erase("Content-Type");
     const bool exempt = req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics";
     if (!options_.api_key.empty() && !exempt && !bearer_matches(req, options_.api_key)) {
       ApiError e;

@@ -457,9 +457,10 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       if (auto v = top.boolean("echo")) r.echo = *v;
       if (r.max_new_tokens == 0) {
         if (!r.echo)
-          throw bad_request("max_tokens", "max_tokens = 0 generates nothing: it is for echo: true (the prompt and its "
-                                          "logprobs alone); otherwise give max_tokens in [1, " +
-                                              std::to_string(kMaxTokensLimit) + "]");
+          throw bad_request("max_tokens",
+                            "max_tokens = 0 generates nothing: it is for echo: true (the prompt and its "
+                            "logprobs alone); otherwise give max_tokens in [1, " +
+                                std::to_string(kMaxTokensLimit) + "]");
         r.echo_only = true;
         r.max_new_tokens = 1;
       }

@@ -49,7 +49,6 @@ struct AnalyzeArgs {
   bool json_out = false;
 };
 
-
 void run_analyze(AnalyzeArgs a) {
   FP4MOE_CHECK(a.metrics_file.empty() != a.url.empty())
       << "give exactly one of --metrics FILE and --url http://host:port (got "
@@ -87,9 +86,8 @@ void run_analyze(AnalyzeArgs a) {
   // (An empty file, or another exporter's page, was "names no model (no fp4moe:model_info line)".)
   const bool ours = std::any_of(metrics.samples.begin(), metrics.samples.end(),
                                 [](const PromSample& s) { return s.name.rfind("fp4moe:", 0) == 0; });
-  FP4MOE_CHECK(ours)
-      << (a.url.empty() ? "--metrics " + a.metrics_file : a.url + "/metrics")
-      << " holds no fp4moe: series (an empty file, or not a saved fp4moe /metrics page)";
+  FP4MOE_CHECK(ours) << (a.url.empty() ? "--metrics " + a.metrics_file : a.url + "/metrics")
+                     << " holds no fp4moe: series (an empty file, or not a saved fp4moe /metrics page)";
   // A server still loading its model serves /metrics without the MoE series yet: say that, not which series lacks.
   for (const PromSample* s : metrics.find("fp4moe:is_ready")) {
     // (A server shutting down also reads 0, with its steps counted: those metrics are analyzed.)

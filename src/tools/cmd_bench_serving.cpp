@@ -333,9 +333,8 @@ json summary_json(const BenchArgs& a, const Summary& s) {
     j["gsp_output_len"] = a.gsp_output_len;
   }
   j["seed"] = a.seed;
-  j["sampling"] = a.temperature > 0.0
-                      ? json{{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}}
-                      : json{{"temperature", 0.0}};
+  j["sampling"] = a.temperature > 0.0 ? json{{"temperature", a.temperature}, {"top_p", a.top_p}, {"top_k", a.top_k}}
+                                      : json{{"temperature", 0.0}};
   return j;
 }
 

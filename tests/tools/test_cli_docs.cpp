@@ -19,9 +19,8 @@ namespace {
 
 std::string help_of(const std::string& command) {
   std::string out;
-  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " " + command + (command.empty() ? "" : " ") + "--help",
-                                 &out),
-            0)
+  EXPECT_EQ(
+      testing::run_command(std::string(FP4MOE_CLI) + " " + command + (command.empty() ? "" : " ") + "--help", &out), 0)
       << command << ": " << out;
   while (!out.empty() && out.back() == '\n') out.pop_back();  // CLI11 ends with a blank line; the block does not
   out += '\n';

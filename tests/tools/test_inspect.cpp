@@ -170,7 +170,7 @@ TEST(Inspect, Fp8CheckpointIsSummarized) {
       << t;
   EXPECT_EQ(t.find("quant_algo '' is not supported"), std::string::npos) << t;
   EXPECT_LT(f.problems.size(), 5u) << t;  // one line a module before
-  const auto j = inspect_json(c);  // the JSON counts as the table does
+  const auto j = inspect_json(c);         // the JSON counts as the table does
   EXPECT_EQ(j["modules"]["linear_bf16"], 3);
   EXPECT_EQ(j["modules"]["linear_other"], n_fp8);
   EXPECT_FALSE(c.find_module("model.layers.1.mlp.experts.3.up_proj")->ok);
@@ -540,8 +540,9 @@ TEST(Inspect, CliEndToEnd) {
   EXPECT_NE(out.find("model.layers.0.self_attn.v_proj: NVFP4 weight has no .weight_scale_2"),
             std::string::npos)
       << out;
-  EXPECT_EQ(testing::run_command(cli + " inspect --demo-dir /tmp/fp4moe_demo_unused " + golden("glm5_tiny").string(), &out),
-            2)
+  EXPECT_EQ(
+      testing::run_command(cli + " inspect --demo-dir /tmp/fp4moe_demo_unused " + golden("glm5_tiny").string(), &out),
+      2)
       << out;  // it was ignored without --demo
   EXPECT_NE(out.find("--demo-dir requires --demo"), std::string::npos) << out;
   EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);

@@ -59,14 +59,14 @@ std::string run(const std::string& args) {
 
 TEST(TuneCli, ShapeErrorsNameTheBadToken) {
   EXPECT_HAS(run("tune --shape 32,40x96,6144"),
-            "--shape '32,40x96,6144': entry 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
+             "--shape '32,40x96,6144': entry 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(run("tune --shape 32,4096,6144,32"),
             "--shape '32,4096,6144,32': 4 numbers is not a multiple of 3 (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(run("tune --shape 32,4096,6008"),
              "--shape '32,4096,6008': entry 3 K=6008 must be a positive multiple of 16 (one NVFP4 block; K % 16 = 8)");
   EXPECT_HAS(run("tune --shape 32,4096,6144 --tokens 1,2,3"),
-            "--tokens '1,2,3': entry 3 '3' is not a token-count bucket (tokens per expert; buckets: "
-            "1,2,4,8,16,32,64,128,256,512)");
+             "--tokens '1,2,3': entry 3 '3' is not a token-count bucket (tokens per expert; buckets: "
+             "1,2,4,8,16,32,64,128,256,512)");
   EXPECT_HAS(run("tune"), "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR|PRESET");
   EXPECT_HAS(run("tune --shape 1,64,64 --model /nonexistent"),
              "fp4moe tune: give exactly one of --shape E,N,K[,...] or --model DIR|PRESET");
@@ -149,7 +149,7 @@ TEST(TuneCli, UnwritableCachePathFailsFirst) {
 
 TEST(BenchGemmCli, OptionErrorsNameTheBadToken) {
   EXPECT_HAS(run("bench gemm --shape 32,4096,x"),
-            "--shape '32,4096,x': entry 3 'x' is not a positive integer (expected E,N,K[,E,N,K...])");
+             "--shape '32,4096,x': entry 3 'x' is not a positive integer (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(run("bench gemm --tokens 1,0"), "--tokens '1,0': entry 2 '0' is not a positive integer");
   EXPECT_HAS(run("bench gemm --routing uniform,skewed"),
             "fp4moe bench gemm: --routing 'uniform,skewed': unknown routing 'skewed' (uniform, zipf)");

@@ -83,11 +83,11 @@ TEST(TokenBucket, NextPowerOfTwoCappedAt512) {
 TEST(Parsing, BucketListNamesTheBadToken) {
   EXPECT_EQ(parse_bucket_list("1,2,8,8,512"), (std::vector<int64_t>{1, 2, 8, 512}));
   EXPECT_HAS(error_of([] { parse_bucket_list("1,3"); }),
-            "--tokens '1,3': entry 2 '3' is not a token-count bucket (tokens per expert; buckets: "
-            "1,2,4,8,16,32,64,128,256,512)");
+             "--tokens '1,3': entry 2 '3' is not a token-count bucket (tokens per expert; buckets: "
+             "1,2,4,8,16,32,64,128,256,512)");
   EXPECT_HAS(error_of([] { parse_bucket_list("1,,2"); }), "--tokens '1,,2': entry 2 '' is not a positive integer");
   EXPECT_HAS(error_of([] { parse_positive_list("4,-1", "--tokens"); }),
-            "--tokens '4,-1': entry 2 '-1' is not a positive integer");
+             "--tokens '4,-1': entry 2 '-1' is not a positive integer");
 }
 
 TEST(Parsing, ShapeListNamesTheBadEntry) {
@@ -97,7 +97,7 @@ TEST(Parsing, ShapeListNamesTheBadEntry) {
   EXPECT_EQ(s[1], kDown);
   EXPECT_EQ(s[1].to_string(), "E=32,N=6144,K=2048");
   EXPECT_HAS(error_of([] { parse_shape_list("32,40x96,6144"); }),
-            "--shape '32,40x96,6144': entry 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
+             "--shape '32,40x96,6144': entry 2 '40x96' is not a positive integer (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096"); }),
             "--shape '32,4096': 2 numbers is not a multiple of 3 (expected E,N,K[,E,N,K...])");
   EXPECT_HAS(error_of([] { parse_shape_list("32,4096,6144,1,4100,64"); }),
