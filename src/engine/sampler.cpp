@@ -40,8 +40,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
   need(std::isfinite(temperature) && temperature >= 0.0 && temperature <= kMaxTemperature, "temperature", [&] {
     return "temperature " + show(temperature) + " must be in [0, " + show(kMaxTemperature) + "] (0 = greedy)";
   });
-  need(top_k == -1 || top_k >= 0, "top_k",
-       [&] { return "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or >= 1"; });
+  need(top_k >= -1 && top_k <= INT32_MAX, "top_k",
+       [&] { return "top_k " + std::to_string(top_k) + " must be -1 (off), 0 (off) or in [1, 2^31)"; });
   need(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0, "top_p",
        [&] { return "top_p " + show(top_p) + " must be in (0, 1]"; });
   need(std::isfinite(min_p) && min_p >= 0.0 && min_p <= 1.0, "min_p",

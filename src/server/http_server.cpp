@@ -556,7 +556,7 @@ class RequestHandler {
       ResponseContext ctx;
       Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
-      std::vector<size_t> text_offsets;       // completions logprobs: characters of the choice's tokens sent so far
+      std::vector<TextOffset> text_offsets;   // completions logprobs: where each choice's text_offset stands
       std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
       bool finished = false;
       std::unique_ptr<ActiveGuard> active;
@@ -565,7 +565,7 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->first.assign(ids.size(), true);
-    st->text_offsets.assign(ids.size(), 0);
+    st->text_offsets.assign(ids.size(), TextOffset{});
     if (st->req.reasoning != nullptr || st->req.tool_calls != nullptr)
       st->parsers.assign(ids.size(), ChatChoiceStream::for_request(st->req));
     st->choices = Choices(std::move(ids), std::move(echo));
@@ -811,13 +811,13 @@ void HttpServer::count_error(int status) {
 
 namespace {
 
-// A Content-Type of application/x-www-form-urlencoded (parameters after ';' and the case of the type aside).
+// A Content-Type that starts with application/x-www-form-urlencoded, in any case (httplib caps a body whose type
+// starts with it exactly; this covers that and its other spellings).
 bool form_encoded(std::string_view content_type) {
-  const std::string_view type = content_type.substr(0, content_type.find(';'));
   constexpr std::string_view kForm = "application/x-www-form-urlencoded";
-  const size_t begin = type.find_first_not_of(" \t"), end = type.find_last_not_of(" \t");
-  if (begin == std::string_view::npos || end - begin + 1 != kForm.size()) return false;
-  return std::equal(kForm.begin(), kForm.end(), type.begin() + static_cast<std::ptrdiff_t>(begin),
+  const size_t begin = content_type.find_first_not_of(" \t");
+  if (begin == std::string_view::npos || content_type.size() - begin < kForm.size()) return false;
+  return std::equal(kForm.begin(), kForm.end(), content_type.begin() + static_cast<std::ptrdiff_t>(begin),
                     [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
 }
 

@@ -67,7 +67,7 @@ class Fields {
       if (v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) x = static_cast<int64_t>(v->get<uint64_t>());
     } else if (v->is_number_integer()) {
       x = v->get<int64_t>();
-    } else if (const double d = v->get<double>(); d >= -0x1p63 && d < 0x1p63) {
+    } else if (const double d = v->get<double>(); d > -0x1p63 && d < 0x1p63) {  // (a double at -2^63 may be below it)
       x = static_cast<int64_t>(d);
     }
     if (!x || *x < lo || *x > hi) {
@@ -461,6 +461,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
                             "max_tokens = 0 generates nothing: it is for echo: true (the prompt and its "
                             "logprobs alone); otherwise give max_tokens in [1, " +
                                 std::to_string(kMaxTokensLimit) + "]");
+        if (r.sampling.min_new_tokens > 0)
+          throw bad_request("min_tokens", "min_tokens = " + std::to_string(r.sampling.min_new_tokens) +
+                                              " > max_tokens = 0 (echo without generation)");
         r.echo_only = true;
         r.max_new_tokens = 1;
       }
@@ -754,13 +757,15 @@ json finish_json(const engine::Finish& f) {
 
 // OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}. As the OpenAI API
 // and vLLM, a position's top_logprobs always hold the token taken there (up to logprobs + 1 entries). text_offset
-// counts characters of the text (code points: each UTF-8 byte but a continuation byte; a token that starts inside a
-// character counts from the character after it); text_offset: the characters before the first of `tokens` (a
-// stream's earlier chunks); *end: those after the last.
-json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::GeneratedToken>& tokens,
-                         size_t text_offset, size_t* end = nullptr) {
+// counts characters of the text (TextOffset; a token that starts inside a character counts from the character after
+// it; a generated special token the text skips, skip_special_tokens, counts none); text_offset: where the first of
+// `tokens` starts (a stream's earlier chunks); *end: after the last. The first n_echoed tokens are the echoed
+// prompt's, whose text is the prompt as sent.
+json completion_logprobs(const ParsedRequest& req, const ResponseContext& ctx,
+                         const std::vector<engine::GeneratedToken>& tokens, size_t n_echoed, TextOffset text_offset,
+                         TextOffset* end = nullptr) {
   json tok = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-  size_t off = text_offset;
+  TextOffset off = text_offset;
   for (const auto& t : tokens) {
     tok.push_back(token_text(ctx, t.id));
     const bool none = std::isnan(t.logprob);  // an echoed prompt's first token: nothing precedes it
@@ -769,8 +774,20 @@ json completion_logprobs(const ResponseContext& ctx, const std::vector<engine::G
     for (const auto& e : t.top_logprobs) top[token_text(ctx, e.id)] = e.logprob;
     if (!none) top.emplace(token_text(ctx, t.id), t.logprob);  // no-op when it is among them
     tops.push_back(none ? json(nullptr) : top);
-    offs.push_back(off);
-    for (const char c : token_bytes(ctx, t.id)) off += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    offs.push_back(off.chars);
+    const bool skipped = static_cast<size_t>(&t - tokens.data()) >= n_echoed && req.sampling.skip_special_tokens &&
+                         ctx.tokenizer != nullptr && t.id >= 0 && t.id < ctx.tokenizer->vocab_size() &&
+                         ctx.tokenizer->is_special(t.id);
+    if (skipped) continue;
+    for (const char ch : token_bytes(ctx, t.id)) {
+      const auto c = static_cast<unsigned char>(ch);
+      if ((c & 0xC0) == 0x80 && off.pending > 0) {  // inside a character
+        --off.pending;
+        continue;
+      }
+      ++off.chars;  // a lead byte, or a stray continuation byte (one U+FFFD)
+      off.pending = c >= 0xF8 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;  // (0xF8-0xFF: no lead)
+    }
   }
   if (end != nullptr) *end = off;
   return {{"tokens", tok}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
@@ -868,7 +885,10 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
   for (size_t i = 0; i < choices.size(); ++i) {
     const Accumulated& acc = choices[i];
     json choice = {{"index", i}, {"text", acc.text}};
-    choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, acc.tokens, 0) : json(nullptr);
+    choice["logprobs"] =
+        req.return_logprob
+            ? completion_logprobs(req, ctx, acc.tokens, req.echo ? acc.prompt_logprobs.size() : 0, TextOffset{})
+            : json(nullptr);
     choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
     out.push_back(std::move(choice));
   }
@@ -916,10 +936,13 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
 }
 
 json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                      int64_t index, size_t* text_offset) {
+                      int64_t index, TextOffset* text_offset) {
   json choice = {{"index", index}, {"text", out.text}};
-  size_t start = text_offset != nullptr ? *text_offset : 0;
-  choice["logprobs"] = req.return_logprob ? completion_logprobs(ctx, out.tokens, start, text_offset) : json(nullptr);
+  const TextOffset start = text_offset != nullptr ? *text_offset : TextOffset{};
+  choice["logprobs"] =
+      req.return_logprob
+          ? completion_logprobs(req, ctx, out.tokens, req.echo ? out.prompt_logprobs.size() : 0, start, text_offset)
+          : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
   return openai_envelope(ctx, "text_completion", json::array({choice}));
 }

@@ -170,11 +170,19 @@ inline nlohmann::json chat_response(const ParsedRequest& req, const ResponseCont
 // The usage of a request's choices: ctx.prompt_tokens (each prompt once), the completion tokens of all.
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices);
 
+// Where completions logprobs' text_offset stands: characters of the text so far (code points, a stray UTF-8
+// continuation byte counting as the U+FFFD it is shown as) and the continuation bytes the last character still
+// expects (a token may end inside one).
+struct TextOffset {
+  size_t chars = 0;
+  int pending = 0;
+};
+
 // OpenAI streaming chunks for one engine event of choice `index` (its new tokens and text;
 // finish_reason on the choice's last). text_offset (a stream keeps one per choice): the logprobs' text_offset
 // counts on from it, as in the whole reply, and it is advanced past this chunk's tokens.
 nlohmann::json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engine::RequestOutput& out,
-                                int64_t index = 0, size_t* text_offset = nullptr);
+                                int64_t index = 0, TextOffset* text_offset = nullptr);
 // One chat choice's parsers (--reasoning-parser, --tool-call-parser), kept across a stream's events;
 // a whole reply is one take(text, true).
 struct ChatChoiceStream {

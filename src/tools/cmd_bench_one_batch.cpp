@@ -210,7 +210,7 @@ void check_cpu_memory(model::CausalLM& lm, int64_t batch, int64_t tokens_per_seq
 }
 
 void run_bench(const BenchArgs& a) {
-  model::parse_device(a.device.device);  // a bad value is named before the checks that depend on it
+  check_device_options(a.device);  // named before the checks that depend on it, with every model
   FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
   FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
   FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";

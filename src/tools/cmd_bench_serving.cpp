@@ -141,6 +141,9 @@ void check_prompt_flags(const BenchArgs& a) {
         << "--gsp-num-groups " << a.gsp_groups << ", --gsp-prompts-per-group " << a.gsp_prompts_per_group
         << ", --gsp-question-len " << a.gsp_question_len << " and --gsp-output-len " << a.gsp_output_len
         << " must be >= 1, --gsp-system-prompt-len " << a.gsp_system_prompt_len << " >= 0";
+    FP4MOE_CHECK(a.gsp_system_prompt_len <= kMaxPromptTokens && a.gsp_question_len <= kMaxPromptTokens)
+        << "--gsp-system-prompt-len " << a.gsp_system_prompt_len << " and --gsp-question-len " << a.gsp_question_len
+        << " must be <= " << kMaxPromptTokens << " tokens, the most one run builds";
     check_prompt_budget(a.gsp_groups, a.gsp_prompts_per_group, a.gsp_system_prompt_len + a.gsp_question_len,
                         "--gsp-num-groups x --gsp-prompts-per-group", "--gsp-system-prompt-len + --gsp-question-len");
     return;
@@ -219,7 +222,9 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   if (a.temperature > 0.0) {
     body["sampling_params"]["top_p"] = a.top_p;
     body["sampling_params"]["top_k"] = a.top_k;
-    body["sampling_params"]["seed"] = seed;
+    // As an int64 (the server takes any int64 and reads a negative one as its two's complement: the same draws);
+    // a uint64 past INT64_MAX was a 400 for every request.
+    body["sampling_params"]["seed"] = static_cast<int64_t>(seed);
   }
   body["stream"] = true;
   server::HttpClient client(url, timeout_s);

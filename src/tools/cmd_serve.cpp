@@ -183,12 +183,14 @@ nlohmann::json launch_args(const ServeArgs& a) {
 }
 
 void run_serve(ServeArgs a) {
-  model::parse_device(a.device.device);  // a bad value fails before the socket opens
+  check_device_options(a.device);  // a bad value fails before the socket opens, with every model
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
-  FP4MOE_CHECK(std::isfinite(a.drain_timeout_s) && a.drain_timeout_s >= 0)
-      << "--drain-timeout " << a.drain_timeout_s << " must be >= 0 seconds";
+  // Bounded: past ~9.2e9 s the deadline overflowed steady_clock and the drain ended at once.
+  constexpr double kMaxDrainS = 1e9;
+  FP4MOE_CHECK(a.drain_timeout_s >= 0 && a.drain_timeout_s <= kMaxDrainS)
+      << "--drain-timeout " << a.drain_timeout_s << " must be a time in [0, " << kMaxDrainS << "] seconds";
   const server::ToolCallFormat* tool_calls = nullptr;
   if (!a.tool_call_parser.empty()) {
     tool_calls = server::find_tool_call_format(a.tool_call_parser);

@@ -158,13 +158,15 @@ void run_tokenize(const TokenizeOptions& o) {
     // Either a bare list of messages or an OpenAI request body {"messages": [...], "tools": [...]}: checked and
     // rendered as the server's /v1/chat/completions checks and renders it (a message without a role rendered as
     // nothing here while the server refused it).
-    nlohmann::json body = format::parse_json_text(read_file(o.chat), o.chat);
+    const std::string text = read_file(o.chat);
+    nlohmann::json body = format::parse_json_text(text, o.chat);
     if (!body.is_object()) body = nlohmann::json{{"messages", std::move(body)}};
     if (o.no_generation_prompt) body["add_generation_prompt"] = false;
     std::string rendered;
     try {
-      rendered = server::render_chat(engine::ChatTemplate::load(o.tokenizer_dir),
-                                     server::parse_request(server::Endpoint::kChat, body));
+      server::ParsedRequest req = server::parse_request(server::Endpoint::kChat, body);
+      server::restore_key_order(req, text);  // tools in the file's key order, as the server renders them
+      rendered = server::render_chat(engine::ChatTemplate::load(o.tokenizer_dir), req);
     } catch (const server::ApiError& e) {
       FP4MOE_FAIL() << o.chat << ": " << e.message;
     }

@@ -30,7 +30,11 @@ struct DeviceArgs {
 // to `cmd`.
 void add_device_options(CLI::App& cmd, DeviceArgs& args);
 
-// Sets options.device from args.device (fails naming the value) and, for cuda, registers the GPU
+// Fails naming the option when --device is not a device or a cuda option's value is out of range: on every device
+// (the cpu does not read them) and with every model (the embedded default one included).
+void check_device_options(const DeviceArgs& args);
+
+// check_device_options, then sets options.device from args.device and, for cuda, registers the GPU
 // models and sizes them: max_tokens_per_step tokens in one forward, kv_tokens of KV cache in
 // blocks of page_size, CUDA graphs up to args.cuda_graph_max_bs sequences (fails naming a negative
 // value; 0 when disabled) and decode attention split-K parts of at least args.decode_split_min_keys keys.

@@ -156,7 +156,7 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--temperature nan", "--temperature nan must be in [0, 100] (0 = greedy)"},
            {"--temperature 150", "--temperature 150 must be in [0, 100]"},
-           {"--temperature 0.5 --top-k -5", "--top-k -5 must be -1 (off), 0 (off) or >= 1"},
+           {"--temperature 0.5 --top-k -5", "--top-k -5 must be -1 (off), 0 (off) or in [1, 2^31)"},
            {"--temperature 0.5 --min-p 2", "--min-p 2 must be in [0, 1]"},
            {"--top-p 0", "--top-p 0 must be in (0, 1]"}}) {
     r = run(model + " --prompt-ids 1 " + flags);

@@ -744,6 +744,49 @@ TEST_F(DefaultServer, Http10RepliesAreNotChunked) {
   }
 }
 
+// text_offset counts characters of the reply text, also past tokens that are not whole UTF-8 (a byte-level model
+// samples stray continuation bytes, shown as U+FFFD): each one-character ASCII token sits at its offset.
+TEST_F(DefaultServer, TextOffsetsIndexTheReplyText) {
+  HttpClient c(srv_->url(), kTimeout);
+  int checked = 0, odd = 0;
+  for (int seed = 1; seed <= 8; ++seed) {
+    const json body = {{"prompt", "hi"}, {"max_tokens", 40}, {"logprobs", 0}, {"temperature", 1}, {"seed", seed}};
+    const std::string full = c.post("/v1/completions", body.dump()).body;
+    const json ch = parse(full)["choices"][0];
+    std::vector<std::string> chars;  // the reply text's code points
+    for (const unsigned char b : ch["text"].get<std::string>()) {
+      if ((b & 0xC0) == 0x80 && !chars.empty())
+        chars.back() += static_cast<char>(b);
+      else
+        chars.push_back(std::string(1, static_cast<char>(b)));
+    }
+    const json& lp = ch["logprobs"];
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      const std::string t = lp["tokens"][i];
+      if (t.rfind("bytes:", 0) == 0) ++odd;
+      if (t.size() != 1 || static_cast<unsigned char>(t[0]) >= 0x80) continue;
+      const size_t at = lp["text_offset"][i];
+      ASSERT_LT(at, chars.size()) << full;
+      EXPECT_EQ(chars[at], t) << "token " << i << ": " << full;
+      ++checked;
+    }
+    // Streamed, the offsets count on across the chunks to the same values.
+    json streamed = body;
+    streamed["stream"] = true;
+    json offsets = json::array();
+    c.post_sse("/v1/completions", streamed.dump(), [&](std::string_view data) {
+      if (data == "[DONE]") return true;
+      const json k = parse(std::string(data));
+      if (k["choices"][0]["logprobs"].is_object())
+        for (const json& o : k["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o);
+      return true;
+    });
+    EXPECT_EQ(offsets, lp["text_offset"]) << seed;
+  }
+  EXPECT_GT(checked, 20);
+  EXPECT_GT(odd, 0) << "no token that is not whole UTF-8 was sampled: the case is not covered";
+}
+
 // One keep-alive connection carries many requests (httplib's default closed it after 5, so a benchmark client paid a
 // new handshake every fifth request); each reply keeps it open.
 TEST_F(DefaultServer, KeepAliveConnectionCarriesManyRequests) {
@@ -779,7 +822,8 @@ TEST_F(DefaultServer, KeepAliveConnectionCarriesManyRequests) {
 TEST_F(DefaultServer, FormEncodedJsonBodyOfAnySizeIsRead) {
   HttpClient c(srv_->url(), kTimeout);
   const std::string pad(9000, ' ');  // JSON's whitespace: a 9 KB body with a short prompt
-  for (const char* type : {"application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded; charset=utf-8"}) {
+  for (const char* type : {"application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded; charset=utf-8",
+                           "application/x-www-form-urlencodedx"}) {  // (httplib caps any type starting so)
     auto r = c.post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump() + pad, type);
     EXPECT_EQ(r.status, 200) << type << ": " << r.body;
   }
@@ -1503,8 +1547,11 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--max-total-tokens 8", "--max-total-tokens 8 must be >= 16 (one KV page)"},
            {"--num-continuous-decode-steps 0", "--num-continuous-decode-steps 0 must be >= 1"},
            {"--context-length -1", "--context-length -1 must be >= 0 (0 = the model's)"},
-           {"--drain-timeout -1", "--drain-timeout -1 must be >= 0 seconds"},
-           {"--drain-timeout nan", "--drain-timeout nan must be >= 0 seconds"}}) {
+           {"--drain-timeout -1", "--drain-timeout -1 must be a time in [0, 1e+09] seconds"},
+           {"--drain-timeout nan", "--drain-timeout nan must be a time in [0, 1e+09] seconds"},
+           {"--drain-timeout 1e10", "--drain-timeout 1e+10 must be a time in [0, 1e+09] seconds"},
+           {"--cuda-graph-max-bs -3", "--cuda-graph-max-bs -3 must be >= 0"},
+           {"--decode-split-min-keys 0", "--decode-split-min-keys 0 must be >= 1"}}) {
     std::string text;
     EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 1)
         << flags << ": " << text;
@@ -1983,6 +2030,13 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("Serving Benchmark Result"), std::string::npos) << text;
+  // Sampled requests with a large --seed: each request's seed (seed x 1000003 + i) is sent as an int64, which the
+  // server takes whole (as a uint64 past INT64_MAX every request was a 400).
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --num-prompts 2 --input-len 4 --output-len 2 --temperature 1 --seed "
+                                        "10000000000000",
+                                    &text);
+  EXPECT_EQ(rc, 0) << text;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
   // Nothing listening: the message says so in words.
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url(), &text);
@@ -1998,7 +2052,10 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
            {"--temperature -1", "--temperature -1 must be in [0, 100] (0 = greedy)"},
            {"--temperature nan", "--temperature nan must be in [0, 100]"},
            {"--temperature 0.5 --top-p 0", "--top-p 0 must be in (0, 1]"},
-           {"--temperature 0.5 --top-k -3", "--top-k -3 must be -1 (off), 0 (off) or >= 1"}}) {
+           {"--temperature 0.5 --top-k -3", "--top-k -3 must be -1 (off), 0 (off) or in [1, 2^31)"},
+           {"--temperature 0.5 --top-k 3000000000", "--top-k 3000000000 must be -1 (off), 0 (off) or in [1, 2^31)"},
+           {"--dataset-name generated-shared-prefix --gsp-system-prompt-len 9223372036854775807 --gsp-question-len 1",
+            "must be <= 134217728 tokens, the most one run builds"}}) {
     rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " " + flags,
                                       &text);
     EXPECT_EQ(rc, 1) << flags << ": " << text;

@@ -120,6 +120,10 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 9223372036854775808ull}}, "seed",
              "seed = 9223372036854775808 is outside [-9223372036854775808, 9223372036854775807]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 1e19}}, "seed", "is outside");
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", json::parse("-9223372036854775809")}}, "seed",
+             "is outside");  // a double that rounds to -2^63
+  expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"max_tokens", 0}, {"echo", true}, {"min_tokens", 2}},
+             "min_tokens", "min_tokens = 2 > max_tokens = 0 (echo without generation)");
   // A negative seed is taken, as vLLM takes any int64: its two's complement.
   EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", -1}}).sampling.seed, UINT64_MAX);
   EXPECT_EQ(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 2.0}}).sampling.seed, 2u);

@@ -75,6 +75,32 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
   std::filesystem::remove(path);
 }
 
+// A request body's tools render in the file's key order, as the server renders them (restore_key_order): a template
+// that prints them with tojson shows "b" before "a" as written (sorted, the token counts differed from the server's).
+TEST(CmdTokenize, ChatToolsKeepTheirKeyOrder) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("fp4moe_tok_tools_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(testing::shared_path("golden/tokenizer/tokenizer.json"), dir / "tokenizer.json");
+  std::ofstream(dir / "tokenizer_config.json")
+      << nlohmann::json{{"chat_template", "{{ tools | tojson }}|{% for m in messages %}{{ m.content }}{% endfor %}"}}
+             .dump();
+  const auto chat = dir / "chat.json";
+  std::ofstream(chat) << R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", )"
+                         R"("function": {"name": "f", "parameters": {"properties": {"b": {}, "a": {}}}}}]})";
+  std::string out;
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " tokenize --tokenizer " + dir.string() + " --chat " +
+                                     chat.string() + " --json",
+                                 &out),
+            0)
+      << out;
+  const std::string rendered = nlohmann::json::parse(out)["rendered"];
+  EXPECT_LT(rendered.find("\"b\""), rendered.find("\"a\"")) << rendered;
+  EXPECT_LT(rendered.find("\"type\""), rendered.find("\"function\"")) << rendered;
+  EXPECT_NE(rendered.find("|hi"), std::string::npos) << rendered;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CmdTokenize, ErrorsCarryNumbers) {
   std::string out;
   // Invalid UTF-8 names its input (the file), not only the byte.
