@@ -121,28 +121,25 @@ void expect_same_as_alone(EngineOptions o, uint64_t seed, int n, uint64_t* preem
 // counters and latency histograms; the steps it rode in count.
 TEST(Scheduler, RequestWithoutLogMetricsIsNotCounted) {
   Harness h(EngineOptions{});
+  // The request counters and histograms: requests (submitted, finished, TTFT and E2E observations), tokens.
+  auto expect_counted = [&](uint64_t requests, uint64_t prompt_tokens, uint64_t generated) {
+    const EngineStats s = h.engine.stats();
+    EXPECT_EQ(s.requests_submitted_total, requests);
+    EXPECT_EQ(s.requests_finished_total, requests);
+    EXPECT_EQ(s.ttft_s.count, requests);
+    EXPECT_EQ(s.e2e_s.count, requests);
+    EXPECT_EQ(s.prompt_tokens_total, prompt_tokens);
+    EXPECT_EQ(s.generation_tokens_total, generated);
+    EXPECT_EQ(s.inter_token_s.count, generated - requests);
+    EXPECT_GT(s.steps_total, 0u);
+  };
   const RequestId quiet = h.submit({1, 2, 3}, greedy(4), 0, /*log_metrics=*/false);
   h.engine.run_until_idle();
   EXPECT_EQ(h.results.at(quiet).ids, alone({1, 2, 3}, greedy(4)));
-  EngineStats s = h.engine.stats();
-  EXPECT_EQ(s.requests_submitted_total, 0u);
-  EXPECT_EQ(s.requests_finished_total, 0u);
-  EXPECT_EQ(s.prompt_tokens_total, 0u);
-  EXPECT_EQ(s.generation_tokens_total, 0u);
-  EXPECT_EQ(s.ttft_s.count, 0u);
-  EXPECT_EQ(s.inter_token_s.count, 0u);
-  EXPECT_EQ(s.e2e_s.count, 0u);
-  EXPECT_GT(s.steps_total, 0u);
+  expect_counted(0, 0, 0);
   h.submit({4, 5}, greedy(3));
   h.engine.run_until_idle();
-  s = h.engine.stats();
-  EXPECT_EQ(s.requests_submitted_total, 1u);
-  EXPECT_EQ(s.requests_finished_total, 1u);
-  EXPECT_EQ(s.prompt_tokens_total, 2u);
-  EXPECT_EQ(s.generation_tokens_total, 3u);
-  EXPECT_EQ(s.ttft_s.count, 1u);
-  EXPECT_EQ(s.inter_token_s.count, 2u);
-  EXPECT_EQ(s.e2e_s.count, 1u);
+  expect_counted(1, 2, 3);
 }
 
 TEST(Scheduler, ConcurrentEqualsAlone) {
