@@ -325,11 +325,11 @@ struct Engine::Impl {
         r->admitted(Clock::now());
         if (!r->counted_prompt && may_hit) {
           r->cached_tokens = std::min<int64_t>(r->kv_length(), static_cast<int64_t>(r->prompt.size()));
-        }
-        if (!r->counted_prompt && may_hit && r->log_metrics) {
-          std::lock_guard<std::mutex> lock(mu);
-          stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
-          stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
+          if (r->log_metrics) {
+            std::lock_guard<std::mutex> lock(mu);
+            stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
+            stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
+          }
         }
         const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
         prefill_budget -= n;

@@ -344,10 +344,6 @@ void check_content_parts(const json& parts, const std::string& at) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 void flatten_text_parts(nlohmann::ordered_json* messages) {
   if (!messages->is_array()) return;
   for (auto& msg : *messages) {
@@ -766,7 +762,8 @@ json completion_logprobs(const ParsedRequest& req, const ResponseContext& ctx,
                          TextOffset* end = nullptr) {
   json tok = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   TextOffset off = text_offset;
-  for (const auto& t : tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const engine::GeneratedToken& t = tokens[i];
     tok.push_back(token_text(ctx, t.id));
     const bool none = std::isnan(t.logprob);  // an echoed prompt's first token: nothing precedes it
     lps.push_back(none ? json(nullptr) : json(t.logprob));
@@ -775,9 +772,8 @@ json completion_logprobs(const ParsedRequest& req, const ResponseContext& ctx,
     if (!none) top.emplace(token_text(ctx, t.id), t.logprob);  // no-op when it is among them
     tops.push_back(none ? json(nullptr) : top);
     offs.push_back(off.chars);
-    const bool skipped = static_cast<size_t>(&t - tokens.data()) >= n_echoed && req.sampling.skip_special_tokens &&
-                         ctx.tokenizer != nullptr && t.id >= 0 && t.id < ctx.tokenizer->vocab_size() &&
-                         ctx.tokenizer->is_special(t.id);
+    const bool skipped = i >= n_echoed && req.sampling.skip_special_tokens && ctx.tokenizer != nullptr && t.id >= 0 &&
+                         t.id < ctx.tokenizer->vocab_size() && ctx.tokenizer->is_special(t.id);
     if (skipped) continue;
     for (const char ch : token_bytes(ctx, t.id)) {
       const auto c = static_cast<unsigned char>(ch);

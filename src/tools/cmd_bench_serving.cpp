@@ -148,8 +148,6 @@ void check_prompt_flags(const BenchArgs& a) {
                         "--gsp-num-groups x --gsp-prompts-per-group", "--gsp-system-prompt-len + --gsp-question-len");
     return;
   }
-  FP4MOE_CHECK(a.dataset_name == "random")
-      << "--dataset-name \"" << a.dataset_name << "\" is not one of: random, generated-shared-prefix";
   FP4MOE_CHECK(a.input_len >= 1 && a.output_len >= 1)
       << "--input-len " << a.input_len << " and --output-len " << a.output_len << " must be >= 1";
   check_prompt_budget(a.num_prompts, 1, a.input_len, "--num-prompts", "--input-len");

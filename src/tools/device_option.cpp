@@ -26,18 +26,18 @@ void add_device_options(CLI::App& cmd, DeviceArgs& args) {
                "layer of a graph-replayed step)");
 }
 
-void check_device_options(const DeviceArgs& args) {
-  model::parse_device(args.device);
+model::Device check_device_options(const DeviceArgs& args) {
+  const model::Device device = model::parse_device(args.device);
   // (A bad value was taken on the cpu, which does not read it, and refused only with cuda.)
   FP4MOE_CHECK(args.cuda_graph_max_bs >= 0) << "--cuda-graph-max-bs " << args.cuda_graph_max_bs << " must be >= 0";
   FP4MOE_CHECK(args.decode_split_min_keys >= 1)
       << "--decode-split-min-keys " << args.decode_split_min_keys << " must be >= 1";
+  return device;
 }
 
 void apply_device_option(const DeviceArgs& args, int64_t max_tokens_per_step, int64_t kv_tokens, int64_t page_size,
                          model::LoadOptions& options) {
-  check_device_options(args);
-  options.device = model::parse_device(args.device);
+  options.device = check_device_options(args);
   if (options.device == model::Device::kCpu) return;
 #ifdef FP4MOE_HAVE_CUDA
   model::register_gpu_models();

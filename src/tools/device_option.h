@@ -30,9 +30,9 @@ struct DeviceArgs {
 // to `cmd`.
 void add_device_options(CLI::App& cmd, DeviceArgs& args);
 
-// Fails naming the option when --device is not a device or a cuda option's value is out of range: on every device
-// (the cpu does not read them) and with every model (the embedded default one included).
-void check_device_options(const DeviceArgs& args);
+// The --device asked for. Fails naming the option when --device is not a device or a cuda option's value is out of
+// range: on every device (the cpu does not read them) and with every model (the embedded default one included).
+model::Device check_device_options(const DeviceArgs& args);
 
 // check_device_options, then sets options.device from args.device and, for cuda, registers the GPU
 // models and sizes them: max_tokens_per_step tokens in one forward, kv_tokens of KV cache in
