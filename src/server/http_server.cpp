@@ -296,24 +296,28 @@ class RequestHandler {
         req.constraint = std::move(c);
       }
     }
-    if (req.constraint) {
+    // The structured-output constraint of the request (or of each prompt: a /generate list of sampling_params).
+    auto compile_constraint = [&](const std::optional<engine::ConstraintSpec>& spec, engine::SamplingParams& sampling) {
+      if (!spec) return;
       std::shared_ptr<engine::ConstraintCompiler> compiler;
       {
         std::lock_guard<std::mutex> lock(server_->mu_);
         compiler = server_->constraints_;
       }
       try {
-        req.sampling.constraint = compiler->compile(*req.constraint);
+        sampling.constraint = compiler->compile(*spec);
       } catch (const fp4moe::Error& e) {
-        const std::string what = e.what(), param = req.constraint->param;
+        const std::string what = e.what(), param = spec->param;
         throw bad_request(param, what.rfind(param + ": ", 0) == 0 ? what : param + ": " + what);
       }
       // A reasoning model thinks first, unconstrained; the constraint applies to what follows (SGLang's
       // reasoning-aware grammars).
       if (req.reasoning != nullptr)
-        req.sampling.constraint_after_reasoning = engine::SamplingParams::ReasoningSpan{
+        sampling.constraint_after_reasoning = engine::SamplingParams::ReasoningSpan{
             std::string(req.reasoning->start), std::string(req.reasoning->end), req.reasoning->forced};
-    }
+    };
+    compile_constraint(req.constraint, req.sampling);
+    for (ParsedRequest::PromptSampling& ps : req.per_prompt) compile_constraint(ps.constraint, ps.sampling);
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
       throw bad_request("priority", "priority = " + std::to_string(req.priority) +
@@ -327,11 +331,16 @@ class RequestHandler {
     auto encode_text = [&](const std::string& text) {
       return tok.encode(text, {.add_special_tokens = true, .parse_special = true});
     };
+    // A batch's prompts: prompt[i] (completions), text[i] / input_ids[i] (/generate); its errors' param is the list's.
+    const std::string batch_param = req.batch.empty()                  ? std::string()
+                                    : endpoint_ != Endpoint::kGenerate ? "prompt"
+                                    : req.batch.front().text           ? "text"
+                                                                       : "input_ids";
     if (!req.batch.empty()) {
       for (size_t i = 0; i < req.batch.size(); ++i) {
         const ParsedRequest::BatchPrompt& bp = req.batch[i];
         prompts.push_back(bp.input_ids ? *bp.input_ids : encode_text(*bp.text));
-        fields.push_back("prompt[" + std::to_string(i) + "]");
+        fields.push_back(batch_param + "[" + std::to_string(i) + "]");
       }
     } else if (req.input_ids) {
       prompts.push_back(*req.input_ids);
@@ -357,8 +366,8 @@ class RequestHandler {
     for (size_t p = 0; p < prompts.size(); ++p) {
       const std::vector<engine::TokenId>& prompt = prompts[p];
       const std::string& field = fields[p];
-      // A batch's field param stays "prompt"; the message says which.
-      const std::string param = req.batch.empty() ? field : "prompt";
+      // A batch's field param is the list's; the message says which.
+      const std::string param = req.batch.empty() ? field : batch_param;
       if (prompt.empty()) throw bad_request(param, field + " gives an empty prompt (0 tokens)");
       for (size_t i = 0; i < prompt.size(); ++i) {
         if (prompt[i] >= vocab) {
@@ -397,17 +406,24 @@ class RequestHandler {
     }
     std::vector<engine::Engine::Submission> group;
     for (size_t p = 0; p < prompts.size(); ++p) {
+      // The prompt's sampling: the request's, or its own (a /generate list of sampling_params).
+      const ParsedRequest::PromptSampling* own = req.per_prompt.empty() ? nullptr : &req.per_prompt.at(p);
+      const engine::SamplingParams& sampling = own ? own->sampling : req.sampling;
+      const std::optional<int64_t>& max_sent = own ? own->max_new_tokens : req.max_new_tokens;
+      const auto field_of = [&](const std::string& engine_field) {
+        return own ? "sampling_params[" + std::to_string(p) + "]." + engine_field : api_field(endpoint_, engine_field);
+      };
       const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
-      const int64_t max_new =
-          req.max_new_tokens ? *req.max_new_tokens : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
-      if (req.sampling.min_new_tokens > max_new) {
-        const std::string min_field = api_field(endpoint_, "min_new_tokens");
-        throw bad_request(min_field, min_field + " = " + std::to_string(req.sampling.min_new_tokens) + " > " +
-                                         max_field + " = " + std::to_string(max_new) +
-                                         (req.max_new_tokens ? std::string() : std::string(" (the default)")));
+      const int64_t max_new = max_sent ? *max_sent : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
+      if (sampling.min_new_tokens > max_new) {
+        const std::string min_field = field_of("min_new_tokens");
+        throw bad_request(min_field, min_field + " = " + std::to_string(sampling.min_new_tokens) + " > " +
+                                         (own ? field_of("max_new_tokens") : max_field) + " = " +
+                                         std::to_string(max_new) +
+                                         (max_sent ? std::string() : std::string(" (the default)")));
       }
       for (int64_t j = 0; j < req.n; ++j) {
-        engine::SamplingParams sp = req.sampling;
+        engine::SamplingParams sp = sampling;
         sp.max_new_tokens = max_new;
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
         group.push_back({{prompts[p], sp, req.priority},
@@ -416,14 +432,23 @@ class RequestHandler {
                          }});
       }
     }
-    if (req.rid) {
-      std::lock_guard<std::mutex> lock(server_->mu_);
-      if (server_->rids_.count(*req.rid))
-        throw bad_request("rid", "rid = \"" + *req.rid + "\" names a request that is still open");
-    }
     const int64_t n_choices = static_cast<int64_t>(prompts.size()) * req.n;
+    // The ids the client named: its rid, or (a /generate batch) each choice's: rid[i] or "{rid}_{i}".
+    std::vector<std::string> named = req.rid_list;
+    if (req.rid && !req.batch_reply) named.push_back(*req.rid);
+    for (int64_t i = 0; req.rid && req.batch_reply && i < n_choices; ++i)
+      named.push_back(*req.rid + "_" + std::to_string(i));
+    {
+      std::lock_guard<std::mutex> lock(server_->mu_);
+      for (const std::string& rid : named) {
+        if (server_->rids_.count(rid))
+          throw bad_request("rid", "rid = \"" + rid + "\" names a request that is still open");
+      }
+    }
     if (n_choices > engine->options().max_queued_requests) {
-      throw bad_request(req.n > 1 ? "n" : "prompt",
+      throw bad_request(req.n > 1           ? api_field(endpoint_, "n")
+                        : req.batch.empty() ? fields.front()
+                                            : batch_param,
                         std::to_string(prompts.size()) + " prompt(s) x n = " + std::to_string(req.n) + " = " +
                             std::to_string(n_choices) + " choices, admitted together, exceed the waiting queue's " +
                             std::to_string(engine->options().max_queued_requests) +
@@ -436,8 +461,8 @@ class RequestHandler {
       const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
                    j = sr.rejected_index % static_cast<size_t>(req.n);
       // Which prompt and choice, where that tells something: not for a sampling field, which every choice shares.
-      const bool shared_field = !sr.rejection->field.empty() && sr.rejection->field != "max_new_tokens" &&
-                                sr.rejection->field != "min_new_tokens";
+      const bool shared_field = req.per_prompt.empty() && !sr.rejection->field.empty() &&
+                                sr.rejection->field != "max_new_tokens" && sr.rejection->field != "min_new_tokens";
       if (sr.rejection->kind != engine::RejectKind::kQueueFull &&
           sr.rejection->kind != engine::RejectKind::kShuttingDown && !shared_field &&
           (prompts.size() > 1 || req.n > 1)) {
@@ -457,17 +482,31 @@ class RequestHandler {
     ctx.created = unix_now();
     ctx.prompt_tokens = prompt_tokens;
     ctx.tokenizer = &tok;
-    if (!server_->register_rid(ctx.id, ids)) {             // the replies' releasers unregister it
+    for (size_t i = 0; i < ids.size(); ++i)
+      ctx.choice_prompt_tokens.push_back(static_cast<int64_t>(prompts[i / static_cast<size_t>(req.n)].size()));
+    HttpServer::RidNames rid_names;
+    if (req.batch_reply) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ctx.choice_ids.push_back(!named.empty() ? named[i] : std::to_string(ids[i]));
+        rid_names.push_back({ctx.choice_ids.back(), {ids[i]}});
+      }
+      ctx.id = ctx.choice_ids.front();
+    } else {
+      rid_names.push_back({ctx.id, ids});
+    }
+    if (!server_->register_rids(rid_names)) {              // the replies' releasers unregister them
       for (engine::RequestId id : ids) engine->abort(id);  // the same rid sent twice at once
-      throw bad_request("rid", "rid = \"" + ctx.id + "\" names a request that is still open");
+      throw bad_request("rid", "rid = \"" + (named.empty() ? ctx.id : named.front()) +
+                                   "\" (or another of the request's) names a request that is still open");
     }
 
     if (!req.stream) {
       respond_when_done(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
-                        res);
+                        std::move(rid_names), res);
       return;
     }
-    stream(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx), res);
+    stream(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
+           std::move(rid_names), res);
   }
 
  private:
@@ -482,10 +521,11 @@ class RequestHandler {
   // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
   void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
                          std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req,
-                         ResponseContext ctx, httplib::Response& res) {
+                         ResponseContext ctx, HttpServer::RidNames rid_names, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
+      HttpServer::RidNames rid_names;
       Choices choices;
       bool finished = false;
       std::chrono::steady_clock::time_point last_probe;  // the first probe waits one interval
@@ -494,6 +534,7 @@ class RequestHandler {
     auto st = std::make_shared<State>();
     st->req = std::move(req);
     st->ctx = std::move(ctx);
+    st->rid_names = std::move(rid_names);
     st->choices = Choices(std::move(ids), std::move(echo));
     st->last_probe = std::chrono::steady_clock::now();
     st->active = std::make_unique<ActiveGuard>(server_);
@@ -516,7 +557,7 @@ class RequestHandler {
           if (!st->choices.all_finished()) return true;
           st->finished = true;
           // Free the rid before the client can see the reply end (a client reusing it at once was refused).
-          server->unregister_rid(st->ctx.id, st->choices.ids);
+          server->unregister_rids(st->rid_names);
           std::string body;
           try {
             if (const Accumulated* failed = st->choices.failed()) {
@@ -525,9 +566,11 @@ class RequestHandler {
               server->count_error(e.status);
             } else {
               const std::vector<Accumulated>& accs = st->choices.accs;
-              body = dump_json(endpoint == Endpoint::kGenerate ? generate_response(st->req, st->ctx, accs.front())
-                               : endpoint == Endpoint::kChat   ? chat_response(st->req, st->ctx, accs)
-                                                               : completion_response(st->req, st->ctx, accs));
+              body = dump_json(endpoint == Endpoint::kGenerate
+                                   ? (st->req.batch_reply ? generate_batch_response(st->req, st->ctx, accs)
+                                                          : generate_response(st->req, st->ctx, accs.front()))
+                               : endpoint == Endpoint::kChat ? chat_response(st->req, st->ctx, accs)
+                                                             : completion_response(st->req, st->ctx, accs));
             }
           } catch (const std::exception& ex) {
             const ApiError e = internal_error("bug: the reply to request " + st->ctx.id + " failed: " + ex.what());
@@ -540,7 +583,7 @@ class RequestHandler {
         },
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
-          server->unregister_rid(st->ctx.id, st->choices.ids);
+          server->unregister_rids(st->rid_names);
           st->active.reset();
         });
   }
@@ -550,11 +593,12 @@ class RequestHandler {
   // the connection between them. Whatever ends the stream early, the releaser aborts the request.
   void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
               std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req, ResponseContext ctx,
-              httplib::Response& res) {
+              HttpServer::RidNames rid_names, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
-      Choices choices;          // /generate streams cumulative text and ids, as SGLang does (n = 1)
+      HttpServer::RidNames rid_names;
+      Choices choices;          // /generate streams each choice's text and ids cumulatively, as SGLang does
       std::vector<bool> first;  // chat: no chunk of the choice sent yet
       std::vector<TextOffset> text_offsets;   // completions logprobs: where each choice's text_offset stands
       std::vector<ChatChoiceStream> parsers;  // chat with --reasoning-parser / tools: one per choice
@@ -564,6 +608,7 @@ class RequestHandler {
     auto st = std::make_shared<State>();
     st->req = std::move(req);
     st->ctx = std::move(ctx);
+    st->rid_names = std::move(rid_names);
     st->first.assign(ids.size(), true);
     st->text_offsets.assign(ids.size(), TextOffset{});
     if (st->req.reasoning != nullptr || st->req.tool_calls != nullptr)
@@ -585,25 +630,36 @@ class RequestHandler {
           }
           const int64_t index = st->choices.add(st->req, *ev);
           if (index < 0) return true;
+          // continuous_usage_stats: the chunk carries its choice's usage so far (vLLM's).
+          const auto with_usage = [&](json chunk) {
+            if (st->req.continuous_usage)
+              chunk["usage"] = usage_json(choice_usage(st->req, st->ctx, static_cast<size_t>(index),
+                                                       st->choices.accs[static_cast<size_t>(index)]));
+            return chunk;
+          };
           std::string out;
           switch (endpoint) {
             case Endpoint::kGenerate:
-              if (!ev->tokens.empty() || ev->finished)
-                out += sse(generate_response(st->req, st->ctx, st->choices.accs.front()));
+              if (!ev->tokens.empty() || ev->finished) {
+                const Accumulated& acc = st->choices.accs[static_cast<size_t>(index)];
+                out +=
+                    sse(st->req.batch_reply ? generate_choice(st->req, st->ctx, static_cast<size_t>(index), acc, true)
+                                            : generate_response(st->req, st->ctx, acc));
+              }
               break;
             case Endpoint::kCompletions:
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished) {
-                const json chunk =
+                json chunk =
                     completion_chunk(st->req, st->ctx, *ev, index, &st->text_offsets[static_cast<size_t>(index)]);
-                if (carries_something(chunk, "text")) out += sse(chunk);
+                if (carries_something(chunk, "text")) out += sse(with_usage(std::move(chunk)));
               }
               break;
             case Endpoint::kChat: {
               std::vector<bool>::reference first = st->first[static_cast<size_t>(index)];
               if (!ev->tokens.empty() || !ev->text.empty() || ev->finished || first) {
                 ChatChoiceStream* ps = st->parsers.empty() ? nullptr : &st->parsers[static_cast<size_t>(index)];
-                const json chunk = chat_chunk(st->req, st->ctx, *ev, first, index, ps);
-                if (first || carries_something(chunk, "delta")) out += sse(chunk);
+                json chunk = chat_chunk(st->req, st->ctx, *ev, first, index, ps);
+                if (first || carries_something(chunk, "delta")) out += sse(with_usage(std::move(chunk)));
                 first = false;
               }
               break;
@@ -615,7 +671,7 @@ class RequestHandler {
           }
           if (st->choices.all_finished()) {
             st->finished = true;
-            server->unregister_rid(st->ctx.id, st->choices.ids);  // before the client sees [DONE]
+            server->unregister_rids(st->rid_names);  // before the client sees [DONE]
             if (endpoint != Endpoint::kGenerate && st->req.include_usage)
               out += sse(usage_chunk(st->req, st->ctx, choices_usage(st->ctx, st->choices.accs)));
             out += "data: [DONE]\n\n";
@@ -628,7 +684,7 @@ class RequestHandler {
         },
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
-          server->unregister_rid(st->ctx.id, st->choices.ids);
+          server->unregister_rids(st->rid_names);
           st->active.reset();
         });
   }
@@ -768,15 +824,21 @@ std::shared_ptr<engine::Engine> HttpServer::engine_or_503() const {
   return engine_;
 }
 
-bool HttpServer::register_rid(const std::string& rid, std::vector<engine::RequestId> ids) {
+bool HttpServer::register_rids(const RidNames& names) {
   std::lock_guard<std::mutex> lock(mu_);
-  return rids_.emplace(rid, std::move(ids)).second;
+  for (const auto& [rid, ids] : names) {
+    if (rids_.count(rid)) return false;
+  }
+  for (const auto& [rid, ids] : names) rids_.emplace(rid, ids);
+  return true;
 }
 
-void HttpServer::unregister_rid(const std::string& rid, const std::vector<engine::RequestId>& ids) {
+void HttpServer::unregister_rids(const RidNames& names) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Only this request's registration: its rid may already name a newer request.
-  if (const auto it = rids_.find(rid); it != rids_.end() && it->second == ids) rids_.erase(it);
+  // Only this request's registrations: a rid may already name a newer request.
+  for (const auto& [rid, ids] : names) {
+    if (const auto it = rids_.find(rid); it != rids_.end() && it->second == ids) rids_.erase(it);
+  }
 }
 
 void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
@@ -819,6 +881,20 @@ bool form_encoded(std::string_view content_type) {
   if (begin == std::string_view::npos || content_type.size() - begin < kForm.size()) return false;
   return std::equal(kForm.begin(), kForm.end(), content_type.begin() + static_cast<std::ptrdiff_t>(begin),
                     [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+}
+
+// The text of a list of token ids (a request's field `field`); an item that is not a token id of the vocabulary is a
+// 400 naming it.
+std::string decode_ids(const engine::Tokenizer& tok, const json& list, const std::string& field) {
+  std::vector<engine::TokenId> ids;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& e = list[i];
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size())
+      throw bad_request(field, field + "[" + std::to_string(i) + "] = " + dump_json(e) + " is not a token id in [0, " +
+                                   std::to_string(tok.vocab_size()) + ")");
+    ids.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
+  }
+  return tok.decode(ids);
 }
 
 // The request carries `Authorization: Bearer <key>` (compared in time independent of where it differs).
@@ -883,7 +959,8 @@ void HttpServer::install_routes() {
     // its own non-const one.)
     if (form_encoded(req.get_header_value("Content-Type")))
       const_cast<httplib::Request&>(req).headers.erase("Content-Type");
-    const bool exempt = req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics";
+    const bool exempt =
+        req.path == "/health" || req.path == "/health_generate" || req.path == "/ping" || req.path == "/metrics";
     if (!options_.api_key.empty() && !exempt && !bearer_matches(req, options_.api_key)) {
       ApiError e;
       e.status = 401;
@@ -920,9 +997,16 @@ void HttpServer::install_routes() {
   post("/v1/completions", generation(Endpoint::kCompletions));
   post("/v1/chat/completions", generation(Endpoint::kChat));
 
-  get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
-        engine_or_503();
-        res.set_content(R"({"status":"ok"})", "application/json");
+  auto health = wrap([this](const httplib::Request&, httplib::Response& res) {
+    engine_or_503();
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  get("/health", health);
+  // vLLM's (SageMaker's) liveness probe, GET or POST: /health's answer.
+  get("/ping", health);
+  post("/ping", health);
+  get("/version", wrap([this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(dump_json(json{{"version", options_.version}}), "application/json");
       }));
   get("/health_generate", wrap([this](const httplib::Request&, httplib::Response& res) {
         auto engine = engine_or_503();
@@ -955,6 +1039,7 @@ void HttpServer::install_routes() {
       }));
   get("/get_server_info", wrap([this](const httplib::Request&, httplib::Response& res) {
         json info = options_.launch_args;
+        info["version"] = options_.version;
         info["served_model_name"] = options_.served_model_name;
         info["host"] = options_.host;
         info["port"] = port_;
@@ -1128,17 +1213,7 @@ void HttpServer::install_routes() {
          if (it == body.end() || !it->is_array())
            throw bad_request("tokens", "tokens must be a list of token ids (or of lists)");
          const engine::Tokenizer& tok = engine->tokenizer();
-         auto decode = [&](const json& list, const std::string& field) {
-           std::vector<engine::TokenId> ids;
-           for (size_t i = 0; i < list.size(); ++i) {
-             const json& e = list[i];
-             if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok.vocab_size())
-               throw bad_request(field, field + "[" + std::to_string(i) + "] = " + dump_json(e) +
-                                            " is not a token id in [0, " + std::to_string(tok.vocab_size()) + ")");
-             ids.push_back(static_cast<engine::TokenId>(e.get<int64_t>()));
-           }
-           return tok.decode(ids);
-         };
+         auto decode = [&](const json& list, const std::string& field) { return decode_ids(tok, list, field); };
          json out;
          if (!it->empty() && (*it)[0].is_array()) {
            json texts = json::array();
@@ -1154,6 +1229,66 @@ void HttpServer::install_routes() {
            out["text"] = decode(*it, "tokens");
          }
          res.set_content(dump_json(out), "application/json");
+       }));
+  // vLLM's root /tokenize: {"prompt": str} (add_special_tokens true) or a chat request's {"messages", ...} rendered
+  // as /v1/chat/completions renders it (add_special_tokens false), -> {"count", "max_model_len", "tokens",
+  // "token_strs"} (with return_token_strs: each token's vocabulary string, else null).
+  post("/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+         auto engine = engine_or_503();
+         const json body = parse_body(req.body);
+         const bool chat = body.contains("messages") && !body["messages"].is_null();
+         const bool prompt = body.contains("prompt") && !body["prompt"].is_null();
+         if (chat == prompt)
+           throw bad_request("prompt", "give exactly one of \"prompt\" (a string) and \"messages\" (a chat)");
+         auto flag = [&](const char* key, bool fallback) {
+           const auto it = body.find(key);
+           if (it == body.end() || it->is_null()) return fallback;
+           if (!it->is_boolean())
+             throw bad_request(key, std::string(key) + " must be true or false, got " + dump_json(*it));
+           return it->get<bool>();
+         };
+         const bool add_special = flag("add_special_tokens", !chat);
+         const bool token_strs = flag("return_token_strs", false);
+         const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
+         const engine::Tokenizer& tok = engine->tokenizer();
+         std::vector<engine::TokenId> ids;
+         if (chat) {
+           ParsedRequest chat_req = parse_request(Endpoint::kChat, body);
+           restore_key_order(chat_req, req.body);
+           std::shared_ptr<const engine::ChatTemplate> tmpl;
+           {
+             std::lock_guard<std::mutex> lock(mu_);
+             tmpl = chat_template_;
+           }
+           if (!tmpl) throw bad_request("messages", "the served model has no chat template; send a prompt");
+           ids = tok.encode(render_chat(*tmpl, chat_req), eo);
+         } else {
+           if (!body["prompt"].is_string())
+             throw bad_request("prompt", "prompt must be a string, got " + dump_json(body["prompt"]) +
+                                             " (a list of prompts: POST /v1/tokenize)");
+           ids = tok.encode(body["prompt"].get<std::string>(), eo);
+         }
+         json strs = nullptr;
+         if (token_strs) {
+           strs = json::array();
+           for (engine::TokenId id : ids) strs.push_back(tok.id_to_token(id));
+         }
+         res.set_content(dump_json(json{{"count", ids.size()},
+                                        {"max_model_len", engine->context_length()},
+                                        {"tokens", ids},
+                                        {"token_strs", strs}}),
+                         "application/json");
+       }));
+  // vLLM's root /detokenize: {"tokens": [ids]} -> {"prompt": text}.
+  post("/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
+         auto engine = engine_or_503();
+         const json body = parse_body(req.body);
+         const auto it = body.find("tokens");
+         if (it == body.end() || !it->is_array())
+           throw bad_request("tokens", "tokens must be a list of token ids, got " +
+                                           (it == body.end() ? std::string("nothing") : dump_json(*it)));
+         res.set_content(dump_json(json{{"prompt", decode_ids(engine->tokenizer(), *it, "tokens")}}),
+                         "application/json");
        }));
   // What httplib refuses before a handler runs (an unknown path, another method, a body past the limit,
   // a malformed request): the same typed JSON error, saying which.

@@ -55,6 +55,7 @@ struct ServerOptions {
   int max_http_threads = 2048;  // grown to while connections wait; beyond, they queue
   std::string served_model_name = "default";
   nlohmann::json launch_args = nlohmann::json::object();  // reported by /get_server_info
+  std::string version = "unknown";                        // the build's (GET /version, /get_server_info)
   double health_probe_timeout_s = 20.0;
   int retry_after_s = 1;             // Retry-After of 503 replies
   // Non-empty: every route but /health, /health_generate and /metrics (probes and scrapers, as SGLang
@@ -103,10 +104,11 @@ class HttpServer {
   // No handler for req.method on req.path: 405 with Allow when the path has other methods, else 404.
   ApiError unrouted(const httplib::Request& req, httplib::Response& res) const;
   // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's
-  // rid "7"), for POST /abort_request; registered once all of a request's choices are admitted and
-  // removed when its reply ends.
-  bool register_rid(const std::string& rid, std::vector<engine::RequestId> ids);  // false: rid is open already
-  void unregister_rid(const std::string& rid, const std::vector<engine::RequestId>& ids);
+  // rid "7"; a /generate batch: each choice's own), for POST /abort_request; registered once all of a
+  // request's choices are admitted and removed when its reply ends.
+  using RidNames = std::vector<std::pair<std::string, std::vector<engine::RequestId>>>;
+  bool register_rids(const RidNames& names);  // all or none; false: one is open already
+  void unregister_rids(const RidNames& names);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

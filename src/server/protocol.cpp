@@ -28,11 +28,15 @@ std::string show(const json& v) {
 // ("sampling_params.temperature"). A null value counts as absent (OpenAI clients send nulls).
 class Fields {
  public:
-  Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {}
+  // `pointer_base`: the object's JSON pointer in the body when its name is not one (an item of a list,
+  // "sampling_params[1]." -> "/sampling_params/1").
+  Fields(const json& obj, std::string prefix, std::string pointer_base = "")
+      : obj_(obj), prefix_(std::move(prefix)), pointer_base_(std::move(pointer_base)) {}
 
   std::string name(const std::string& key) const { return prefix_ + key; }
   // The field as a JSON pointer into the body ("sampling_params.json_schema" -> "/sampling_params/json_schema").
   std::string pointer(const std::string& key) const {
+    if (!pointer_base_.empty()) return pointer_base_ + "/" + key;
     std::string p = "/" + name(key);
     std::replace(p.begin(), p.end(), '.', '/');
     return p;
@@ -149,6 +153,7 @@ class Fields {
  private:
   const json& obj_;
   std::string prefix_;
+  std::string pointer_base_;
 };
 
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
@@ -189,12 +194,7 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   if (auto v = f.integer(openai ? "min_tokens" : "min_new_tokens", 0, kMaxTokensLimit)) s.min_new_tokens = *v;
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
   s.logit_bias = f.logit_bias("logit_bias");
-  if (auto n = f.integer("n", 1, openai ? kMaxChoices : kMaxTokensLimit)) {
-    if (!openai && *n != 1)
-      throw bad_request(f.name("n"),
-                        f.name("n") + " = " + std::to_string(*n) + ": only n = 1 is supported on /generate");
-    r->n = *n;
-  }
+  if (auto n = f.integer("n", 1, kMaxChoices)) r->n = *n;
   parse_constraint(f, r, openai);
 }
 
@@ -279,7 +279,9 @@ void parse_stream(const Fields& f, ParsedRequest* r) {
       throw bad_request("stream_options",
                         "stream_options is only allowed with stream = true, got stream = " +
                             std::string(f.find("stream") != nullptr ? show(*f.find("stream")) : "absent (false)"));
-    if (auto v = Fields(*so, "stream_options.").boolean("include_usage")) r->include_usage = *v;
+    const Fields options(*so, "stream_options.");
+    if (auto v = options.boolean("include_usage")) r->include_usage = *v;
+    if (auto v = options.boolean("continuous_usage_stats")) r->continuous_usage = *v && r->include_usage;
   }
 }
 
@@ -394,19 +396,60 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       const json* ids = top.find("input_ids");
       if ((text != nullptr) == (ids != nullptr))
         throw bad_request("text", "give exactly one of \"text\" and \"input_ids\"");
-      if (text) {
+      // SGLang's batch: a list of texts, or a list of id lists (one or more: the reply is a list either way).
+      if (text && text->is_array()) {
+        if (text->empty()) throw bad_request("text", "text is an empty list: give a string or a list of strings");
+        for (size_t i = 0; i < text->size(); ++i) {
+          const json& e = (*text)[i];
+          if (!e.is_string())
+            throw bad_request("text", "text[" + std::to_string(i) + "] = " + show(e) +
+                                          " is not a string (a batch of texts is a list of strings)");
+          r.batch.push_back({std::nullopt, e.get<std::string>()});
+        }
+        r.batch_reply = true;
+      } else if (text) {
         if (!text->is_string())
-          throw bad_request("text", "text must be a string (batched lists are not supported), got " + show(*text));
+          throw bad_request("text", "text must be a string or a list of strings, got " + show(*text));
         r.text = text->get<std::string>();
+      } else if (ids->is_array() && !ids->empty() && (*ids)[0].is_array()) {
+        for (size_t i = 0; i < ids->size(); ++i)
+          r.batch.push_back({top.ids((*ids)[i], "input_ids[" + std::to_string(i) + "]"), std::nullopt});
+        r.batch_reply = true;
       } else {
-        if (ids->is_array() && !ids->empty() && (*ids)[0].is_array())
-          throw bad_request("input_ids", "input_ids must be one list of ids (batched lists are not supported)");
         r.input_ids = top.ids(*ids, "input_ids");
       }
       if (const json* sp = top.find("sampling_params")) {
-        if (!sp->is_object()) throw bad_request("sampling_params", "sampling_params must be an object, got " + show(*sp));
-        parse_sampling(Fields(*sp, "sampling_params."), &r, false);
+        if (sp->is_object()) {
+          parse_sampling(Fields(*sp, "sampling_params."), &r, false);
+        } else if (sp->is_array()) {
+          // One object per prompt, each parsed on its own (SGLang: the same n in all).
+          const size_t n_prompts = r.batch.empty() ? 1 : r.batch.size();
+          if (sp->size() != n_prompts)
+            throw bad_request("sampling_params", "sampling_params is a list of " + std::to_string(sp->size()) +
+                                                     " objects; the request has " + std::to_string(n_prompts) +
+                                                     " prompt(s), and the list gives one per prompt");
+          for (size_t i = 0; i < sp->size(); ++i) {
+            const std::string at = "sampling_params[" + std::to_string(i) + "]";
+            if (!(*sp)[i].is_object()) throw bad_request(at, at + " must be an object, got " + show((*sp)[i]));
+            ParsedRequest one;
+            one.endpoint = endpoint;
+            parse_sampling(Fields((*sp)[i], at + ".", "/sampling_params/" + std::to_string(i)), &one, false);
+            if (i > 0 && one.n != r.n)
+              throw bad_request(at + ".n", at + ".n = " + std::to_string(one.n) +
+                                               " differs from sampling_params[0].n = " + std::to_string(r.n) +
+                                               " (n is one for the whole request)");
+            r.n = one.n;
+            r.per_prompt.push_back({std::move(one.sampling), one.max_new_tokens, std::move(one.constraint),
+                                    std::move(one.schema_pointer)});
+          }
+        } else {
+          throw bad_request("sampling_params",
+                            "sampling_params must be an object, or a list of objects (one per "
+                            "prompt), got " +
+                                show(*sp));
+        }
       }
+      if (r.n > 1) r.batch_reply = true;  // SGLang: n samples of one prompt are a batch too
       if (auto v = top.boolean("stream")) r.stream = *v;
       if (auto v = top.boolean("return_logprob")) r.return_logprob = *v;
       if (auto v = top.integer("top_logprobs_num", 0, kMaxTopLogprobs)) r.top_logprobs = *v;
@@ -546,22 +589,45 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
   }
   if (auto v = top.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()))
     r.priority = *v;
-  if (auto v = top.string("rid")) {
-    if (v->empty() || v->size() > kMaxRidBytes)
+  auto check_rid = [](const std::string& v, const std::string& field) {
+    if (v.empty() || v.size() > kMaxRidBytes)
       throw bad_request(
-          "rid", "rid must be 1 to " + std::to_string(kMaxRidBytes) + " bytes, got " + std::to_string(v->size()));
-    const size_t digits = v->find_first_of("0123456789");
-    const std::string head = v->substr(0, digits);
+          "rid", field + " must be 1 to " + std::to_string(kMaxRidBytes) + " bytes, got " + std::to_string(v.size()));
+    const size_t digits = v.find_first_of("0123456789");
+    const std::string head = v.substr(0, digits);
     if (digits != std::string::npos && (head.empty() || head == "cmpl-" || head == "chatcmpl-") &&
-        v->find_first_not_of("0123456789", digits) == std::string::npos)
-      throw bad_request("rid", "rid = " + show(json(*v)) +
+        v.find_first_not_of("0123456789", digits) == std::string::npos)
+      throw bad_request("rid", field + " = " + show(json(v)) +
                                    " has the form of the server's own ids (N, cmpl-N, chatcmpl-N); choose another");
+  };
+  if (const json* rids = endpoint == Endpoint::kGenerate ? top.find("rid") : nullptr; rids && rids->is_array()) {
+    // SGLang: one rid per prompt of a batch (without parallel samples).
+    if (!r.batch_reply || r.n > 1 || rids->size() != r.batch.size())
+      throw bad_request(
+          "rid",
+          "rid as a list names each prompt of a batch (a list of texts or id lists, n = 1): "
+          "this request has " +
+              (r.batch.empty() ? std::string("one prompt") : std::to_string(r.batch.size()) + " prompts") +
+              " and n = " + std::to_string(r.n) + ", the list " + std::to_string(rids->size()) + " rids");
+    for (size_t i = 0; i < rids->size(); ++i) {
+      const std::string at = "rid[" + std::to_string(i) + "]";
+      if (!(*rids)[i].is_string()) throw bad_request("rid", at + " must be a string, got " + show((*rids)[i]));
+      check_rid((*rids)[i].get<std::string>(), at);
+      for (size_t k = 0; k < i; ++k) {
+        if ((*rids)[k] == (*rids)[i])
+          throw bad_request("rid", at + " = " + show((*rids)[i]) + " is rid[" + std::to_string(k) + "] too");
+      }
+      r.rid_list.push_back((*rids)[i].get<std::string>());
+    }
+  } else if (auto v = top.string("rid")) {
+    check_rid(*v, "rid");
     r.rid = *v;
   }
   if (!r.batch.empty() && static_cast<int64_t>(r.batch.size()) * r.n > kMaxBatchChoices) {
-    throw bad_request("prompt", std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
-                                    std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +
-                                    std::to_string(kMaxBatchChoices) + " a request");
+    const std::string param = endpoint != Endpoint::kGenerate ? "prompt" : r.batch.front().text ? "text" : "input_ids";
+    throw bad_request(param, std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
+                                 std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +
+                                 std::to_string(kMaxBatchChoices) + " a request");
   }
   if (endpoint != Endpoint::kGenerate) {
     // OpenAI fields this server cannot honour are refused by name, not ignored (a request relying on
@@ -629,21 +695,31 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       throw bad_request("best_of", "best_of = " + std::to_string(*b) +
                                        " is not supported (only best_of = n = " + std::to_string(r.n) + ")");
   }
-  r.sampling.logprobs = r.return_logprob;
-  r.sampling.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
-  if (r.return_logprob && (r.echo || r.logprob_start_len)) r.sampling.prompt_logprobs = r.top_logprobs;
+  auto set_logprobs = [&r](engine::SamplingParams& s) {
+    s.logprobs = r.return_logprob;
+    s.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
+    if (r.return_logprob && (r.echo || r.logprob_start_len)) s.prompt_logprobs = r.top_logprobs;
+  };
+  set_logprobs(r.sampling);
+  for (ParsedRequest::PromptSampling& ps : r.per_prompt) set_logprobs(ps.sampling);
   return r;
 }
 
 void restore_key_order(ParsedRequest& r, const std::string& body) {
-  if (r.tools.is_null() && r.schema_pointer.empty()) return;
+  const bool per_prompt_schema =
+      std::any_of(r.per_prompt.begin(), r.per_prompt.end(),
+                  [](const ParsedRequest::PromptSampling& p) { return !p.schema_pointer.empty(); });
+  if (r.tools.is_null() && r.schema_pointer.empty() && !per_prompt_schema) return;
   const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!ordered.is_object()) return;  // parse_body accepted it: cannot happen
   if (!r.tools.is_null() && ordered.contains("tools")) r.tools = ordered["tools"];
-  if (!r.schema_pointer.empty() && r.constraint) {
-    const nlohmann::ordered_json::json_pointer ptr(r.schema_pointer);
-    if (ordered.contains(ptr)) r.constraint->text = ordered[ptr].dump();
-  }
+  auto restore = [&](const std::string& pointer, std::optional<engine::ConstraintSpec>& constraint) {
+    if (pointer.empty() || !constraint) return;
+    const nlohmann::ordered_json::json_pointer ptr(pointer);
+    if (ordered.contains(ptr)) constraint->text = ordered[ptr].dump();
+  };
+  restore(r.schema_pointer, r.constraint);
+  for (ParsedRequest::PromptSampling& p : r.per_prompt) restore(p.schema_pointer, p.constraint);
 }
 
 int64_t default_max_new_tokens(Endpoint endpoint, int64_t prompt_tokens, int64_t context_length) {
@@ -853,6 +929,28 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
   return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
 }
 
+json generate_choice(const ParsedRequest& req, const ResponseContext& ctx, size_t index, const Accumulated& acc,
+                     bool streamed) {
+  FP4MOE_CHECK(index < ctx.choice_ids.size() && index < ctx.choice_prompt_tokens.size())
+      << "generate_choice: choice " << index << " of " << ctx.choice_ids.size();
+  ResponseContext one;  // without the per-choice lists (copied per streamed event)
+  one.id = ctx.choice_ids[index];
+  one.model = ctx.model;
+  one.created = ctx.created;
+  one.prompt_tokens = ctx.choice_prompt_tokens[index];
+  one.tokenizer = ctx.tokenizer;
+  json j = generate_response(req, one, acc);
+  if (streamed) j["index"] = index;
+  return j;
+}
+
+json generate_batch_response(const ParsedRequest& req, const ResponseContext& ctx,
+                             std::span<const Accumulated> choices) {
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) out.push_back(generate_choice(req, ctx, i, choices[i], false));
+  return out;
+}
+
 namespace {
 
 // The fields every OpenAI body and chunk carries around its choices.
@@ -876,6 +974,18 @@ engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumula
   return u;
 }
 
+engine::Usage choice_usage(const ParsedRequest& req, const ResponseContext& ctx, size_t index, const Accumulated& acc) {
+  engine::Usage u{index < ctx.choice_prompt_tokens.size() ? ctx.choice_prompt_tokens[index] : ctx.prompt_tokens, 0};
+  if (acc.finish) {
+    u.completion_tokens = acc.finish->usage.completion_tokens;
+    u.cached_tokens = acc.finish->usage.cached_tokens;
+  } else {
+    const size_t echoed = req.echo && req.return_logprob ? acc.prompt_logprobs.size() : 0;
+    u.completion_tokens = static_cast<int64_t>(acc.tokens.size() - std::min(echoed, acc.tokens.size()));
+  }
+  return u;
+}
+
 json completion_response(const ParsedRequest& req, const ResponseContext& ctx, std::span<const Accumulated> choices) {
   json out = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -893,9 +1003,11 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
   return body;
 }
 
-// OpenAI: "tool_calls" when the model stopped after calling a tool.
-std::string chat_finish_reason(const engine::Finish& f, bool called_tools) {
-  return called_tools && f.reason == engine::FinishReason::kStop ? "tool_calls" : finish_reason_string(f);
+// OpenAI: "tool_calls" when the model stopped after calling a tool of its own choice (tool_choice "auto"). A call the
+// request forced (tool_choice "required" or a named function) ends "stop", as the OpenAI API and vLLM end it.
+std::string chat_finish_reason(const ParsedRequest& req, const engine::Finish& f, bool called_tools) {
+  return called_tools && req.tool_choice == "auto" && f.reason == engine::FinishReason::kStop ? "tool_calls"
+                                                                                              : finish_reason_string(f);
 }
 
 json tool_call_json(const ResponseContext& ctx, size_t choice, size_t k, const ToolCall& c) {
@@ -923,7 +1035,7 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
       choice["message"]["tool_calls"] = std::move(calls);
     }
     choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
-    choice["finish_reason"] = acc.finish ? json(chat_finish_reason(*acc.finish, called)) : json(nullptr);
+    choice["finish_reason"] = acc.finish ? json(chat_finish_reason(req, *acc.finish, called)) : json(nullptr);
     out.push_back(std::move(choice));
   }
   json body = openai_envelope(ctx, "chat.completion", std::move(out));
@@ -991,7 +1103,7 @@ json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engi
   json choice = {{"index", index}, {"delta", delta}};
   choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   const bool called = stream != nullptr && stream->n_calls > 0;
-  choice["finish_reason"] = out.finished ? json(chat_finish_reason(*out.finished, called)) : json(nullptr);
+  choice["finish_reason"] = out.finished ? json(chat_finish_reason(req, *out.finished, called)) : json(nullptr);
   return openai_envelope(ctx, "chat.completion.chunk", json::array({choice}));
 }
 

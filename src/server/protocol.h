@@ -57,6 +57,8 @@ struct ParsedRequest {
   engine::SamplingParams sampling;
   bool stream = false;
   bool include_usage = false;  // OpenAI stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage so far.
+  bool continuous_usage = false;
   bool return_logprob = false;
   int64_t top_logprobs = 0;
   // /v1/completions `echo`: each choice's text starts with its prompt and, with logprobs, its logprobs
@@ -72,16 +74,33 @@ struct ParsedRequest {
   std::optional<int64_t> logprob_start_len;
   // /generate (SGLang): the logprob tuples' third element is the token's text instead of null.
   bool return_text_in_logprobs = false;
-  // OpenAI `n`: choices per request, each its own engine request (with a seed, choice i samples with
-  // seed + i, so the choices differ and the request reproduces). /generate takes n = 1 only.
+  // OpenAI `n` (SGLang's sampling_params.n on /generate): choices per request, each its own engine request (with a
+  // seed, choice i samples with seed + i, so the choices differ and the request reproduces).
   int64_t n = 1;
-  // /v1/completions with a list of prompts (2+ strings or 2+ id lists): one entry each (text or ids),
-  // and then text / input_ids above are unset. Choice p n + j is prompt p's choice j.
+  // /v1/completions with a list of prompts (2+ strings or 2+ id lists), /generate with a list of texts or of id lists
+  // (1 or more): one entry each (text or ids), and then text / input_ids above are unset. Choice p n + j is prompt p's
+  // choice j.
   struct BatchPrompt {
     std::optional<std::vector<engine::TokenId>> input_ids;
     std::optional<std::string> text;
   };
   std::vector<BatchPrompt> batch;
+  // /generate as SGLang batches it: a list of texts / input_ids, or sampling_params.n > 1. The reply is a JSON list
+  // with one object per choice (p n + j), each with its own meta_info.id and prompt_tokens; a stream's chunks are
+  // those objects with "index" (the choice) added.
+  bool batch_reply = false;
+  // /generate's sampling_params as a list, one per prompt: each prompt's own. Empty: `sampling`, `max_new_tokens`,
+  // `constraint` and `schema_pointer` serve every prompt. (n is the same in all: SGLang's rule.)
+  struct PromptSampling {
+    engine::SamplingParams sampling;
+    std::optional<int64_t> max_new_tokens;
+    std::optional<engine::ConstraintSpec> constraint;
+    std::string schema_pointer;
+  };
+  std::vector<PromptSampling> per_prompt;
+  // /generate's rid as a list (one per prompt, n = 1): the choices' ids. A string rid names a batch's choices
+  // "{rid}_{i}" (SGLang's names).
+  std::vector<std::string> rid_list;
   std::string model;  // as sent (informational)
   // vLLM's / SGLang's request priority (lower is sooner) under --schedule-policy priority; 0 otherwise.
   int64_t priority = 0;
@@ -141,11 +160,13 @@ void drop_generated(const ParsedRequest& req, engine::RequestOutput& event);
 void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event);
 
 struct ResponseContext {
-  std::string id;            // "cmpl-..." / "chatcmpl-..." / the SGLang rid
+  std::string id;            // "cmpl-..." / "chatcmpl-..." / the SGLang rid (a /generate batch: its first choice's)
   std::string model;         // served model name
   int64_t created = 0;       // unix seconds
   int64_t prompt_tokens = 0;                     // a batch of prompts: their sum (each prompt counted once, whatever n)
   const engine::Tokenizer* tokenizer = nullptr;  // for logprob token strings
+  std::vector<int64_t> choice_prompt_tokens;     // each choice's prompt length (a batch's prompts differ)
+  std::vector<std::string> choice_ids;           // a /generate batch (ParsedRequest::batch_reply): each choice's id
 };
 
 // OpenAI finish_reason: "stop" | "length" | "abort" (SGLang reports aborts the same way).
@@ -153,6 +174,12 @@ std::string finish_reason_string(const engine::Finish& f);
 
 // SGLang /generate: {"text", "output_ids", "meta_info": {...}} (cumulative when streaming).
 nlohmann::json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc);
+// A /generate batch's choice `index` (its id and prompt_tokens from ctx.choice_ids / choice_prompt_tokens); with
+// `streamed`, "index" is added (SGLang's batch stream). The whole reply is the list of every choice's object.
+nlohmann::json generate_choice(const ParsedRequest& req, const ResponseContext& ctx, size_t index,
+                               const Accumulated& acc, bool streamed);
+nlohmann::json generate_batch_response(const ParsedRequest& req, const ResponseContext& ctx,
+                                       std::span<const Accumulated> choices);
 
 // OpenAI non-streaming bodies: one choice per Accumulated (index = its position), usage with the prompt
 // counted once and the completion tokens of every choice.
@@ -169,6 +196,9 @@ inline nlohmann::json chat_response(const ParsedRequest& req, const ResponseCont
 }
 // The usage of a request's choices: ctx.prompt_tokens (each prompt once), the completion tokens of all.
 engine::Usage choices_usage(const ResponseContext& ctx, std::span<const Accumulated> choices);
+// One choice's usage so far (vLLM's continuous_usage_stats): its prompt's tokens and what it generated (an echoed
+// prompt's logprob entries not counted).
+engine::Usage choice_usage(const ParsedRequest& req, const ResponseContext& ctx, size_t index, const Accumulated& acc);
 
 // Where completions logprobs' text_offset stands: characters of the text so far (code points, a stray UTF-8
 // continuation byte counting as the U+FFFD it is shown as) and the continuation bytes the last character still

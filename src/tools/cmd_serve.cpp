@@ -46,6 +46,7 @@
 #include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/device_option.h"
+#include "tune/tune_cache.h"
 
 namespace fp4moe::tools {
 namespace {
@@ -232,6 +233,7 @@ void run_serve(ServeArgs a) {
   if (so.served_model_name.empty()) so.served_model_name = fs::path(a.model_dir).parent_path().filename().string();
   const std::optional<model::ModelConfig> early = early_config(a);
   so.launch_args = launch_args(a);
+  so.version = tune::build_id();
   if (const std::optional<WeightFormat> w = served_expert_weights(a, early))
     so.launch_args["expert_weights"] = to_string(*w);
   so.api_key = a.api_key;

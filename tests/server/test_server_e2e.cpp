@@ -312,11 +312,14 @@ TEST_F(DefaultServer, CompletionsFieldByField) {
   EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 0);
   EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + 6);
 
-  // Streaming: deltas concatenate to the same text; usage only when asked; [DONE] last.
+  // Streaming: deltas concatenate to the same text; usage only when asked; [DONE] last. vLLM's
+  // continuous_usage_stats (with include_usage) puts the usage so far in every chunk; alone it does nothing.
   body.erase("logprobs");
   body["stream"] = true;
-  for (bool include_usage : {false, true}) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool include_usage = mode == 1 || mode == 2, continuous = mode == 2;
     body["stream_options"] = {{"include_usage", include_usage}};
+    if (mode >= 2) body["stream_options"]["continuous_usage_stats"] = true;
     int status = 0;
     bool done = false;
     auto chunks = sse_chunks(c, "/v1/completions", body, &status, &done);
@@ -324,6 +327,7 @@ TEST_F(DefaultServer, CompletionsFieldByField) {
     EXPECT_TRUE(done);
     std::string text;
     int n_usage = 0;
+    int64_t tokens_so_far = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const json& k = chunks[i];
       EXPECT_EQ(k["object"], "text_completion");
@@ -334,6 +338,14 @@ TEST_F(DefaultServer, CompletionsFieldByField) {
         EXPECT_EQ(i, chunks.size() - 1) << "usage must be the last chunk";
         continue;
       }
+      EXPECT_EQ(k.contains("usage"), continuous) << "mode " << mode << ": " << k.dump();
+      if (continuous && k.contains("usage")) {
+        const int64_t so_far = k["usage"]["completion_tokens"].get<int64_t>();
+        EXPECT_GE(so_far, tokens_so_far + 1) << k.dump();
+        tokens_so_far = so_far;
+        EXPECT_EQ(k["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]) << k.dump();
+        EXPECT_EQ(k["usage"]["total_tokens"], so_far + j["usage"]["prompt_tokens"].get<int64_t>()) << k.dump();
+      }
       ASSERT_EQ(k["choices"].size(), 1u);
       text += k["choices"][0]["text"].get<std::string>();
       const bool last_choice = i + 1 == chunks.size() - (include_usage ? 1 : 0);
@@ -341,6 +353,9 @@ TEST_F(DefaultServer, CompletionsFieldByField) {
     }
     EXPECT_EQ(n_usage, include_usage ? 1 : 0);
     EXPECT_EQ(text, ch["text"].get<std::string>());
+    if (continuous) {
+      EXPECT_EQ(tokens_so_far, 6);
+    }
   }
 
   // Streamed logprobs: text_offset counts on across the chunks, equal to the whole reply's (it restarted at 0 in
@@ -1055,6 +1070,179 @@ TEST_F(DefaultServer, BatchOfPromptsWithNChoices) {
   // A bad prompt of the batch is named.
   expect_error(c.post("/v1/completions", json{{"prompt", {json::array({1}), json::array({99999})}}}.dump()), 400,
                "prompt");
+}
+
+// vLLM's root routes: /tokenize (a prompt, or a chat rendered as /v1/chat/completions renders it, with token strings
+// on request), /detokenize, /version and the /ping probe.
+TEST_F(DefaultServer, VllmRootRoutes) {
+  HttpClient c(srv_->url(), kTimeout);
+  const std::string prompt = "The quick brown fox";
+  auto r = c.post("/tokenize", json{{"prompt", prompt}, {"return_token_strs", true}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = parse(r.body);
+  const auto sglang = parse(c.post("/v1/tokenize", json{{"prompt", prompt}}.dump()).body);
+  EXPECT_EQ(j["tokens"], sglang["tokens"]);
+  EXPECT_EQ(j["count"], j["tokens"].size());
+  EXPECT_EQ(j["max_model_len"], 512);
+  ASSERT_EQ(j["token_strs"].size(), j["tokens"].size());
+  EXPECT_TRUE(parse(c.post("/tokenize", json{{"prompt", prompt}}.dump()).body)["token_strs"].is_null());
+  auto d = c.post("/detokenize", json{{"tokens", j["tokens"]}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(parse(d.body)["prompt"], prompt);
+  // A chat: the tokens /v1/chat/completions counts as its prompt.
+  const json messages = {{{"role", "user"}, {"content", "Hi there"}}};
+  r = c.post("/tokenize", json{{"messages", messages}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto chat = c.post("/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 1}}.dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(parse(r.body)["count"], parse(chat.body)["usage"]["prompt_tokens"]);
+  // Version and probes.
+  const auto v = c.get("/version");
+  ASSERT_EQ(v.status, 200) << v.body;
+  EXPECT_NE(parse(v.body)["version"].get<std::string>().find('.'), std::string::npos) << v.body;
+  EXPECT_EQ(parse(c.get("/get_server_info").body)["version"], parse(v.body)["version"]);
+  EXPECT_EQ(c.get("/ping").status, 200);
+  EXPECT_EQ(c.post("/ping", "{}").status, 200);
+  // Bad requests are named.
+  expect_error(c.post("/tokenize", json::object().dump()), 400, "prompt");
+  expect_error(c.post("/tokenize", json{{"prompt", "a"}, {"messages", messages}}.dump()), 400, "prompt");
+  expect_error(c.post("/tokenize", json{{"prompt", {"a", "b"}}}.dump()), 400, "prompt");
+  expect_error(c.post("/tokenize", json{{"prompt", "a"}, {"return_token_strs", "yes"}}.dump()), 400,
+               "return_token_strs");
+  expect_error(c.post("/tokenize", json{{"messages", {{{"content", "no role"}}}}}.dump()), 400, "messages[0].role");
+  expect_error(c.post("/detokenize", json{{"tokens", {1, -2}}}.dump()), 400, "tokens");
+  expect_error(c.post("/detokenize", json::object().dump()), 400, "tokens");
+}
+
+// SGLang's /generate batch: a list of texts or id lists, sampling_params.n, a list of sampling_params, rid as a string
+// or a list. The reply is a list with one object per choice (prompt-major), each as the prompt alone would give it
+// under its own id; streamed, each chunk is one choice's cumulative object with "index"; one choice can be aborted by
+// its id while the others run on.
+TEST_F(DefaultServer, GenerateBatchesAsSglangDoes) {
+  HttpClient c(srv_->url(), kTimeout);
+  const std::vector<std::string> prompts = {"The quick brown fox", "hello"};
+  const json greedy = {{"max_new_tokens", 3}, {"temperature", 0}, {"ignore_eos", true}};
+  std::vector<json> alone;
+  for (const std::string& p : prompts) {
+    auto r = c.post("/generate", json{{"text", p}, {"sampling_params", greedy}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone.push_back(parse(r.body));
+  }
+  auto check_item = [&](const json& item, size_t prompt, const std::string& what) {
+    EXPECT_EQ(item["output_ids"], alone[prompt]["output_ids"]) << what;
+    EXPECT_EQ(item["text"], alone[prompt]["text"]) << what;
+    EXPECT_EQ(item["meta_info"]["prompt_tokens"], alone[prompt]["meta_info"]["prompt_tokens"]) << what;
+    EXPECT_EQ(item["meta_info"]["completion_tokens"], 3) << what;
+  };
+  // A list of texts, then the same as id lists.
+  auto r = c.post("/generate", json{{"text", prompts}, {"sampling_params", greedy}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = parse(r.body);
+  ASSERT_TRUE(j.is_array()) << j.dump();
+  ASSERT_EQ(j.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) check_item(j[i], i, "text list, item " + std::to_string(i));
+  EXPECT_NE(j[0]["meta_info"]["id"], j[1]["meta_info"]["id"]);
+  std::vector<std::vector<int64_t>> ids;
+  for (const std::string& p : prompts) {
+    auto t = c.post("/v1/tokenize", json{{"prompt", p}}.dump());
+    ASSERT_EQ(t.status, 200) << t.body;
+    ids.push_back(parse(t.body)["tokens"].get<std::vector<int64_t>>());
+  }
+  r = c.post("/generate",
+             json{{"input_ids", ids}, {"sampling_params", greedy}, {"rid", {"batch-a", "batch-b"}}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = parse(r.body);
+  ASSERT_EQ(j.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) check_item(j[i], i, "id lists, item " + std::to_string(i));
+  EXPECT_EQ(j[0]["meta_info"]["id"], "batch-a");
+  EXPECT_EQ(j[1]["meta_info"]["id"], "batch-b");
+  // n samples: prompt-major (prompt p's sample k at p n + k), a string rid names them "{rid}_{i}".
+  json nbody = {{"text", prompts}, {"sampling_params", greedy}, {"rid", "nb"}};
+  nbody["sampling_params"]["n"] = 2;
+  r = c.post("/generate", nbody.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = parse(r.body);
+  ASSERT_EQ(j.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    check_item(j[i], i / 2, "n = 2, item " + std::to_string(i));
+    EXPECT_EQ(j[i]["meta_info"]["id"], "nb_" + std::to_string(i));
+  }
+  // One sampling_params per prompt: each prompt's own budget.
+  r = c.post("/generate",
+             json{{"text", prompts},
+                  {"sampling_params",
+                   {{{"max_new_tokens", 2}, {"ignore_eos", true}}, {{"max_new_tokens", 5}, {"ignore_eos", true}}}}}
+                 .dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = parse(r.body);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["meta_info"]["completion_tokens"], 2);
+  EXPECT_EQ(j[1]["meta_info"]["completion_tokens"], 5);
+  // Streamed: each chunk one choice's cumulative object with its index; each ends once, one [DONE].
+  json sb = {{"text", prompts}, {"sampling_params", greedy}, {"stream", true}};
+  int status = 0;
+  bool done = false;
+  const auto chunks = sse_chunks(c, "/generate", sb, &status, &done);
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(done);
+  std::vector<json> last(2);
+  std::vector<int> finishes(2, 0);
+  for (const json& k : chunks) {
+    ASSERT_TRUE(k.contains("index")) << k.dump();
+    const size_t i = k["index"].get<size_t>();
+    ASSERT_LT(i, 2u) << k.dump();
+    last[i] = k;
+    if (!k["meta_info"]["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(finishes[i], 1) << "choice " << i;
+    check_item(last[i], i, "streamed, choice " + std::to_string(i));
+  }
+  // A bad prompt of the batch is named; the server keeps serving.
+  expect_error(c.post("/generate", json{{"input_ids", {json::array({1}), json::array({99999})}}}.dump()), 400,
+               "input_ids");
+  expect_error(c.post("/generate", json{{"text", {"a", ""}}}.dump()), 400, "text");
+  // One choice aborted by its id; the other runs to its end. Each round races the replies' own end (480 tokens):
+  // a round where the abort came too late is retried.
+  bool aborted_one = false;
+  for (int round = 0; round < 5 && !aborted_one; ++round) {
+    const std::string base = "ab" + std::to_string(round);
+    std::atomic<bool> both_started{false};
+    std::vector<json> ends(2);
+    std::thread streamer([&] {
+      HttpClient s(srv_->url(), kTimeout);
+      std::vector<bool> seen(2, false);
+      const json body = {{"text", prompts},
+                         {"stream", true},
+                         {"rid", base},
+                         {"sampling_params", {{"max_new_tokens", 480}, {"ignore_eos", true}}}};
+      s.post_sse("/generate", body.dump(), [&](std::string_view data) {
+        if (data == "[DONE]") return true;
+        const json k = json::parse(data);
+        const size_t i = k["index"].get<size_t>();
+        seen[i] = true;
+        ends[i] = k;
+        if (seen[0] && seen[1]) both_started = true;
+        return true;
+      });
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!both_started && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    auto a = c.post("/abort_request", json{{"rid", base + "_1"}}.dump());
+    streamer.join();
+    ASSERT_TRUE(both_started.load());
+    const std::string end0 = ends[0]["meta_info"]["finish_reason"]["type"].get<std::string>();
+    const std::string end1 = ends[1]["meta_info"]["finish_reason"]["type"].get<std::string>();
+    EXPECT_EQ(end0, "length") << ends[0].dump();  // never aborted with its sibling
+    if (a.status == 404 && end1 == "length") continue;
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(parse(a.body)["requests"], 1);
+    EXPECT_EQ(end1, "abort") << ends[1].dump();
+    EXPECT_EQ(ends[0]["meta_info"]["completion_tokens"], 480);
+    aborted_one = true;
+  }
+  EXPECT_TRUE(aborted_one) << "in 5 rounds the abort of one choice never came before the reply's end";
 }
 
 // echo as lm-eval's loglikelihood requests send it (echo, logprobs 1, max_tokens 1): the text is the
@@ -1843,8 +2031,9 @@ TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
   keyed.set_bearer_token(key);
   const json body = {{"prompt", "hi"}, {"max_tokens", 2}};
   for (HttpClient* c : {&open, &wrong}) {
-    for (const auto& r : {c->get("/v1/models"), c->get("/get_server_info"), c->post("/v1/completions", body.dump()),
-                          c->post("/generate", json{{"text", "hi"}}.dump())}) {
+    for (const auto& r :
+         {c->get("/v1/models"), c->get("/get_server_info"), c->post("/v1/completions", body.dump()),
+          c->post("/generate", json{{"text", "hi"}}.dump()), c->post("/tokenize", json{{"prompt", "hi"}}.dump())}) {
       EXPECT_EQ(r.status, 401) << r.body;
       const json j = parse(r.body);
       EXPECT_EQ(j["error"]["type"], "authentication_error");
@@ -1855,12 +2044,13 @@ TEST(ServerE2E, ApiKeyGuardsEveryRouteButTheProbes) {
   EXPECT_EQ(open.get("/health").status, 200);
   EXPECT_EQ(open.get("/health_generate").status, 200);
   EXPECT_EQ(open.get("/metrics").status, 200);
+  EXPECT_EQ(open.get("/ping").status, 200);
   EXPECT_EQ(keyed.post("/v1/completions", body.dump()).status, 200);
   const auto info = keyed.get("/get_server_info");
   ASSERT_EQ(info.status, 200);
   EXPECT_EQ(info.body.find(key), std::string::npos) << "the key leaks: " << info.body;
   EXPECT_EQ(parse(info.body)["api_key"], "(set)");
-  EXPECT_GE(metric(srv.url(), "fp4moe:http_errors_total{code=\"401\"}"), 8.0);
+  EXPECT_GE(metric(srv.url(), "fp4moe:http_errors_total{code=\"401\"}"), 10.0);
 
   std::string text;
   const std::string bench =

@@ -59,6 +59,108 @@ TEST(ServerProtocol, GenerateParsesSamplingParams) {
   EXPECT_EQ(r.sampling.top_logprobs, 3);
 }
 
+// SGLang's /generate batch: a list of texts or of id lists (one or more), sampling_params.n > 1, a list of
+// sampling_params (one per prompt, the same n), rid as a list (one per prompt) or a string; each choice is one object
+// of the reply's list with its own id and prompt_tokens.
+TEST(ServerProtocol, GenerateBatchForms) {
+  ParsedRequest r = parse_request(Endpoint::kGenerate, json{{"text", {"a", "b c"}}});
+  EXPECT_TRUE(r.batch_reply);
+  ASSERT_EQ(r.batch.size(), 2u);
+  EXPECT_EQ(r.batch[1].text, "b c");
+  EXPECT_FALSE(r.text);
+  r = parse_request(Endpoint::kGenerate, json{{"input_ids", {{1, 2}}}});  // a list of one is a batch of one
+  EXPECT_TRUE(r.batch_reply);
+  ASSERT_EQ(r.batch.size(), 1u);
+  EXPECT_EQ(*r.batch[0].input_ids, (std::vector<int32_t>{1, 2}));
+  r = parse_request(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 3}, {"seed", 5}}}});
+  EXPECT_TRUE(r.batch_reply);  // SGLang: n samples of one prompt reply as a list
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.text, "a");
+  EXPECT_FALSE(parse_request(Endpoint::kGenerate, json{{"text", "a"}}).batch_reply);
+  // One sampling_params per prompt, each its own (a constraint too, its schema pointer into the list).
+  r = parse_request(Endpoint::kGenerate,
+                    json{{"text", {"a", "b"}},
+                         {"sampling_params",
+                          {{{"max_new_tokens", 3}, {"temperature", 0}},
+                           {{"max_new_tokens", 5}, {"stop", "x"}, {"json_schema", {{"type", "object"}}}}}},
+                         {"return_logprob", true}});
+  ASSERT_EQ(r.per_prompt.size(), 2u);
+  EXPECT_EQ(r.per_prompt[0].max_new_tokens, 3);
+  EXPECT_EQ(r.per_prompt[0].sampling.temperature, 0.0);
+  EXPECT_FALSE(r.per_prompt[0].constraint);
+  EXPECT_EQ(r.per_prompt[1].max_new_tokens, 5);
+  EXPECT_EQ(r.per_prompt[1].sampling.stop, (std::vector<std::string>{"x"}));
+  ASSERT_TRUE(r.per_prompt[1].constraint);
+  EXPECT_EQ(r.per_prompt[1].constraint->param, "sampling_params[1].json_schema");
+  EXPECT_EQ(r.per_prompt[1].schema_pointer, "/sampling_params/1/json_schema");
+  EXPECT_TRUE(r.per_prompt[0].sampling.logprobs);  // the top-level logprob fields apply to every prompt
+  EXPECT_TRUE(r.per_prompt[1].sampling.logprobs);
+  // restore_key_order re-reads a per-prompt object schema in the order sent.
+  const std::string body =
+      R"({"text": ["a"], "sampling_params": [{"json_schema": {"type": "object", "properties": {"z": {}, "a": {}}}}]})";
+  r = parse_request(Endpoint::kGenerate, parse_body(body));
+  restore_key_order(r, body);
+  ASSERT_TRUE(r.per_prompt.at(0).constraint);
+  EXPECT_LT(r.per_prompt[0].constraint->text.find("\"z\""), r.per_prompt[0].constraint->text.find("\"a\""));
+  // rid: a list names each prompt; a string names a batch's choices "{rid}_{i}" (in the server).
+  r = parse_request(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"r-a", "r-b"}}});
+  EXPECT_EQ(r.rid_list, (std::vector<std::string>{"r-a", "r-b"}));
+  EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", "base"}}).rid, "base");
+
+  expect_bad(Endpoint::kGenerate, json{{"text", json::array()}}, "text", "empty list");
+  expect_bad(Endpoint::kGenerate, json{{"text", 5}}, "text", "a string or a list of strings");
+  expect_bad(Endpoint::kGenerate, json{{"input_ids", {{1}, 2}}}, "input_ids[1]", "input_ids[1] must be an array");
+  expect_bad(Endpoint::kGenerate, json{{"input_ids", {{1}, {-1}}}}, "input_ids[1]", "input_ids[1][0] = -1");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"sampling_params", {{{"n", 1}}}}}, "sampling_params",
+             "a list of 1 objects; the request has 2 prompt(s)");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"sampling_params", {{{"n", 2}}, {{"n", 1}}}}},
+             "sampling_params[1].n", "sampling_params[1].n = 1 differs from sampling_params[0].n = 2");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"sampling_params", {3, 4}}}, "sampling_params[0]",
+             "sampling_params[0] must be an object");
+  expect_bad(Endpoint::kGenerate,
+             json{{"text", {"a", "b"}}, {"sampling_params", {json::object(), {{"temperature", -1}}}}},
+             "sampling_params[1].temperature", "sampling_params[1].temperature = -1 is outside");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a"}}, {"sampling_params", "x"}}, "sampling_params",
+             "an object, or a list of objects");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x"}}}, "rid", "this request has 2 prompts");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"rid", {"x"}}}, "rid", "this request has one prompt");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", "x"}}}, "rid",
+             "rid[1] = \"x\" is rid[0] too");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", 3}}}, "rid", "rid[1] must be a string");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", "12"}}}, "rid",
+             "rid[1] = \"12\" has the form of the server's own ids");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", "y"}}, {"sampling_params", {{"n", 2}}}},
+             "rid", "n = 2");
+  expect_bad(Endpoint::kGenerate, json{{"text", std::vector<std::string>(5, "a")}, {"sampling_params", {{"n", 64}}}},
+             "text", "5 prompts x n = 64 = 320 choices > 256");
+  expect_bad(Endpoint::kGenerate, json{{"input_ids", {{1}, {2}, {3}, {4}, {5}}}, {"sampling_params", {{"n", 52}}}},
+             "input_ids", "5 prompts x n = 52 = 260 choices");
+}
+
+// A /generate batch reply: one object per choice, each with its id and its prompt's tokens; streamed, "index" too.
+TEST(ServerProtocol, GenerateBatchResponse) {
+  const ParsedRequest req = parse_request(Endpoint::kGenerate, json{{"input_ids", {{1, 2}, {3}}}});
+  ResponseContext ctx;
+  ctx.id = "r_0";
+  ctx.prompt_tokens = 3;
+  ctx.choice_ids = {"r_0", "r_1"};
+  ctx.choice_prompt_tokens = {2, 1};
+  std::vector<Accumulated> accs(2);
+  accs[1].tokens.push_back(fp4moe::engine::GeneratedToken{7, -0.5f, {}});
+  const json whole = generate_batch_response(req, ctx, accs);
+  ASSERT_TRUE(whole.is_array());
+  ASSERT_EQ(whole.size(), 2u);
+  EXPECT_EQ(whole[0]["meta_info"]["id"], "r_0");
+  EXPECT_EQ(whole[0]["meta_info"]["prompt_tokens"], 2);
+  EXPECT_EQ(whole[1]["meta_info"]["id"], "r_1");
+  EXPECT_EQ(whole[1]["meta_info"]["prompt_tokens"], 1);
+  EXPECT_EQ(whole[1]["output_ids"], json::array({7}));
+  EXPECT_FALSE(whole[1].contains("index"));
+  const json chunk = generate_choice(req, ctx, 1, accs[1], true);
+  EXPECT_EQ(chunk["index"], 1);
+  EXPECT_EQ(chunk["meta_info"]["id"], "r_1");
+}
+
 // --sampling-defaults model: the fields an OpenAI body omits (or sends null) take the server's defaults, the fields
 // it sends win; SGLang's /generate keeps its own defaults (as SGLang: only its chat route reads the model's).
 TEST(ServerProtocol, SamplingDefaultsFillOmittedFields) {
@@ -105,7 +207,7 @@ TEST(ServerProtocol, OpenAiFieldsAndNulls) {
 TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kGenerate, json::object(), "text", "exactly one");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"input_ids", {1}}}, "text", "exactly one");
-  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}}, "text", "batched");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", 3}}}, "text", "text[1] = 3 is not a string");
   expect_bad(Endpoint::kGenerate, json{{"input_ids", {1, "x"}}}, "input_ids", "input_ids[1]");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", 3}}, "sampling_params", "object");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"temperature", 101}}}},
@@ -114,7 +216,8 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
              "sampling_params.max_new_tokens", "integer");
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"stop", {"ok", 3}}}}},
              "sampling_params.stop", "stop[1]");
-  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 2}}}}, "sampling_params.n", "n = 1");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 65}}}}, "sampling_params.n",
+             "sampling_params.n = 65 is outside [1, 64]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
   // Integers are compared exactly: 2^63 is past every range (as a double it equalled INT64_MAX and wrapped).
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 9223372036854775808ull}}, "seed",
