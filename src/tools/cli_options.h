@@ -28,6 +28,26 @@ inline CLI::Validator unsigned_64() {
       "");  // the option's own type name (UINT) stays in --help
 }
 
+// A value of a fixed set read by its parser (model::parse_load_format, engine::parse_schedule_policy, ...), which
+// throws naming the accepted values: checked while CLI11 parses, so that a bad value is a usage error (exit 2, as a
+// value outside an IsMember set) with the parser's message (its source location left out), before anything runs.
+template <class Parse>
+CLI::Validator parsed_by(Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& s) -> std::string {
+        try {
+          parse(s);
+          return {};
+        } catch (const fp4moe::Error& e) {
+          std::string message = e.what();
+          const size_t at = message.rfind(" [");
+          if (at != std::string::npos && message.back() == ']') message.resize(at);
+          return message;
+        }
+      },
+      "");
+}
+
 // Runs a validate() whose engine::FieldError names a field its flag is spelled after (top_p: --top-p), naming the
 // flag instead: "--top-p 2 must be in (0, 1]" where validate says "top_p 2 ...".
 template <class Check>

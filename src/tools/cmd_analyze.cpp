@@ -156,7 +156,8 @@ void register_analyze_command(CLI::App& app) {
   cmd->add_option(
       "--model,--model-path", a->model_dir,
       "Model directory or preset for the config (default: the model the server or the metrics' model_info name)");
-  cmd->add_option("--weights", a->weights, "Expert weight format: auto, nvfp4 (0.5625 B/weight) or bf16 (default auto)");
+  cmd->add_option("--weights", a->weights, "Expert weight format: auto, nvfp4 (0.5625 B/weight) or bf16 (default auto)")
+      ->check(CLI::IsMember({"auto", "nvfp4", "bf16"}));
   cmd->add_option("--hbm-gbps", a->roofline.hbm_gbps, "HBM roofline in GB/s (default 4200: H200 copy bandwidth)");
   cmd->add_option("--peak-tflops", a->roofline.peak_tflops, "Tensor roofline in TFLOP/s (default 780: H200 BF16)");
   cmd->add_option("--max-running-requests", a->max_running_requests,

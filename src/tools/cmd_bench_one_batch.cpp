@@ -319,8 +319,10 @@ void register_bench_one_batch_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench-one-batch",
                                      "Prefill and decode latency of a static batch through the model (no scheduler)");
   cmd->add_option("--model", args->model_dir, "Model directory or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; default: the embedded default model)");
-  cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)");
-  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)");
+  cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)")
+      ->check(parsed_by([](const std::string& v) { model::parse_load_format(v); }));
+  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)")
+      ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
   cmd->add_option("--batch-size", args->batch_sizes, "Batch sizes, comma separated (default 1,4,16)");
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per sequence (default 64)");
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");

@@ -28,8 +28,10 @@
 #include "model/presets.h"
 #include "plan/decode.h"
 #include "plan/gpu_table.h"
+#include "plan/kernel_families.h"
 #include "plan/plan_report.h"
 #include "plan/planner.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 
 namespace fp4moe::tools {
@@ -223,8 +225,11 @@ void run_plan(const PlanArgs& a) {
 void register_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand("plan", "Pick feasible GEMM tiles for a GPU and explain every rejection in bytes");
-  cmd->add_option("--gpu", args->gpu, "GPU product or arch (h200, rtx-pro-6000, b200, dgx-spark, sm_120, ...); default: device 0");
-  cmd->add_option("--kernel", args->kernel, "ours | cutlass-sm120-moe | cutlass-sm100-moe (default: ours on Hopper)");
+  cmd->add_option("--gpu", args->gpu,
+                  "GPU product or arch (h200, rtx-pro-6000, b200, dgx-spark, sm_120, ...); default: device 0")
+      ->check(parsed_by([](const std::string& v) { plan::require_gpu(v); }));
+  cmd->add_option("--kernel", args->kernel, "ours | cutlass-sm120-moe | cutlass-sm100-moe (default: ours on Hopper)")
+      ->check(parsed_by([](const std::string& v) { plan::parse_family(v); }));
   cmd->add_option("--problem", args->problem, "moe:E=256,topk=8,H=6144,I=2048 or gemm:M=..,N=..,K=..");
   cmd->add_option("--model", args->model, "checkpoint folder whose config.json gives the MoE shape, or a preset");
   cmd->add_option("--tokens", args->tokens, "token counts (batch sizes) to plan for, e.g. 1,16,64,512,4096");

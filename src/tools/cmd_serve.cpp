@@ -183,6 +183,21 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"constrained_json_whitespace_pattern", a.constraints.json_whitespace}};
 }
 
+// The parser formats --tool-call-parser / --reasoning-parser name; fails naming the known ones (CLI11 puts the flag in
+// front: the options check with these).
+const server::ToolCallFormat* tool_call_parser_named(const std::string& name) {
+  const server::ToolCallFormat* f = server::find_tool_call_format(name);
+  if (f == nullptr)
+    FP4MOE_FAIL() << "tool-call parser \"" << name << "\" is not one of: " << server::tool_call_format_names();
+  return f;
+}
+const server::ReasoningFormat* reasoning_parser_named(const std::string& name) {
+  const server::ReasoningFormat* f = server::find_reasoning_format(name);
+  if (f == nullptr)
+    FP4MOE_FAIL() << "reasoning parser \"" << name << "\" is not one of: " << server::reasoning_format_names();
+  return f;
+}
+
 void run_serve(ServeArgs a) {
   check_device_options(a.device);  // a bad value fails before the socket opens, with every model
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
@@ -192,18 +207,10 @@ void run_serve(ServeArgs a) {
   constexpr double kMaxDrainS = 1e9;
   FP4MOE_CHECK(a.drain_timeout_s >= 0 && a.drain_timeout_s <= kMaxDrainS)
       << "--drain-timeout " << a.drain_timeout_s << " must be a time in [0, " << kMaxDrainS << "] seconds";
-  const server::ToolCallFormat* tool_calls = nullptr;
-  if (!a.tool_call_parser.empty()) {
-    tool_calls = server::find_tool_call_format(a.tool_call_parser);
-    FP4MOE_CHECK(tool_calls != nullptr) << "--tool-call-parser \"" << a.tool_call_parser
-                                        << "\" is not one of: " << server::tool_call_format_names();
-  }
-  const server::ReasoningFormat* reasoning = nullptr;
-  if (!a.reasoning_parser.empty()) {
-    reasoning = server::find_reasoning_format(a.reasoning_parser);
-    FP4MOE_CHECK(reasoning != nullptr) << "--reasoning-parser \"" << a.reasoning_parser
-                                       << "\" is not one of: " << server::reasoning_format_names();
-  }
+  const server::ToolCallFormat* tool_calls =
+      a.tool_call_parser.empty() ? nullptr : tool_call_parser_named(a.tool_call_parser);
+  const server::ReasoningFormat* reasoning =
+      a.reasoning_parser.empty() ? nullptr : reasoning_parser_named(a.reasoning_parser);
   try {
     // As the schemas use it (in a group); a bad pattern fails before the socket opens.
     engine::compile_regex("(?:" + a.constraints.json_whitespace + ")");
@@ -333,11 +340,12 @@ void register_serve_command(CLI::App& app) {
                   "Waiting-queue bound; beyond it requests get 503 + Retry-After (default 1024)");
   cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
-                  "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)");
-  cmd->add_option(
-      "--tool-call-parser", a->tool_call_parser,
-      "Accept chat tools (rendered by the chat template) and return the reply's calls as tool_calls: "
-      "glm45 (GLM-4.5 and GLM-5: <tool_call>name <arg_key>k</arg_key><arg_value>v</arg_value></tool_call>)");
+                  "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)")
+      ->check(parsed_by([](const std::string& v) { engine::parse_schedule_policy(v); }));
+  cmd->add_option("--tool-call-parser", a->tool_call_parser,
+                  "Accept chat tools (rendered by the chat template) and return the reply's calls as tool_calls: "
+                  "glm45 (GLM-4.5 and GLM-5: <tool_call>name <arg_key>k</arg_key><arg_value>v</arg_value></tool_call>)")
+      ->check(parsed_by([](const std::string& v) { tool_call_parser_named(v); }));
   cmd->add_option("--constrained-json-whitespace-pattern", a->constraints.json_whitespace,
                   "Regex of the whitespace allowed between JSON tokens of json_schema replies (default "
                   "[ \\t\\n\\r]{0,20}; e.g. [ ]? for compact JSON)");
@@ -347,7 +355,8 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"model", "openai"}));
   cmd->add_option("--reasoning-parser", a->reasoning_parser,
                   "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
-                  "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)");
+                  "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)")
+      ->check(parsed_by([](const std::string& v) { reasoning_parser_named(v); }));
   cmd->add_flag_callback(
       "--disable-radix-cache,--no-enable-prefix-caching", [a] { a->engine.enable_prefix_cache = false; },
       "Do not keep finished requests' KV for later requests with the same prefix (default: kept, in whole "
@@ -356,8 +365,10 @@ void register_serve_command(CLI::App& app) {
       "--disable-device-sampling", [a] { a->engine.device_sampling = false; },
       "Sample temperature / top-k / top-p / min-p requests on the host from copied logits rows (default: on the "
       "GPU with --device cuda)");
-  cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)");
-  cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)");
+  cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)")
+      ->check(parsed_by([](const std::string& v) { model::parse_load_format(v); }));
+  cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)")
+      ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
   cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)")->check(unsigned_64());
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads kept, one per open connection (default 128)");
   cmd->add_option(

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
+#include "model/registry.h"
+#include "tools/cli_options.h"
 #ifdef FP4MOE_HAVE_CUDA
 #include "model/cuda/gpu_models.h"
 #endif
@@ -11,7 +13,8 @@
 namespace fp4moe::tools {
 
 void add_device_options(CLI::App& cmd, DeviceArgs& args) {
-  cmd.add_option("--device", args.device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)");
+  cmd.add_option("--device", args.device, "cpu (default) or cuda (the GPU model: GLM-4.5 and GLM-5 architectures)")
+      ->check(parsed_by([](const std::string& v) { model::parse_device(v); }));
   cmd.add_option("--cuda-graph-max-bs", args.cuda_graph_max_bs,
                  "cuda: decode steps of up to this many sequences run as CUDA graphs, captured per padded batch "
                  "size on first use (default " + std::to_string(DeviceArgs{}.cuda_graph_max_bs) + "; 0 = off)");

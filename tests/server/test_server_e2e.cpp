@@ -1745,6 +1745,17 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
         << flags << ": " << text;
     EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
   }
+  // A value outside a fixed set is a usage error (exit 2), named with its flag.
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--schedule-policy lifo", "--schedule-policy: schedule policy \"lifo\" is not one of: fcfs, priority"},
+           {"--device tpu", "--device: device \"tpu\" is not one of: cpu, cuda"},
+           {"--load-format pt", "--load-format: load format \"pt\" is not one of: auto, dummy"},
+           {"--sampling-defaults hf", "--sampling-defaults: hf not in {model,openai}"}}) {
+    std::string text;
+    EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 2)
+        << flags << ": " << text;
+    EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
+  }
 }
 
 // --reasoning-parser glm45: chat replies split into reasoning_content and content, streamed and not,
@@ -1752,13 +1763,16 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
 // parser name stops the server before it listens, naming the known ones.
 TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
   std::string text;
-  EXPECT_NE(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --reasoning-parser glm4", &text),
-            0);
-  EXPECT_NE(text.find("--reasoning-parser \"glm4\" is not one of: glm45, qwen3, deepseek-r1"), std::string::npos)
+  // Usage errors (exit 2), as a value outside CLI11's own sets.
+  EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --reasoning-parser glm4", &text),
+            2);
+  EXPECT_NE(text.find("--reasoning-parser: reasoning parser \"glm4\" is not one of: glm45, qwen3, deepseek-r1"),
+            std::string::npos)
       << text;
-  EXPECT_NE(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --tool-call-parser hermes", &text),
-            0);
-  EXPECT_NE(text.find("--tool-call-parser \"hermes\" is not one of: glm45"), std::string::npos) << text;
+  EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --tool-call-parser hermes", &text),
+            2);
+  EXPECT_NE(text.find("--tool-call-parser: tool-call parser \"hermes\" is not one of: glm45"), std::string::npos)
+      << text;
 
   ServerProcess srv(FP4MOE_CLI, {"--reasoning-parser", "glm45", "--tool-call-parser", "glm45"});
   ASSERT_TRUE(srv.wait_ready(60));

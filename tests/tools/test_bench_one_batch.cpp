@@ -95,8 +95,15 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
   EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);
   EXPECT_NE(out.find("--max-prefill-tokens 0 must be >= 1, or -1"), std::string::npos) << out;
-  EXPECT_NE(run("--device gpu", &out), 0);  // named as a bad value, not as "the default model is cpu only"
-  EXPECT_NE(out.find("device \"gpu\" is not one of: cpu, cuda"), std::string::npos) << out;
+  // Named as a bad value (not as "the default model is cpu only"), a usage error (exit 2) as a value outside CLI11's
+  // own sets; so are the other values of fixed sets.
+  EXPECT_EQ(run("--device gpu", &out), 2);
+  EXPECT_NE(out.find("--device: device \"gpu\" is not one of: cpu, cuda"), std::string::npos) << out;
+  EXPECT_EQ(out.find(".cpp:"), std::string::npos) << "no source location in a usage error: " << out;
+  EXPECT_EQ(run("--model glm5-shard --load-format dumy", &out), 2);
+  EXPECT_NE(out.find("--load-format: load format \"dumy\" is not one of: auto, dummy"), std::string::npos) << out;
+  EXPECT_EQ(run("--model glm5-shard --load-format dummy --dummy-weights fp8", &out), 2);
+  EXPECT_NE(out.find("--dummy-weights: dummy weights \"fp8\" is not one of: bf16, nvfp4"), std::string::npos) << out;
   EXPECT_NE(run("--profile-decode", &out), 0);  // profiles GPU kernels: the cpu default model has none
   EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
             std::string::npos)

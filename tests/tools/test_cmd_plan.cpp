@@ -213,9 +213,13 @@ TEST(CmdPlan, LogPlansOncePerDistinctProblem) {
 }
 
 TEST(CmdPlan, ErrorsCarryNumbers) {
+  // A value outside a fixed set is a usage error (exit 2, as CLI11's own sets), named with the flag.
   CliRun r = run_plan("--gpu h300 --problem moe:E=8,topk=2,H=64,I=64");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("unknown GPU 'h300'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--gpu: unknown GPU 'h300'"), std::string::npos) << r.out;
+  r = run_plan("--gpu h200 --kernel marlin --problem moe:E=8,topk=2,H=64,I=64");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--kernel: unknown kernel family 'marlin'; known: ours"), std::string::npos) << r.out;
   r = run_plan("--gpu h200 --problem moe:E=8,topk=20,H=64,I=64");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("topk=20 > E=8"), std::string::npos) << r.out;
