@@ -433,8 +433,12 @@ class RequestHandler {
       }
     }
     const int64_t n_choices = static_cast<int64_t>(prompts.size()) * req.n;
-    // The ids the client named: its rid, or (a /generate batch) each choice's: rid[i] or "{rid}_{i}".
-    std::vector<std::string> named = req.rid_list;
+    // The ids the client named: its rid, or (a /generate batch) each choice's: rid[p] (rid[p]_{j} for prompt p's
+    // sample j when n > 1) or "{rid}_{i}".
+    std::vector<std::string> named;
+    for (const std::string& rid : req.rid_list) {
+      for (int64_t j = 0; j < req.n; ++j) named.push_back(req.n > 1 ? rid + "_" + std::to_string(j) : rid);
+    }
     if (req.rid && !req.batch_reply) named.push_back(*req.rid);
     for (int64_t i = 0; req.rid && req.batch_reply && i < n_choices; ++i)
       named.push_back(*req.rid + "_" + std::to_string(i));
@@ -445,8 +449,15 @@ class RequestHandler {
           throw bad_request("rid", "rid = \"" + rid + "\" names a request that is still open");
       }
     }
+    // A per-prompt sampling field is named in its list entry (sampling_params[p].n), not as the shared one.
+    const auto own_field = [&](std::string param, size_t p) {
+      const std::string shared = "sampling_params.";
+      if (!req.per_prompt.empty() && param.rfind(shared, 0) == 0)
+        param = "sampling_params[" + std::to_string(p) + "]." + param.substr(shared.size());
+      return param;
+    };
     if (n_choices > engine->options().max_queued_requests) {
-      throw bad_request(req.n > 1           ? api_field(endpoint_, "n")
+      throw bad_request(req.n > 1           ? own_field(api_field(endpoint_, "n"), 0)
                         : req.batch.empty() ? fields.front()
                                             : batch_param,
                         std::to_string(prompts.size()) + " prompt(s) x n = " + std::to_string(req.n) + " = " +
@@ -460,6 +471,10 @@ class RequestHandler {
       ApiError e = from_rejection(*sr.rejection, server_->options_.retry_after_s, endpoint_);
       const size_t p = sr.rejected_index / static_cast<size_t>(req.n),
                    j = sr.rejected_index % static_cast<size_t>(req.n);
+      if (const std::string own = own_field(e.param, p); own != e.param) {
+        if (e.message.rfind(e.param, 0) == 0) e.message = own + e.message.substr(e.param.size());
+        e.param = own;
+      }
       // Which prompt and choice, where that tells something: not for a sampling field, which every choice shares.
       const bool shared_field = req.per_prompt.empty() && !sr.rejection->field.empty() &&
                                 sr.rejection->field != "max_new_tokens" && sr.rejection->field != "min_new_tokens";
@@ -949,10 +964,16 @@ void HttpServer::install_routes() {
   });
   post("/flush_cache", flush_cache);
   get("/flush_cache", flush_cache);
+  // /health, and vLLM's (SageMaker's) /ping probe (GET or POST, any body or none).
+  auto health = wrap([this](const httplib::Request&, httplib::Response& res) {
+    engine_or_503();
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+
   // Before routing: the --api-key check, and POSTs without a body length. HTTP/1.1 gives a request with
   // neither Content-Length nor chunked encoding an empty body (RFC 9112 6.3; `curl -X POST` without -d
   // sends one), but httplib would wait for a body until its read timeout (30 s) and then answer 400.
-  http_->set_pre_routing_handler([this, flush_cache](const httplib::Request& req, httplib::Response& res) {
+  http_->set_pre_routing_handler([this, flush_cache, health](const httplib::Request& req, httplib::Response& res) {
     // Every body is read as JSON whatever its Content-Type (as SGLang's and vLLM's FastAPI routes read them), but
     // httplib refuses a form-encoded one past 8 KiB with a 413 before any handler runs, and `curl -d` sends JSON
     // with that type: the type is dropped here, before the body is read. (The request object httplib passes is
@@ -981,6 +1002,8 @@ void HttpServer::install_routes() {
     });
     if (req.method == "POST" && req.path == "/flush_cache") {
       flush_cache(req, res);
+    } else if (req.method == "POST" && req.path == "/ping") {
+      health(req, res);
     } else if (!routed) {
       reply_error(unrouted(req, res), res);  // 404 / 405 as with a body, not "came without a body"
     } else {
@@ -997,10 +1020,6 @@ void HttpServer::install_routes() {
   post("/v1/completions", generation(Endpoint::kCompletions));
   post("/v1/chat/completions", generation(Endpoint::kChat));
 
-  auto health = wrap([this](const httplib::Request&, httplib::Response& res) {
-    engine_or_503();
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
   get("/health", health);
   // vLLM's (SageMaker's) liveness probe, GET or POST: /health's answer.
   get("/ping", health);

@@ -601,14 +601,12 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
                                    " has the form of the server's own ids (N, cmpl-N, chatcmpl-N); choose another");
   };
   if (const json* rids = endpoint == Endpoint::kGenerate ? top.find("rid") : nullptr; rids && rids->is_array()) {
-    // SGLang: one rid per prompt of a batch (without parallel samples).
-    if (!r.batch_reply || r.n > 1 || rids->size() != r.batch.size())
+    // SGLang: one rid per prompt of a batch (with n samples, prompt p's sample j is rid[p]_j in the server).
+    if (r.batch.empty() || rids->size() != r.batch.size())
       throw bad_request(
-          "rid",
-          "rid as a list names each prompt of a batch (a list of texts or id lists, n = 1): "
-          "this request has " +
-              (r.batch.empty() ? std::string("one prompt") : std::to_string(r.batch.size()) + " prompts") +
-              " and n = " + std::to_string(r.n) + ", the list " + std::to_string(rids->size()) + " rids");
+          "rid", "rid as a list names each prompt of a batch (a list of texts or id lists): this request has " +
+                     (r.batch.empty() ? std::string("one prompt") : std::to_string(r.batch.size()) + " prompts") +
+                     ", the list " + std::to_string(rids->size()) + " rids");
     for (size_t i = 0; i < rids->size(); ++i) {
       const std::string at = "rid[" + std::to_string(i) + "]";
       if (!(*rids)[i].is_string()) throw bad_request("rid", at + " must be a string, got " + show((*rids)[i]));
@@ -1003,11 +1001,12 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
   return body;
 }
 
-// OpenAI: "tool_calls" when the model stopped after calling a tool of its own choice (tool_choice "auto"). A call the
-// request forced (tool_choice "required" or a named function) ends "stop", as the OpenAI API and vLLM end it.
+// OpenAI: "tool_calls" when the model stopped after calling tools (tool_choice "auto" or "required"); a call of the
+// function the request named ends "stop" (the OpenAI API's rule, vLLM's whole replies).
 std::string chat_finish_reason(const ParsedRequest& req, const engine::Finish& f, bool called_tools) {
-  return called_tools && req.tool_choice == "auto" && f.reason == engine::FinishReason::kStop ? "tool_calls"
-                                                                                              : finish_reason_string(f);
+  return called_tools && req.tool_choice != "function" && f.reason == engine::FinishReason::kStop
+             ? "tool_calls"
+             : finish_reason_string(f);
 }
 
 json tool_call_json(const ResponseContext& ctx, size_t choice, size_t k, const ToolCall& c) {

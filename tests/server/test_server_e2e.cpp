@@ -1198,6 +1198,24 @@ TEST_F(DefaultServer, GenerateBatchesAsSglangDoes) {
     EXPECT_EQ(finishes[i], 1) << "choice " << i;
     check_item(last[i], i, "streamed, choice " + std::to_string(i));
   }
+  // A rid list with n samples: prompt p's sample j is rid[p]_j.
+  nbody["rid"] = {"q", "r"};
+  r = c.post("/generate", nbody.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = parse(r.body);
+  ASSERT_EQ(j.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(j[i]["meta_info"]["id"], std::string(i < 2 ? "q_" : "r_") + std::to_string(i % 2)) << j[i].dump();
+  // A field of one prompt's own sampling_params that the engine refuses is named in its list entry.
+  auto own =
+      c.post("/generate",
+             json{{"text", prompts},
+                  {"sampling_params", {{{"max_new_tokens", 2}}, {{"max_new_tokens", 2}, {"stop_token_ids", {99999}}}}}}
+                 .dump());
+  expect_error(own, 400, "sampling_params[1].stop_token_ids");
+  EXPECT_NE(parse(own.body)["error"]["message"].get<std::string>().rfind("sampling_params[1].stop_token_ids", 0),
+            std::string::npos)
+      << own.body;
   // A bad prompt of the batch is named; the server keeps serving.
   expect_error(c.post("/generate", json{{"input_ids", {json::array({1}), json::array({99999})}}}.dump()), 400,
                "input_ids");
@@ -1691,6 +1709,8 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
     const std::string flushed = raw_reply("/flush_cache");
     EXPECT_EQ(flushed.rfind("HTTP/1.1 200", 0), 0u) << flushed;
     EXPECT_NE(flushed.find("Cache flushed."), std::string::npos) << flushed;
+    const std::string pinged = raw_reply("/ping");  // vLLM's probe reads no body
+    EXPECT_EQ(pinged.rfind("HTTP/1.1 200", 0), 0u) << pinged;
     const std::string refused = raw_reply("/generate");
     EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
     EXPECT_NE(refused.find("POST /generate came without a body"), std::string::npos) << refused;

@@ -129,8 +129,11 @@ TEST(ServerProtocol, GenerateBatchForms) {
   expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", 3}}}, "rid", "rid[1] must be a string");
   expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", "12"}}}, "rid",
              "rid[1] = \"12\" has the form of the server's own ids");
-  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", {"x", "y"}}, {"sampling_params", {{"n", 2}}}},
-             "rid", "n = 2");
+  // With n samples a rid list still names each prompt (prompt p's sample j is rid[p]_j, in the server).
+  EXPECT_EQ(parse_request(Endpoint::kGenerate,
+                          json{{"text", {"a", "b"}}, {"rid", {"x", "y"}}, {"sampling_params", {{"n", 2}}}})
+                .rid_list,
+            (std::vector<std::string>{"x", "y"}));
   expect_bad(Endpoint::kGenerate, json{{"text", std::vector<std::string>(5, "a")}, {"sampling_params", {{"n", 64}}}},
              "text", "5 prompts x n = 64 = 320 choices > 256");
   expect_bad(Endpoint::kGenerate, json{{"input_ids", {{1}, {2}, {3}, {4}, {5}}}, {"sampling_params", {{"n", 52}}}},
