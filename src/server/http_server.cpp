@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -992,6 +993,28 @@ void HttpServer::install_routes() {
       res.set_header("WWW-Authenticate", "Bearer");
       reply_error(e, res);
       return httplib::Server::HandlerResponse::Handled;
+    }
+    // A Content-Length that is not a byte count, or one no client could send (past 2^64): answered now, the connection
+    // closed (its body is not read); httplib would wait for such a body until its read timeout (30 s). A count past the
+    // body limit is httplib's 413 (it reads and drops the body the client sends, so that the client sees the reply).
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+      const bool count = !length.empty() && ec != std::errc::invalid_argument && end == length.data() + length.size();
+      if (!count || ec == std::errc::result_out_of_range) {
+        ApiError e = bad_request(
+            "", req.method + " " + req.path + ": Content-Length \"" + length.substr(0, 40) + "\" is not a byte count");
+        if (count) {
+          e.status = 413;
+          e.message = req.method + " " + req.path + ": Content-Length " + length.substr(0, 40) +
+                      " is larger than the " + std::to_string(kMaxBodyBytes >> 20) + " MiB a request may send";
+          e.extra = {{"limit_bytes", kMaxBodyBytes}};
+        }
+        res.set_header("Connection", "close");
+        reply_error(e, res);
+        return httplib::Server::HandlerResponse::Handled;
+      }
     }
     const bool no_body = (req.method == "POST" || req.method == "PUT") && !req.has_header("Content-Length") &&
                          req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos;

@@ -731,6 +731,36 @@ std::string read_until_closed(int fd, double timeout_s) {
   return got;
 }
 
+// A Content-Length that is not a byte count, or past 2^64, is answered at once (httplib alone waited 30 s for such a
+// body), with Connection: close; the server keeps serving.
+TEST_F(DefaultServer, BadContentLengthIsAnsweredAtOnce) {
+  for (const auto& [length, reply] : std::vector<std::pair<std::string, std::string>>{
+           {"-5", "HTTP/1.1 400"}, {"abc", "HTTP/1.1 400"}, {"100000000000000000000", "HTTP/1.1 413"}}) {
+    const int fd = raw_connect(srv_->port());
+    ASSERT_GE(fd, 0);
+    const std::string msg = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length + "\r\n\r\n";
+    ASSERT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string got;
+    char buf[4096];
+    while (got.find("}}") == std::string::npos && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << length << ": " << got;
+    EXPECT_EQ(got.rfind(reply, 0), 0u) << length << ": " << got;
+    EXPECT_NE(got.find("Connection: close"), std::string::npos) << got;
+    EXPECT_NE(got.find(length.size() < 10 ? "is not a byte count" : "MiB a request may send"), std::string::npos)
+        << got;
+  }
+  HttpClient c(srv_->url(), kTimeout);
+  EXPECT_EQ(c.post("/v1/completions", json{{"prompt", "still here"}, {"max_tokens", 2}}.dump()).status, 200);
+}
+
 // An HTTP/1.0 client gets its reply delimited by the connection's close: HTTP/1.0 has no chunked coding (httplib's
 // chunked provider sent "Transfer-Encoding: chunked" to it, which ApacheBench and other 1.0 clients cannot read).
 // The server closes at once, also when the client asked for keep-alive (as `ab -k` does; it waited 5 s a reply).
