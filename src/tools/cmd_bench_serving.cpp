@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -73,7 +74,23 @@ struct BenchArgs {
   double temperature = 0.0;  // 0: greedy; > 0 with top_p / top_k: sampled (seeded per request)
   double top_p = 1.0;
   int64_t top_k = -1;
+  // Arrivals (sglang.bench_serving's / vllm bench serve's --request-rate): requests per second, inf = all at once;
+  // the gaps are drawn from a gamma distribution of shape `burstiness` (1: a Poisson process, as both draw them).
+  double request_rate = std::numeric_limits<double>::infinity();
+  double burstiness = 1.0;
 };
+
+// When each request is sent, in seconds from the run's start: request 0 at once, then gaps of mean 1 / rate drawn
+// from Gamma(burstiness, 1 / (rate x burstiness)) with a generator seeded by --seed (the same arrivals every run and
+// every concurrency level). All zeros for an infinite rate.
+std::vector<double> arrival_times(const BenchArgs& a, size_t n) {
+  std::vector<double> t(n, 0.0);
+  if (!std::isfinite(a.request_rate)) return t;
+  std::mt19937_64 rng(a.seed ^ 0x5eed'a771'7a15'0000ull);
+  std::gamma_distribution<double> gap(a.burstiness, 1.0 / (a.request_rate * a.burstiness));
+  for (size_t i = 1; i < n; ++i) t[i] = t[i - 1] + gap(rng);
+  return t;
+}
 
 // The requests' sampling flags as the server reads them (seeded per request when sampled).
 engine::SamplingParams sampling_of(const BenchArgs& a) {
@@ -257,12 +274,17 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
 Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_t concurrency) {
   std::vector<RequestResult> results(prompts.size());
   std::atomic<size_t> next{0};
+  // A request waits for its arrival time and then for a free worker (--max-concurrency), as the Python clients hold
+  // arrivals behind their concurrency semaphore.
+  const std::vector<double> arrivals = arrival_times(a, prompts.size());
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
   const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
   for (int64_t w = 0; w < n_workers; ++w) {
     workers.emplace_back([&] {
       for (size_t i = next++; i < prompts.size(); i = next++) {
+        std::this_thread::sleep_until(
+            t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
         try {
           results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
         } catch (const std::exception& e) {  // a failed request, not an exception escaping a thread (an abort)
@@ -297,6 +319,8 @@ json summary_json(const BenchArgs& a, const Summary& s) {
   const double d = s.duration_s > 0 ? s.duration_s : 1e-9;
   json j = {{"backend", "fp4moe"},
             {"url", a.url},
+            {"request_rate", std::isfinite(a.request_rate) ? json(a.request_rate) : json("inf")},
+            {"burstiness", a.burstiness},
             {"dataset", a.dataset.empty() ? a.dataset_name : a.dataset},
             {"max_concurrency", s.concurrency},
             {"num_prompts", s.completed + s.failed},
@@ -350,7 +374,8 @@ void print_summary(const json& j) {
   };
   fmt::print("\n{:=^50}\n", " Serving Benchmark Result ");
   line("Backend:", "fp4moe");
-  line("Traffic request rate:", "inf");
+  line("Traffic request rate:",
+       j["request_rate"].is_string() ? "inf" : fmt::format("{:g}", j["request_rate"].get<double>()));
   line("Max request concurrency:", std::to_string(j["max_concurrency"].get<int64_t>()));
   line("Successful requests:", std::to_string(j["completed"].get<int64_t>()));
   line("Failed requests:", std::to_string(j["failed"].get<int64_t>()));
@@ -447,6 +472,8 @@ void run_bench(const BenchArgs& a) {
       << "--num-prompts " << a.num_prompts << " must be in [1, " << kMaxPrompts << "]";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
+  FP4MOE_CHECK(a.request_rate > 0) << "--request-rate " << a.request_rate << " must be > 0 requests/s (or inf)";
+  FP4MOE_CHECK(std::isfinite(a.burstiness) && a.burstiness > 0) << "--burstiness " << a.burstiness << " must be > 0";
   check_sampling_flags(sampling_of(a));
   check_prompt_flags(a);
   const std::vector<int64_t> levels = a.max_concurrency.empty()
@@ -543,6 +570,14 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "top_p of sampled requests (default 1)");
   cmd->add_option("--top-k", a->top_k, "top_k of sampled requests (default -1: off)");
+  CLI::Option* rate =
+      cmd->add_option("--request-rate", a->request_rate,
+                      "Requests sent per second, as a Poisson process (default inf: all at once); they still wait for "
+                      "--max-concurrency");
+  cmd->add_option("--burstiness", a->burstiness,
+                  "Shape of the gamma-distributed gaps between requests (default 1: Poisson; < 1 burstier, > 1 more "
+                  "even)")
+      ->needs(rate);
   cmd->callback([a] { run_bench(*a); });
 }
 

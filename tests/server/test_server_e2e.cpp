@@ -2164,7 +2164,9 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_EQ(run["random_range_ratio"], 1.0);
     EXPECT_EQ(run["seed"], 1);
     EXPECT_EQ(run["sampling"], json({{"temperature", 0.0}}));
+    EXPECT_EQ(run["request_rate"], "inf");
   }
+  EXPECT_NE(text.find("Traffic request rate:                    inf"), std::string::npos) << text;
   for (const char* k : {"Serving Benchmark Result", "Successful requests:", "Request throughput (req/s):",
                         "Input token throughput (tok/s):", "Output token throughput (tok/s):", "Mean TTFT (ms):",
                         "Median TTFT (ms):", "P99 TTFT (ms):", "Mean TPOT (ms):", "P99 ITL (ms):", "Median ITL (ms):"}) {
@@ -2205,6 +2207,41 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   }
   fs::remove(out);
   fs::remove(svg);
+
+  // --request-rate: requests arrive as a Poisson process (10 a second: 11 gaps of mean 0.1 s), whatever the
+  // concurrency allows; the run lasts at least until the last one is sent. --burstiness needs a rate.
+  const fs::path rate_out = fs::temp_directory_path() / ("fp4moe_bench_rate_" + std::to_string(getpid()) + ".jsonl");
+  rc =
+      fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                       " --num-prompts 12 --request-rate 10 --burstiness 4 --input-len 8 --output-len 2"
+                                       " --output-file " +
+                                       rate_out.string(),
+                                   &text);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("Traffic request rate:                    10"), std::string::npos) << text;
+  {
+    std::ifstream rf(rate_out);
+    std::string rate_line;
+    ASSERT_TRUE(std::getline(rf, rate_line));
+    const json run = parse(rate_line);
+    EXPECT_EQ(run["request_rate"], 10.0);
+    EXPECT_EQ(run["burstiness"], 4.0);
+    EXPECT_EQ(run["completed"], 12);
+    // Gamma(4) gaps of mean 0.1 s: 11 of them sum to 1.1 s give or take ~0.17 s (one standard deviation).
+    EXPECT_GT(run["duration"].get<double>(), 0.5) << rate_line;
+    EXPECT_LT(run["request_throughput"].get<double>(), 20.0) << rate_line;
+  }
+  fs::remove(rate_out);
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --burstiness 2 2>&1", &text),
+            2)
+      << text;
+  EXPECT_NE(text.find("--burstiness requires --request-rate"), std::string::npos) << text;
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --request-rate 0 2>&1", &text),
+            1)
+      << text;
+  EXPECT_NE(text.find("--request-rate 0 must be > 0 requests/s (or inf)"), std::string::npos) << text;
 
   // SGLang's generated-shared-prefix dataset, one request at a time: 2 groups x 4 prompts of a 48-token
   // system prompt + an 8-token question; all but each group's first find the 3 system pages cached.
