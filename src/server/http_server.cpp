@@ -1215,123 +1215,103 @@ void HttpServer::install_routes() {
                                        {"context_length", engine->context_length()}}),
                         "application/json");
       }));
-  post("/v1/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-         auto engine = engine_or_503();
-         const json body = parse_body(req.body);
-         bool add_special = true;
-         if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
-           if (!it->is_boolean())
-             throw bad_request("add_special_tokens", "add_special_tokens must be true or false, got " + dump_json(*it));
-           add_special = it->get<bool>();
-         }
-         auto it = body.find("prompt");
-         if (it == body.end() || !(it->is_string() || it->is_array()))
-           throw bad_request("prompt", "prompt must be a string or a list of strings, got " +
-                                           (it == body.end() ? std::string("nothing") : dump_json(*it)));
-         const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
-         json out = {{"max_model_len", engine->context_length()}};
-         if (it->is_string()) {
-           const auto ids = engine->tokenizer().encode(it->get<std::string>(), eo);
-           out["tokens"] = ids;
-           out["count"] = ids.size();
-         } else {
-           json tokens = json::array(), counts = json::array();
-           for (size_t i = 0; i < it->size(); ++i) {
-             if (!(*it)[i].is_string())
-               throw bad_request("prompt", "prompt[" + std::to_string(i) + "] is not a string");
-             const auto ids = engine->tokenizer().encode((*it)[i].get<std::string>(), eo);
-             tokens.push_back(ids);
-             counts.push_back(ids.size());
-           }
-           out["tokens"] = tokens;
-           out["count"] = counts;
-         }
-         res.set_content(dump_json(out), "application/json");
-       }));
-  post("/v1/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-         auto engine = engine_or_503();
-         const json body = parse_body(req.body);
-         auto it = body.find("tokens");
-         if (it == body.end() || !it->is_array())
-           throw bad_request("tokens", "tokens must be a list of token ids (or of lists)");
-         const engine::Tokenizer& tok = engine->tokenizer();
-         auto decode = [&](const json& list, const std::string& field) { return decode_ids(tok, list, field); };
-         json out;
-         if (!it->empty() && (*it)[0].is_array()) {
-           json texts = json::array();
-           for (size_t i = 0; i < it->size(); ++i) {
-             const std::string field = "tokens[" + std::to_string(i) + "]";
-             if (!(*it)[i].is_array())  // a list of lists throughout (a bare id here was a 500, null / {} "")
-               throw bad_request(field, field + " = " + dump_json((*it)[i]) +
-                                            " is not a list of token ids (tokens[0] is one, so every item must be)");
-             texts.push_back(decode((*it)[i], field));
-           }
-           out["text"] = texts;
-         } else {
-           out["text"] = decode(*it, "tokens");
-         }
-         res.set_content(dump_json(out), "application/json");
-       }));
-  // vLLM's root /tokenize: {"prompt": str} (add_special_tokens true) or a chat request's {"messages", ...} rendered
-  // as /v1/chat/completions renders it (add_special_tokens false), -> {"count", "max_model_len", "tokens",
-  // "token_strs"} (with return_token_strs: each token's vocabulary string, else null).
-  post("/tokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-         auto engine = engine_or_503();
-         const json body = parse_body(req.body);
-         const bool chat = body.contains("messages") && !body["messages"].is_null();
-         const bool prompt = body.contains("prompt") && !body["prompt"].is_null();
-         if (chat == prompt)
-           throw bad_request("prompt", "give exactly one of \"prompt\" (a string) and \"messages\" (a chat)");
-         auto flag = [&](const char* key, bool fallback) {
-           const auto it = body.find(key);
-           if (it == body.end() || it->is_null()) return fallback;
-           if (!it->is_boolean())
-             throw bad_request(key, std::string(key) + " must be true or false, got " + dump_json(*it));
-           return it->get<bool>();
-         };
-         const bool add_special = flag("add_special_tokens", !chat);
-         const bool token_strs = flag("return_token_strs", false);
-         const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
-         const engine::Tokenizer& tok = engine->tokenizer();
-         std::vector<engine::TokenId> ids;
-         if (chat) {
-           ParsedRequest chat_req = parse_request(Endpoint::kChat, body);
-           restore_key_order(chat_req, req.body);
-           std::shared_ptr<const engine::ChatTemplate> tmpl;
-           {
-             std::lock_guard<std::mutex> lock(mu_);
-             tmpl = chat_template_;
-           }
-           if (!tmpl) throw bad_request("messages", "the served model has no chat template; send a prompt");
-           ids = tok.encode(render_chat(*tmpl, chat_req), eo);
-         } else {
-           if (!body["prompt"].is_string())
-             throw bad_request("prompt", "prompt must be a string, got " + dump_json(body["prompt"]) +
-                                             " (a list of prompts: POST /v1/tokenize)");
-           ids = tok.encode(body["prompt"].get<std::string>(), eo);
-         }
-         json strs = nullptr;
-         if (token_strs) {
-           strs = json::array();
-           for (engine::TokenId id : ids) strs.push_back(tok.id_to_token(id));
-         }
-         res.set_content(dump_json(json{{"count", ids.size()},
-                                        {"max_model_len", engine->context_length()},
-                                        {"tokens", ids},
-                                        {"token_strs", strs}}),
-                         "application/json");
-       }));
-  // vLLM's root /detokenize: {"tokens": [ids]} -> {"prompt": text}.
-  post("/detokenize", wrap([this](const httplib::Request& req, httplib::Response& res) {
-         auto engine = engine_or_503();
-         const json body = parse_body(req.body);
-         const auto it = body.find("tokens");
-         if (it == body.end() || !it->is_array())
-           throw bad_request("tokens", "tokens must be a list of token ids, got " +
-                                           (it == body.end() ? std::string("nothing") : dump_json(*it)));
-         res.set_content(dump_json(json{{"prompt", decode_ids(engine->tokenizer(), *it, "tokens")}}),
-                         "application/json");
-       }));
+  // Tokenize, as SGLang's /v1/tokenize and vLLM's root /tokenize take it (one handler: both routes answer both
+  // clients): {"prompt": str or [str]} (add_special_tokens true) or a chat request's {"messages", ...} rendered as
+  // /v1/chat/completions renders it (add_special_tokens false, vLLM's), -> {"count", "max_model_len", "tokens",
+  // "token_strs"} (with return_token_strs: each token's vocabulary string, else null; lists for a list of prompts).
+  auto tokenize = wrap([this](const httplib::Request& req, httplib::Response& res) {
+    auto engine = engine_or_503();
+    const json body = parse_body(req.body);
+    const bool chat = body.contains("messages") && !body["messages"].is_null();
+    const bool prompt = body.contains("prompt") && !body["prompt"].is_null();
+    if (chat == prompt)
+      throw bad_request("prompt",
+                        "give exactly one of \"prompt\" (a string or a list of strings) and \"messages\" (a chat)");
+    auto flag = [&](const char* key, bool fallback) {
+      const auto it = body.find(key);
+      if (it == body.end() || it->is_null()) return fallback;
+      if (!it->is_boolean()) throw bad_request(key, std::string(key) + " must be true or false, got " + dump_json(*it));
+      return it->get<bool>();
+    };
+    const bool add_special = flag("add_special_tokens", !chat);
+    const bool want_strs = flag("return_token_strs", false);
+    const engine::EncodeOptions eo{.add_special_tokens = add_special, .parse_special = true};
+    const engine::Tokenizer& tok = engine->tokenizer();
+    // One text's entry: its ids and (when asked) their strings.
+    auto one = [&](const std::string& text, json& tokens, json& strs) {
+      const std::vector<engine::TokenId> ids = tok.encode(text, eo);
+      tokens = ids;
+      strs = nullptr;
+      if (want_strs) {
+        strs = json::array();
+        for (engine::TokenId id : ids) strs.push_back(tok.id_to_token(id));
+      }
+      return ids.size();
+    };
+    json out = {{"max_model_len", engine->context_length()}};
+    json tokens, strs;
+    if (chat) {
+      ParsedRequest chat_req = parse_request(Endpoint::kChat, body);
+      restore_key_order(chat_req, req.body);
+      std::shared_ptr<const engine::ChatTemplate> tmpl;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        tmpl = chat_template_;
+      }
+      if (!tmpl) throw bad_request("messages", "the served model has no chat template; send a prompt");
+      out["count"] = one(render_chat(*tmpl, chat_req), tokens, strs);
+    } else if (body["prompt"].is_string()) {
+      out["count"] = one(body["prompt"].get<std::string>(), tokens, strs);
+    } else if (body["prompt"].is_array()) {
+      json counts = json::array();
+      tokens = json::array();
+      strs = want_strs ? json::array() : json(nullptr);
+      for (size_t i = 0; i < body["prompt"].size(); ++i) {
+        const json& e = body["prompt"][i];
+        if (!e.is_string())
+          throw bad_request("prompt", "prompt[" + std::to_string(i) + "] = " + dump_json(e) + " is not a string");
+        json t, st;
+        counts.push_back(one(e.get<std::string>(), t, st));
+        tokens.push_back(std::move(t));
+        if (want_strs) strs.push_back(std::move(st));
+      }
+      out["count"] = std::move(counts);
+    } else {
+      throw bad_request("prompt", "prompt must be a string or a list of strings, got " + dump_json(body["prompt"]));
+    }
+    out["tokens"] = std::move(tokens);
+    out["token_strs"] = std::move(strs);
+    res.set_content(dump_json(out), "application/json");
+  });
+  post("/v1/tokenize", tokenize);
+  post("/tokenize", tokenize);
+  // Detokenize, SGLang's /v1/detokenize and vLLM's root /detokenize (one handler): {"tokens": [ids] or [[ids]]} ->
+  // the text as "text" (SGLang's key) and "prompt" (vLLM's); a list of lists gives lists.
+  auto detokenize = wrap([this](const httplib::Request& req, httplib::Response& res) {
+    auto engine = engine_or_503();
+    const json body = parse_body(req.body);
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array())
+      throw bad_request("tokens", "tokens must be a list of token ids (or of lists), got " +
+                                      (it == body.end() ? std::string("nothing") : dump_json(*it)));
+    const engine::Tokenizer& tok = engine->tokenizer();
+    json text;
+    if (!it->empty() && (*it)[0].is_array()) {
+      text = json::array();
+      for (size_t i = 0; i < it->size(); ++i) {
+        const std::string field = "tokens[" + std::to_string(i) + "]";
+        if (!(*it)[i].is_array())  // a list of lists throughout (a bare id here was a 500, null / {} "")
+          throw bad_request(field, field + " = " + dump_json((*it)[i]) +
+                                       " is not a list of token ids (tokens[0] is one, so every item must be)");
+        text.push_back(decode_ids(tok, (*it)[i], field));
+      }
+    } else {
+      text = decode_ids(tok, *it, "tokens");
+    }
+    res.set_content(dump_json(json{{"text", text}, {"prompt", text}}), "application/json");
+  });
+  post("/v1/detokenize", detokenize);
+  post("/detokenize", detokenize);
   // What httplib refuses before a handler runs (an unknown path, another method, a body past the limit,
   // a malformed request): the same typed JSON error, saying which.
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {

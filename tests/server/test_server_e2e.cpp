@@ -1118,7 +1118,18 @@ TEST_F(DefaultServer, VllmRootRoutes) {
   EXPECT_TRUE(parse(c.post("/tokenize", json{{"prompt", prompt}}.dump()).body)["token_strs"].is_null());
   auto d = c.post("/detokenize", json{{"tokens", j["tokens"]}}.dump());
   ASSERT_EQ(d.status, 200) << d.body;
-  EXPECT_EQ(parse(d.body)["prompt"], prompt);
+  EXPECT_EQ(parse(d.body)["prompt"], prompt);  // vLLM's key
+  EXPECT_EQ(parse(d.body)["text"], prompt);    // SGLang's
+  // One handler serves both clients' routes: a list of prompts (SGLang's) gives lists, token strings too.
+  r = c.post("/tokenize", json{{"prompt", {prompt, "hi"}}, {"return_token_strs", true}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json list = parse(r.body);
+  ASSERT_EQ(list["tokens"].size(), 2u);
+  EXPECT_EQ(list["tokens"][0], j["tokens"]);
+  EXPECT_EQ(list["count"][0], j["count"]);
+  ASSERT_EQ(list["token_strs"].size(), 2u);
+  EXPECT_EQ(list["token_strs"][0], j["token_strs"]);
+  EXPECT_EQ(parse(c.post("/v1/tokenize", json{{"prompt", {prompt, "hi"}}}.dump()).body)["tokens"], list["tokens"]);
   // A chat: the tokens /v1/chat/completions counts as its prompt.
   const json messages = {{{"role", "user"}, {"content", "Hi there"}}};
   r = c.post("/tokenize", json{{"messages", messages}}.dump());
@@ -1136,7 +1147,8 @@ TEST_F(DefaultServer, VllmRootRoutes) {
   // Bad requests are named.
   expect_error(c.post("/tokenize", json::object().dump()), 400, "prompt");
   expect_error(c.post("/tokenize", json{{"prompt", "a"}, {"messages", messages}}.dump()), 400, "prompt");
-  expect_error(c.post("/tokenize", json{{"prompt", {"a", "b"}}}.dump()), 400, "prompt");
+  expect_error(c.post("/tokenize", json{{"prompt", {"a", 3}}}.dump()), 400, "prompt");
+  expect_error(c.post("/tokenize", json{{"prompt", 3}}.dump()), 400, "prompt");
   expect_error(c.post("/tokenize", json{{"prompt", "a"}, {"return_token_strs", "yes"}}.dump()), 400,
                "return_token_strs");
   expect_error(c.post("/tokenize", json{{"messages", {{{"content", "no role"}}}}}.dump()), 400, "messages[0].role");
