@@ -78,6 +78,11 @@ struct BenchArgs {
   // the gaps are drawn from a gamma distribution of shape `burstiness` (1: a Poisson process, as both draw them).
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
+  // --dataset-name sharegpt (sglang.bench_serving's default load): a ShareGPT JSON file's conversations, each its
+  // first turn as the prompt and its second's length in tokens as the output length (or --sharegpt-output-len).
+  std::string dataset_path;
+  int64_t sharegpt_output_len = 0;   // 0: the second turn's length
+  int64_t sharegpt_context_len = 0;  // > 0: skip conversations whose prompt + output is longer
 };
 
 // When each request is sent, in seconds from the run's start: request 0 at once, then gaps of mean 1 / rate drawn
@@ -151,7 +156,20 @@ void check_prompt_budget(int64_t groups, int64_t per_group, int64_t tokens_each,
 
 // The prompt flags' values, checked before the server is asked anything.
 void check_prompt_flags(const BenchArgs& a) {
+  FP4MOE_CHECK(a.dataset.empty() || a.dataset_name == "random")
+      << "--dataset " << a.dataset << " (JSON-lines prompts) and --dataset-name " << a.dataset_name
+      << " are two loads: give one";
   if (!a.dataset.empty()) return;  // its prompts are read before the server is asked too
+  FP4MOE_CHECK((a.dataset_name == "sharegpt") == !a.dataset_path.empty())
+      << (a.dataset_path.empty() ? "--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON file)"
+                                 : "--dataset-path is the sharegpt dataset's file: give --dataset-name sharegpt "
+                                   "(JSON-lines prompts: --dataset)");
+  if (a.dataset_name == "sharegpt") {
+    FP4MOE_CHECK(a.sharegpt_output_len >= 0 && a.sharegpt_context_len >= 0)
+        << "--sharegpt-output-len " << a.sharegpt_output_len << " and --sharegpt-context-len " << a.sharegpt_context_len
+        << " must be >= 0 (0: the conversation's own / no limit)";
+    return;
+  }
   if (a.dataset_name == "generated-shared-prefix") {
     FP4MOE_CHECK(a.gsp_groups >= 1 && a.gsp_prompts_per_group >= 1 && a.gsp_system_prompt_len >= 0 &&
                  a.gsp_question_len >= 1 && a.gsp_output_len >= 1)
@@ -225,6 +243,79 @@ std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
     for (auto& t : ids) t = tok(rng);
     out.push_back({json{{"input_ids", ids}}, len_in(a.output_len)});
   }
+  return out;
+}
+
+// --dataset-name sharegpt, as sglang.bench_serving samples it: the conversations with two turns or more, shuffled
+// (--seed), each its first turn's text as the prompt and its second turn's length in tokens as the output length
+// (--sharegpt-output-len instead when given); a conversation whose prompt or output is under 2 tokens, or (with
+// --sharegpt-context-len) whose prompt + output is longer, is skipped, until --num-prompts are taken. Token counts
+// come from the server's tokenizer (POST /v1/tokenize, a batch at a time). The file is read (sharegpt_pairs) before
+// the server is asked anything.
+using TurnPairs = std::vector<std::pair<std::string, std::string>>;  // (first turn, second turn)
+TurnPairs sharegpt_pairs(const BenchArgs& a) {
+  const std::string& path = a.dataset_path;
+  const json data = format::parse_json_text(read_file(path), path);
+  FP4MOE_CHECK(data.is_array()) << path << ": a ShareGPT file is a JSON list of conversations, got a "
+                                << data.type_name();
+  TurnPairs pairs;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const json& c = data[i];
+    const json* turns = c.is_object() && c.contains("conversations")  ? &c["conversations"]
+                        : c.is_object() && c.contains("conversation") ? &c["conversation"]
+                                                                      : nullptr;
+    if (turns == nullptr || !turns->is_array() || turns->size() < 2) continue;
+    auto text = [&](size_t k) -> std::string {
+      const json& t = (*turns)[k];
+      const json* v = t.is_object() && t.contains("value")     ? &t["value"]
+                      : t.is_object() && t.contains("content") ? &t["content"]
+                                                               : nullptr;
+      FP4MOE_CHECK(v != nullptr && v->is_string())
+          << path << ": conversation " << i << " turn " << k << " has no \"value\" string: " << t.dump().substr(0, 120);
+      return v->get<std::string>();
+    };
+    pairs.emplace_back(text(0), text(1));
+  }
+  FP4MOE_CHECK(!pairs.empty()) << path << " holds no conversation of two turns or more";
+  std::mt19937_64 rng(a.seed);
+  std::shuffle(pairs.begin(), pairs.end(), rng);
+  return pairs;
+}
+std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
+  const std::string& path = a.dataset_path;
+  // Token counts of a batch of texts by the server's tokenizer.
+  auto counts = [&](const std::vector<std::string>& texts, bool add_special) {
+    auto r = client.post("/v1/tokenize", json{{"prompt", texts}, {"add_special_tokens", add_special}}.dump());
+    FP4MOE_CHECK(r.status == 200) << a.url << "/v1/tokenize answered " << r.status << " " << r.error << " "
+                                  << r.body.substr(0, 300);
+    const json j = json::parse(r.body, nullptr, false);
+    FP4MOE_CHECK(j.is_object() && j.contains("count") && j["count"].is_array() && j["count"].size() == texts.size())
+        << a.url << "/v1/tokenize: no count for each of " << texts.size() << " texts: " << r.body.substr(0, 300);
+    return j["count"].get<std::vector<int64_t>>();
+  };
+  std::vector<Prompt> out;
+  constexpr size_t kBatch = 256;
+  for (size_t at = 0; at < pairs.size() && static_cast<int64_t>(out.size()) < a.num_prompts; at += kBatch) {
+    std::vector<std::string> prompts, completions;
+    for (size_t i = at; i < std::min(pairs.size(), at + kBatch); ++i) {
+      prompts.push_back(pairs[i].first);
+      completions.push_back(pairs[i].second);
+    }
+    const std::vector<int64_t> n_prompt = counts(prompts, true);
+    const std::vector<int64_t> n_completion = a.sharegpt_output_len > 0
+                                                  ? std::vector<int64_t>(prompts.size(), a.sharegpt_output_len)
+                                                  : counts(completions, false);
+    for (size_t i = 0; i < prompts.size() && static_cast<int64_t>(out.size()) < a.num_prompts; ++i) {
+      if (n_prompt[i] < 2 || n_completion[i] < 2) continue;
+      if (a.sharegpt_context_len > 0 && n_prompt[i] + n_completion[i] > a.sharegpt_context_len) continue;
+      out.push_back({json{{"text", prompts[i]}}, n_completion[i]});
+    }
+  }
+  FP4MOE_CHECK(!out.empty()) << path << ": no conversation passed the filters (prompt and output of 2 tokens or more"
+                             << (a.sharegpt_context_len > 0 ? ", together at most --sharegpt-context-len " +
+                                                                  std::to_string(a.sharegpt_context_len)
+                                                            : std::string())
+                             << ")";
   return out;
 }
 
@@ -348,7 +439,11 @@ json summary_json(const BenchArgs& a, const Summary& s) {
   stats("itl", s.itl_ms);
   if (!s.first_error.empty()) j["first_error"] = s.first_error;
   // What the run asked for (sglang.bench_serving's names), so that a line of --output-file says how it was made.
-  if (a.dataset.empty() && a.dataset_name == "random") {
+  if (a.dataset_name == "sharegpt") {
+    j["dataset_path"] = a.dataset_path;
+    j["sharegpt_output_len"] = a.sharegpt_output_len;
+    j["sharegpt_context_len"] = a.sharegpt_context_len;
+  } else if (a.dataset.empty() && a.dataset_name == "random") {
     j["random_input_len"] = a.input_len;
     j["random_output_len"] = a.output_len;
     j["random_range_ratio"] = a.range_ratio;
@@ -484,6 +579,7 @@ void run_bench(const BenchArgs& a) {
   if (!a.plot.empty()) check_writable_file(a.plot, "--plot");
   std::vector<Prompt> prompts;
   if (!a.dataset.empty()) prompts = make_prompts(a, 0);
+  const TurnPairs turns = a.dataset_name == "sharegpt" ? sharegpt_pairs(a) : TurnPairs{};
 
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);
@@ -495,7 +591,9 @@ void run_bench(const BenchArgs& a) {
   const json server_info = json::parse(info.body, nullptr, false);
   FP4MOE_CHECK(server_info.is_object()) << a.url << "/get_server_info is not JSON: " << info.body.substr(0, 300);
   int64_t vocab = 0;  // only the generated prompts need it
-  if (a.dataset.empty()) {
+  if (a.dataset_name == "sharegpt") {
+    prompts = sharegpt_prompts(a, turns, client);
+  } else if (a.dataset.empty()) {
     const json v = server_info.value("vocab_size", json());
     FP4MOE_CHECK(format::json_int_in(v, 1, INT32_MAX))
         << a.url << "/get_server_info: vocab_size is " << (v.is_null() ? std::string("missing") : v.dump())
@@ -549,9 +647,16 @@ void register_bench_serving_command(CLI::App& app) {
                   "Lengths drawn uniformly from [len * ratio, len] (default 1: fixed)");
   cmd->add_option("--dataset", a->dataset, "JSON-lines prompts: {\"prompt\": ...} or {\"input_ids\": [...]}");
   cmd->add_option("--dataset-name", a->dataset_name,
-                  "random (default) or generated-shared-prefix (--gsp-*: groups of prompts sharing a system prompt; "
-                  "--num-prompts is then groups x prompts per group)")
-      ->check(CLI::IsMember({"random", "generated-shared-prefix"}));
+                  "random (default), generated-shared-prefix (--gsp-*: groups of prompts sharing a system prompt; "
+                  "--num-prompts is then groups x prompts per group) or sharegpt (--dataset-path: a ShareGPT JSON "
+                  "file's conversations)")
+      ->check(CLI::IsMember({"random", "generated-shared-prefix", "sharegpt"}));
+  cmd->add_option("--dataset-path", a->dataset_path,
+                  "sharegpt: the ShareGPT JSON file (a list of {\"conversations\": [{\"value\": ...}, ...]})");
+  cmd->add_option("--sharegpt-output-len", a->sharegpt_output_len,
+                  "sharegpt: tokens to generate per request (default: the second turn's length)");
+  cmd->add_option("--sharegpt-context-len", a->sharegpt_context_len,
+                  "sharegpt: skip conversations whose prompt + output is longer (default: no limit)");
   cmd->add_option("--gsp-num-groups", a->gsp_groups, "generated-shared-prefix: groups (default 64)");
   cmd->add_option("--gsp-prompts-per-group", a->gsp_prompts_per_group, "Prompts per group (default 16)");
   cmd->add_option("--gsp-system-prompt-len", a->gsp_system_prompt_len, "Shared tokens per group (default 2048)");

@@ -2255,6 +2255,51 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
       << text;
   EXPECT_NE(text.find("--request-rate 0 must be > 0 requests/s (or inf)"), std::string::npos) << text;
 
+  // sglang.bench_serving's sharegpt load: conversations of two turns or more, the first turn the prompt and the
+  // second's token count (by the server's tokenizer) the output length, or --sharegpt-output-len; a one-turn
+  // conversation and one of 1-token turns are skipped.
+  const fs::path share = fs::temp_directory_path() / ("fp4moe_sharegpt_" + std::to_string(getpid()) + ".json");
+  const std::string answer = "Here is a short answer with several words.";
+  {
+    json convs = json::array();
+    for (int i = 0; i < 5; ++i)
+      convs.push_back({{"conversations",
+                        {{{"from", "human"}, {"value", "Tell me about topic " + std::to_string(i)}},
+                         {{"from", "gpt"}, {"value", answer}}}}});
+    convs.push_back({{"conversations", {{{"from", "human"}, {"value", "only one turn"}}}}});
+    convs.push_back({{"conversations", {{{"from", "human"}, {"value", "a"}}, {{"from", "gpt"}, {"value", "b"}}}}});
+    std::ofstream(share) << convs.dump();
+  }
+  HttpClient tc(srv.url(), kTimeout);
+  const int64_t answer_len =
+      parse(tc.post("/v1/tokenize", json{{"prompt", answer}, {"add_special_tokens", false}}.dump()).body)["count"];
+  for (const std::string& extra : {std::string(), std::string(" --sharegpt-output-len 3")}) {
+    fs::remove(out);
+    rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                          " --dataset-name sharegpt --dataset-path " + share.string() +
+                                          " --num-prompts 10 --max-concurrency 3 --output-file " + out.string() + extra,
+                                      &text);
+    ASSERT_EQ(rc, 0) << text;
+    std::ifstream sf(out);
+    ASSERT_TRUE(std::getline(sf, line));
+    const json run = parse(line);
+    EXPECT_EQ(run["dataset"], "sharegpt");
+    EXPECT_EQ(run["completed"], 5) << "the one-turn and the 1-token conversations are skipped";
+    EXPECT_EQ(run["total_output_tokens"], 5 * (extra.empty() ? answer_len : 3)) << line;
+  }
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --dataset-name sharegpt --dataset-path " + share.string() +
+                                        " --sharegpt-context-len 8 2>&1",
+                                    &text);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("no conversation passed the filters"), std::string::npos) << text;
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt 2>&1", &text);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("--dataset-name sharegpt needs --dataset-path FILE"), std::string::npos) << text;
+  fs::remove(share);
+  fs::remove(out);
+
   // SGLang's generated-shared-prefix dataset, one request at a time: 2 groups x 4 prompts of a 48-token
   // system prompt + an 8-token question; all but each group's first find the 3 system pages cached.
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
@@ -2311,9 +2356,19 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
   EXPECT_EQ(rc, 1) << text;
   EXPECT_NE(text.find("--timeout 0 must be > 0 seconds"), std::string::npos) << text;
   rc = fp4moe::testing::run_command(
-      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt", &text);
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt-v2", &text);
   EXPECT_EQ(rc, 2) << text;  // a usage error, also beside --dataset (it was ignored there)
-  EXPECT_NE(text.find("--dataset-name: sharegpt not in {random,generated-shared-prefix}"), std::string::npos) << text;
+  EXPECT_NE(text.find("--dataset-name: sharegpt-v2 not in {random,generated-shared-prefix,sharegpt}"),
+            std::string::npos)
+      << text;
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --dataset /dev/null --dataset-name generated-shared-prefix",
+                                    &text);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("--dataset /dev/null (JSON-lines prompts) and --dataset-name generated-shared-prefix are two "
+                      "loads: give one"),
+            std::string::npos)
+      << text;
   // What a run builds before its first request is bounded (--num-prompts 10^8 died with std::bad_alloc).
   rc = fp4moe::testing::run_command(
       std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --num-prompts 100000000", &text);
