@@ -113,10 +113,11 @@ std::optional<GpuSpec> find_gpu(std::string_view name) {
   for (const GpuSpec& g : gpu_table()) {
     if (g.name == n) return g;
   }
-  // Arch names: sm-120, sm120, 120.
+  // Arch names: sm-120, sm120, 120, and nvcc's arch-specific sm_90a / sm_100a / sm_120f (the same chip's table).
   std::string digits = n;
   if (digits.rfind("sm-", 0) == 0) digits = digits.substr(3);
   else if (digits.rfind("sm", 0) == 0) digits = digits.substr(2);
+  if (digits.size() >= 3 && (digits.back() == 'a' || digits.back() == 'f')) digits.pop_back();
   if (!digits.empty() && digits.size() <= 6 &&
       std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
     const int sm = std::stoi(digits);

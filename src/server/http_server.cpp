@@ -864,6 +864,21 @@ void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {
   res.set_content(dump_json(e.to_json()), "application/json");
 }
 
+void HttpServer::reply_error_and_close(const ApiError& e, httplib::Response& res) {
+  count_error(e.status);
+  res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<const std::string>(dump_json(e.to_json()));
+  // Without a length the reply ends with the connection; the provider writes it all, says done and returns false,
+  // which makes httplib close the connection (as the HTTP/1.0 replies end).
+  res.set_content_provider("application/json", [body](size_t, httplib::DataSink& sink) {
+    sink.write(body->data(), body->size());
+    sink.done();
+    return false;
+  });
+}
+
 ApiError HttpServer::unrouted(const httplib::Request& req, httplib::Response& res) const {
   ApiError e;
   const auto known = std::find_if(route_methods_.begin(), route_methods_.end(),
@@ -991,7 +1006,13 @@ void HttpServer::install_routes() {
                       ? "the Authorization header does not carry this server's API key (--api-key)"
                       : "this server wants an API key: send the header Authorization: Bearer <key> (--api-key)";
       res.set_header("WWW-Authenticate", "Bearer");
-      reply_error(e, res);
+      const bool has_body = (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0") ||
+                            req.has_header("Transfer-Encoding");
+      if (has_body) {
+        reply_error_and_close(e, res);  // its body is not read
+      } else {
+        reply_error(e, res);
+      }
       return httplib::Server::HandlerResponse::Handled;
     }
     // A Content-Length that is not a byte count, or one no client could send (past 2^64): answered now, the connection
@@ -1011,8 +1032,7 @@ void HttpServer::install_routes() {
                       " is larger than the " + std::to_string(kMaxBodyBytes >> 20) + " MiB a request may send";
           e.extra = {{"limit_bytes", kMaxBodyBytes}};
         }
-        res.set_header("Connection", "close");
-        reply_error(e, res);
+        reply_error_and_close(e, res);
         return httplib::Server::HandlerResponse::Handled;
       }
     }
@@ -1315,7 +1335,8 @@ void HttpServer::install_routes() {
   // What httplib refuses before a handler runs (an unknown path, another method, a body past the limit,
   // a malformed request): the same typed JSON error, saying which.
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    // A reply of ours (reply_error_and_close's goes through a content provider) is not replaced.
+    if (!res.body.empty() || res.content_provider_) return;
     ApiError e;
     if (res.status == 404) {
       e = unrouted(req, res);

@@ -101,6 +101,10 @@ class HttpServer {
   void count_error(int status);
   // An error reply: counted by status, Retry-After when it has one, the typed JSON body.
   void reply_error(const ApiError& e, httplib::Response& res);
+  // The same, answered before the request's body is read (pre-routing): the connection is closed after the reply, so
+  // that the unread body is not taken for the next request (httplib closes a connection only when its request asked
+  // to: the body goes through a provider that ends it).
+  void reply_error_and_close(const ApiError& e, httplib::Response& res);
   // No handler for req.method on req.path: 405 with Allow when the path has other methods, else 404.
   ApiError unrouted(const httplib::Request& req, httplib::Response& res) const;
   // The engine requests behind each open reply, by the id it carries ("cmpl-7", "chatcmpl-7", SGLang's

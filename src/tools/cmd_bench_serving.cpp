@@ -31,6 +31,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -371,20 +372,31 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
   const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
-  for (int64_t w = 0; w < n_workers; ++w) {
-    workers.emplace_back([&] {
-      for (size_t i = next++; i < prompts.size(); i = next++) {
-        std::this_thread::sleep_until(
-            t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
-        try {
-          results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
-        } catch (const std::exception& e) {  // a failed request, not an exception escaping a thread (an abort)
-          results[i].error = e.what();
+  // A worker a request in flight: a thread that cannot be made ends the run with the reason, after the ones made
+  // have finished (an exception past joinable threads aborted the process).
+  std::string spawn_error;
+  for (int64_t w = 0; w < n_workers && spawn_error.empty(); ++w) {
+    try {
+      workers.emplace_back([&] {
+        for (size_t i = next++; i < prompts.size(); i = next++) {
+          std::this_thread::sleep_until(
+              t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+          try {
+            results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
+          } catch (const std::exception& e) {  // a failed request, not an exception escaping a thread (an abort)
+            results[i].error = e.what();
+          }
         }
-      }
-    });
+      });
+    } catch (const std::system_error& e) {
+      spawn_error = e.what();
+      next = prompts.size();  // the workers made take no new request
+    }
   }
   for (auto& t : workers) t.join();
+  FP4MOE_CHECK(spawn_error.empty()) << "--max-concurrency " << concurrency << ": worker " << workers.size() + 1
+                                    << " of " << n_workers << " could not be started (" << spawn_error
+                                    << "); give a smaller --max-concurrency";
   Summary s;
   s.concurrency = concurrency;
   s.duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -567,7 +579,10 @@ void run_bench(const BenchArgs& a) {
       << "--num-prompts " << a.num_prompts << " must be in [1, " << kMaxPrompts << "]";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
   FP4MOE_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0) << "--timeout " << a.timeout_s << " must be > 0 seconds";
-  FP4MOE_CHECK(a.request_rate > 0) << "--request-rate " << a.request_rate << " must be > 0 requests/s (or inf)";
+  // Below a request a day the arrival times overflow the clock's sleep (past ~9.2e9 s every request went out at once).
+  constexpr double kMinRate = 1.0 / 86400;
+  FP4MOE_CHECK(a.request_rate >= kMinRate)
+      << "--request-rate " << a.request_rate << " must be >= " << kMinRate << " requests/s (one a day), or inf";
   FP4MOE_CHECK(std::isfinite(a.burstiness) && a.burstiness > 0) << "--burstiness " << a.burstiness << " must be > 0";
   check_sampling_flags(sampling_of(a));
   check_prompt_flags(a);

@@ -33,6 +33,12 @@ TEST(GpuTable, ArchNames) {
   EXPECT_EQ(find_gpu("sm_103")->name, "b300");
   EXPECT_EQ(find_gpu("sm_86")->sm, 86);
   EXPECT_EQ(find_gpu("sm_89")->sm, 89);
+  // nvcc's arch-specific names (what `fp4moe version` prints for the build) are the chip's.
+  EXPECT_EQ(find_gpu("sm_90a")->sm, 90);
+  EXPECT_EQ(find_gpu("SM_100A")->sm, 100);
+  EXPECT_EQ(find_gpu("sm_120f")->sm, 120);
+  EXPECT_FALSE(find_gpu("sm_90b").has_value());
+  EXPECT_FALSE(find_gpu("a").has_value());
   EXPECT_EQ(find_gpu("sm_80")->name, "a100");
   EXPECT_FALSE(find_gpu("sm_75").has_value());
 }
