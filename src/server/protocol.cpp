@@ -366,17 +366,71 @@ void flatten_text_parts(nlohmann::ordered_json* messages) {
 
 }  // namespace
 
+namespace {
+
+// continue_final_message (vLLM's, as transformers' apply_chat_template cuts it): the rendered chat up to the end of
+// the last message's text, found as its last occurrence (whitespace around the text as the template kept it).
+std::string cut_after_final_message(const std::string& rendered, const nlohmann::ordered_json& messages) {
+  std::string text;
+  bool found_text = false;
+  if (!messages.empty()) {
+    const auto& content = messages.back().contains("content") ? messages.back()["content"] : nlohmann::ordered_json();
+    if (content.is_string()) {
+      text = content.get<std::string>();
+      found_text = true;
+    } else if (content.is_array()) {
+      for (auto it = content.rbegin(); it != content.rend() && !found_text; ++it) {
+        if (it->is_object() && it->contains("text") && (*it)["text"].is_string()) {
+          text = (*it)["text"].get<std::string>();
+          found_text = true;
+        }
+      }
+    }
+  }
+  if (!found_text)
+    throw bad_request("continue_final_message",
+                      "continue_final_message: the last message has no text to continue (a string content or a text "
+                      "part)");
+  const auto trim = [](const std::string& s, bool left, bool right) {
+    size_t b = 0, e = s.size();
+    while (left && b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+    while (right && e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+    return s.substr(b, e - b);
+  };
+  const std::string stripped = trim(text, true, true);
+  if (stripped.empty())
+    throw bad_request("continue_final_message",
+                      "continue_final_message: the last message's text is empty, nothing to continue (to start a new "
+                      "turn: add_generation_prompt)");
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    throw bad_request("continue_final_message",
+                      "continue_final_message: the last message's text does not appear in the chat as the template "
+                      "renders it, so it cannot be continued");
+  // Through its trailing whitespace when the template kept the text as sent; else up to its stripped end.
+  const size_t kept = trim(text, true, false).size();
+  if (rendered.substr(at, kept) == text) return rendered.substr(0, at + kept);
+  return rendered.substr(0, at + stripped.size());
+}
+
+}  // namespace
+
 std::string render_chat(const engine::ChatTemplate& tmpl, const ParsedRequest& req) {
   FP4MOE_CHECK(req.messages.has_value()) << "render_chat: not a chat request";
   try {
     engine::ChatTemplate::RenderOptions ro;
-    ro.add_generation_prompt = req.add_generation_prompt;
+    ro.add_generation_prompt = req.add_generation_prompt && !req.continue_final_message;
     ro.extra = req.chat_template_kwargs;
     if (!req.tools.is_null()) ro.tools = req.tools;
-    if (tmpl.iterates_content()) return tmpl.render(*req.messages, ro);
-    nlohmann::ordered_json messages = *req.messages;
-    flatten_text_parts(&messages);
-    return tmpl.render(messages, ro);
+    std::string rendered;
+    if (tmpl.iterates_content()) {
+      rendered = tmpl.render(*req.messages, ro);
+    } else {
+      nlohmann::ordered_json messages = *req.messages;
+      flatten_text_parts(&messages);
+      rendered = tmpl.render(messages, ro);
+    }
+    return req.continue_final_message ? cut_after_final_message(rendered, *req.messages) : rendered;
   } catch (const ApiError&) {
     throw;
   } catch (const fp4moe::Error& e) {
@@ -578,6 +632,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
         r.top_logprobs = *v;
       }
       if (auto v = top.boolean("add_generation_prompt")) r.add_generation_prompt = *v;
+      if (auto v = top.boolean("continue_final_message")) r.continue_final_message = *v;
+      if (r.continue_final_message && r.add_generation_prompt)
+        throw bad_request("continue_final_message",
+                          "continue_final_message and add_generation_prompt cannot both be true (add_generation_prompt "
+                          "defaults to true: send add_generation_prompt: false), as vLLM refuses them");
       if (auto v = top.boolean("separate_reasoning")) r.separate_reasoning = *v;
       if (const json* kw = top.find("chat_template_kwargs")) {
         if (!kw->is_object())

@@ -52,6 +52,9 @@ struct ParsedRequest {
   std::optional<std::string> rid;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
+  // vLLM's continue_final_message: the rendered chat ends inside the last message (what follows its text, the turn's
+  // end markers, is cut), so that the reply continues it (an assistant turn "prefilled" by the client).
+  bool continue_final_message = false;
   // max_new_tokens as sent; nullopt -> the endpoint's default (applied once the prompt length is known).
   std::optional<int64_t> max_new_tokens;
   engine::SamplingParams sampling;

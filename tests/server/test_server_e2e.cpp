@@ -1133,6 +1133,25 @@ TEST_F(DefaultServer, VllmRootRoutes) {
   const auto chat = c.post("/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 1}}.dump());
   ASSERT_EQ(chat.status, 200) << chat.body;
   EXPECT_EQ(parse(r.body)["count"], parse(chat.body)["usage"]["prompt_tokens"]);
+  // continue_final_message (vLLM's): the rendered chat ends with the assistant's prefilled text, the reply continues
+  // it.
+  const json prefill = {
+      {"messages", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Sure, {"}}}},
+      {"continue_final_message", true},
+      {"add_generation_prompt", false}};
+  r = c.post("/tokenize", prefill.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string rendered =
+      parse(c.post("/detokenize", json{{"tokens", parse(r.body)["tokens"]}}.dump()).body)["text"].get<std::string>();
+  EXPECT_EQ(rendered.substr(rendered.size() - 7), "Sure, {") << rendered;
+  json cont = prefill;
+  cont["max_tokens"] = 2;
+  const auto cr = c.post("/v1/chat/completions", cont.dump());
+  ASSERT_EQ(cr.status, 200) << cr.body;
+  EXPECT_EQ(parse(cr.body)["usage"]["prompt_tokens"], parse(r.body)["count"]);
+  json both = prefill;
+  both.erase("add_generation_prompt");
+  expect_error(c.post("/v1/chat/completions", both.dump()), 400, "continue_final_message");
   // Version and probes.
   const auto v = c.get("/version");
   ASSERT_EQ(v.status, 200) << v.body;

@@ -360,6 +360,44 @@ TEST(ServerProtocol, ChatContentParts) {
   EXPECT_TRUE(iterates.iterates_content());
   EXPECT_EQ(render_chat(iterates, r), "<hi><there>");
 
+  // vLLM's continue_final_message: the chat ends inside the last message, whose turn end is cut.
+  const fp4moe::engine::ChatTemplate turns(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}</end>{% endfor %}{% if add_generation_prompt %}<assistant>"
+      "{% endif %}",
+      {});
+  auto prefill = [](json content) {
+    return json{{"messages", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", content}}}},
+                {"continue_final_message", true},
+                {"add_generation_prompt", false}};
+  };
+  EXPECT_EQ(render_chat(turns, parse_request(Endpoint::kChat, prefill("Sure, {"))), "<user>Hi</end><assistant>Sure, {");
+  EXPECT_EQ(render_chat(turns, parse_request(Endpoint::kChat, prefill("Sure "))), "<user>Hi</end><assistant>Sure ");
+  EXPECT_EQ(
+      render_chat(turns, parse_request(Endpoint::kChat, prefill(json::array({{{"type", "text"}, {"text", "ab"}}})))),
+      "<user>Hi</end><assistant>ab");
+  // A template that trims the text: cut at its stripped end.
+  const fp4moe::engine::ChatTemplate trims(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</end>{% endfor %}", {});
+  EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("Sure  "))), "<user>Hi</end><assistant>Sure");
+  json both = prefill("x");
+  both.erase("add_generation_prompt");  // it defaults to true
+  expect_bad(Endpoint::kChat, both, "continue_final_message", "cannot both be true");
+  try {
+    render_chat(turns, parse_request(Endpoint::kChat, prefill("  ")));
+    ADD_FAILURE() << "an empty final message was continued";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "continue_final_message");
+    EXPECT_NE(e.message.find("nothing to continue"), std::string::npos) << e.message;
+  }
+  const fp4moe::engine::ChatTemplate drops(
+      "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}", {});
+  try {
+    render_chat(drops, parse_request(Endpoint::kChat, prefill("never shown")));
+    ADD_FAILURE() << "a final message the template drops was continued";
+  } catch (const ApiError& e) {
+    EXPECT_NE(e.message.find("does not appear in the chat"), std::string::npos) << e.message;
+  }
+
   expect_bad(Endpoint::kChat, chat({{{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}}}),
              "messages[0].content[0].type", "text only");
   expect_bad(Endpoint::kChat, chat({{{"type", "text"}, {"text", "a"}}, {{"type", "video"}}}),
