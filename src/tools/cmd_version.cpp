@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <string>
+
 #include "tools/commands.h"
 
 #ifdef FP4MOE_HAVE_CUDA
@@ -11,15 +13,25 @@
 
 namespace fp4moe::tools {
 
+namespace {
+
+std::string version_line() {
+#ifdef FP4MOE_HAVE_CUDA
+  const char* cuda = "yes (sm_90a)";
+#else
+  const char* cuda = "no";
+#endif
+  return fmt::format("fp4moe {} (commit {}), CUDA kernels: {}", FP4MOE_VERSION, FP4MOE_GIT_COMMIT, cuda);
+}
+
+}  // namespace
+
 void register_version_command(CLI::App& app) {
+  app.set_version_flag("--version", version_line(),
+                       "Print the version and exit (`fp4moe version` also says which GPU)");
   auto* cmd = app.add_subcommand("version", "print the version, commit and build options");
   cmd->callback([] {
-#ifdef FP4MOE_HAVE_CUDA
-    const char* cuda = "yes (sm_90a)";
-#else
-    const char* cuda = "no";
-#endif
-    fmt::print("fp4moe {} (commit {}), CUDA kernels: {}\n", FP4MOE_VERSION, FP4MOE_GIT_COMMIT, cuda);
+    fmt::print("{}\n", version_line());
 #ifdef FP4MOE_HAVE_CUDA
     std::string why;
     if (cuda::cuda_device_available(&why)) {

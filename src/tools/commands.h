@@ -8,7 +8,7 @@ class App;
 
 namespace fp4moe::tools {
 
-void register_version_command(CLI::App& app);
+void register_version_command(CLI::App& app);  // also `fp4moe --version` (the first line of `fp4moe version`)
 void register_inspect_command(CLI::App& app);
 void register_quantize_command(CLI::App& app);
 void register_plan_command(CLI::App& app);

@@ -78,5 +78,14 @@ TEST(CliDocs, HelpBlocksAreTheBinarys) {
     EXPECT_TRUE(commands.count(command)) << "docs/cli.md has a block for '" << command << "', not a command";
 }
 
+// `fp4moe --version` (what CLI tools answer) prints the first line of `fp4moe version` and exits 0.
+TEST(CliDocs, VersionFlag) {
+  std::string flag, command;
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " --version", &flag), 0) << flag;
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " version", &command), 0) << command;
+  EXPECT_EQ(flag.rfind("fp4moe ", 0), 0u) << flag;
+  EXPECT_EQ(flag.substr(0, flag.find('\n')), command.substr(0, command.find('\n'))) << flag << "\n" << command;
+}
+
 }  // namespace
 }  // namespace fp4moe::tools
