@@ -450,7 +450,7 @@ struct Engine::Impl {
                                                       : r->on_logits(last_row, t1, eos_ids, context_length);
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (r->log_metrics) {
+        if (r->log_metrics && r->count_output) {
           stats.generation_tokens_total += static_cast<uint64_t>(r->generated.size() - before);
           if (before == 0) stats.ttft_s.observe(r->ttft_s());
           if (before > 0) stats.inter_token_s.observe(r->last_inter_token_s());

@@ -119,6 +119,9 @@ struct Request {
   // false: the request's counts and latencies stay out of EngineStats' request counters and histograms (as
   // SGLang's log_metrics: the /health_generate probe is not user traffic); the steps it rides in still count.
   bool log_metrics = true;
+  // false: what it generates stays out of generation_tokens_total and the TTFT / inter-token histograms (the server's
+  // echo without generation runs as one token that its reply drops); its request and prompt still count.
+  bool count_output = true;
 };
 
 // One sampled token as streamed.

@@ -15,6 +15,7 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
     : id(id_),
       priority(request.priority),
       log_metrics(request.log_metrics),
+      count_output(request.count_output),
       prompt(std::move(request.prompt_ids)),
       sampling(std::move(request.sampling)),
       tokens_(prompt),

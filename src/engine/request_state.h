@@ -28,6 +28,7 @@ class RequestState {
   const RequestId id;
   const int64_t priority;            // Request::priority
   const bool log_metrics;            // Request::log_metrics
+  const bool count_output;           // Request::count_output
   std::vector<TokenId> prompt;       // as submitted
   SamplingParams sampling;
   std::vector<TokenId> generated;    // sampled so far

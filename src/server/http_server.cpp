@@ -427,10 +427,13 @@ class RequestHandler {
         engine::SamplingParams sp = sampling;
         sp.max_new_tokens = max_new;
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        group.push_back({{prompts[p], sp, req.priority},
-                         [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
-                           dispatcher->post(channel, out);
-                         }});
+        // Echo without generation: its one internal token is not output (nor a first-token latency).
+        engine::Request request{prompts[p], sp, req.priority};
+        request.count_output = !req.echo_only;
+        group.push_back(
+            {std::move(request), [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
+               dispatcher->post(channel, out);
+             }});
       }
     }
     const int64_t n_choices = static_cast<int64_t>(prompts.size()) * req.n;

@@ -1373,8 +1373,15 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
   // max_tokens 0 with echo (vLLM's echo without generation): the prompt and its logprobs alone, the same logprobs,
   // streamed or not; without echo a 400 naming max_tokens.
   const json only = {{"prompt", ids}, {"max_tokens", 0}, {"logprobs", 0}, {"echo", true}};
+  const double gen_before = metric(srv_->url(), "fp4moe:generation_tokens_total"),
+               ttft_before = metric(srv_->url(), "fp4moe:time_to_first_token_seconds_count"),
+               requests_before = metric(srv_->url(), "fp4moe:num_requests_total");
   auto ro = c.post("/v1/completions", only.dump());
   ASSERT_EQ(ro.status, 200) << ro.body;
+  // Its one internal token is not output: the counters agree with completion_tokens 0; the request counts.
+  EXPECT_EQ(metric(srv_->url(), "fp4moe:generation_tokens_total"), gen_before);
+  EXPECT_EQ(metric(srv_->url(), "fp4moe:time_to_first_token_seconds_count"), ttft_before);
+  EXPECT_EQ(metric(srv_->url(), "fp4moe:num_requests_total"), requests_before + 1);
   const json oj = parse(ro.body);
   EXPECT_EQ(oj["choices"][0]["text"], "The quick") << ro.body;
   EXPECT_EQ(oj["choices"][0]["finish_reason"], "length");
