@@ -54,6 +54,9 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
+  // Which API the requests take (sglang.bench_serving's --backend names): sglang (SGLang's /generate), openai
+  // (/v1/completions; vllm the same) or openai-chat (/v1/chat/completions: text prompts only, each one user message).
+  std::string backend = "sglang";
   std::string url = "http://127.0.0.1:30000";
   std::string api_key;  // the server's --api-key
   int64_t num_prompts = 64;
@@ -324,14 +327,31 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   RequestResult r;
   const std::string& url = a.url;
   const double timeout_s = a.timeout_s;
-  json body = p.body_prompt;
-  body["sampling_params"] = {{"max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", true}};
+  // The sampling fields: in sampling_params (/generate) or at the top (the OpenAI routes, vLLM's extra fields).
+  const bool openai = a.backend != "sglang", chat = a.backend == "openai-chat";  // vllm: /v1/completions
+  json sampling = {
+      {openai ? "max_tokens" : "max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", true}};
   if (a.temperature > 0.0) {
-    body["sampling_params"]["top_p"] = a.top_p;
-    body["sampling_params"]["top_k"] = a.top_k;
+    sampling["top_p"] = a.top_p;
+    sampling["top_k"] = a.top_k;
     // As an int64 (the server takes any int64 and reads a negative one as its two's complement: the same draws);
     // a uint64 past INT64_MAX was a 400 for every request.
-    body["sampling_params"]["seed"] = static_cast<int64_t>(seed);
+    sampling["seed"] = static_cast<int64_t>(seed);
+  }
+  json body;
+  if (!openai) {
+    body = p.body_prompt;
+    body["sampling_params"] = std::move(sampling);
+  } else {
+    body = std::move(sampling);
+    const json& prompt = p.body_prompt.contains("text") ? p.body_prompt["text"] : p.body_prompt["input_ids"];
+    if (chat) {
+      body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});  // text (checked before the run)
+    } else {
+      body["prompt"] = prompt;
+    }
+    // Every chunk's usage so far gives its token count (vLLM's continuous_usage_stats).
+    body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   }
   body["stream"] = true;
   server::HttpClient client(url, timeout_s);
@@ -340,8 +360,10 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   tools::StreamTiming timing;
   timing.max_tokens = p.output_len;
   std::string bad_chunk;
-  auto res = client.post_sse("/generate", body.dump(), [&](std::string_view data) {
-    if (timing.on_chunk(data, std::chrono::duration<double>(Clock::now() - t0).count())) return true;
+  const char* path = !openai ? "/generate" : chat ? "/v1/chat/completions" : "/v1/completions";
+  auto res = client.post_sse(path, body.dump(), [&](std::string_view data) {
+    const double now_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (openai ? timing.on_openai_chunk(data, now_s) : timing.on_chunk(data, now_s)) return true;
     bad_chunk = std::string(data.substr(0, 200));
     return false;
   });
@@ -420,7 +442,7 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
 
 json summary_json(const BenchArgs& a, const Summary& s) {
   const double d = s.duration_s > 0 ? s.duration_s : 1e-9;
-  json j = {{"backend", "fp4moe"},
+  json j = {{"backend", a.backend},
             {"url", a.url},
             {"request_rate", std::isfinite(a.request_rate) ? json(a.request_rate) : json("inf")},
             {"burstiness", a.burstiness},
@@ -480,7 +502,7 @@ void print_summary(const json& j) {
     fmt::print("{}{}{}\n", std::string(pad, '-'), t, std::string(50 - t.size() - pad, '-'));
   };
   fmt::print("\n{:=^50}\n", " Serving Benchmark Result ");
-  line("Backend:", "fp4moe");
+  line("Backend:", j["backend"].get<std::string>());
   line("Traffic request rate:",
        j["request_rate"].is_string() ? "inf" : fmt::format("{:g}", j["request_rate"].get<double>()));
   line("Max request concurrency:", std::to_string(j["max_concurrency"].get<int64_t>()));
@@ -616,6 +638,14 @@ void run_bench(const BenchArgs& a) {
     vocab = v.get<int64_t>();
     prompts = make_prompts(a, vocab);
   }
+  if (a.backend == "openai-chat") {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      FP4MOE_CHECK(prompts[i].body_prompt.contains("text"))
+          << "--backend openai-chat sends each prompt as a user message's text: prompt " << i << " of "
+          << (a.dataset.empty() ? a.dataset_name : a.dataset)
+          << " is token ids (random and generated-shared-prefix prompts are; use --dataset-name sharegpt or a "
+             "--dataset of {\"prompt\": ...} lines)";
+  }
   // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
   // before it (the same prompts) cached; --no-flush-cache keeps what is there.
   const bool flush = a.flush_cache && !server_info.value("disable_radix_cache", true);
@@ -652,6 +682,10 @@ void run_bench(const BenchArgs& a) {
 void register_bench_serving_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench-serving", "Online serving benchmark against a running fp4moe serve");
+  cmd->add_option("--backend", a->backend,
+                  "The API the requests take: sglang (/generate, the default), openai or vllm (/v1/completions), "
+                  "openai-chat (/v1/chat/completions; text prompts)")
+      ->check(CLI::IsMember({"sglang", "openai", "vllm", "openai-chat"}));
   cmd->add_option("--url,--base-url", a->url, "Server URL (default http://127.0.0.1:30000)");
   cmd->add_option("--num-prompts", a->num_prompts, "Requests per run (default 64)");
   cmd->add_option("--max-concurrency", a->max_concurrency,

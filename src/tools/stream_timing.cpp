@@ -27,12 +27,49 @@ bool StreamTiming::on_chunk(std::string_view data, double now_s) {
   if (!ok) return false;
   prompt_len = prompt;
   cached_len = cached;
+  const bool has_text = j.contains("text") && j["text"].is_string() && !j["text"].get_ref<const std::string&>().empty();
+  return advance(n, has_text, meta.contains("completion_tokens"), now_s);
+}
+
+bool StreamTiming::on_openai_chunk(std::string_view data, double now_s) {
+  if (data == "[DONE]") return true;
+  const nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object() || !j.contains("choices") ||
+      !j["choices"].is_array())
+    return false;
+  const nlohmann::json& usage = j["usage"];
+  const auto count = [&](const nlohmann::json& obj, const char* key, int64_t most, int64_t* out) {
+    if (!obj.contains(key)) return true;
+    if (!obj[key].is_number_integer() || obj[key].get<int64_t>() < 0 || obj[key].get<int64_t>() > most) return false;
+    *out = obj[key].get<int64_t>();
+    return true;
+  };
+  int64_t n = completion_tokens, prompt = prompt_len, cached = cached_len;
+  if (!count(usage, "completion_tokens", max_tokens, &n) || !count(usage, "prompt_tokens", INT64_MAX, &prompt))
+    return false;
+  if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object() &&
+      !count(usage["prompt_tokens_details"], "cached_tokens", INT64_MAX, &cached))
+    return false;
+  prompt_len = prompt;
+  cached_len = cached;
+  if (!j["choices"].empty()) {
+    const nlohmann::json& c = j["choices"][0];
+    const nlohmann::json* text = !c.is_object()       ? nullptr
+                                 : c.contains("text") ? &c["text"]
+                                 : c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content")
+                                     ? &c["delta"]["content"]
+                                     : nullptr;
+    if (text != nullptr && text->is_string() && !text->get_ref<const std::string&>().empty()) openai_text_ = true;
+  }
+  return advance(n, openai_text_, usage.contains("completion_tokens"), now_s);
+}
+
+bool StreamTiming::advance(int64_t n, bool has_text, bool has_count, double now_s) {
   if (n > 0 && completion_tokens == 0) first_token_s = now_s;
   completion_tokens = n;
   // As sglang.bench_serving: only a chunk with text (the text so far) is timed, and it must carry its count.
-  const bool has_text = j.contains("text") && j["text"].is_string() && !j["text"].get_ref<const std::string&>().empty();
   if (!has_text) return true;
-  if (!meta.contains("completion_tokens")) return false;
+  if (!has_count) return false;
   if (n <= tokens) return true;
   if (tokens == 0) {
     ttft_s = now_s;

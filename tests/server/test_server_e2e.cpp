@@ -2323,6 +2323,28 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_EQ(run["completed"], 5) << "the one-turn and the 1-token conversations are skipped";
     EXPECT_EQ(run["total_output_tokens"], 5 * (extra.empty() ? answer_len : 3)) << line;
   }
+  // The OpenAI routes (--backend openai / openai-chat) count the same tokens through their usage.
+  for (const std::string backend : {"openai", "openai-chat"}) {
+    fs::remove(out);
+    rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --backend " +
+                                          backend + " --dataset-name sharegpt --dataset-path " + share.string() +
+                                          " --num-prompts 10 --sharegpt-output-len 4 --output-file " + out.string(),
+                                      &text);
+    ASSERT_EQ(rc, 0) << backend << ": " << text;
+    std::ifstream bf(out);
+    ASSERT_TRUE(std::getline(bf, line));
+    const json run = parse(line);
+    EXPECT_EQ(run["backend"], backend);
+    EXPECT_EQ(run["completed"], 5) << line;
+    EXPECT_EQ(run["total_output_tokens"], 5 * 4) << line;
+    EXPECT_GT(run["total_input_tokens"].get<int64_t>(), 0) << line;
+    EXPECT_GT(run["median_ttft_ms"].get<double>(), 0) << line;
+  }
+  rc = fp4moe::testing::run_command(
+      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --backend openai-chat --num-prompts 2 2>&1",
+      &text);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("--backend openai-chat sends each prompt as a user message's text"), std::string::npos) << text;
   rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
                                         " --dataset-name sharegpt --dataset-path " + share.string() +
                                         " --sharegpt-context-len 8 2>&1",
