@@ -89,6 +89,11 @@ ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::
   return ChatTemplate("", {}, "");
 }
 
+ChatTemplate ChatTemplate::from_source(const std::string& source, const nlohmann::json& config,
+                                       const std::string& origin) {
+  return ChatTemplate(source, special_tokens_of(config), origin);
+}
+
 ChatTemplate ChatTemplate::load(const std::filesystem::path& dir) {
   const auto config_path = dir / "tokenizer_config.json";
   nlohmann::json config;

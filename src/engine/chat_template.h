@@ -36,6 +36,9 @@ class ChatTemplate {
   // From a parsed tokenizer_config.json; `chat_template` may be a string or a list of
   // {"name", "template"} (the one named "default" is used).
   static ChatTemplate from_config(const nlohmann::json& config, const std::string& origin = "tokenizer_config.json");
+  // A template given apart from the model (serve / tokenize --chat-template): `source` as the template, the special
+  // tokens of `config` (a parsed tokenizer_config.json, or null) visible to it.
+  static ChatTemplate from_source(const std::string& source, const nlohmann::json& config, const std::string& origin);
   // `special_tokens`: names -> strings made visible to the template (bos_token, eos_token, ...).
   ChatTemplate(const std::string& source, nlohmann::ordered_json special_tokens, const std::string& name = "chat_template");
 

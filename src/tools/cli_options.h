@@ -3,13 +3,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <utility>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "engine/sampler.h"
 
 namespace fp4moe::tools {
@@ -46,6 +49,17 @@ CLI::Validator parsed_by(Parse parse) {
         }
       },
       "");
+}
+
+// --chat-template (SGLang's and vLLM's flag): a file's contents, or the value itself when it is a Jinja template
+// (it holds "{{" or "{%"); anything else fails naming the flag. The source, and where it came from for errors.
+inline std::pair<std::string, std::string> chat_template_source(const std::string& value) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(value, ec)) return {read_file(value), value};
+  FP4MOE_CHECK(value.find("{{") != std::string::npos || value.find("{%") != std::string::npos)
+      << "--chat-template " << value.substr(0, 80)
+      << " is neither a file nor a Jinja template (a template holds {{ ... }} or {% ... %})";
+  return {value, "--chat-template"};
 }
 
 // Runs a validate() whose engine::FieldError names a field its flag is spelled after (top_p: --top-p), naming the

@@ -56,6 +56,7 @@ namespace fs = std::filesystem;
 struct ServeArgs {
   std::string model_dir;
   std::string tokenizer_path;
+  std::string chat_template;  // --chat-template: a file or a template (empty: the model's)
   std::string served_model_name;
   std::string api_key;
   std::string reasoning_parser;  // --reasoning-parser (empty: replies are not split)
@@ -95,7 +96,11 @@ Loaded load(const ServeArgs& a) {
                                     << " pass --model DIR or a preset (--load-format dummy) for the GPU";
     l.model = engine::make_default_model(a.seed);
     l.tokenizer = engine::make_default_tokenizer();
-    if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
+    if (!a.chat_template.empty()) {
+      const auto [source, origin] = chat_template_source(a.chat_template);
+      l.chat_template = std::make_shared<engine::ChatTemplate>(
+          engine::ChatTemplate::from_source(source, l.tokenizer->config(), origin));
+    } else if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
       l.chat_template = std::make_shared<engine::ChatTemplate>(
           engine::ChatTemplate::from_config(l.tokenizer->config(), std::string(engine::kDefaultModelName)));
     }
@@ -113,7 +118,11 @@ Loaded load(const ServeArgs& a) {
   FP4MOE_CHECK(fs::exists(tok_dir / "tokenizer.json"))
       << tok_dir.string() << " has no tokenizer.json; pass --tokenizer-path DIR";
   auto tok = std::make_shared<engine::Tokenizer>(engine::Tokenizer::load(tok_dir));
-  if (has_chat_template(tok_dir, *tok)) {
+  if (!a.chat_template.empty()) {
+    const auto [source, origin] = chat_template_source(a.chat_template);
+    l.chat_template =
+        std::make_shared<engine::ChatTemplate>(engine::ChatTemplate::from_source(source, tok->config(), origin));
+  } else if (has_chat_template(tok_dir, *tok)) {
     l.chat_template = std::make_shared<engine::ChatTemplate>(engine::ChatTemplate::load(tok_dir));
   }
   l.tokenizer = std::move(tok);
@@ -219,6 +228,11 @@ void run_serve(ServeArgs a) {
   }
   model::parse_load_format(a.load_format);  // bad values fail before the socket opens
   model::parse_dummy_weights(a.dummy_weights);
+  if (!a.chat_template
+           .empty()) {  // a file that cannot be read or a template that does not parse: before the socket opens
+    const auto [source, origin] = chat_template_source(a.chat_template);
+    engine::ChatTemplate::from_source(source, nullptr, origin);
+  }
 
   // Signals are taken by one thread with sigwait; every other thread (httplib's pool, the engine)
   // inherits the blocked mask. A client that vanishes must not kill the process with SIGPIPE.
@@ -320,6 +334,9 @@ void register_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "HTTP server: SGLang /generate and the OpenAI API over the engine");
   cmd->add_option("--model,--model-path", a->model_dir, "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; then --tokenizer-path); default: the embedded synthetic GLM-5 model");
   cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
+  cmd->add_option(
+      "--chat-template", a->chat_template,
+      "Chat template for /v1/chat/completions instead of the model's: a Jinja file, or the template itself");
   cmd->add_option("--served-model-name", a->served_model_name, "Model name in responses and /v1/models");
   cmd->add_option("--api-key", a->api_key,
                   "Clients must send Authorization: Bearer <key> (all routes but /health, /health_generate, /metrics); "

@@ -28,6 +28,7 @@
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_text.h"
 #include "server/protocol.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 
 namespace fp4moe::tools {
@@ -50,6 +51,7 @@ struct TokenizeOptions {
   bool add_special_tokens = false;
   bool skip_special_tokens = false;
   bool no_generation_prompt = false;
+  std::string chat_template;  // --chat-template (empty: the tokenizer folder's)
 };
 
 // Standard input whole (bounded as read_file); a read error (stdin a directory, a closed descriptor) is named: the
@@ -166,7 +168,12 @@ void run_tokenize(const TokenizeOptions& o) {
     try {
       server::ParsedRequest req = server::parse_request(server::Endpoint::kChat, body);
       server::restore_key_order(req, text);  // tools in the file's key order, as the server renders them
-      rendered = server::render_chat(engine::ChatTemplate::load(o.tokenizer_dir), req);
+      const engine::ChatTemplate tmpl = [&] {
+        if (o.chat_template.empty()) return engine::ChatTemplate::load(o.tokenizer_dir);
+        const auto [source, origin] = chat_template_source(o.chat_template);
+        return engine::ChatTemplate::from_source(source, tok.config(), origin);
+      }();
+      rendered = server::render_chat(tmpl, req);
     } catch (const server::ApiError& e) {
       FP4MOE_FAIL() << o.chat << ": " << e.message;
     }
@@ -212,9 +219,10 @@ void register_tokenize_command(CLI::App& app) {
   CLI::Option* file = cmd->add_option("--file", options->file, "file whose contents to tokenize");
   cmd->add_flag("--stdin", options->from_stdin, "tokenize standard input");
   CLI::Option* decode = cmd->add_option("--decode", options->decode, "comma-separated token ids to decode, e.g. 1,2,3");
-  cmd->add_option("--chat", options->chat,
-                  "JSON file with a list of messages (or {\"messages\": [...], \"tools\": [...]}) to render "
-                  "with the chat template (generation prompt on) and tokenize");
+  CLI::Option* chat =
+      cmd->add_option("--chat", options->chat,
+                      "JSON file with a list of messages (or {\"messages\": [...], \"tools\": [...]}) to render "
+                      "with the chat template (generation prompt on) and tokenize");
   cmd->add_flag("--json", options->json, "print JSON (ids, token strings, text)");
   cmd->add_flag("--ids-only,--ids", options->ids_only, "print only the ids, as [1, 2, 3]");
   cmd->add_flag("--show-count", options->show_count, "print the number of tokens at the end");
@@ -222,6 +230,9 @@ void register_tokenize_command(CLI::App& app) {
   cmd->add_flag("--add-special-tokens", options->add_special_tokens, "apply the post-processor (BOS etc.)");
   cmd->add_flag("--skip-special-tokens", options->skip_special_tokens, "--decode: leave special tokens out");
   cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "--chat: without add_generation_prompt");
+  cmd->add_option("--chat-template", options->chat_template,
+                  "--chat: this template instead of the tokenizer's (a Jinja file, or the template itself; as serve's)")
+      ->needs(chat);
   cmd->callback([options, text, file, decode] {
     options->text_given = text->count() > 0;
     options->file_given = file->count() > 0;

@@ -1842,6 +1842,36 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
   }
 }
 
+// --chat-template (SGLang's and vLLM's): a file (or the template itself) in place of the model's; one that cannot be
+// read or parsed stops the server before it listens, naming the flag.
+TEST(ServerE2E, ChatTemplateFlagReplacesTheModels) {
+  const fs::path file = fs::temp_directory_path() / ("fp4moe_template_" + std::to_string(getpid()) + ".jinja");
+  std::ofstream(file) << "{% for m in messages %}<<{{ m.role }}|{{ m.content }}>>{% endfor %}"
+                         "{% if add_generation_prompt %}<<assistant|{% endif %}";
+  ServerProcess srv(FP4MOE_CLI, {"--chat-template", file.string()});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), kTimeout);
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  auto t = c.post("/tokenize", json{{"messages", messages}}.dump());
+  ASSERT_EQ(t.status, 200) << t.body;
+  const auto d = c.post("/detokenize", json{{"tokens", parse(t.body)["tokens"]}}.dump());
+  EXPECT_EQ(parse(d.body)["text"], "<<user|Hi>><<assistant|") << d.body;
+  auto chat = c.post("/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 1}}.dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(parse(chat.body)["usage"]["prompt_tokens"], parse(t.body)["count"]);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  fs::remove(file);
+  std::string text;
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " serve --port 0 --chat-template '{% for m in messages %' 2>&1", &text),
+            1);
+  EXPECT_NE(text.find("--chat-template:1:22: unclosed {%"), std::string::npos) << text;
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " serve --port 0 --chat-template " + file.string() + " 2>&1", &text),
+            1);
+  EXPECT_NE(text.find("is neither a file nor a Jinja template"), std::string::npos) << text;
+}
+
 // --reasoning-parser glm45: chat replies split into reasoning_content and content, streamed and not,
 // agreeing with the parser applied to the same reply unsplit (separate_reasoning: false); an unknown
 // parser name stops the server before it listens, naming the known ones.

@@ -72,6 +72,19 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
     EXPECT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string()), &out), 1) << messages << ": " << out;
     EXPECT_NE(out.find(path.string() + ": " + message), std::string::npos) << messages << ": " << out;
   }
+  // --chat-template: another template (inline or a file), as serve's flag; without --chat a usage error.
+  std::ofstream(path) << R"([{"role": "user", "content": "hi"}])";
+  ASSERT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() +
+                                              " --json --chat-template '{% for m in messages %}[{{ m.content }}]{% "
+                                              "endfor %}'"),
+                                 &out),
+            0)
+      << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "[hi]");
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--text hi --chat-template x"), &out), 2) << out;
+  EXPECT_NE(out.find("--chat-template requires --chat"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --chat-template no-such-file"), &out), 1);
+  EXPECT_NE(out.find("--chat-template no-such-file is neither a file nor a Jinja template"), std::string::npos) << out;
   std::filesystem::remove(path);
 }
 
