@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/tokenizer_text.h"
 #include "format/json_file.h"
 
 namespace fp4moe::server {
@@ -391,11 +392,18 @@ std::string cut_after_final_message(const std::string& rendered, const nlohmann:
     throw bad_request("continue_final_message",
                       "continue_final_message: the last message has no text to continue (a string content or a text "
                       "part)");
+  // Python's str.strip: Unicode whitespace (U+3000, NBSP, ...), as the templates' own strip() removes it.
   const auto trim = [](const std::string& s, bool left, bool right) {
-    size_t b = 0, e = s.size();
-    while (left && b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-    while (right && e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-    return s.substr(b, e - b);
+    size_t b = s.size(), e = 0;  // the first non-space code point's start, the last one's end
+    for (size_t i = 0; i < s.size();) {
+      const size_t at = i;
+      const char32_t cp = engine::text::next_code_point(s, i);
+      if (engine::text::is_whitespace(cp)) continue;
+      b = std::min(b, at);
+      e = i;
+    }
+    if (b >= e) return std::string();  // all whitespace
+    return s.substr(left ? b : 0, (right ? e : s.size()) - (left ? b : 0));
   };
   const std::string stripped = trim(text, true, true);
   if (stripped.empty())
@@ -422,15 +430,16 @@ std::string render_chat(const engine::ChatTemplate& tmpl, const ParsedRequest& r
     ro.add_generation_prompt = req.add_generation_prompt && !req.continue_final_message;
     ro.extra = req.chat_template_kwargs;
     if (!req.tools.is_null()) ro.tools = req.tools;
-    std::string rendered;
+    // continue_final_message looks for the last message's text as the template got it: a list of text parts joined
+    // for a template that prints content (its last part, as transformers takes it, for one that iterates the parts).
     if (tmpl.iterates_content()) {
-      rendered = tmpl.render(*req.messages, ro);
-    } else {
-      nlohmann::ordered_json messages = *req.messages;
-      flatten_text_parts(&messages);
-      rendered = tmpl.render(messages, ro);
+      const std::string rendered = tmpl.render(*req.messages, ro);
+      return req.continue_final_message ? cut_after_final_message(rendered, *req.messages) : rendered;
     }
-    return req.continue_final_message ? cut_after_final_message(rendered, *req.messages) : rendered;
+    nlohmann::ordered_json messages = *req.messages;
+    flatten_text_parts(&messages);
+    const std::string rendered = tmpl.render(messages, ro);
+    return req.continue_final_message ? cut_after_final_message(rendered, messages) : rendered;
   } catch (const ApiError&) {
     throw;
   } catch (const fp4moe::Error& e) {

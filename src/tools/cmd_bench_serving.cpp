@@ -89,6 +89,15 @@ struct BenchArgs {
   int64_t sharegpt_context_len = 0;  // > 0: skip conversations whose prompt + output is longer
 };
 
+// --backend: sglang.bench_serving's names (sglang / sglang-native: /generate; sglang-oai / vllm: /v1/completions;
+// sglang-oai-chat / vllm-chat: /v1/chat/completions) and vllm bench serve's (openai, openai-chat).
+const std::vector<std::string> kBackends = {"sglang", "sglang-native", "sglang-oai", "sglang-oai-chat",
+                                            "vllm",   "vllm-chat",     "openai",     "openai-chat"};
+bool is_native(const std::string& backend) { return backend == "sglang" || backend == "sglang-native"; }
+bool is_chat(const std::string& backend) {
+  return backend == "sglang-oai-chat" || backend == "vllm-chat" || backend == "openai-chat";
+}
+
 // When each request is sent, in seconds from the run's start: request 0 at once, then gaps of mean 1 / rate drawn
 // from Gamma(burstiness, 1 / (rate x burstiness)) with a generator seeded by --seed (the same arrivals every run and
 // every concurrency level). All zeros for an infinite rate.
@@ -169,9 +178,9 @@ void check_prompt_flags(const BenchArgs& a) {
                                  : "--dataset-path is the sharegpt dataset's file: give --dataset-name sharegpt "
                                    "(JSON-lines prompts: --dataset)");
   if (a.dataset_name == "sharegpt") {
-    FP4MOE_CHECK(a.sharegpt_output_len >= 0 && a.sharegpt_context_len >= 0)
-        << "--sharegpt-output-len " << a.sharegpt_output_len << " and --sharegpt-context-len " << a.sharegpt_context_len
-        << " must be >= 0 (0: the conversation's own / no limit)";
+    FP4MOE_CHECK((a.sharegpt_output_len == 0 || a.sharegpt_output_len >= 4) && a.sharegpt_context_len >= 0)
+        << "--sharegpt-output-len " << a.sharegpt_output_len << " must be 0 (the conversation's own) or >= 4 (as "
+        << "sglang.bench_serving takes it), --sharegpt-context-len " << a.sharegpt_context_len << " >= 0 (0: no limit)";
     return;
   }
   if (a.dataset_name == "generated-shared-prefix") {
@@ -263,24 +272,31 @@ TurnPairs sharegpt_pairs(const BenchArgs& a) {
   FP4MOE_CHECK(data.is_array()) << path << ": a ShareGPT file is a JSON list of conversations, got a "
                                 << data.type_name();
   TurnPairs pairs;
+  int64_t n_malformed = 0;
   for (size_t i = 0; i < data.size(); ++i) {
     const json& c = data[i];
     const json* turns = c.is_object() && c.contains("conversations")  ? &c["conversations"]
                         : c.is_object() && c.contains("conversation") ? &c["conversation"]
                                                                       : nullptr;
     if (turns == nullptr || !turns->is_array() || turns->size() < 2) continue;
-    auto text = [&](size_t k) -> std::string {
+    // A turn's text: "value" (ShareGPT's) or "content"; a conversation whose first two turns have none is skipped.
+    auto text = [&](size_t k) -> const json* {
       const json& t = (*turns)[k];
-      const json* v = t.is_object() && t.contains("value")     ? &t["value"]
-                      : t.is_object() && t.contains("content") ? &t["content"]
-                                                               : nullptr;
-      FP4MOE_CHECK(v != nullptr && v->is_string())
-          << path << ": conversation " << i << " turn " << k << " has no \"value\" string: " << t.dump().substr(0, 120);
-      return v->get<std::string>();
+      const json* v = !t.is_object()          ? nullptr
+                      : t.contains("value")   ? &t["value"]
+                      : t.contains("content") ? &t["content"]
+                                              : nullptr;
+      return v != nullptr && v->is_string() ? v : nullptr;
     };
-    pairs.emplace_back(text(0), text(1));
+    const json *first = text(0), *second = text(1);
+    if (first == nullptr || second == nullptr) {
+      ++n_malformed;
+      continue;
+    }
+    pairs.emplace_back(first->get<std::string>(), second->get<std::string>());
   }
-  FP4MOE_CHECK(!pairs.empty()) << path << " holds no conversation of two turns or more";
+  FP4MOE_CHECK(!pairs.empty()) << path << " holds no conversation of two turns or more whose first two turns have a "
+                               << "\"value\" (or \"content\") string (" << n_malformed << " skipped for that)";
   std::mt19937_64 rng(a.seed);
   std::shuffle(pairs.begin(), pairs.end(), rng);
   return pairs;
@@ -308,7 +324,7 @@ std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs,
     const std::vector<int64_t> n_prompt = counts(prompts, true);
     const std::vector<int64_t> n_completion = a.sharegpt_output_len > 0
                                                   ? std::vector<int64_t>(prompts.size(), a.sharegpt_output_len)
-                                                  : counts(completions, false);
+                                                  : counts(completions, true);
     for (size_t i = 0; i < prompts.size() && static_cast<int64_t>(out.size()) < a.num_prompts; ++i) {
       if (n_prompt[i] < 2 || n_completion[i] < 2) continue;
       if (a.sharegpt_context_len > 0 && n_prompt[i] + n_completion[i] > a.sharegpt_context_len) continue;
@@ -328,7 +344,7 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   const std::string& url = a.url;
   const double timeout_s = a.timeout_s;
   // The sampling fields: in sampling_params (/generate) or at the top (the OpenAI routes, vLLM's extra fields).
-  const bool openai = a.backend != "sglang", chat = a.backend == "openai-chat";  // vllm: /v1/completions
+  const bool openai = !is_native(a.backend), chat = is_chat(a.backend);
   json sampling = {
       {openai ? "max_tokens" : "max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", true}};
   if (a.temperature > 0.0) {
@@ -638,10 +654,10 @@ void run_bench(const BenchArgs& a) {
     vocab = v.get<int64_t>();
     prompts = make_prompts(a, vocab);
   }
-  if (a.backend == "openai-chat") {
+  if (is_chat(a.backend)) {
     for (size_t i = 0; i < prompts.size(); ++i)
       FP4MOE_CHECK(prompts[i].body_prompt.contains("text"))
-          << "--backend openai-chat sends each prompt as a user message's text: prompt " << i << " of "
+          << "--backend " << a.backend << " sends each prompt as a user message's text: prompt " << i << " of "
           << (a.dataset.empty() ? a.dataset_name : a.dataset)
           << " is token ids (random and generated-shared-prefix prompts are; use --dataset-name sharegpt or a "
              "--dataset of {\"prompt\": ...} lines)";
@@ -683,9 +699,10 @@ void register_bench_serving_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench-serving", "Online serving benchmark against a running fp4moe serve");
   cmd->add_option("--backend", a->backend,
-                  "The API the requests take: sglang (/generate, the default), openai or vllm (/v1/completions), "
-                  "openai-chat (/v1/chat/completions; text prompts)")
-      ->check(CLI::IsMember({"sglang", "openai", "vllm", "openai-chat"}));
+                  "The API the requests take (sglang.bench_serving's and vllm bench serve's names): sglang or "
+                  "sglang-native (/generate, the default), sglang-oai, vllm or openai (/v1/completions), "
+                  "sglang-oai-chat, vllm-chat or openai-chat (/v1/chat/completions; text prompts)")
+      ->check(CLI::IsMember(kBackends));
   cmd->add_option("--url,--base-url", a->url, "Server URL (default http://127.0.0.1:30000)");
   cmd->add_option("--num-prompts", a->num_prompts, "Requests per run (default 64)");
   cmd->add_option("--max-concurrency", a->max_concurrency,

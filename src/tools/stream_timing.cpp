@@ -1,6 +1,7 @@
 // sglang.bench_serving's per-request timings (see stream_timing.h).
 #include "tools/stream_timing.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace fp4moe::tools {
@@ -52,16 +53,28 @@ bool StreamTiming::on_openai_chunk(std::string_view data, double now_s) {
     return false;
   prompt_len = prompt;
   cached_len = cached;
-  if (!j["choices"].empty()) {
-    const nlohmann::json& c = j["choices"][0];
-    const nlohmann::json* text = !c.is_object()       ? nullptr
-                                 : c.contains("text") ? &c["text"]
-                                 : c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content")
-                                     ? &c["delta"]["content"]
-                                     : nullptr;
-    if (text != nullptr && text->is_string() && !text->get_ref<const std::string&>().empty()) openai_text_ = true;
+  if (n > 0 && completion_tokens == 0) first_token_s = now_s;
+  completion_tokens = n;
+  if (j["choices"].empty()) return true;  // the usage-only last chunk
+  const nlohmann::json& c = j["choices"][0];
+  const nlohmann::json* text = !c.is_object()       ? nullptr
+                               : c.contains("text") ? &c["text"]
+                               : c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content")
+                                   ? &c["delta"]["content"]
+                                   : nullptr;
+  // As sglang.bench_serving's OpenAI request functions: a chunk whose delta has text is timed, TTFT at the first, one
+  // inter-token latency for each later one (however many tokens it carries).
+  if (text == nullptr || !text->is_string() || text->get_ref<const std::string&>().empty()) return true;
+  if (!usage.contains("completion_tokens")) return false;
+  if (!openai_text_) {
+    ttft_s = now_s;
+    openai_text_ = true;
+  } else {
+    itl_s.push_back(now_s - last_s);
   }
-  return advance(n, openai_text_, usage.contains("completion_tokens"), now_s);
+  tokens = std::max<int64_t>(n, 1);
+  last_s = now_s;
+  return true;
 }
 
 bool StreamTiming::advance(int64_t n, bool has_text, bool has_count, double now_s) {

@@ -29,11 +29,12 @@ struct StreamTiming {
   // in range (completion_tokens <= max_tokens), or a timed chunk without completion_tokens; the request then fails
   // naming it.
   bool on_chunk(std::string_view data, double now_s);
-  // The same for a streamed OpenAI completions or chat reply (bench-serving --backend openai / openai-chat), asked
-  // with stream_options include_usage and continuous_usage_stats: the counts are each chunk's usage
-  // (completion_tokens so far, prompt_tokens, prompt_tokens_details.cached_tokens), the text the text so far of the
-  // deltas (choices[0].text, or .delta.content); the last, usage-only chunk (no choices) gives the final counts. False
-  // for a payload that is not such an object, or a count as on_chunk refuses it.
+  // A streamed OpenAI completions or chat reply (bench-serving --backend sglang-oai / openai-chat ...), asked with
+  // stream_options include_usage and continuous_usage_stats, as sglang.bench_serving's OpenAI request functions time
+  // it: each chunk whose delta (choices[0].text or .delta.content) has text is timed, TTFT at the first and one
+  // inter-token latency per later one; the counts are the chunks' usage (completion_tokens so far, prompt_tokens,
+  // prompt_tokens_details.cached_tokens), the usage-only last chunk (no choices) giving the final ones. False for a
+  // payload that is not such an object, or a count as on_chunk refuses it.
   bool on_openai_chunk(std::string_view data, double now_s);
   // The request's TTFT: at its first timed chunk, or at its first token when no chunk had text.
   double ttft() const { return tokens > 0 ? ttft_s : first_token_s; }
@@ -41,7 +42,7 @@ struct StreamTiming {
  private:
   // One chunk's counts (after they were checked) and whether the text so far is not empty.
   bool advance(int64_t n, bool has_text, bool has_count, double now_s);
-  bool openai_text_ = false;  // an OpenAI reply's deltas so far carried text
+  bool openai_text_ = false;  // an OpenAI reply's first timed chunk came
 };
 
 }  // namespace fp4moe::tools

@@ -2334,12 +2334,15 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
                          {{"from", "gpt"}, {"value", answer}}}}});
     convs.push_back({{"conversations", {{{"from", "human"}, {"value", "only one turn"}}}}});
     convs.push_back({{"conversations", {{{"from", "human"}, {"value", "a"}}, {{"from", "gpt"}, {"value", "b"}}}}});
+    // A turn without a text string: skipped (it ended the run), as is a conversation that is not an object.
+    convs.push_back({{"conversations", {{{"from", "human"}, {"value", nullptr}}, {{"from", "gpt"}, {"value", "x"}}}}});
+    convs.push_back(3);
     std::ofstream(share) << convs.dump();
   }
   HttpClient tc(srv.url(), kTimeout);
   const int64_t answer_len =
-      parse(tc.post("/v1/tokenize", json{{"prompt", answer}, {"add_special_tokens", false}}.dump()).body)["count"];
-  for (const std::string& extra : {std::string(), std::string(" --sharegpt-output-len 3")}) {
+      parse(tc.post("/v1/tokenize", json{{"prompt", answer}}.dump()).body)["count"];  // as sglang counts it
+  for (const std::string& extra : {std::string(), std::string(" --sharegpt-output-len 4")}) {
     fs::remove(out);
     rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
                                           " --dataset-name sharegpt --dataset-path " + share.string() +
@@ -2350,11 +2353,11 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     ASSERT_TRUE(std::getline(sf, line));
     const json run = parse(line);
     EXPECT_EQ(run["dataset"], "sharegpt");
-    EXPECT_EQ(run["completed"], 5) << "the one-turn and the 1-token conversations are skipped";
-    EXPECT_EQ(run["total_output_tokens"], 5 * (extra.empty() ? answer_len : 3)) << line;
+    EXPECT_EQ(run["completed"], 5) << "the one-turn, the 1-token and the malformed conversations are skipped";
+    EXPECT_EQ(run["total_output_tokens"], 5 * (extra.empty() ? answer_len : 4)) << line;
   }
   // The OpenAI routes (--backend openai / openai-chat) count the same tokens through their usage.
-  for (const std::string backend : {"openai", "openai-chat"}) {
+  for (const std::string backend : {"openai", "sglang-oai-chat"}) {
     fs::remove(out);
     rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --backend " +
                                           backend + " --dataset-name sharegpt --dataset-path " + share.string() +
@@ -2381,6 +2384,12 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
                                     &text);
   EXPECT_NE(rc, 0);
   EXPECT_NE(text.find("no conversation passed the filters"), std::string::npos) << text;
+  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
+                                        " --dataset-name sharegpt --dataset-path " + share.string() +
+                                        " --sharegpt-output-len 3 2>&1",
+                                    &text);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("--sharegpt-output-len 3 must be 0 (the conversation's own) or >= 4"), std::string::npos) << text;
   rc = fp4moe::testing::run_command(
       std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt 2>&1", &text);
   EXPECT_NE(rc, 0);

@@ -379,6 +379,16 @@ TEST(ServerProtocol, ChatContentParts) {
   const fp4moe::engine::ChatTemplate trims(
       "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</end>{% endfor %}", {});
   EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("Sure  "))), "<user>Hi</end><assistant>Sure");
+  // Unicode whitespace (an ideographic space, NBSP) is whitespace, as Python's strip() and the template's trim see it.
+  EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("\xe5\xa5\xbd\xe3\x80\x80"))),
+            "<user>Hi</end><assistant>\xe5\xa5\xbd");
+  EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("\xc2\xa0ok\xc2\xa0"))),
+            "<user>Hi</end><assistant>ok");
+  // Text parts joined for a template that prints content: the cut is after the whole text, not inside the turn's end.
+  EXPECT_EQ(
+      render_chat(turns, parse_request(Endpoint::kChat, prefill(json::array({{{"type", "text"}, {"text", "Let me."}},
+                                                                             {{"type", "text"}, {"text", "end"}}})))),
+      "<user>Hi</end><assistant>Let me.\nend");
   json both = prefill("x");
   both.erase("add_generation_prompt");  // it defaults to true
   expect_bad(Endpoint::kChat, both, "continue_final_message", "cannot both be true");

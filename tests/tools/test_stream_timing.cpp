@@ -79,8 +79,9 @@ TEST(StreamTiming, MalformedChunksAreRefused) {
   EXPECT_FALSE(bounded.on_chunk(chunk(-1), 0.2));
 }
 
-// --backend openai / openai-chat: the counts are each chunk's usage so far (continuous_usage_stats), the text the
-// deltas so far; the same accounting as /generate's chunks, the usage-only last chunk giving the final counts.
+// --backend openai / openai-chat ..., as sglang.bench_serving's OpenAI request functions time them: a chunk whose delta
+// has text is timed (TTFT at the first, one inter-token latency per later one, however many tokens it carries); the
+// counts are each chunk's usage so far (continuous_usage_stats), the usage-only last chunk giving the final ones.
 TEST(StreamTiming, OpenAiChunksCountByTheirUsage) {
   auto completion = [](const std::string& text, int64_t n) {
     return R"({"choices": [{"index": 0, "text": ")" + text +
@@ -88,18 +89,17 @@ TEST(StreamTiming, OpenAiChunksCountByTheirUsage) {
            R"(, "prompt_tokens_details": {"cached_tokens": 3}}})";
   };
   StreamTiming t;
-  EXPECT_TRUE(t.on_openai_chunk(completion("", 1), 0.3));  // no text yet: counted, not timed
+  EXPECT_TRUE(t.on_openai_chunk(completion("", 1), 0.3));  // no text: counted, not timed
   EXPECT_TRUE(t.on_openai_chunk(completion("ab", 2), 0.5));
-  EXPECT_TRUE(t.on_openai_chunk(completion("", 3), 0.7));  // an empty delta after text: the text so far is not empty
-  EXPECT_TRUE(t.on_openai_chunk(completion("c", 6), 1.3));
-  EXPECT_TRUE(t.on_openai_chunk(R"({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 6}})", 1.4));
+  EXPECT_TRUE(t.on_openai_chunk(completion("", 3), 0.7));   // an empty delta: not timed
+  EXPECT_TRUE(t.on_openai_chunk(completion("c", 6), 1.3));  // 3 new tokens: one latency
+  EXPECT_TRUE(t.on_openai_chunk(R"({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 7}})", 1.4));
   EXPECT_TRUE(t.on_openai_chunk("[DONE]", 1.5));
   EXPECT_DOUBLE_EQ(t.first_token_s, 0.3);
   EXPECT_DOUBLE_EQ(t.ttft(), 0.5);
-  ASSERT_EQ(t.itl_s.size(), 4u);  // 0.2 for token 3, then 3 tokens over 0.6 s
-  EXPECT_NEAR(t.itl_s[0], 0.2, 1e-12);
-  for (size_t i = 1; i < 4; ++i) EXPECT_NEAR(t.itl_s[i], 0.2, 1e-12) << i;
-  EXPECT_EQ(t.completion_tokens, 6);
+  ASSERT_EQ(t.itl_s.size(), 1u);
+  EXPECT_NEAR(t.itl_s[0], 0.8, 1e-12);
+  EXPECT_EQ(t.completion_tokens, 7);  // the usage-only chunk's
   EXPECT_EQ(t.prompt_len, 7);
   EXPECT_EQ(t.cached_len, 3);
   // A chat delta (the first one carries the role, an empty content).
