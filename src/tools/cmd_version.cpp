@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "fp4moe_git_commit.h"  // FP4MOE_GIT_COMMIT, generated at build time (cmake/git_commit.cmake)
 #include "tools/commands.h"
 
 #ifdef FP4MOE_HAVE_CUDA

@@ -21,11 +21,10 @@
 #include "plan/planner.h"
 #include "plan/w4a16_smem.h"
 
+#include "fp4moe_git_commit.h"  // FP4MOE_GIT_COMMIT, generated at build time (cmake/git_commit.cmake)
+
 #ifndef FP4MOE_VERSION
 #define FP4MOE_VERSION "unknown"
-#endif
-#ifndef FP4MOE_GIT_COMMIT
-#define FP4MOE_GIT_COMMIT "unknown"
 #endif
 
 namespace fp4moe::tune {

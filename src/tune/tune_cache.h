@@ -62,7 +62,7 @@ void check_shape(const GemmShape& shape, const std::string& what);
 std::string layout_version();
 // The same hash over any config table (tests check that an edit changes it).
 std::string layout_version(const plan::W4A16Config* configs, int n_configs);
-// "<fp4moe version>+<git commit at configure time>" (FP4MOE_VERSION / FP4MOE_GIT_COMMIT).
+// "<fp4moe version>+<git commit of the build>" (FP4MOE_VERSION / FP4MOE_GIT_COMMIT, cmake/git_commit.cmake).
 std::string build_id();
 
 // Where a cache was measured. Two keys must be equal in every field for a winner to be used.
