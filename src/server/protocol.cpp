@@ -514,10 +514,46 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       }
       if (r.n > 1) r.batch_reply = true;  // SGLang: n samples of one prompt are a batch too
       if (auto v = top.boolean("stream")) r.stream = *v;
-      if (auto v = top.boolean("return_logprob")) r.return_logprob = *v;
-      if (auto v = top.integer("top_logprobs_num", 0, kMaxTopLogprobs)) r.top_logprobs = *v;
-      if (auto v = top.integer("logprob_start_len", -1, std::numeric_limits<int32_t>::max()); v && *v >= 0)
-        r.logprob_start_len = *v;
+      // The logprob fields: one value, or (SGLang's) a list of one per prompt of a batch without parallel samples.
+      const auto listed = [&](const char* key) {
+        const json* v = top.find(key);
+        return v != nullptr && v->is_array();
+      };
+      const bool lists = listed("return_logprob") || listed("top_logprobs_num") || listed("logprob_start_len");
+      auto read_logprobs = [&](const Fields& f, ParsedRequest::PromptLogprobs* out) {
+        if (auto v = f.boolean("return_logprob")) out->return_logprob = *v;
+        if (auto v = f.integer("top_logprobs_num", 0, kMaxTopLogprobs)) out->top_logprobs = *v;
+        if (auto v = f.integer("logprob_start_len", -1, std::numeric_limits<int32_t>::max()); v && *v >= 0)
+          out->logprob_start_len = *v;
+      };
+      if (!lists) {
+        ParsedRequest::PromptLogprobs one;
+        read_logprobs(top, &one);
+        r.return_logprob = one.return_logprob;
+        r.top_logprobs = one.top_logprobs;
+        r.logprob_start_len = one.logprob_start_len;
+      } else {
+        if (r.batch.empty() || r.n > 1)
+          throw bad_request("return_logprob",
+                            "return_logprob / top_logprobs_num / logprob_start_len as lists give each prompt of a "
+                            "batch its own (n = 1); this request has " +
+                                (r.batch.empty() ? std::string("one prompt") : "n = " + std::to_string(r.n)));
+        for (size_t p = 0; p < r.batch.size(); ++p) {
+          // Prompt p's values: its entry of each list, the single value of a field sent as one.
+          json view = json::object();
+          for (const char* key : {"return_logprob", "top_logprobs_num", "logprob_start_len"}) {
+            const json* v = top.find(key);
+            if (v == nullptr) continue;
+            if (v->is_array() && v->size() != r.batch.size())
+              throw bad_request(key, std::string(key) + " is a list of " + std::to_string(v->size()) +
+                                         "; the batch has " + std::to_string(r.batch.size()) + " prompts");
+            view[key] = v->is_array() ? (*v)[p] : *v;
+          }
+          ParsedRequest::PromptLogprobs one;
+          read_logprobs(Fields(view, ""), &one);
+          r.per_prompt_logprobs.push_back(one);
+        }
+      }
       if (auto v = top.boolean("return_text_in_logprobs")) r.return_text_in_logprobs = *v;
       break;
     }
@@ -761,13 +797,20 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       throw bad_request("best_of", "best_of = " + std::to_string(*b) +
                                        " is not supported (only best_of = n = " + std::to_string(r.n) + ")");
   }
-  auto set_logprobs = [&r](engine::SamplingParams& s) {
-    s.logprobs = r.return_logprob;
-    s.top_logprobs = r.return_logprob ? r.top_logprobs : 0;
-    if (r.return_logprob && (r.echo || r.logprob_start_len)) s.prompt_logprobs = r.top_logprobs;
+  auto set_logprobs = [&r](engine::SamplingParams& s, const ParsedRequest::PromptLogprobs& ask) {
+    s.logprobs = ask.return_logprob;
+    s.top_logprobs = ask.return_logprob ? ask.top_logprobs : 0;
+    if (ask.return_logprob && (r.echo || ask.logprob_start_len)) s.prompt_logprobs = ask.top_logprobs;
   };
-  set_logprobs(r.sampling);
-  for (ParsedRequest::PromptSampling& ps : r.per_prompt) set_logprobs(ps.sampling);
+  const ParsedRequest::PromptLogprobs shared{r.return_logprob, r.top_logprobs, r.logprob_start_len};
+  set_logprobs(r.sampling, shared);
+  if (!r.per_prompt_logprobs.empty() && r.per_prompt.empty()) {
+    // Each prompt's own logprob asks need each its own sampling: the shared one, copied.
+    for (size_t p = 0; p < r.batch.size(); ++p)
+      r.per_prompt.push_back({r.sampling, r.max_new_tokens, r.constraint, r.schema_pointer});
+  }
+  for (size_t p = 0; p < r.per_prompt.size(); ++p)
+    set_logprobs(r.per_prompt[p].sampling, r.per_prompt_logprobs.empty() ? shared : r.per_prompt_logprobs[p]);
   return r;
 }
 
@@ -949,7 +992,11 @@ json chat_logprobs(const ResponseContext& ctx, const std::vector<engine::Generat
 
 }  // namespace
 
-json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+namespace {
+
+// SGLang's /generate object of one choice, its logprobs as `ask` says.
+json generate_object(const ParsedRequest::PromptLogprobs& ask, bool return_text_in_logprobs, const ResponseContext& ctx,
+                     const Accumulated& acc) {
   json ids = json::array();
   for (const auto& t : acc.tokens) ids.push_back(t.id);
   json meta = {{"id", ctx.id},
@@ -963,10 +1010,10 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
     meta["ttft"] = acc.finish->timings.token_times_s.empty() ? json(nullptr) : json(acc.finish->timings.ttft_s);
     meta["queue_time"] = acc.finish->timings.queue_s;
   }
-  if (req.return_logprob) {
+  if (ask.return_logprob) {
     // SGLang: [[logprob, token_id, token_text_or_null], ...]; top: one list per position.
     const auto text_of = [&](engine::TokenId id) {
-      return req.return_text_in_logprobs ? json(token_text(ctx, id)) : json(nullptr);
+      return return_text_in_logprobs ? json(token_text(ctx, id)) : json(nullptr);
     };
     json lp = json::array(), top = json::array();
     for (const auto& t : acc.tokens) {
@@ -976,11 +1023,11 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
       top.push_back(row);
     }
     meta["output_token_logprobs"] = lp;
-    if (req.top_logprobs > 0) meta["output_top_logprobs"] = top;
-    if (req.logprob_start_len) {
+    if (ask.top_logprobs > 0) meta["output_top_logprobs"] = top;
+    if (ask.logprob_start_len) {
       // SGLang: the prompt's entries from logprob_start_len on, the first prompt token's logprob null.
       json in_lp = json::array(), in_top = json::array();
-      for (size_t i = static_cast<size_t>(*req.logprob_start_len); i < acc.prompt_logprobs.size(); ++i) {
+      for (size_t i = static_cast<size_t>(*ask.logprob_start_len); i < acc.prompt_logprobs.size(); ++i) {
         const engine::GeneratedToken& t = acc.prompt_logprobs[i];
         const bool none = std::isnan(t.logprob);
         in_lp.push_back(json::array({none ? json(nullptr) : json(t.logprob), t.id, text_of(t.id)}));
@@ -989,10 +1036,17 @@ json generate_response(const ParsedRequest& req, const ResponseContext& ctx, con
         in_top.push_back(none ? json(nullptr) : row);
       }
       meta["input_token_logprobs"] = in_lp;
-      if (req.top_logprobs > 0) meta["input_top_logprobs"] = in_top;
+      if (ask.top_logprobs > 0) meta["input_top_logprobs"] = in_top;
     }
   }
   return {{"text", acc.text}, {"output_ids", ids}, {"meta_info", meta}};
+}
+
+}  // namespace
+
+json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
+  return generate_object({req.return_logprob, req.top_logprobs, req.logprob_start_len}, req.return_text_in_logprobs,
+                         ctx, acc);
 }
 
 json generate_choice(const ParsedRequest& req, const ResponseContext& ctx, size_t index, const Accumulated& acc,
@@ -1005,7 +1059,10 @@ json generate_choice(const ParsedRequest& req, const ResponseContext& ctx, size_
   one.created = ctx.created;
   one.prompt_tokens = ctx.choice_prompt_tokens[index];
   one.tokenizer = ctx.tokenizer;
-  json j = generate_response(req, one, acc);
+  // A batch with per-prompt logprob asks has n = 1: choice i is prompt i.
+  json j = req.per_prompt_logprobs.empty()
+               ? generate_response(req, one, acc)
+               : generate_object(req.per_prompt_logprobs.at(index), req.return_text_in_logprobs, one, acc);
   if (streamed) j["index"] = index;
   return j;
 }

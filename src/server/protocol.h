@@ -101,6 +101,14 @@ struct ParsedRequest {
     std::string schema_pointer;
   };
   std::vector<PromptSampling> per_prompt;
+  // /generate's return_logprob / top_logprobs_num / logprob_start_len as lists (SGLang's, n = 1): each prompt's own
+  // (a field sent as one value applies to every prompt); empty: the fields above serve all.
+  struct PromptLogprobs {
+    bool return_logprob = false;
+    int64_t top_logprobs = 0;
+    std::optional<int64_t> logprob_start_len;
+  };
+  std::vector<PromptLogprobs> per_prompt_logprobs;
   // /generate's rid as a list (one per prompt, n = 1): the choices' ids. A string rid names a batch's choices
   // "{rid}_{i}" (SGLang's names).
   std::vector<std::string> rid_list;

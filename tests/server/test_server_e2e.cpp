@@ -1255,6 +1255,36 @@ TEST_F(DefaultServer, GenerateBatchesAsSglangDoes) {
     EXPECT_EQ(finishes[i], 1) << "choice " << i;
     check_item(last[i], i, "streamed, choice " + std::to_string(i));
   }
+  // The logprob fields as lists: each prompt's own (here the first asks for them, from its prompt's start; the second
+  // for none), the same values as alone.
+  r = c.post("/generate", json{{"text", prompts},
+                               {"sampling_params", greedy},
+                               {"return_logprob", {true, false}},
+                               {"logprob_start_len", {0, -1}},
+                               {"top_logprobs_num", 1}}
+                              .dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = parse(r.body);
+  ASSERT_EQ(j.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) check_item(j[i], i, "logprob lists, item " + std::to_string(i));
+  EXPECT_EQ(j[0]["meta_info"]["output_token_logprobs"].size(), 3u) << j[0].dump();
+  EXPECT_EQ(j[0]["meta_info"]["input_token_logprobs"].size(), j[0]["meta_info"]["prompt_tokens"].get<size_t>());
+  EXPECT_EQ(j[0]["meta_info"]["output_top_logprobs"].size(), 3u);
+  EXPECT_FALSE(j[1]["meta_info"].contains("output_token_logprobs")) << j[1].dump();
+  auto lone = c.post("/generate", json{{"text", prompts[0]},
+                                       {"sampling_params", greedy},
+                                       {"return_logprob", true},
+                                       {"logprob_start_len", 0},
+                                       {"top_logprobs_num", 1}}
+                                      .dump());
+  ASSERT_EQ(lone.status, 200) << lone.body;
+  const json alone_lp = parse(lone.body)["meta_info"]["output_token_logprobs"];
+  const json& batch_lp = j[0]["meta_info"]["output_token_logprobs"];
+  ASSERT_EQ(alone_lp.size(), batch_lp.size());
+  for (size_t i = 0; i < alone_lp.size(); ++i) {
+    EXPECT_EQ(alone_lp[i][1], batch_lp[i][1]) << i;  // the token
+    EXPECT_NEAR(alone_lp[i][0].get<double>(), batch_lp[i][0].get<double>(), 1e-4) << i;
+  }
   // A rid list with n samples: prompt p's sample j is rid[p]_j.
   nbody["rid"] = {"q", "r"};
   r = c.post("/generate", nbody.dump());

@@ -107,6 +107,30 @@ TEST(ServerProtocol, GenerateBatchForms) {
   EXPECT_EQ(r.rid_list, (std::vector<std::string>{"r-a", "r-b"}));
   EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"rid", "base"}}).rid, "base");
 
+  // The logprob fields as lists (SGLang's, n = 1): each prompt's own; a field sent as one value applies to all.
+  r = parse_request(Endpoint::kGenerate, json{{"text", {"a", "b"}},
+                                              {"return_logprob", {true, false}},
+                                              {"top_logprobs_num", 2},
+                                              {"logprob_start_len", {0, -1}}});
+  ASSERT_EQ(r.per_prompt_logprobs.size(), 2u);
+  EXPECT_TRUE(r.per_prompt_logprobs[0].return_logprob);
+  EXPECT_EQ(r.per_prompt_logprobs[0].top_logprobs, 2);
+  EXPECT_EQ(r.per_prompt_logprobs[0].logprob_start_len, 0);
+  EXPECT_FALSE(r.per_prompt_logprobs[1].return_logprob);
+  EXPECT_FALSE(r.per_prompt_logprobs[1].logprob_start_len);
+  ASSERT_EQ(r.per_prompt.size(), 2u);  // each prompt's sampling carries its own asks
+  EXPECT_TRUE(r.per_prompt[0].sampling.logprobs);
+  EXPECT_EQ(r.per_prompt[0].sampling.top_logprobs, 2);
+  EXPECT_EQ(r.per_prompt[0].sampling.prompt_logprobs, 2);
+  EXPECT_FALSE(r.per_prompt[1].sampling.logprobs);
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"return_logprob", {true}}}, "return_logprob",
+             "return_logprob is a list of 1; the batch has 2 prompts");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"return_logprob", {true}}}, "return_logprob", "one prompt");
+  expect_bad(Endpoint::kGenerate,
+             json{{"text", {"a", "b"}}, {"return_logprob", {true, true}}, {"sampling_params", {{"n", 2}}}},
+             "return_logprob", "n = 2");
+  expect_bad(Endpoint::kGenerate, json{{"text", {"a", "b"}}, {"top_logprobs_num", {1, 99}}}, "top_logprobs_num",
+             "top_logprobs_num = 99 is outside");
   expect_bad(Endpoint::kGenerate, json{{"text", json::array()}}, "text", "empty list");
   expect_bad(Endpoint::kGenerate, json{{"text", 5}}, "text", "a string or a list of strings");
   expect_bad(Endpoint::kGenerate, json{{"input_ids", {{1}, 2}}}, "input_ids[1]", "input_ids[1] must be an array");
