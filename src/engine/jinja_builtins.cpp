@@ -56,7 +56,7 @@ bool arg_bool(const Args& args, size_t i, const char* name, bool fallback) {
 // Python str.strip family; `chars` empty = whitespace.
 std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
   const std::u32string u = to_u32(s), set = chars ? to_u32(*chars) : std::u32string();
-  auto strip_it = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : text::is_whitespace(c); };
+  auto strip_it = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : text::is_python_space(c); };
   size_t b = 0, e = u.size();
   if (left) while (b < e && strip_it(u[b])) ++b;
   if (right) while (e > b && strip_it(u[e - 1])) --e;
@@ -69,16 +69,16 @@ Json split(const std::string& s, const std::string* sep, int64_t maxsplit) {
     const std::u32string u = to_u32(s);
     size_t i = 0;
     while (i < u.size()) {
-      while (i < u.size() && text::is_whitespace(u[i])) ++i;
+      while (i < u.size() && text::is_python_space(u[i])) ++i;
       if (i >= u.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
         std::u32string rest = u.substr(i);
-        while (!rest.empty() && text::is_whitespace(rest.back())) rest.pop_back();
+        while (!rest.empty() && text::is_python_space(rest.back())) rest.pop_back();
         out.push_back(from_u32(rest));
         break;
       }
       size_t e = i;
-      while (e < u.size() && !text::is_whitespace(u[e])) ++e;
+      while (e < u.size() && !text::is_python_space(u[e])) ++e;
       out.push_back(from_u32(u.substr(i, e - i)));
       i = e;
     }
@@ -734,8 +734,10 @@ bool call_method(const Json& object, const std::string& name, const Args& args, 
         const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
         const bool alpha = cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
         const bool digit = cat == UTF8PROC_CATEGORY_ND;
-        ok = ok && (name == "isdigit" ? digit : name == "isspace" ? text::is_whitespace(c)
-                                                : name == "isalpha" ? alpha : (alpha || digit));
+        ok = ok && (name == "isdigit"   ? digit
+                    : name == "isspace" ? text::is_python_space(c)
+                    : name == "isalpha" ? alpha
+                                        : (alpha || digit));
       }
       result = Value::of(ok);
     } else {

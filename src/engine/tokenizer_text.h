@@ -28,6 +28,8 @@ void append_utf8(std::string& out, char32_t cp);
 
 // Unicode White_Space (what Rust's char::is_whitespace tests).
 bool is_whitespace(char32_t cp);
+// Python's str.isspace / strip (the chat templates' Jinja): White_Space and U+001C..U+001F.
+bool is_python_space(char32_t cp);
 // Letter or number (Rust's char::is_alphanumeric).
 bool is_alphanumeric(char32_t cp);
 

@@ -392,13 +392,13 @@ std::string cut_after_final_message(const std::string& rendered, const nlohmann:
     throw bad_request("continue_final_message",
                       "continue_final_message: the last message has no text to continue (a string content or a text "
                       "part)");
-  // Python's str.strip: Unicode whitespace (U+3000, NBSP, ...), as the templates' own strip() removes it.
+  // Python's str.strip: Unicode whitespace (U+3000, NBSP, U+001F, ...), as the templates' own strip() removes it.
   const auto trim = [](const std::string& s, bool left, bool right) {
     size_t b = s.size(), e = 0;  // the first non-space code point's start, the last one's end
     for (size_t i = 0; i < s.size();) {
       const size_t at = i;
       const char32_t cp = engine::text::next_code_point(s, i);
-      if (engine::text::is_whitespace(cp)) continue;
+      if (engine::text::is_python_space(cp)) continue;
       b = std::min(b, at);
       e = i;
     }

@@ -1,8 +1,10 @@
 // Command-line checks several subcommands share. Tested by tests/model/test_generate_cli.cpp (--seed, the sampling
-// flags) and tests/tools/test_bench_serving.cpp.
+// flags), tests/tools/test_bench_one_batch.cpp (values of fixed sets) and tests/tools/test_cmd_tokenize.cpp
+// (--chat-template).
 #pragma once
 
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -10,6 +12,8 @@
 #include <string>
 #include <system_error>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -51,14 +55,43 @@ CLI::Validator parsed_by(Parse parse) {
       "");
 }
 
-// --chat-template (SGLang's and vLLM's flag): a file's contents, or the value itself when it is a Jinja template
-// (it holds "{{" or "{%"); anything else fails naming the flag. The source, and where it came from for errors.
+// --chat-template (vLLM's flag; SGLang's for Jinja templates): a Jinja file's contents, a .json file's
+// "chat_template" (a tokenizer_config.json, its string or the list entry named "default"), or the value itself when it
+// is a template. A source without {{ }} or {% %} (an empty file, a misspelled path) is refused: it would be every
+// chat's whole prompt; so are SGLang's JSON conversation files and its built-in template names, which are not read
+// here. The source, and where it came from for errors.
 inline std::pair<std::string, std::string> chat_template_source(const std::string& value) {
+  const auto is_template = [](const std::string& s) {
+    return s.find("{{") != std::string::npos || s.find("{%") != std::string::npos;
+  };
   std::error_code ec;
-  if (std::filesystem::is_regular_file(value, ec)) return {read_file(value), value};
-  FP4MOE_CHECK(value.find("{{") != std::string::npos || value.find("{%") != std::string::npos)
+  if (std::filesystem::is_regular_file(value, ec)) {
+    std::string source = read_file(value);
+    if (std::filesystem::path(value).extension() == ".json") {
+      const nlohmann::json j = nlohmann::json::parse(source, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json* t = j.is_object() && j.contains("chat_template") ? &j["chat_template"] : nullptr;
+      if (t != nullptr && t->is_array()) {
+        for (const nlohmann::json& e : *t) {
+          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template"))
+            t = &e["template"];
+        }
+      }
+      FP4MOE_CHECK(t != nullptr && t->is_string())
+          << "--chat-template " << value
+          << ": a .json file gives its template as \"chat_template\" (a string, or a list holding one named "
+             "\"default\"), as a tokenizer_config.json does; SGLang's JSON conversation format (name / system / user "
+             "/ sep_style) is not read here: give a Jinja template";
+      source = t->get<std::string>();
+    }
+    FP4MOE_CHECK(is_template(source)) << "--chat-template " << value
+                                      << " holds no {{ ... }} or {% ... %}: it is not a Jinja template (it would be "
+                                         "every chat's whole prompt)";
+    return {source, value};
+  }
+  FP4MOE_CHECK(is_template(value))
       << "--chat-template " << value.substr(0, 80)
-      << " is neither a file nor a Jinja template (a template holds {{ ... }} or {% ... %})";
+      << " is neither a file nor a Jinja template (a template holds {{ ... }} or {% ... %}; SGLang's built-in "
+         "template names such as chatml are not provided)";
   return {value, "--chat-template"};
 }
 

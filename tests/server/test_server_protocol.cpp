@@ -408,6 +408,8 @@ TEST(ServerProtocol, ChatContentParts) {
             "<user>Hi</end><assistant>\xe5\xa5\xbd");
   EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("\xc2\xa0ok\xc2\xa0"))),
             "<user>Hi</end><assistant>ok");
+  EXPECT_EQ(render_chat(trims, parse_request(Endpoint::kChat, prefill("abc\x1f"))),  // Python's isspace, not Unicode's
+            "<user>Hi</end><assistant>abc");
   // Text parts joined for a template that prints content: the cut is after the whole text, not inside the turn's end.
   EXPECT_EQ(
       render_chat(turns, parse_request(Endpoint::kChat, prefill(json::array({{{"type", "text"}, {"text", "Let me."}},

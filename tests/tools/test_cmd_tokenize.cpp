@@ -85,6 +85,31 @@ TEST(CmdTokenize, JsonDecodeAndChat) {
   EXPECT_NE(out.find("--chat-template requires --chat"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --chat-template no-such-file"), &out), 1);
   EXPECT_NE(out.find("--chat-template no-such-file is neither a file nor a Jinja template"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(tokenize_cmd("--chat " + path.string() + " --chat-template chatml"), &out), 1);
+  EXPECT_NE(out.find("built-in template names such as chatml are not provided"), std::string::npos) << out;
+  // A .json file: a tokenizer_config.json's chat_template; SGLang's conversation format and an empty file are refused
+  // (they rendered as every chat's whole prompt).
+  const auto tmpl = std::filesystem::temp_directory_path() / ("fp4moe_tmpl_" + std::to_string(std::random_device{}()));
+  std::ofstream(tmpl.string() + ".json")
+      << nlohmann::json{{"chat_template", "{% for m in messages %}({{ m.content }}){% endfor %}"}}.dump();
+  ASSERT_EQ(testing::run_command(
+                tokenize_cmd("--chat " + path.string() + " --json --chat-template " + tmpl.string() + ".json"), &out),
+            0)
+      << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["rendered"], "(hi)");
+  std::ofstream(tmpl.string() + ".json")
+      << R"({"name": "x", "system": "", "user": ["<u>", "</u>"], "sep_style": "CHATML"})";
+  EXPECT_EQ(testing::run_command(
+                tokenize_cmd("--chat " + path.string() + " --chat-template " + tmpl.string() + ".json"), &out),
+            1);
+  EXPECT_NE(out.find("SGLang's JSON conversation format"), std::string::npos) << out;
+  std::ofstream(tmpl.string() + ".jinja") << "";
+  EXPECT_EQ(testing::run_command(
+                tokenize_cmd("--chat " + path.string() + " --chat-template " + tmpl.string() + ".jinja"), &out),
+            1);
+  EXPECT_NE(out.find("holds no {{ ... }} or {% ... %}: it is not a Jinja template"), std::string::npos) << out;
+  std::filesystem::remove(tmpl.string() + ".json");
+  std::filesystem::remove(tmpl.string() + ".jinja");
   std::filesystem::remove(path);
 }
 
