@@ -178,6 +178,7 @@ int effective_max_http_threads(const ServeArgs& a) {
 nlohmann::json launch_args(const ServeArgs& a) {
   return {{"model_path", a.model_dir.empty() ? std::string("(embedded default)") : a.model_dir},
           {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
+          {"chat_template", a.chat_template.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.chat_template)},
           {"device", a.device.device},
           {"cuda_graph_max_bs", a.device.disable_cuda_graph ? 0 : a.device.cuda_graph_max_bs},
           {"load_format", a.load_format},

@@ -1889,6 +1889,7 @@ TEST(ServerE2E, ChatTemplateFlagReplacesTheModels) {
   auto chat = c.post("/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 1}}.dump());
   ASSERT_EQ(chat.status, 200) << chat.body;
   EXPECT_EQ(parse(chat.body)["usage"]["prompt_tokens"], parse(t.body)["count"]);
+  EXPECT_EQ(parse(c.get("/get_server_info").body)["chat_template"], file.string());  // SGLang's server info shows it
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
   fs::remove(file);
   std::string text;
