@@ -2404,27 +2404,20 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_GT(run["total_input_tokens"].get<int64_t>(), 0) << line;
     EXPECT_GT(run["median_ttft_ms"].get<double>(), 0) << line;
   }
-  rc = fp4moe::testing::run_command(
-      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --backend openai-chat --num-prompts 2 2>&1",
-      &text);
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(text.find("--backend openai-chat sends each prompt as a user message's text"), std::string::npos) << text;
-  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
-                                        " --dataset-name sharegpt --dataset-path " + share.string() +
-                                        " --sharegpt-context-len 8 2>&1",
-                                    &text);
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(text.find("no conversation passed the filters"), std::string::npos) << text;
-  rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() +
-                                        " --dataset-name sharegpt --dataset-path " + share.string() +
-                                        " --sharegpt-output-len 3 2>&1",
-                                    &text);
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(text.find("--sharegpt-output-len 3 must be 0 (the conversation's own) or >= 4"), std::string::npos) << text;
-  rc = fp4moe::testing::run_command(
-      std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name sharegpt 2>&1", &text);
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(text.find("--dataset-name sharegpt needs --dataset-path FILE"), std::string::npos) << text;
+  // Loads that cannot run fail naming why.
+  const std::string sharegpt = " --dataset-name sharegpt --dataset-path " + share.string();
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --backend openai-chat --num-prompts 2",
+            "--backend openai-chat sends each prompt as a user message's text"},
+           {sharegpt + " --sharegpt-context-len 8", "no conversation passed the filters"},
+           {sharegpt + " --sharegpt-output-len 3",
+            "--sharegpt-output-len 3 must be 0 (the conversation's own) or >= 4"},
+           {" --dataset-name sharegpt", "--dataset-name sharegpt needs --dataset-path FILE"}}) {
+    rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + flags + " 2>&1",
+                                      &text);
+    EXPECT_NE(rc, 0) << flags;
+    EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
+  }
   fs::remove(share);
   fs::remove(out);
 
