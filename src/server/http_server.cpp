@@ -333,10 +333,7 @@ class RequestHandler {
       return tok.encode(text, {.add_special_tokens = true, .parse_special = true});
     };
     // A batch's prompts: prompt[i] (completions), text[i] / input_ids[i] (/generate); its errors' param is the list's.
-    const std::string batch_param = req.batch.empty()                  ? std::string()
-                                    : endpoint_ != Endpoint::kGenerate ? "prompt"
-                                    : req.batch.front().text           ? "text"
-                                                                       : "input_ids";
+    const std::string batch_param = server::batch_param(req);
     if (!req.batch.empty()) {
       for (size_t i = 0; i < req.batch.size(); ++i) {
         const ParsedRequest::BatchPrompt& bp = req.batch[i];
@@ -405,22 +402,25 @@ class RequestHandler {
           sent ? *sent : tok.decode(prompts[p], {.skip_special_tokens = req.sampling.skip_special_tokens});
       for (int64_t j = 0; j < req.n; ++j) echo.push_back(text);
     }
+    // A per-prompt sampling field is named in its list entry (sampling_params[p].n), not as the shared one.
+    const auto own_field = [&](std::string param, size_t p) {
+      const std::string shared = "sampling_params.";
+      if (!req.per_prompt.empty() && param.rfind(shared, 0) == 0)
+        param = "sampling_params[" + std::to_string(p) + "]." + param.substr(shared.size());
+      return param;
+    };
     std::vector<engine::Engine::Submission> group;
     for (size_t p = 0; p < prompts.size(); ++p) {
       // The prompt's sampling: the request's, or its own (a /generate list of sampling_params).
       const ParsedRequest::PromptSampling* own = req.per_prompt.empty() ? nullptr : &req.per_prompt.at(p);
       const engine::SamplingParams& sampling = own ? own->sampling : req.sampling;
       const std::optional<int64_t>& max_sent = own ? own->max_new_tokens : req.max_new_tokens;
-      const auto field_of = [&](const std::string& engine_field) {
-        return own ? "sampling_params[" + std::to_string(p) + "]." + engine_field : api_field(endpoint_, engine_field);
-      };
       const int64_t n_prompt = static_cast<int64_t>(prompts[p].size());
       const int64_t max_new = max_sent ? *max_sent : default_max_new_tokens(endpoint_, n_prompt, std::min(context, kv));
       if (sampling.min_new_tokens > max_new) {
-        const std::string min_field = field_of("min_new_tokens");
+        const std::string min_field = own_field(api_field(endpoint_, "min_new_tokens"), p);
         throw bad_request(min_field, min_field + " = " + std::to_string(sampling.min_new_tokens) + " > " +
-                                         (own ? field_of("max_new_tokens") : max_field) + " = " +
-                                         std::to_string(max_new) +
+                                         own_field(max_field, p) + " = " + std::to_string(max_new) +
                                          (max_sent ? std::string() : std::string(" (the default)")));
       }
       for (int64_t j = 0; j < req.n; ++j) {
@@ -453,13 +453,6 @@ class RequestHandler {
           throw bad_request("rid", "rid = \"" + rid + "\" names a request that is still open");
       }
     }
-    // A per-prompt sampling field is named in its list entry (sampling_params[p].n), not as the shared one.
-    const auto own_field = [&](std::string param, size_t p) {
-      const std::string shared = "sampling_params.";
-      if (!req.per_prompt.empty() && param.rfind(shared, 0) == 0)
-        param = "sampling_params[" + std::to_string(p) + "]." + param.substr(shared.size());
-      return param;
-    };
     if (n_choices > engine->options().max_queued_requests) {
       throw bad_request(req.n > 1           ? own_field(api_field(endpoint_, "n"), 0)
                         : req.batch.empty() ? fields.front()

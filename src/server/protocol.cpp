@@ -726,10 +726,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
     r.rid = *v;
   }
   if (!r.batch.empty() && static_cast<int64_t>(r.batch.size()) * r.n > kMaxBatchChoices) {
-    const std::string param = endpoint != Endpoint::kGenerate ? "prompt" : r.batch.front().text ? "text" : "input_ids";
-    throw bad_request(param, std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
-                                 std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +
-                                 std::to_string(kMaxBatchChoices) + " a request");
+    throw bad_request(batch_param(r), std::to_string(r.batch.size()) + " prompts x n = " + std::to_string(r.n) + " = " +
+                                          std::to_string(static_cast<int64_t>(r.batch.size()) * r.n) + " choices > " +
+                                          std::to_string(kMaxBatchChoices) + " a request");
   }
   if (endpoint != Endpoint::kGenerate) {
     // OpenAI fields this server cannot honour are refused by name, not ignored (a request relying on
@@ -812,6 +811,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
   for (size_t p = 0; p < r.per_prompt.size(); ++p)
     set_logprobs(r.per_prompt[p].sampling, r.per_prompt_logprobs.empty() ? shared : r.per_prompt_logprobs[p]);
   return r;
+}
+
+std::string batch_param(const ParsedRequest& r) {
+  if (r.batch.empty()) return "";
+  return r.endpoint != Endpoint::kGenerate ? "prompt" : r.batch.front().text ? "text" : "input_ids";
 }
 
 void restore_key_order(ParsedRequest& r, const std::string& body) {

@@ -146,6 +146,9 @@ ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const
 // properties are written in their order). Call after parse_request on the same body.
 void restore_key_order(ParsedRequest& r, const std::string& body);
 
+// The field a batch's errors name: "prompt" (completions' list), "text" / "input_ids" (/generate's); "" without one.
+std::string batch_param(const ParsedRequest& r);
+
 // Parses the raw body text; malformed JSON or a non-object throws ApiError 400 with nlohmann's position.
 nlohmann::json parse_body(const std::string& body);
 
