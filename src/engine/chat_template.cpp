@@ -71,22 +71,27 @@ ChatTemplate::ChatTemplate(const std::string& source, nlohmann::ordered_json spe
       special_tokens_(std::move(special_tokens)),
       iterates_content_(loops_over_content(program_->body)) {}
 
-ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::string& origin) {
+std::pair<std::string, std::string> ChatTemplate::config_source(const nlohmann::json& config,
+                                                                const std::string& origin) {
   FP4MOE_CHECK(config.is_object() && config.contains("chat_template"))
       << origin << " has no chat_template; chat requests need one";
   const nlohmann::json& t = config.at("chat_template");
-  if (t.is_string()) return ChatTemplate(t.get<std::string>(), special_tokens_of(config), origin + ":chat_template");
+  if (t.is_string()) return {t.get<std::string>(), origin + ":chat_template"};
   FP4MOE_CHECK(t.is_array()) << origin << ": chat_template is neither a string nor a list of {name, template}";
   for (size_t i = 0; i < t.size(); ++i) {
     if (t[i].value("name", std::string()) == "default") {
       FP4MOE_CHECK(t[i].contains("template") && t[i]["template"].is_string())
           << origin << ": chat_template[" << i << "].template is not a string";
-      return ChatTemplate(t[i]["template"].get<std::string>(), special_tokens_of(config),
-                          origin + ":chat_template[" + std::to_string(i) + "]");
+      return {t[i]["template"].get<std::string>(), origin + ":chat_template[" + std::to_string(i) + "]"};
     }
   }
   FP4MOE_FAIL() << origin << ": chat_template lists " << t.size() << " templates and none is named 'default'";
-  return ChatTemplate("", {}, "");
+  return {};
+}
+
+ChatTemplate ChatTemplate::from_config(const nlohmann::json& config, const std::string& origin) {
+  auto [source, name] = config_source(config, origin);
+  return ChatTemplate(source, special_tokens_of(config), name);
 }
 
 ChatTemplate ChatTemplate::from_source(const std::string& source, const nlohmann::json& config,

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,8 @@ class ChatTemplate {
   // From a parsed tokenizer_config.json; `chat_template` may be a string or a list of
   // {"name", "template"} (the one named "default" is used).
   static ChatTemplate from_config(const nlohmann::json& config, const std::string& origin = "tokenizer_config.json");
+  // The template text from_config takes from `config`, and its name for errors ("origin:chat_template[1]").
+  static std::pair<std::string, std::string> config_source(const nlohmann::json& config, const std::string& origin);
   // A template given apart from the model (serve / tokenize --chat-template): `source` as the template, the special
   // tokens of `config` (a parsed tokenizer_config.json, or null) visible to it.
   static ChatTemplate from_source(const std::string& source, const nlohmann::json& config, const std::string& origin);

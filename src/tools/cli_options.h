@@ -17,7 +17,9 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "engine/chat_template.h"
 #include "engine/sampler.h"
+#include "format/json_file.h"
 
 namespace fp4moe::tools {
 
@@ -68,20 +70,13 @@ inline std::pair<std::string, std::string> chat_template_source(const std::strin
   if (std::filesystem::is_regular_file(value, ec)) {
     std::string source = read_file(value);
     if (std::filesystem::path(value).extension() == ".json") {
-      const nlohmann::json j = nlohmann::json::parse(source, nullptr, /*allow_exceptions=*/false);
-      const nlohmann::json* t = j.is_object() && j.contains("chat_template") ? &j["chat_template"] : nullptr;
-      if (t != nullptr && t->is_array()) {
-        for (const nlohmann::json& e : *t) {
-          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template"))
-            t = &e["template"];
-        }
-      }
-      FP4MOE_CHECK(t != nullptr && t->is_string())
+      const nlohmann::json j = format::parse_json_text(source, value);
+      FP4MOE_CHECK(j.is_object() && j.contains("chat_template"))
           << "--chat-template " << value
           << ": a .json file gives its template as \"chat_template\" (a string, or a list holding one named "
              "\"default\"), as a tokenizer_config.json does; SGLang's JSON conversation format (name / system / user "
              "/ sep_style) is not read here: give a Jinja template";
-      source = t->get<std::string>();
+      source = engine::ChatTemplate::config_source(j, value).first;  // the string, or the list's "default"
     }
     FP4MOE_CHECK(is_template(source)) << "--chat-template " << value
                                       << " holds no {{ ... }} or {% ... %}: it is not a Jinja template (it would be "
