@@ -5,27 +5,29 @@
 #include <nlohmann/json.hpp>
 
 namespace fp4moe::tools {
+namespace {
+
+// A count of `obj` into *out: one the server left out keeps *out; false for one of another type, below 0 or past
+// `most` (the chunk is malformed).
+bool read_count(const nlohmann::json& obj, const char* key, int64_t most, int64_t* out) {
+  if (!obj.contains(key)) return true;
+  const nlohmann::json& v = obj[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > most) return false;
+  *out = v.get<int64_t>();
+  return true;
+}
+
+}  // namespace
 
 bool StreamTiming::on_chunk(std::string_view data, double now_s) {
   if (data == "[DONE]") return true;
   const nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("meta_info") || !j["meta_info"].is_object()) return false;
   const nlohmann::json& meta = j["meta_info"];
-  // A count the server left out keeps its value; one of another type, or past max_tokens, makes the chunk
-  // malformed.
-  bool ok = true;
-  const auto count = [&](const char* key, int64_t fallback, int64_t most) {
-    if (!meta.contains(key)) return fallback;
-    if (!meta[key].is_number_integer() || meta[key].get<int64_t>() < 0 || meta[key].get<int64_t>() > most) {
-      ok = false;
-      return fallback;
-    }
-    return meta[key].get<int64_t>();
-  };
-  constexpr int64_t kAny = INT64_MAX;
-  const int64_t n = count("completion_tokens", completion_tokens, max_tokens);
-  const int64_t prompt = count("prompt_tokens", prompt_len, kAny), cached = count("cached_tokens", cached_len, kAny);
-  if (!ok) return false;
+  int64_t n = completion_tokens, prompt = prompt_len, cached = cached_len;
+  if (!read_count(meta, "completion_tokens", max_tokens, &n) ||
+      !read_count(meta, "prompt_tokens", INT64_MAX, &prompt) || !read_count(meta, "cached_tokens", INT64_MAX, &cached))
+    return false;
   prompt_len = prompt;
   cached_len = cached;
   const bool has_text = j.contains("text") && j["text"].is_string() && !j["text"].get_ref<const std::string&>().empty();
@@ -39,17 +41,12 @@ bool StreamTiming::on_openai_chunk(std::string_view data, double now_s) {
       !j["choices"].is_array())
     return false;
   const nlohmann::json& usage = j["usage"];
-  const auto count = [&](const nlohmann::json& obj, const char* key, int64_t most, int64_t* out) {
-    if (!obj.contains(key)) return true;
-    if (!obj[key].is_number_integer() || obj[key].get<int64_t>() < 0 || obj[key].get<int64_t>() > most) return false;
-    *out = obj[key].get<int64_t>();
-    return true;
-  };
   int64_t n = completion_tokens, prompt = prompt_len, cached = cached_len;
-  if (!count(usage, "completion_tokens", max_tokens, &n) || !count(usage, "prompt_tokens", INT64_MAX, &prompt))
+  if (!read_count(usage, "completion_tokens", max_tokens, &n) ||
+      !read_count(usage, "prompt_tokens", INT64_MAX, &prompt))
     return false;
   if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object() &&
-      !count(usage["prompt_tokens_details"], "cached_tokens", INT64_MAX, &cached))
+      !read_count(usage["prompt_tokens_details"], "cached_tokens", INT64_MAX, &cached))
     return false;
   prompt_len = prompt;
   cached_len = cached;
