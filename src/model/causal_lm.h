@@ -133,6 +133,10 @@ class CausalLM {
   virtual size_t weight_bytes() const = 0;
   virtual std::string describe() const = 0;
 
+  // Tokens of the KV cache preallocated at load (the GPU models' block pool), 0 when the cache grows with each
+  // sequence (the CPU models): the engine sizes its block accounting to it when the pool was sized from GPU memory.
+  virtual int64_t kv_pool_tokens() const { return 0; }
+
   // Convenience: one sequence, returns the logits ([n, vocab] when all_logits, else [vocab]).
   std::vector<float> forward_one(KvState& state, std::span<const int32_t> tokens, bool all_logits);
 };

@@ -44,6 +44,9 @@ const char* to_string(Device d);
 struct GpuOptions {
   int64_t max_tokens_per_step = 4096;  // tokens of one forward step (prefill chunks + decodes)
   int64_t kv_tokens = 32768;           // KV cache capacity in tokens (rounded up to pages)
+  // > 0: the KV cache is what this share of the GPU's memory leaves after the weights and step buffers
+  // (kv_tokens_for_memory, model/cuda/gpu_kv_cache.h; SGLang's --mem-fraction-static), kv_tokens its cap.
+  double mem_fraction_static = 0.0;
   int64_t page_size = 16;              // tokens per KV block
   bool nvfp4_kernels = true;           // false: NVFP4 weights dequantized to BF16, cuBLAS (the 16-bit peer)
   int64_t cuda_graph_max_bs = 256;     // decode steps of up to this many sequences run as CUDA graphs (0: off)

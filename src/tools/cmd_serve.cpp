@@ -67,6 +67,9 @@ struct ServeArgs {
   int port = 30000;
   DeviceArgs device;
   engine::EngineOptions engine;
+  bool max_total_tokens_given = false;  // --max-total-tokens on the command line (with the fraction: the cap)
+  double mem_fraction_static = 0.0;     // --mem-fraction-static (0: not given, the KV cache is --max-total-tokens)
+  bool mem_fraction_given = false;
   std::string schedule_policy = "fcfs";
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
@@ -113,6 +116,10 @@ Loaded load(const ServeArgs& a) {
   // One step carries at most max_prefill_tokens prompt tokens plus one decode token per running request.
   apply_device_option(a.device, a.engine.max_prefill_tokens + a.engine.max_running_requests,
                       a.engine.max_total_tokens, a.engine.page_size, lo);
+  if (a.mem_fraction_static > 0.0) {  // cuda: the pool from free memory, --max-total-tokens (when given) its cap
+    lo.gpu.mem_fraction_static = a.mem_fraction_static;
+    if (!a.max_total_tokens_given) lo.gpu.kv_tokens = INT64_MAX;
+  }
   l.model = model::load_model(a.model_dir, lo);
   const fs::path tok_dir = a.tokenizer_path.empty() ? fs::path(a.model_dir) : fs::path(a.tokenizer_path);
   FP4MOE_CHECK(fs::exists(tok_dir / "tokenizer.json"))
@@ -180,6 +187,7 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"tokenizer_path", a.tokenizer_path.empty() ? a.model_dir : a.tokenizer_path},
           {"chat_template", a.chat_template.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.chat_template)},
           {"device", a.device.device},
+          {"mem_fraction_static", a.mem_fraction_static > 0.0 ? nlohmann::json(a.mem_fraction_static) : nullptr},
           {"cuda_graph_max_bs", a.device.disable_cuda_graph ? 0 : a.device.cuda_graph_max_bs},
           {"load_format", a.load_format},
           {"dummy_weights", a.dummy_weights},
@@ -213,6 +221,8 @@ void run_serve(ServeArgs a) {
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
+  FP4MOE_CHECK(!a.mem_fraction_given || (a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
+      << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";
   // Bounded: past ~9.2e9 s the deadline overflowed steady_clock and the drain ended at once.
   constexpr double kMaxDrainS = 1e9;
   FP4MOE_CHECK(a.drain_timeout_s >= 0 && a.drain_timeout_s <= kMaxDrainS)
@@ -301,6 +311,9 @@ void run_serve(ServeArgs a) {
   if (a.debug_load_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.debug_load_delay_s));
   Loaded l = load(a);
   const auto& cfg = l.model->config();
+  // The pool sized from GPU memory: the engine's block accounting is the pool the model made.
+  if (a.mem_fraction_static > 0.0 && l.model->kv_pool_tokens() > 0)
+    a.engine.max_total_tokens = l.model->kv_pool_tokens();
   auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
   eng->start();
   // SGLang refuses to start when its warm-up request fails: a server whose every request would fail
@@ -347,7 +360,14 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
   add_device_options(*cmd, a->device);
   cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
-  cmd->add_option("--max-total-tokens", a->engine.max_total_tokens, "KV cache capacity in tokens (default 32768)");
+  CLI::Option* max_total_tokens =
+      cmd->add_option("--max-total-tokens", a->engine.max_total_tokens,
+                      "KV cache capacity in tokens (default 32768; with --mem-fraction-static the most it may have)");
+  CLI::Option* mem_fraction = cmd->add_option(
+      "--mem-fraction-static,--gpu-memory-utilization", a->mem_fraction_static,
+      "cuda: size the KV cache from GPU memory: this share (0, 1] of the GPU's memory holds the weights, "
+      "step buffers and KV cache, the cache getting what the load leaves (SGLang's option; vLLM's "
+      "name; e.g. 0.88); default: --max-total-tokens");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");
   cmd->add_option("--chunked-prefill-size", a->engine.chunked_prefill_size,
                   "Max prompt tokens of one request per step (default 512; <= 0: no chunking)");
@@ -401,7 +421,9 @@ void register_serve_command(CLI::App& app) {
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
   cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");
   cmd->add_option("--ep-size", tp_ep->second, "Ranks the routed experts are spread over; divides --tp-size (default 1)");
-  cmd->callback([a, tp_ep] {
+  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction] {
+    a->max_total_tokens_given = max_total_tokens->count() > 0;
+    a->mem_fraction_given = mem_fraction->count() > 0;
     dist::check_serve_parallel(tp_ep->first, tp_ep->second);  // validated; > 1 refused until multi-GPU serving exists
     run_serve(*a);
   });

@@ -3,7 +3,9 @@
 // numbers and takes nothing, rollback undoes a reserve, slots map positions through the block list,
 // and double frees are caught. Random interleavings keep the pool's free count equal to the blocks
 // no state holds. copy_prefix shares whole pages (counted holders; free when the last lets go) and a
-// write into a shared page is refused.
+// write into a shared page is refused. The pool sized from GPU memory (kv_tokens_for_memory,
+// --mem-fraction-static): whole pages within the budget, the caps, and a budget short of a page refused
+// with the numbers.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -157,6 +159,77 @@ TEST(GpuKvCache, RandomInterleavingsKeepTheAccountingExact) {
     }
     ASSERT_EQ(pool->n_free() + held, 64);
   }
+}
+
+// ---- the pool sized from GPU memory (--mem-fraction-static) ----
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+TEST(GpuKvMemory, BudgetIsFreeLessTheReservedShareInWholePages) {
+  // 80 GiB GPU, 0.9 of it may hold everything; after the load 50 GiB are free: 50 - 8 = 42 GiB for the cache.
+  KvMemoryBudget b{50 * kGiB, 80 * kGiB, 0.9, 4608, 16, INT64_MAX};
+  const int64_t tokens = kv_tokens_for_memory(b);
+  const double budget = 50.0 * kGiB - 80.0 * kGiB * 0.1;
+  EXPECT_EQ(tokens % 16, 0);
+  EXPECT_LE(static_cast<double>(tokens) * 4608, budget);
+  EXPECT_GT(static_cast<double>(tokens + 16) * 4608, budget);  // a page more would not fit
+  // Random budgets: always whole pages, within the budget, a page short of overflowing it.
+  std::mt19937_64 rng(testing::test_seed());
+  for (int i = 0; i < 200; ++i) {
+    KvMemoryBudget r;
+    r.total_bytes = (1 + rng() % 192) * kGiB;
+    r.free_bytes = rng() % (r.total_bytes + 1);
+    r.fraction = 0.05 + 0.95 * static_cast<double>(rng() % 1000) / 999.0;
+    r.bytes_per_token = 1 + static_cast<int64_t>(rng() % 200000);
+    r.page_size = int64_t{1} << (rng() % 7);
+    r.max_tokens = rng() % 2 ? INT64_MAX : 1 + static_cast<int64_t>(rng() % 100000);
+    const double room = static_cast<double>(r.free_bytes) - static_cast<double>(r.total_bytes) * (1.0 - r.fraction);
+    const double page_bytes = static_cast<double>(r.page_size * r.bytes_per_token);
+    if (room < page_bytes) {
+      EXPECT_THROW(kv_tokens_for_memory(r), Error);
+      continue;
+    }
+    const int64_t t = kv_tokens_for_memory(r);
+    SCOPED_TRACE(::testing::Message() << "free " << r.free_bytes << " total " << r.total_bytes << " fraction "
+                                      << r.fraction << " bpt " << r.bytes_per_token << " page " << r.page_size
+                                      << " cap " << r.max_tokens);
+    EXPECT_EQ(t % r.page_size, 0);
+    EXPECT_GE(t, r.page_size);
+    EXPECT_LE(static_cast<double>(t) * static_cast<double>(r.bytes_per_token), room);
+    EXPECT_LE(t, std::max(r.max_tokens, r.page_size));
+    EXPECT_LT(t, int64_t{1} << 31);
+    const bool capped = t + r.page_size > r.max_tokens || t + r.page_size > INT32_MAX;
+    if (!capped) {
+      EXPECT_GT(static_cast<double>(t + r.page_size) * static_cast<double>(r.bytes_per_token), room);
+    }
+  }
+}
+
+TEST(GpuKvMemory, CapsAreMaxTotalTokensAndTheInt32Slots) {
+  // --max-total-tokens 20000 with room for millions: the cap, rounded down to pages.
+  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 140 * kGiB, 0.9, 4608, 16, 20000}), 20000 / 16 * 16);
+  // A 2-byte-per-token cache in 100 GiB would pass 2^31 tokens: cut at the kernels' int32 slots.
+  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 140 * kGiB, 0.9, 2, 16, INT64_MAX}), int64_t{INT32_MAX} / 16 * 16);
+}
+
+TEST(GpuKvMemory, TooSmallAFractionIsRefusedWithTheNumbers) {
+  // 80 GiB GPU with 70 GiB in use after the load: 0.5 leaves 10 - 40 = -30 GiB.
+  try {
+    kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 0.5, 4608, 16, INT64_MAX});
+    FAIL() << "a negative budget was accepted";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("--mem-fraction-static 0.5 leaves -30.00 GiB for the KV cache, less than one page (16 tokens x "
+                     "4608 B)"),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("of the GPU's 80.00 GiB, 0.5 x 80.00 GiB = 40.00 GiB may hold"), std::string::npos) << w;
+    EXPECT_NE(w.find("70.00 GiB is in use after the load"), std::string::npos) << w;
+    EXPECT_NE(w.find("raise it to at least 0.876"), std::string::npos) << w;  // (70 GiB + 72 KiB) / 80 GiB
+  }
+  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 0.0, 4608, 16, 100}), Error);
+  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 1.5, 4608, 16, 100}), Error);
+  EXPECT_EQ(format_gib(512.0 * 1024 * 1024), "512.0 MiB");
 }
 
 }  // namespace

@@ -443,6 +443,33 @@ TEST_P(GpuGolden, ShortKvPoolRefusesWithNumbersAndKeepsServing) {
   EXPECT_TRUE(std::isfinite(l[0]));
 }
 
+// --mem-fraction-static: the pool is made after the weights and buffers from what the share of GPU memory leaves,
+// --max-total-tokens (kv_tokens) its cap; a share the load already passed is refused with the numbers, not a failed
+// cudaMalloc. (0.999 of the GPU leaves room for 64 tokens with other tests' allocations beside it; 0.001 leaves none.)
+TEST_P(GpuGolden, KvPoolSizedFromMemoryFractionIsCappedOrRefusedWithNumbers) {
+  LoadOptions o = gpu_options(true, /*kv_tokens=*/64);
+  o.gpu.mem_fraction_static = 0.999;
+  auto lm = load_model(dir_, o);
+  EXPECT_EQ(lm->kv_pool_tokens(), 64);
+  EXPECT_NE(lm->describe().find("KV cache: 4 blocks x 16 tokens"), std::string::npos) << lm->describe();
+  EXPECT_NE(lm->describe().find("sized by --mem-fraction-static 0.999 ("), std::string::npos) << lm->describe();
+  const auto& ids = golden_.greedy_ids[0];
+  auto s = lm->new_state();
+  const std::vector<float> l = lm->forward_one(*s, std::span<const int32_t>(ids.data(), 20), false);
+  EXPECT_TRUE(std::isfinite(l[0]));
+  lm.reset();
+  o.gpu.mem_fraction_static = 0.001;
+  try {
+    load_model(dir_, o);
+    FAIL() << "a fraction below what the load holds was accepted";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("--mem-fraction-static 0.001 leaves -"), std::string::npos) << w;
+    EXPECT_NE(w.find("in use after the load"), std::string::npos) << w;
+  }
+  EXPECT_EQ(load_model(dir_, gpu_options(true, 48))->kv_pool_tokens(), 48);  // the fixed size: kv_tokens
+}
+
 // GpuLinear alone: both paths (W4A16 kernels, BF16 cuBLAS from the dequantized weight) and the
 // f32-output lm_head path vs kernels::cpu::linear_forward on the same bf16 inputs, random NVFP4 and
 // BF16 weights with and without bias, 1..600 rows: cosine >= 0.9999 per row. NVFP4 Linears also run

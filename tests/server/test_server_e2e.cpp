@@ -1853,7 +1853,10 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--drain-timeout nan", "--drain-timeout nan must be a time in [0, 1e+09] seconds"},
            {"--drain-timeout 1e10", "--drain-timeout 1e+10 must be a time in [0, 1e+09] seconds"},
            {"--cuda-graph-max-bs -3", "--cuda-graph-max-bs -3 must be >= 0"},
-           {"--decode-split-min-keys 0", "--decode-split-min-keys 0 must be >= 1"}}) {
+           {"--decode-split-min-keys 0", "--decode-split-min-keys 0 must be >= 1"},
+           {"--mem-fraction-static 0", "--mem-fraction-static 0 must be in (0, 1]"},
+           {"--mem-fraction-static 1.5", "--mem-fraction-static 1.5 must be in (0, 1]"},
+           {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"}}) {
     std::string text;
     EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 1)
         << flags << ": " << text;

@@ -66,6 +66,7 @@ class Glm4MoeCudaModel final : public CausalLM {
     FP4MOE_CHECK(!observer) << "the GPU model has no Linear input observer (calibrate with --device cpu)";
   }
   size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
+  int64_t kv_pool_tokens() const override { return pool_->n_blocks() * pool_->page_size(); }
   std::string describe() const override { return description_; }
 
  private:
@@ -122,8 +123,6 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   weight_bytes_ += common_.load_embedding(store, V, H);
   std::ostringstream desc;
   desc << cfg_.summary() << " on the GPU (" << cuda::cuda_device_description(common_.device) << ")\n";
-  pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
-  const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
   layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
   std::shared_ptr<moe::GpuMoeWorkspace> moe_ws;  // one set of MoE transient buffers for every layer
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
@@ -146,8 +145,6 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     weight_bytes_ += gpu_step::load_ffn(store, L.prefix, cfg_.is_moe_layer(l), moe_cfg_, H, cfg_.intermediate_size,
                                         max_T_, fp4, moe_ws, L.mlp, L.moe, desc);
     desc << "\n";
-    L.k_cache = DeviceBuffer(cache_bytes);
-    L.v_cache = DeviceBuffer(cache_bytes);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
   }
   weight_bytes_ += common_.load_head(store, H, cfg_.tie_word_embeddings);
@@ -186,9 +183,17 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   common_.finish_load(layers_, gopt_, max_T_);
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
+  // The KV cache last: sized from GPU memory, it gets what the weights and buffers leave.
+  std::string kv_note;
+  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token(), kv_note);
+  const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
+  for (GpuLayer& L : layers_) {
+    L.k_cache = DeviceBuffer(cache_bytes);
+    L.v_cache = DeviceBuffer(cache_bytes);
+  }
   desc << common_.describe_lm_head();
   desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
-       << cache_bytes * 2 * layers_.size() << " B), max " << max_T_ << " tokens per step\n";
+       << cache_bytes * 2 * layers_.size() << " B)" << kv_note << ", max " << max_T_ << " tokens per step\n";
   desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();

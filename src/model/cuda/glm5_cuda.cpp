@@ -103,6 +103,7 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
     FP4MOE_CHECK(!observer) << "the GPU model has no Linear input observer (calibrate with --device cpu)";
   }
   size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
+  int64_t kv_pool_tokens() const override { return pool_->n_blocks() * pool_->page_size(); }
   std::string describe() const override { return description_; }
   void set_dsa_observer(DsaSelectionObserver observer) override { dsa_observer_ = std::move(observer); }
   void set_dsa_selection_override(DsaSelectionOverride source) override { dsa_override_ = std::move(source); }
@@ -213,14 +214,9 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   weight_bytes_ += common_.load_embedding(store, V, H);
   std::ostringstream desc;
   desc << c.summary() << " on the GPU (" << cuda::cuda_device_description(common_.device) << ")\n";
-  desc << "  MLA: heads " << heads << ", q_lora " << c.q_lora_rank << ", kv_lora " << R << ", qk "
-       << c.qk_nope_head_dim << "+" << rope << ", v " << c.v_head_dim << "; DSA indexer " << c.index_n_heads << "x"
-       << c.index_head_dim << " top-" << c.index_topk << "\n";
-  pool_ = std::make_shared<KvBlockPool>((gopt_.kv_tokens + gopt_.page_size - 1) / gopt_.page_size, gopt_.page_size);
-  const int64_t pool_tokens = pool_->n_blocks() * gopt_.page_size;
-  const size_t latent_cache_bytes = static_cast<size_t>(pool_tokens * latent_w) * 2;
-  const size_t index_cache_bytes = static_cast<size_t>(pool_tokens * c.index_head_dim) * 2;
-  size_t cache_bytes_total = 0;
+  desc << "  MLA: heads " << heads << ", q_lora " << c.q_lora_rank << ", kv_lora " << R << ", qk " << c.qk_nope_head_dim
+       << "+" << rope << ", v " << c.v_head_dim << "; DSA indexer " << c.index_n_heads << "x" << c.index_head_dim
+       << " top-" << c.index_topk << "\n";
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   std::shared_ptr<moe::GpuMoeWorkspace> moe_ws;  // one set of MoE transient buffers for every layer
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -263,8 +259,6 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
                                          ix + "weights_proj", fp4);
       g.k_norm_w = DeviceBuffer::from_host(load_vector_f32(store, ix + "k_norm.weight", c.index_head_dim));
       g.k_norm_b = DeviceBuffer::from_host(load_vector_f32(store, ix + "k_norm.bias", c.index_head_dim));
-      g.k_cache = DeviceBuffer(index_cache_bytes);
-      cache_bytes_total += index_cache_bytes;
       weight_bytes_ += g.wq_b.device_bytes() + g.wk.device_bytes() + g.weights_proj.device_bytes();
       desc << ", indexer full (wq_b " << g.wq_b.describe() << ", wk " << g.wk.describe() << ")";
       L.indexer = std::move(g);
@@ -275,8 +269,6 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     weight_bytes_ += gpu_step::load_ffn(store, L.prefix, c.is_moe_layer(l), moe_cfg_, H, c.intermediate_size,
                                         max_T_, fp4, moe_ws, L.mlp, L.moe, desc);
     desc << "\n";
-    L.latent_cache = DeviceBuffer(latent_cache_bytes);
-    cache_bytes_total += latent_cache_bytes;
     kv_bytes_per_token_ += latent_w * 2 + (L.indexer ? c.index_head_dim * 2 : 0);
     progress.advance(layer_bytes[static_cast<size_t>(l)]);
   }
@@ -344,10 +336,23 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   desc << gpu_step::use_tune_cache(layers_, dense_linears);
   desc << gpu_step::time_moe_gemms(layers_, gopt_.time_moe_gemms);
   common_.finish_load(layers_, gopt_, max_T_);
+  // The KV cache last: sized from GPU memory, it gets what the weights and buffers leave.
+  std::string kv_note;
+  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token_, kv_note);
+  const int64_t pool_tokens = pool_->n_blocks() * gopt_.page_size;
+  size_t cache_bytes_total = 0;
+  for (Glm5GpuLayer& L : layers_) {
+    L.latent_cache = DeviceBuffer(static_cast<size_t>(pool_tokens * latent_w) * 2);
+    cache_bytes_total += L.latent_cache.bytes();
+    if (L.indexer) {
+      L.indexer->k_cache = DeviceBuffer(static_cast<size_t>(pool_tokens * c.index_head_dim) * 2);
+      cache_bytes_total += L.indexer->k_cache.bytes();
+    }
+  }
   desc << common_.describe_lm_head();
-  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent "
-       << latent_w << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total
-       << " B), max " << max_T_ << " tokens per step\n";
+  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent " << latent_w
+       << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total << " B)" << kv_note
+       << ", max " << max_T_ << " tokens per step\n";
   desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();

@@ -1,9 +1,51 @@
 // KvBlockPool and GpuKvState (see gpu_kv_cache.h). Tested by tests/model/test_gpu_kv_cache.cpp.
 #include "model/cuda/gpu_kv_cache.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "core/error.h"
 
 namespace fp4moe::model {
+
+std::string format_gib(double bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
+  char buf[64];
+  if (bytes < kGiB && bytes > -kGiB) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / kMiB);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+  }
+  return buf;
+}
+
+int64_t kv_tokens_for_memory(const KvMemoryBudget& b) {
+  FP4MOE_CHECK(b.fraction > 0.0 && b.fraction <= 1.0) << "--mem-fraction-static " << b.fraction << " must be in (0, 1]";
+  FP4MOE_CHECK(b.bytes_per_token >= 1 && b.page_size >= 1 && b.max_tokens >= 1 && b.free_bytes <= b.total_bytes)
+      << "KV memory budget: bytes_per_token=" << b.bytes_per_token << " page_size=" << b.page_size
+      << " max_tokens=" << b.max_tokens << " free=" << b.free_bytes << " total=" << b.total_bytes;
+  const double total = static_cast<double>(b.total_bytes), free = static_cast<double>(b.free_bytes);
+  const double used = total - free;  // the weights, the buffers, the CUDA context and other processes
+  const double budget = free - total * (1.0 - b.fraction);
+  const double page_bytes = static_cast<double>(b.page_size) * static_cast<double>(b.bytes_per_token);
+  if (budget < page_bytes) {
+    const double need = std::min(1.0, (used + page_bytes) / total);
+    FP4MOE_FAIL() << "--mem-fraction-static " << b.fraction << " leaves " << format_gib(budget)
+                  << " for the KV cache, less than one page (" << b.page_size << " tokens x " << b.bytes_per_token
+                  << " B): of the GPU's " << format_gib(total) << ", " << b.fraction << " x " << format_gib(total)
+                  << " = " << format_gib(total * b.fraction) << " may hold the weights, buffers and KV cache, and "
+                  << format_gib(used) << " is in use after the load (weights, step buffers, CUDA context, other "
+                  << "processes); raise it to at least " << std::ceil(need * 1000.0) / 1000.0
+                  << " or give --max-total-tokens without it";
+  }
+  const int64_t slot_limit = (int64_t{INT32_MAX} / b.page_size) * b.page_size;  // int32 cache slots
+  const double fit = std::floor(budget / page_bytes) * static_cast<double>(b.page_size);
+  int64_t tokens = fit >= static_cast<double>(slot_limit) ? slot_limit : static_cast<int64_t>(fit);
+  const int64_t cap = std::max<int64_t>((b.max_tokens / b.page_size) * b.page_size, b.page_size);
+  tokens = std::min({tokens, cap, slot_limit});
+  return tokens;
+}
 
 KvBlockPool::KvBlockPool(int64_t n_blocks, int64_t page_size) : n_blocks_(n_blocks), page_size_(page_size) {
   FP4MOE_CHECK(n_blocks >= 1 && n_blocks <= INT32_MAX && page_size >= 1)

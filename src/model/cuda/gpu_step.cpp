@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <ostream>
+#include <sstream>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -570,6 +571,25 @@ void ModelCommon::create_events(size_t n) {
 
 std::string ModelCommon::describe_lm_head() const {
   return "  lm_head " + lm_head.describe() + (tied_ ? " (tied)" : "") + "\n";
+}
+
+std::shared_ptr<KvBlockPool> ModelCommon::make_kv_pool(const GpuOptions& gopt, int64_t bytes_per_token,
+                                                       std::string& note) const {
+  int64_t tokens = gopt.kv_tokens;
+  note.clear();
+  if (gopt.mem_fraction_static > 0.0) {
+    size_t free = 0, total = 0;
+    FP4MOE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    tokens =
+        kv_tokens_for_memory({free, total, gopt.mem_fraction_static, bytes_per_token, gopt.page_size, gopt.kv_tokens});
+    std::ostringstream o;
+    o << " sized by --mem-fraction-static " << gopt.mem_fraction_static << " ("
+      << format_gib(static_cast<double>(tokens) * static_cast<double>(bytes_per_token)) << " of the GPU's "
+      << format_gib(static_cast<double>(total)) << "; " << format_gib(static_cast<double>(total - free))
+      << " in use after the load)";
+    note = o.str();
+  }
+  return std::make_shared<KvBlockPool>((tokens + gopt.page_size - 1) / gopt.page_size, gopt.page_size);
 }
 
 std::string ModelCommon::describe_graphs() const { return gpu_step::describe_graphs(*graphs, moe_layers.capturable); }

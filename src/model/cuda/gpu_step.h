@@ -399,6 +399,10 @@ class ModelCommon {
   // The load log's lines on the lm_head (ends "\n") and on the graphs (no newline).
   std::string describe_lm_head() const;
   std::string describe_graphs() const;
+  // The KV block pool, made after the weights and step buffers are on the device: gopt.kv_tokens tokens (rounded
+  // up to pages) or, with gopt.mem_fraction_static > 0, what that share of the GPU's memory leaves
+  // (kv_tokens_for_memory, gopt.kv_tokens the cap). `note`: how it was sized, for the load log ("" when fixed).
+  std::shared_ptr<KvBlockPool> make_kv_pool(const GpuOptions& gopt, int64_t bytes_per_token, std::string& note) const;
 
   // Reserves the step's KV blocks (all or nothing), runs fn, commits the chunks' tokens; when fn
   // throws, waits for the stream, gives the blocks back and rethrows (nothing of the step is kept).
