@@ -273,6 +273,7 @@ struct Engine::Impl {
     take_pending_and_aborts();
     if (take_flush_request() && cache) cache->clear(blocks);
     int64_t n_preempted = 0;
+    int64_t n_cached = 0;  // prefix-cache tokens of the requests admitted now
     std::vector<Planned> plan;
     int64_t prefill_budget = opt().max_prefill_tokens;
     const int64_t chunk_cap = opt().chunked_prefill_size > 0 ? opt().chunked_prefill_size : INT64_MAX;
@@ -322,6 +323,7 @@ struct Engine::Impl {
           hit = {};
         }
         r->kv = hit.tokens > 0 ? hit.kv->copy_prefix(hit.tokens) : model->new_state();
+        n_cached += hit.tokens > 0 ? r->kv_length() : 0;
         r->admitted(Clock::now());
         if (!r->counted_prompt && may_hit) {
           r->cached_tokens = std::min<int64_t>(r->kv_length(), static_cast<int64_t>(r->prompt.size()));
@@ -361,6 +363,7 @@ struct Engine::Impl {
     info.step = step_index++;
     info.continuous = continuous;
     info.n_preempted = n_preempted;
+    info.n_cached_tokens = n_cached;
     int64_t n_tokens = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       RequestState* r = plan[i].req;
@@ -472,6 +475,7 @@ struct Engine::Impl {
     info.n_running = static_cast<int64_t>(running.size());
     info.n_waiting = static_cast<int64_t>(waiting.size());
     info.kv_used_tokens = request_blocks() * blocks.page_size();
+    info.cuda_graph = trace.cuda_graph_steps > 0;
     for (const model::MoeLayerTrace& t : trace.moe_layers) {
       std::vector<int64_t>& acc = expert_tokens[t.layer];
       if (acc.size() < t.tokens_per_expert.size()) acc.resize(t.tokens_per_expert.size(), 0);

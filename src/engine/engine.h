@@ -76,6 +76,8 @@ struct StepInfo {
   int64_t n_prefill_requests = 0;   // requests with a prefill chunk in this step
   int64_t n_prefill_tokens = 0;     // prompt tokens forwarded
   int64_t n_decode_requests = 0;    // requests advanced by one decode token
+  int64_t n_cached_tokens = 0;      // tokens the requests admitted this step took from the prefix cache
+  bool cuda_graph = false;          // the model ran the step as a captured CUDA graph
   int64_t n_waiting = 0;            // waiting requests after scheduling this step
   int64_t n_running = 0;            // running requests in this step
   int64_t kv_used_tokens = 0;       // blocks held by requests * page_size, after the step (not the prefix cache's)

@@ -41,6 +41,7 @@
 #include "engine/regex_dfa.h"
 #include "model/presets.h"
 #include "model/registry.h"
+#include "server/batch_log.h"
 #include "server/http_server.h"
 #include "tools/analyze.h"
 #include "tools/cli_options.h"
@@ -70,6 +71,7 @@ struct ServeArgs {
   bool max_total_tokens_given = false;  // --max-total-tokens on the command line (with the fraction: the cap)
   double mem_fraction_static = 0.0;     // --mem-fraction-static (0: not given, the KV cache is --max-total-tokens)
   bool mem_fraction_given = false;
+  int64_t decode_log_interval = 40;  // --decode-log-interval (0: no batch log)
   std::string schedule_policy = "fcfs";
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
@@ -219,6 +221,8 @@ const server::ReasoningFormat* reasoning_parser_named(const std::string& name) {
 void run_serve(ServeArgs a) {
   check_device_options(a.device);  // a bad value fails before the socket opens, with every model
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
+  FP4MOE_CHECK(a.decode_log_interval >= 0)
+      << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
   FP4MOE_CHECK(!a.mem_fraction_given || (a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
@@ -314,6 +318,12 @@ void run_serve(ServeArgs a) {
   // The pool sized from GPU memory: the engine's block accounting is the pool the model made.
   if (a.mem_fraction_static > 0.0 && l.model->kv_pool_tokens() > 0)
     a.engine.max_total_tokens = l.model->kv_pool_tokens();
+  if (a.decode_log_interval > 0) {  // SGLang's batch lines on stderr (server/batch_log.h)
+    auto log = std::make_shared<server::BatchLog>(
+        a.decode_log_interval, a.engine.max_total_tokens / a.engine.page_size * a.engine.page_size,
+        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    a.engine.step_observer = [log](const engine::StepInfo& s) { log->on_step(s, server::BatchLog::Clock::now()); };
+  }
   auto eng = std::make_shared<engine::Engine>(a.engine, std::move(l.model), l.tokenizer);
   eng->start();
   // SGLang refuses to start when its warm-up request fails: a server whose every request would fail
@@ -416,6 +426,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", a->drain_timeout_s,
                   "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); a "
                   "second signal exits at once");
+  cmd->add_option("--decode-log-interval", a->decode_log_interval,
+                  "Log a \"Decode batch.\" line (running requests, KV tokens and usage, gen throughput, queue) every N "
+                  "decode steps and a \"Prefill batch.\" line every prefill step on stderr, as SGLang's scheduler "
+                  "(default 40; 0: no batch lines)");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
       ->group("Debug");
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md

@@ -1875,6 +1875,46 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
   }
 }
 
+// The batch log (server/batch_log.h, SGLang's scheduler lines) on the server's stderr: a prefill line for the request
+// and, with --decode-log-interval 2, a decode line every two decode steps; 0 turns both off. A negative interval stops
+// the server at start.
+TEST(ServerE2E, BatchLogLinesFollowDecodeLogInterval) {
+  const std::string request =
+      json{{"input_ids", {5, 6, 7}}, {"sampling_params", {{"max_new_tokens", 9}, {"ignore_eos", true}}}}.dump();
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "2"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    HttpClient c(srv.url(), kTimeout);
+    ASSERT_EQ(c.post("/generate", request).status, 200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+    const std::string log = srv.log();
+    EXPECT_NE(log.find("] Prefill batch. #new-seq: 1, #new-token: 3, #cached-token: 0, token usage: 0.00, "
+                       "#running-req: 1, #queue-req: 0"),
+              std::string::npos)
+        << log;
+    // 9 tokens: the first from the prefill, 8 decode steps, a line every 2.
+    size_t n = 0;
+    for (size_t at = log.find("] Decode batch. #running-req: 1, #token: "); at != std::string::npos;
+         at = log.find("] Decode batch.", at + 1))
+      ++n;
+    EXPECT_EQ(n, 4u) << log;
+    EXPECT_NE(log.find("cuda graph: False, gen throughput (token/s): "), std::string::npos) << log;
+  }
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "0"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    HttpClient c(srv.url(), kTimeout);
+    ASSERT_EQ(c.post("/generate", request).status, 200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+    EXPECT_EQ(srv.log().find(" batch. #"), std::string::npos) << srv.log();
+  }
+  std::string text;
+  EXPECT_EQ(
+      fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 --decode-log-interval -1 2>&1", &text),
+      1);
+  EXPECT_NE(text.find("--decode-log-interval -1 must be >= 0 (0: no batch log)"), std::string::npos) << text;
+}
+
 // --chat-template (SGLang's and vLLM's): a file (or the template itself) in place of the model's; one that cannot be
 // read or parsed stops the server before it listens, naming the flag.
 TEST(ServerE2E, ChatTemplateFlagReplacesTheModels) {
