@@ -4,6 +4,9 @@
 // stale: six of twelve subcommands listed, a changed flag's text).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -85,6 +88,47 @@ TEST(CliDocs, VersionFlag) {
   ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " version", &command), 0) << command;
   EXPECT_EQ(flag.rfind("fp4moe ", 0), 0u) << flag;
   EXPECT_EQ(flag.substr(0, flag.find('\n')), command.substr(0, command.find('\n'))) << flag << "\n" << command;
+}
+
+// cmake/git_commit.cmake (the commit in the build id, --version, /version): a checkout's short commit; "-dirty" after
+// it once a tracked file differs from the commit (untracked files do not count); "unknown" outside a checkout.
+TEST(CliDocs, GitCommitStampMarksUncommittedChanges) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("fp4moe_git_commit_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "repo");
+  const std::string repo = (dir / "repo").string(), header = (dir / "commit.h").string();
+  auto stamp = [&](const std::string& source) {
+    std::string out;
+    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CMAKE) + " -DSOURCE_DIR=" + source + " -DOUTPUT=" + header +
+                                       " -P " + FP4MOE_SOURCE_DIR + "/cmake/git_commit.cmake 2>&1",
+                                   &out),
+              0)
+        << out;
+    std::ifstream f(header);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    const size_t at = text.find("#define FP4MOE_GIT_COMMIT \"");
+    EXPECT_NE(at, std::string::npos) << text;
+    const size_t from = at + 27;
+    return text.substr(from, text.find('"', from) - from);
+  };
+  EXPECT_EQ(stamp((dir / "repo").string()), "unknown");  // not a checkout
+  std::string out;
+  ASSERT_EQ(testing::run_command("cd " + repo + " && git init -q && echo a > f && git add f && git -c user.name=t " +
+                                     "-c user.email=t@t -c commit.gpgsign=false commit -qm init 2>&1 && git rev-parse " +
+                                     "--short=12 HEAD",
+                                 &out),
+            0)
+      << out;
+  const std::string commit = out.substr(0, 12);
+  EXPECT_EQ(stamp(repo), commit);
+  std::ofstream(dir / "repo" / "untracked") << "x";
+  EXPECT_EQ(stamp(repo), commit);  // untracked files are not the build's sources
+  std::ofstream(dir / "repo" / "f") << "changed";
+  EXPECT_EQ(stamp(repo), commit + "-dirty");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
