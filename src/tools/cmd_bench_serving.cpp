@@ -173,10 +173,11 @@ void check_prompt_flags(const BenchArgs& a) {
       << "--dataset " << a.dataset << " (JSON-lines prompts) and --dataset-name " << a.dataset_name
       << " are two loads: give one";
   if (!a.dataset.empty()) return;  // its prompts are read before the server is asked too
-  FP4MOE_CHECK((a.dataset_name == "sharegpt") == !a.dataset_path.empty())
-      << (a.dataset_path.empty() ? "--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON file)"
-                                 : "--dataset-path is the sharegpt dataset's file: give --dataset-name sharegpt "
-                                   "(JSON-lines prompts: --dataset)");
+  FP4MOE_CHECK(a.dataset_name != "sharegpt" || !a.dataset_path.empty())
+      << "--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON file)";
+  FP4MOE_CHECK(a.dataset_name != "generated-shared-prefix" || a.dataset_path.empty())
+      << "--dataset-path is a ShareGPT file for --dataset-name sharegpt or random; generated-shared-prefix makes its "
+         "own prompts (JSON-lines prompts: --dataset)";
   if (a.dataset_name == "sharegpt") {
     FP4MOE_CHECK((a.sharegpt_output_len == 0 || a.sharegpt_output_len >= 4) && a.sharegpt_context_len >= 0)
         << "--sharegpt-output-len " << a.sharegpt_output_len << " must be 0 (the conversation's own) or >= 4 (as "
@@ -301,17 +302,24 @@ TurnPairs sharegpt_pairs(const BenchArgs& a) {
   std::shuffle(pairs.begin(), pairs.end(), rng);
   return pairs;
 }
+// The server's tokenizer over a batch of texts (POST /v1/tokenize with a list): the reply's `field` ("count": each
+// text's token count, "tokens": its ids), one entry a text.
+json server_tokenize(const BenchArgs& a, server::HttpClient& client, const std::vector<std::string>& texts,
+                     bool add_special, const char* field) {
+  auto r = client.post("/v1/tokenize", json{{"prompt", texts}, {"add_special_tokens", add_special}}.dump());
+  FP4MOE_CHECK(r.status == 200) << a.url << "/v1/tokenize answered " << r.status << " " << r.error << " "
+                                << r.body.substr(0, 300);
+  json j = json::parse(r.body, nullptr, false);
+  FP4MOE_CHECK(j.is_object() && j.contains(field) && j[field].is_array() && j[field].size() == texts.size())
+      << a.url << "/v1/tokenize: no \"" << field << "\" for each of " << texts.size()
+      << " texts: " << r.body.substr(0, 300);
+  return std::move(j[field]);
+}
+
 std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
   const std::string& path = a.dataset_path;
-  // Token counts of a batch of texts by the server's tokenizer.
   auto counts = [&](const std::vector<std::string>& texts, bool add_special) {
-    auto r = client.post("/v1/tokenize", json{{"prompt", texts}, {"add_special_tokens", add_special}}.dump());
-    FP4MOE_CHECK(r.status == 200) << a.url << "/v1/tokenize answered " << r.status << " " << r.error << " "
-                                  << r.body.substr(0, 300);
-    const json j = json::parse(r.body, nullptr, false);
-    FP4MOE_CHECK(j.is_object() && j.contains("count") && j["count"].is_array() && j["count"].size() == texts.size())
-        << a.url << "/v1/tokenize: no count for each of " << texts.size() << " texts: " << r.body.substr(0, 300);
-    return j["count"].get<std::vector<int64_t>>();
+    return server_tokenize(a, client, texts, add_special, "count").get<std::vector<int64_t>>();
   };
   std::vector<Prompt> out;
   constexpr size_t kBatch = 256;
@@ -336,6 +344,55 @@ std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs,
                                                                   std::to_string(a.sharegpt_context_len)
                                                             : std::string())
                              << ")";
+  return out;
+}
+
+// --dataset-name random --dataset-path FILE, as sglang.bench_serving's random dataset with a ShareGPT file: prompts of
+// the random lengths (--input-len, --random-range-ratio, drawn as without a file) made of real text: a
+// conversation's first turn in the server's tokens (no special tokens), repeated up to the length and cut there,
+// decoded by the server (POST /v1/detokenize) and sent as text, so that every backend (chat too) takes it and the
+// routing sees text, not random ids. Conversations in the file's shuffled order (--seed), from the start again when
+// there are fewer than --num-prompts; ones without a token are skipped. The server's count of the decoded text can
+// differ from the drawn length by a token or two where the cut or a repeat seam falls (sglang's likewise).
+std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
+  std::mt19937_64 rng(a.seed);
+  auto len_in = [&](int64_t full) {
+    const int64_t lo =
+        std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(full) * a.range_ratio)));
+    return std::uniform_int_distribution<int64_t>(std::min(lo, full), full)(rng);
+  };
+  constexpr size_t kBatch = 256;
+  std::vector<std::vector<int64_t>> sources;  // the first turns' tokens, in order, until --num-prompts have some
+  for (size_t at = 0; at < pairs.size() && static_cast<int64_t>(sources.size()) < a.num_prompts; at += kBatch) {
+    std::vector<std::string> texts;
+    for (size_t i = at; i < std::min(pairs.size(), at + kBatch); ++i) texts.push_back(pairs[i].first);
+    for (const json& ids : server_tokenize(a, client, texts, false, "tokens")) {
+      if (!ids.empty() && static_cast<int64_t>(sources.size()) < a.num_prompts)
+        sources.push_back(ids.get<std::vector<int64_t>>());
+    }
+  }
+  FP4MOE_CHECK(!sources.empty()) << a.dataset_path << ": no conversation's first turn has a token";
+  std::vector<Prompt> out;
+  std::vector<std::vector<int64_t>> ids;
+  for (int64_t i = 0; i < a.num_prompts; ++i) {
+    const std::vector<int64_t>& src = sources[static_cast<size_t>(i) % sources.size()];
+    std::vector<int64_t> p(static_cast<size_t>(len_in(a.input_len)));
+    for (size_t k = 0; k < p.size(); ++k) p[k] = src[k % src.size()];
+    ids.push_back(std::move(p));
+    out.push_back({json(), len_in(a.output_len)});
+  }
+  for (size_t at = 0; at < ids.size(); at += kBatch) {
+    const std::vector<std::vector<int64_t>> batch(
+        ids.begin() + static_cast<std::ptrdiff_t>(at),
+        ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), at + kBatch)));
+    auto r = client.post("/v1/detokenize", json{{"tokens", batch}}.dump());
+    FP4MOE_CHECK(r.status == 200) << a.url << "/v1/detokenize answered " << r.status << " " << r.error << " "
+                                  << r.body.substr(0, 300);
+    const json j = json::parse(r.body, nullptr, false);
+    FP4MOE_CHECK(j.is_object() && j.contains("text") && j["text"].is_array() && j["text"].size() == batch.size())
+        << a.url << "/v1/detokenize: no \"text\" for each of " << batch.size() << " prompts: " << r.body.substr(0, 300);
+    for (size_t k = 0; k < batch.size(); ++k) out[at + k].body_prompt = {{"text", j["text"][k]}};
+  }
   return out;
 }
 
@@ -494,6 +551,7 @@ json summary_json(const BenchArgs& a, const Summary& s) {
     j["sharegpt_output_len"] = a.sharegpt_output_len;
     j["sharegpt_context_len"] = a.sharegpt_context_len;
   } else if (a.dataset.empty() && a.dataset_name == "random") {
+    if (!a.dataset_path.empty()) j["dataset_path"] = a.dataset_path;
     j["random_input_len"] = a.input_len;
     j["random_output_len"] = a.output_len;
     j["random_range_ratio"] = a.range_ratio;
@@ -632,7 +690,7 @@ void run_bench(const BenchArgs& a) {
   if (!a.plot.empty()) check_writable_file(a.plot, "--plot");
   std::vector<Prompt> prompts;
   if (!a.dataset.empty()) prompts = make_prompts(a, 0);
-  const TurnPairs turns = a.dataset_name == "sharegpt" ? sharegpt_pairs(a) : TurnPairs{};
+  const TurnPairs turns = !a.dataset_path.empty() ? sharegpt_pairs(a) : TurnPairs{};  // sharegpt, or random's text
 
   server::HttpClient client(a.url, 30);
   client.set_bearer_token(a.api_key);
@@ -646,6 +704,8 @@ void run_bench(const BenchArgs& a) {
   int64_t vocab = 0;  // only the generated prompts need it
   if (a.dataset_name == "sharegpt") {
     prompts = sharegpt_prompts(a, turns, client);
+  } else if (a.dataset.empty() && !a.dataset_path.empty()) {
+    prompts = random_text_prompts(a, turns, client);
   } else if (a.dataset.empty()) {
     const json v = server_info.value("vocab_size", json());
     FP4MOE_CHECK(format::json_int_in(v, 1, INT32_MAX))
@@ -659,8 +719,8 @@ void run_bench(const BenchArgs& a) {
       FP4MOE_CHECK(prompts[i].body_prompt.contains("text"))
           << "--backend " << a.backend << " sends each prompt as a user message's text: prompt " << i << " of "
           << (a.dataset.empty() ? a.dataset_name : a.dataset)
-          << " is token ids (random and generated-shared-prefix prompts are; use --dataset-name sharegpt or a "
-             "--dataset of {\"prompt\": ...} lines)";
+          << " is token ids (random prompts without --dataset-path and generated-shared-prefix ones are; use "
+             "--dataset-name sharegpt, random with --dataset-path, or a --dataset of {\"prompt\": ...} lines)";
   }
   // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
   // before it (the same prompts) cached; --no-flush-cache keeps what is there.
@@ -718,7 +778,9 @@ void register_bench_serving_command(CLI::App& app) {
                   "file's conversations)")
       ->check(CLI::IsMember({"random", "generated-shared-prefix", "sharegpt"}));
   cmd->add_option("--dataset-path", a->dataset_path,
-                  "sharegpt: the ShareGPT JSON file (a list of {\"conversations\": [{\"value\": ...}, ...]})");
+                  "sharegpt: the ShareGPT JSON file (a list of {\"conversations\": [{\"value\": ...}, ...]}); "
+                  "random: real text for the prompts of the random lengths (its first turns' tokens, repeated to the "
+                  "length, as sglang.bench_serving)");
   cmd->add_option("--sharegpt-output-len", a->sharegpt_output_len,
                   "sharegpt: tokens to generate per request (default: the second turn's length)");
   cmd->add_option("--sharegpt-context-len", a->sharegpt_context_len,

@@ -2447,6 +2447,29 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
     EXPECT_GT(run["total_input_tokens"].get<int64_t>(), 0) << line;
     EXPECT_GT(run["median_ttft_ms"].get<double>(), 0) << line;
   }
+  // sglang.bench_serving's random dataset with a file: prompts of the random lengths made of the first turns' text
+  // (their tokens repeated to the length), sent as text, so a chat backend takes them too; the embedded model's
+  // byte-level tokenizer decodes and re-encodes them to exactly the drawn lengths.
+  for (const std::string backend : {"sglang", "sglang-oai-chat"}) {
+    fs::remove(out);
+    rc =
+        fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --backend " +
+                                         backend + " --dataset-name random --dataset-path " + share.string() +
+                                         " --num-prompts 7 --input-len 40 --output-len 3 --output-file " + out.string(),
+                                     &text);
+    ASSERT_EQ(rc, 0) << backend << ": " << text;
+    std::ifstream rf(out);
+    ASSERT_TRUE(std::getline(rf, line));
+    const json run = parse(line);
+    EXPECT_EQ(run["dataset"], "random") << line;
+    EXPECT_EQ(run["dataset_path"], share.string()) << line;
+    EXPECT_EQ(run["completed"], 7) << line;
+    EXPECT_EQ(run["total_output_tokens"], 7 * 3) << line;
+    if (backend == "sglang")
+      EXPECT_EQ(run["total_input_tokens"], 7 * 40) << line;
+    else
+      EXPECT_GT(run["total_input_tokens"].get<int64_t>(), 7 * 40) << line;  // the chat template's tokens too
+  }
   // Loads that cannot run fail naming why.
   const std::string sharegpt = " --dataset-name sharegpt --dataset-path " + share.string();
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
@@ -2455,7 +2478,9 @@ TEST(ServerE2E, BenchServingReportsAndPlots) {
            {sharegpt + " --sharegpt-context-len 8", "no conversation passed the filters"},
            {sharegpt + " --sharegpt-output-len 3",
             "--sharegpt-output-len 3 must be 0 (the conversation's own) or >= 4"},
-           {" --dataset-name sharegpt", "--dataset-name sharegpt needs --dataset-path FILE"}}) {
+           {" --dataset-name sharegpt", "--dataset-name sharegpt needs --dataset-path FILE"},
+           {" --dataset-name generated-shared-prefix --dataset-path " + share.string(),
+            "--dataset-path is a ShareGPT file for --dataset-name sharegpt or random"}}) {
     rc = fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + flags + " 2>&1",
                                       &text);
     EXPECT_NE(rc, 0) << flags;
