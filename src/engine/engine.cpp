@@ -71,6 +71,7 @@ void EngineOptions::validate() const {
   at_least(max_total_tokens, page_size, "max_total_tokens", " (one KV page)");
   at_least(max_prefill_tokens, 1, "max_prefill_tokens");
   at_least(num_continuous_decode_steps, 1, "num_continuous_decode_steps");
+  at_least(stream_interval, 1, "stream_interval");
   at_least(max_queued_requests, 1, "max_queued_requests");
   at_least(context_length, 0, "context_length", " (0 = the model's)");
   at_least(max_prompt_logits_bytes, 1, "max_prompt_logits_bytes");
@@ -464,10 +465,18 @@ struct Engine::Impl {
           if (q.get() == r)
             finish(q, *r->finish_reason(), r->finish_error(), std::move(out));  // one event: token + finished
         }
-      } else if (opt().num_continuous_decode_steps > 1 && before > 0) {
-        r->hold(std::move(out));  // delivered once per run by scheduled_step (first tokens never wait)
       } else {
-        r->emit(out);
+        // --stream-interval N (SGLang's): the first token at once, then tokens 1 + N, 1 + 2N, ... bring what is held.
+        const int64_t n_out = static_cast<int64_t>(r->generated.size());
+        const bool due = opt().stream_interval <= 1 || (n_out - 1) % opt().stream_interval == 0;
+        if ((opt().num_continuous_decode_steps > 1 && before > 0) || !due) {
+          r->hold(std::move(out), due);  // a continuous run's: delivered at its end by scheduled_step
+        } else if (r->has_held()) {
+          r->hold(std::move(out));
+          r->flush_held();
+        } else {
+          r->emit(out);
+        }
       }
     }
     compact();
@@ -566,8 +575,8 @@ struct Engine::Impl {
       n_decode = 0;
       if (!run_step(true, &n_decode)) break;
     }
-    for (auto& r : running) r->flush_held();
-    for (auto& r : waiting) r->flush_held();  // preempted during the run
+    for (auto& r : running) r->flush_due();
+    for (auto& r : waiting) r->flush_due();  // preempted during the run
     return true;
   }
 

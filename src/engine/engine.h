@@ -92,6 +92,9 @@ struct EngineOptions {
   int64_t chunked_prefill_size = 512;       // max prompt tokens of one request per step (<= 0: no limit)
   int64_t max_prefill_tokens = 4096;        // max prompt tokens over all requests per step
   int64_t num_continuous_decode_steps = 1;  // decode steps back to back without re-scheduling
+  // Streaming: a request's first token at once, then its tokens in groups of this many (SGLang's --stream-interval;
+  // finishing events and continuous runs' ends deliver what is held once a due token is among it).
+  int64_t stream_interval = 1;
   int64_t max_queued_requests = 1024;       // waiting-queue bound (submit rejects with kQueueFull)
   int64_t context_length = 0;               // max prompt + generated tokens; 0 = model's max_position_embeddings
   SchedulePolicy schedule_policy = SchedulePolicy::kFcfs;

@@ -282,6 +282,7 @@ RequestOutput RequestState::finish(FinishReason reason, const std::string& error
     hold(std::move(base));
     base = std::move(*held_out_);
     held_out_.reset();
+    held_due_ = false;
   }
   RequestOutput out = std::move(base);
   out.id = id;
@@ -314,7 +315,8 @@ void RequestState::emit(const RequestOutput& out) {
   }
 }
 
-void RequestState::hold(RequestOutput out) {
+void RequestState::hold(RequestOutput out, bool due) {
+  held_due_ = held_due_ || due;
   if (!held_out_) {
     held_out_ = std::move(out);
     held_out_->id = id;
@@ -328,6 +330,7 @@ void RequestState::flush_held() {
   if (!held_out_) return;
   RequestOutput out = std::move(*held_out_);
   held_out_.reset();
+  held_due_ = false;
   emit(out);
 }
 

@@ -71,10 +71,14 @@ class RequestState {
   // The final event: `base` (the last tokens, if any) + whatever text is still held + finished.
   RequestOutput finish(FinishReason reason, const std::string& error, Clock::time_point now, RequestOutput base = {});
   void emit(const RequestOutput& out);
-  // Continuous decode runs deliver once per run: hold() merges an event into the held one (tokens
-  // appended, text concatenated); flush_held() emits it; finish() puts it in front of its `base`.
-  void hold(RequestOutput out);
+  // Continuous decode runs deliver once per run, --stream-interval N every N tokens: hold() merges an event into
+  // the held one (tokens appended, text concatenated), `due` when its token is one the interval delivers;
+  // flush_held() emits it, flush_due() only when it holds a due token; finish() puts it in front of its `base`.
+  void hold(RequestOutput out, bool due = true);
   void flush_held();
+  void flush_due() {
+    if (held_due_) flush_held();
+  }
   bool has_held() const { return held_out_.has_value(); }
 
   double ttft_s() const;
@@ -95,6 +99,7 @@ class RequestState {
   std::optional<IncrementalDetokenizer> detok_;
   std::string held_;
   std::optional<RequestOutput> held_out_;  // events held back by hold(), not yet emitted
+  bool held_due_ = false;                  // held_out_ holds a token the stream interval delivers
   Sampler sampler_;
   std::optional<double> held_draw_;  // device_sampling()'s draw, until on_sampled appends a token
   int64_t vocab_ = 0;

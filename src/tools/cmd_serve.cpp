@@ -382,6 +382,9 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--chunked-prefill-size", a->engine.chunked_prefill_size,
                   "Max prompt tokens of one request per step (default 512; <= 0: no chunking)");
   cmd->add_option("--max-prefill-tokens", a->engine.max_prefill_tokens, "Max prompt tokens per step (default 4096)");
+  cmd->add_option("--stream-interval", a->engine.stream_interval,
+                  "Streamed requests get their first token at once, then tokens in groups of this many (fewer "
+                  "chunks and callbacks at large batches; SGLang's option; default 1)");
   cmd->add_option("--num-continuous-decode-steps", a->engine.num_continuous_decode_steps,
                   "Decode steps back to back without re-scheduling while nothing waits (default 1)");
   cmd->add_option("--max-queued-requests", a->engine.max_queued_requests,

@@ -769,6 +769,43 @@ TEST(Scheduler, ContinuousRunDeliversOncePerRunFirstTokensAtOnce) {
   EXPECT_GT(expect_growth_preemption_keeps_outputs(tight).continuous_steps_total, 0u);
 }
 
+// --stream-interval N (SGLang's): a request's first token at once, then its tokens in groups of N (the group ending
+// at tokens 1 + N, 1 + 2N, ...), the rest with the finishing event; with continuous runs, a run's end delivers only
+// once a due token is held. Outputs are unchanged (the same ids as alone).
+TEST(Scheduler, StreamIntervalGroupsTokensAfterTheFirst) {
+  for (const int64_t continuous : {int64_t{1}, int64_t{3}}) {
+    SCOPED_TRACE(::testing::Message() << "num_continuous_decode_steps " << continuous);
+    std::vector<std::pair<size_t, bool>> events;  // (tokens, finished); declared before the engine
+    EngineOptions o;
+    o.stream_interval = 4;
+    o.num_continuous_decode_steps = continuous;
+    Engine engine(o, std::make_unique<ScriptedModel>(), make_default_tokenizer());
+    std::vector<TokenId> ids;
+    SubmitResult r = engine.submit({{1, 2, 3}, greedy(11)}, [&](const RequestOutput& out) {
+      events.emplace_back(out.tokens.size(), out.finished.has_value());
+      for (const GeneratedToken& t : out.tokens) ids.push_back(t.id);
+    });
+    ASSERT_TRUE(r.ok());
+    engine.run_until_idle();
+    std::vector<size_t> sizes;
+    for (const auto& [n, finished] : events) sizes.push_back(n);
+    if (continuous == 1) {
+      // Tokens 1 | 2-5 | 6-9 | 10-11 with the finish.
+      EXPECT_EQ(sizes, (std::vector<size_t>{1, 4, 4, 2}));
+    } else {
+      // Runs of up to 3 decode steps: 1 | run 2-4 (no due token: held) | run 5-7 (5 due: 2-7) | run 8-10 (9 due:
+      // 8-10) | 11 with the finish.
+      EXPECT_EQ(sizes, (std::vector<size_t>{1, 6, 3, 1}));
+    }
+    ASSERT_FALSE(events.empty());
+    EXPECT_TRUE(events.back().second);
+    EXPECT_EQ(ids, alone({1, 2, 3}, greedy(11)));
+  }
+  EngineOptions bad;
+  bad.stream_interval = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 // A model that spells out a fixed text byte by byte (the default tokenizer: one token per byte).
 std::unique_ptr<model::CausalLM> spelling_model(const std::string& text) {
   return std::make_unique<ScriptedModel>(272, [text](std::span<const int32_t> h) {

@@ -1877,27 +1877,38 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
 
 // The batch log (server/batch_log.h, SGLang's scheduler lines) on the server's stderr: a prefill line for the request
 // and, with --decode-log-interval 2, a decode line every two decode steps; 0 turns both off. A negative interval stops
-// the server at start.
+// the server at start. --stream-interval 4 streams the first token alone, then groups of 4.
 TEST(ServerE2E, BatchLogLinesFollowDecodeLogInterval) {
   const std::string request =
       json{{"input_ids", {5, 6, 7}}, {"sampling_params", {{"max_new_tokens", 9}, {"ignore_eos", true}}}}.dump();
   {
-    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "2"});
+    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "2", "--stream-interval", "4"});
     ASSERT_TRUE(srv.wait_ready(60));
     HttpClient c(srv.url(), kTimeout);
     ASSERT_EQ(c.post("/generate", request).status, 200);
+    // --stream-interval 4: the first token alone, then tokens 2-5, then 6-9 with the finish.
+    json streamed = json::parse(request);
+    streamed["stream"] = true;
+    int status = 0;
+    bool done = false;
+    const auto chunks = sse_chunks(c, "/generate", streamed, &status, &done);
+    EXPECT_EQ(status, 200);
+    EXPECT_TRUE(done);
+    std::vector<size_t> counts;
+    for (const json& ch : chunks) counts.push_back(ch["output_ids"].size());
+    EXPECT_EQ(counts, (std::vector<size_t>{1, 5, 9})) << json(chunks).dump();
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
     const std::string log = srv.log();
     EXPECT_NE(log.find("] Prefill batch. #new-seq: 1, #new-token: 3, #cached-token: 0, token usage: 0.00, "
                        "#running-req: 1, #queue-req: 0"),
               std::string::npos)
         << log;
-    // 9 tokens: the first from the prefill, 8 decode steps, a line every 2.
+    // Two requests of 9 tokens: each the first from the prefill, 8 decode steps, a line every 2.
     size_t n = 0;
     for (size_t at = log.find("] Decode batch. #running-req: 1, #token: "); at != std::string::npos;
          at = log.find("] Decode batch.", at + 1))
       ++n;
-    EXPECT_EQ(n, 4u) << log;
+    EXPECT_EQ(n, 8u) << log;
     EXPECT_NE(log.find("cuda graph: False, gen throughput (token/s): "), std::string::npos) << log;
   }
   {
