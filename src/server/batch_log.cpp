@@ -28,30 +28,38 @@ void BatchLog::on_step(const engine::StepInfo& s, Clock::time_point now) {
   }
   const double usage = static_cast<double>(s.kv_used_tokens) / static_cast<double>(capacity_);
   if (s.n_preempted > 0) {
-    sink_(timestamp() + fmt::format("KV cache pool is full. Retract requests. #retracted-req: {}, #running-req: {}, "
+    sink_(timestamp() + fmt::format("KV cache pool is full. Retract requests. #retracted_reqs: {}, #running-req: {}, "
                                     "#queue-req: {}",
                                     s.n_preempted, s.n_running, s.n_waiting));
   }
+  // #running-req: the requests decoding in this step (SGLang's running batch: without the new ones, with those that
+  // finished in it).
   if (s.n_prefill_requests > 0) {
     sink_(timestamp() + fmt::format("Prefill batch. #new-seq: {}, #new-token: {}, #cached-token: {}, token usage: "
                                     "{:.2f}, #running-req: {}, #queue-req: {}",
-                                    s.n_prefill_requests, s.n_prefill_tokens, s.n_cached_tokens, usage, s.n_running,
-                                    s.n_waiting));
+                                    s.n_prefill_requests, s.n_prefill_tokens, s.n_cached_tokens, usage,
+                                    s.n_decode_requests, s.n_waiting));
   }
-  // An empty window (idle, or prefill only since the last line) starts at this step: idle time is not decode time.
+  // An empty window (prefill only since the last line or the idle reset) starts at this step.
   if (decode_tokens_ == 0 && s.n_decode_requests == 0) last_ = now;
   decode_tokens_ += s.n_decode_requests;
-  if (s.n_prefill_requests > 0 || s.n_decode_requests == 0) return;
-  if (++decode_steps_ < interval_) return;
-  const double seconds = std::chrono::duration<double>(now - last_).count();
-  const double throughput = seconds > 0.0 ? static_cast<double>(decode_tokens_) / seconds : 0.0;
-  sink_(timestamp() + fmt::format("Decode batch. #running-req: {}, #token: {}, token usage: {:.2f}, cuda graph: {}, "
-                                  "gen throughput (token/s): {:.2f}, #queue-req: {}",
-                                  s.n_running, s.kv_used_tokens, usage, s.cuda_graph ? "True" : "False", throughput,
-                                  s.n_waiting));
-  decode_steps_ = 0;
-  decode_tokens_ = 0;
-  last_ = now;
+  if (s.n_prefill_requests == 0 && s.n_decode_requests > 0 && ++decode_steps_ >= interval_) {
+    const double seconds = std::chrono::duration<double>(now - last_).count();
+    const double throughput = seconds > 0.0 ? static_cast<double>(decode_tokens_) / seconds : 0.0;
+    sink_(timestamp() + fmt::format("Decode batch. #running-req: {}, #token: {}, token usage: {:.2f}, cuda graph: {}, "
+                                    "gen throughput (token/s): {:.2f}, #queue-req: {}",
+                                    s.n_decode_requests, s.kv_used_tokens, usage, s.cuda_graph ? "True" : "False",
+                                    throughput, s.n_waiting));
+    decode_steps_ = 0;
+    decode_tokens_ = 0;
+    last_ = now;
+  }
+  // Nothing left running: the open window closes unlogged, so that the idle time before the next request does not
+  // count as decode time.
+  if (s.n_running == 0) {
+    decode_steps_ = 0;
+    decode_tokens_ = 0;
+  }
 }
 
 }  // namespace fp4moe::server

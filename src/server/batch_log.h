@@ -4,11 +4,12 @@
 // and every `decode_interval` decode steps (SGLang's --decode-log-interval, 40)
 //   [2026-12-07 14:03:12] Decode batch. #running-req: 16, #token: 9472, token usage: 0.29, cuda graph: True,
 //   gen throughput (token/s): 1480.22, #queue-req: 3
-// (gen throughput: decode tokens since the last decode line over the wall time since it, or since the step before the
-// window's first decode when the server idled or only prefilled meanwhile), and a warning line when
-// the step preempted requests for KV blocks (SGLang's "KV cache pool is full. Retract requests."). Fed from
-// EngineOptions::step_observer on the inference thread; one line a write. Tested by tests/server/test_batch_log.cpp
-// and test_server_e2e.
+// (#running-req: the requests decoding in the step, as SGLang's running batch; gen throughput: decode tokens since the
+// last decode line over the wall time since it, or since the step before the window's first decode after a prefill;
+// a window open when the last request finishes closes unlogged, so idle time never counts), and a warning line when
+// the step preempted requests for KV blocks (SGLang's "KV cache pool is full. Retract requests. #retracted_reqs").
+// Fed from EngineOptions::step_observer on the inference thread; one line a write. Tested by
+// tests/server/test_batch_log.cpp and test_server_e2e.
 #pragma once
 
 #include <chrono>

@@ -221,12 +221,20 @@ const server::ReasoningFormat* reasoning_parser_named(const std::string& name) {
 void run_serve(ServeArgs a) {
   check_device_options(a.device);  // a bad value fails before the socket opens, with every model
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
-  FP4MOE_CHECK(a.decode_log_interval >= 0)
-      << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
+  if (a.decode_log_interval < 0)
+    FP4MOE_FAIL() << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
-  FP4MOE_CHECK(!a.mem_fraction_given || (a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
-      << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";
+  if (a.mem_fraction_given && !(a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
+    FP4MOE_FAIL() << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";
+  if (a.mem_fraction_given && model::parse_device(a.device.device) == model::Device::kCpu) {
+    // The cpu's KV cache grows with each sequence up to --max-total-tokens: nothing to size from GPU memory.
+    fmt::print(stderr,
+               "fp4moe serve: --mem-fraction-static is read with --device cuda only; the cpu's KV capacity is "
+               "--max-total-tokens ({} tokens)\n",
+               a.engine.max_total_tokens);
+    a.mem_fraction_static = 0.0;
+  }
   // Bounded: past ~9.2e9 s the deadline overflowed steady_clock and the drain ended at once.
   constexpr double kMaxDrainS = 1e9;
   FP4MOE_CHECK(a.drain_timeout_s >= 0 && a.drain_timeout_s <= kMaxDrainS)
@@ -375,8 +383,8 @@ void register_serve_command(CLI::App& app) {
                       "KV cache capacity in tokens (default 32768; with --mem-fraction-static the most it may have)");
   CLI::Option* mem_fraction = cmd->add_option(
       "--mem-fraction-static,--gpu-memory-utilization", a->mem_fraction_static,
-      "cuda: size the KV cache from GPU memory: this share (0, 1] of the GPU's memory holds the weights, "
-      "step buffers and KV cache, the cache getting what the load leaves (SGLang's option; vLLM's "
+      "cuda: size the KV cache from GPU memory: this share (0, 1] of the memory free at start holds the "
+      "weights, step buffers and KV cache, the cache getting what the load leaves (SGLang's option; vLLM's "
       "name; e.g. 0.88); default: --max-total-tokens");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");
   cmd->add_option("--chunked-prefill-size", a->engine.chunked_prefill_size,

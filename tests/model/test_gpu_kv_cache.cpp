@@ -163,13 +163,14 @@ TEST(GpuKvCache, RandomInterleavingsKeepTheAccountingExact) {
 
 // ---- the pool sized from GPU memory (--mem-fraction-static) ----
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kGiB = uint64_t{1} << 30, kMiB = uint64_t{1} << 20;
 
-TEST(GpuKvMemory, BudgetIsFreeLessTheReservedShareInWholePages) {
-  // 80 GiB GPU, 0.9 of it may hold everything; after the load 50 GiB are free: 50 - 8 = 42 GiB for the cache.
-  KvMemoryBudget b{50 * kGiB, 80 * kGiB, 0.9, 4608, 16, INT64_MAX};
+TEST(GpuKvMemory, BudgetIsFreeAfterLessTheReservedShareOfFreeBeforeInWholePages) {
+  // 79 GiB free when the load began, 0.9 of it may hold everything; after the load 50 GiB are free:
+  // 50 - 7.9 GiB less 8 buffers x 2 MiB for the cache.
+  KvMemoryBudget b{50 * kGiB, 79 * kGiB, 80 * kGiB, 0.9, 4608, 16, INT64_MAX, 8};
   const int64_t tokens = kv_tokens_for_memory(b);
-  const double budget = 50.0 * kGiB - 80.0 * kGiB * 0.1;
+  const double budget = 50.0 * kGiB - 79.0 * kGiB * 0.1 - 8.0 * 2 * kMiB;
   EXPECT_EQ(tokens % 16, 0);
   EXPECT_LE(static_cast<double>(tokens) * 4608, budget);
   EXPECT_GT(static_cast<double>(tokens + 16) * 4608, budget);  // a page more would not fit
@@ -178,21 +179,24 @@ TEST(GpuKvMemory, BudgetIsFreeLessTheReservedShareInWholePages) {
   for (int i = 0; i < 200; ++i) {
     KvMemoryBudget r;
     r.total_bytes = (1 + rng() % 192) * kGiB;
-    r.free_bytes = rng() % (r.total_bytes + 1);
+    r.free_before = 1 + rng() % r.total_bytes;
+    r.free_after = rng() % (r.free_before + 1);
     r.fraction = 0.05 + 0.95 * static_cast<double>(rng() % 1000) / 999.0;
     r.bytes_per_token = 1 + static_cast<int64_t>(rng() % 200000);
     r.page_size = int64_t{1} << (rng() % 7);
     r.max_tokens = rng() % 2 ? INT64_MAX : 1 + static_cast<int64_t>(rng() % 100000);
-    const double room = static_cast<double>(r.free_bytes) - static_cast<double>(r.total_bytes) * (1.0 - r.fraction);
+    r.n_allocations = 1 + static_cast<int64_t>(rng() % 200);
+    const double room = static_cast<double>(r.free_after) - static_cast<double>(r.free_before) * (1.0 - r.fraction) -
+                        static_cast<double>(r.n_allocations) * 2 * kMiB;
     const double page_bytes = static_cast<double>(r.page_size * r.bytes_per_token);
     if (room < page_bytes) {
       EXPECT_THROW(kv_tokens_for_memory(r), Error);
       continue;
     }
     const int64_t t = kv_tokens_for_memory(r);
-    SCOPED_TRACE(::testing::Message() << "free " << r.free_bytes << " total " << r.total_bytes << " fraction "
+    SCOPED_TRACE(::testing::Message() << "after " << r.free_after << " before " << r.free_before << " fraction "
                                       << r.fraction << " bpt " << r.bytes_per_token << " page " << r.page_size
-                                      << " cap " << r.max_tokens);
+                                      << " cap " << r.max_tokens << " buffers " << r.n_allocations);
     EXPECT_EQ(t % r.page_size, 0);
     EXPECT_GE(t, r.page_size);
     EXPECT_LE(static_cast<double>(t) * static_cast<double>(r.bytes_per_token), room);
@@ -207,15 +211,16 @@ TEST(GpuKvMemory, BudgetIsFreeLessTheReservedShareInWholePages) {
 
 TEST(GpuKvMemory, CapsAreMaxTotalTokensAndTheInt32Slots) {
   // --max-total-tokens 20000 with room for millions: the cap, rounded down to pages.
-  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 140 * kGiB, 0.9, 4608, 16, 20000}), 20000 / 16 * 16);
+  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 139 * kGiB, 140 * kGiB, 0.9, 4608, 16, 20000, 8}), 20000 / 16 * 16);
   // A 2-byte-per-token cache in 100 GiB would pass 2^31 tokens: cut at the kernels' int32 slots.
-  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 140 * kGiB, 0.9, 2, 16, INT64_MAX}), int64_t{INT32_MAX} / 16 * 16);
+  EXPECT_EQ(kv_tokens_for_memory({100 * kGiB, 139 * kGiB, 140 * kGiB, 0.9, 2, 16, INT64_MAX, 8}),
+            int64_t{INT32_MAX} / 16 * 16);
 }
 
 TEST(GpuKvMemory, TooSmallAFractionIsRefusedWithTheNumbers) {
-  // 80 GiB GPU with 70 GiB in use after the load: 0.5 leaves 10 - 40 = -30 GiB.
+  // 80 GiB free before the load, 10 GiB after: 0.5 leaves 10 - 40 GiB less 4 MiB.
   try {
-    kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 0.5, 4608, 16, INT64_MAX});
+    kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 81 * kGiB, 0.5, 4608, 16, INT64_MAX, 2});
     FAIL() << "a negative budget was accepted";
   } catch (const Error& e) {
     const std::string w = e.what();
@@ -223,12 +228,16 @@ TEST(GpuKvMemory, TooSmallAFractionIsRefusedWithTheNumbers) {
                      "4608 B)"),
               std::string::npos)
         << w;
-    EXPECT_NE(w.find("of the GPU's 80.00 GiB, 0.5 x 80.00 GiB = 40.00 GiB may hold"), std::string::npos) << w;
-    EXPECT_NE(w.find("70.00 GiB is in use after the load"), std::string::npos) << w;
-    EXPECT_NE(w.find("raise it to at least 0.876"), std::string::npos) << w;  // (70 GiB + 72 KiB) / 80 GiB
+    EXPECT_NE(w.find("of the 80.00 GiB free when the load began (the GPU has 81.00 GiB), 0.5 x 80.00 GiB = 40.00 GiB "
+                     "may hold the weights, step buffers and KV cache, and the load took 70.00 GiB"),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("raise it to at least 0.876"), std::string::npos) << w;  // (70 GiB + 4 MiB + 72 KiB) / 80 GiB
   }
-  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 0.0, 4608, 16, 100}), Error);
-  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 1.5, 4608, 16, 100}), Error);
+  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 81 * kGiB, 0.0, 4608, 16, 100, 1}), Error);
+  EXPECT_THROW(kv_tokens_for_memory({10 * kGiB, 80 * kGiB, 81 * kGiB, 1.5, 4608, 16, 100, 1}), Error);
+  // The granularity alone can leave no room: 1 MiB free after the load with all of it allowed, 2 MiB a buffer.
+  EXPECT_THROW(kv_tokens_for_memory({kMiB, 10 * kGiB, 11 * kGiB, 1.0, 16, 16, 100, 1}), Error);
   EXPECT_EQ(format_gib(512.0 * 1024 * 1024), "512.0 MiB");
 }
 

@@ -43,7 +43,7 @@ TEST(BatchLog, PrefillEveryStepDecodeEveryIntervalWithThroughput) {
   log.on_step(p, t0);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(body(lines[0]),
-            "Prefill batch. #new-seq: 2, #new-token: 300, #cached-token: 64, token usage: 0.32, #running-req: 2, "
+            "Prefill batch. #new-seq: 2, #new-token: 300, #cached-token: 64, token usage: 0.32, #running-req: 0, "
             "#queue-req: 1");
   // Four decode steps of 2 tokens, 10 ms apart after the prefill: 8 tokens in 40 ms.
   for (int i = 1; i <= 4; ++i) {
@@ -84,13 +84,39 @@ TEST(BatchLog, MixedStepsCountTowardThroughputButNotTheIntervalAndPreemptionWarn
   log.on_step(mixed, t0 + 10ms);
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(body(lines[0]),
-            "KV cache pool is full. Retract requests. #retracted-req: 1, #running-req: 4, #queue-req: 0");
+            "KV cache pool is full. Retract requests. #retracted_reqs: 1, #running-req: 4, #queue-req: 0");
+  EXPECT_NE(body(lines[1]).find("#running-req: 3, #queue-req: 0"), std::string::npos) << lines[1];  // the decoding ones
   EXPECT_EQ(body(lines[1]).rfind("Prefill batch. #new-seq: 1, #new-token: 5", 0), 0u) << lines[1];
   log.on_step(decode_step(4, 80), t0 + 20ms);  // the second decode-only step: 3 + 3 + 4 tokens in 20 ms
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_NE(body(lines[2]).find("token usage: 0.80, cuda graph: False, gen throughput (token/s): 500.00"),
             std::string::npos)
       << lines[2];
+}
+
+// A request that ends inside a window (interval 3, 8 decode steps: lines after 3 and 6, 2 steps left) closes it
+// unlogged when nothing is left running; the next request's window then starts at its prefill, not before the idle
+// time (which made one line read 0.42 token/s).
+TEST(BatchLog, AWindowOpenWhenTheLastRequestEndsClosesUnlogged) {
+  std::vector<std::string> lines;
+  BatchLog log(3, 1000, [&](const std::string& l) { lines.push_back(l); });
+  auto t = BatchLog::Clock::time_point{} + 10s;
+  engine::StepInfo p;
+  p.n_prefill_requests = 1;
+  p.n_prefill_tokens = 4;
+  p.n_running = 1;
+  log.on_step(p, t);
+  for (int i = 1; i <= 8; ++i) {
+    engine::StepInfo d = decode_step(1, 16);
+    if (i == 8) d.n_running = 0;  // it finished in its last step
+    log.on_step(d, t + i * 10ms);
+  }
+  ASSERT_EQ(lines.size(), 3u);  // the prefill and two decode lines
+  t += 5s;                      // idle
+  log.on_step(p, t);
+  for (int i = 1; i <= 3; ++i) log.on_step(decode_step(1, 16), t + i * 10ms);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_NE(body(lines[4]).find("gen throughput (token/s): 100.00"), std::string::npos) << lines[4];  // 3 in 30 ms
 }
 
 TEST(BatchLog, IntervalZeroLogsNothing) {

@@ -1900,7 +1900,7 @@ TEST(ServerE2E, BatchLogLinesFollowDecodeLogInterval) {
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
     const std::string log = srv.log();
     EXPECT_NE(log.find("] Prefill batch. #new-seq: 1, #new-token: 3, #cached-token: 0, token usage: 0.00, "
-                       "#running-req: 1, #queue-req: 0"),
+                       "#running-req: 0, #queue-req: 0"),
               std::string::npos)
         << log;
     // Two requests of 9 tokens: each the first from the prefill, 8 decode steps, a line every 2.
@@ -1912,12 +1912,20 @@ TEST(ServerE2E, BatchLogLinesFollowDecodeLogInterval) {
     EXPECT_NE(log.find("cuda graph: False, gen throughput (token/s): "), std::string::npos) << log;
   }
   {
-    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "0"});
+    // (--mem-fraction-static sizes a GPU's KV cache: the cpu says it does not read it, and reports none.)
+    ServerProcess srv(FP4MOE_CLI, {"--decode-log-interval", "0", "--mem-fraction-static", "0.5"});
     ASSERT_TRUE(srv.wait_ready(60));
     HttpClient c(srv.url(), kTimeout);
     ASSERT_EQ(c.post("/generate", request).status, 200);
+    const json info = parse(c.get("/get_server_info").body);
+    EXPECT_TRUE(info["mem_fraction_static"].is_null()) << info.dump();
+    EXPECT_EQ(info["max_total_num_tokens"], 32768);
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
     EXPECT_EQ(srv.log().find(" batch. #"), std::string::npos) << srv.log();
+    EXPECT_NE(srv.log().find("--mem-fraction-static is read with --device cuda only; the cpu's KV capacity is "
+                             "--max-total-tokens (32768 tokens)"),
+              std::string::npos)
+        << srv.log();
   }
   std::string text;
   EXPECT_EQ(

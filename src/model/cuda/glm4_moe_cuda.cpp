@@ -185,7 +185,7 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
   workspace_ = DeviceBuffer(kDecodeWorkspaceBytes);
   // The KV cache last: sized from GPU memory, it gets what the weights and buffers leave.
   std::string kv_note;
-  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token(), kv_note);
+  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token(), 2 * static_cast<int64_t>(layers_.size()), kv_note);
   const size_t cache_bytes = static_cast<size_t>(pool_->n_blocks() * gopt_.page_size * n_kv) * 2;
   for (GpuLayer& L : layers_) {
     L.k_cache = DeviceBuffer(cache_bytes);

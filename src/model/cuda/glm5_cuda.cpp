@@ -338,7 +338,9 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
   common_.finish_load(layers_, gopt_, max_T_);
   // The KV cache last: sized from GPU memory, it gets what the weights and buffers leave.
   std::string kv_note;
-  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token_, kv_note);
+  int64_t n_cache_buffers = 0;  // a latent cache a layer, an index-key cache a full layer
+  for (const Glm5GpuLayer& L : layers_) n_cache_buffers += L.indexer ? 2 : 1;
+  pool_ = common_.make_kv_pool(gopt_, kv_bytes_per_token_, n_cache_buffers, kv_note);
   const int64_t pool_tokens = pool_->n_blocks() * gopt_.page_size;
   size_t cache_bytes_total = 0;
   for (Glm5GpuLayer& L : layers_) {

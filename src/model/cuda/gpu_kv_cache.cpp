@@ -22,21 +22,25 @@ std::string format_gib(double bytes) {
 
 int64_t kv_tokens_for_memory(const KvMemoryBudget& b) {
   FP4MOE_CHECK(b.fraction > 0.0 && b.fraction <= 1.0) << "--mem-fraction-static " << b.fraction << " must be in (0, 1]";
-  FP4MOE_CHECK(b.bytes_per_token >= 1 && b.page_size >= 1 && b.max_tokens >= 1 && b.free_bytes <= b.total_bytes)
+  FP4MOE_CHECK(b.bytes_per_token >= 1 && b.page_size >= 1 && b.max_tokens >= 1 && b.n_allocations >= 1 &&
+               b.free_before >= 1 && b.free_before <= b.total_bytes && b.free_after <= b.total_bytes)
       << "KV memory budget: bytes_per_token=" << b.bytes_per_token << " page_size=" << b.page_size
-      << " max_tokens=" << b.max_tokens << " free=" << b.free_bytes << " total=" << b.total_bytes;
-  const double total = static_cast<double>(b.total_bytes), free = static_cast<double>(b.free_bytes);
-  const double used = total - free;  // the weights, the buffers, the CUDA context and other processes
-  const double budget = free - total * (1.0 - b.fraction);
+      << " max_tokens=" << b.max_tokens << " n_allocations=" << b.n_allocations << " free before=" << b.free_before
+      << " after=" << b.free_after << " total=" << b.total_bytes;
+  const double before = static_cast<double>(b.free_before), after = static_cast<double>(b.free_after);
+  const double loaded = before - after;  // the weights and step buffers (and whatever else took memory meanwhile)
+  const double granularity = static_cast<double>(b.n_allocations) * static_cast<double>(kCudaMallocGranularity);
+  const double budget = after - before * (1.0 - b.fraction) - granularity;
   const double page_bytes = static_cast<double>(b.page_size) * static_cast<double>(b.bytes_per_token);
   if (budget < page_bytes) {
-    const double need = std::min(1.0, (used + page_bytes) / total);
+    const double need = std::min(1.0, (loaded + granularity + page_bytes) / before);
     FP4MOE_FAIL() << "--mem-fraction-static " << b.fraction << " leaves " << format_gib(budget)
                   << " for the KV cache, less than one page (" << b.page_size << " tokens x " << b.bytes_per_token
-                  << " B): of the GPU's " << format_gib(total) << ", " << b.fraction << " x " << format_gib(total)
-                  << " = " << format_gib(total * b.fraction) << " may hold the weights, buffers and KV cache, and "
-                  << format_gib(used) << " is in use after the load (weights, step buffers, CUDA context, other "
-                  << "processes); raise it to at least " << std::ceil(need * 1000.0) / 1000.0
+                  << " B): of the " << format_gib(before) << " free when the load began (the GPU has "
+                  << format_gib(static_cast<double>(b.total_bytes)) << "), " << b.fraction << " x "
+                  << format_gib(before) << " = " << format_gib(before * b.fraction)
+                  << " may hold the weights, step buffers and KV cache, and the load took " << format_gib(loaded)
+                  << "; raise it to at least " << std::ceil(need * 1000.0) / 1000.0
                   << " or give --max-total-tokens without it";
   }
   const int64_t slot_limit = (int64_t{INT32_MAX} / b.page_size) * b.page_size;  // int32 cache slots

@@ -23,21 +23,26 @@
 
 namespace fp4moe::model {
 
-// The KV pool sized from the GPU's memory, as SGLang's --mem-fraction-static (vLLM's --gpu-memory-utilization):
-// `fraction` of the GPU's total memory may hold the weights, the step buffers and the KV cache together; measured
-// once the weights and buffers are on the device (free_bytes then, other processes' memory included), the cache
-// gets free - total x (1 - fraction), in whole pages, at most max_tokens (--max-total-tokens when given) and below
-// 2^31 tokens (the kernels' int32 slots). Host arithmetic only (the models pass cudaMemGetInfo's numbers).
+// The KV pool sized from the GPU's memory, as SGLang's --mem-fraction-static sizes it (profile_max_num_token):
+// `fraction` of the memory free when the model began to load (after the CUDA context; other processes' memory is
+// not counted) may hold the weights, the step buffers and the KV cache together; measured once the weights and
+// buffers are on the device, the cache gets free_after - free_before x (1 - fraction), less cudaMalloc's 2 MiB
+// granularity for each of its n_allocations buffers, in whole pages, at most max_tokens (--max-total-tokens when
+// given) and below 2^31 tokens (the kernels' int32 slots). Host arithmetic only (the models pass cudaMemGetInfo's
+// numbers).
 struct KvMemoryBudget {
-  uint64_t free_bytes = 0;      // device memory free after the weights and buffers
-  uint64_t total_bytes = 0;     // the device's memory
+  uint64_t free_after = 0;      // device memory free after the weights and buffers
+  uint64_t free_before = 0;     // device memory free when the load began
+  uint64_t total_bytes = 0;     // the device's memory (the messages)
   double fraction = 0.0;        // (0, 1]
   int64_t bytes_per_token = 0;  // KV bytes of one token over all layers
   int64_t page_size = 0;
-  int64_t max_tokens = 0;  // cap (> 0)
+  int64_t max_tokens = 0;     // cap (> 0)
+  int64_t n_allocations = 1;  // the cache's buffers (one cudaMalloc each)
 };
-// The pool's tokens (a multiple of page_size, >= one page). Fails naming the fraction, the GPU's total, what the
-// weights and buffers hold and the fraction that would give one page, when the budget holds less than a page.
+constexpr uint64_t kCudaMallocGranularity = uint64_t{2} << 20;
+// The pool's tokens (a multiple of page_size, >= one page). Fails naming the fraction, the memory free before the
+// load, what the load took and the fraction that would give one page, when the budget holds less than a page.
 int64_t kv_tokens_for_memory(const KvMemoryBudget& b);
 // "12.3 GiB" (MiB below 1 GiB): the memory numbers of the load log and the errors.
 std::string format_gib(double bytes);

@@ -537,6 +537,8 @@ void ModelCommon::open() {
   bind_cublas(h, s, cublas_workspace_);
   FP4MOE_CUDA_CHECK(cudaGetDevice(&device));
   FP4MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, device));
+  size_t total = 0;
+  FP4MOE_CUDA_CHECK(cudaMemGetInfo(&free_at_open_, &total));
 }
 
 void ModelCommon::synchronize() const {
@@ -574,19 +576,19 @@ std::string ModelCommon::describe_lm_head() const {
 }
 
 std::shared_ptr<KvBlockPool> ModelCommon::make_kv_pool(const GpuOptions& gopt, int64_t bytes_per_token,
-                                                       std::string& note) const {
+                                                       int64_t n_allocations, std::string& note) const {
   int64_t tokens = gopt.kv_tokens;
   note.clear();
   if (gopt.mem_fraction_static > 0.0) {
     size_t free = 0, total = 0;
     FP4MOE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    tokens =
-        kv_tokens_for_memory({free, total, gopt.mem_fraction_static, bytes_per_token, gopt.page_size, gopt.kv_tokens});
+    tokens = kv_tokens_for_memory({free, free_at_open_, total, gopt.mem_fraction_static, bytes_per_token,
+                                   gopt.page_size, gopt.kv_tokens, n_allocations});
     std::ostringstream o;
     o << " sized by --mem-fraction-static " << gopt.mem_fraction_static << " ("
-      << format_gib(static_cast<double>(tokens) * static_cast<double>(bytes_per_token)) << " of the GPU's "
-      << format_gib(static_cast<double>(total)) << "; " << format_gib(static_cast<double>(total - free))
-      << " in use after the load)";
+      << format_gib(static_cast<double>(tokens) * static_cast<double>(bytes_per_token)) << "; "
+      << format_gib(static_cast<double>(free_at_open_)) << " were free when the load began, the load took "
+      << format_gib(static_cast<double>(free_at_open_) - static_cast<double>(free)) << ")";
     note = o.str();
   }
   return std::make_shared<KvBlockPool>((tokens + gopt.page_size - 1) / gopt.page_size, gopt.page_size);

@@ -402,7 +402,9 @@ class ModelCommon {
   // The KV block pool, made after the weights and step buffers are on the device: gopt.kv_tokens tokens (rounded
   // up to pages) or, with gopt.mem_fraction_static > 0, what that share of the GPU's memory leaves
   // (kv_tokens_for_memory, gopt.kv_tokens the cap). `note`: how it was sized, for the load log ("" when fixed).
-  std::shared_ptr<KvBlockPool> make_kv_pool(const GpuOptions& gopt, int64_t bytes_per_token, std::string& note) const;
+  // n_allocations: the cache's buffers. The fraction's share is of the memory free when open() ran (SGLang's).
+  std::shared_ptr<KvBlockPool> make_kv_pool(const GpuOptions& gopt, int64_t bytes_per_token, int64_t n_allocations,
+                                            std::string& note) const;
 
   // Reserves the step's KV blocks (all or nothing), runs fn, commits the chunks' tokens; when fn
   // throws, waits for the stream, gives the blocks back and rethrows (nothing of the step is kept).
@@ -445,6 +447,7 @@ class ModelCommon {
 
   int64_t vocab_ = 0;
   bool tied_ = false;
+  size_t free_at_open_ = 0;  // device memory free once the context, stream and cuBLAS handle existed
   cuda::DeviceBuffer cublas_workspace_;
   cuda::DeviceBuffer ints_;  // the step's ints on the device (eager steps)
   PinnedBuffer<int32_t> h_ints_;
