@@ -90,9 +90,13 @@ TEST(CliDocs, VersionFlag) {
   EXPECT_EQ(flag.substr(0, flag.find('\n')), command.substr(0, command.find('\n'))) << flag << "\n" << command;
 }
 
-// cmake/git_commit.cmake (the commit in the build id, --version, /version): a checkout's short commit; "-dirty" after
-// it once a tracked file differs from the commit (untracked files do not count); "unknown" outside a checkout.
+// cmake/git_commit.cmake (the commit in the build id, --version, /version): a checkout's short commit; "-dirty.<hash
+// of the diff>" after it once a tracked file differs from the commit (untracked files do not count; another change,
+// another hash); "unknown" outside a checkout (GIT_CEILING_DIRECTORIES keeps git from finding one above the temporary
+// directory).
 TEST(CliDocs, GitCommitStampMarksUncommittedChanges) {
+  std::string git_version;
+  if (testing::run_command("git --version 2>&1", &git_version) != 0) GTEST_SKIP() << "git is not installed";
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("fp4moe_git_commit_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -100,8 +104,9 @@ TEST(CliDocs, GitCommitStampMarksUncommittedChanges) {
   const std::string repo = (dir / "repo").string(), header = (dir / "commit.h").string();
   auto stamp = [&](const std::string& source) {
     std::string out;
-    EXPECT_EQ(testing::run_command(std::string(FP4MOE_CMAKE) + " -DSOURCE_DIR=" + source + " -DOUTPUT=" + header +
-                                       " -P " + FP4MOE_SOURCE_DIR + "/cmake/git_commit.cmake 2>&1",
+    EXPECT_EQ(testing::run_command("GIT_CEILING_DIRECTORIES=" + dir.string() + " " + std::string(FP4MOE_CMAKE) +
+                                       " -DSOURCE_DIR=" + source + " -DOUTPUT=" + header + " -P " + FP4MOE_SOURCE_DIR +
+                                       "/cmake/git_commit.cmake 2>&1",
                                    &out),
               0)
         << out;
@@ -127,7 +132,14 @@ TEST(CliDocs, GitCommitStampMarksUncommittedChanges) {
   std::ofstream(dir / "repo" / "untracked") << "x";
   EXPECT_EQ(stamp(repo), commit);  // untracked files are not the build's sources
   std::ofstream(dir / "repo" / "f") << "changed";
-  EXPECT_EQ(stamp(repo), commit + "-dirty");
+  const std::string dirty = stamp(repo);
+  EXPECT_EQ(dirty.rfind(commit + "-dirty.", 0), 0u) << dirty;
+  EXPECT_EQ(dirty.size(), commit.size() + 7 + 8) << dirty;
+  EXPECT_EQ(stamp(repo), dirty);  // the same change, the same id
+  std::ofstream(dir / "repo" / "f") << "changed otherwise";
+  const std::string other = stamp(repo);
+  EXPECT_EQ(other.rfind(commit + "-dirty.", 0), 0u) << other;
+  EXPECT_NE(other, dirty);
   std::filesystem::remove_all(dir);
 }
 
