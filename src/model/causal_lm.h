@@ -136,6 +136,8 @@ class CausalLM {
   // Tokens of the KV cache preallocated at load (the GPU models' block pool), 0 when the cache grows with each
   // sequence (the CPU models): the engine sizes its block accounting to it when the pool was sized from GPU memory.
   virtual int64_t kv_pool_tokens() const { return 0; }
+  // The preallocated pool in one line ("KV cache: N blocks x P tokens (... B)..."), "" without one.
+  virtual std::string describe_kv_pool() const { return ""; }
 
   // Convenience: one sequence, returns the logits ([n, vocab] when all_logits, else [vocab]).
   std::vector<float> forward_one(KvState& state, std::span<const int32_t> tokens, bool all_logits);

@@ -323,6 +323,7 @@ void run_serve(ServeArgs a) {
   if (a.debug_load_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.debug_load_delay_s));
   Loaded l = load(a);
   const auto& cfg = l.model->config();
+  if (const std::string kv = l.model->describe_kv_pool(); !kv.empty()) fmt::print(stderr, "fp4moe serve: {}\n", kv);
   // The pool sized from GPU memory: the engine's block accounting is the pool the model made.
   if (a.mem_fraction_static > 0.0 && l.model->kv_pool_tokens() > 0)
     a.engine.max_total_tokens = l.model->kv_pool_tokens();

@@ -67,6 +67,7 @@ class Glm4MoeCudaModel final : public CausalLM {
   }
   size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
   int64_t kv_pool_tokens() const override { return pool_->n_blocks() * pool_->page_size(); }
+  std::string describe_kv_pool() const override { return kv_pool_line_; }
   std::string describe() const override { return description_; }
 
  private:
@@ -89,6 +90,7 @@ class Glm4MoeCudaModel final : public CausalLM {
   std::shared_ptr<KvBlockPool> pool_;
   int64_t weight_bytes_ = 0;
   std::string description_;
+  std::string kv_pool_line_;  // describe_kv_pool()
   // Scratch for max_T_ tokens.
   DeviceBuffer resid_, h_, x_, q_, k_, v_, attn_, gate_, up_, act_, workspace_;
 };
@@ -192,8 +194,9 @@ Glm4MoeCudaModel::Glm4MoeCudaModel(const ModelConfig& config, const format::Tens
     L.v_cache = DeviceBuffer(cache_bytes);
   }
   desc << common_.describe_lm_head();
-  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens ("
-       << cache_bytes * 2 * layers_.size() << " B)" << kv_note << ", max " << max_T_ << " tokens per step\n";
+  kv_pool_line_ = "KV cache: " + std::to_string(pool_->n_blocks()) + " blocks x " + std::to_string(gopt_.page_size) +
+                  " tokens (" + std::to_string(cache_bytes * 2 * layers_.size()) + " B)" + kv_note;
+  desc << "  " << kv_pool_line_ << ", max " << max_T_ << " tokens per step\n";
   desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();

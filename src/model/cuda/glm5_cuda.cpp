@@ -104,6 +104,7 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   }
   size_t weight_bytes() const override { return static_cast<size_t>(weight_bytes_); }
   int64_t kv_pool_tokens() const override { return pool_->n_blocks() * pool_->page_size(); }
+  std::string describe_kv_pool() const override { return kv_pool_line_; }
   std::string describe() const override { return description_; }
   void set_dsa_observer(DsaSelectionObserver observer) override { dsa_observer_ = std::move(observer); }
   void set_dsa_selection_override(DsaSelectionOverride source) override { dsa_override_ = std::move(source); }
@@ -152,6 +153,7 @@ class Glm5CudaModel final : public GlmMoeDsaModel {
   std::shared_ptr<KvBlockPool> pool_;
   int64_t weight_bytes_ = 0;
   std::string description_;
+  std::string kv_pool_line_;  // describe_kv_pool()
   // Scratch for max_T_ tokens.
   DeviceBuffer resid_, h_, x_, qa_, q_, ckv_, q_lat_, latent_, proj_ws_, attn_, ik_, iq_, iw_, gate_, up_, act_;
   // Grown per step: the DSA selection and the workspaces.
@@ -352,9 +354,13 @@ Glm5CudaModel::Glm5CudaModel(const ModelConfig& config, const format::TensorStor
     }
   }
   desc << common_.describe_lm_head();
-  desc << "  KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent " << latent_w
-       << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total << " B)" << kv_note
-       << ", max " << max_T_ << " tokens per step\n";
+  {
+    std::ostringstream kv;
+    kv << "KV cache: " << pool_->n_blocks() << " blocks x " << gopt_.page_size << " tokens (latent " << latent_w
+       << " + index key " << c.index_head_dim << " on full layers, bf16: " << cache_bytes_total << " B)" << kv_note;
+    kv_pool_line_ = kv.str();
+  }
+  desc << "  " << kv_pool_line_ << ", max " << max_T_ << " tokens per step\n";
   desc << "  " << common_.describe_graphs() << "\n";
   desc << "  weights on the device: " << weight_bytes_ << " B";
   description_ = desc.str();
