@@ -1115,6 +1115,7 @@ void HttpServer::install_routes() {
           info["chunked_prefill_size"] = o.chunked_prefill_size;
           info["max_prefill_tokens"] = o.max_prefill_tokens;
           info["num_continuous_decode_steps"] = o.num_continuous_decode_steps;
+          info["stream_interval"] = o.stream_interval;
           info["device_sampling"] = o.device_sampling;
           const engine::SamplingParams& d = options_.sampling_defaults;
           info["default_sampling_params"] = {{"temperature", d.temperature},

@@ -172,6 +172,9 @@ void check_prompt_flags(const BenchArgs& a) {
   FP4MOE_CHECK(a.dataset.empty() || a.dataset_name == "random")
       << "--dataset " << a.dataset << " (JSON-lines prompts) and --dataset-name " << a.dataset_name
       << " are two loads: give one";
+  FP4MOE_CHECK(a.dataset.empty() || a.dataset_path.empty())
+      << "--dataset " << a.dataset << " (JSON-lines prompts) and --dataset-path " << a.dataset_path
+      << " (a ShareGPT file) are two loads: give one";
   if (!a.dataset.empty()) return;  // its prompts are read before the server is asked too
   FP4MOE_CHECK(a.dataset_name != "sharegpt" || !a.dataset_path.empty())
       << "--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON file)";
@@ -348,12 +351,13 @@ std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs,
 }
 
 // --dataset-name random --dataset-path FILE, as sglang.bench_serving's random dataset with a ShareGPT file: prompts of
-// the random lengths (--input-len, --random-range-ratio, drawn as without a file) made of real text: a
-// conversation's first turn in the server's tokens (no special tokens), repeated up to the length and cut there,
-// decoded by the server (POST /v1/detokenize) and sent as text, so that every backend (chat too) takes it and the
-// routing sees text, not random ids. Conversations in the file's shuffled order (--seed), from the start again when
-// there are fewer than --num-prompts; ones without a token are skipped. The server's count of the decoded text can
-// differ from the drawn length by a token or two where the cut or a repeat seam falls (sglang's likewise).
+// the random lengths (--input-len, --random-range-ratio: the distribution without a file, not its draws) made of real
+// text: a conversation's first turn in the server's tokens (no special tokens), repeated up to the length less the
+// special tokens the server adds to a text prompt (current SGLang subtracts them too) and cut there, decoded by the
+// server (POST /v1/detokenize, batches of at most kDetokenizeIds ids) and sent as text, so that every backend (chat
+// too) takes it and the routing sees text, not random ids. Conversations in the file's shuffled order (--seed), from
+// the start again when there are fewer than --num-prompts; ones without a token are skipped. The server's count of the
+// decoded text can differ from the drawn length where a cut falls inside a character or a repeat seam re-tokenizes.
 std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
   std::mt19937_64 rng(a.seed);
   auto len_in = [&](int64_t full) {
@@ -372,19 +376,26 @@ std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pai
     }
   }
   FP4MOE_CHECK(!sources.empty()) << a.dataset_path << ": no conversation's first turn has a token";
+  // What the server adds to a text prompt (a BOS, GLM's [gMASK]<sop>): the empty text's tokens with special tokens.
+  const int64_t n_special = server_tokenize(a, client, {std::string()}, true, "count")[0].get<int64_t>();
   std::vector<Prompt> out;
   std::vector<std::vector<int64_t>> ids;
   for (int64_t i = 0; i < a.num_prompts; ++i) {
     const std::vector<int64_t>& src = sources[static_cast<size_t>(i) % sources.size()];
-    std::vector<int64_t> p(static_cast<size_t>(len_in(a.input_len)));
+    std::vector<int64_t> p(static_cast<size_t>(std::max<int64_t>(1, len_in(a.input_len) - n_special)));
     for (size_t k = 0; k < p.size(); ++k) p[k] = src[k % src.size()];
     ids.push_back(std::move(p));
     out.push_back({json(), len_in(a.output_len)});
   }
-  for (size_t at = 0; at < ids.size(); at += kBatch) {
-    const std::vector<std::vector<int64_t>> batch(
-        ids.begin() + static_cast<std::ptrdiff_t>(at),
-        ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), at + kBatch)));
+  // Batches of whole prompts up to kDetokenizeIds ids (a prompt longer than that alone): each request body stays well
+  // under the server's 64 MiB limit (ids of 6 digits + a comma: ~7 MB).
+  constexpr size_t kDetokenizeIds = size_t{1} << 20;
+  for (size_t at = 0; at < ids.size();) {
+    size_t end = at, n_ids = 0;
+    while (end < ids.size() && (end == at || n_ids + ids[end].size() <= kDetokenizeIds) && end - at < kBatch)
+      n_ids += ids[end++].size();
+    const std::vector<std::vector<int64_t>> batch(ids.begin() + static_cast<std::ptrdiff_t>(at),
+                                                  ids.begin() + static_cast<std::ptrdiff_t>(end));
     auto r = client.post("/v1/detokenize", json{{"tokens", batch}}.dump());
     FP4MOE_CHECK(r.status == 200) << a.url << "/v1/detokenize answered " << r.status << " " << r.error << " "
                                   << r.body.substr(0, 300);
@@ -392,6 +403,7 @@ std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pai
     FP4MOE_CHECK(j.is_object() && j.contains("text") && j["text"].is_array() && j["text"].size() == batch.size())
         << a.url << "/v1/detokenize: no \"text\" for each of " << batch.size() << " prompts: " << r.body.substr(0, 300);
     for (size_t k = 0; k < batch.size(); ++k) out[at + k].body_prompt = {{"text", j["text"][k]}};
+    at = end;
   }
   return out;
 }

@@ -1875,6 +1875,61 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
   }
 }
 
+// bench-serving's random dataset with a file against a tokenizer that adds special tokens to a text prompt (the golden
+// GLM tokenizer with a post-processor putting [gMASK]<sop> first, as GLM's does): the prompts are built 2 tokens
+// shorter, so the server counts exactly the drawn lengths (they came out 2 over); --dataset with --dataset-path is
+// refused.
+TEST(ServerE2E, BenchServingRandomTextPromptsLeaveRoomForSpecialTokens) {
+  const fs::path tmp = fs::temp_directory_path() / ("fp4moe_bos_tok_" + std::to_string(getpid()));
+  fs::create_directories(tmp);
+  const fs::path golden_tok = fp4moe::testing::shared_path("golden/tokenizer");
+  std::stringstream tok_text;
+  tok_text << std::ifstream(golden_tok / "tokenizer.json").rdbuf();
+  json tj = parse(tok_text.str());
+  tj["post_processor"] = {{"type", "TemplateProcessing"},
+                          {"single", json::array({json{{"SpecialToken", {{"id", "[gMASK]"}, {"type_id", 0}}}},
+                                                  json{{"SpecialToken", {{"id", "<sop>"}, {"type_id", 0}}}},
+                                                  json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                          {"special_tokens",
+                           {{"[gMASK]", {{"id", "[gMASK]"}, {"ids", {2}}, {"tokens", {"[gMASK]"}}}},
+                            {"<sop>", {{"id", "<sop>"}, {"ids", {4}}, {"tokens", {"<sop>"}}}}}}};
+  std::ofstream(tmp / "tokenizer.json") << tj.dump();
+  fs::copy_file(golden_tok / "tokenizer_config.json", tmp / "tokenizer_config.json");
+  const fs::path share = tmp / "share.json";
+  json convs = json::array();
+  std::string tildes;  // "~|" tokens are 105, 103 (below the tiny model's 512) and never merge
+  for (int i = 0; i < 3; ++i)
+    convs.push_back(
+        {{"conversations", {{{"from", "human"}, {"value", tildes += "~|"}}, {{"from", "gpt"}, {"value", "ok"}}}}});
+  std::ofstream(share) << convs.dump();
+  ServerProcess srv(FP4MOE_CLI, {"--model", fp4moe::testing::shared_path("golden/models/glm5_tiny").string(),
+                                 "--tokenizer-path", tmp.string(), "--decode-log-interval", "0"});
+  ASSERT_TRUE(srv.wait_ready(120));
+  HttpClient c(srv.url(), kTimeout);
+  ASSERT_EQ(parse(c.post("/v1/tokenize", json{{"prompt", ""}}.dump()).body)["count"], 2) << "the post-processor";
+  const fs::path out = tmp / "out.jsonl";
+  std::string text;
+  ASSERT_EQ(
+      fp4moe::testing::run_command(
+          std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset-name random --dataset-path " +
+              share.string() + " --num-prompts 5 --input-len 30 --output-len 2 --output-file " + out.string() + " 2>&1",
+          &text),
+      0)
+      << text;
+  std::ifstream f(out);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  EXPECT_EQ(parse(line)["total_input_tokens"], 5 * 30) << line;
+  EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv.url() + " --dataset " +
+                                             share.string() + " --dataset-path " + share.string() + " 2>&1",
+                                         &text),
+            1)
+      << text;
+  EXPECT_NE(text.find("(a ShareGPT file) are two loads: give one"), std::string::npos) << text;
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  fs::remove_all(tmp);
+}
+
 // The batch log (server/batch_log.h, SGLang's scheduler lines) on the server's stderr: a prefill line for the request
 // and, with --decode-log-interval 2, a decode line every two decode steps; 0 turns both off. A negative interval stops
 // the server at start. --stream-interval 4 streams the first token alone, then groups of 4.
