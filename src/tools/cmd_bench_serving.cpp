@@ -87,6 +87,13 @@ struct BenchArgs {
   std::string dataset_path;
   int64_t sharegpt_output_len = 0;   // 0: the second turn's length
   int64_t sharegpt_context_len = 0;  // > 0: skip conversations whose prompt + output is longer
+  // sglang.bench_serving's request options: a JSON object merged into every request's body (top level, after the
+  // bench's own fields), EOS honoured, whole replies instead of streams, and requests sent before the timed runs.
+  std::string extra_request_body;
+  json extra;  // extra_request_body parsed (run_bench)
+  bool disable_ignore_eos = false;
+  bool disable_stream = false;
+  int64_t warmup_requests = 1;
 };
 
 // --backend: sglang.bench_serving's names (sglang / sglang-native: /generate; sglang-oai / vllm: /v1/completions;
@@ -414,8 +421,9 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   const double timeout_s = a.timeout_s;
   // The sampling fields: in sampling_params (/generate) or at the top (the OpenAI routes, vLLM's extra fields).
   const bool openai = !is_native(a.backend), chat = is_chat(a.backend);
-  json sampling = {
-      {openai ? "max_tokens" : "max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", true}};
+  json sampling = {{openai ? "max_tokens" : "max_new_tokens", p.output_len},
+                   {"temperature", a.temperature},
+                   {"ignore_eos", !a.disable_ignore_eos}};
   if (a.temperature > 0.0) {
     sampling["top_p"] = a.top_p;
     sampling["top_k"] = a.top_k;
@@ -436,9 +444,10 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
       body["prompt"] = prompt;
     }
     // Every chunk's usage so far gives its token count (vLLM's continuous_usage_stats).
-    body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+    if (!a.disable_stream) body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   }
-  body["stream"] = true;
+  body["stream"] = !a.disable_stream;
+  for (const auto& [key, value] : a.extra.items()) body[key] = value;  // --extra-request-body
   server::HttpClient client(url, timeout_s);
   client.set_bearer_token(a.api_key);
   const auto t0 = Clock::now();
@@ -446,17 +455,24 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   timing.max_tokens = p.output_len;
   std::string bad_chunk;
   const char* path = !openai ? "/generate" : chat ? "/v1/chat/completions" : "/v1/completions";
-  auto res = client.post_sse(path, body.dump(), [&](std::string_view data) {
+  auto on_data = [&](std::string_view data) {
     const double now_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (openai ? timing.on_openai_chunk(data, now_s) : timing.on_chunk(data, now_s)) return true;
     bad_chunk = std::string(data.substr(0, 200));
     return false;
-  });
+  };
+  // --disable-stream: the whole reply at once, read as one last chunk (its counts); the first token's time is the
+  // reply's, and there are no inter-token times (sglang.bench_serving's non-streamed requests).
+  auto res = a.disable_stream ? client.post(path, body.dump()) : client.post_sse(path, body.dump(), on_data);
   r.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (a.disable_stream && res.status == 200) {
+    on_data(res.body);
+    timing.itl_s.clear();
+  }
   r.output_len = timing.completion_tokens;
   r.prompt_len = timing.prompt_len;
   r.cached_len = timing.cached_len;
-  r.ttft_s = timing.ttft();
+  r.ttft_s = a.disable_stream ? r.latency_s : timing.ttft();
   r.itl_s = std::move(timing.itl_s);
   if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
   else if (res.status == -1)
@@ -532,6 +548,10 @@ json summary_json(const BenchArgs& a, const Summary& s) {
             {"request_rate", std::isfinite(a.request_rate) ? json(a.request_rate) : json("inf")},
             {"burstiness", a.burstiness},
             {"dataset", a.dataset.empty() ? a.dataset_name : a.dataset},
+            {"disable_stream", a.disable_stream},
+            {"disable_ignore_eos", a.disable_ignore_eos},
+            {"extra_request_body", a.extra},
+            {"warmup_requests", a.warmup_requests},
             {"max_concurrency", s.concurrency},
             {"num_prompts", s.completed + s.failed},
             {"completed", s.completed},
@@ -682,7 +702,7 @@ std::string render_plot(const std::vector<json>& runs) {
   return o.str();
 }
 
-void run_bench(const BenchArgs& a) {
+void run_bench(BenchArgs a) {
   FP4MOE_CHECK(a.num_prompts >= 1 && a.num_prompts <= kMaxPrompts)
       << "--num-prompts " << a.num_prompts << " must be in [1, " << kMaxPrompts << "]";
   FP4MOE_CHECK(a.range_ratio > 0 && a.range_ratio <= 1) << "--random-range-ratio " << a.range_ratio << " must be in (0, 1]";
@@ -693,6 +713,14 @@ void run_bench(const BenchArgs& a) {
       << "--request-rate " << a.request_rate << " must be >= " << kMinRate << " requests/s (one a day), or inf";
   FP4MOE_CHECK(std::isfinite(a.burstiness) && a.burstiness > 0) << "--burstiness " << a.burstiness << " must be > 0";
   check_sampling_flags(sampling_of(a));
+  FP4MOE_CHECK(a.warmup_requests >= 0) << "--warmup-requests " << a.warmup_requests << " must be >= 0";
+  if (!a.extra_request_body.empty()) {
+    a.extra = json::parse(a.extra_request_body, nullptr, false);
+    FP4MOE_CHECK(a.extra.is_object()) << "--extra-request-body must be a JSON object, got: " << a.extra_request_body;
+    for (const char* own : {"stream", "stream_options"})
+      FP4MOE_CHECK(!a.extra.contains(own))
+          << "--extra-request-body sets \"" << own << "\", which the benchmark sets itself (--disable-stream)";
+  }
   check_prompt_flags(a);
   const std::vector<int64_t> levels = a.max_concurrency.empty()
                                           ? std::vector<int64_t>{}  // every prompt at once: known once they are made
@@ -737,6 +765,14 @@ void run_bench(const BenchArgs& a) {
   // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
   // before it (the same prompts) cached; --no-flush-cache keeps what is there.
   const bool flush = a.flush_cache && !server_info.value("disable_radix_cache", true);
+  // Warm-up (sglang.bench_serving's --warmup-requests): the first prompt, at most 32 tokens out, untimed; one that
+  // fails stops the run before anything is measured.
+  for (int64_t w = 0; w < a.warmup_requests && !prompts.empty(); ++w) {
+    Prompt p = prompts.front();
+    p.output_len = std::min<int64_t>(p.output_len, 32);
+    const RequestResult r = send_one(a, p, a.seed);
+    FP4MOE_CHECK(r.ok) << "warm-up request " << w + 1 << " of " << a.warmup_requests << " failed: " << r.error;
+  }
   std::vector<json> runs;
   for (int64_t c : levels.empty() ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())} : levels) {
     if (flush) {
@@ -811,6 +847,15 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
+  cmd->add_option("--extra-request-body", a->extra_request_body,
+                  "A JSON object merged into every request's body (top level; e.g. '{\"top_k\": 20}'; "
+                  "sglang.bench_serving's)");
+  cmd->add_flag("--disable-ignore-eos", a->disable_ignore_eos,
+                "Requests stop at EOS (default: ignore_eos, every request generates its output length)");
+  cmd->add_flag("--disable-stream", a->disable_stream,
+                "Whole replies instead of streams: TTFT is then the request's latency, no inter-token times");
+  cmd->add_option("--warmup-requests", a->warmup_requests,
+                  "Untimed requests of the first prompt (at most 32 tokens out) before the runs (default 1)");
   cmd->add_option("--api-key", a->api_key, "The server's --api-key (sent as Authorization: Bearer)");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "top_p of sampled requests (default 1)");

@@ -1875,6 +1875,61 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
   }
 }
 
+// sglang.bench_serving's request options: --disable-stream (whole replies: TTFT is the latency, no ITL, the counts
+// from the reply), --extra-request-body (merged into every body: max_tokens 2 caps each reply), --warmup-requests
+// (untimed requests before the run, seen by the server), --disable-ignore-eos; bad values are named.
+TEST_F(DefaultServer, BenchServingRequestOptions) {
+  const fs::path out = fs::temp_directory_path() / ("fp4moe_bench_opts_" + std::to_string(getpid()) + ".jsonl");
+  std::string text, line;
+  for (const std::string backend : {"sglang", "openai"}) {
+    fs::remove(out);
+    const double before = metric(srv_->url(), "fp4moe:num_requests_total");
+    ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
+                                               " --backend " + backend +
+                                               " --num-prompts 4 --input-len 12 --output-len 6 --disable-stream"
+                                               " --warmup-requests 2 --output-file " +
+                                               out.string() + " 2>&1",
+                                           &text),
+              0)
+        << backend << ": " << text;
+    EXPECT_EQ(metric(srv_->url(), "fp4moe:num_requests_total") - before, 4 + 2) << backend;
+    std::ifstream f(out);
+    ASSERT_TRUE(std::getline(f, line));
+    const json run = parse(line);
+    EXPECT_EQ(run["completed"], 4) << line;
+    EXPECT_EQ(run["total_output_tokens"], 4 * 6) << line;
+    EXPECT_EQ(run["total_input_tokens"], 4 * 12) << line;
+    EXPECT_EQ(run["disable_stream"], true) << line;
+    EXPECT_EQ(run["warmup_requests"], 2) << line;
+    EXPECT_GT(run["mean_ttft_ms"].get<double>(), 0.0) << line;
+    EXPECT_DOUBLE_EQ(run["mean_ttft_ms"].get<double>(), run["mean_e2e_latency_ms"].get<double>()) << line;
+    EXPECT_EQ(run["mean_itl_ms"], 0.0) << line;
+  }
+  fs::remove(out);
+  ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
+                                             " --backend openai --num-prompts 3 --output-len 6 --warmup-requests 0"
+                                             " --extra-request-body '{\"max_tokens\": 2}' --output-file " +
+                                             out.string() + " 2>&1",
+                                         &text),
+            0)
+      << text;
+  std::ifstream f(out);
+  ASSERT_TRUE(std::getline(f, line));
+  EXPECT_EQ(parse(line)["total_output_tokens"], 3 * 2) << line;
+  EXPECT_EQ(parse(line)["extra_request_body"], json({{"max_tokens", 2}})) << line;
+  fs::remove(out);
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --extra-request-body '[1]'", "--extra-request-body must be a JSON object, got: [1]"},
+           {" --extra-request-body '{\"stream\": false}'", "--extra-request-body sets \"stream\""},
+           {" --warmup-requests -1", "--warmup-requests -1 must be >= 0"}}) {
+    EXPECT_EQ(fp4moe::testing::run_command(
+                  std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() + flags + " 2>&1", &text),
+              1)
+        << flags;
+    EXPECT_NE(text.find(message), std::string::npos) << flags << ": " << text;
+  }
+}
+
 // bench-serving's random dataset with a file against a tokenizer that adds special tokens to a text prompt (the golden
 // GLM tokenizer with a post-processor putting [gMASK]<sop> first, as GLM's does): the prompts are built 2 tokens
 // shorter, so the server counts exactly the drawn lengths (they came out 2 over); --dataset with --dataset-path is
