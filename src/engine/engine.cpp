@@ -143,6 +143,7 @@ struct Engine::Impl {
   KvBlockAllocator blocks;
   std::optional<PrefixCache> cache;  // EngineOptions::enable_prefix_cache, for models with copy_prefix
   int64_t step_index = 0;
+  std::atomic<int64_t> step_started_ns{0};                // the running step's start (steady clock), 0 between steps
   std::map<int64_t, std::vector<int64_t>> expert_tokens;  // moe layer -> per-expert tokens
   std::map<int64_t, int64_t> active_experts;              // moe layer -> sum over steps of experts hit
   std::map<std::pair<int64_t, std::string>, double> layer_seconds;  // (layer, part) -> seconds
@@ -271,6 +272,11 @@ struct Engine::Impl {
   // nothing ran.
   bool run_step(bool continuous, int64_t* n_decode_out) {
     const auto t_step = Clock::now();
+    step_started_ns.store(std::max<int64_t>(1, t_step.time_since_epoch() / std::chrono::nanoseconds(1)));
+    struct StepEnd {
+      std::atomic<int64_t>& started;
+      ~StepEnd() { started.store(0); }
+    } step_end{step_started_ns};
     take_pending_and_aborts();
     if (take_flush_request() && cache) cache->clear(blocks);
     int64_t n_preempted = 0;
@@ -394,6 +400,8 @@ struct Engine::Impl {
       n_tokens += plan[i].n_tokens;
     }
     model::ForwardTrace trace;
+    if (opt().debug_step_delay_s > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(opt().debug_step_delay_s));
     const auto t0 = Clock::now();
     // A failed forward leaves the states unchanged. A SequenceError blames one entry: that request fails alone
     // and the others of the step run its work again next step (a device draw is held until its token is
@@ -815,6 +823,13 @@ std::optional<std::string> Engine::wait_warm_up() const {
 }
 
 bool Engine::prefix_cache_enabled() const { return impl_->cache.has_value(); }
+
+double Engine::running_step_seconds() const {
+  const int64_t started = impl_->step_started_ns.load();
+  if (started == 0) return 0.0;
+  const int64_t now = Clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
+  return static_cast<double>(std::max<int64_t>(now - started, 0)) * 1e-9;
+}
 
 bool Engine::flush_prefix_cache() {
   if (!impl_->cache) return false;

@@ -111,6 +111,7 @@ struct EngineOptions {
   // whose states implement KvState::copy_prefix; requests computing prompt logprobs never hit.
   bool enable_prefix_cache = true;
   std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
+  double debug_step_delay_s = 0.0;  // tests: every step sleeps this long before its forward (a hung GPU, slowly)
 
   void validate() const;  // fails naming the field and its value
 };
@@ -321,6 +322,8 @@ class Engine {
   std::shared_ptr<const Tokenizer> shared_tokenizer() const { return tokenizer_; }
   int64_t context_length() const;  // options.context_length or the model's max_position_embeddings
   int64_t kv_capacity_tokens() const;
+  // Thread-safe: seconds the step now running has taken so far, 0 between steps (the server's watchdog).
+  double running_step_seconds() const;
 
  private:
   struct Impl;

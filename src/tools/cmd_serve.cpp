@@ -72,6 +72,7 @@ struct ServeArgs {
   double mem_fraction_static = 0.0;     // --mem-fraction-static (0: not given, the KV cache is --max-total-tokens)
   bool mem_fraction_given = false;
   int64_t decode_log_interval = 40;  // --decode-log-interval (0: no batch log)
+  double watchdog_timeout_s = 300;   // --watchdog-timeout (0: none)
   std::string schedule_policy = "fcfs";
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
@@ -221,6 +222,8 @@ const server::ReasoningFormat* reasoning_parser_named(const std::string& name) {
 void run_serve(ServeArgs a) {
   check_device_options(a.device);  // a bad value fails before the socket opens, with every model
   FP4MOE_CHECK(a.port >= 0 && a.port < 65536) << "--port " << a.port << " is not 0..65535";
+  if (!(a.watchdog_timeout_s >= 0 && a.watchdog_timeout_s <= 1e9))
+    FP4MOE_FAIL() << "--watchdog-timeout " << a.watchdog_timeout_s << " must be a time in [0, 1e+09] seconds (0: none)";
   if (a.decode_log_interval < 0)
     FP4MOE_FAIL() << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
@@ -340,6 +343,25 @@ void run_serve(ServeArgs a) {
   if (std::optional<std::string> failed = eng->wait_warm_up())
     FP4MOE_FAIL() << "the model's warm-up forward (one token) failed, so the server does not start: " << *failed;
   http.set_engine(eng, l.chat_template);
+  if (a.watchdog_timeout_s > 0) {
+    // SGLang's --watchdog-timeout: a step (a forward) that runs longer is taken for a hung GPU or kernel; the process
+    // exits (status 3) so that a supervisor restarts it, rather than holding every client until its timeout.
+    std::thread([eng, timeout = a.watchdog_timeout_s] {
+      const auto poll = std::chrono::duration<double>(std::min(1.0, timeout / 4));
+      while (true) {
+        std::this_thread::sleep_for(poll);
+        const double s = eng->running_step_seconds();
+        if (s > timeout) {
+          fmt::print(stderr,
+                     "fp4moe serve: watchdog: the engine's current step has run {:.1f} s, past --watchdog-timeout {} "
+                     "s: the forward is taken to be hung; exiting (status 3) for a supervisor to restart the server\n",
+                     s, timeout);
+          std::fflush(stderr);
+          std::_Exit(3);
+        }
+      }
+    }).detach();
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
     loaded = true;
@@ -442,7 +464,13 @@ void register_serve_command(CLI::App& app) {
                   "Log a \"Decode batch.\" line (running requests, KV tokens and usage, gen throughput, queue) every N "
                   "decode steps and a \"Prefill batch.\" line every prefill step on stderr, as SGLang's scheduler "
                   "(default 40; 0: no batch lines)");
+  cmd->add_option("--watchdog-timeout", a->watchdog_timeout_s,
+                  "Seconds one engine step (a forward) may run before the server takes the GPU or kernel to be hung "
+                  "and exits with status 3 for a supervisor to restart it (SGLang's; default 300; 0: never)");
   cmd->add_option("--debug-load-delay", a->debug_load_delay_s, "Seconds to wait before loading (tests of /health)")
+      ->group("Debug");
+  cmd->add_option("--debug-step-delay", a->engine.debug_step_delay_s,
+                  "Seconds every engine step sleeps before its forward (tests of --watchdog-timeout)")
       ->group("Debug");
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
   cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");

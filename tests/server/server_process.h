@@ -111,6 +111,10 @@ class ServerProcess {
   // Sends `sig` and waits up to timeout_s for the exit; returns the exit code (-1: killed / timeout).
   int stop(int sig, double timeout_s) {
     ::kill(pid_, sig);
+    return wait_exit(timeout_s);
+  }
+  // Waits up to timeout_s for the server to exit by itself; returns the exit code (-1: killed / still running).
+  int wait_exit(double timeout_s) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (std::chrono::steady_clock::now() < deadline) {
       int status = 0;

@@ -1855,6 +1855,7 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--cuda-graph-max-bs -3", "--cuda-graph-max-bs -3 must be >= 0"},
            {"--decode-split-min-keys 0", "--decode-split-min-keys 0 must be >= 1"},
            {"--mem-fraction-static 0", "--mem-fraction-static 0 must be in (0, 1]"},
+           {"--watchdog-timeout -1", "--watchdog-timeout -1 must be a time in [0, 1e+09] seconds (0: none)"},
            {"--mem-fraction-static 1.5", "--mem-fraction-static 1.5 must be in (0, 1]"},
            {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"}}) {
     std::string text;
@@ -1983,6 +1984,33 @@ TEST(ServerE2E, BenchServingRandomTextPromptsLeaveRoomForSpecialTokens) {
   EXPECT_NE(text.find("(a ShareGPT file) are two loads: give one"), std::string::npos) << text;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
   fs::remove_all(tmp);
+}
+
+// --watchdog-timeout (SGLang's): a step that runs longer (here every step sleeps 3 s before its forward,
+// --debug-step-delay) is taken for a hung GPU: the server exits with status 3, naming why, while the request waits;
+// 0 turns the watchdog off and the slow request is served.
+TEST(ServerE2E, WatchdogExitsWhenAStepHangs) {
+  const std::string request = json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 1}}}}.dump();
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--watchdog-timeout", "1", "--debug-step-delay", "3", "--decode-log-interval", "0"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    std::thread client([&] {
+      HttpClient c(srv.url(), 20);
+      (void)c.post("/generate", request);  // cut off by the exit
+    });
+    EXPECT_EQ(srv.wait_exit(15), 3) << srv.log();
+    client.join();
+    EXPECT_NE(srv.log().find("fp4moe serve: watchdog: the engine's current step has run "), std::string::npos)
+        << srv.log();
+    EXPECT_NE(srv.log().find("past --watchdog-timeout 1 s: the forward is taken to be hung; exiting (status 3)"),
+              std::string::npos)
+        << srv.log();
+  }
+  ServerProcess srv(FP4MOE_CLI, {"--watchdog-timeout", "0", "--debug-step-delay", "1.5", "--decode-log-interval", "0"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), 20);
+  EXPECT_EQ(c.post("/generate", request).status, 200);
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
 // The batch log (server/batch_log.h, SGLang's scheduler lines) on the server's stderr: a prefill line for the request
