@@ -10,6 +10,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -72,6 +73,11 @@ void EngineOptions::validate() const {
   at_least(max_prefill_tokens, 1, "max_prefill_tokens");
   at_least(num_continuous_decode_steps, 1, "num_continuous_decode_steps");
   at_least(stream_interval, 1, "stream_interval");
+  if (!(debug_step_delay_s >= 0 && debug_step_delay_s <= 1e9)) {
+    std::ostringstream m;  // named as its flag, --debug-step-delay (seconds)
+    m << "debug_step_delay " << debug_step_delay_s << " must be a time in [0, 1e9] seconds";
+    throw FieldError("debug_step_delay", m.str());
+  }
   at_least(max_queued_requests, 1, "max_queued_requests");
   at_least(context_length, 0, "context_length", " (0 = the model's)");
   at_least(max_prompt_logits_bytes, 1, "max_prompt_logits_bytes");

@@ -14,9 +14,9 @@
 // (E2E - TTFT) / (output tokens - 1). Several --max-concurrency values run one after another; each
 // run appends one JSON line to --output-file and is one point of the --plot SVG (output tokens/s vs
 // median and p99 E2E latency). Tested by tests/server/test_server_e2e.cpp (BenchServing).
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -27,16 +27,16 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -415,6 +415,31 @@ std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pai
   return out;
 }
 
+// SGLang's sampling_params fields, which /generate reads inside sampling_params only (--extra-request-body puts them
+// there for the native backends).
+bool is_sampling_field(const std::string& key) {
+  static const std::set<std::string> kFields = {"max_new_tokens",
+                                                "min_new_tokens",
+                                                "temperature",
+                                                "top_p",
+                                                "top_k",
+                                                "min_p",
+                                                "frequency_penalty",
+                                                "presence_penalty",
+                                                "repetition_penalty",
+                                                "stop",
+                                                "stop_token_ids",
+                                                "ignore_eos",
+                                                "skip_special_tokens",
+                                                "no_stop_trim",
+                                                "regex",
+                                                "json_schema",
+                                                "seed",
+                                                "sampling_seed",
+                                                "logit_bias"};
+  return kFields.count(key) > 0;
+}
+
 RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   RequestResult r;
   const std::string& url = a.url;
@@ -447,12 +472,25 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
     if (!a.disable_stream) body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   }
   body["stream"] = !a.disable_stream;
-  for (const auto& [key, value] : a.extra.items()) body[key] = value;  // --extra-request-body
+  // --extra-request-body: top level, but on /generate the sampling fields go into sampling_params (merged, key by key),
+  // where the server reads them; the output bound the replies are checked against is the body's own.
+  for (const auto& [key, value] : a.extra.items()) {
+    if (!openai && key == "sampling_params") {
+      for (const auto& [k, v] : value.items()) body["sampling_params"][k] = v;
+    } else if (!openai && is_sampling_field(key)) {
+      body["sampling_params"][key] = value;
+    } else {
+      body[key] = value;
+    }
+  }
+  const json& limits = openai ? body : body["sampling_params"];
+  const char* max_key = openai ? "max_tokens" : "max_new_tokens";
+  const bool own_max = limits.contains(max_key) && limits[max_key].is_number_integer();
   server::HttpClient client(url, timeout_s);
   client.set_bearer_token(a.api_key);
   const auto t0 = Clock::now();
   tools::StreamTiming timing;
-  timing.max_tokens = p.output_len;
+  timing.max_tokens = own_max ? limits[max_key].get<int64_t>() : p.output_len;
   std::string bad_chunk;
   const char* path = !openai ? "/generate" : chat ? "/v1/chat/completions" : "/v1/completions";
   auto on_data = [&](std::string_view data) {
@@ -474,14 +512,16 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   r.cached_len = timing.cached_len;
   r.ttft_s = a.disable_stream ? r.latency_s : timing.ttft();
   r.itl_s = std::move(timing.itl_s);
-  if (!bad_chunk.empty()) r.error = "unexpected stream chunk: " + bad_chunk;
+  if (!bad_chunk.empty())
+    r.error = std::string(a.disable_stream ? "unexpected reply" : "unexpected stream chunk") + " (or a count past " +
+              max_key + " " + std::to_string(timing.max_tokens) + "): " + bad_chunk;
   else if (res.status == -1)
     r.error = res.error;
   else if (res.status != 200)
     r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300) +
               (res.error.empty() ? std::string() : " (" + res.error + ")");
   else if (timing.completion_tokens == 0)
-    r.error = "no tokens streamed";
+    r.error = a.disable_stream ? "no tokens in the reply" : "no tokens streamed";
   else r.ok = true;
   return r;
 }
@@ -720,6 +760,13 @@ void run_bench(BenchArgs a) {
     for (const char* own : {"stream", "stream_options"})
       FP4MOE_CHECK(!a.extra.contains(own))
           << "--extra-request-body sets \"" << own << "\", which the benchmark sets itself (--disable-stream)";
+    // Each request is one choice (its counts and timings are one reply's).
+    const json* sp = a.extra.contains("sampling_params") ? &a.extra["sampling_params"] : nullptr;
+    FP4MOE_CHECK(sp == nullptr || sp->is_object())
+        << "--extra-request-body's sampling_params must be an object, got " << sp->dump();
+    for (const char* many : {"n", "best_of"})
+      FP4MOE_CHECK(!a.extra.contains(many) && (sp == nullptr || !sp->contains(many)))
+          << "--extra-request-body sets \"" << many << "\": each benchmark request is one choice";
   }
   check_prompt_flags(a);
   const std::vector<int64_t> levels = a.max_concurrency.empty()

@@ -12,12 +12,12 @@
 // SIGTERM / SIGINT: stop taking requests, let running and queued ones finish for at most --drain-timeout seconds,
 // abort the rest, exit 0; a second signal exits at once (status 1).
 // Tested by tests/server/test_server_e2e.cpp and test_server_load.cpp (they run this binary).
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
-
 #include <pthread.h>
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -26,12 +26,11 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "dist/serve_parallel.h"
@@ -347,7 +346,7 @@ void run_serve(ServeArgs a) {
     // SGLang's --watchdog-timeout: a step (a forward) that runs longer is taken for a hung GPU or kernel; the process
     // exits (status 3) so that a supervisor restarts it, rather than holding every client until its timeout.
     std::thread([eng, timeout = a.watchdog_timeout_s] {
-      const auto poll = std::chrono::duration<double>(std::min(1.0, timeout / 4));
+      const auto poll = std::chrono::duration<double>(std::clamp(timeout / 4, 1e-3, 1.0));
       while (true) {
         std::this_thread::sleep_for(poll);
         const double s = eng->running_step_seconds();

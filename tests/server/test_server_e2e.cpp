@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "format/checkpoint_edit.h"
@@ -1856,6 +1857,7 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--decode-split-min-keys 0", "--decode-split-min-keys 0 must be >= 1"},
            {"--mem-fraction-static 0", "--mem-fraction-static 0 must be in (0, 1]"},
            {"--watchdog-timeout -1", "--watchdog-timeout -1 must be a time in [0, 1e+09] seconds (0: none)"},
+           {"--debug-step-delay inf", "--debug-step-delay inf must be a time in [0, 1e9] seconds"},
            {"--mem-fraction-static 1.5", "--mem-fraction-static 1.5 must be in (0, 1]"},
            {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"}}) {
     std::string text;
@@ -1906,23 +1908,35 @@ TEST_F(DefaultServer, BenchServingRequestOptions) {
     EXPECT_DOUBLE_EQ(run["mean_ttft_ms"].get<double>(), run["mean_e2e_latency_ms"].get<double>()) << line;
     EXPECT_EQ(run["mean_itl_ms"], 0.0) << line;
   }
-  fs::remove(out);
-  ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
-                                             " --backend openai --num-prompts 3 --output-len 6 --warmup-requests 0"
-                                             " --extra-request-body '{\"max_tokens\": 2}' --output-file " +
-                                             out.string() + " 2>&1",
-                                         &text),
-            0)
-      << text;
-  std::ifstream f(out);
-  ASSERT_TRUE(std::getline(f, line));
-  EXPECT_EQ(parse(line)["total_output_tokens"], 3 * 2) << line;
-  EXPECT_EQ(parse(line)["extra_request_body"], json({{"max_tokens", 2}})) << line;
+  // --extra-request-body: max_tokens 9 past --output-len 6 on /v1/completions (the replies are checked against the
+  // body's own bound), max_new_tokens 3 at the top level on /generate (moved into sampling_params, where SGLang reads
+  // it).
+  for (const auto& [backend, extra, expected] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"openai", R"({"max_tokens": 9})", 9},
+           {"sglang", R"({"max_new_tokens": 3})", 3},
+           {"sglang", R"({"sampling_params": {"max_new_tokens": 2}})", 2}}) {
+    fs::remove(out);
+    ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
+                                               " --backend " + backend +
+                                               " --num-prompts 3 --output-len 6 --warmup-requests 0"
+                                               " --extra-request-body '" +
+                                               extra + "' --output-file " + out.string() + " 2>&1",
+                                           &text),
+              0)
+        << backend << " " << extra << ": " << text;
+    std::ifstream f(out);
+    ASSERT_TRUE(std::getline(f, line));
+    EXPECT_EQ(parse(line)["total_output_tokens"], 3 * expected) << extra << ": " << line;
+    EXPECT_EQ(parse(line)["extra_request_body"], parse(extra)) << line;
+  }
   fs::remove(out);
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {" --extra-request-body '[1]'", "--extra-request-body must be a JSON object, got: [1]"},
            {" --extra-request-body '{\"stream\": false}'", "--extra-request-body sets \"stream\""},
-           {" --warmup-requests -1", "--warmup-requests -1 must be >= 0"}}) {
+           {" --warmup-requests -1", "--warmup-requests -1 must be >= 0"},
+           {" --extra-request-body '{\"n\": 2}'",
+            "--extra-request-body sets \"n\": each benchmark request is one choice"},
+           {" --extra-request-body '{\"sampling_params\": {\"n\": 2}}'", "--extra-request-body sets \"n\""}}) {
     EXPECT_EQ(fp4moe::testing::run_command(
                   std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() + flags + " 2>&1", &text),
               1)
