@@ -14,9 +14,9 @@
 // (E2E - TTFT) / (output tokens - 1). Several --max-concurrency values run one after another; each
 // run appends one JSON line to --output-file and is one point of the --plot SVG (output tokens/s vs
 // median and p99 E2E latency). Tested by tests/server/test_server_e2e.cpp (BenchServing).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -27,7 +27,6 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <set>
@@ -37,6 +36,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"

@@ -12,11 +12,12 @@
 // SIGTERM / SIGINT: stop taking requests, let running and queued ones finish for at most --drain-timeout seconds,
 // abort the rest, exit 0; a second signal exits at once (status 1).
 // Tested by tests/server/test_server_e2e.cpp and test_server_load.cpp (they run this binary).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+
 #include <pthread.h>
 #include <signal.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,11 +27,12 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "dist/serve_parallel.h"
