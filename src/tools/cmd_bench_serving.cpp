@@ -896,8 +896,8 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
   cmd->add_option("--extra-request-body", a->extra_request_body,
-                  "A JSON object merged into every request's body (top level; e.g. '{\"top_k\": 20}'; "
-                  "sglang.bench_serving's)");
+                  "A JSON object merged into every request's body (on /generate SGLang's sampling fields into "
+                  "sampling_params; e.g. '{\"top_k\": 20}'; sglang.bench_serving's)");
   cmd->add_flag("--disable-ignore-eos", a->disable_ignore_eos,
                 "Requests stop at EOS (default: ignore_eos, every request generates its output length)");
   cmd->add_flag("--disable-stream", a->disable_stream,
