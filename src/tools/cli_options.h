@@ -89,6 +89,12 @@ inline std::pair<std::string, std::string> chat_template_source(const std::strin
          "template names such as chatml are not provided)";
   return {value, "--chat-template"};
 }
+// The --chat-template flag's template (chat_template_source, parsed), with the special tokens of `config` (a parsed
+// tokenizer_config.json, or null) visible to it.
+inline engine::ChatTemplate chat_template_from_flag(const std::string& value, const nlohmann::json& config) {
+  const auto [source, origin] = chat_template_source(value);
+  return engine::ChatTemplate::from_source(source, config, origin);
+}
 
 // Runs a validate() whose engine::FieldError names a field its flag is spelled after (top_p: --top-p), naming the
 // flag instead: "--top-p 2 must be in (0, 1]" where validate says "top_p 2 ...".

@@ -213,14 +213,17 @@ void check_prompt_flags(const BenchArgs& a) {
   check_prompt_budget(a.num_prompts, 1, a.input_len, "--num-prompts", "--input-len");
 }
 
+// A random length of at most `full`: uniform over [full x --random-range-ratio (at least 1), full].
+int64_t draw_len(std::mt19937_64& rng, int64_t full, double range_ratio) {
+  const int64_t lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(full) * range_ratio)));
+  return std::uniform_int_distribution<int64_t>(std::min(lo, full), full)(rng);
+}
+
 // The run's prompts (check_prompt_flags first); vocab: the server's, for the generated ones' token ids.
 std::vector<Prompt> make_prompts(const BenchArgs& a, int64_t vocab) {
   std::vector<Prompt> out;
   std::mt19937_64 rng(a.seed);
-  auto len_in = [&](int64_t full) {
-    const int64_t lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(full) * a.range_ratio)));
-    return std::uniform_int_distribution<int64_t>(std::min(lo, full), full)(rng);
-  };
+  auto len_in = [&](int64_t full) { return draw_len(rng, full, a.range_ratio); };
   if (!a.dataset.empty()) {
     std::istringstream lines(read_file(a.dataset));
     std::string line;
@@ -313,18 +316,25 @@ TurnPairs sharegpt_pairs(const BenchArgs& a) {
   std::shuffle(pairs.begin(), pairs.end(), rng);
   return pairs;
 }
-// The server's tokenizer over a batch of texts (POST /v1/tokenize with a list): the reply's `field` ("count": each
-// text's token count, "tokens": its ids), one entry a text.
-json server_tokenize(const BenchArgs& a, server::HttpClient& client, const std::vector<std::string>& texts,
-                     bool add_special, const char* field) {
-  auto r = client.post("/v1/tokenize", json{{"prompt", texts}, {"add_special_tokens", add_special}}.dump());
-  FP4MOE_CHECK(r.status == 200) << a.url << "/v1/tokenize answered " << r.status << " " << r.error << " "
+// POSTs `body` to the server's `path` (/v1/tokenize, /v1/detokenize with a list) and returns the reply's `field`, a
+// list of n entries (one an input); fails naming the route and the reply otherwise.
+json post_for_list(const BenchArgs& a, server::HttpClient& client, const char* path, const json& body,
+                   const char* field, size_t n) {
+  auto r = client.post(path, body.dump());
+  FP4MOE_CHECK(r.status == 200) << a.url << path << " answered " << r.status << " " << r.error << " "
                                 << r.body.substr(0, 300);
   json j = json::parse(r.body, nullptr, false);
-  FP4MOE_CHECK(j.is_object() && j.contains(field) && j[field].is_array() && j[field].size() == texts.size())
-      << a.url << "/v1/tokenize: no \"" << field << "\" for each of " << texts.size()
-      << " texts: " << r.body.substr(0, 300);
+  FP4MOE_CHECK(j.is_object() && j.contains(field) && j[field].is_array() && j[field].size() == n)
+      << a.url << path << ": no \"" << field << "\" for each of " << n << " inputs: " << r.body.substr(0, 300);
   return std::move(j[field]);
+}
+
+// The server's tokenizer over a batch of texts: the reply's `field` ("count": each text's token count, "tokens": its
+// ids), one entry a text.
+json server_tokenize(const BenchArgs& a, server::HttpClient& client, const std::vector<std::string>& texts,
+                     bool add_special, const char* field) {
+  return post_for_list(a, client, "/v1/tokenize", json{{"prompt", texts}, {"add_special_tokens", add_special}}, field,
+                       texts.size());
 }
 
 std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
@@ -368,11 +378,7 @@ std::vector<Prompt> sharegpt_prompts(const BenchArgs& a, const TurnPairs& pairs,
 // decoded text can differ from the drawn length where a cut falls inside a character or a repeat seam re-tokenizes.
 std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pairs, server::HttpClient& client) {
   std::mt19937_64 rng(a.seed);
-  auto len_in = [&](int64_t full) {
-    const int64_t lo =
-        std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(full) * a.range_ratio)));
-    return std::uniform_int_distribution<int64_t>(std::min(lo, full), full)(rng);
-  };
+  auto len_in = [&](int64_t full) { return draw_len(rng, full, a.range_ratio); };
   constexpr size_t kBatch = 256;
   std::vector<std::vector<int64_t>> sources;  // the first turns' tokens, in order, until --num-prompts have some
   for (size_t at = 0; at < pairs.size() && static_cast<int64_t>(sources.size()) < a.num_prompts; at += kBatch) {
@@ -404,13 +410,8 @@ std::vector<Prompt> random_text_prompts(const BenchArgs& a, const TurnPairs& pai
       n_ids += ids[end++].size();
     const std::vector<std::vector<int64_t>> batch(ids.begin() + static_cast<std::ptrdiff_t>(at),
                                                   ids.begin() + static_cast<std::ptrdiff_t>(end));
-    auto r = client.post("/v1/detokenize", json{{"tokens", batch}}.dump());
-    FP4MOE_CHECK(r.status == 200) << a.url << "/v1/detokenize answered " << r.status << " " << r.error << " "
-                                  << r.body.substr(0, 300);
-    const json j = json::parse(r.body, nullptr, false);
-    FP4MOE_CHECK(j.is_object() && j.contains("text") && j["text"].is_array() && j["text"].size() == batch.size())
-        << a.url << "/v1/detokenize: no \"text\" for each of " << batch.size() << " prompts: " << r.body.substr(0, 300);
-    for (size_t k = 0; k < batch.size(); ++k) out[at + k].body_prompt = {{"text", j["text"][k]}};
+    const json texts = post_for_list(a, client, "/v1/detokenize", json{{"tokens", batch}}, "text", batch.size());
+    for (size_t k = 0; k < batch.size(); ++k) out[at + k].body_prompt = {{"text", texts[k]}};
     at = end;
   }
   return out;

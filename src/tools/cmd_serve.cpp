@@ -104,9 +104,8 @@ Loaded load(const ServeArgs& a) {
     l.model = engine::make_default_model(a.seed);
     l.tokenizer = engine::make_default_tokenizer();
     if (!a.chat_template.empty()) {
-      const auto [source, origin] = chat_template_source(a.chat_template);
-      l.chat_template = std::make_shared<engine::ChatTemplate>(
-          engine::ChatTemplate::from_source(source, l.tokenizer->config(), origin));
+      l.chat_template =
+          std::make_shared<engine::ChatTemplate>(chat_template_from_flag(a.chat_template, l.tokenizer->config()));
     } else if (l.tokenizer->config().is_object() && l.tokenizer->config().contains("chat_template")) {
       l.chat_template = std::make_shared<engine::ChatTemplate>(
           engine::ChatTemplate::from_config(l.tokenizer->config(), std::string(engine::kDefaultModelName)));
@@ -130,9 +129,7 @@ Loaded load(const ServeArgs& a) {
       << tok_dir.string() << " has no tokenizer.json; pass --tokenizer-path DIR";
   auto tok = std::make_shared<engine::Tokenizer>(engine::Tokenizer::load(tok_dir));
   if (!a.chat_template.empty()) {
-    const auto [source, origin] = chat_template_source(a.chat_template);
-    l.chat_template =
-        std::make_shared<engine::ChatTemplate>(engine::ChatTemplate::from_source(source, tok->config(), origin));
+    l.chat_template = std::make_shared<engine::ChatTemplate>(chat_template_from_flag(a.chat_template, tok->config()));
   } else if (has_chat_template(tok_dir, *tok)) {
     l.chat_template = std::make_shared<engine::ChatTemplate>(engine::ChatTemplate::load(tok_dir));
   }
@@ -255,11 +252,8 @@ void run_serve(ServeArgs a) {
   }
   model::parse_load_format(a.load_format);  // bad values fail before the socket opens
   model::parse_dummy_weights(a.dummy_weights);
-  if (!a.chat_template
-           .empty()) {  // a file that cannot be read or a template that does not parse: before the socket opens
-    const auto [source, origin] = chat_template_source(a.chat_template);
-    engine::ChatTemplate::from_source(source, nullptr, origin);
-  }
+  // A --chat-template file that cannot be read or a template that does not parse: before the socket opens.
+  if (!a.chat_template.empty()) chat_template_from_flag(a.chat_template, nullptr);
 
   // Signals are taken by one thread with sigwait; every other thread (httplib's pool, the engine)
   // inherits the blocked mask. A client that vanishes must not kill the process with SIGPIPE.

@@ -170,8 +170,7 @@ void run_tokenize(const TokenizeOptions& o) {
       server::restore_key_order(req, text);  // tools in the file's key order, as the server renders them
       const engine::ChatTemplate tmpl = [&] {
         if (o.chat_template.empty()) return engine::ChatTemplate::load(o.tokenizer_dir);
-        const auto [source, origin] = chat_template_source(o.chat_template);
-        return engine::ChatTemplate::from_source(source, tok.config(), origin);
+        return chat_template_from_flag(o.chat_template, tok.config());
       }();
       rendered = server::render_chat(tmpl, req);
     } catch (const server::ApiError& e) {
