@@ -527,11 +527,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
           out->logprob_start_len = *v;
       };
       if (!lists) {
-        ParsedRequest::PromptLogprobs one;
-        read_logprobs(top, &one);
-        r.return_logprob = one.return_logprob;
-        r.top_logprobs = one.top_logprobs;
-        r.logprob_start_len = one.logprob_start_len;
+        read_logprobs(top, &r.logprobs);
       } else {
         if (r.batch.empty() || r.n > 1)
           throw bad_request("return_logprob",
@@ -589,8 +585,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       parse_sampling(top, &r, true);
       parse_stream(top, &r);
       if (auto v = top.integer("logprobs", 0, kMaxTopLogprobs)) {
-        r.return_logprob = true;
-        r.top_logprobs = *v;
+        r.logprobs.return_logprob = true;
+        r.logprobs.top_logprobs = *v;
       }
       if (auto v = top.boolean("echo")) r.echo = *v;
       if (r.max_new_tokens == 0) {
@@ -671,10 +667,11 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       }
       parse_sampling(top, &r, true);
       parse_stream(top, &r);
-      if (auto v = top.boolean("logprobs")) r.return_logprob = *v;
+      if (auto v = top.boolean("logprobs")) r.logprobs.return_logprob = *v;
       if (auto v = top.integer("top_logprobs", 0, kMaxTopLogprobs)) {
-        if (!r.return_logprob && *v > 0) throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
-        r.top_logprobs = *v;
+        if (!r.logprobs.return_logprob && *v > 0)
+          throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
+        r.logprobs.top_logprobs = *v;
       }
       if (auto v = top.boolean("add_generation_prompt")) r.add_generation_prompt = *v;
       if (auto v = top.boolean("continue_final_message")) r.continue_final_message = *v;
@@ -801,15 +798,14 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
     s.top_logprobs = ask.return_logprob ? ask.top_logprobs : 0;
     if (ask.return_logprob && (r.echo || ask.logprob_start_len)) s.prompt_logprobs = ask.top_logprobs;
   };
-  const ParsedRequest::PromptLogprobs shared{r.return_logprob, r.top_logprobs, r.logprob_start_len};
-  set_logprobs(r.sampling, shared);
+  set_logprobs(r.sampling, r.logprobs);
   if (!r.per_prompt_logprobs.empty() && r.per_prompt.empty()) {
     // Each prompt's own logprob asks need each its own sampling: the shared one, copied.
     for (size_t p = 0; p < r.batch.size(); ++p)
       r.per_prompt.push_back({r.sampling, r.max_new_tokens, r.constraint, r.schema_pointer});
   }
   for (size_t p = 0; p < r.per_prompt.size(); ++p)
-    set_logprobs(r.per_prompt[p].sampling, r.per_prompt_logprobs.empty() ? shared : r.per_prompt_logprobs[p]);
+    set_logprobs(r.per_prompt[p].sampling, r.per_prompt_logprobs.empty() ? r.logprobs : r.per_prompt_logprobs[p]);
   return r;
 }
 
@@ -868,7 +864,7 @@ void drop_generated(const ParsedRequest& req, engine::RequestOutput& event) {
 void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event) {
   if (!req.echo) return;
   first_event.text = prompt_text + first_event.text;
-  if (req.return_logprob) {
+  if (req.logprobs.return_logprob) {
     first_event.tokens.insert(first_event.tokens.begin(), first_event.prompt_logprobs.begin(),
                               first_event.prompt_logprobs.end());
   }
@@ -1049,8 +1045,7 @@ json generate_object(const ParsedRequest::PromptLogprobs& ask, bool return_text_
 }  // namespace
 
 json generate_response(const ParsedRequest& req, const ResponseContext& ctx, const Accumulated& acc) {
-  return generate_object({req.return_logprob, req.top_logprobs, req.logprob_start_len}, req.return_text_in_logprobs,
-                         ctx, acc);
+  return generate_object(req.logprobs, req.return_text_in_logprobs, ctx, acc);
 }
 
 json generate_choice(const ParsedRequest& req, const ResponseContext& ctx, size_t index, const Accumulated& acc,
@@ -1107,7 +1102,7 @@ engine::Usage choice_usage(const ParsedRequest& req, const ResponseContext& ctx,
     u.completion_tokens = acc.finish->usage.completion_tokens;
     u.cached_tokens = acc.finish->usage.cached_tokens;
   } else {
-    const size_t echoed = req.echo && req.return_logprob ? acc.prompt_logprobs.size() : 0;
+    const size_t echoed = req.echo && req.logprobs.return_logprob ? acc.prompt_logprobs.size() : 0;
     u.completion_tokens = static_cast<int64_t>(acc.tokens.size() - std::min(echoed, acc.tokens.size()));
   }
   return u;
@@ -1119,7 +1114,7 @@ json completion_response(const ParsedRequest& req, const ResponseContext& ctx, s
     const Accumulated& acc = choices[i];
     json choice = {{"index", i}, {"text", acc.text}};
     choice["logprobs"] =
-        req.return_logprob
+        req.logprobs.return_logprob
             ? completion_logprobs(req, ctx, acc.tokens, req.echo ? acc.prompt_logprobs.size() : 0, TextOffset{})
             : json(nullptr);
     choice["finish_reason"] = acc.finish ? json(finish_reason_string(*acc.finish)) : json(nullptr);
@@ -1162,7 +1157,7 @@ json chat_response(const ParsedRequest& req, const ResponseContext& ctx, std::sp
       for (size_t k = 0; k < p.calls.size(); ++k) calls.push_back(tool_call_json(ctx, i, k, p.calls[k]));
       choice["message"]["tool_calls"] = std::move(calls);
     }
-    choice["logprobs"] = req.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
+    choice["logprobs"] = req.logprobs.return_logprob ? chat_logprobs(ctx, acc.tokens) : json(nullptr);
     choice["finish_reason"] = acc.finish ? json(chat_finish_reason(req, *acc.finish, called)) : json(nullptr);
     out.push_back(std::move(choice));
   }
@@ -1176,7 +1171,7 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
   json choice = {{"index", index}, {"text", out.text}};
   const TextOffset start = text_offset != nullptr ? *text_offset : TextOffset{};
   choice["logprobs"] =
-      req.return_logprob
+      req.logprobs.return_logprob
           ? completion_logprobs(req, ctx, out.tokens, req.echo ? out.prompt_logprobs.size() : 0, start, text_offset)
           : json(nullptr);
   choice["finish_reason"] = out.finished ? json(finish_reason_string(*out.finished)) : json(nullptr);
@@ -1229,7 +1224,8 @@ json chat_chunk(const ParsedRequest& req, const ResponseContext& ctx, const engi
   }
   if (!p.content.empty() || first) delta["content"] = std::move(p.content);
   json choice = {{"index", index}, {"delta", delta}};
-  choice["logprobs"] = req.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
+  choice["logprobs"] =
+      req.logprobs.return_logprob && !out.tokens.empty() ? chat_logprobs(ctx, out.tokens) : json(nullptr);
   const bool called = stream != nullptr && stream->n_calls > 0;
   choice["finish_reason"] = out.finished ? json(chat_finish_reason(req, *out.finished, called)) : json(nullptr);
   return openai_envelope(ctx, "chat.completion.chunk", json::array({choice}));

@@ -62,8 +62,15 @@ struct ParsedRequest {
   bool include_usage = false;  // OpenAI stream_options.include_usage
   // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's usage so far.
   bool continuous_usage = false;
-  bool return_logprob = false;
-  int64_t top_logprobs = 0;
+  // The logprob asks: OpenAI's logprobs / top_logprobs, SGLang's return_logprob / top_logprobs_num and (/generate)
+  // logprob_start_len: with return_logprob, meta_info.input_token_logprobs (and input_top_logprobs) from that prompt
+  // position on; nullopt / -1: none.
+  struct PromptLogprobs {
+    bool return_logprob = false;
+    int64_t top_logprobs = 0;
+    std::optional<int64_t> logprob_start_len;
+  };
+  PromptLogprobs logprobs;
   // /v1/completions `echo`: each choice's text starts with its prompt and, with logprobs, its logprobs
   // start with the prompt tokens' (the first one null), as OpenAI / vLLM reply; lm-eval's
   // loglikelihood requests (echo, logprobs 1, max_tokens 1) read them. See apply_echo.
@@ -72,9 +79,6 @@ struct ParsedRequest {
   // logprobs alone, completion_tokens 0, finish_reason "length". The engine runs it as max_tokens 1 (its prefill
   // gives the prompt logprobs) and drop_generated() takes that token out of every event.
   bool echo_only = false;
-  // /generate (SGLang): with return_logprob, meta_info.input_token_logprobs (and input_top_logprobs)
-  // from this prompt position on; nullopt / -1: none.
-  std::optional<int64_t> logprob_start_len;
   // /generate (SGLang): the logprob tuples' third element is the token's text instead of null.
   bool return_text_in_logprobs = false;
   // OpenAI `n` (SGLang's sampling_params.n on /generate): choices per request, each its own engine request (with a
@@ -102,12 +106,7 @@ struct ParsedRequest {
   };
   std::vector<PromptSampling> per_prompt;
   // /generate's return_logprob / top_logprobs_num / logprob_start_len as lists (SGLang's, n = 1): each prompt's own
-  // (a field sent as one value applies to every prompt); empty: the fields above serve all.
-  struct PromptLogprobs {
-    bool return_logprob = false;
-    int64_t top_logprobs = 0;
-    std::optional<int64_t> logprob_start_len;
-  };
+  // (a field sent as one value applies to every prompt); empty: `logprobs` serves all.
   std::vector<PromptLogprobs> per_prompt_logprobs;
   // /generate's rid as a list (one per prompt, n = 1): the choices' ids. A string rid names a batch's choices
   // "{rid}_{i}" (SGLang's names).

@@ -591,7 +591,8 @@ TEST(ServerProtocol, EchoAndPromptLogprobs) {
       parse_request(Endpoint::kGenerate,
                     json{{"text", "x"}, {"return_logprob", true}, {"logprob_start_len", 1}, {"top_logprobs_num", 1}});
   EXPECT_EQ(gen.sampling.prompt_logprobs, 1);
-  EXPECT_FALSE(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"logprob_start_len", -1}}).logprob_start_len);
+  EXPECT_FALSE(
+      parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"logprob_start_len", -1}}).logprobs.logprob_start_len);
 
   fp4moe::engine::RequestOutput out;
   out.tokens.push_back({.id = 9, .logprob = -0.5f});
