@@ -528,12 +528,13 @@ RequestResult send_one(const BenchArgs& a, const Prompt& p, uint64_t seed) {
   return r;
 }
 
-Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_t concurrency) {
+// Sends prompts[i] at arrivals[i] seconds from the start (all at once when `arrivals` is empty) through at most
+// `concurrency` requests in flight, seeded seed_of(i); the results in prompt order.
+template <typename SeedOf>
+std::vector<RequestResult> run_concurrently(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_t concurrency,
+                                            const std::vector<double>& arrivals, SeedOf seed_of) {
   std::vector<RequestResult> results(prompts.size());
   std::atomic<size_t> next{0};
-  // A request waits for its arrival time and then for a free worker (--max-concurrency), as the Python clients hold
-  // arrivals behind their concurrency semaphore.
-  const std::vector<double> arrivals = arrival_times(a, prompts.size());
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
   const int64_t n_workers = std::min<int64_t>(concurrency, static_cast<int64_t>(prompts.size()));
@@ -544,10 +545,11 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
     try {
       workers.emplace_back([&] {
         for (size_t i = next++; i < prompts.size(); i = next++) {
-          std::this_thread::sleep_until(
-              t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+          if (!arrivals.empty())
+            std::this_thread::sleep_until(
+                t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
           try {
-            results[i] = send_one(a, prompts[i], a.seed * 1000003 + i);
+            results[i] = send_one(a, prompts[i], seed_of(i));
           } catch (const std::exception& e) {  // a failed request, not an exception escaping a thread (an abort)
             results[i].error = e.what();
           }
@@ -562,6 +564,16 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
   FP4MOE_CHECK(spawn_error.empty()) << "--max-concurrency " << concurrency << ": worker " << workers.size() + 1
                                     << " of " << n_workers << " could not be started (" << spawn_error
                                     << "); give a smaller --max-concurrency";
+  return results;
+}
+
+Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_t concurrency) {
+  // A request waits for its arrival time and then for a free worker (--max-concurrency), as the Python clients hold
+  // arrivals behind their concurrency semaphore.
+  const std::vector<double> arrivals = arrival_times(a, prompts.size());
+  const auto t0 = Clock::now();
+  const std::vector<RequestResult> results =
+      run_concurrently(a, prompts, concurrency, arrivals, [&](size_t i) { return a.seed * 1000003 + i; });
   Summary s;
   s.concurrency = concurrency;
   s.duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -814,13 +826,22 @@ void run_bench(BenchArgs a) {
   // Each run starts from an empty prefix cache, so that a run does not find the prompts of the one
   // before it (the same prompts) cached; --no-flush-cache keeps what is there.
   const bool flush = a.flush_cache && !server_info.value("disable_radix_cache", true);
-  // Warm-up (sglang.bench_serving's --warmup-requests): the first prompt, at most 32 tokens out, untimed; one that
-  // fails stops the run before anything is measured.
-  for (int64_t w = 0; w < a.warmup_requests && !prompts.empty(); ++w) {
+  // Warm-up (sglang.bench_serving's --warmup-requests): N copies of the first prompt, at most 32 tokens out, sent
+  // together (at most kMaxWarmupInFlight at a time) and untimed; the run stops before anything is measured only when
+  // none of them succeeds (as sglang's).
+  if (a.warmup_requests > 0 && !prompts.empty()) {
+    constexpr int64_t kMaxWarmupInFlight = 256;
     Prompt p = prompts.front();
     p.output_len = std::min<int64_t>(p.output_len, 32);
-    const RequestResult r = send_one(a, p, a.seed);
-    FP4MOE_CHECK(r.ok) << "warm-up request " << w + 1 << " of " << a.warmup_requests << " failed: " << r.error;
+    const std::vector<RequestResult> warm =
+        run_concurrently(a, std::vector<Prompt>(a.warmup_requests, p),
+                         std::min(a.warmup_requests, kMaxWarmupInFlight), {}, [&](size_t) { return a.seed; });
+    const auto ok = std::count_if(warm.begin(), warm.end(), [](const RequestResult& r) { return r.ok; });
+    FP4MOE_CHECK(ok > 0) << "all " << a.warmup_requests << " warm-up request(s) failed; first: " << warm.front().error;
+    if (ok < a.warmup_requests)
+      fmt::print(stderr, "warning: {} of {} warm-up requests failed; first: {}\n", a.warmup_requests - ok,
+                 a.warmup_requests,
+                 std::find_if(warm.begin(), warm.end(), [](const RequestResult& r) { return !r.ok; })->error);
   }
   std::vector<json> runs;
   for (int64_t c : levels.empty() ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())} : levels) {
@@ -903,8 +924,9 @@ void register_bench_serving_command(CLI::App& app) {
                 "Requests stop at EOS (default: ignore_eos, every request generates its output length)");
   cmd->add_flag("--disable-stream", a->disable_stream,
                 "Whole replies instead of streams: TTFT is then the request's latency, no inter-token times");
-  cmd->add_option("--warmup-requests", a->warmup_requests,
-                  "Untimed requests of the first prompt (at most 32 tokens out) before the runs (default 1)");
+  cmd->add_option(
+      "--warmup-requests", a->warmup_requests,
+      "Untimed requests of the first prompt (at most 32 tokens out), sent together before the runs (default 1)");
   cmd->add_option("--api-key", a->api_key, "The server's --api-key (sent as Authorization: Bearer)");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)");
   cmd->add_option("--top-p", a->top_p, "top_p of sampled requests (default 1)");

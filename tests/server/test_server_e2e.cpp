@@ -1934,6 +1934,9 @@ TEST_F(DefaultServer, BenchServingRequestOptions) {
            {" --extra-request-body '[1]'", "--extra-request-body must be a JSON object, got: [1]"},
            {" --extra-request-body '{\"stream\": false}'", "--extra-request-body sets \"stream\""},
            {" --warmup-requests -1", "--warmup-requests -1 must be >= 0"},
+           // every warm-up request refused by the server (sent together; the run stops only when all fail)
+           {" --warmup-requests 3 --extra-request-body '{\"temperature\": -1}'",
+            "all 3 warm-up request(s) failed; first: HTTP 400"},
            {" --extra-request-body '{\"n\": 2}'",
             "--extra-request-body sets \"n\": each benchmark request is one choice"},
            {" --extra-request-body '{\"sampling_params\": {\"n\": 2}}'", "--extra-request-body sets \"n\""}}) {
