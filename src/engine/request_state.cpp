@@ -217,7 +217,10 @@ RequestOutput RequestState::on_sampled(const SampleResult& s, Clock::time_point 
   if (is_eos || is_stop_id) {
     matched_stop_token_ = s.id;
     finish_reason_ = FinishReason::kStop;
-    return out;  // the stop token adds no text
+    // The stop token adds no text, unless include_stop_str (vLLM's include_stop_str_in_output, SGLang's
+    // no_stop_trim) keeps it: then its text as the detokenizer renders it (nothing for a skipped special token).
+    if (sampling.include_stop_str && detok_) stream_text(detok_->push(s.id), out.text, false);
+    return out;
   }
   bool feed = sampling.constraint && phase_ == Phase::kConstrained;
   std::string_view bytes;  // what the automaton reads of this token (all of it unless the phase says less)

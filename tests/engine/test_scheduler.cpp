@@ -835,6 +835,31 @@ TEST(Scheduler, StopStringsAcrossTokens) {
   EXPECT_EQ(h.results.at(kept).ids.size(), 13u);
 }
 
+// A stop token id ends the text before its own text, unless include_stop_str (vLLM's include_stop_str_in_output,
+// SGLang's no_stop_trim) keeps it; a special token the detokenizer skips adds nothing either way.
+TEST(Scheduler, StopTokenTextKeptOnlyWithIncludeStopStr) {
+  Harness h(EngineOptions{}, spelling_model("Hello, world"));
+  SamplingParams sp = greedy(40);
+  sp.stop_token_ids = {','};
+  const RequestId trimmed = h.submit({65}, sp);
+  sp.include_stop_str = true;
+  const RequestId kept = h.submit({65}, sp);
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.results.at(trimmed).text, "Hello");
+  EXPECT_EQ(h.results.at(kept).text, "Hello,");
+  EXPECT_EQ(h.results.at(kept).finish->matched_stop_token, ',');
+  EXPECT_EQ(h.results.at(kept).ids, h.results.at(trimmed).ids);
+  // "Hi" then <|endoftext|> (256, special, skipped by default) as the stop token: no text for it.
+  Harness special(EngineOptions{}, spelling_model("Hi"));
+  SamplingParams sq = greedy(40);
+  sq.stop_token_ids = {256};
+  sq.include_stop_str = true;
+  const RequestId id = special.submit({65}, sq);
+  special.engine.run_until_idle();
+  EXPECT_EQ(special.results.at(id).text, "Hi");
+  EXPECT_EQ(special.results.at(id).finish->matched_stop_token, 256);
+}
+
 TEST(Scheduler, StopTokenAndUtf8AcrossTokens) {
   // "é" is two bytes, two tokens: streamed text never splits it; 256 (<|endoftext|>) is eos for
   // the default model but the scripted model's eos is 271: stop on 256 through stop_token_ids.
