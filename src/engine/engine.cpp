@@ -263,10 +263,10 @@ struct Engine::Impl {
     int64_t n_tokens;
   };
 
-  // A request's next prefill chunk: its remaining prefill within the chunk cap and the step's budget,
-  // and, while it computes prompt logprobs, within max_prompt_logits_bytes of logits.
-  int64_t prefill_chunk(const RequestState& r, int64_t chunk_cap, int64_t budget) const {
-    int64_t n = std::min({r.remaining_prefill(), chunk_cap, budget});
+  // A request's next prefill chunk: its remaining prefill within the step's budget, and, while it computes
+  // prompt logprobs, within max_prompt_logits_bytes of logits.
+  int64_t prefill_chunk(const RequestState& r, int64_t budget) const {
+    int64_t n = std::min(r.remaining_prefill(), budget);
     if (n > 0 && r.wants_prompt_logits(r.kv_length(), n)) {
       const int64_t row_bytes = vocab * static_cast<int64_t>(sizeof(float));
       n = std::min(n, std::max<int64_t>(1, opt().max_prompt_logits_bytes / row_bytes));
@@ -287,9 +287,14 @@ struct Engine::Impl {
     if (take_flush_request() && cache) cache->clear(blocks);
     int64_t n_preempted = 0;
     int64_t n_cached = 0;  // prefix-cache tokens of the requests admitted now
+    int64_t step_queries = 0, step_hits = 0;  // their prompt tokens looked up / found (first admissions)
     std::vector<Planned> plan;
-    int64_t prefill_budget = opt().max_prefill_tokens;
-    const int64_t chunk_cap = opt().chunked_prefill_size > 0 ? opt().chunked_prefill_size : INT64_MAX;
+    // The step's prefill tokens over all requests: max_prefill_tokens, and with chunked prefill at most
+    // chunked_prefill_size (SGLang's chunk budget: one prefill batch's tokens, a longer prompt continuing in the
+    // next steps), so that one step's prefill delays the running requests' next tokens by a bounded amount.
+    int64_t prefill_budget = opt().chunked_prefill_size > 0
+                                 ? std::min(opt().max_prefill_tokens, opt().chunked_prefill_size)
+                                 : opt().max_prefill_tokens;
 
     // Running requests, oldest first: a decode token each, or their next prefill chunk (whose
     // blocks were reserved at admission). The newest gives way when blocks run out.
@@ -297,7 +302,7 @@ struct Engine::Impl {
       RequestState* r = running[i].get();
       if (r->in_prefill()) {
         if (continuous) continue;
-        const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
+        const int64_t n = prefill_chunk(*r, prefill_budget);
         if (n <= 0) continue;
         prefill_budget -= n;
         plan.push_back({r, n});
@@ -328,6 +333,13 @@ struct Engine::Impl {
         // prompt logprobs need every prompt position forwarded.
         PrefixCache::Hit hit;
         const bool may_hit = cache && r->sampling.prompt_logprobs < 0;
+        // A choice whose prompt its group's leader is prefilling now waits for the leader's prefill to reach the
+        // cache (a whole page at least), as SGLang prefills an n > 1 prompt once.
+        if (may_hit && r->prompt_leader != 0 && r->n_all_tokens() > blocks.page_size() &&
+            std::any_of(running.begin(), running.end(), [&](const std::unique_ptr<RequestState>& q) {
+              return q->id == r->prompt_leader && q->in_prefill();
+            }))
+          break;
         if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {
           // The hit's own blocks may be what the request needs (a large entry): without the hit (its
@@ -341,12 +353,14 @@ struct Engine::Impl {
         if (!r->counted_prompt && may_hit) {
           r->cached_tokens = std::min<int64_t>(r->kv_length(), static_cast<int64_t>(r->prompt.size()));
           if (r->log_metrics) {
+            step_queries += static_cast<int64_t>(r->prompt.size());
+            step_hits += r->cached_tokens;
             std::lock_guard<std::mutex> lock(mu);
             stats.prefix_cache_queries_total += static_cast<uint64_t>(r->prompt.size());
             stats.prefix_cache_hits_total += static_cast<uint64_t>(r->cached_tokens);
           }
         }
-        const int64_t n = prefill_chunk(*r, chunk_cap, prefill_budget);
+        const int64_t n = prefill_chunk(*r, prefill_budget);
         prefill_budget -= n;
         plan.push_back({r, n});
         if (!r->counted_prompt) {
@@ -357,6 +371,10 @@ struct Engine::Impl {
         running.push_back(std::move(waiting.front()));
         waiting.pop_front();
       }
+    }
+    if (step_queries > 0) {  // SGLang's cache_hit_rate gauge: the last prefill batch's
+      std::lock_guard<std::mutex> lock(mu);
+      stats.cache_hit_rate = static_cast<double>(step_hits) / static_cast<double>(step_queries);
     }
     publish_counts();
     if (plan.empty()) return false;
@@ -793,12 +811,15 @@ GroupSubmitResult Engine::submit_group(std::vector<Submission> group) {
                             std::to_string(n) + (n == 1 ? " new" : " new (one request's choices, admitted together)") +
                             " > max_queued_requests " + std::to_string(options_.max_queued_requests)});
     }
+    std::map<std::vector<TokenId>, RequestId> first_with_prompt;  // a group's choices of one prompt (n > 1)
     for (Submission& sub : group) {
       const RequestId id = impl_->next_id++;
       const uint64_t seed = sub.request.sampling.seed ? *sub.request.sampling.seed : splitmix64(id);
       if (sub.request.log_metrics) ++impl_->stats.requests_submitted_total;
+      const auto [first, inserted] = first_with_prompt.try_emplace(sub.request.prompt_ids, id);
       impl_->pending.push_back(std::make_unique<RequestState>(id, std::move(sub.request), std::move(sub.callback),
                                                               tokenizer_.get(), impl_->vocab, seed, Clock::now()));
+      if (!inserted) impl_->pending.back()->prompt_leader = first->second;
       impl_->live.insert(id);
       res.ids.push_back(id);
     }

@@ -11,9 +11,9 @@
 //
 // Each step (continuous batching, SGLang's levers, ../shared/spec/serving-anchors.md):
 //   1. drop aborted requests (their KV blocks are freed);
-//   2. admit waiting requests FCFS while max_running_requests and the KV blocks allow; a prompt is
-//      prefilled in chunks of at most chunked_prefill_size tokens, and a step carries at most
-//      max_prefill_tokens prefill tokens over all requests;
+//   2. admit waiting requests FCFS while max_running_requests and the KV blocks allow; a step carries at
+//      most min(max_prefill_tokens, chunked_prefill_size) prefill tokens over all requests (SGLang's chunk
+//      budget), a prompt longer than what is left of it continuing in the next steps;
 //   3. every running request that has finished its prefill gets one decode token;
 //   4. all of it goes through ONE CausalLM::forward, then each request samples, streams its
 //      RequestOutput (token, logprobs, incremental text) and maybe finishes.
@@ -89,8 +89,8 @@ struct EngineOptions {
   int64_t max_running_requests = 16;        // requests in the running batch at once
   int64_t max_total_tokens = 32768;         // KV capacity in tokens (all requests together)
   int64_t page_size = 16;                   // tokens per KV block
-  int64_t chunked_prefill_size = 512;       // max prompt tokens of one request per step (<= 0: no limit)
-  int64_t max_prefill_tokens = 4096;        // max prompt tokens over all requests per step
+  int64_t chunked_prefill_size = 512;       // max prompt tokens per step over all requests (<= 0: no chunking)
+  int64_t max_prefill_tokens = 4096;        // max prompt tokens per step, chunked or not
   int64_t num_continuous_decode_steps = 1;  // decode steps back to back without re-scheduling
   // Streaming: a request's first token at once, then its tokens in groups of this many (SGLang's --stream-interval;
   // finishing events and continuous runs' ends deliver what is held once a due token is among it).
@@ -236,6 +236,7 @@ struct EngineStats {
   // Prefix cache: prompt tokens looked up (first admissions of requests that may hit) and found.
   uint64_t prefix_cache_queries_total = 0;
   uint64_t prefix_cache_hits_total = 0;
+  double cache_hit_rate = 0.0;      // the last prefill step's hits / queries (SGLang's gauge)
   int64_t prefix_cache_tokens = 0;  // tokens its entries hold (whole blocks, not in kv_used_tokens)
   uint64_t steps_total = 0;
   uint64_t continuous_steps_total = 0;

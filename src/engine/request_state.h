@@ -36,6 +36,10 @@ class RequestState {
   std::vector<int32_t> blocks;       // KV blocks held
   bool counted_prompt = false;
   int64_t cached_tokens = 0;  // prompt tokens the first admission took from the prefix cache
+  // A choice of a group (n > 1) whose prompt an earlier choice of the same group has too: that one's id. Admission
+  // holds this one while that one is prefilling, so that it finds the prompt in the prefix cache instead of
+  // prefilling it again (SGLang prefills such a prompt once before its n samples). 0: none.
+  RequestId prompt_leader = 0;
 
   int64_t kv_length() const { return kv ? kv->length() : 0; }
   int64_t n_all_tokens() const { return static_cast<int64_t>(tokens_.size()); }

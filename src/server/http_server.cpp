@@ -2,6 +2,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
@@ -747,8 +748,11 @@ HttpServer::HttpServer(ServerOptions options)
   http_->set_payload_max_length(kMaxBodyBytes);
   // Keep the listening socket's descriptor: httplib listens with a backlog of 5, which drops
   // connections when dozens of clients connect at once; bind() raises it (listen() again).
+  // SO_REUSEADDR only (a restart binds past TIME_WAIT, as uvicorn does): httplib's default also sets SO_REUSEPORT,
+  // under which a second server on a port in use bound it too and the kernel split the connections between them.
   http_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd_ = static_cast<int>(sock);
   });
   http_->set_read_timeout(30, 0);
@@ -776,7 +780,8 @@ void HttpServer::bind() {
     FP4MOE_CHECK(port_ > 0) << "cannot listen on " << options_.host << " (any port)";
   } else {
     FP4MOE_CHECK(http_->bind_to_port(options_.host, options_.port))
-        << "cannot listen on " << options_.host << ":" << options_.port << " (port taken or host not local?)";
+        << "cannot listen on " << options_.host << ":" << options_.port
+        << " (port taken, e.g. by another server, or host not local?)";
     port_ = options_.port;
   }
   if (listen_fd_ >= 0) {

@@ -101,10 +101,10 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
          static_cast<double>(s.prefix_cache_queries_total));
   scalar(o, "prefix_cache_hits_total", "counter", "Prompt tokens whose KV came from the prefix cache.",
          static_cast<double>(s.prefix_cache_hits_total));
-  scalar(o, "cache_hit_rate", "gauge", "prefix_cache_hits_total / prefix_cache_queries_total.",
-         s.prefix_cache_queries_total > 0
-             ? static_cast<double>(s.prefix_cache_hits_total) / static_cast<double>(s.prefix_cache_queries_total)
-             : 0.0);
+  scalar(o, "cache_hit_rate", "gauge",
+         "Prefix cache hits / lookups of the last step that admitted requests (SGLang's; the run's: "
+         "prefix_cache_hits_total / prefix_cache_queries_total).",
+         s.cache_hit_rate);
   scalar(o, "prefix_cache_tokens", "gauge", "Tokens the prefix cache holds (evicted when requests need the blocks).",
          static_cast<double>(s.prefix_cache_tokens));
   histogram(o, "time_to_first_token_seconds", "Time from submit to the first generated token.", s.ttft_s);

@@ -10,7 +10,7 @@
 // Flags carry SGLang's names and meaning (../shared/spec/serving-anchors.md). The socket opens before
 // the model loads, so /health answers 503 during the load and 200 once the engine has warmed up.
 // SIGTERM / SIGINT: stop taking requests, let running and queued ones finish for at most --drain-timeout seconds,
-// abort the rest, exit 0; a second signal exits at once (status 1).
+// abort the rest, exit 0; SIGINT while draining exits at once (status 1), a repeated SIGTERM is ignored.
 // Tested by tests/server/test_server_e2e.cpp and test_server_load.cpp (they run this binary).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -310,10 +310,14 @@ void run_serve(ServeArgs a) {
       fmt::print(stderr, "fp4moe serve: signal {} during the model load; exiting\n", sig);
       std::_Exit(0);
     }
-    // A second signal while draining: exit now, as SGLang / vLLM do on a second Ctrl-C.
-    sigwait(&stop_signals, &sig);
-    fmt::print(stderr, "fp4moe serve: second signal {} while draining; exiting without waiting for the requests\n",
-               sig);
+    // SIGINT while draining (a second Ctrl-C): exit now, as SGLang / vLLM (uvicorn) do. A repeated SIGTERM only
+    // asks for what is under way (`timeout` and some supervisors send it to the process and to its group).
+    for (;;) {
+      sigwait(&stop_signals, &sig);
+      if (sig == SIGINT) break;
+      fmt::print(stderr, "fp4moe serve: signal {} again: already draining (SIGINT exits at once)\n", sig);
+    }
+    fmt::print(stderr, "fp4moe serve: SIGINT while draining; exiting without waiting for the requests\n");
     std::_Exit(1);
   });
   signals.detach();
@@ -405,9 +409,12 @@ void register_serve_command(CLI::App& app) {
       "weights, step buffers and KV cache, the cache getting what the load leaves (SGLang's option; vLLM's "
       "name; e.g. 0.88); default: --max-total-tokens");
   cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");
-  cmd->add_option("--chunked-prefill-size", a->engine.chunked_prefill_size,
-                  "Max prompt tokens of one request per step (default 512; <= 0: no chunking)");
-  cmd->add_option("--max-prefill-tokens", a->engine.max_prefill_tokens, "Max prompt tokens per step (default 4096)");
+  CLI::Option* chunked = cmd->add_option(
+      "--chunked-prefill-size", a->engine.chunked_prefill_size,
+      "Max prompt tokens per step over all requests, a longer prompt continuing in the next steps (SGLang's; "
+      "default: 512 on the cpu, --max-prefill-tokens on cuda; <= 0: no chunking)");
+  cmd->add_option("--max-prefill-tokens", a->engine.max_prefill_tokens,
+                  "Max prompt tokens per step, chunked or not (default 4096)");
   cmd->add_option("--stream-interval", a->engine.stream_interval,
                   "Streamed requests get their first token at once, then tokens in groups of this many (fewer "
                   "chunks and callbacks at large batches; SGLang's option; default 1)");
@@ -453,8 +460,8 @@ void register_serve_command(CLI::App& app) {
       "HTTP worker threads grown to while connections wait (default max(2048, --http-threads)); beyond, they "
       "queue");
   cmd->add_option("--drain-timeout", a->drain_timeout_s,
-                  "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); a "
-                  "second signal exits at once");
+                  "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); "
+                  "SIGINT while draining exits at once");
   cmd->add_option("--decode-log-interval", a->decode_log_interval,
                   "Log a \"Decode batch.\" line (running requests, KV tokens and usage, gen throughput, queue) every N "
                   "decode steps and a \"Prefill batch.\" line every prefill step on stderr, as SGLang's scheduler "
@@ -470,7 +477,11 @@ void register_serve_command(CLI::App& app) {
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
   cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");
   cmd->add_option("--ep-size", tp_ep->second, "Ranks the routed experts are spread over; divides --tp-size (default 1)");
-  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction] {
+  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked] {
+    // cuda: the step's whole prefill budget by default (SGLang's GPU defaults are 2-16k tokens a step; the cpu's
+    // 512 keeps its steps short).
+    if (chunked->count() == 0 && a->device.device == "cuda")
+      a->engine.chunked_prefill_size = a->engine.max_prefill_tokens;
     a->max_total_tokens_given = max_total_tokens->count() > 0;
     a->mem_fraction_given = mem_fraction->count() > 0;
     dist::check_serve_parallel(tp_ep->first, tp_ep->second);  // validated; > 1 refused until multi-GPU serving exists

@@ -279,7 +279,31 @@ TEST(Scheduler, ChunkedPrefillEqualsUnchunked) {
   std::vector<StepInfo> steps;
   o.step_observer = [&](const StepInfo& s) { steps.push_back(s); };
   expect_same_as_alone(o, testing::test_seed() + 1, 10);
-  for (const StepInfo& s : steps) EXPECT_LE(s.n_prefill_tokens, 7) << "step " << s.step;
+  // The chunk budget is the step's, over all requests (SGLang's): min(7, 5).
+  for (const StepInfo& s : steps) EXPECT_LE(s.n_prefill_tokens, 5) << "step " << s.step;
+}
+
+// --chunked-prefill-size bounds a step's prefill over all requests, not each request's chunk (SGLang's chunk
+// budget): four 6-token prompts under a budget of 8 (max_prefill_tokens 100) take 8, 8, 8 tokens, the prompts
+// split across steps where the budget ends; without chunking one step takes all 24.
+TEST(Scheduler, ChunkBudgetIsTheStepsOverAllRequests) {
+  for (const int64_t chunk : {int64_t{8}, int64_t{-1}}) {
+    EngineOptions o;
+    o.chunked_prefill_size = chunk;
+    o.max_prefill_tokens = 100;
+    std::vector<int64_t> prefill;
+    o.step_observer = [&](const StepInfo& s) {
+      if (s.n_prefill_tokens > 0) prefill.push_back(s.n_prefill_tokens);
+    };
+    Harness h(o);
+    std::vector<RequestId> ids;
+    for (TokenId t = 1; t <= 4; ++t) ids.push_back(h.submit({t, 2, 3, 4, 5, 6}, greedy(3)));
+    h.engine.run_until_idle();
+    const std::vector<int64_t> want = chunk > 0 ? std::vector<int64_t>{8, 8, 8} : std::vector<int64_t>{24};
+    EXPECT_EQ(prefill, want) << "chunk " << chunk;
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(h.results.at(ids[i]).ids, alone({static_cast<TokenId>(i + 1), 2, 3, 4, 5, 6}, greedy(3)));
+  }
 }
 
 TEST(Scheduler, KvExhaustionWaitsAndPreemptionKeepsOutputs) {
@@ -414,6 +438,48 @@ TEST(Scheduler, PrefixCacheHoldsAPrefillWhileItsRequestDecodes) {
   EXPECT_EQ(h.results.at(b).ids, h.results.at(a).ids);
   EXPECT_EQ(h.engine.stats().kv_used_tokens, 0);
   EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 64) << "a's and b's finished states: one entry of 4 pages";
+}
+
+// A group's choices of one prompt (n > 1) prefill it once: the others wait for the first's prefill and take its
+// whole pages from the cache (SGLang prefills such a prompt before its n samples); a choice of another prompt in
+// the group takes none. Outputs equal each alone; cache_hit_rate is the last admitting step's (SGLang's gauge).
+TEST(Scheduler, GroupChoicesOfOnePromptPrefillItOnce) {
+  EngineOptions o;  // page_size 16, prefix cache on
+  auto owned = std::make_unique<ScriptedModel>();
+  ScriptedModel& m = *owned;
+  Harness h(o, std::move(owned));
+  std::mt19937_64 rng(testing::test_seed() + 44);
+  const std::vector<TokenId> prompt = random_prompt(rng, 40), other = random_prompt(rng, 40);
+  std::map<RequestId, std::vector<TokenId>> ids;
+  std::vector<Engine::Submission> g;
+  for (const auto* p : {&prompt, &prompt, &other, &prompt}) {
+    g.push_back({{*p, greedy(5)}, [&ids](const RequestOutput& out) {
+                   for (const auto& t : out.tokens) ids[out.id].push_back(t.id);
+                 }});
+  }
+  const GroupSubmitResult r = h.engine.submit_group(std::move(g));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(h.engine.step());  // the first choice's prefill; choice 2 waits, and the queue behind it (FCFS)
+  EXPECT_EQ(forwarded_tokens(m), 40);
+  EXPECT_EQ(h.engine.stats().n_running, 1);
+  EXPECT_DOUBLE_EQ(h.engine.stats().cache_hit_rate, 0.0);
+  ASSERT_TRUE(h.engine.step());  // it decodes; choices 2 and 4 prefill past the 2 cached pages, 3 all of its own
+  EXPECT_EQ(forwarded_tokens(m), 1 + (40 - 32) + 40 + (40 - 32));
+  EXPECT_DOUBLE_EQ(h.engine.stats().cache_hit_rate, 64.0 / 120.0);
+  h.engine.run_until_idle();
+  EXPECT_EQ(h.engine.stats().prefix_cache_hits_total, 64u);
+  EXPECT_EQ(ids.at(r.ids[0]), alone(prompt, greedy(5)));
+  EXPECT_EQ(ids.at(r.ids[1]), ids.at(r.ids[0]));
+  EXPECT_EQ(ids.at(r.ids[3]), ids.at(r.ids[0]));
+  EXPECT_EQ(ids.at(r.ids[2]), alone(other, greedy(5)));
+  // A prompt of one page or less has nothing to share: its choices prefill together.
+  std::vector<Engine::Submission> small;
+  for (int i = 0; i < 3; ++i) small.push_back({{{1, 2, 3}, greedy(2)}, nullptr});
+  ASSERT_TRUE(h.engine.submit_group(std::move(small)).ok());
+  forwarded_tokens(m);
+  ASSERT_TRUE(h.engine.step());
+  EXPECT_EQ(forwarded_tokens(m), 3 * 3);
+  h.engine.run_until_idle();
 }
 
 // No hit: with the cache off, for a model whose states cannot be copied, and for a request that

@@ -2254,6 +2254,21 @@ TEST(ServerE2E, SigtermDrainsRunningRequestsAndExitsZero) {
   EXPECT_EQ(final_ids.size(), 60u);  // the running request finished
 }
 
+// A second server on a port in use stops with the reason (httplib's default SO_REUSEPORT let it bind beside the
+// first, and the kernel split the connections between the two models); the first keeps serving.
+TEST(ServerE2E, PortInUseIsRefused) {
+  ServerProcess first(FP4MOE_CLI, {});
+  ASSERT_TRUE(first.wait_ready(60));
+  const std::string port = std::to_string(first.port());
+  std::string text;
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string("timeout 60 ") + FP4MOE_CLI + " serve --port " + port + " </dev/null 2>&1", &text),
+            1);
+  EXPECT_NE(text.find("cannot listen on 127.0.0.1:" + port + " (port taken"), std::string::npos) << text;
+  HttpClient c(first.url(), kTimeout);
+  EXPECT_EQ(c.get("/health").status, 200);
+}
+
 // --context-length past the model's max_position_embeddings is refused at start, naming both (it served 9,000
 // positions of an 8,192-position model).
 TEST(ServerE2E, ContextLengthPastTheModelIsRefused) {
@@ -2346,13 +2361,13 @@ TEST(ServerE2E, GenerationConfigEosAndSamplingDefaults) {
 }
 
 // --drain-timeout bounds the drain: a request that would run long is aborted when it expires (the engine thread
-// was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a second signal
-// exits at once.
-
-TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
-  for (bool second_signal : {false, true}) {
-    SCOPED_TRACE(second_signal ? "second signal" : "drain timeout");
-    ServerProcess srv(FP4MOE_CLI, {"--drain-timeout", second_signal ? "600" : "1"});
+// was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a repeated SIGTERM
+// is ignored (`timeout` sends one to the process and one to its group), SIGINT while draining exits at once.
+TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndSigintExits) {
+  enum class Then { kNothing, kSigterm, kSigint };
+  for (Then then : {Then::kNothing, Then::kSigterm, Then::kSigint}) {
+    SCOPED_TRACE(then == Then::kNothing ? "drain timeout" : then == Then::kSigterm ? "SIGTERM again" : "then SIGINT");
+    ServerProcess srv(FP4MOE_CLI, {"--drain-timeout", then == Then::kSigint ? "600" : "1"});
     ASSERT_TRUE(srv.wait_ready(60));
     std::atomic<int> chunks{0};
     std::string finish;
@@ -2372,17 +2387,17 @@ TEST(ServerE2E, DrainTimeoutAbortsWhatIsLeftAndASecondSignalExits) {
     });
     while (chunks.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const auto t0 = std::chrono::steady_clock::now();
-    if (second_signal) {
+    if (then != Then::kNothing) {
       ::kill(srv.pid(), SIGTERM);
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // two pending SIGTERMs would merge into one
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // two pending signals of one kind would merge
     }
-    const int rc = srv.stop(SIGTERM, 30);
+    const int rc = srv.stop(then == Then::kSigint ? SIGINT : SIGTERM, 30);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     client.join();
-    EXPECT_EQ(rc, second_signal ? 1 : 0);
+    EXPECT_EQ(rc, then == Then::kSigint ? 1 : 0);
     EXPECT_LT(took, 8.0);
     EXPECT_LT(n_ids, 3000u);
-    if (!second_signal) {
+    if (then != Then::kSigint) {
       EXPECT_EQ(finish, "abort");
     }
   }
