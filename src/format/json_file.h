@@ -60,8 +60,14 @@ J parse_json_text(const std::string& text, const std::string& source) {
   return std::move(*value);
 }
 
+// A model's JSON files (config.json, tokenizer.json, ...) are regular files: a FIFO or a device in their place is
+// refused before it is opened (opening a FIFO with no writer blocked forever).
 template <typename J = nlohmann::json>
 J read_json_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  FP4MOE_CHECK(ec || std::filesystem::is_regular_file(st) || std::filesystem::is_directory(st))
+      << path.string() << " is not a regular file (a FIFO, socket or device; a JSON file is read whole)";
   return parse_json_text<J>(read_file(path), path.string());
 }
 

@@ -288,7 +288,9 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file_bytes, const s
 // SafetensorsFile
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in the file's place opens at once (and is refused below as not a regular file) instead of
+  // blocking until a writer comes; reads of a regular file ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   const int open_errno = errno;
   FP4MOE_REQUIRE(fd >= 0) << path.string() << ": cannot open: " << errno_text(open_errno);
   struct stat st {};

@@ -211,8 +211,12 @@ void check_cpu_memory(model::CausalLM& lm, int64_t batch, int64_t tokens_per_seq
 
 void run_bench(const BenchArgs& a) {
   check_device_options(a.device);  // named before the checks that depend on it, with every model
-  FP4MOE_CHECK(a.input_len >= 1) << "--input-len " << a.input_len << " must be >= 1";
-  FP4MOE_CHECK(a.output_len >= 0) << "--output-len " << a.output_len << " must be >= 0";
+  // Bounded before any sum or product with them (input + output wrapped past INT64_MAX and skipped the position
+  // check; the batch's token count overflowed a vector's size).
+  FP4MOE_CHECK(a.input_len >= 1 && a.input_len <= INT32_MAX)
+      << "--input-len " << a.input_len << " must be in [1, " << INT32_MAX << "]";
+  FP4MOE_CHECK(a.output_len >= 0 && a.output_len <= INT32_MAX)
+      << "--output-len " << a.output_len << " must be in [0, " << INT32_MAX << "]";
   FP4MOE_CHECK(a.warmup >= 0) << "--warmup " << a.warmup << " must be >= 0";
   FP4MOE_CHECK(a.max_prefill_tokens == -1 || a.max_prefill_tokens >= 1)
       << "--max-prefill-tokens " << a.max_prefill_tokens << " must be >= 1, or -1 (the whole batch in one forward)";

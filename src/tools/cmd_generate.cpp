@@ -111,7 +111,9 @@ void refuse_model_file(const std::filesystem::path& dump, const std::filesystem:
 
 void run_generate(const GenerateArgs& a) {
   FP4MOE_CHECK(a.prompt_ids.empty() != a.prompt_text.empty()) << "give exactly one of --prompt-ids and --prompt";
-  FP4MOE_CHECK(a.max_new_tokens >= 1) << "--max-new-tokens " << a.max_new_tokens << " must be >= 1";
+  // Bounded before any sum with it (the prompt + it wrapped past INT64_MAX and skipped the position check).
+  FP4MOE_CHECK(a.max_new_tokens >= 1 && a.max_new_tokens <= INT32_MAX)
+      << "--max-new-tokens " << a.max_new_tokens << " must be in [1, " << INT32_MAX << "]";
   FP4MOE_CHECK(!(a.greedy && a.temperature)) << "--greedy and --temperature exclude each other";
   const bool greedy = !a.temperature || *a.temperature == 0.0;
   engine::SamplingParams sp;
@@ -121,6 +123,15 @@ void run_generate(const GenerateArgs& a) {
   sp.min_p = a.min_p;
   sp.max_new_tokens = a.max_new_tokens;
   check_sampling_flags(sp);  // as the server checks them, before the model loads
+  if (greedy) {              // they were taken and ignored: the run was greedy
+    const std::string ignored = a.top_k > 0      ? fmt::format("--top-k {}", a.top_k)
+                                : a.top_p != 1.0 ? fmt::format("--top-p {}", a.top_p)
+                                : a.min_p != 0.0 ? fmt::format("--min-p {}", a.min_p)
+                                                 : std::string();
+    FP4MOE_CHECK(ignored.empty()) << ignored << " shapes sampling, which needs --temperature > 0 ("
+                                  << (a.temperature ? "--temperature 0 is" : "without it the run is")
+                                  << " greedy and would ignore it)";
+  }
   const std::filesystem::path dir = a.model_dir;
   if (!a.dump_logits.empty()) {
     // Before the run: a path that cannot be written, or one of the model's own files (it would be replaced).

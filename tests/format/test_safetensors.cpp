@@ -4,6 +4,7 @@
 // reading what the writer wrote.
 //   ctest --test-dir build -R test_safetensors   (or run build/tests/format/test_safetensors)
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "format/json_file.h"
 #include "format/safetensors.h"
 #include "testing/testing.h"
 
@@ -532,6 +534,14 @@ TEST(SafetensorsFileErrors, OpenAndLookup) {
   EXPECT_NE(msg.find("empty.safetensors: truncated: file is 0 bytes"), std::string::npos) << msg;
   msg = error_of([&] { SafetensorsFile f(dir.path()); });
   EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+  // A FIFO in a checkpoint file's place is refused at once (opening it waited for a writer forever), as is one in
+  // place of a model's JSON file.
+  ASSERT_EQ(::mkfifo((dir / "fifo.safetensors").c_str(), 0600), 0);
+  msg = error_of([&] { SafetensorsFile f(dir / "fifo.safetensors"); });
+  EXPECT_NE(msg.find("fifo.safetensors: not a regular file"), std::string::npos) << msg;
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  msg = error_of([&] { fp4moe::format::read_json_file(dir / "config.json"); });
+  EXPECT_NE(msg.find("config.json is not a regular file (a FIFO"), std::string::npos) << msg;
   write_bytes(dir / "gap.safetensors", image("{" + entry("a", "U8", "[4]", 4, 8) + "}", 8));
   msg = error_of([&] { SafetensorsFile f(dir / "gap.safetensors"); });
   EXPECT_NE(msg.find("gap.safetensors: tensor 'a': gap"), std::string::npos) << msg;

@@ -158,7 +158,15 @@ TEST(GenerateCliSampling, BadArgumentsAreReported) {
            {"--temperature 150", "--temperature 150 must be in [0, 100]"},
            {"--temperature 0.5 --top-k -5", "--top-k -5 must be -1 (off), 0 (off) or in [1, 2^31)"},
            {"--temperature 0.5 --min-p 2", "--min-p 2 must be in [0, 1]"},
-           {"--top-p 0", "--top-p 0 must be in (0, 1]"}}) {
+           {"--top-p 0", "--top-p 0 must be in (0, 1]"},
+           // Sampling flags on a greedy run were taken and ignored.
+           {"--top-k 50 --top-p 0.9",
+            "--top-k 50 shapes sampling, which needs --temperature > 0 (without it the run "
+            "is greedy and would ignore it)"},
+           {"--temperature 0 --min-p 0.1",
+            "--min-p 0.1 shapes sampling, which needs --temperature > 0 (--temperature "
+            "0 is greedy and would ignore it)"},
+           {"--greedy --top-p 0.5", "--top-p 0.5 shapes sampling"}}) {
     r = run(model + " --prompt-ids 1 " + flags);
     EXPECT_EQ(r.rc, 1) << flags;
     EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;

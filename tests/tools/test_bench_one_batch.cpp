@@ -93,6 +93,11 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("--batch-size '2,x': entry 2 'x' is not a positive integer"), std::string::npos) << out;
   EXPECT_NE(run("--input-len 9000 --output-len 16", &out), 0);
   EXPECT_NE(out.find("9016 exceeds the model's max_position_embeddings 8192"), std::string::npos) << out;
+  // Past INT32_MAX, before input + output wraps past INT64_MAX (it skipped the position check and ran forever).
+  EXPECT_NE(run("--output-len 9223372036854775807", &out), 0);
+  EXPECT_NE(out.find("--output-len 9223372036854775807 must be in [0, 2147483647]"), std::string::npos) << out;
+  EXPECT_NE(run("--input-len 9223372036854775807", &out), 0);
+  EXPECT_NE(out.find("--input-len 9223372036854775807 must be in [1, 2147483647]"), std::string::npos) << out;
   EXPECT_NE(run("--max-prefill-tokens 0", &out), 0);
   EXPECT_NE(out.find("--max-prefill-tokens 0 must be >= 1, or -1"), std::string::npos) << out;
   // Named as a bad value (not as "the default model is cpu only"), a usage error (exit 2) as a value outside CLI11's
