@@ -24,7 +24,7 @@ RequestState::RequestState(RequestId id_, Request request, OutputCallback callba
       sampler_(sampling, vocab, seed),
       vocab_(vocab),
       t_submit_(now) {
-  if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens);
+  if (tokenizer_) detok_.emplace(*tokenizer_, sampling.skip_special_tokens, sampling.keep_special_ids);
   sampler_.observe_prompt(prompt);
   if (sampling.constraint) constraint_state_ = sampling.constraint->start();
   if (sampling.constraint && sampling.constraint_after_reasoning) {

@@ -76,6 +76,9 @@ struct SamplingParams {
   bool include_stop_str = false;
   bool ignore_eos = false;
   bool skip_special_tokens = true;   // in the streamed text
+  // Special tokens the streamed text keeps all the same: the server's reasoning / tool-call parsers' tags where the
+  // tokenizer marks them special (they read the text; SGLang and vLLM parse with them kept).
+  std::vector<TokenId> keep_special_ids;
   bool logprobs = false;             // logprob of each chosen token
   int64_t top_logprobs = 0;          // >= 0: this many most likely tokens with their logprobs
   // Prompt logprobs (vLLM's prompt_logprobs; what OpenAI echo + logprobs reports): -1 off; N in

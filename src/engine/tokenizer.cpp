@@ -717,13 +717,14 @@ std::string Tokenizer::normalize(std::string_view input) const {
   return s;
 }
 
-IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens,
+                                               std::vector<TokenId> keep)
+    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens), keep_(std::move(keep)) {}
 
 std::string IncrementalDetokenizer::push(TokenId id) {
   std::string out;
   if (const AddedToken* t = tokenizer_->added_token(id)) {
-    if (skip_special_tokens_ && t->special) return out;
+    if (skip_special_tokens_ && t->special && std::find(keep_.begin(), keep_.end(), id) == keep_.end()) return out;
     out = flush();  // decode() converts the bytes before an added token on their own, too
     out += t->content;
     return out;

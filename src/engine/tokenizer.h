@@ -106,7 +106,10 @@ class Tokenizer {
 // Tokenizer must outlive it and stay where it is (hold it in a shared_ptr when it is shared).
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = false);
+  // `keep`: special tokens rendered even when skip_special_tokens drops the others (a reasoning parser's
+  // <think> / </think> where the tokenizer marks them special).
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = false,
+                                  std::vector<TokenId> keep = {});
   std::string push(TokenId id);
   // Emits what is still pending (an incomplete character becomes U+FFFD) and resets.
   std::string flush();
@@ -115,6 +118,7 @@ class IncrementalDetokenizer {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
+  std::vector<TokenId> keep_;
   std::string pending_;
 };
 

@@ -357,6 +357,27 @@ class RequestHandler {
       const std::string rendered = render_chat(*tmpl, req);
       prompts.push_back(tok.encode(rendered, {.add_special_tokens = false, .parse_special = true}));
       fields.push_back("messages");
+      if (req.reasoning != nullptr) {
+        // The template may have opened the block (GLM-4.7 / GLM-5: the reply starts inside it) or closed an empty
+        // one (enable_thinking false: all answer); the parser and a constraint's reasoning span start there.
+        req.reasoning_start = reasoning_start_of_prompt(*req.reasoning, rendered);
+        if (req.sampling.constraint_after_reasoning) {
+          if (req.reasoning_start == ReasoningStart::kAnswer) req.sampling.constraint_after_reasoning.reset();
+          if (req.reasoning_start == ReasoningStart::kInside)
+            req.sampling.constraint_after_reasoning->starts_inside = true;
+        }
+      }
+    }
+    // The parsers' tags where the tokenizer marks them special: the reply's text keeps them (the parsers read it).
+    if (req.reasoning != nullptr || req.tool_calls != nullptr) {
+      for (const std::string_view tag : {req.reasoning ? req.reasoning->start : std::string_view(),
+                                         req.reasoning ? req.reasoning->end : std::string_view(),
+                                         req.tool_calls ? req.tool_calls->start : std::string_view(),
+                                         req.tool_calls ? req.tool_calls->end : std::string_view()}) {
+        if (tag.empty()) continue;
+        const std::optional<engine::TokenId> id = tok.token_to_id(tag);
+        if (id && tok.is_special(*id)) req.sampling.keep_special_ids.push_back(*id);
+      }
     }
     const int64_t vocab = engine->model_config().vocab_size;
     const int64_t context = engine->context_length();

@@ -1180,7 +1180,7 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
 
 ChatChoiceStream ChatChoiceStream::for_request(const ParsedRequest& req) {
   ChatChoiceStream s;
-  if (req.reasoning != nullptr) s.reasoning.emplace(*req.reasoning);
+  if (req.reasoning != nullptr) s.reasoning.emplace(*req.reasoning, req.reasoning_start);
   if (req.tool_calls != nullptr) s.tools.emplace(*req.tool_calls, req.tools);
   return s;
 }

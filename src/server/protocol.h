@@ -118,6 +118,7 @@ struct ParsedRequest {
   // and the format the reply is split with (set by the server; null: the text is all content).
   std::optional<bool> separate_reasoning;
   const ReasoningFormat* reasoning = nullptr;
+  ReasoningStart reasoning_start = ReasoningStart::kFormat;  // from the rendered prompt's end (set by the server)
   // Chat `tools` (OpenAI function definitions, rendered by the chat template) and `tool_choice` ("auto"
   // or "none"); the format the reply's calls are parsed with (set by the server's --tool-call-parser
   // when tools came and tool_choice is not "none"; null: no tool_calls).

@@ -23,6 +23,23 @@ const ReasoningFormat* find_reasoning_format(std::string_view name) { return mar
 
 std::string reasoning_format_names() { return markup::names_of(kFormats); }
 
+ReasoningStart reasoning_start_of_prompt(const ReasoningFormat& format, std::string_view prompt) {
+  while (!prompt.empty() && is_space(prompt.back())) prompt.remove_suffix(1);
+  if (prompt.ends_with(format.start)) return ReasoningStart::kInside;
+  if (prompt.ends_with(format.end)) return ReasoningStart::kAnswer;
+  return ReasoningStart::kFormat;
+}
+
+ReasoningParser::ReasoningParser(const ReasoningFormat& format, ReasoningStart start) : f_(&format) {
+  if (start == ReasoningStart::kInside) {
+    phase_ = Phase::kReasoning;
+    saw_reasoning_ = true;
+  } else if (start == ReasoningStart::kAnswer) {
+    phase_ = Phase::kContent;
+    content_started_ = true;  // the answer passes through as it is
+  }
+}
+
 void ReasoningParser::to_content(std::string_view s, ReasoningSplit& out) {
   if (!content_started_) {
     size_t i = 0;
@@ -95,8 +112,8 @@ ReasoningSplit ReasoningParser::take(std::string_view delta, bool last) {
   return out;
 }
 
-ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text) {
-  return ReasoningParser(format).take(text, /*last=*/true);
+ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text, ReasoningStart start) {
+  return ReasoningParser(format, start).take(text, /*last=*/true);
 }
 
 }  // namespace fp4moe::server

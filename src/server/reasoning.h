@@ -29,6 +29,13 @@ struct ReasoningFormat {
 const ReasoningFormat* find_reasoning_format(std::string_view name);
 std::string reasoning_format_names();  // "glm45, qwen3, deepseek-r1" (for errors and --help)
 
+// Where a reply starts, read from the end of its rendered prompt: GLM-4.7 / GLM-5 templates open the block in the
+// prompt ("<|assistant|><think>": the reply starts inside it), and with enable_thinking false templates close an
+// empty one ("<think></think>" or "</think>": the reply is all answer); otherwise the format decides (the reply's own
+// start tag, or `forced`).
+enum class ReasoningStart : unsigned char { kFormat, kInside, kAnswer };
+ReasoningStart reasoning_start_of_prompt(const ReasoningFormat& format, std::string_view prompt);
+
 struct ReasoningSplit {
   std::string reasoning;
   std::string content;
@@ -36,7 +43,7 @@ struct ReasoningSplit {
 
 class ReasoningParser {
  public:
-  explicit ReasoningParser(const ReasoningFormat& format) : f_(&format) {}
+  explicit ReasoningParser(const ReasoningFormat& format, ReasoningStart start = ReasoningStart::kFormat);
   // The next piece of the reply; returns what is decided so far and not returned before.
   ReasoningSplit push(std::string_view delta);
   // The end of the reply: whatever was held back.
@@ -56,6 +63,7 @@ class ReasoningParser {
 };
 
 // The whole reply at once.
-ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text);
+ReasoningSplit split_reasoning(const ReasoningFormat& format, std::string_view text,
+                               ReasoningStart start = ReasoningStart::kFormat);
 
 }  // namespace fp4moe::server

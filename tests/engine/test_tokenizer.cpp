@@ -210,6 +210,22 @@ TEST(IncrementalDetokenizer, HoldsSplitCharactersUntilComplete) {
   EXPECT_EQ(streamed, text);
 }
 
+// skip_special_tokens drops special tokens but those asked to be kept (a reasoning parser's tags where the
+// tokenizer marks them special: the golden tokenizer's <think> 10 and </think> 11).
+TEST(IncrementalDetokenizer, KeepsTheSpecialTokensAskedFor) {
+  const Tokenizer& tok = golden_tokenizer();
+  const std::vector<TokenId> ids = tok.encode("<think>plan</think>answer<|user|>");
+  ASSERT_TRUE(tok.is_special(10) && tok.is_special(11));
+  auto stream = [&](IncrementalDetokenizer d) {
+    std::string out;
+    for (TokenId id : ids) out += d.push(id);
+    return out + d.flush();
+  };
+  EXPECT_EQ(stream(IncrementalDetokenizer(tok, true)), "plananswer");
+  EXPECT_EQ(stream(IncrementalDetokenizer(tok, true, {10, 11})), "<think>plan</think>answer");
+  EXPECT_EQ(stream(IncrementalDetokenizer(tok, false, {10})), "<think>plan</think>answer<|user|>");
+}
+
 TEST(IncrementalDetokenizer, FlushTurnsTruncatedCharacterIntoReplacement) {
   const Tokenizer& tok = golden_tokenizer();
   IncrementalDetokenizer detok(tok);

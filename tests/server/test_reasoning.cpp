@@ -52,6 +52,41 @@ TEST(Reasoning, OneShotSplit) {
   expect_split(r1(), "plan", "plan", "");
 }
 
+// Where the reply starts, from the rendered prompt's end: a template that opened the block (GLM-4.7 / GLM-5's
+// "<|assistant|><think>") starts it inside; one that closed an empty block (enable_thinking false) makes it all
+// answer; otherwise the format decides.
+TEST(Reasoning, StartDecidedByThePromptsEnd) {
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<|user|>hi<|assistant|><think>"), ReasoningStart::kInside);
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<|assistant|>\n<think>\n"), ReasoningStart::kInside);
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<|assistant|></think>"), ReasoningStart::kAnswer);
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<|assistant|>\n<think></think>\n"), ReasoningStart::kAnswer);
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<|user|>hi<|assistant|>"), ReasoningStart::kFormat);
+  EXPECT_EQ(reasoning_start_of_prompt(glm45(), "<think>old</think>x<|assistant|>"), ReasoningStart::kFormat);
+  auto split = [](std::string_view text, ReasoningStart start) { return split_reasoning(glm45(), text, start); };
+  ReasoningSplit s = split("plan</think>\nThe answer.", ReasoningStart::kInside);
+  EXPECT_EQ(s.reasoning, "plan");
+  EXPECT_EQ(s.content, "The answer.");
+  s = split("still thinking", ReasoningStart::kInside);
+  EXPECT_EQ(s.reasoning, "still thinking");
+  EXPECT_EQ(s.content, "");
+  s = split("<think>x</think>y", ReasoningStart::kAnswer);  // thinking off: the text as it is
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_EQ(s.content, "<think>x</think>y");
+  // Streamed in single bytes, the same split.
+  for (const ReasoningStart start : {ReasoningStart::kInside, ReasoningStart::kAnswer}) {
+    const std::string text = "a</think> b";
+    ReasoningParser p(glm45(), start);
+    ReasoningSplit streamed;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const ReasoningSplit d = p.take(text.substr(i, 1), i + 1 == text.size());
+      streamed.reasoning += d.reasoning;
+      streamed.content += d.content;
+    }
+    EXPECT_EQ(streamed.reasoning, split(text, start).reasoning);
+    EXPECT_EQ(streamed.content, split(text, start).content);
+  }
+}
+
 // Random replies from pieces that make and break tags, cut into random deltas (down to one byte each).
 TEST(Reasoning, StreamsEqualTheOneShotSplit) {
   const std::vector<std::string> pieces = {"<think>", "</think>", "<th", "</", "think>", "a",

@@ -34,6 +34,7 @@ namespace {
 using fp4moe::server::find_reasoning_format;
 using fp4moe::server::HttpClient;
 using fp4moe::server::ReasoningSplit;
+using fp4moe::server::ReasoningStart;
 using fp4moe::server::split_reasoning;
 using fp4moe::testing::ServerProcess;
 using nlohmann::json;
@@ -2202,6 +2203,51 @@ TEST(ServerE2E, ReasoningParserSplitsChatReplies) {
     const json& ch = chunks[i]["choices"][0];
     EXPECT_TRUE(!ch["delta"].empty() || !ch["finish_reason"].is_null()) << chunks[i].dump();
   }
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+}
+
+// GLM-4.7 / GLM-5 templates open the reasoning block in the prompt ("<|assistant|><think>") and close an empty one
+// with enable_thinking false: the reply starts inside the block, or is all answer with the structured output applied
+// from its first token (the parser looked for <think> at the reply's start: the reasoning came out as content, and
+// with thinking off the whole answer as reasoning with the regex never enforced).
+TEST(ServerE2E, ReasoningStartsWhereTheTemplateLeftIt) {
+  fp4moe::testing::TempDir tmp("serve_reasoning_template");
+  const fs::path file = tmp.path() / "glm5.jinja";
+  std::ofstream(file) << "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>"
+                         "{{ '</think>' if (enable_thinking is defined and not enable_thinking) else '<think>' }}"
+                         "{% endif %}";
+  ServerProcess srv(FP4MOE_CLI, {"--chat-template", file.string(), "--reasoning-parser", "glm45"});
+  ASSERT_TRUE(srv.wait_ready(60));
+  HttpClient c(srv.url(), kTimeout);
+  const json messages = json::array({{{"role", "user"}, {"content", "2 + 2?"}}});
+  // Thinking off: all answer, the regex from the first token.
+  auto off = c.post("/v1/chat/completions", json{{"messages", messages},
+                                                 {"max_tokens", 20},
+                                                 {"temperature", 0},
+                                                 {"regex", "Answer: 4"},
+                                                 {"chat_template_kwargs", {{"enable_thinking", false}}}}
+                                                .dump());
+  ASSERT_EQ(off.status, 200) << off.body;
+  const json off_msg = parse(off.body)["choices"][0]["message"];
+  EXPECT_EQ(off_msg["content"], "Answer: 4") << off.body;
+  EXPECT_TRUE(off_msg["reasoning_content"].is_null()) << off.body;
+  EXPECT_EQ(parse(off.body)["choices"][0]["finish_reason"], "stop") << off.body;
+  // Thinking on: the reply starts inside the block (split as the parser splits the unsplit reply from there).
+  json body = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"separate_reasoning", false}};
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+  auto whole = c.post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const std::string reply = parse(whole.body)["choices"][0]["message"]["content"].get<std::string>();
+  const ReasoningSplit want = split_reasoning(*find_reasoning_format("glm45"), reply, ReasoningStart::kInside);
+  ASSERT_FALSE(want.reasoning.empty()) << reply;
+  body.erase("separate_reasoning");
+  ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+  auto split = c.post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(split.status, 200) << split.body;
+  const json msg = parse(split.body)["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], want.reasoning) << split.body;
+  EXPECT_EQ(msg["content"], want.content) << split.body;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
