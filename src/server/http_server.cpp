@@ -291,7 +291,8 @@ class RequestHandler {
         c.kind = engine::ConstraintSpec::Kind::kRegex;
         c.param = "tool_choice";
         try {
-          c.text = forced_tool_call_regex(*server_->options_.tool_calls, req.tools, req.tool_choice_name);
+          c.text = forced_tool_call_regex(*server_->options_.tool_calls, req.tools, req.tool_choice_name,
+                                          /*one_call=*/!req.parallel_tool_calls);
         } catch (const fp4moe::Error& e) {
           throw bad_request("tool_choice", std::string("tool_choice: ") + e.what());
         }

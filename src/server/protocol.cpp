@@ -680,6 +680,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
                           "continue_final_message and add_generation_prompt cannot both be true (add_generation_prompt "
                           "defaults to true: send add_generation_prompt: false), as vLLM refuses them");
       if (auto v = top.boolean("separate_reasoning")) r.separate_reasoning = *v;
+      if (auto v = top.boolean("parallel_tool_calls")) r.parallel_tool_calls = *v;
       if (const json* kw = top.find("chat_template_kwargs")) {
         if (!kw->is_object())
           throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object, got " + show(*kw));
@@ -1181,7 +1182,11 @@ json completion_chunk(const ParsedRequest& req, const ResponseContext& ctx, cons
 ChatChoiceStream ChatChoiceStream::for_request(const ParsedRequest& req) {
   ChatChoiceStream s;
   if (req.reasoning != nullptr) s.reasoning.emplace(*req.reasoning, req.reasoning_start);
-  if (req.tool_calls != nullptr) s.tools.emplace(*req.tool_calls, req.tools);
+  if (req.tool_calls != nullptr) {
+    s.tools.emplace(*req.tool_calls, req.tools);
+    for (const auto& t : req.tools) s.tool_names.push_back(t["function"]["name"].get<std::string>());
+    s.parallel_tool_calls = req.parallel_tool_calls;
+  }
   return s;
 }
 
@@ -1196,8 +1201,12 @@ ChatChoiceStream::Pieces ChatChoiceStream::take(std::string_view text, bool last
   if (tools) {
     ToolCallSplit split = tools->take(p.content, last);
     p.content = std::move(split.content);
-    p.calls = std::move(split.calls);
-    n_calls += static_cast<int64_t>(p.calls.size());
+    for (ToolCall& call : split.calls) {
+      if (std::find(tool_names.begin(), tool_names.end(), call.name) == tool_names.end()) continue;
+      if (!parallel_tool_calls && n_calls > 0) continue;
+      p.calls.push_back(std::move(call));
+      ++n_calls;
+    }
   }
   return p;
 }

@@ -116,6 +116,8 @@ struct ParsedRequest {
   int64_t priority = 0;
   // Chat: SGLang's `separate_reasoning` as sent (the server's --reasoning-parser applies unless false),
   // and the format the reply is split with (set by the server; null: the text is all content).
+  // OpenAI's parallel_tool_calls (default true): false keeps one call a reply (a forced call is exactly one).
+  bool parallel_tool_calls = true;
   std::optional<bool> separate_reasoning;
   const ReasoningFormat* reasoning = nullptr;
   ReasoningStart reasoning_start = ReasoningStart::kFormat;  // from the rendered prompt's end (set by the server)
@@ -233,6 +235,10 @@ struct ChatChoiceStream {
   std::optional<ReasoningParser> reasoning;
   std::optional<ToolCallParser> tools;
   int64_t n_calls = 0;  // tool calls taken so far (the next one's index)
+  // Calls kept: those of functions among the request's tools (SGLang's detectors drop others), at most one with
+  // parallel_tool_calls false (vLLM keeps the first).
+  std::vector<std::string> tool_names;
+  bool parallel_tool_calls = true;
   static ChatChoiceStream for_request(const ParsedRequest& req);
   struct Pieces {
     std::string reasoning, content;  // without a parser: "" and the text

@@ -245,7 +245,7 @@ ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view te
 }
 
 std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::ordered_json& tools,
-                                   const std::string& only_name) {
+                                   const std::string& only_name, bool one_call) {
   using engine::regex_escape;
   const std::string text = "(?:[^<]|<+[^</])*<*";  // no "</": cannot close the value early
   // A longer maxLength is not counted (a counted UTF-8 character costs ~35 DFA states a position).
@@ -320,7 +320,7 @@ std::string forced_tool_call_regex(const ToolCallFormat& f, const nlohmann::orde
   FP4MOE_CHECK(n_calls > 0) << "tool_choice names \"" << only_name << "\", which is not among the tools";
   // "required": calls one after another (a newline between them optional, as the parser trims), the
   // alternation written once.
-  return only_name.empty() ? "(?:(?:" + calls + ")\n?)+" : "(?:" + calls + ")";
+  return only_name.empty() && !one_call ? "(?:(?:" + calls + ")\n?)+" : "(?:" + calls + ")";
 }
 
 }  // namespace fp4moe::server

@@ -85,7 +85,8 @@ ToolCallSplit parse_tool_calls(const ToolCallFormat& format, std::string_view te
 // property's schema (engine/json_schema.h, compact) when the property has a type other than string; for a string one of
 // its `enum` (raw), or at most `maxLength` characters without '<', otherwise raw text without "</" (a string as the
 // templates write it). A property schema the JSON-schema subset refuses falls back to raw text.
+// `one_call` (parallel_tool_calls false): "required" is exactly one call instead of one or more.
 std::string forced_tool_call_regex(const ToolCallFormat& format, const nlohmann::ordered_json& tools,
-                                   const std::string& only_name);
+                                   const std::string& only_name, bool one_call = false);
 
 }  // namespace fp4moe::server

@@ -892,6 +892,23 @@ TEST(ServerProtocol, ChatToolCallsWholeAndStreamed) {
   EXPECT_EQ(p["message"]["content"], "It is sunny.");
   EXPECT_TRUE(p["message"]["tool_calls"].empty());
   EXPECT_EQ(p["finish_reason"], "stop");
+
+  // A call of a function not among the tools is dropped (SGLang's detectors drop it); parallel_tool_calls false
+  // keeps the first call (vLLM's) and parses as false from the request.
+  const std::string call = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>";
+  Accumulated three;
+  out.text = call + "\n<tool_call>rm_rf\n</tool_call>\n" + call;
+  three.add(out);
+  EXPECT_EQ(chat_response(req, ctx, three)["choices"][0]["message"]["tool_calls"].size(), 2u);
+  ParsedRequest one = req;
+  one.parallel_tool_calls = false;
+  const json single = chat_response(one, ctx, three)["choices"][0];
+  ASSERT_EQ(single["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(single["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_EQ(single["finish_reason"], "tool_calls");
+  EXPECT_FALSE(parse_request(Endpoint::kChat,
+                             json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"parallel_tool_calls", false}})
+                   .parallel_tool_calls);
 }
 
 }  // namespace

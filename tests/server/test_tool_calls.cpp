@@ -205,6 +205,11 @@ TEST(ToolCalls, ForcedCallRegex) {
   EXPECT_TRUE(any.matches("<tool_call>must\n<arg_key>a</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"));
   EXPECT_FALSE(any.matches("<tool_call>must\n</tool_call>")) << "a required argument";
   EXPECT_TRUE(ping.matches(pong));
+  // parallel_tool_calls false: "required" is exactly one call.
+  const engine::ByteDfa one = engine::compile_regex(forced_tool_call_regex(glm45(), tools, "", /*one_call=*/true));
+  EXPECT_TRUE(one.matches(weather));
+  EXPECT_TRUE(one.matches(pong));
+  EXPECT_FALSE(one.matches(weather + "\n" + pong));
   // A typed value's JSON strings cannot spell the closing tags.
   const auto obj_tool = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":
       {"properties": {"o": {"type": "object", "properties": {"note": {"type": "string"}}}}}}}])");
