@@ -116,8 +116,6 @@ struct ParsedRequest {
   int64_t priority = 0;
   // Chat: SGLang's `separate_reasoning` as sent (the server's --reasoning-parser applies unless false),
   // and the format the reply is split with (set by the server; null: the text is all content).
-  // OpenAI's parallel_tool_calls (default true): false keeps one call a reply (a forced call is exactly one).
-  bool parallel_tool_calls = true;
   std::optional<bool> separate_reasoning;
   const ReasoningFormat* reasoning = nullptr;
   ReasoningStart reasoning_start = ReasoningStart::kFormat;  // from the rendered prompt's end (set by the server)
@@ -130,6 +128,8 @@ struct ParsedRequest {
   std::string tool_choice = "auto";
   std::string tool_choice_name;
   const ToolCallFormat* tool_calls = nullptr;
+  // OpenAI's parallel_tool_calls (default true): false keeps one call a reply (a forced call is exactly one).
+  bool parallel_tool_calls = true;
   // Structured outputs as asked (regex, json_schema, response_format, guided_*); the server compiles it
   // into sampling.constraint.
   std::optional<engine::ConstraintSpec> constraint;
