@@ -199,7 +199,10 @@ nlohmann::json launch_args(const ServeArgs& a) {
           {"reasoning_parser", a.reasoning_parser},
           {"tool_call_parser", a.tool_call_parser},
           {"sampling_defaults", a.sampling_defaults},
-          {"constrained_json_whitespace_pattern", a.constraints.json_whitespace}};
+          {"constrained_json_whitespace_pattern", a.constraints.json_whitespace},
+          {"decode_log_interval", a.decode_log_interval},
+          {"watchdog_timeout", a.watchdog_timeout_s},
+          {"drain_timeout", a.drain_timeout_s}};
 }
 
 // The parser formats --tool-call-parser / --reasoning-parser name; fails naming the known ones (CLI11 puts the flag in

@@ -509,6 +509,9 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   EXPECT_EQ(ij["context_length"], 512);
   EXPECT_EQ(ij["device_sampling"], true);  // the default (the CPU model has no device to draw on)
   EXPECT_EQ(ij["max_http_threads"], std::max<int64_t>(2048, ij["http_threads"].get<int64_t>()));  // effective, not 0
+  EXPECT_EQ(ij["decode_log_interval"], 40);  // the defaults of the server's own levers, as SGLang shows its
+  EXPECT_EQ(ij["watchdog_timeout"], 300.0);
+  EXPECT_EQ(ij["drain_timeout"], 600.0);
 
   // Greedy /generate with a stop token: it ends at that token with finish_reason stop.
   json body = {{"input_ids", {72, 101, 108, 108, 111}}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}},
