@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -73,6 +74,11 @@ void EngineOptions::validate() const {
   at_least(max_prefill_tokens, 1, "max_prefill_tokens");
   at_least(num_continuous_decode_steps, 1, "num_continuous_decode_steps");
   at_least(stream_interval, 1, "stream_interval");
+  if (!(schedule_conservativeness >= 0 && schedule_conservativeness <= 100)) {
+    std::ostringstream m;
+    m << "schedule_conservativeness " << schedule_conservativeness << " must be in [0, 100]";
+    throw FieldError("schedule_conservativeness", m.str());
+  }
   if (!(debug_step_delay_s >= 0 && debug_step_delay_s <= 1e9)) {
     std::ostringstream m;  // named as its flag, --debug-step-delay (seconds)
     m << "debug_step_delay " << debug_step_delay_s << " must be a time in [0, 1e9] seconds";
@@ -149,6 +155,12 @@ struct Engine::Impl {
   KvBlockAllocator blocks;
   std::optional<PrefixCache> cache;  // EngineOptions::enable_prefix_cache, for models with copy_prefix
   int64_t step_index = 0;
+  // SGLang's new_token_ratio (EngineOptions::schedule_conservativeness): the share of a running request's remaining
+  // max_new_tokens that admission keeps room for; init_ratio while idle, decays by ratio_decay a decode step to
+  // min_ratio, raised after a preemption.
+  static constexpr int64_t kClipMaxNewTokens = 4096;  // SGLang's CLIP_MAX_NEW_TOKENS
+  static constexpr int64_t kRetractDecodeSteps = 20;  // SGLang's RETRACT_DECODE_STEPS
+  double init_ratio = 0.0, min_ratio = 0.0, ratio_decay = 0.0, new_token_ratio = 0.0;
   std::atomic<int64_t> step_started_ns{0};                // the running step's start (steady clock), 0 between steps
   std::map<int64_t, std::vector<int64_t>> expert_tokens;  // moe layer -> per-expert tokens
   std::map<int64_t, int64_t> active_experts;              // moe layer -> sum over steps of experts hit
@@ -168,7 +180,12 @@ struct Engine::Impl {
         << cfg.max_position_embeddings << " (" << cfg.source << "): ask for at most that";
     for (int64_t t : cfg.eos_token_ids) eos_ids.push_back(static_cast<TokenId>(t));
     if (o.enable_prefix_cache && model->new_state()->copy_prefix(0) != nullptr) cache.emplace(o.page_size);
+    init_ratio = std::min(0.7 * o.schedule_conservativeness, 1.0);  // SGLang's default_init_new_token_ratio
+    min_ratio = init_ratio * 0.14;                                  // its base_min_new_token_ratio
+    ratio_decay = (init_ratio - min_ratio) / 600;                   // over its 600 decay steps
+    new_token_ratio = init_ratio;
     stats = empty_stats();
+    stats.new_token_ratio = new_token_ratio;
     stats.kv_total_tokens = blocks.capacity_tokens();
     stats.page_size = blocks.page_size();
   }
@@ -263,6 +280,14 @@ struct Engine::Impl {
     int64_t n_tokens;
   };
 
+  // The KV tokens admission keeps for a request's future output: its remaining max_new_tokens (clipped) times
+  // new_token_ratio, rounded up.
+  int64_t future_tokens(const RequestState& r) const {
+    const int64_t left =
+        std::clamp<int64_t>(r.sampling.max_new_tokens - static_cast<int64_t>(r.generated.size()), 0, kClipMaxNewTokens);
+    return static_cast<int64_t>(std::ceil(static_cast<double>(left) * new_token_ratio));
+  }
+
   // A request's next prefill chunk: its remaining prefill within the step's budget, and, while it computes
   // prompt logprobs, within max_prompt_logits_bytes of logits.
   int64_t prefill_chunk(const RequestState& r, int64_t budget) const {
@@ -324,7 +349,21 @@ struct Engine::Impl {
     }
 
     // Admit waiting requests FCFS while slots, prefill budget and blocks allow. The whole prefill
-    // (prompt + generated, + 1 for the first sampled token) must fit in free blocks.
+    // (prompt + generated, + 1 for the first sampled token) must fit in free blocks, and beside the running
+    // requests' future tokens (future_tokens) its own (SGLang's PrefillAdder: rem_total_tokens).
+    if (running.empty()) new_token_ratio = init_ratio;  // nothing running: SGLang resets it
+    if (n_preempted > 0 && init_ratio > 0 && !running.empty()) {
+      // SGLang's retract_decode: what the requests left have decoded, plus kRetractDecodeSteps each, of their
+      // max_new_tokens.
+      double decoded = 0, max_new = 0;
+      for (const auto& q : running) {
+        decoded += static_cast<double>(q->generated.size() + kRetractDecodeSteps);
+        max_new += static_cast<double>(q->sampling.max_new_tokens);
+      }
+      new_token_ratio = std::min(1.0, decoded / std::max(max_new, 1.0));
+    }
+    int64_t growth = 0;  // future tokens of the running requests
+    for (const auto& q : running) growth += future_tokens(*q);
     if (!continuous) {
       while (!waiting.empty() && static_cast<int64_t>(running.size()) < opt().max_running_requests &&
              prefill_budget > 0) {
@@ -341,6 +380,10 @@ struct Engine::Impl {
             }))
           break;
         if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
+        // A lone request is always admitted (submit refused one that cannot fit the pool at all).
+        const int64_t own = future_tokens(*r);
+        const int64_t room = (blocks.n_free() + (cache ? cache->n_blocks() : 0)) * blocks.page_size();
+        if (!running.empty() && growth + (r->n_all_tokens() + 1 - hit.tokens) + own > room) break;
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {
           // The hit's own blocks may be what the request needs (a large entry): without the hit (its
           // entry may then be evicted too) rather than never (the request would wait forever).
@@ -368,6 +411,7 @@ struct Engine::Impl {
           std::lock_guard<std::mutex> lock(mu);
           if (r->log_metrics) stats.prompt_tokens_total += static_cast<uint64_t>(r->prompt.size());
         }
+        growth += own;
         running.push_back(std::move(waiting.front()));
         waiting.pop_front();
       }
@@ -524,9 +568,11 @@ struct Engine::Impl {
       for (int64_t c : t.tokens_per_expert) active_experts[t.layer] += c > 0 ? 1 : 0;
     }
     for (const model::LayerTiming& t : trace.layer_times) layer_seconds[{t.layer, t.part}] += t.seconds;
+    if (info.n_decode_requests > 0) new_token_ratio = std::max(new_token_ratio - ratio_decay, min_ratio);
     {
       std::lock_guard<std::mutex> lock(mu);
       ++stats.steps_total;
+      stats.new_token_ratio = new_token_ratio;
       if (continuous) ++stats.continuous_steps_total;
       stats.forward_tokens_total += static_cast<uint64_t>(n_tokens);
       stats.forward_seconds_total += info.forward_s;

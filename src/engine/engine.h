@@ -110,6 +110,12 @@ struct EngineOptions {
   // SGLang's radix cache, on by default there too; `serve --disable-radix-cache`). Only for models
   // whose states implement KvState::copy_prefix; requests computing prompt logprobs never hit.
   bool enable_prefix_cache = true;
+  // SGLang's --schedule-conservativeness: admission keeps KV room for the running requests' future tokens, each
+  // request's remaining max_new_tokens (at most kClipMaxNewTokens) times a new-token ratio that starts at 0.7 x this,
+  // decays over decode steps to 0.14 of that and rises again after a preemption (SGLang's new_token_ratio), so that
+  // a full pool does not admit requests only to retract them. 0: admit whatever prompt fits now (every growth then
+  // comes from preempting).
+  double schedule_conservativeness = 1.0;
   std::function<void(const StepInfo&)> step_observer;  // optional, called after every step
   double debug_step_delay_s = 0.0;  // tests: every step sleeps this long before its forward (a hung GPU, slowly)
 
@@ -236,6 +242,7 @@ struct EngineStats {
   // Prefix cache: prompt tokens looked up (first admissions of requests that may hit) and found.
   uint64_t prefix_cache_queries_total = 0;
   uint64_t prefix_cache_hits_total = 0;
+  double new_token_ratio = 0.0;     // admission's estimate of the running requests' remaining tokens (SGLang's)
   double cache_hit_rate = 0.0;      // the last prefill step's hits / queries (SGLang's gauge)
   int64_t prefix_cache_tokens = 0;  // tokens its entries hold (whole blocks, not in kv_used_tokens)
   uint64_t steps_total = 0;

@@ -1152,6 +1152,7 @@ void HttpServer::install_routes() {
                                              {"repetition_penalty", d.repetition_penalty}};
           info["max_queued_requests"] = o.max_queued_requests;
           info["schedule_policy"] = engine::to_string(o.schedule_policy);
+          info["schedule_conservativeness"] = o.schedule_conservativeness;
           info["disable_radix_cache"] = !engine->prefix_cache_enabled();
           info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);
           info["tool_call_parser"] = options_.tool_calls ? json(std::string(options_.tool_calls->name)) : json(nullptr);

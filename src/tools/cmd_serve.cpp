@@ -429,6 +429,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)")
       ->check(parsed_by([](const std::string& v) { engine::parse_schedule_policy(v); }));
+  cmd->add_option("--schedule-conservativeness", a->engine.schedule_conservativeness,
+                  "Room admission keeps for running requests' future tokens, as SGLang's: their remaining max tokens "
+                  "x a ratio starting at 0.7 x this (decaying over decode steps, raised after a retraction); higher "
+                  "retracts less, lower admits more (default 1; 0: none kept)");
   cmd->add_option("--tool-call-parser", a->tool_call_parser,
                   "Accept chat tools (rendered by the chat template) and return the reply's calls as tool_calls: "
                   "glm45 (GLM-4.5 and GLM-5: <tool_call>name <arg_key>k</arg_key><arg_value>v</arg_value></tool_call>)")

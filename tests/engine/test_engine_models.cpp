@@ -73,6 +73,7 @@ TEST_P(GoldenThroughEngine, GreedyIdsEqualGolden) {
   // Both prompts (16 + 1 tokens = 5 pages each) are admitted, then the KV cannot hold both
   // continuations (24 tokens = 6 pages each): the newer one is preempted and recomputed.
   setups[2].name = "KV for 40 tokens in pages of 4 (preemption)";
+  setups[2].o.schedule_conservativeness = 0;  // both admitted: no room kept for their growth
   setups[2].o.max_total_tokens = 40;
   setups[2].o.page_size = 4;
   // The prompts run once, then again from the prefix cache: their whole pages of 4 (S - 1 tokens at
@@ -154,6 +155,7 @@ TEST_P(GoldenThroughEngine, PromptLogprobsMatchTheModelsLogits) {
   std::vector<EngineOptions> setups(4);
   setups[1].chunked_prefill_size = 5;
   setups[1].max_prefill_tokens = 7;
+  setups[2].schedule_conservativeness = 0;
   setups[2].max_total_tokens = 40;  // as in GreedyIdsEqualGolden: the newer request is preempted
   setups[2].page_size = 4;
   setups[3] = setups[2];  // and chunked: a preemption can catch the newer request mid-prefill

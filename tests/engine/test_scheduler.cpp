@@ -323,9 +323,11 @@ TEST(Scheduler, KvExhaustionWaitsAndPreemptionKeepsOutputs) {
 }
 
 // 4 blocks of 8 tokens. Three requests of prompt 8 + 16 new tokens (24 = 3 blocks each) are all
-// admitted (1 block each) but cannot all grow: someone must be preempted, and recomputed later.
-// Every output equals the request sent alone; returns the engine's stats afterwards.
+// admitted (1 block each: schedule_conservativeness 0 keeps no room for their growth) but cannot all grow: someone
+// must be preempted, and recomputed later. Every output equals the request sent alone; returns the engine's stats
+// afterwards.
 EngineStats expect_growth_preemption_keeps_outputs(EngineOptions o) {
+  o.schedule_conservativeness = 0;
   o.max_total_tokens = 32;
   o.page_size = 8;
   o.max_running_requests = 3;
@@ -347,6 +349,46 @@ EngineStats expect_growth_preemption_keeps_outputs(EngineOptions o) {
 
 TEST(Scheduler, GrowthPastCapacityPreemptsAndKeepsOutputs) {
   EXPECT_EQ(expect_growth_preemption_keeps_outputs(EngineOptions{}).kv_used_tokens, 0);
+}
+
+// SGLang's new_token_ratio (schedule_conservativeness 1, the default): admission keeps room for the running
+// requests' remaining max_new_tokens x the ratio, so the case above admits the next request only when its growth
+// fits too: no preemption, the same outputs, fewer tokens forwarded (no recompute). The ratio starts at 0.7, decays
+// over decode steps, and a preemption (conservativeness 0.1: too little kept) raises it from the requests' progress.
+TEST(Scheduler, AdmissionKeepsRoomForRunningRequestsGrowth) {
+  auto run = [](double conservativeness, EngineStats* st, double* max_ratio = nullptr) {
+    EngineOptions o;
+    o.schedule_conservativeness = conservativeness;
+    o.max_total_tokens = 32;
+    o.page_size = 8;
+    o.max_running_requests = 3;
+    Harness h(o);
+    EXPECT_DOUBLE_EQ(h.engine.stats().new_token_ratio, std::min(0.7 * conservativeness, 1.0));
+    const std::vector<std::vector<TokenId>> prompts = {
+        {1, 2, 3, 4, 5, 6, 7, 8}, {9, 8, 7, 6, 5, 4, 3, 2}, {3, 1, 4, 1, 5, 9, 2, 6}};
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) ids.push_back(h.submit(p, greedy(16)));
+    while (h.engine.step()) {
+      if (max_ratio) *max_ratio = std::max(*max_ratio, h.engine.stats().new_token_ratio);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(h.results.at(ids[i]).ids, alone(prompts[i], greedy(16)));
+    *st = h.engine.stats();
+  };
+  EngineStats careful, none, low;
+  run(1.0, &careful);
+  run(0.0, &none);
+  EXPECT_EQ(careful.preemptions_total, 0u);
+  EXPECT_GT(none.preemptions_total, 0u);
+  EXPECT_LT(careful.forward_tokens_total, none.forward_tokens_total) << "no prompt recomputed";
+  EXPECT_LT(careful.new_token_ratio, 0.7) << "decayed over the decode steps";
+  EXPECT_DOUBLE_EQ(none.new_token_ratio, 0.0);
+  double low_max = 0.0;
+  run(0.1, &low, &low_max);  // 0.07 keeps ~1 token a request: they are admitted together and one is preempted
+  EXPECT_GT(low.preemptions_total, 0u);
+  EXPECT_GT(low_max, 0.07) << "raised by the preemption";
+  EngineOptions bad;
+  bad.schedule_conservativeness = -1;
+  EXPECT_THROW(bad.validate(), Error);
 }
 
 // ---- prefix cache (engine/prefix_cache.h; the cache alone: test_prefix_cache.cpp) ----
@@ -581,7 +623,8 @@ TEST(Scheduler, PriorityPolicyOrdersAdmissionAndPreemption) {
     SCOPED_TRACE(to_string(policy));
     EngineOptions k;
     k.schedule_policy = policy;
-    k.max_total_tokens = 32;  // 4 blocks of 8: two 7-token prompts + 16 new tokens cannot both grow
+    k.schedule_conservativeness = 0;  // both admitted: growth comes from preempting
+    k.max_total_tokens = 32;          // 4 blocks of 8: two 7-token prompts + 16 new tokens cannot both grow
     k.page_size = 8;
     Harness hk(k);
     const std::vector<TokenId> pa = {1, 2, 3, 4, 5, 6, 7}, pb = {7, 6, 5, 4, 3, 2, 1};

@@ -501,9 +501,10 @@ TEST_F(DefaultServer, GenerateStopModelsTokenizeInfo) {
   auto info = c.get("/get_server_info");
   ASSERT_EQ(info.status, 200);
   const json ij = parse(info.body);
-  for (const char* k : {"max_running_requests", "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens",
-                        "num_continuous_decode_steps", "max_queued_requests", "schedule_policy", "context_length",
-                        "vocab_size", "internal_states", "served_model_name", "device_sampling"}) {
+  for (const char* k :
+       {"max_running_requests", "max_total_num_tokens", "chunked_prefill_size", "max_prefill_tokens",
+        "num_continuous_decode_steps", "max_queued_requests", "schedule_policy", "context_length", "vocab_size",
+        "internal_states", "served_model_name", "device_sampling", "schedule_conservativeness"}) {
     EXPECT_TRUE(ij.contains(k)) << k;
   }
   EXPECT_EQ(ij["context_length"], 512);
@@ -1852,6 +1853,7 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--max-running-requests 0", "--max-running-requests 0 must be >= 1"},
            {"--page-size 0", "--page-size 0 must be >= 1"},
            {"--max-total-tokens 8", "--max-total-tokens 8 must be >= 16 (one KV page)"},
+           {"--schedule-conservativeness -1", "--schedule-conservativeness -1 must be in [0, 100]"},
            {"--num-continuous-decode-steps 0", "--num-continuous-decode-steps 0 must be >= 1"},
            {"--context-length -1", "--context-length -1 must be >= 0 (0 = the model's)"},
            {"--drain-timeout -1", "--drain-timeout -1 must be a time in [0, 1e+09] seconds"},
