@@ -59,6 +59,24 @@ std::string get_string(const json& j, const char* key) {
   return (it != j.end() && it->is_string()) ? it->get<std::string>() : std::string();
 }
 
+// As get_int: absent or null reads as "", another type is named (a quant_algo of 4 read as '' and was reported as
+// an unsupported algorithm '').
+std::string optional_string(const json& j, const char* key, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  FP4MOE_CHECK(it->is_string()) << source << ": field '" << key << "' is " << it->dump() << ", expected a string";
+  return it->get<std::string>();
+}
+
+// A list of strings, absent or null as none; anything else is named (a string "lm_head" read as no exclusions).
+std::vector<std::string> optional_strings(const json& j, const char* key, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  const bool ok = it->is_array() && std::all_of(it->begin(), it->end(), [](const json& e) { return e.is_string(); });
+  FP4MOE_CHECK(ok) << source << ": field '" << key << "' is " << it->dump() << ", expected a list of strings";
+  return it->get<std::vector<std::string>>();
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -340,19 +358,16 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
     if (problems != nullptr) problems->push_back({"", msg});
   };
   auto from_section = [&](const json& q, QuantConfig& out) {
-    out.quant_algo = get_string(q, "quant_algo");
-    if (auto it = q.find("kv_cache_quant_algo"); it != q.end() && it->is_string())
-      out.kv_cache_quant_algo = it->get<std::string>();
+    out.quant_algo = optional_string(q, "quant_algo", out.source);
+    if (auto it = q.find("kv_cache_quant_algo"); it != q.end() && !it->is_null())
+      out.kv_cache_quant_algo = optional_string(q, "kv_cache_quant_algo", out.source);
     out.group_size = get_int(q, "group_size", 16, out.source);
     for (const char* key : {"exclude_modules", "ignore"}) {
-      if (auto it = q.find(key); it != q.end() && it->is_array()) {
-        for (const json& e : *it) {
-          if (e.is_string()) out.exclude_modules.push_back(e.get<std::string>());
-        }
-      }
+      for (std::string& e : optional_strings(q, key, out.source)) out.exclude_modules.push_back(std::move(e));
     }
     if (auto it = q.find("quantized_layers"); it != q.end() && it->is_object()) {
-      for (auto& [k, v] : it->items()) out.quantized_layers[k] = get_string(v, "quant_algo");
+      for (auto& [k, v] : it->items())
+        out.quantized_layers[k] = optional_string(v, "quant_algo", out.source + " quantized_layers." + k);
     }
   };
   auto producer = [&](const json& j, QuantConfig& out) {
@@ -380,7 +395,7 @@ QuantConfig read_quant_config(const fs::path& dir, const json& config,
     q.present = true;
     q.source = "config.json quantization_config";
     const json& qc = *it;
-    const std::string method = get_string(qc, "quant_method");
+    const std::string method = optional_string(qc, "quant_method", q.source);
     q.quant_method = method;
     if (!method.empty() && method != "modelopt") {
       add_problem("config.json quantization_config: quant_method '" + method +

@@ -313,6 +313,25 @@ TEST(Checkpoint, QuantConfigsDisagree) {
                  {"group_size disagrees: hf_quant_config.json says 16, config.json quantization_config says 32"});
 }
 
+// A quantization field of the wrong type is named with its value (a quant_algo of 4 read as '' and an exclusion
+// list given as a string as no exclusions).
+TEST(Checkpoint, QuantConfigFieldsOfTheWrongTypeAreNamed) {
+  for (const auto& [field, value, message] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"quant_algo", 4, "config.json quantization_config: field 'quant_algo' is 4, expected a string"},
+           {"ignore", "lm_head",
+            "config.json quantization_config: field 'ignore' is \"lm_head\", expected a list of strings"},
+           {"ignore", nlohmann::json::array({"lm_head", 5}),
+            "field 'ignore' is [\"lm_head\",5], expected a list of strings"},
+           {"quant_method", true, "field 'quant_method' is true, expected a string"}}) {
+    TempDir tmp("ckpt_quant_type");
+    copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), nullptr, [&](const std::string& file, auto& j) {
+      if (file == "config.json") j["quantization_config"][field] = value;
+    });
+    const std::string err = testing::error_of([&] { Checkpoint c(tmp.path()); });
+    EXPECT_NE(err.find(message), std::string::npos) << field << ": " << err;
+  }
+}
+
 TEST(Checkpoint, Nvfp4WithoutQuantConfig) {
   TempDir tmp("ckpt_noquant");
   copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(), nullptr,
