@@ -543,8 +543,10 @@ struct Engine::Impl {
         }
       } else {
         // --stream-interval N (SGLang's): the first token at once, then tokens 1 + N, 1 + 2N, ... bring what is held.
+        // A request's own stream_interval (SGLang's sampling_params.stream_interval) goes before the server's.
         const int64_t n_out = static_cast<int64_t>(r->generated.size());
-        const bool due = opt().stream_interval <= 1 || (n_out - 1) % opt().stream_interval == 0;
+        const int64_t interval = r->sampling.stream_interval > 0 ? r->sampling.stream_interval : opt().stream_interval;
+        const bool due = interval <= 1 || (n_out - 1) % interval == 0;
         if ((opt().num_continuous_decode_steps > 1 && before > 0) || !due) {
           r->hold(std::move(out), due);  // a continuous run's: delivered at its end by scheduled_step
         } else if (r->has_held()) {

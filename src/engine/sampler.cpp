@@ -37,6 +37,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
     return "min_new_tokens " + std::to_string(min_new_tokens) +
            " must be in [0, max_new_tokens = " + std::to_string(max_new_tokens) + "]";
   });
+  need(stream_interval >= 0, "stream_interval",
+       [&] { return "stream_interval " + std::to_string(stream_interval) + " must be >= 1 (0: the server's)"; });
   need(std::isfinite(temperature) && temperature >= 0.0 && temperature <= kMaxTemperature, "temperature", [&] {
     return "temperature " + show(temperature) + " must be in [0, " + show(kMaxTemperature) + "] (0 = greedy)";
   });

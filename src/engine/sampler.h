@@ -76,6 +76,9 @@ struct SamplingParams {
   bool include_stop_str = false;
   bool ignore_eos = false;
   bool skip_special_tokens = true;   // in the streamed text
+  // SGLang's per-request stream_interval: this request's tokens streamed in groups of this many (the first at once);
+  // 0: the engine's (EngineOptions::stream_interval).
+  int64_t stream_interval = 0;
   // Special tokens the streamed text keeps all the same: the server's reasoning / tool-call parsers' tags where the
   // tokenizer marks them special (they read the text; SGLang and vLLM parse with them kept).
   std::vector<TokenId> keep_special_ids;

@@ -72,15 +72,21 @@ class Channel {
 };
 
 // The choices of one HTTP request (OpenAI `n`): choice i is engine request ids[i]; its events, told
-// apart by id, accumulate in accs[i]. With `echo`, echo[i] is choice i's prompt text.
+// apart by id, accumulate in accs[i]. With `echo`, echo[i] is choice i's prompt text. A choice that asked for no
+// tokens (max_new_tokens 0: the prompt's logprobs alone) runs as one token, which drop_generated takes out.
 struct Choices {
   std::vector<engine::RequestId> ids;
   std::vector<Accumulated> accs;
   std::vector<std::string> echo;
+  std::vector<bool> generates_nothing;
   std::vector<bool> started;
   Choices() = default;
-  Choices(std::vector<engine::RequestId> request_ids, std::vector<std::string> echo_texts)
-      : ids(std::move(request_ids)), accs(ids.size()), echo(std::move(echo_texts)), started(ids.size(), false) {}
+  Choices(std::vector<engine::RequestId> request_ids, std::vector<std::string> echo_texts, std::vector<bool> no_tokens)
+      : ids(std::move(request_ids)),
+        accs(ids.size()),
+        echo(std::move(echo_texts)),
+        generates_nothing(std::move(no_tokens)),
+        started(ids.size(), false) {}
   // Adds an event to its choice (a choice's first event gets the echo in front: apply_echo) and returns
   // the choice's index (-1, dropped: not one of these requests, which the channel per HTTP request
   // rules out).
@@ -88,7 +94,7 @@ struct Choices {
     const auto it = std::find(ids.begin(), ids.end(), out.id);
     if (it == ids.end()) return -1;
     const auto i = static_cast<size_t>(it - ids.begin());
-    drop_generated(req, out);
+    if (i < generates_nothing.size() && generates_nothing[i]) drop_generated(out);
     if (!started[i] && i < echo.size()) apply_echo(req, echo[i], out);
     started[i] = true;
     accs[i].add(out);
@@ -331,6 +337,7 @@ class RequestHandler {
     // The prompts (one, or a completions batch) as token ids, each with the field that names it.
     std::vector<std::vector<engine::TokenId>> prompts;
     std::vector<std::string> fields;
+    std::vector<bool> sent_as_ids;  // prompt p's ids were sent (else the tokenizer's encoding of its text)
     auto encode_text = [&](const std::string& text) {
       return tok.encode(text, {.add_special_tokens = true, .parse_special = true});
     };
@@ -340,13 +347,16 @@ class RequestHandler {
       for (size_t i = 0; i < req.batch.size(); ++i) {
         const ParsedRequest::BatchPrompt& bp = req.batch[i];
         prompts.push_back(bp.input_ids ? *bp.input_ids : encode_text(*bp.text));
+        sent_as_ids.push_back(bp.input_ids.has_value());
         fields.push_back(batch_param + "[" + std::to_string(i) + "]");
       }
     } else if (req.input_ids) {
       prompts.push_back(*req.input_ids);
+      sent_as_ids.push_back(true);
       fields.push_back(endpoint_ == Endpoint::kGenerate ? "input_ids" : "prompt");
     } else if (req.text) {
       prompts.push_back(encode_text(*req.text));
+      sent_as_ids.push_back(false);
       fields.push_back(endpoint_ == Endpoint::kGenerate ? "text" : "prompt");
     } else {
       std::shared_ptr<const engine::ChatTemplate> tmpl;
@@ -357,6 +367,7 @@ class RequestHandler {
       if (!tmpl) throw bad_request("messages", "the served model has no chat template; use /v1/completions");
       const std::string rendered = render_chat(*tmpl, req);
       prompts.push_back(tok.encode(rendered, {.add_special_tokens = false, .parse_special = true}));
+      sent_as_ids.push_back(false);
       fields.push_back("messages");
       if (req.reasoning != nullptr) {
         // The template may have opened the block (GLM-4.7 / GLM-5: the reply starts inside it) or closed an empty
@@ -391,9 +402,16 @@ class RequestHandler {
       const std::string param = req.batch.empty() ? field : batch_param;
       if (prompt.empty()) throw bad_request(param, field + " gives an empty prompt (0 tokens)");
       for (size_t i = 0; i < prompt.size(); ++i) {
-        if (prompt[i] >= vocab) {
+        if (prompt[i] >= vocab && sent_as_ids[p]) {
           throw bad_request(param, field + "[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
                                        " is outside the model's vocabulary of " + std::to_string(vocab));
+        }
+        if (prompt[i] >= vocab) {  // a tokenizer with more tokens than the model has embeddings
+          throw bad_request(param, field + (endpoint_ == Endpoint::kChat ? " (as the chat template renders it)" : "") +
+                                       " encodes to token " + std::to_string(prompt[i]) + " \"" +
+                                       tok.id_to_token(prompt[i]) + "\" at position " + std::to_string(i) +
+                                       ", outside the model's vocabulary of " + std::to_string(vocab) +
+                                       " (the tokenizer has " + std::to_string(tok.vocab_size()) + ")");
         }
       }
       const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -433,6 +451,7 @@ class RequestHandler {
       return param;
     };
     std::vector<engine::Engine::Submission> group;
+    std::vector<bool> generates_nothing;  // choice i asked for max_new_tokens 0
     for (size_t p = 0; p < prompts.size(); ++p) {
       // The prompt's sampling: the request's, or its own (a /generate list of sampling_params).
       const ParsedRequest::PromptSampling* own = req.per_prompt.empty() ? nullptr : &req.per_prompt.at(p);
@@ -448,11 +467,12 @@ class RequestHandler {
       }
       for (int64_t j = 0; j < req.n; ++j) {
         engine::SamplingParams sp = sampling;
-        sp.max_new_tokens = max_new;
+        // No tokens asked (the prompt's logprobs alone): one is made, not output (nor a first-token latency).
+        sp.max_new_tokens = std::max<int64_t>(max_new, 1);
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        // Echo without generation: its one internal token is not output (nor a first-token latency).
         engine::Request request{prompts[p], sp, req.priority};
-        request.count_output = !req.echo_only;
+        request.count_output = max_new > 0;
+        generates_nothing.push_back(max_new == 0);
         group.push_back(
             {std::move(request), [channel, dispatcher = server_->dispatcher_](const engine::RequestOutput& out) {
                dispatcher->post(channel, out);
@@ -535,13 +555,13 @@ class RequestHandler {
                                    "\" (or another of the request's) names a request that is still open");
     }
 
+    Choices choices(std::move(ids), std::move(echo), std::move(generates_nothing));
     if (!req.stream) {
-      respond_when_done(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
+      respond_when_done(std::move(engine), channel, std::move(choices), std::move(req), std::move(ctx),
                         std::move(rid_names), res);
       return;
     }
-    stream(std::move(engine), channel, std::move(ids), std::move(echo), std::move(req), std::move(ctx),
-           std::move(rid_names), res);
+    stream(std::move(engine), channel, std::move(choices), std::move(req), std::move(ctx), std::move(rid_names), res);
   }
 
  private:
@@ -554,9 +574,9 @@ class RequestHandler {
   // object as before; a request that fails in the engine after admission (a bug) gets the typed
   // error object as its body, since the 200 is already on the wire. The content type carries a
   // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
-  void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
-                         std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req,
-                         ResponseContext ctx, HttpServer::RidNames rid_names, httplib::Response& res) {
+  void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel, Choices choices,
+                         ParsedRequest req, ResponseContext ctx, HttpServer::RidNames rid_names,
+                         httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
@@ -570,7 +590,7 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->rid_names = std::move(rid_names);
-    st->choices = Choices(std::move(ids), std::move(echo));
+    st->choices = std::move(choices);
     st->last_probe = std::chrono::steady_clock::now();
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
@@ -626,9 +646,8 @@ class RequestHandler {
   // SSE: `data: {json}\n\n` per engine event, `data: [DONE]\n\n` at the end. The provider is called
   // by httplib on this connection's thread after the handler returns; it waits for events and checks
   // the connection between them. Whatever ends the stream early, the releaser aborts the request.
-  void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel,
-              std::vector<engine::RequestId> ids, std::vector<std::string> echo, ParsedRequest req, ResponseContext ctx,
-              HttpServer::RidNames rid_names, httplib::Response& res) {
+  void stream(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel, Choices choices,
+              ParsedRequest req, ResponseContext ctx, HttpServer::RidNames rid_names, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
@@ -644,11 +663,11 @@ class RequestHandler {
     st->req = std::move(req);
     st->ctx = std::move(ctx);
     st->rid_names = std::move(rid_names);
-    st->first.assign(ids.size(), true);
-    st->text_offsets.assign(ids.size(), TextOffset{});
+    st->first.assign(choices.ids.size(), true);
+    st->text_offsets.assign(choices.ids.size(), TextOffset{});
     if (st->req.reasoning != nullptr || st->req.tool_calls != nullptr)
-      st->parsers.assign(ids.size(), ChatChoiceStream::for_request(st->req));
-    st->choices = Choices(std::move(ids), std::move(echo));
+      st->parsers.assign(choices.ids.size(), ChatChoiceStream::for_request(st->req));
+    st->choices = std::move(choices);
     st->active = std::make_unique<ActiveGuard>(server_);
     const Endpoint endpoint = endpoint_;
     res.status = 200;

@@ -167,14 +167,14 @@ void parse_constraint(const Fields& f, ParsedRequest* r, bool openai);
 // budget max_tokens / max_completion_tokens; SGLang max_new_tokens).
 void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   engine::SamplingParams& s = r->sampling;
-  // At least one token: a request is a generation (SGLang's prefill-only max_new_tokens 0 is not served), but for
-  // /v1/completions' echo without generation (max_tokens 0 with echo: checked once echo is read).
+  // No tokens (0): the prompt's logprobs alone, on /generate (SGLang's prefill-only request) and /v1/completions with
+  // echo (vLLM's; checked once echo is read). OpenAI's chat asks for at least one.
   if (openai) {
     auto mt = f.integer("max_completion_tokens", 1, kMaxTokensLimit);
     if (!mt) mt = f.integer("max_tokens", r->endpoint == Endpoint::kCompletions ? 0 : 1, kMaxTokensLimit);
     r->max_new_tokens = mt;
   } else {
-    r->max_new_tokens = f.integer("max_new_tokens", 1, kMaxTokensLimit);
+    r->max_new_tokens = f.integer("max_new_tokens", 0, kMaxTokensLimit);
   }
   if (auto v = f.number("temperature", 0.0, engine::kMaxTemperature)) s.temperature = *v;
   if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = *v;
@@ -196,7 +196,93 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
   s.logit_bias = f.logit_bias("logit_bias");
   if (auto n = f.integer("n", 1, kMaxChoices)) r->n = *n;
+  if (!openai) {
+    if (auto v = f.integer("stream_interval", 1, INT32_MAX)) s.stream_interval = *v;
+  }
   parse_constraint(f, r, openai);
+}
+
+// /generate's sampling_params are SGLang's SamplingParams, which takes no other keyword: a key that is none of them
+// (a misspelt "temprature" would otherwise sample at the default) is a 400 naming it and the closest known key.
+// SGLang's keys this server does not implement are refused by name unless null; spaces_between_special_tokens is
+// taken and has no effect (as in HF's fast tokenizers, which tokenizer.json models use).
+void check_sampling_keys(const Fields& f, const json& obj) {
+  static const std::vector<std::string> kKnown = {"max_new_tokens",
+                                                  "min_new_tokens",
+                                                  "temperature",
+                                                  "top_p",
+                                                  "top_k",
+                                                  "min_p",
+                                                  "repetition_penalty",
+                                                  "frequency_penalty",
+                                                  "presence_penalty",
+                                                  "sampling_seed",
+                                                  "seed",
+                                                  "stop",
+                                                  "stop_token_ids",
+                                                  "ignore_eos",
+                                                  "no_stop_trim",
+                                                  "skip_special_tokens",
+                                                  "spaces_between_special_tokens",
+                                                  "logit_bias",
+                                                  "n",
+                                                  "regex",
+                                                  "json_schema",
+                                                  "ebnf",
+                                                  "guided_regex",
+                                                  "guided_json",
+                                                  "guided_choice",
+                                                  "guided_grammar",
+                                                  "stream_interval"};
+  static const std::vector<std::string> kNotImplemented = {"stop_regex", "structural_tag", "custom_params"};
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(kKnown.begin(), kKnown.end(), key) != kKnown.end()) continue;
+    if (std::find(kNotImplemented.begin(), kNotImplemented.end(), key) != kNotImplemented.end()) {
+      if (value.is_null()) continue;
+      throw bad_request(f.name(key), f.name(key) + " is not supported by this server, got " + show(value));
+    }
+    // The known key fewest edits away (Levenshtein), named when at most a third of the key differs.
+    auto distance = [](const std::string& a, const std::string& b) {
+      std::vector<size_t> row(b.size() + 1);
+      for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+      for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+          const size_t up = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+          diag = up;
+        }
+      }
+      return row[b.size()];
+    };
+    // The OpenAI names of SGLang's fields, and fields /generate takes beside sampling_params.
+    static const std::vector<std::pair<std::string, std::string>> kElsewhere = {
+        {"max_tokens", "sampling_params.max_new_tokens"},
+        {"max_completion_tokens", "sampling_params.max_new_tokens"},
+        {"min_tokens", "sampling_params.min_new_tokens"},
+        {"include_stop_str_in_output", "sampling_params.no_stop_trim"},
+        {"logprobs", "return_logprob, beside sampling_params"},
+        {"return_logprob", "return_logprob, beside sampling_params"},
+        {"top_logprobs", "top_logprobs_num, beside sampling_params"},
+        {"top_logprobs_num", "top_logprobs_num, beside sampling_params"},
+        {"stream", "stream, beside sampling_params"}};
+    for (const auto& [other, ours] : kElsewhere) {
+      if (key == other)
+        throw bad_request(f.name(key), f.name(key) + " is not a sampling parameter (/generate takes " + ours + ")");
+    }
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const std::string& k : kKnown) {
+      if (const size_t d = distance(key, k); d < best_d) best_d = d, best = k;
+    }
+    std::string m = f.name(key) + " is not a sampling parameter";
+    if (best_d <= std::max<size_t>(1, key.size() / 3)) m += " (did you mean " + f.name(best) + "?)";
+    throw bad_request(f.name(key), m);
+  }
+  if (const json* v = f.find("spaces_between_special_tokens"); v != nullptr && !v->is_boolean())
+    throw bad_request(f.name("spaces_between_special_tokens"),
+                      f.name("spaces_between_special_tokens") + " must be true or false, got " + show(*v));
 }
 
 // Structured outputs (engine/constraint.h): SGLang's regex / json_schema / ebnf (in sampling_params on
@@ -483,7 +569,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       }
       if (const json* sp = top.find("sampling_params")) {
         if (sp->is_object()) {
-          parse_sampling(Fields(*sp, "sampling_params."), &r, false);
+          const Fields f(*sp, "sampling_params.");
+          check_sampling_keys(f, *sp);
+          parse_sampling(f, &r, false);
         } else if (sp->is_array()) {
           // One object per prompt, each parsed on its own (SGLang: the same n in all).
           const size_t n_prompts = r.batch.empty() ? 1 : r.batch.size();
@@ -496,7 +584,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
             if (!(*sp)[i].is_object()) throw bad_request(at, at + " must be an object, got " + show((*sp)[i]));
             ParsedRequest one;
             one.endpoint = endpoint;
-            parse_sampling(Fields((*sp)[i], at + ".", "/sampling_params/" + std::to_string(i)), &one, false);
+            const Fields f((*sp)[i], at + ".", "/sampling_params/" + std::to_string(i));
+            check_sampling_keys(f, (*sp)[i]);
+            parse_sampling(f, &one, false);
             if (i > 0 && one.n != r.n)
               throw bad_request(at + ".n", at + ".n = " + std::to_string(one.n) +
                                                " differs from sampling_params[0].n = " + std::to_string(r.n) +
@@ -598,8 +688,6 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
         if (r.sampling.min_new_tokens > 0)
           throw bad_request("min_tokens", "min_tokens = " + std::to_string(r.sampling.min_new_tokens) +
                                               " > max_tokens = 0 (echo without generation)");
-        r.echo_only = true;
-        r.max_new_tokens = 1;
       }
       if (auto v = top.string("suffix"); v && !v->empty())
         throw bad_request("suffix", "suffix (insertion) is not supported, got " + show(json(*v)));
@@ -849,8 +937,7 @@ void Accumulated::add(const engine::RequestOutput& out) {
   if (out.finished) finish = out.finished;
 }
 
-void drop_generated(const ParsedRequest& req, engine::RequestOutput& event) {
-  if (!req.echo_only) return;
+void drop_generated(engine::RequestOutput& event) {
   event.tokens.clear();
   event.text.clear();
   if (event.finished && event.finished->reason != engine::FinishReason::kError &&

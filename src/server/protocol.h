@@ -75,10 +75,6 @@ struct ParsedRequest {
   // start with the prompt tokens' (the first one null), as OpenAI / vLLM reply; lm-eval's
   // loglikelihood requests (echo, logprobs 1, max_tokens 1) read them. See apply_echo.
   bool echo = false;
-  // `echo` with max_tokens 0 (vLLM's echo without generation, for scoring clients): the reply is the prompt and its
-  // logprobs alone, completion_tokens 0, finish_reason "length". The engine runs it as max_tokens 1 (its prefill
-  // gives the prompt logprobs) and drop_generated() takes that token out of every event.
-  bool echo_only = false;
   // /generate (SGLang): the logprob tuples' third element is the token's text instead of null.
   bool return_text_in_logprobs = false;
   // OpenAI `n` (SGLang's sampling_params.n on /generate): choices per request, each its own engine request (with a
@@ -170,9 +166,10 @@ struct Accumulated {
 // `echo` on a choice's first event: its text starts with the prompt's text and, when the request
 // asked for logprobs, its tokens with the prompt's entries (out.prompt_logprobs, the first one
 // without a logprob, written null), so that the stream and the whole body both carry them in front.
-// For an echo_only request: the event without what was generated (tokens, text), its finish a "length" with no
-// completion tokens.
-void drop_generated(const ParsedRequest& req, engine::RequestOutput& event);
+// For a choice that asked for no tokens (max_new_tokens / max_tokens 0: SGLang's prefill-only /generate, vLLM's echo
+// without generation, for scoring clients), which the engine runs as one token (its prefill gives the prompt
+// logprobs): the event without what was generated (tokens, text), its finish a "length" with no completion tokens.
+void drop_generated(engine::RequestOutput& event);
 void apply_echo(const ParsedRequest& req, const std::string& prompt_text, engine::RequestOutput& first_event);
 
 struct ResponseContext {

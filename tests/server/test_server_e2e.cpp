@@ -269,6 +269,19 @@ TEST(ServerE2E, GoldenGlm5TinyGreedyIds) {
   auto chat = c.post("/v1/chat/completions",
                      json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 3}, {"temperature", 0}}.dump());
   EXPECT_EQ(chat.status, 200) << chat.body;
+  // The tokenizer has 4,096 tokens, the tiny model 512 embeddings: a text that encodes past them is a 400 naming the
+  // token and its position in the encoding (not an item of the field, which is text).
+  auto oov = c.post("/generate", json{{"text", "Hi, the quick"}}.dump());
+  expect_error(oov, 400, "text");
+  EXPECT_NE(oov.body.find("text encodes to token 2560 \\\"Ġqu\\\" at position 4, outside the model's vocabulary "
+                          "of 512 (the tokenizer has 4096)"),
+            std::string::npos)
+      << oov.body;
+  oov = c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "the quick"}}}}}.dump());
+  expect_error(oov, 400, "messages");
+  EXPECT_NE(oov.body.find("messages (as the chat template renders it) encodes to token 1674 \\\"the\\\" at position 4"),
+            std::string::npos)
+      << oov.body;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
@@ -603,8 +616,10 @@ TEST_F(DefaultServer, BadRequestsGet400And413AndServerKeepsServing) {
       json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 2}, {"logit_bias", {{"99999", 1}}}}.dump());
   expect_error(oov_n, 400, "logit_bias");
   EXPECT_EQ(oov_n.body.find("choice"), std::string::npos) << oov_n.body;
-  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", 0}}}}.dump()), 400,
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"max_new_tokens", -1}}}}.dump()), 400,
                "sampling_params.max_new_tokens");
+  expect_error(c.post("/generate", json{{"text", "a"}, {"sampling_params", {{"temprature", 0}}}}.dump()), 400,
+               "sampling_params.temprature");
   // Unknown route: a typed 404. A known route asked with another method: a 405 naming the methods it takes.
   expect_error(c.get("/no/such/route"), 404, "");
   for (const auto& [res, allow] :
@@ -1478,6 +1493,25 @@ TEST_F(DefaultServer, EchoWithPromptLogprobs) {
                                     .dump());
   ASSERT_EQ(g2.status, 200) << g2.body;
   EXPECT_EQ(parse(g2.body)["meta_info"]["input_token_logprobs"].size(), ids.size() - 5);
+  // max_new_tokens 0 (SGLang's prefill-only request): "" and the prompt's logprobs, finish_reason length 0, in a batch
+  // beside a prompt that generates.
+  auto g0 = c.post("/generate", json{{"input_ids", {ids, ids}},
+                                     {"sampling_params", {{{"max_new_tokens", 0}}, {{"max_new_tokens", 2}}}},
+                                     {"return_logprob", true},
+                                     {"logprob_start_len", 0}}
+                                    .dump());
+  ASSERT_EQ(g0.status, 200) << g0.body;
+  const json g0j = parse(g0.body);
+  ASSERT_EQ(g0j.size(), 2u) << g0.body;
+  EXPECT_EQ(g0j[0]["text"], "") << g0.body;
+  EXPECT_TRUE(g0j[0]["output_ids"].empty());
+  EXPECT_EQ(g0j[0]["meta_info"]["completion_tokens"], 0);
+  EXPECT_EQ(g0j[0]["meta_info"]["finish_reason"], (json{{"type", "length"}, {"length", 0}}));
+  EXPECT_TRUE(g0j[0]["meta_info"]["output_token_logprobs"].empty());
+  ASSERT_EQ(g0j[0]["meta_info"]["input_token_logprobs"].size(), ids.size());
+  for (size_t i = 1; i < ids.size(); ++i)
+    EXPECT_NEAR(g0j[0]["meta_info"]["input_token_logprobs"][i][0].get<double>(), ilp[i].get<double>(), 1e-5) << i;
+  EXPECT_EQ(g0j[1]["meta_info"]["completion_tokens"], 2);
 
   // A batch of prompts with n = 2: choice p n + j echoes prompt p.
   auto rb =
@@ -2058,18 +2092,24 @@ TEST(ServerE2E, BatchLogLinesFollowDecodeLogInterval) {
     std::vector<size_t> counts;
     for (const json& ch : chunks) counts.push_back(ch["output_ids"].size());
     EXPECT_EQ(counts, (std::vector<size_t>{1, 5, 9})) << json(chunks).dump();
+    // A request's own sampling_params.stream_interval (SGLang's) goes before the server's: 1, 4, 7, 9.
+    streamed["sampling_params"]["stream_interval"] = 3;
+    counts.clear();
+    for (const json& ch : sse_chunks(c, "/generate", streamed, &status, &done))
+      counts.push_back(ch["output_ids"].size());
+    EXPECT_EQ(counts, (std::vector<size_t>{1, 4, 7, 9}));
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
     const std::string log = srv.log();
     EXPECT_NE(log.find("] Prefill batch. #new-seq: 1, #new-token: 3, #cached-token: 0, token usage: 0.00, "
                        "#running-req: 0, #queue-req: 0"),
               std::string::npos)
         << log;
-    // Two requests of 9 tokens: each the first from the prefill, 8 decode steps, a line every 2.
+    // Three requests of 9 tokens: each the first from the prefill, 8 decode steps, a line every 2.
     size_t n = 0;
     for (size_t at = log.find("] Decode batch. #running-req: 1, #token: "); at != std::string::npos;
          at = log.find("] Decode batch.", at + 1))
       ++n;
-    EXPECT_EQ(n, 8u) << log;
+    EXPECT_EQ(n, 12u) << log;
     EXPECT_NE(log.find("cuda graph: False, gen throughput (token/s): "), std::string::npos) << log;
   }
   {

@@ -246,6 +246,36 @@ TEST(ServerProtocol, BadFieldsAreNamedWithTheirValues) {
   expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"n", 65}}}}, "sampling_params.n",
              "sampling_params.n = 65 is outside [1, 64]");
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"n", 0}}, "n", "n = 0 is outside [1, 64]");
+  // SGLang's SamplingParams takes no other key: a misspelt one is named with the closest known key, in a list entry
+  // too.
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"temprature", 0}}}},
+             "sampling_params.temprature",
+             "sampling_params.temprature is not a sampling parameter (did you mean sampling_params.temperature?)");
+  expect_bad(Endpoint::kGenerate,
+             json{{"text", {"a", "b"}}, {"sampling_params", {json::object(), {{"max_tokens", 4}}}}},
+             "sampling_params[1].max_tokens", "(/generate takes sampling_params.max_new_tokens)");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"beam_width", 4}}}},
+             "sampling_params.beam_width", "sampling_params.beam_width is not a sampling parameter");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"stop_regex", "a+"}}}},
+             "sampling_params.stop_regex", "is not supported by this server, got \"a+\"");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"spaces_between_special_tokens", 1}}}},
+             "sampling_params.spaces_between_special_tokens", "must be true or false, got 1");
+  expect_bad(Endpoint::kGenerate, json{{"text", "a"}, {"sampling_params", {{"stream_interval", 0}}}},
+             "sampling_params.stream_interval", "sampling_params.stream_interval = 0 is outside [1, 2147483647]");
+  {
+    const ParsedRequest g = parse_request(Endpoint::kGenerate, json{{"text", "a"},
+                                                                    {"sampling_params",
+                                                                     {{"stream_interval", 3},
+                                                                      {"spaces_between_special_tokens", false},
+                                                                      {"stop_regex", nullptr},
+                                                                      {"max_new_tokens", 0}}}});
+    EXPECT_EQ(g.sampling.stream_interval, 3);
+    EXPECT_EQ(g.max_new_tokens, 0);  // SGLang's prefill-only request
+  }
+  // The OpenAI routes ignore fields they do not know, as vLLM does; chat asks for at least one token.
+  EXPECT_NO_THROW(parse_request(Endpoint::kCompletions, json{{"prompt", "a"}, {"temprature", 0}}));
+  expect_bad(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 0}},
+             "max_tokens", "max_tokens = 0 is outside [1, 1073741824]");
   // Integers are compared exactly: 2^63 is past every range (as a double it equalled INT64_MAX and wrapped).
   expect_bad(Endpoint::kCompletions, json{{"prompt", "a"}, {"seed", 9223372036854775808ull}}, "seed",
              "seed = 9223372036854775808 is outside [-9223372036854775808, 9223372036854775807]");
