@@ -85,6 +85,14 @@ const json& require(const json& j, const std::string& key, const std::string& pa
   return j.at(key);
 }
 
+// A string field; another type is named (nlohmann's type_error would name neither the file nor the field).
+std::string require_string(const json& j, const std::string& key, const std::string& path, const std::string& origin) {
+  const json& v = require(j, key, path, origin);
+  if (!v.is_string())
+    throw Error(origin + ": " + join_path(path, key) + " must be a string, found " + v.dump().substr(0, 80));
+  return v.get<std::string>();
+}
+
 bool flag(const json& j, const char* key, bool fallback) {
   return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
 }
@@ -213,7 +221,7 @@ void Tokenizer::Impl::load_added(const json& added_json) {
     FP4MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 30))
         << origin << ": " << path << ".id is not a valid id: " << id.dump();
     t.id = id.get<TokenId>();
-    t.content = require(a, "content", path, origin).get<std::string>();
+    t.content = require_string(a, "content", path, origin);
     FP4MOE_CHECK(!t.content.empty()) << origin << ": " << path << ".content is empty";
     t.special = flag(a, "special", false);
     t.normalized = flag(a, "normalized", !t.special);
@@ -228,7 +236,7 @@ void Tokenizer::Impl::load_added(const json& added_json) {
 
 void Tokenizer::Impl::load_normalizer(const json& n, const std::string& path) {
   if (n.is_null()) return;
-  const std::string type = require(n, "type", path, origin).get<std::string>();
+  const std::string type = require_string(n, "type", path, origin);
   if (type == "Sequence") {
     const json& list = require(n, "normalizers", path, origin);
     for (size_t i = 0; i < list.size(); ++i) load_normalizer(list[i], path + ".normalizers[" + std::to_string(i) + "]");
@@ -247,7 +255,7 @@ void Tokenizer::Impl::load_normalizer(const json& n, const std::string& path) {
 }
 
 void Tokenizer::Impl::load_pre_tokenizer(const json& p, const std::string& path, bool last) {
-  const std::string type = require(p, "type", path, origin).get<std::string>();
+  const std::string type = require_string(p, "type", path, origin);
   if (type == "Sequence") {
     const json& list = require(p, "pretokenizers", path, origin);
     for (size_t i = 0; i < list.size(); ++i) {
@@ -256,14 +264,23 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& p, const std::string& path,
   } else if (type == "Split") {
     const json& pattern = require(p, "pattern", path, origin);
     PreTokenizerStep step;
-    if (pattern.contains("Regex")) {
-      step.regex = std::make_shared<Regex>(pattern.at("Regex").get<std::string>(), false);
-    } else if (pattern.contains("String")) {
-      step.regex = std::make_shared<Regex>(pattern.at("String").get<std::string>(), true);
+    // A pattern PCRE2 cannot compile is named with the file and the step.
+    const auto compile = [&](const char* key, bool literal) {
+      const std::string text = require_string(pattern, key, path + ".pattern", origin);
+      try {
+        return std::make_shared<Regex>(text, literal);
+      } catch (const Error& e) {
+        throw Error(origin + ": " + path + ".pattern." + key + ": " + e.what());
+      }
+    };
+    if (pattern.is_object() && pattern.contains("Regex")) {
+      step.regex = compile("Regex", false);
+    } else if (pattern.is_object() && pattern.contains("String")) {
+      step.regex = compile("String", true);
     } else {
       FP4MOE_FAIL() << origin << ": " << path << ".pattern is neither {\"Regex\": ...} nor {\"String\": ...}";
     }
-    const std::string behavior = require(p, "behavior", path, origin).get<std::string>();
+    const std::string behavior = require_string(p, "behavior", path, origin);
     if (behavior == "Removed") step.behavior = SplitBehavior::kRemoved;
     else if (behavior == "Isolated") step.behavior = SplitBehavior::kIsolated;
     else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::kMergedWithPrevious;
@@ -294,7 +311,7 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& p, const std::string& path,
 
 void Tokenizer::Impl::load_post_processor(const json& p, const std::string& path) {
   if (p.is_null()) return;
-  const std::string type = require(p, "type", path, origin).get<std::string>();
+  const std::string type = require_string(p, "type", path, origin);
   if (type == "ByteLevel") return;  // only adjusts offsets
   if (type == "Sequence") {
     const json& list = require(p, "processors", path, origin);
@@ -325,7 +342,7 @@ void Tokenizer::Impl::load_post_processor(const json& p, const std::string& path
 
 void Tokenizer::Impl::load_decoder(const json& d) {
   FP4MOE_CHECK(!d.is_null()) << origin << ": decoder is null; byte-level BPE needs the ByteLevel decoder";
-  const std::string type = require(d, "type", "decoder", origin).get<std::string>();
+  const std::string type = require_string(d, "type", "decoder", origin);
   FP4MOE_CHECK(type == "ByteLevel") << origin << ": decoder.type is '" << type << "'; only ByteLevel is supported";
 }
 
@@ -392,7 +409,15 @@ Tokenizer Tokenizer::from_json_checked(const json& tj, const json& config, const
 
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   const auto tj_path = dir / "tokenizer.json";
-  FP4MOE_CHECK(std::filesystem::exists(tj_path)) << "no tokenizer.json in " << dir.string();
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) {
+    throw Error(dir.string() + " is a file, not a tokenizer folder (one holding tokenizer.json and, optionally, " +
+                "tokenizer_config.json): give " + (dir.has_parent_path() ? dir.parent_path().string() : "."));
+  }
+  if (!std::filesystem::exists(dir, ec)) throw Error("tokenizer folder " + dir.string() + " does not exist");
+  if (!std::filesystem::exists(tj_path, ec))
+    throw Error("no tokenizer.json in " + dir.string() + " (a tokenizer folder holds tokenizer.json and, optionally, " +
+                "tokenizer_config.json)");
   const auto config_path = dir / "tokenizer_config.json";
   json config = std::filesystem::exists(config_path) ? format::read_json_file(config_path) : json();
   return from_json(format::read_json_file(tj_path), config, tj_path.string());

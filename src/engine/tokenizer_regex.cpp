@@ -29,8 +29,10 @@ Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern) {
   const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                                    &error_code, &error_offset, nullptr);
-  FP4MOE_CHECK(code != nullptr) << "cannot compile regex /" << pattern << "/ at offset " << error_offset << ": "
-                                << pcre2_message(error_code);
+  if (code == nullptr) {  // a tokenizer file's pattern: the user's input, named without this file's line
+    throw Error("cannot compile regex /" + pattern + "/ at offset " + std::to_string(error_offset) + ": " +
+                pcre2_message(error_code));
+  }
   code_ = code;
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "core/names.h"
 #include "engine/tokenizer_text.h"
 #include "format/json_file.h"
 
@@ -207,33 +208,13 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
 // SGLang's keys this server does not implement are refused by name unless null; spaces_between_special_tokens is
 // taken and has no effect (as in HF's fast tokenizers, which tokenizer.json models use).
 void check_sampling_keys(const Fields& f, const json& obj) {
-  static const std::vector<std::string> kKnown = {"max_new_tokens",
-                                                  "min_new_tokens",
-                                                  "temperature",
-                                                  "top_p",
-                                                  "top_k",
-                                                  "min_p",
-                                                  "repetition_penalty",
-                                                  "frequency_penalty",
-                                                  "presence_penalty",
-                                                  "sampling_seed",
-                                                  "seed",
-                                                  "stop",
-                                                  "stop_token_ids",
-                                                  "ignore_eos",
-                                                  "no_stop_trim",
-                                                  "skip_special_tokens",
-                                                  "spaces_between_special_tokens",
-                                                  "logit_bias",
-                                                  "n",
-                                                  "regex",
-                                                  "json_schema",
-                                                  "ebnf",
-                                                  "guided_regex",
-                                                  "guided_json",
-                                                  "guided_choice",
-                                                  "guided_grammar",
-                                                  "stream_interval"};
+  // clang-format off
+  static const std::vector<std::string> kKnown = {
+      "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+      "frequency_penalty", "presence_penalty", "sampling_seed", "seed", "stop", "stop_token_ids", "ignore_eos",
+      "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "n", "regex",
+      "json_schema", "ebnf", "guided_regex", "guided_json", "guided_choice", "guided_grammar", "stream_interval"};
+  // clang-format on
   static const std::vector<std::string> kNotImplemented = {"stop_regex", "structural_tag", "custom_params"};
   for (const auto& [key, value] : obj.items()) {
     if (std::find(kKnown.begin(), kKnown.end(), key) != kKnown.end()) continue;
@@ -241,21 +222,6 @@ void check_sampling_keys(const Fields& f, const json& obj) {
       if (value.is_null()) continue;
       throw bad_request(f.name(key), f.name(key) + " is not supported by this server, got " + show(value));
     }
-    // The known key fewest edits away (Levenshtein), named when at most a third of the key differs.
-    auto distance = [](const std::string& a, const std::string& b) {
-      std::vector<size_t> row(b.size() + 1);
-      for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-      for (size_t i = 1; i <= a.size(); ++i) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= b.size(); ++j) {
-          const size_t up = row[j];
-          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-          diag = up;
-        }
-      }
-      return row[b.size()];
-    };
     // The OpenAI names of SGLang's fields, and fields /generate takes beside sampling_params.
     static const std::vector<std::pair<std::string, std::string>> kElsewhere = {
         {"max_tokens", "sampling_params.max_new_tokens"},
@@ -271,13 +237,8 @@ void check_sampling_keys(const Fields& f, const json& obj) {
       if (key == other)
         throw bad_request(f.name(key), f.name(key) + " is not a sampling parameter (/generate takes " + ours + ")");
     }
-    std::string best;
-    size_t best_d = SIZE_MAX;
-    for (const std::string& k : kKnown) {
-      if (const size_t d = distance(key, k); d < best_d) best_d = d, best = k;
-    }
     std::string m = f.name(key) + " is not a sampling parameter";
-    if (best_d <= std::max<size_t>(1, key.size() / 3)) m += " (did you mean " + f.name(best) + "?)";
+    if (const auto best = closest_name(key, kKnown)) m += " (did you mean " + f.name(*best) + "?)";
     throw bad_request(f.name(key), m);
   }
   if (const json* v = f.find("spaces_between_special_tokens"); v != nullptr && !v->is_boolean())

@@ -1,13 +1,15 @@
 // fp4moe: the command-line tool. `fp4moe --help` lists the subcommands; docs/cli.md describes them.
 #include <CLI/CLI.hpp>
-
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -48,6 +50,20 @@ int main(int argc, char** argv) {
     for (CLI::App* child : sub->get_subcommands({})) refuse_empty_values(child);
   };
   for (CLI::App* sub : app.get_subcommands({})) refuse_empty_values(sub);
+  // A first word that is no subcommand ("fp4moe serv") is named, with the closest subcommand (CLI11 would say only
+  // "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      const auto best = fp4moe::closest_name(argv[1], names);
+      std::fprintf(stderr, "fp4moe: unknown subcommand '%s'%s; the subcommands are %s (fp4moe --help)\n", argv[1],
+                   best ? (" (did you mean '" + *best + "'?)").c_str() : "", list.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -359,10 +359,14 @@ TEST(TokenizerLoad, UnsupportedPartsNameTheirJsonPath) {
   expect_load_error(tj, "model.merges[2] (x, yz)");
   tj = tiny_tokenizer_json();
   tj["pre_tokenizer"]["pretokenizers"][0]["pattern"] = json{{"Regex", "(unclosed"}};
-  expect_load_error(tj, "cannot compile regex /(unclosed/");
+  expect_load_error(tj,
+                    "t.json: pre_tokenizer.pretokenizers[0].pattern.Regex: cannot compile regex /(unclosed/ at offset "
+                    "9: missing closing parenthesis");
+  tj["pre_tokenizer"]["pretokenizers"][0]["pattern"] = json{{"Regex", 3}};
+  expect_load_error(tj, "t.json: pre_tokenizer.pretokenizers[0].pattern.Regex must be a string, found 3");
   tj = tiny_tokenizer_json();
   tj["added_tokens"][0]["content"] = 5;
-  expect_load_error(tj, "t.json: unexpected JSON type");
+  expect_load_error(tj, "t.json: added_tokens[0].content must be a string, found 5");
   tj = tiny_tokenizer_json();
   tj["model"] = 5;  // was nlohmann's "cannot use value() with number"
   expect_load_error(tj, "t.json: model must be an object (a BPE model), found number");

@@ -154,6 +154,20 @@ TEST(CmdTokenize, ErrorsCarryNumbers) {
   EXPECT_NE(out.find("give exactly one of --text, --file, --stdin, --decode, --chat (got 2)"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--decode 1,5000"), &out), 1);
   EXPECT_NE(out.find("id 5000 is outside the vocabulary (size 4096)"), std::string::npos) << out;
+  // --tokenizer names the folder: its tokenizer.json file is named as such, a missing folder as missing.
+  const std::string tok_dir = testing::shared_path("golden/tokenizer").string();
+  EXPECT_EQ(testing::run_command(
+                std::string(FP4MOE_CLI) + " tokenize --text a --tokenizer " + tok_dir + "/tokenizer.json 2>&1", &out),
+            1);
+  EXPECT_NE(out.find("fp4moe: error: " + tok_dir +
+                     "/tokenizer.json is a file, not a tokenizer folder (one holding "
+                     "tokenizer.json and, optionally, tokenizer_config.json): give " +
+                     tok_dir + "\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(
+      testing::run_command(std::string(FP4MOE_CLI) + " tokenize --text a --tokenizer /nonexistent/tok 2>&1", &out), 1);
+  EXPECT_NE(out.find("fp4moe: error: tokenizer folder /nonexistent/tok does not exist\n"), std::string::npos) << out;
   // An empty --text is text (no ids), not a missing option; a --decode list of no ids is an error, not "".
   EXPECT_EQ(testing::run_command(tokenize_cmd("--text '' --ids"), &out), 0) << out;
   EXPECT_EQ(out, "[]\n");
@@ -173,6 +187,13 @@ TEST(CmdTokenize, UsageErrorsExitTwo) {
   EXPECT_NE(out.find("--no-such-flag"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " 2>&1", &out), 2) << out;
   EXPECT_NE(out.find("A subcommand is required"), std::string::npos) << out;
+  // A first word that is no subcommand is named, with the closest one.
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " tokenise --text a 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("fp4moe: unknown subcommand 'tokenise' (did you mean 'tokenize'?); the subcommands are version, "),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " frobnicate 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("unknown subcommand 'frobnicate'; the subcommands are"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--help"), &out), 0) << out;
   EXPECT_NE(out.find("--decode"), std::string::npos) << out;
 }
