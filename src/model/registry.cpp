@@ -2,6 +2,7 @@
 // Tested by tests/model/test_registry.cpp.
 #include "model/registry.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "format/checkpoint.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/glm4_moe.h"
@@ -257,6 +259,51 @@ TensorCheck check_tensors(const ModelConfig& config, const format::TensorStore& 
   return r;
 }
 
+uint64_t dummy_checkpoint_bytes(const ModelConfig& config, const LoadOptions& options) {
+  const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
+  uint64_t bytes = 0;
+  for (const WeightSpec& spec : architecture_manifest(config)) {
+    const auto n = static_cast<uint64_t>(shape_numel(spec.shape));
+    if (spec.role == WeightRole::kLinear && nvfp4) {
+      bytes += n / 2 + n / format::kNvfp4BlockSize + 4;  // codes, e4m3 scales, the global scale
+    } else {
+      bytes += n * (spec.role == WeightRole::kF32Bias ? 4 : 2);
+    }
+  }
+  return bytes;
+}
+
+void check_dummy_fits(const ModelConfig& config, const LoadOptions& options, const HostMemory& memory,
+                      const std::filesystem::path& temp_dir, uint64_t temp_free_bytes) {
+  if (options.dummy_weights == DummyWeights::kNVFP4) {
+    for (const WeightSpec& spec : architecture_manifest(config)) {
+      if (spec.role == WeightRole::kLinear && spec.shape.size() == 2 && spec.shape[1] % format::kNvfp4BlockSize != 0)
+        throw Error("--dummy-weights nvfp4: " + spec.name + " is [" + std::to_string(spec.shape[0]) + ", " +
+                    std::to_string(spec.shape[1]) + "], and NVFP4 needs in_features a multiple of " +
+                    std::to_string(format::kNvfp4BlockSize) + " (its scale block); use --dummy-weights bf16");
+    }
+  }
+  const uint64_t bytes = dummy_checkpoint_bytes(config, options);
+  const auto gb = [](double b) { return fmt::format("{:.1f} GB", b / 1e9); };
+  const std::string what = "dummy " + std::string(options.dummy_weights == DummyWeights::kNVFP4 ? "NVFP4" : "BF16") +
+                           " weights of " + config.architecture + " (" + std::to_string(config.num_hidden_layers) +
+                           " layers): a " + gb(static_cast<double>(bytes)) + " checkpoint";
+  if (bytes > temp_free_bytes) {
+    throw Error(what + " is written to " + temp_dir.string() + ", which has " +
+                gb(static_cast<double>(temp_free_bytes)) + " free (TMPDIR picks another folder)");
+  }
+  // The checkpoint is made in memory before it is written; the CPU model then holds its own copy of the weights
+  // (while the file's pages are read), the GPU model uploads them.
+  const double need = static_cast<double>(bytes) * (options.device == Device::kCpu ? 2.0 : 1.0);
+  if (!memory.source.empty() && need > memory.bytes) {
+    throw Error(what +
+                (options.device == Device::kCpu ? " made in memory, then copied by the CPU model: ~" + gb(need)
+                                                : std::string(" made in memory")) +
+                " of host memory; this machine has " + gb(memory.bytes) + " available (" + memory.source +
+                "); a smaller model or --dummy-weights nvfp4 needs less");
+  }
+}
+
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options, const std::filesystem::path& dir) {
   const bool nvfp4 = options.dummy_weights == DummyWeights::kNVFP4;
   const std::vector<WeightSpec> manifest = architecture_manifest(config);
@@ -356,6 +403,9 @@ std::unique_ptr<CausalLM> build_dummy_model(const ModelConfig& config, const Loa
       std::filesystem::remove_all(p, ec);
     }
   } cleanup{tmp};
+  std::error_code ec;
+  const std::filesystem::space_info space = std::filesystem::space(tmp.parent_path(), ec);
+  check_dummy_fits(config, options, host_memory_available(), tmp.parent_path(), ec ? UINT64_MAX : space.available);
   write_dummy_checkpoint(config, options, tmp);
   format::TensorStore store(tmp);
   return build_model(config, store, options);

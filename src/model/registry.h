@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/host_memory.h"
 #include "format/safetensors.h"
 #include "model/causal_lm.h"
 #include "model/config.h"
@@ -151,5 +152,14 @@ std::unique_ptr<CausalLM> build_dummy_model(const ModelConfig& config, const Loa
 
 void write_dummy_checkpoint(const ModelConfig& config, const LoadOptions& options,
                             const std::filesystem::path& dir);
+
+// The bytes of that checkpoint (what write_dummy_checkpoint holds in memory and writes).
+uint64_t dummy_checkpoint_bytes(const ModelConfig& config, const LoadOptions& options);
+
+// Refuses, before anything is made, a dummy model this machine cannot make, naming the numbers: NVFP4 dummy weights
+// for a Linear whose in_features is not a multiple of 16; a checkpoint larger than the temp folder's free space; more
+// host memory than `memory` says is available (the checkpoint is made in memory; the CPU model copies it: 2x).
+void check_dummy_fits(const ModelConfig& config, const LoadOptions& options, const HostMemory& memory,
+                      const std::filesystem::path& temp_dir, uint64_t temp_free_bytes);
 
 }  // namespace fp4moe::model

@@ -93,5 +93,56 @@ TEST(Presets, ParallelDummyWriterIsByteIdenticalForTheSameSeed) {
   EXPECT_TRUE(a == b) << "two dummy checkpoints of seed 11 differ";
 }
 
+// dummy_checkpoint_bytes is the file's tensor data (its size less the 8-byte length and the JSON header), and
+// check_dummy_fits refuses, with the numbers, what the memory or the temp folder cannot hold and NVFP4 for a Linear
+// whose in_features is not a multiple of 16.
+TEST(Presets, DummyCheckpointsThatCannotBeMadeAreRefusedWithTheirBytes) {
+  ModelConfig c = load_model_config(fp4moe::testing::shared_path("golden/models/glm5_tiny"));
+  const auto dir = std::filesystem::temp_directory_path() / ("fp4moe-dummy-bytes-" + std::to_string(::getpid()));
+  for (DummyWeights w : {DummyWeights::kBF16, DummyWeights::kNVFP4}) {
+    LoadOptions o;
+    o.progress = false;
+    o.dummy_weights = w;
+    write_dummy_checkpoint(c, o, dir);
+    std::ifstream in(dir / "model.safetensors", std::ios::binary);
+    uint64_t header = 0;
+    in.read(reinterpret_cast<char*>(&header), 8);
+    const uint64_t size = std::filesystem::file_size(dir / "model.safetensors");
+    EXPECT_EQ(dummy_checkpoint_bytes(c, o), size - 8 - header) << (w == DummyWeights::kNVFP4 ? "nvfp4" : "bf16");
+    std::filesystem::remove_all(dir);
+  }
+  const ModelConfig shard = load_config_or_preset("glm5-shard");
+  LoadOptions o;
+  const uint64_t bytes = dummy_checkpoint_bytes(shard, o);
+  EXPECT_GT(bytes, 12'000'000'000u);  // GLM-5 widths: 13.1 GB in BF16
+  const HostMemory plenty{1e12, "MemAvailable"};
+  EXPECT_NO_THROW(check_dummy_fits(shard, o, plenty, "/tmp", UINT64_MAX));
+  std::string e = error_of([&] { check_dummy_fits(shard, o, {20e9, "MemAvailable"}, "/tmp", UINT64_MAX); });
+  EXPECT_NE(e.find("dummy BF16 weights of GlmMoeDsaForCausalLM (4 layers): a 13.1 GB checkpoint made in memory, then "
+                   "copied by the CPU model: ~26.3 GB of host memory; this machine has 20.0 GB available "
+                   "(MemAvailable)"),
+            std::string::npos)
+      << e;
+  o.device = Device::kCuda;  // the GPU model uploads the weights: the checkpoint alone
+  EXPECT_NO_THROW(check_dummy_fits(shard, o, {20e9, "MemAvailable"}, "/tmp", UINT64_MAX));
+  e = error_of([&] { check_dummy_fits(shard, o, {10e9, "cgroup /sys/fs/cgroup/x/memory.max"}, "/tmp", UINT64_MAX); });
+  EXPECT_NE(e.find("a 13.1 GB checkpoint made in memory of host memory; this machine has 10.0 GB available (cgroup "),
+            std::string::npos)
+      << e;
+  EXPECT_NO_THROW(check_dummy_fits(shard, o, HostMemory{}, "/tmp", UINT64_MAX));  // memory unknown: not refused
+  e = error_of([&] { check_dummy_fits(shard, o, plenty, "/small", 5'000'000'000u); });
+  EXPECT_NE(e.find("a 13.1 GB checkpoint is written to /small, which has 5.0 GB free (TMPDIR picks another folder)"),
+            std::string::npos)
+      << e;
+  o.dummy_weights = DummyWeights::kNVFP4;
+  EXPECT_LT(dummy_checkpoint_bytes(shard, o), bytes / 2);
+  c.hidden_size = 72;  // 72 % 16 = 8: no NVFP4 scale blocks for the Linears that read the hidden state
+  e = error_of([&] { check_dummy_fits(c, o, plenty, "/tmp", UINT64_MAX); });
+  EXPECT_NE(e.find("--dummy-weights nvfp4: model.layers.0."), std::string::npos) << e;
+  EXPECT_NE(e.find(", 72], and NVFP4 needs in_features a multiple of 16 (its scale block); use --dummy-weights bf16"),
+            std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace fp4moe::model

@@ -545,6 +545,13 @@ TEST(Inspect, CliEndToEnd) {
       2)
       << out;  // it was ignored without --demo
   EXPECT_NE(out.find("--demo-dir requires --demo"), std::string::npos) << out;
+  // A --demo-dir that is a file is named as one (was "filesystem error: cannot create directories: Not a directory").
+  EXPECT_EQ(testing::run_command(
+                cli + " inspect --demo --demo-dir " + (golden("glm4_moe_tiny") / "config.json").string(), &out),
+            1);
+  EXPECT_NE(out.find("config.json is a file, not a folder (the demo writes bf16/ and nvfp4/ checkpoints into it)"),
+            std::string::npos)
+      << out;
   EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);
   EXPECT_NE(out.find("/nonexistent/dir does not exist"), std::string::npos) << out;
   const std::string file = (golden("glm4_moe_tiny") / "config.json").string();
