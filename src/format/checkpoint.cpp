@@ -491,6 +491,10 @@ void Checkpoint::classify_modules() {
     }
     const bool nvfp4 = w->dtype == DType::kU8;
     if (!nvfp4 && w->shape.size() != 2 && !has_scale_tensors) continue;  // norms, biases
+    // A norm's weight stored 2-D ([1, H]) is a misshapen norm (the model's tensor check names its shape), not a Linear
+    // of an "other" kind.
+    const std::string_view last = std::string_view(prefix).substr(prefix.rfind('.') + 1);
+    if (!nvfp4 && !has_scale_tensors && ends_with(last, "norm")) continue;
 
     LinearModule m;
     m.name = prefix;

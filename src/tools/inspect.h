@@ -25,6 +25,9 @@ struct Findings {
   std::vector<std::string> unread;                            // in files the model reads from
   std::vector<std::pair<std::string, int64_t>> unread_files;  // files nothing reads: name, tensor count
   std::string skipped;  // why the tensors besides the Linears were not checked (model::TensorCheck), or ""
+  // What fp4moe loads but other engines would read wrong: NVFP4 Linears without .input_scale under quant_algo NVFP4
+  // (calibrated W4A4: vLLM / SGLang's FP4 GEMMs quantize activations with it; fp4moe's W4A16 does not read it).
+  std::vector<std::string> warnings;
   bool loaded = false;  // the model loader read config.json and generation_config.json (then the fields below are set)
   // What ends a sequence (config.json's eos_token_id and generation_config.json's, as the loader merges them) and
   // the sampling values generation_config.json recommends (the server's --sampling-defaults model).
@@ -41,7 +44,7 @@ std::string inspect_text(const format::Checkpoint& c, const Findings& f);
 std::string inspect_text(const format::Checkpoint& c);  // with find_problems(c)
 // The same facts as JSON (keys: dir, architecture, model_type, layers, experts, modules,
 // bytes_by_dtype, parameters, quantization, generation (null when the model loader refuses the config), problems,
-// unread, unread_files).
+// warnings, unread, unread_files).
 nlohmann::ordered_json inspect_json(const format::Checkpoint& c, const Findings& f);
 nlohmann::ordered_json inspect_json(const format::Checkpoint& c);
 

@@ -71,10 +71,8 @@ int main(int argc, char** argv) {
     // tools do, not with CLI11's own codes (105-114).
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
-  } catch (const fp4moe::Error& e) {
-    std::fprintf(stderr, "fp4moe: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
+    std::fflush(stdout);  // what the command printed comes before its error, when both go to one file or pipe
     std::fprintf(stderr, "fp4moe: error: %s\n", e.what());
     return 1;
   }

@@ -256,6 +256,43 @@ TEST(Inspect, EveryTensorTheModelReadsIsChecked) {
   EXPECT_EQ(inspect_json(c)["problems"].size(), 6u);
 }
 
+// quant_algo NVFP4 (calibrated W4A4) with a Linear lacking its .input_scale: a warning (fp4moe loads it; another
+// engine's activation quantizer would lack the scale), not a problem; W4A16_NVFP4 needs none.
+TEST(Inspect, MissingInputScaleUnderCalibratedNvfp4IsAWarning) {
+  TempDir tmp("inspect_input_scale");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny_nvfp4"), tmp.path(),
+                                   [](auto& t) { t.erase("model.layers.1.mlp.experts.3.up_proj.input_scale"); });
+  format::Checkpoint c(tmp.path());
+  const Findings f = find_problems(c);
+  EXPECT_TRUE(f.problems.empty()) << f.problems.front().message;
+  ASSERT_EQ(f.warnings.size(), 1u);
+  EXPECT_EQ(
+      f.warnings[0].rfind("1 of 117 NVFP4 Linears have no .input_scale, e.g. model.layers.1.mlp.experts.3.up_proj: "
+                          "hf_quant_config.json says quant_algo NVFP4 (calibrated W4A4)",
+                          0),
+      0u)
+      << f.warnings[0];
+  EXPECT_NE(inspect_text(c).find("warnings      1\n  - 1 of 117 NVFP4 Linears"), std::string::npos);
+  EXPECT_EQ(inspect_json(c)["warnings"].size(), 1u);
+  EXPECT_TRUE(find_problems(format::Checkpoint(golden("glm4_moe_tiny_nvfp4"))).warnings.empty());
+}
+
+// A norm's weight stored 2-D is one problem naming its shape, not also counted as a Linear of kind "other".
+TEST(Inspect, ATwoDimensionalNormIsNotALinear) {
+  TempDir tmp("inspect_norm_2d");
+  fp4moe::testing::copy_checkpoint(golden("glm4_moe_tiny"), tmp.path(), [](auto& t) {
+    t.at("model.layers.0.input_layernorm.weight").shape = {1, 128};
+  });
+  format::Checkpoint c(tmp.path());
+  EXPECT_EQ(c.find_module("model.layers.0.input_layernorm"), nullptr);
+  EXPECT_EQ(c.kind_summary().count(format::ModuleKind::kOther), 0u);
+  const Findings f = find_problems(c);
+  ASSERT_EQ(f.problems.size(), 1u);
+  EXPECT_EQ(f.problems[0].message, "model.layers.0.input_layernorm.weight: is BF16 [1, 128], expected BF16|F32 [128]");
+  const std::string text = inspect_text(c);
+  EXPECT_EQ(text.find("other"), std::string::npos) << text;
+}
+
 // Tensors nothing reads (here a KV-cache scale) are listed, not refused; the MTP layer the config declares is
 // not listed.
 TEST(Inspect, UnreadTensorsAreListed) {
@@ -540,6 +577,12 @@ TEST(Inspect, CliEndToEnd) {
   EXPECT_NE(out.find("model.layers.0.self_attn.v_proj: NVFP4 weight has no .weight_scale_2"),
             std::string::npos)
       << out;
+  // The report first, then the exit's reason, without a check's source line.
+  EXPECT_NE(out.find("fp4moe: error: checkpoint " + tmp.path().string() + " has 1 problem(s), listed above\n"),
+            std::string::npos)
+      << out;
+  EXPECT_LT(out.find("problems      1"), out.find("fp4moe: error:")) << out;
+  EXPECT_EQ(out.find(".cpp:"), std::string::npos) << out;
   EXPECT_EQ(
       testing::run_command(cli + " inspect --demo-dir /tmp/fp4moe_demo_unused " + golden("glm5_tiny").string(), &out),
       2)
