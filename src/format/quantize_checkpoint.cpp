@@ -115,26 +115,43 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
   FP4MOE_CHECK(!out.empty() || !bad.empty())
       << "quantize: the exclusion patterns leave no Linear to quantize in " << in.dir().string();
   if (bad.empty()) return out;
-  std::string pattern;
-  for (size_t i = 0; i < bad[0]->name.size(); ++i) {
-    const char c = bad[0]->name[i];
-    if (std::isdigit(static_cast<unsigned char>(c)) && (i == 0 || bad[0]->name[i - 1] == '.')) {
-      while (i + 1 < bad[0]->name.size() && std::isdigit(static_cast<unsigned char>(bad[0]->name[i + 1]))) ++i;
-      pattern += '*';
-    } else {
-      pattern += c;
+  // Each bad module's name with its indices as '*' ("model.layers.*.mlp.experts.*.down_proj") where that matches no
+  // module that quantizes, else its own name: the --exclude options that keep them all (and only them) in BF16.
+  const auto index_pattern = [](const std::string& name) {
+    std::string pattern;
+    for (size_t i = 0; i < name.size(); ++i) {
+      const char c = name[i];
+      if (std::isdigit(static_cast<unsigned char>(c)) && (i == 0 || name[i - 1] == '.')) {
+        while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
+        pattern += '*';
+      } else {
+        pattern += c;
+      }
     }
+    return pattern;
+  };
+  std::vector<std::string> excludes;
+  for (const LinearModule* m : bad) {
+    if (std::any_of(excludes.begin(), excludes.end(), [&](const std::string& e) { return wildcard_match(e, m->name); }))
+      continue;
+    const std::string pattern = index_pattern(m->name);
+    const bool exact =
+        std::none_of(out.begin(), out.end(), [&](const LinearModule* g) { return wildcard_match(pattern, g->name); });
+    excludes.push_back(exact ? pattern : m->name);
   }
-  const bool pattern_is_exact =
-      std::none_of(out.begin(), out.end(), [&](const LinearModule* m) { return wildcard_match(pattern, m->name); });
   std::ostringstream names;
   for (size_t i = 0; i < std::min<size_t>(bad.size(), 3); ++i)
     names << (i ? ", " : "") << bad[i]->name << " (K=" << bad[i]->in_features << ")";
   if (bad.size() > 3) names << ", ...";
-  FP4MOE_FAIL() << "quantize: " << bad.size() << " Linear(s) have in_features K not a multiple of the NVFP4 block ("
-                << kNvfp4BlockSize << "): " << names.str() << "; keep them in BF16 with --exclude '"
-                << (pattern_is_exact ? pattern : bad[0]->name) << "'"
-                << (pattern_is_exact ? "" : " (and each of the others)");
+  constexpr size_t kShown = 8;
+  std::ostringstream options;
+  for (size_t i = 0; i < std::min(excludes.size(), kShown); ++i)
+    options << (i ? " " : "") << "--exclude '" << excludes[i] << "'";
+  if (excludes.size() > kShown) options << " ... (" << excludes.size() << " options in all)";
+  throw Error("quantize: " + std::to_string(bad.size()) +
+              " Linear(s) have in_features K not a multiple of the NVFP4 "
+              "block (" +
+              std::to_string(kNvfp4BlockSize) + "): " + names.str() + "; keep them in BF16 with " + options.str());
   return out;
 }
 
@@ -146,7 +163,15 @@ void write_output(const Checkpoint& in, const fs::path& out_dir, const QuantizeO
   // One output file per input file (model.safetensors, or shards + index), so memory holds one
   // shard's output at a time; a module's tensors land in the shard that held its weight.
   const fs::path& in_dir = in.dir();
-  const auto& files = in.store().files();
+  std::vector<const SafetensorsFile*> files;
+  for (const auto& f : in.store().files()) {
+    const std::string name = f->path().filename().string();
+    if (options.skip_files.count(name) != 0) {
+      report.skipped_files.push_back(name);
+    } else {
+      files.push_back(f.get());
+    }
+  }
   const bool sharded = files.size() > 1;
   ojson weight_map = ojson::object();
   uint64_t total_size = 0;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct QuantizeOptions {
   std::map<std::string, float> input_amax;
   std::string producer_name = "fp4moe";
   std::string producer_version;
+  // Input safetensors files not written (file names): those none of whose tensors the architecture reads (a
+  // golden.safetensors of test data beside the shards, which a folder without an index reads as one).
+  std::set<std::string> skip_files;
 };
 
 struct QuantizeReport {
@@ -51,6 +55,7 @@ struct QuantizeReport {
   bool has_input_scales = false;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  std::vector<std::string> skipped_files;  // QuantizeOptions::skip_files that were among the input's files
 };
 
 // The default patterns: lm_head and the MoE routers.

@@ -163,6 +163,17 @@ void run_quantize(const QuantizeArgs& a) {
   const std::vector<std::string> modules = format::modules_to_quantize(in, a.exclude);
   // One that cannot be made fails now, not after calibrating; a run that fails later leaves nothing in it.
   format::QuantizeOutput output(a.out_dir);
+  // Files none of whose tensors the architecture reads (test data beside the weights, read as a shard by a folder
+  // without an index) are not written as shards of the output. A config the model loader cannot read skips nothing.
+  try {
+    const model::TensorCheck check = model::check_tensors(model::load_model_config(a.in_dir), in.store());
+    for (const auto& [file, n] : check.unread_files) {
+      opt.skip_files.insert(file);
+      fmt::print(stderr, "quantize: warning: {} holds {} tensor(s), none of which {} reads: not written\n", file, n,
+                 in.config().architecture);
+    }
+  } catch (const Error&) {
+  }
   for (const std::string& p : format::unmatched_exclusions(in, a.exclude)) {
     fmt::print(stderr, "quantize: warning: --exclude '{}' matches no Linear module of {} (it keeps nothing in BF16)\n",
                p, a.in_dir);

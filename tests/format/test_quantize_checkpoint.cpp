@@ -150,7 +150,9 @@ TEST(QuantizeCheckpoint, IndexerWeightsProjAndMtpLayersStayBf16) {
   EXPECT_EQ(q.find_module("model.layers.1.mlp.experts.0.up_proj")->format, LinearFormat::kNVFP4);
 }
 
-// Linears whose K is not a multiple of 16 are refused before any work, all counted, with one pattern for them.
+// Linears whose K is not a multiple of 16 are refused before any work, all counted, with the --exclude options that
+// keep each family of them (and only them) in BF16: a pattern per family (the routed experts' down_proj, the dense
+// MLP's down_proj), all of them in the hint.
 TEST(QuantizeCheckpoint, KNotAMultipleOf16IsRefusedWithAPattern) {
   TempDir tmp("quant_odd_k");
   fp4moe::testing::copy_checkpoint(
@@ -158,29 +160,38 @@ TEST(QuantizeCheckpoint, KNotAMultipleOf16IsRefusedWithAPattern) {
       [](fp4moe::testing::TensorMap& t) {
         for (auto& [name, tensor] : t) {
           const bool expert = name.find(".mlp.experts.") != std::string::npos;
-          if (!expert || name.find("_proj.weight") == std::string::npos) continue;
+          const bool dense = name.rfind("model.layers.0.mlp.", 0) == 0;
+          if (!(expert || dense) || name.find("_proj.weight") == std::string::npos) continue;
           const bool down = name.find("down_proj") != std::string::npos;
-          tensor.shape = down ? Shape{128, 72} : Shape{72, 128};
-          tensor.bytes.assign(static_cast<size_t>(128 * 72 * 2), 0x3c);
+          const int64_t i = expert ? 72 : 200;  // 200 = 16 x 12.5
+          tensor.shape = down ? Shape{128, i} : Shape{i, 128};
+          tensor.bytes.assign(static_cast<size_t>(128 * i * 2), 0x3c);
         }
       },
       [](const std::string& file, nlohmann::ordered_json& j) {
-        if (file == "config.json") j["moe_intermediate_size"] = 72;
+        if (file == "config.json") {
+          j["moe_intermediate_size"] = 72;
+          j["intermediate_size"] = 200;
+        }
       });
   try {
     modules_to_quantize(Checkpoint(tmp.path() / "in"), {});
     FAIL() << "K = 72 accepted";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("quantize: 32 Linear(s) have in_features K not a multiple of the NVFP4 block (16): "
-                     "model.layers.1.mlp.experts.0.down_proj (K=72), "),
+    EXPECT_NE(m.find("quantize: 33 Linear(s) have in_features K not a multiple of the NVFP4 block (16): "
+                     "model.layers.0.mlp.down_proj (K=200), model.layers.1.mlp.experts.0.down_proj (K=72), "),
               std::string::npos)
         << m;
-    EXPECT_NE(m.find("keep them in BF16 with --exclude 'model.layers.*.mlp.experts.*.down_proj'"), std::string::npos)
+    EXPECT_NE(m.find("; keep them in BF16 with --exclude 'model.layers.*.mlp.down_proj' --exclude "
+                     "'model.layers.*.mlp.experts.*.down_proj'"),
+              std::string::npos)
         << m;
   }
-  EXPECT_EQ(modules_to_quantize(Checkpoint(tmp.path() / "in"), {"model.layers.*.mlp.experts.*.down_proj"}).size(),
-            117u - 32u);
+  EXPECT_EQ(modules_to_quantize(Checkpoint(tmp.path() / "in"),
+                                {"model.layers.*.mlp.down_proj", "model.layers.*.mlp.experts.*.down_proj"})
+                .size(),
+            117u - 33u);
 }
 
 // A pattern that matches no Linear is reported (a typo would keep nothing in BF16); an empty one is refused.

@@ -75,6 +75,33 @@ TEST(QuantizeCli, NoCalibrationIsWeightOnlyAndBitExact) {
   EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " inspect " + (tmp.path() / "q").string(), &out), 0) << out;
 }
 
+// A folder without an index reads every *.safetensors as a shard; one none of whose tensors the model reads (test data
+// beside the weights) is not written as a shard of the output, and a warning names it.
+TEST(QuantizeCli, FilesTheModelDoesNotReadAreNotWritten) {
+  TempDir tmp("quantize_cli_unread_file");
+  const std::filesystem::path in = tmp.path() / "in";
+  std::filesystem::create_directories(in);
+  for (const char* f : {"config.json", "generation_config.json"})
+    std::filesystem::copy_file(golden("glm4_moe_tiny") / f, in / f);
+  std::filesystem::copy_file(golden("glm4_moe_tiny") / "model.safetensors", in / "weights.safetensors");
+  std::filesystem::copy_file(golden("glm4_moe_tiny") / "golden.safetensors", in / "golden.safetensors");
+  std::string out;
+  ASSERT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " quantize --no-calibration " + in.string() + " " +
+                                     (tmp.path() / "q").string() + " 2>&1",
+                                 &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("quantize: warning: golden.safetensors holds 10 tensor(s), none of which Glm4MoeForCausalLM "
+                     "reads: not written"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / "q" / "model.safetensors"));  // one input file left: no shards
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "q" / "model.safetensors.index.json"));
+  expect_weights_equal(tmp.path() / "q", golden("glm4_moe_tiny_nvfp4"));
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " inspect " + (tmp.path() / "q").string(), &out), 0) << out;
+  EXPECT_EQ(out.find("not read"), std::string::npos) << out;
+}
+
 // Calibrated on the golden prompts: weights bit-exact, and input_scale equal (to f32 rounding of
 // two different forward implementations) wherever the golden calibration observed the same
 // tensor: attention and dense-MLP inputs, and the shared experts' gate/up (the MoE layer input).
