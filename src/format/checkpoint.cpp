@@ -295,11 +295,14 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     for (int64_t i = c.first_k_dense_replace; i < c.n_layers; ++i) c.layer_is_moe[i] = true;
   }
   if (c.n_moe_layers() > 0) {
-    FP4MOE_CHECK(c.n_routed_experts > 0 && c.n_experts_per_tok > 0 &&
-                 c.n_experts_per_tok <= c.n_routed_experts && c.moe_intermediate_size > 0)
-        << source << ": " << c.n_moe_layers() << " MoE layers but n_routed_experts="
-        << c.n_routed_experts << " num_experts_per_tok=" << c.n_experts_per_tok
-        << " moe_intermediate_size=" << c.moe_intermediate_size;
+    // Each named on its own (one check of all four left the reader to find which).
+    FP4MOE_CHECK(c.n_routed_experts > 0)
+        << source << ": " << c.n_moe_layers() << " MoE layers but n_routed_experts=" << c.n_routed_experts;
+    FP4MOE_CHECK(c.n_experts_per_tok > 0 && c.n_experts_per_tok <= c.n_routed_experts)
+        << source << ": num_experts_per_tok=" << c.n_experts_per_tok << " is outside [1, n_routed_experts="
+        << c.n_routed_experts << "] (a token's top-k experts are chosen among the routed ones)";
+    FP4MOE_CHECK(c.moe_intermediate_size > 0)
+        << source << ": " << c.n_moe_layers() << " MoE layers but moe_intermediate_size=" << c.moe_intermediate_size;
   }
   return c;
 }

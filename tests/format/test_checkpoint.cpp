@@ -448,7 +448,12 @@ TEST(ModelConfigParse, LayerCountsAreBounded) {
        {std::tuple<const char*, int64_t, const char*>{"first_k_dense_replace", -1,
                                                       "first_k_dense_replace=-1 must be >= 0"},
         {"num_hidden_layers", 1000000000, "num_hidden_layers=1000000000 is past 65536"},
-        {"num_nextn_predict_layers", -5, "num_nextn_predict_layers=-5 must be >= 0"}}) {
+        {"num_nextn_predict_layers", -5, "num_nextn_predict_layers=-5 must be >= 0"},
+        {"num_experts_per_tok", 5,
+         "t: num_experts_per_tok=5 is outside [1, n_routed_experts=4] (a token's top-k experts are chosen among the "
+         "routed ones)"},
+        {"num_experts_per_tok", 0, "num_experts_per_tok=0 is outside [1, n_routed_experts=4]"},
+        {"moe_intermediate_size", 0, "t: 2 MoE layers but moe_intermediate_size=0"}}) {
     nlohmann::json j = base;
     j[key] = value;
     try {
