@@ -199,11 +199,44 @@ void run_plan(const PlanArgs& a) {
   const std::vector<int64_t> tokens = a.tokens.empty() ? std::vector<int64_t>{} : plan::parse_token_list(a.tokens);
   const plan::PlanReport report = plan::make_report(problem, tokens, gpu, options);
   if (a.blocklist) {
-    std::printf("%s", plan::format_blocklist(plan::flashinfer_blocklist(report)).c_str());
+    const plan::Blocklist b = plan::flashinfer_blocklist(report);
+    if (!a.json_out) {
+      std::printf("%s", plan::format_blocklist(b).c_str());
+      return;
+    }
+    // --json: the same tactics and reasons as a document (it printed the text form, ignoring --json).
+    nlohmann::json j;
+    j["schema"] = "fp4moe.blocklist.v1";
+    j["gpu"] = report.gpu.spec.name;
+    j["kernel"] = plan::family_name(report.family);
+    j["problem"] = report.problem.to_string();
+    j["tactics"] = nlohmann::json::array();
+    for (size_t i = 0; i < b.tactics.size(); ++i)
+      j["tactics"].push_back({{"tactic", b.tactics[i]}, {"reason", b.reasons[i]}});
+    std::printf("%s\n", j.dump(2).c_str());
     return;
   }
+  // Every candidate's region table (--layouts): the text's, or under "layouts" in the JSON (it was left out of it).
+  const auto layouts_json = [&] {
+    nlohmann::json out = nlohmann::json::array();
+    for (const plan::PlanReport::Feasibility& f : report.feasibility) {
+      for (const plan::TileCandidate& c : f.order) {
+        const plan::SmemLayout l = plan::candidate_layout(c, gpu.spec, options.rules);
+        nlohmann::json regions = nlohmann::json::array();
+        for (int i = 0; i < l.n_regions; ++i) {
+          const plan::SmemRegion& r = l.regions[i];
+          regions.push_back({{"name", r.name}, {"offset", r.offset}, {"bytes", r.bytes}, {"align", r.align}});
+        }
+        out.push_back(
+            {{"gemm", f.gemm}, {"candidate", c.to_string()}, {"total_bytes", l.total_bytes}, {"regions", regions}});
+      }
+    }
+    return out;
+  };
   if (a.json_out) {
-    std::printf("%s\n", plan::report_json(report).dump(2).c_str());
+    nlohmann::json j = plan::report_json(report);
+    if (a.layouts) j["layouts"] = layouts_json();
+    std::printf("%s\n", j.dump(2).c_str());
     return;
   }
   std::printf("%s", plan::format_report(report).c_str());

@@ -120,6 +120,39 @@ TEST(CmdPlan, EmitBlocklist) {
   EXPECT_NE(r.out.find("FLASHINFER_TACTICS_BLOCKLIST=4,5,14,15,24,25,31,32,34,35,44,45,54,55\n"), std::string::npos) << r.out;
 }
 
+// --json with --emit-blocklist and with --layouts gives those facts as JSON (both printed text or left them out).
+TEST(CmdPlan, BlocklistAndLayoutsAsJson) {
+  CliRun r = run_plan(std::string("--gpu rtx-pro-6000 --kernel cutlass-sm120-moe --emit-blocklist --json ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema"], "fp4moe.blocklist.v1");
+  EXPECT_EQ(j["gpu"], "rtx-pro-6000");
+  std::vector<int> tactics;
+  for (const auto& t : j["tactics"]) tactics.push_back(t["tactic"].get<int>());
+  EXPECT_EQ(tactics, (std::vector<int>{4, 5, 14, 15, 24, 25, 31, 32, 34, 35, 44, 45, 54, 55}));
+  EXPECT_NE(j["tactics"][0]["reason"].get<std::string>().find("= 162816 B > 101376 B opt-in (sm_120) by 61440 B"),
+            std::string::npos)
+      << j.dump();
+  r = run_plan(std::string("--gpu h200 --tokens 1 --layouts --json ") + kGlm5);
+  ASSERT_EQ(r.status, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(fp4moe::plan::validate_report_json(j).empty());
+  ASSERT_FALSE(j["layouts"].empty());
+  for (const auto& l : j["layouts"]) {
+    uint64_t end = 0;
+    for (const auto& reg : l["regions"]) {
+      EXPECT_EQ(reg["offset"].get<uint64_t>() % reg["align"].get<uint64_t>(), 0u) << l.dump();
+      EXPECT_GE(reg["offset"].get<uint64_t>(), end) << l.dump();
+      end = reg["offset"].get<uint64_t>() + reg["bytes"].get<uint64_t>();
+    }
+    EXPECT_LE(end, l["total_bytes"].get<uint64_t>()) << l.dump();
+  }
+  // The candidate the text names has the same bytes in both forms.
+  EXPECT_EQ(j["layouts"][0]["candidate"], j["candidates"][0]["tile"]) << j["candidates"][0].dump();
+  EXPECT_EQ(j["layouts"][0]["total_bytes"], j["candidates"][0]["bytes"]);
+  EXPECT_FALSE(nlohmann::json::parse(run_plan(std::string("--gpu h200 --json ") + kGlm5).out).contains("layouts"));
+}
+
 TEST(CmdPlan, ModelDirReadsConfigJson) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("fp4moe_plan_model_" + std::to_string(fp4moe::testing::test_seed()));
   std::filesystem::create_directories(dir);
