@@ -4,16 +4,15 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -55,6 +54,18 @@ CLI::Validator parsed_by(Parse parse) {
         }
       },
       "");
+}
+
+// The options that shape dummy weights (--dummy-weights, --dummy-seed) given without --load-format dummy: a usage
+// error naming them (they were ignored, and the run read the checkpoint's weights).
+inline void require_dummy_load(std::initializer_list<const CLI::Option*> options, const std::string& load_format) {
+  if (load_format == "dummy") return;
+  for (const CLI::Option* o : options) {
+    if (o->count() > 0)
+      throw CLI::ValidationError(
+          o->get_name(), "shapes dummy weights: it needs --load-format dummy (got --load-format " + load_format +
+                             ", which reads the checkpoint's weights)");
+  }
 }
 
 // --chat-template (vLLM's flag; SGLang's for Jinja templates): a Jinja file's contents, a .json file's

@@ -325,8 +325,9 @@ void register_bench_one_batch_command(CLI::App& app) {
   cmd->add_option("--model", args->model_dir, "Model directory or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; default: the embedded default model)");
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)")
       ->check(parsed_by([](const std::string& v) { model::parse_load_format(v); }));
-  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)")
-      ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
+  CLI::Option* dummy_weights =
+      cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default nvfp4)")
+          ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
   cmd->add_option("--batch-size", args->batch_sizes, "Batch sizes, comma separated (default 1,4,16)");
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per sequence (default 64)");
   cmd->add_option("--output-len", args->output_len, "Decode steps (default 16)");
@@ -344,7 +345,10 @@ void register_bench_one_batch_command(CLI::App& app) {
                 "cuda: bracket the measured decode steps with cudaProfilerStart / Stop (for ncu --profile-from-start "
                 "off, nsys --capture-range=cudaProfilerApi)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args, dummy_weights] {
+    require_dummy_load({dummy_weights}, args->load_format);
+    run_bench(*args);
+  });
 }
 
 }  // namespace fp4moe::tools

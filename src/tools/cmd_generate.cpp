@@ -270,11 +270,16 @@ void register_generate_command(CLI::App& app) {
                 "Do not stop at the model's eos_token_id (config.json's and generation_config.json's)");
   cmd->add_option("--load-format", args->load_format, "auto (checkpoint) or dummy (random weights)")
       ->check(parsed_by([](const std::string& v) { model::parse_load_format(v); }));
-  cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)")
-      ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
-  cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)")->check(unsigned_64());
+  CLI::Option* dummy_weights =
+      cmd->add_option("--dummy-weights", args->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)")
+          ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
+  CLI::Option* dummy_seed =
+      cmd->add_option("--dummy-seed", args->dummy_seed, "Dummy weight seed (default 0)")->check(unsigned_64());
   add_device_options(*cmd, args->device);
-  cmd->callback([args] { run_generate(*args); });
+  cmd->callback([args, dummy_weights, dummy_seed] {
+    require_dummy_load({dummy_weights, dummy_seed}, args->load_format);
+    run_generate(*args);
+  });
 }
 
 }  // namespace fp4moe::tools

@@ -458,8 +458,9 @@ void register_serve_command(CLI::App& app) {
       "GPU with --device cuda)");
   cmd->add_option("--load-format", a->load_format, "auto (checkpoint) or dummy (random weights)")
       ->check(parsed_by([](const std::string& v) { model::parse_load_format(v); }));
-  cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)")
-      ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
+  CLI::Option* dummy_weights =
+      cmd->add_option("--dummy-weights", a->dummy_weights, "Dummy weight format: bf16 or nvfp4 (default bf16)")
+          ->check(parsed_by([](const std::string& v) { model::parse_dummy_weights(v); }));
   cmd->add_option("--seed,--random-seed", a->seed, "Seed of the dummy weights (--load-format dummy, the default model) (default 0)")->check(unsigned_64());
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads kept, one per open connection (default 128)");
   cmd->add_option(
@@ -484,7 +485,8 @@ void register_serve_command(CLI::App& app) {
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
   cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");
   cmd->add_option("--ep-size", tp_ep->second, "Ranks the routed experts are spread over; divides --tp-size (default 1)");
-  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked] {
+  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked, dummy_weights] {
+    require_dummy_load({dummy_weights}, a->load_format);
     // cuda: the step's whole prefill budget by default (SGLang's GPU defaults are 2-16k tokens a step; the cpu's
     // 512 keeps its steps short).
     if (chunked->count() == 0 && a->device.device == "cuda")

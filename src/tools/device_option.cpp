@@ -35,6 +35,9 @@ model::Device check_device_options(const DeviceArgs& args) {
   FP4MOE_CHECK(args.cuda_graph_max_bs >= 0) << "--cuda-graph-max-bs " << args.cuda_graph_max_bs << " must be >= 0";
   FP4MOE_CHECK(args.decode_split_min_keys >= 1)
       << "--decode-split-min-keys " << args.decode_split_min_keys << " must be >= 1";
+  // (Taken on the cpu, whose MoE layers have no GPU GEMMs to time: the run looked like one without the timings.)
+  FP4MOE_CHECK(!args.time_moe_gemms || device == model::Device::kCuda)
+      << "--time-moe-gemms times the GPU MoE layers' GEMMs: it needs --device cuda (not " << args.device << ")";
   return device;
 }
 

@@ -109,6 +109,18 @@ TEST(BenchOneBatch, BadInputNamesTheOption) {
   EXPECT_NE(out.find("--load-format: load format \"dumy\" is not one of: auto, dummy"), std::string::npos) << out;
   EXPECT_EQ(run("--model glm5-shard --load-format dummy --dummy-weights fp8", &out), 2);
   EXPECT_NE(out.find("--dummy-weights: dummy weights \"fp8\" is not one of: bf16, nvfp4"), std::string::npos) << out;
+  // Dummy-weight options without --load-format dummy, and GEMM timing on the cpu, were ignored: refused by name.
+  EXPECT_EQ(run("--model " + fp4moe::testing::shared_path("golden/models/glm5_tiny").string() + " --dummy-weights bf16",
+                &out),
+            2);
+  EXPECT_NE(out.find("--dummy-weights: shapes dummy weights: it needs --load-format dummy (got --load-format auto, "
+                     "which reads the checkpoint's weights)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(run("--time-moe-gemms", &out), 0);
+  EXPECT_NE(out.find("--time-moe-gemms times the GPU MoE layers' GEMMs: it needs --device cuda (not cpu)"),
+            std::string::npos)
+      << out;
   EXPECT_NE(run("--profile-decode", &out), 0);  // profiles GPU kernels: the cpu default model has none
   EXPECT_NE(out.find("--profile-decode brackets GPU kernels for a profiler: it needs --device cuda (not cpu)"),
             std::string::npos)

@@ -30,6 +30,16 @@ TEST(DeviceOption, CpuCudaAndBadValues) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device \"gpu\" is not one of: cpu, cuda"), std::string::npos) << e.what();
   }
+  // GEMM timing on the cpu (no GPU GEMMs to time) was taken and ignored.
+  try {
+    apply_device_option(on("cpu", 256, false, 32, /*time_moe_gemms=*/true), 100, 200, 16, o);
+    FAIL() << "--time-moe-gemms on the cpu accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--time-moe-gemms times the GPU MoE layers' GEMMs: it needs --device cuda "
+                                         "(not cpu)"),
+              std::string::npos)
+        << e.what();
+  }
 #ifdef FP4MOE_HAVE_CUDA
   apply_device_option(on("cuda", 48), 4112, 32768, 32, o);
   EXPECT_EQ(o.device, model::Device::kCuda);
