@@ -4,15 +4,17 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file.h"
