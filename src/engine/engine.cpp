@@ -144,7 +144,8 @@ struct Engine::Impl {
   bool warmed = false;        // the warm-up forward has run (warm_cv)
   std::string warm_up_error;  // and failed with this
   std::condition_variable warm_cv;
-  bool flush_cache = false;     // flush_prefix_cache() asked, done at the next step
+  bool flush_cache = false;  // flush_prefix_cache() asked, decided at the next step
+  std::vector<std::shared_ptr<std::promise<Engine::FlushResult>>> flush_waiters;  // under mu
   int64_t n_waiting_owned = 0;  // waiting.size(), published for submit's queue bound
   int64_t n_running_owned = 0;
   EngineStats stats;
@@ -309,7 +310,7 @@ struct Engine::Impl {
       ~StepEnd() { started.store(0); }
     } step_end{step_started_ns};
     take_pending_and_aborts();
-    if (take_flush_request() && cache) cache->clear(blocks);
+    if (cache) answer_flush_requests();
     int64_t n_preempted = 0;
     int64_t n_cached = 0;  // prefix-cache tokens of the requests admitted now
     int64_t step_queries = 0, step_hits = 0;  // their prompt tokens looked up / found (first admissions)
@@ -637,9 +638,21 @@ struct Engine::Impl {
     return true;
   }
 
-  bool take_flush_request() {
-    std::lock_guard<std::mutex> lock(mu);
-    return std::exchange(flush_cache, false);
+  // The /flush_cache requests since the last step: flushed when nothing runs or waits (after the pending requests were
+  // taken), else refused with the counts; each waiter gets the outcome.
+  void answer_flush_requests() {
+    std::vector<std::shared_ptr<std::promise<Engine::FlushResult>>> waiters;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!std::exchange(flush_cache, false)) return;
+      waiters.swap(flush_waiters);
+    }
+    Engine::FlushResult r;
+    r.n_running = static_cast<int64_t>(running.size());
+    r.n_waiting = static_cast<int64_t>(waiting.size());
+    r.flushed = r.n_running == 0 && r.n_waiting == 0;
+    if (r.flushed) cache->clear(blocks);
+    for (auto& w : waiters) w->set_value(r);
   }
 
   // A scheduled step, then up to N - 1 decode-only steps while nothing waits and every running
@@ -737,6 +750,7 @@ struct Engine::Impl {
       }
     }
     abort_everything();
+    if (cache) answer_flush_requests();  // a /flush_cache that came while stopping: nothing runs now
     ready = false;
   }
 };
@@ -906,14 +920,30 @@ double Engine::running_step_seconds() const {
   return static_cast<double>(std::max<int64_t>(now - started, 0)) * 1e-9;
 }
 
-bool Engine::flush_prefix_cache() {
-  if (!impl_->cache) return false;
+Engine::FlushResult Engine::flush_prefix_cache(std::chrono::milliseconds timeout) {
+  FlushResult r;
+  if (!impl_->cache) {
+    r.enabled = false;
+    return r;
+  }
+  auto waiter = std::make_shared<std::promise<FlushResult>>();
+  std::future<FlushResult> outcome = waiter->get_future();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->flush_cache = true;
+    impl_->flush_waiters.push_back(waiter);
+  }
+  if (!impl_->started) {  // manual mode: the caller's thread owns the queues; decide now
+    impl_->take_pending_and_aborts();
+    impl_->answer_flush_requests();
+    return outcome.get();
   }
   impl_->work_cv.notify_one();
-  return true;
+  if (outcome.wait_for(timeout) != std::future_status::ready) {
+    r.timed_out = true;  // the request stays asked: the next step decides it (and no one reads that outcome)
+    return r;
+  }
+  return outcome.get();
 }
 
 EngineStats Engine::stats() const {

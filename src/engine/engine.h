@@ -313,9 +313,17 @@ class Engine {
   // running or waiting, waits for the next completed step without adding work; else runs a
   // 1-token probe request and waits for it.
   bool run_health_probe(std::chrono::milliseconds timeout);
-  // Thread-safe: empties the prefix cache at the next step (SGLang's /flush_cache). False when the
-  // engine runs without one.
-  bool flush_prefix_cache();
+  // SGLang's /flush_cache: empties the prefix cache when no request runs or waits, decided at the inference thread's
+  // next step (this waits for it, up to `timeout`; in manual mode, at once), and otherwise leaves it, as SGLang does
+  // ("Cache not flushed because there are pending requests"). Thread-safe.
+  struct FlushResult {
+    bool enabled = true;  // false: the engine runs without a prefix cache
+    bool flushed = false;
+    bool timed_out = false;  // no step came within the timeout
+    int64_t n_running = 0;   // what kept it from flushing
+    int64_t n_waiting = 0;
+  };
+  FlushResult flush_prefix_cache(std::chrono::milliseconds timeout = std::chrono::seconds(30));
   bool prefix_cache_enabled() const;
 
   // Manual mode (tests, tools): without start(), runs one scheduling step on the caller's thread

@@ -1011,12 +1011,19 @@ void HttpServer::install_routes() {
       if (failed) reply_error(err, res);
     };
   };
-  // SGLang's /flush_cache (GET or POST): empties the prefix cache at the engine's next step (running
-  // requests keep their own KV). 400 when the engine runs without one.
+  // SGLang's /flush_cache (GET or POST): empties the prefix cache when no request runs or waits (decided at the
+  // engine's next step); otherwise a 400 with the counts, as SGLang refuses it then. 400 when the engine runs without
+  // a prefix cache.
   auto flush_cache = wrap([this](const httplib::Request&, httplib::Response& res) {
     auto engine = engine_or_503();
-    if (!engine->flush_prefix_cache()) {
+    const engine::Engine::FlushResult r = engine->flush_prefix_cache();
+    if (!r.enabled) {
       throw bad_request("", "the prefix cache is off (--disable-radix-cache, or a model whose KV cannot be copied)");
+    }
+    if (r.timed_out) throw bad_request("", "Cache not flushed: the engine took no step within 30 s");
+    if (!r.flushed) {
+      throw bad_request("", "Cache not flushed because there are pending requests. #running-req: " +
+                                std::to_string(r.n_running) + ", #queue-req: " + std::to_string(r.n_waiting));
     }
     res.set_content("Cache flushed.\n", "text/plain");
   });

@@ -846,7 +846,15 @@ void run_bench(BenchArgs a) {
   std::vector<json> runs;
   for (int64_t c : levels.empty() ? std::vector<int64_t>{static_cast<int64_t>(prompts.size())} : levels) {
     if (flush) {
+      // The server flushes only when nothing runs or waits (SGLang's rule): requests of the previous run that were
+      // given up on (timed out, failed) may still be ending, so a refusal is retried for up to 30 s.
       auto r = client.post("/flush_cache", "");
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (r.status == 400 && r.body.find("pending requests") != std::string::npos &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        r = client.post("/flush_cache", "");
+      }
       FP4MOE_CHECK(r.status == 200) << a.url << "/flush_cache answered " << r.status << " " << r.error << " "
                                     << r.body.substr(0, 300);
     }

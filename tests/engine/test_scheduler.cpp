@@ -450,10 +450,19 @@ TEST(Scheduler, PrefixCacheSkipsCachedPagesAndKeepsOutputs) {
   EXPECT_EQ(st.prefix_cache_hits_total, 32u + 64u);
   EXPECT_EQ(st.prefix_cache_tokens, 96) << "turn 2's 109 tokens (6 pages) replaced the entry it extends";
   EXPECT_EQ(st.kv_used_tokens, 0);
-  EXPECT_TRUE(h.engine.flush_prefix_cache());
+  EXPECT_TRUE(h.engine.flush_prefix_cache().flushed);
   EXPECT_FALSE(h.engine.step()) << "nothing to run";
   EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 0);
   const RequestId d = h.submit(prompt, greedy(30));
+  // With a request waiting (then running) the cache is kept: SGLang's refusal, with the counts.
+  Engine::FlushResult busy = h.engine.flush_prefix_cache();
+  EXPECT_FALSE(busy.flushed);
+  EXPECT_EQ(busy.n_waiting, 1);
+  h.engine.step();
+  busy = h.engine.flush_prefix_cache();
+  EXPECT_FALSE(busy.flushed);
+  EXPECT_EQ(busy.n_running, 1);
+  EXPECT_EQ(busy.n_waiting, 0);
   h.engine.run_until_idle();
   EXPECT_EQ(h.results.at(d).finish->usage.cached_tokens, 0) << "flushed";
   EXPECT_EQ(h.results.at(d).ids, h.results.at(a).ids);

@@ -1857,6 +1857,22 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
     EXPECT_EQ(get_only.rfind("HTTP/1.1 405", 0), 0u) << get_only;
     EXPECT_NE(get_only.find("Allow: GET"), std::string::npos) << get_only;
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_raw).count(), 5.0);
+    // While a request runs the cache is not flushed: SGLang's 400 with the counts (it flushed under running requests).
+    {
+      HttpClient streamer(srv.url(), kTimeout);
+      fp4moe::server::HttpResponse busy;
+      const json long_one = {{"prompt", prompt}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}};
+      streamer.post_sse("/v1/completions", long_one.dump(), [&](std::string_view) {
+        busy = HttpClient(srv.url(), kTimeout).post("/flush_cache", "");
+        return false;  // then the stream is dropped (the request aborted)
+      });
+      expect_error(busy, 400, "");
+      EXPECT_NE(busy.body.find("Cache not flushed because there are pending requests. #running-req: 1, #queue-req: 0"),
+                std::string::npos)
+          << busy.body;
+      EXPECT_GT(metric(srv.url(), "fp4moe:prefix_cache_tokens"), 0);
+      EXPECT_EQ(wait_metric(srv.url(), "fp4moe:num_running_reqs", 0), 0);
+    }
     auto f = c.post("/flush_cache", "");
     EXPECT_EQ(f.status, 200) << f.body;
     EXPECT_EQ(wait_metric(srv.url(), "fp4moe:prefix_cache_tokens", 0), 0);
