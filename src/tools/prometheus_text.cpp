@@ -202,6 +202,16 @@ PromText parse_prometheus_text(std::string_view text) {
     if (r.peek() == '#') parse_comment(r, out);
     else parse_sample(r, out);
   }
+  // A series given twice (two values for one name and label set) is refused, as Prometheus refuses such a scrape:
+  // analyze would otherwise read whichever came first.
+  std::map<std::pair<std::string, std::map<std::string, std::string>>, int> seen;
+  for (const PromSample& s : out.samples) {
+    const auto [it, fresh] = seen.emplace(std::make_pair(s.name, s.labels), s.line);
+    if (!fresh) {
+      throw Error("metrics line " + std::to_string(s.line) + ": series " + series_text(s.name, s.labels) +
+                  " was already given on line " + std::to_string(it->second) + " (a scrape has one value a series)");
+    }
+  }
   return out;
 }
 

@@ -89,6 +89,15 @@ TEST(PrometheusText, BadLinesNameTheirLineNumber) {
       EXPECT_NE(msg.find(c.expect), std::string::npos) << c.line << " -> " << msg;
     }
   }
+  // A series given twice (label order aside) is refused naming both lines; the same name with other labels is not.
+  try {
+    parse_prometheus_text("m{a=\"1\",b=\"2\"} 1\nm{a=\"2\",b=\"2\"} 2\nm{b=\"2\",a=\"1\"} 3\n");
+    ADD_FAILURE() << "a duplicate series accepted";
+  } catch (const fp4moe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics line 3: series m{a=\"1\",b=\"2\"} was already given on line 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Three layers (0 dense, 1 and 2 MoE), E=4 top-2, H=64, I=32, one shared expert.
