@@ -241,13 +241,15 @@ struct Engine::Impl {
     compact();
   }
 
-  // SchedulePolicy::kPriority: waiting and running requests stably sorted by priority (lower first),
+  // SchedulePolicy::kPriority: waiting and running requests stably sorted by priority (lower first, or higher first
+  // without priority_low_first),
   // so that admission takes waiting.front() and a preemption running.back(), as under kFcfs.
   // (Running requests only between steps: run_step walks them by index.)
   void order_by_priority(bool running_too = true) {
     if (opt().schedule_policy != SchedulePolicy::kPriority) return;
-    auto by_priority = [](const std::unique_ptr<RequestState>& a, const std::unique_ptr<RequestState>& b) {
-      return a->priority < b->priority;
+    const bool low_first = opt().priority_low_first;
+    auto by_priority = [low_first](const std::unique_ptr<RequestState>& a, const std::unique_ptr<RequestState>& b) {
+      return low_first ? a->priority < b->priority : a->priority > b->priority;
     };
     std::stable_sort(waiting.begin(), waiting.end(), by_priority);
     if (running_too) std::stable_sort(running.begin(), running.end(), by_priority);

@@ -61,9 +61,10 @@
 namespace fp4moe::engine {
 
 // kFcfs: waiting requests are admitted in arrival order (a preempted one first); the newest running
-// request is preempted when KV blocks run out. kPriority (vLLM's --scheduling-policy priority):
-// ordered by Request::priority first (lower = sooner), then as kFcfs within a priority, and the
-// victim of a preemption is the running request of the largest priority value, the newest among them.
+// request is preempted when KV blocks run out. kPriority (vLLM's --scheduling-policy priority, SGLang's
+// --enable-priority-scheduling): ordered by Request::priority first (EngineOptions::priority_low_first: lower =
+// sooner, as vLLM; else higher = sooner, as SGLang), then as kFcfs within a priority, and the victim of a
+// preemption is the running request of the latest priority, the newest among them.
 // A running request is never preempted to admit a waiting one.
 enum class SchedulePolicy : uint8_t { kFcfs, kPriority };
 SchedulePolicy parse_schedule_policy(const std::string& s);  // "fcfs" | "priority"; fails naming the value
@@ -98,6 +99,9 @@ struct EngineOptions {
   int64_t max_queued_requests = 1024;       // waiting-queue bound (submit rejects with kQueueFull)
   int64_t context_length = 0;               // max prompt + generated tokens; 0 = model's max_position_embeddings
   SchedulePolicy schedule_policy = SchedulePolicy::kFcfs;
+  // kPriority's order: lower values sooner (vLLM's, and SGLang's --schedule-low-priority-values-first), or higher
+  // values sooner (SGLang's --enable-priority-scheduling without that flag).
+  bool priority_low_first = true;
   // Temperature / top-k / top-p / min-p draws by a model that supports them (the GPU models: a token
   // instead of a vocab-wide f32 row per request crosses PCIe); false: every sampled request's logits
   // come to the host (engine::Sampler). Penalties and logprobs always sample on the host.

@@ -330,7 +330,8 @@ class RequestHandler {
     const engine::Tokenizer& tok = engine->tokenizer();
     if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
       throw bad_request("priority", "priority = " + std::to_string(req.priority) +
-                                        " needs --schedule-policy priority (this server runs " +
+                                        " needs priority scheduling (--enable-priority-scheduling, or "
+                                        "--schedule-policy priority; this server runs " +
                                         engine::to_string(engine->options().schedule_policy) + ")");
     }
 
@@ -1178,6 +1179,8 @@ void HttpServer::install_routes() {
                                              {"repetition_penalty", d.repetition_penalty}};
           info["max_queued_requests"] = o.max_queued_requests;
           info["schedule_policy"] = engine::to_string(o.schedule_policy);
+          info["enable_priority_scheduling"] = o.schedule_policy == engine::SchedulePolicy::kPriority;
+          info["schedule_low_priority_values_first"] = o.priority_low_first;
           info["schedule_conservativeness"] = o.schedule_conservativeness;
           info["disable_radix_cache"] = !engine->prefix_cache_enabled();
           info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);

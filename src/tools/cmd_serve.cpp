@@ -75,6 +75,8 @@ struct ServeArgs {
   int64_t decode_log_interval = 40;  // --decode-log-interval (0: no batch log)
   double watchdog_timeout_s = 300;   // --watchdog-timeout (0: none)
   std::string schedule_policy = "fcfs";
+  bool enable_priority_scheduling = false;
+  bool schedule_low_priority_values_first = false;
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
   uint64_t seed = 0;
@@ -228,6 +230,13 @@ void run_serve(ServeArgs a) {
   if (a.decode_log_interval < 0)
     FP4MOE_FAIL() << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
+  // SGLang's flags: --enable-priority-scheduling orders by priority, higher values first unless
+  // --schedule-low-priority-values-first (vLLM's --scheduling-policy priority: lower first).
+  if (a.enable_priority_scheduling) a.engine.schedule_policy = engine::SchedulePolicy::kPriority;
+  if (a.schedule_low_priority_values_first && a.engine.schedule_policy != engine::SchedulePolicy::kPriority)
+    FP4MOE_FAIL() << "--schedule-low-priority-values-first orders priority scheduling: it needs "
+                     "--enable-priority-scheduling (or --schedule-policy priority)";
+  a.engine.priority_low_first = !a.enable_priority_scheduling || a.schedule_low_priority_values_first;
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
   if (a.mem_fraction_given && !(a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
     FP4MOE_FAIL() << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";
@@ -429,6 +438,11 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)")
       ->check(parsed_by([](const std::string& v) { engine::parse_schedule_policy(v); }));
+  cmd->add_flag("--enable-priority-scheduling", a->enable_priority_scheduling,
+                "SGLang's: order admission and preemption by requests' priority field, higher values first (the "
+                "priority policy; --schedule-policy priority orders lower first, as vLLM)");
+  cmd->add_flag("--schedule-low-priority-values-first", a->schedule_low_priority_values_first,
+                "SGLang's: with --enable-priority-scheduling, lower priority values first");
   cmd->add_option("--schedule-conservativeness", a->engine.schedule_conservativeness,
                   "Room admission keeps for running requests' future tokens, as SGLang's: their remaining max tokens "
                   "x a ratio starting at 0.7 x this (decaying over decode steps, raised after a retraction); higher "

@@ -627,6 +627,24 @@ TEST(Scheduler, PriorityPolicyOrdersAdmissionAndPreemption) {
     }
   }
   EXPECT_EQ(order, (std::vector<RequestId>{ids[3], ids[1], ids[0], ids[2]}));
+  // SGLang's order (--enable-priority-scheduling): higher values first, arrival order within a priority.
+  {
+    EngineOptions sg = o;
+    sg.priority_low_first = false;
+    Harness hs(sg);
+    std::vector<RequestId> sids, sorder;
+    for (size_t i = 0; i < priorities.size(); ++i)
+      sids.push_back(hs.submit({static_cast<TokenId>(10 + i), 2, 3}, greedy(3), priorities[i]));
+    while (hs.engine.step()) {
+      for (RequestId id : sids) {
+        const auto it = hs.results.find(id);
+        if (it != hs.results.end() && !it->second.ids.empty() &&
+            std::find(sorder.begin(), sorder.end(), id) == sorder.end())
+          sorder.push_back(id);
+      }
+    }
+    EXPECT_EQ(sorder, (std::vector<RequestId>{sids[0], sids[2], sids[1], sids[3]}));
+  }
 
   for (SchedulePolicy policy : {SchedulePolicy::kFcfs, SchedulePolicy::kPriority}) {
     SCOPED_TRACE(to_string(policy));

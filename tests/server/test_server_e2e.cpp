@@ -1896,6 +1896,28 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
+// SGLang's --enable-priority-scheduling: the priority policy with higher values first (vLLM's --schedule-policy
+// priority orders lower first); /get_server_info says which; a request's priority is then taken.
+TEST(ServerE2E, SglangPrioritySchedulingFlags) {
+  for (const auto& [flags, low_first] : std::vector<std::pair<std::vector<std::string>, bool>>{
+           {{"--enable-priority-scheduling"}, false},
+           {{"--enable-priority-scheduling", "--schedule-low-priority-values-first"}, true},
+           {{"--schedule-policy", "priority"}, true}}) {
+    ServerProcess srv(FP4MOE_CLI, flags);
+    ASSERT_TRUE(srv.wait_ready(60));
+    HttpClient c(srv.url(), kTimeout);
+    const json info = parse(c.get("/get_server_info").body);
+    EXPECT_EQ(info["schedule_policy"], "priority");
+    EXPECT_EQ(info["enable_priority_scheduling"], true);
+    EXPECT_EQ(info["schedule_low_priority_values_first"], low_first) << flags.front();
+    EXPECT_EQ(
+        c.post("/generate", json{{"text", "a"}, {"priority", 5}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump())
+            .status,
+        200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
+}
+
 // The engine's flags are checked before the model loads and named as flags (the messages named EngineOptions' fields:
 // "max_running_requests 0 must be >= 1"); --drain-timeout must be a time (-1 and nan were taken).
 TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
@@ -1915,7 +1937,10 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--watchdog-timeout -1", "--watchdog-timeout -1 must be a time in [0, 1e+09] seconds (0: none)"},
            {"--debug-step-delay inf", "--debug-step-delay inf must be a time in [0, 1e9] seconds"},
            {"--mem-fraction-static 1.5", "--mem-fraction-static 1.5 must be in (0, 1]"},
-           {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"}}) {
+           {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"},
+           {"--schedule-low-priority-values-first",
+            "--schedule-low-priority-values-first orders priority scheduling: it needs "
+            "--enable-priority-scheduling"}}) {
     std::string text;
     EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 1)
         << flags << ": " << text;
