@@ -1,7 +1,9 @@
 // HttpServer: routes, request flow and SSE streaming; see http_server.h.
 #include "server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -807,12 +809,43 @@ HttpServer::HttpServer(ServerOptions options)
 
 HttpServer::~HttpServer() { stop_listener(); }
 
+namespace {
+
+// Half-closes (reading side) every connection the server accepted on `port`: httplib's workers wait in their
+// keep-alive read for up to 5 s after stop(), so an idle client connection held a SIGTERM's exit that long (uvicorn
+// closes idle connections at shutdown). A worker reading then sees end-of-stream and closes; one still writing a
+// reply finishes it. The accepted sockets are those of this process bound locally to `port` that are not listening.
+void half_close_accepted(int port) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;  // not a socket
+    int local_port = -1;
+    if (addr.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    if (local_port != port) continue;
+    int listening = 0;
+    socklen_t olen = sizeof(listening);
+    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) != 0 || listening) continue;
+    ::shutdown(static_cast<int>(fd), SHUT_RD);
+  }
+  ::closedir(dir);
+}
+
+}  // namespace
+
 void HttpServer::stop_listener() {
   if (!listener_.joinable()) return;
   // httplib's stop() does nothing until the listener has marked itself running: stopped before that
   // (a model that fails to load at once), the listener went on accepting and the join never returned.
   while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   http_->stop();
+  if (port_ > 0) half_close_accepted(port_);
   listener_.join();
 }
 

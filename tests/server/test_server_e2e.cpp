@@ -2492,6 +2492,27 @@ TEST(ServerE2E, GenerationConfigEosAndSamplingDefaults) {
   EXPECT_EQ(text.find("listening"), std::string::npos) << text;  // refused before the socket opens
 }
 
+// An idle keep-alive connection does not hold a SIGTERM's exit (httplib's workers waited out their 5 s keep-alive
+// read; uvicorn closes idle connections at shutdown): the connection ends, the process exits at once.
+TEST(ServerE2E, IdleKeepAliveConnectionDoesNotDelayShutdown) {
+  ServerProcess srv(FP4MOE_CLI, {});
+  ASSERT_TRUE(srv.wait_ready(60));
+  const int fd =
+      raw_post(srv.port(), "/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump(),
+               /*with_length=*/true, "HTTP/1.1", "keep-alive");
+  ASSERT_GE(fd, 0);
+  char buf[4096];
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)).rfind("HTTP/1.1 200", 0), 0u);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  ::close(fd);
+}
+
 // --drain-timeout bounds the drain: a request that would run long is aborted when it expires (the engine thread
 // was joined first, so a 3,000-token request kept the process up ~18 s past --drain-timeout 1); a repeated SIGTERM
 // is ignored (`timeout` sends one to the process and one to its group), SIGINT while draining exits at once.
