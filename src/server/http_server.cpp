@@ -1,15 +1,18 @@
 // HttpServer: routes, request flow and SSE streaming; see http_server.h.
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <regex>
@@ -71,6 +74,68 @@ class Channel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<engine::RequestOutput> events_;
+};
+
+// The accepted socket of one HTTP request, found by its addresses (httplib 0.11 gives a handler no view of its
+// connection): lets a non-streaming reply see its client go without writing to it. Its descriptor is recognised
+// again by the peer address on every look, so a descriptor the OS handed to another connection is not mistaken for
+// it.
+class PeerProbe {
+ public:
+  PeerProbe(const std::string& remote_addr, int remote_port, int local_port) {
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr || remote_port <= 0 || local_port <= 0) {
+      if (dir != nullptr) ::closedir(dir);
+      return;
+    }
+    while (const dirent* e = ::readdir(dir)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+      if (port_of(local) != local_port) continue;
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof(peer);
+      if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+      if (port_of(peer) != remote_port || address_of(peer) != remote_addr) continue;
+      fd_ = static_cast<int>(fd);
+      peer_ = peer;
+      peer_len_ = peer_len;
+      break;
+    }
+    ::closedir(dir);
+  }
+  bool found() const { return fd_ >= 0; }
+  // True when the client has closed (or reset) the connection: its end of the stream is readable as such.
+  bool peer_gone() const {
+    if (fd_ < 0) return false;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len) != 0) return true;  // no longer connected
+    if (len != peer_len_ || std::memcmp(&peer, &peer_, len) != 0) return false;          // another connection now
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
+ private:
+  static int port_of(const sockaddr_storage& a) {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+    return -1;
+  }
+  static std::string address_of(const sockaddr_storage& a) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (a.ss_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
+    if (a.ss_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
+    return buf;
+  }
+  int fd_ = -1;
+  sockaddr_storage peer_{};
+  socklen_t peer_len_ = 0;
 };
 
 // The choices of one HTTP request (OpenAI `n`): choice i is engine request ids[i]; its events, told
@@ -560,8 +625,9 @@ class RequestHandler {
 
     Choices choices(std::move(ids), std::move(echo), std::move(generates_nothing));
     if (!req.stream) {
+      auto probe = std::make_shared<const PeerProbe>(http_req.remote_addr, http_req.remote_port, http_req.local_port);
       respond_when_done(std::move(engine), channel, std::move(choices), std::move(req), std::move(ctx),
-                        std::move(rid_names), res);
+                        std::move(rid_names), std::move(probe), res);
       return;
     }
     stream(std::move(engine), channel, std::move(choices), std::move(req), std::move(ctx), std::move(rid_names), res);
@@ -571,15 +637,17 @@ class RequestHandler {
   // Non-streaming reply of an admitted request. httplib 0.11 gives a plain handler no view of its
   // connection, so the reply is a chunked content provider (run on this connection's thread after
   // the handler returns, status 200 and headers already sent) that waits for the request's end.
-  // While it waits it writes one space every kLivenessInterval (JSON allows leading whitespace):
-  // once the peer has closed, the second such write fails, the provider stops and the releaser
-  // aborts the request, which frees its KV at the engine's next step. The body is the same JSON
+  // While it waits it looks at the connection's socket (PeerProbe) every kLivenessInterval, writing
+  // nothing (so a client's read timeout runs as against SGLang): once the peer has closed, the provider
+  // stops and the releaser aborts the request, which frees its KV at the engine's next step. Where the
+  // socket is not found it writes one space instead (JSON allows leading whitespace), whose second
+  // write after the peer closed fails. The body is the same JSON
   // object as before; a request that fails in the engine after admission (a bug) gets the typed
   // error object as its body, since the 200 is already on the wire. The content type carries a
   // charset so that httplib does not gzip the body (a compressor would hold back the probe bytes).
   void respond_when_done(std::shared_ptr<engine::Engine> engine, std::shared_ptr<Channel> channel, Choices choices,
                          ParsedRequest req, ResponseContext ctx, HttpServer::RidNames rid_names,
-                         httplib::Response& res) {
+                         std::shared_ptr<const PeerProbe> probe, httplib::Response& res) {
     struct State {
       ParsedRequest req;
       ResponseContext ctx;
@@ -600,12 +668,13 @@ class RequestHandler {
     res.status = 200;
     set_provider(
         res, kJsonContentType,
-        [server = server_, engine, channel, st, endpoint](size_t, httplib::DataSink& sink) -> bool {
-          // Probe at least every kLivenessInterval, whether tokens are flowing or not.
+        [server = server_, engine, channel, st, endpoint, probe](size_t, httplib::DataSink& sink) -> bool {
+          // Probe at least every kLivenessInterval, whether tokens are flowing or not: the socket's end-of-stream
+          // (nothing is written, so a client's read timeout still runs), or where the socket was not found a space.
           const auto now = std::chrono::steady_clock::now();
           if (now - st->last_probe >= kLivenessInterval) {
             st->last_probe = now;
-            if (!sink.write(" ", 1)) return false;  // fails once the peer has gone
+            if (probe->found() ? probe->peer_gone() : !sink.write(" ", 1)) return false;  // the peer has gone
           }
           auto ev = channel->pop(std::chrono::duration_cast<std::chrono::milliseconds>(
               st->last_probe + kLivenessInterval - std::chrono::steady_clock::now()));
