@@ -21,6 +21,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::optional<std::string> closest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  if (name.size() < 3) return std::nullopt;  // one edit from a one- or two-letter word is most words of that size
   const size_t limit = std::max<size_t>(1, name.size() / 3);
   std::optional<std::string> best;
   size_t best_d = SIZE_MAX;

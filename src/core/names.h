@@ -13,7 +13,7 @@ namespace fp4moe {
 size_t edit_distance(std::string_view a, std::string_view b);
 
 // The candidate fewest edits from `name` when at most a third of name's characters (at least one) differ; the first
-// such candidate on a tie; nullopt when none is that close.
+// such candidate on a tie; nullopt when none is that close, or name is shorter than 3 characters.
 std::optional<std::string> closest_name(std::string_view name, const std::vector<std::string>& candidates);
 
 }  // namespace fp4moe

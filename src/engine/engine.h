@@ -102,6 +102,9 @@ struct EngineOptions {
   // kPriority's order: lower values sooner (vLLM's, and SGLang's --schedule-low-priority-values-first), or higher
   // values sooner (SGLang's --enable-priority-scheduling without that flag).
   bool priority_low_first = true;
+  // SGLang's --enable-priority-scheduling: a request that names no priority comes after every one that does (its
+  // scheduler gives it the lowest priority); vLLM's policy reads it as 0.
+  bool absent_priority_last = false;
   // Temperature / top-k / top-p / min-p draws by a model that supports them (the GPU models: a token
   // instead of a vocab-wide f32 row per request crosses PCIe); false: every sampled request's logits
   // come to the host (engine::Sampler). Penalties and logprobs always sample on the host.

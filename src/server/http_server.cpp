@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -395,8 +396,8 @@ class RequestHandler {
     compile_constraint(req.constraint, req.sampling);
     for (ParsedRequest::PromptSampling& ps : req.per_prompt) compile_constraint(ps.constraint, ps.sampling);
     const engine::Tokenizer& tok = engine->tokenizer();
-    if (req.priority != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
-      throw bad_request("priority", "priority = " + std::to_string(req.priority) +
+    if (req.priority.value_or(0) != 0 && engine->options().schedule_policy != engine::SchedulePolicy::kPriority) {
+      throw bad_request("priority", "priority = " + std::to_string(*req.priority) +
                                         " needs priority scheduling (--enable-priority-scheduling, or "
                                         "--schedule-policy priority; this server runs " +
                                         engine::to_string(engine->options().schedule_policy) + ")");
@@ -475,11 +476,13 @@ class RequestHandler {
                                        " is outside the model's vocabulary of " + std::to_string(vocab));
         }
         if (prompt[i] >= vocab) {  // a tokenizer with more tokens than the model has embeddings
-          throw bad_request(param, field + (endpoint_ == Endpoint::kChat ? " (as the chat template renders it)" : "") +
-                                       " encodes to token " + std::to_string(prompt[i]) + " \"" +
-                                       tok.id_to_token(prompt[i]) + "\" at position " + std::to_string(i) +
-                                       ", outside the model's vocabulary of " + std::to_string(vocab) +
-                                       " (the tokenizer has " + std::to_string(tok.vocab_size()) + ")");
+          throw bad_request(
+              param, field + (endpoint_ == Endpoint::kChat ? " (as the chat template renders it)" : "") +
+                         " encodes to token " + std::to_string(prompt[i]) + " (" +
+                         json(tok.decode(std::vector<engine::TokenId>{prompt[i]}, {.skip_special_tokens = false}))
+                             .dump(-1, ' ', false, json::error_handler_t::replace) +
+                         ") at position " + std::to_string(i) + ", outside the model's vocabulary of " +
+                         std::to_string(vocab) + " (the tokenizer has " + std::to_string(tok.vocab_size()) + ")");
         }
       }
       const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -538,7 +541,12 @@ class RequestHandler {
         // No tokens asked (the prompt's logprobs alone): one is made, not output (nor a first-token latency).
         sp.max_new_tokens = std::max<int64_t>(max_new, 1);
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        engine::Request request{prompts[p], sp, req.priority};
+        // No priority named: vLLM's 0, or (SGLang's) after every request that names one.
+        const engine::EngineOptions& eo = engine->options();
+        const int64_t absent = !eo.absent_priority_last ? 0
+                               : eo.priority_low_first  ? std::numeric_limits<int64_t>::max()
+                                                        : std::numeric_limits<int64_t>::min();
+        engine::Request request{prompts[p], sp, req.priority.value_or(absent)};
         request.count_output = max_new > 0;
         generates_nothing.push_back(max_new == 0);
         group.push_back(
@@ -1282,7 +1290,7 @@ void HttpServer::install_routes() {
           info["max_queued_requests"] = o.max_queued_requests;
           info["schedule_policy"] = engine::to_string(o.schedule_policy);
           info["enable_priority_scheduling"] = o.schedule_policy == engine::SchedulePolicy::kPriority;
-          info["schedule_low_priority_values_first"] = o.priority_low_first;
+          info["schedule_low_priority_values_first"] = o.absent_priority_last && o.priority_low_first;  // the flag
           info["schedule_conservativeness"] = o.schedule_conservativeness;
           info["disable_radix_cache"] = !engine->prefix_cache_enabled();
           info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);

@@ -108,8 +108,9 @@ struct ParsedRequest {
   // "{rid}_{i}" (SGLang's names).
   std::vector<std::string> rid_list;
   std::string model;  // as sent (informational)
-  // vLLM's / SGLang's request priority (lower is sooner) under --schedule-policy priority; 0 otherwise.
-  int64_t priority = 0;
+  // vLLM's / SGLang's request priority under priority scheduling (the order: EngineOptions::priority_low_first);
+  // nullopt when the request names none (vLLM's 0; SGLang's last of all: EngineOptions::absent_priority_last).
+  std::optional<int64_t> priority;
   // Chat: SGLang's `separate_reasoning` as sent (the server's --reasoning-parser applies unless false),
   // and the format the reply is split with (set by the server; null: the text is all content).
   std::optional<bool> separate_reasoning;

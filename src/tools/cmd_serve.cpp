@@ -125,11 +125,14 @@ Loaded load(const ServeArgs& a) {
     lo.gpu.mem_fraction_static = a.mem_fraction_static;
     if (!a.max_total_tokens_given) lo.gpu.kv_tokens = INT64_MAX;
   }
-  l.model = model::load_model(a.model_dir, lo);
+  // The tokenizer first: a wrong --tokenizer-path (its tokenizer.json file, a folder that does not exist) is named
+  // before a large checkpoint loads, with Tokenizer::load's messages.
   const fs::path tok_dir = a.tokenizer_path.empty() ? fs::path(a.model_dir) : fs::path(a.tokenizer_path);
-  FP4MOE_CHECK(fs::exists(tok_dir / "tokenizer.json"))
-      << tok_dir.string() << " has no tokenizer.json; pass --tokenizer-path DIR";
+  std::error_code ec;
+  if (a.tokenizer_path.empty() && !fs::exists(tok_dir / "tokenizer.json", ec))
+    throw Error(tok_dir.string() + " has no tokenizer.json; pass --tokenizer-path DIR (a folder holding one)");
   auto tok = std::make_shared<engine::Tokenizer>(engine::Tokenizer::load(tok_dir));
+  l.model = model::load_model(a.model_dir, lo);
   if (!a.chat_template.empty()) {
     l.chat_template = std::make_shared<engine::ChatTemplate>(chat_template_from_flag(a.chat_template, tok->config()));
   } else if (has_chat_template(tok_dir, *tok)) {
@@ -234,9 +237,11 @@ void run_serve(ServeArgs a) {
   // --schedule-low-priority-values-first (vLLM's --scheduling-policy priority: lower first).
   if (a.enable_priority_scheduling) a.engine.schedule_policy = engine::SchedulePolicy::kPriority;
   if (a.schedule_low_priority_values_first && a.engine.schedule_policy != engine::SchedulePolicy::kPriority)
-    FP4MOE_FAIL() << "--schedule-low-priority-values-first orders priority scheduling: it needs "
-                     "--enable-priority-scheduling (or --schedule-policy priority)";
+    throw Error(
+        "--schedule-low-priority-values-first orders priority scheduling: it needs "
+        "--enable-priority-scheduling (or --schedule-policy priority)");
   a.engine.priority_low_first = !a.enable_priority_scheduling || a.schedule_low_priority_values_first;
+  a.engine.absent_priority_last = a.enable_priority_scheduling;
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
   if (a.mem_fraction_given && !(a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
     FP4MOE_FAIL() << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";

@@ -36,8 +36,8 @@ model::Device check_device_options(const DeviceArgs& args) {
   FP4MOE_CHECK(args.decode_split_min_keys >= 1)
       << "--decode-split-min-keys " << args.decode_split_min_keys << " must be >= 1";
   // (Taken on the cpu, whose MoE layers have no GPU GEMMs to time: the run looked like one without the timings.)
-  FP4MOE_CHECK(!args.time_moe_gemms || device == model::Device::kCuda)
-      << "--time-moe-gemms times the GPU MoE layers' GEMMs: it needs --device cuda (not " << args.device << ")";
+  if (args.time_moe_gemms && device != model::Device::kCuda)
+    throw Error("--time-moe-gemms times the GPU MoE layers' GEMMs: it needs --device cuda (not " + args.device + ")");
   return device;
 }
 

@@ -50,18 +50,26 @@ int main(int argc, char** argv) {
     for (CLI::App* child : sub->get_subcommands({})) refuse_empty_values(child);
   };
   for (CLI::App* sub : app.get_subcommands({})) refuse_empty_values(sub);
-  // A first word that is no subcommand ("fp4moe serv") is named, with the closest subcommand (CLI11 would say only
-  // "A subcommand is required").
-  if (argc > 1 && argv[1][0] != '-') {
-    std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
-    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
-      std::string list;
-      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-      const auto best = fp4moe::closest_name(argv[1], names);
-      std::fprintf(stderr, "fp4moe: unknown subcommand '%s'%s; the subcommands are %s (fp4moe --help)\n", argv[1],
-                   best ? (" (did you mean '" + *best + "'?)").c_str() : "", list.c_str());
-      return 2;
+  // A word where a subcommand is expected that names none ("fp4moe serv", "fp4moe bench gem") is named, with the
+  // closest subcommand (CLI11 would say only "A subcommand is required").
+  {
+    CLI::App* level = &app;
+    std::string path = "fp4moe";
+    for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+      const std::vector<CLI::App*> subs = level->get_subcommands({});
+      if (subs.empty()) break;  // a positional argument of the subcommand
+      std::vector<std::string> names;
+      for (const CLI::App* sub : subs) names.push_back(sub->get_name());
+      if (std::find(names.begin(), names.end(), argv[i]) == names.end()) {
+        std::string list;
+        for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+        const auto best = fp4moe::closest_name(argv[i], names);
+        std::fprintf(stderr, "%s: unknown subcommand '%s'%s; the subcommands are %s (%s --help)\n", path.c_str(),
+                     argv[i], best ? (" (did you mean '" + *best + "'?)").c_str() : "", list.c_str(), path.c_str());
+        return 2;
+      }
+      level = level->get_subcommand(argv[i]);
+      path += std::string(" ") + argv[i];
     }
   }
   try {

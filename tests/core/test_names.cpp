@@ -24,7 +24,8 @@ TEST(Names, ClosestNameWithinAThirdOfTheName) {
   EXPECT_EQ(closest_name("quantise", known), "quantize");
   EXPECT_EQ(closest_name("frobnicate", known), std::nullopt);
   EXPECT_EQ(closest_name("", known), std::nullopt);  // 5+ edits from each, past the one a short name may differ by
-  EXPECT_EQ(closest_name("x", {"y", "z"}), "y");    // one edit allowed: the first on a tie
+  EXPECT_EQ(closest_name("x", {"y", "n"}), std::nullopt);      // too short to guess from
+  EXPECT_EQ(closest_name("srve", {"seve", "serve"}), "seve");  // one edit allowed: the first on a tie
   EXPECT_EQ(closest_name("abc", {}), std::nullopt);
 }
 

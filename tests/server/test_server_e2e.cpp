@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -273,14 +275,15 @@ TEST(ServerE2E, GoldenGlm5TinyGreedyIds) {
   // token and its position in the encoding (not an item of the field, which is text).
   auto oov = c.post("/generate", json{{"text", "Hi, the quick"}}.dump());
   expect_error(oov, 400, "text");
-  EXPECT_NE(oov.body.find("text encodes to token 2560 \\\"Ġqu\\\" at position 4, outside the model's vocabulary "
+  EXPECT_NE(oov.body.find("text encodes to token 2560 (\\\" qu\\\") at position 4, outside the model's vocabulary "
                           "of 512 (the tokenizer has 4096)"),
             std::string::npos)
       << oov.body;
   oov = c.post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "the quick"}}}}}.dump());
   expect_error(oov, 400, "messages");
-  EXPECT_NE(oov.body.find("messages (as the chat template renders it) encodes to token 1674 \\\"the\\\" at position 4"),
-            std::string::npos)
+  EXPECT_NE(
+      oov.body.find("messages (as the chat template renders it) encodes to token 1674 (\\\"the\\\") at position 4"),
+      std::string::npos)
       << oov.body;
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
@@ -1902,7 +1905,7 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
   for (const auto& [flags, low_first] : std::vector<std::pair<std::vector<std::string>, bool>>{
            {{"--enable-priority-scheduling"}, false},
            {{"--enable-priority-scheduling", "--schedule-low-priority-values-first"}, true},
-           {{"--schedule-policy", "priority"}, true}}) {
+           {{"--schedule-policy", "priority"}, false}}) {  // vLLM's order (lower first), but not SGLang's flag
     ServerProcess srv(FP4MOE_CLI, flags);
     ASSERT_TRUE(srv.wait_ready(60));
     HttpClient c(srv.url(), kTimeout);
@@ -1914,6 +1917,37 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
         c.post("/generate", json{{"text", "a"}, {"priority", 5}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump())
             .status,
         200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
+  // Served one at a time behind a long request: SGLang's order, higher first, and a request that names no priority
+  // after all that do (its scheduler gives it the lowest); with low values first, lower first and it still last.
+  for (const bool low_first : {false, true}) {
+    std::vector<std::string> flags = {"--enable-priority-scheduling", "--max-running-requests", "1"};
+    if (low_first) flags.push_back("--schedule-low-priority-values-first");
+    ServerProcess srv(FP4MOE_CLI, flags);
+    ASSERT_TRUE(srv.wait_ready(60));
+    std::mutex mu;
+    std::vector<std::string> done;
+    auto send = [&](const std::string& name, std::optional<int> priority, int tokens) {
+      json body = {{"text", name}, {"sampling_params", {{"max_new_tokens", tokens}, {"ignore_eos", true}}}};
+      if (priority) body["priority"] = *priority;
+      const auto r = HttpClient(srv.url(), kTimeout).post("/generate", body.dump());
+      EXPECT_EQ(r.status, 200) << r.body;
+      std::lock_guard<std::mutex> lock(mu);
+      done.push_back(name);
+    };
+    std::vector<std::thread> clients;
+    clients.emplace_back(send, "long", std::optional<int>(0), 400);
+    while (metric(srv.url(), "fp4moe:num_running_reqs") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const std::vector<std::pair<std::string, std::optional<int>>> queued = {
+        {"m5", -5}, {"none", std::nullopt}, {"p10", 10}, {"p1", 1}};
+    for (const auto& [name, priority] : queued) {
+      clients.emplace_back(send, name, priority, 4);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    for (auto& t : clients) t.join();
+    EXPECT_EQ(done, low_first ? (std::vector<std::string>{"long", "m5", "p1", "p10", "none"})
+                              : (std::vector<std::string>{"long", "p10", "p1", "m5", "none"}));
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
   }
 }
@@ -1940,7 +1974,17 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--gpu-memory-utilization nan", "--mem-fraction-static nan must be in (0, 1]"},
            {"--schedule-low-priority-values-first",
             "--schedule-low-priority-values-first orders priority scheduling: it needs "
-            "--enable-priority-scheduling"}}) {
+            "--enable-priority-scheduling"},
+           // A wrong --tokenizer-path is named (a file, a missing folder), before the model loads.
+           {"--model " + fp4moe::testing::shared_path("golden/models/glm5_tiny").string() + " --tokenizer-path " +
+                fp4moe::testing::shared_path("golden/tokenizer/tokenizer.json").string(),
+            "tokenizer.json is a file, not a tokenizer folder (one holding tokenizer.json and, optionally, "
+            "tokenizer_config.json): give "},
+           {"--model " + fp4moe::testing::shared_path("golden/models/glm5_tiny").string() +
+                " --tokenizer-path /nonexistent/tok",
+            "tokenizer folder /nonexistent/tok does not exist"},
+           {"--model " + fp4moe::testing::shared_path("golden/models/glm5_tiny").string(),
+            "glm5_tiny has no tokenizer.json; pass --tokenizer-path DIR (a folder holding one)"}}) {
     std::string text;
     EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " serve --port 0 " + flags + " 2>&1", &text), 1)
         << flags << ": " << text;

@@ -704,6 +704,7 @@ TEST(ServerProtocol, MinTokensAndStopTrimByEachApisName) {
   expect_bad(Endpoint::kCompletions, json{{"prompt", "x"}, {"min_tokens", -1}}, "min_tokens", "-1");
   // The request priority (top level on every route).
   EXPECT_EQ(parse_request(Endpoint::kGenerate, json{{"text", "x"}, {"priority", -3}}).priority, -3);
+  EXPECT_FALSE(parse_request(Endpoint::kGenerate, json{{"text", "x"}}).priority.has_value());  // none named
   EXPECT_EQ(parse_request(Endpoint::kChat, json{{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"priority", 7}})
                 .priority,
             7);

@@ -194,6 +194,11 @@ TEST(CmdTokenize, UsageErrorsExitTwo) {
       << out;
   EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " frobnicate 2>&1", &out), 2) << out;
   EXPECT_NE(out.find("unknown subcommand 'frobnicate'; the subcommands are"), std::string::npos) << out;
+  EXPECT_EQ(testing::run_command(std::string(FP4MOE_CLI) + " bench gem 2>&1", &out), 2) << out;  // a nested one too
+  EXPECT_NE(out.find("fp4moe bench: unknown subcommand 'gem' (did you mean 'gemm'?); the subcommands are gemm, moe "
+                     "(fp4moe bench --help)"),
+            std::string::npos)
+      << out;
   EXPECT_EQ(testing::run_command(tokenize_cmd("--help"), &out), 0) << out;
   EXPECT_NE(out.find("--decode"), std::string::npos) << out;
 }
