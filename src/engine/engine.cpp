@@ -653,7 +653,11 @@ struct Engine::Impl {
     r.n_running = static_cast<int64_t>(running.size());
     r.n_waiting = static_cast<int64_t>(waiting.size());
     r.flushed = r.n_running == 0 && r.n_waiting == 0;
-    if (r.flushed) cache->clear(blocks);
+    if (r.flushed) {
+      cache->clear(blocks);
+      std::lock_guard<std::mutex> lock(mu);
+      stats.prefix_cache_tokens = cache->cached_tokens();  // an idle step publishes nothing else
+    }
     for (auto& w : waiters) w->set_value(r);
   }
 
@@ -942,8 +946,16 @@ Engine::FlushResult Engine::flush_prefix_cache(std::chrono::milliseconds timeout
   }
   impl_->work_cv.notify_one();
   if (outcome.wait_for(timeout) != std::future_status::ready) {
-    r.timed_out = true;  // the request stays asked: the next step decides it (and no one reads that outcome)
-    return r;
+    // Withdrawn, so that the caller told "not flushed" is not flushed later; unless a step has taken it already,
+    // which then answers at once.
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto& w = impl_->flush_waiters;
+    if (const auto it = std::find(w.begin(), w.end(), waiter); it != w.end()) {
+      w.erase(it);
+      if (w.empty()) impl_->flush_cache = false;
+      r.timed_out = true;
+      return r;
+    }
   }
   return outcome.get();
 }

@@ -321,8 +321,9 @@ class Engine {
   // 1-token probe request and waits for it.
   bool run_health_probe(std::chrono::milliseconds timeout);
   // SGLang's /flush_cache: empties the prefix cache when no request runs or waits, decided at the inference thread's
-  // next step (this waits for it, up to `timeout`; in manual mode, at once), and otherwise leaves it, as SGLang does
-  // ("Cache not flushed because there are pending requests"). Thread-safe.
+  // next step (this waits for it, up to `timeout`, after which the request is withdrawn: timed_out, not flushed; in
+  // manual mode it is decided at once), and otherwise leaves it, as SGLang does ("Cache not flushed because there
+  // are pending requests"). Thread-safe.
   struct FlushResult {
     bool enabled = true;  // false: the engine runs without a prefix cache
     bool flushed = false;

@@ -93,6 +93,14 @@ std::string require_string(const json& j, const std::string& key, const std::str
   return v.get<std::string>();
 }
 
+// A list field (a Sequence's steps); another type is named with the file and the field.
+const json& require_array(const json& j, const std::string& key, const std::string& path, const std::string& origin) {
+  const json& v = require(j, key, path, origin);
+  if (!v.is_array())
+    throw Error(origin + ": " + join_path(path, key) + " must be a list, found " + v.dump().substr(0, 80));
+  return v;
+}
+
 bool flag(const json& j, const char* key, bool fallback) {
   return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : fallback;
 }
@@ -238,7 +246,7 @@ void Tokenizer::Impl::load_normalizer(const json& n, const std::string& path) {
   if (n.is_null()) return;
   const std::string type = require_string(n, "type", path, origin);
   if (type == "Sequence") {
-    const json& list = require(n, "normalizers", path, origin);
+    const json& list = require_array(n, "normalizers", path, origin);
     for (size_t i = 0; i < list.size(); ++i) load_normalizer(list[i], path + ".normalizers[" + std::to_string(i) + "]");
   } else if (type == "NFC") {
     normalizers.push_back(text::NormalForm::kNfc);
@@ -257,7 +265,7 @@ void Tokenizer::Impl::load_normalizer(const json& n, const std::string& path) {
 void Tokenizer::Impl::load_pre_tokenizer(const json& p, const std::string& path, bool last) {
   const std::string type = require_string(p, "type", path, origin);
   if (type == "Sequence") {
-    const json& list = require(p, "pretokenizers", path, origin);
+    const json& list = require_array(p, "pretokenizers", path, origin);
     for (size_t i = 0; i < list.size(); ++i) {
       load_pre_tokenizer(list[i], path + ".pretokenizers[" + std::to_string(i) + "]", last && i + 1 == list.size());
     }

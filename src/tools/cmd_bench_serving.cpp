@@ -856,7 +856,8 @@ void run_bench(BenchArgs a) {
         r = client.post("/flush_cache", "");
       }
       FP4MOE_CHECK(r.status == 200) << a.url << "/flush_cache answered " << r.status << " " << r.error << " "
-                                    << r.body.substr(0, 300);
+                                    << r.body.substr(0, 300)
+                                    << " (--no-flush-cache runs without flushing, e.g. beside other traffic)";
     }
     const Summary s = run_level(a, prompts, c);
     json j = summary_json(a, s);

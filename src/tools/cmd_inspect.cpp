@@ -434,7 +434,11 @@ void run_inspect(const InspectArgs& a) {
       if (active) fs::remove_all(p, ec);
     }
   } cleanup{root, !keep};
-  write_demo_bf16_checkpoint(root / "bf16", /*seed=*/20260101);
+  try {
+    write_demo_bf16_checkpoint(root / "bf16", /*seed=*/20260101);
+  } catch (const fs::filesystem_error& e) {  // a parent that is a file, a dangling link, no permission
+    throw Error("inspect --demo: cannot write the demo checkpoints under " + root.string() + ": " + e.code().message());
+  }
   format::QuantizeOptions opt;
   opt.producer_version = FP4MOE_VERSION;
   const format::QuantizeReport r = format::quantize_checkpoint(format::Checkpoint(root / "bf16"), root / "nvfp4", opt);

@@ -281,7 +281,8 @@ void register_plan_command(CLI::App& app) {
                   "FILE: a JSON array of per-expert token counts for --decode (default uniform routing)")
       ->needs(decode);
   cmd->add_flag("--no-runtime", args->no_runtime, "ignore the local GPU, use the table only");
-  cmd->add_flag("--layouts", args->layouts, "also print every candidate's SMEM region table (offset, bytes, alignment)");
+  cmd->add_flag("--layouts", args->layouts, "also print every candidate's SMEM region table (offset, bytes, alignment)")
+      ->excludes(blocklist);  // the blocklist prints tactics only (--layouts was dropped without a word)
   cmd->callback([args] { run_plan(*args); });
 }
 

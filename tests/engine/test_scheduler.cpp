@@ -1047,6 +1047,33 @@ TEST(Scheduler, WarmUpFailureIsReported) {
   EXPECT_TRUE(ok.engine.is_ready());
 }
 
+// /flush_cache on the inference thread: refused while a request runs; a flush that times out (no step within the
+// timeout) is withdrawn, not done later; once idle it flushes.
+TEST(Scheduler, ThreadedFlushIsDecidedAtAStepAndWithdrawnOnTimeout) {
+  EngineOptions o;
+  o.debug_step_delay_s = 1.0;  // each step sleeps before its forward
+  Harness h(o);
+  h.engine.start();
+  ASSERT_FALSE(h.engine.wait_warm_up().has_value());
+  const std::vector<TokenId> prompt(40, 7);
+  h.submit(prompt, greedy(2));
+  for (int i = 0; i < 500 && h.engine.stats().prefix_cache_tokens == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(h.engine.stats().prefix_cache_tokens, 0) << "the prefill was not cached";
+  // Mid-step: the 10 ms wait ends before the next step can decide.
+  const Engine::FlushResult early = h.engine.flush_prefix_cache(std::chrono::milliseconds(10));
+  EXPECT_TRUE(early.timed_out);
+  EXPECT_FALSE(early.flushed);
+  for (int i = 0; i < 500 && h.engine.stats().n_running > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // a step that would have answered a queued flush
+  EXPECT_GT(h.engine.stats().prefix_cache_tokens, 0) << "the withdrawn flush happened";
+  const Engine::FlushResult idle = h.engine.flush_prefix_cache();
+  EXPECT_TRUE(idle.flushed);
+  EXPECT_EQ(h.engine.stats().prefix_cache_tokens, 0);
+  h.engine.shutdown(/*drain=*/true);
+}
+
 TEST(Scheduler, ThreadedEngineStreamsAndProbes) {
   EngineOptions o;
   o.max_running_requests = 3;

@@ -365,6 +365,9 @@ TEST(TokenizerLoad, UnsupportedPartsNameTheirJsonPath) {
   tj["pre_tokenizer"]["pretokenizers"][0]["pattern"] = json{{"Regex", 3}};
   expect_load_error(tj, "t.json: pre_tokenizer.pretokenizers[0].pattern.Regex must be a string, found 3");
   tj = tiny_tokenizer_json();
+  tj["pre_tokenizer"]["pretokenizers"] = 5;
+  expect_load_error(tj, "t.json: pre_tokenizer.pretokenizers must be a list, found 5");
+  tj = tiny_tokenizer_json();
   tj["added_tokens"][0]["content"] = 5;
   expect_load_error(tj, "t.json: added_tokens[0].content must be a string, found 5");
   tj = tiny_tokenizer_json();

@@ -189,7 +189,8 @@ TEST(CmdPlan, ModelPreset) {
            {"--concurrency 16", "--concurrency requires --decode"},
            {"--target-util 0.3", "--target-util requires --decode"},
            {"--routing r.json", "--routing requires --decode"},
-           {"--decode --emit-blocklist", "--emit-blocklist excludes --decode"}}) {
+           {"--decode --emit-blocklist", "--emit-blocklist excludes --decode"},
+           {"--emit-blocklist --layouts", "--emit-blocklist excludes --layouts"}}) {
     const CliRun r = run_plan("--gpu h200 --model glm5-shard " + args);
     EXPECT_EQ(r.status, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << args << ": " << r.out;

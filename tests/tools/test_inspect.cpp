@@ -595,6 +595,11 @@ TEST(Inspect, CliEndToEnd) {
   EXPECT_NE(out.find("config.json is a file, not a folder (the demo writes bf16/ and nvfp4/ checkpoints into it)"),
             std::string::npos)
       << out;
+  EXPECT_EQ(testing::run_command(
+                cli + " inspect --demo --demo-dir " + (golden("glm4_moe_tiny") / "config.json" / "sub").string(), &out),
+            1);
+  EXPECT_NE(out.find("inspect --demo: cannot write the demo checkpoints under "), std::string::npos) << out;
+  EXPECT_NE(out.find("config.json/sub: Not a directory"), std::string::npos) << out;
   EXPECT_NE(testing::run_command(cli + " inspect /nonexistent/dir", &out), 0);
   EXPECT_NE(out.find("/nonexistent/dir does not exist"), std::string::npos) << out;
   const std::string file = (golden("glm4_moe_tiny") / "config.json").string();
