@@ -77,6 +77,31 @@ class Channel {
   std::deque<engine::RequestOutput> events_;
 };
 
+// A socket address's port (-1 for another family).
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+  return -1;
+}
+
+// Calls visit(fd) for each of this process's sockets bound locally to `port` (its open descriptors, from
+// /proc/self/fd), until visit returns false.
+template <class Visit>
+void for_each_socket_on_port(int port, Visit&& visit) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;  // no socket
+    if (port_of(local) == port && !visit(static_cast<int>(fd))) break;
+  }
+  ::closedir(dir);
+}
+
 // The accepted socket of one HTTP request, found by its addresses (httplib 0.11 gives a handler no view of its
 // connection): lets a non-streaming reply see its client go without writing to it. Its descriptor is recognised
 // again by the peer address on every look, so a descriptor the OS handed to another connection is not mistaken for
@@ -84,29 +109,17 @@ class Channel {
 class PeerProbe {
  public:
   PeerProbe(const std::string& remote_addr, int remote_port, int local_port) {
-    DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr || remote_port <= 0 || local_port <= 0) {
-      if (dir != nullptr) ::closedir(dir);
-      return;
-    }
-    while (const dirent* e = ::readdir(dir)) {
-      char* end = nullptr;
-      const long fd = std::strtol(e->d_name, &end, 10);
-      if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-      sockaddr_storage local{};
-      socklen_t len = sizeof(local);
-      if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-      if (port_of(local) != local_port) continue;
+    if (remote_port <= 0 || local_port <= 0) return;
+    for_each_socket_on_port(local_port, [&](int fd) {
       sockaddr_storage peer{};
       socklen_t peer_len = sizeof(peer);
-      if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-      if (port_of(peer) != remote_port || address_of(peer) != remote_addr) continue;
-      fd_ = static_cast<int>(fd);
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return true;
+      if (port_of(peer) != remote_port || address_of(peer) != remote_addr) return true;
+      fd_ = fd;
       peer_ = peer;
       peer_len_ = peer_len;
-      break;
-    }
-    ::closedir(dir);
+      return false;
+    });
   }
   bool found() const { return fd_ >= 0; }
   // True when the client has closed (or reset) the connection: its end of the stream is readable as such.
@@ -121,11 +134,6 @@ class PeerProbe {
   }
 
  private:
-  static int port_of(const sockaddr_storage& a) {
-    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
-    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
-    return -1;
-  }
   static std::string address_of(const sockaddr_storage& a) {
     char buf[INET6_ADDRSTRLEN] = {};
     if (a.ss_family == AF_INET)
@@ -893,25 +901,12 @@ namespace {
 // closes idle connections at shutdown). A worker reading then sees end-of-stream and closes; one still writing a
 // reply finishes it. The accepted sockets are those of this process bound locally to `port` that are not listening.
 void half_close_accepted(int port) {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  while (const dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;  // not a socket
-    int local_port = -1;
-    if (addr.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
-    if (local_port != port) continue;
+  for_each_socket_on_port(port, [](int fd) {
     int listening = 0;
-    socklen_t olen = sizeof(listening);
-    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) != 0 || listening) continue;
-    ::shutdown(static_cast<int>(fd), SHUT_RD);
-  }
-  ::closedir(dir);
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && !listening) ::shutdown(fd, SHUT_RD);
+    return true;
+  });
 }
 
 }  // namespace
