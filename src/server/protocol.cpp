@@ -44,6 +44,7 @@ class Fields {
     return p;
   }
   const json* find(const std::string& key) const {
+    if (std::find(asked_.begin(), asked_.end(), key) == asked_.end()) asked_.push_back(key);
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
@@ -152,8 +153,13 @@ class Fields {
     return out;
   }
 
+  // The keys read so far (present or not), in the order first read: what a parser of this object takes.
+  const std::vector<std::string>& asked() const { return asked_; }
+  const json& obj() const { return obj_; }
+
  private:
   const json& obj_;
+  mutable std::vector<std::string> asked_;
   std::string prefix_;
   std::string pointer_base_;
 };
@@ -203,47 +209,42 @@ void parse_sampling(const Fields& f, ParsedRequest* r, bool openai) {
   parse_constraint(f, r, openai);
 }
 
-// /generate's sampling_params are SGLang's SamplingParams, which takes no other keyword: a key that is none of them
-// (a misspelt "temprature" would otherwise sample at the default) is a 400 naming it and the closest known key.
-// SGLang's keys this server does not implement are refused by name unless null; spaces_between_special_tokens is
-// taken and has no effect (as in HF's fast tokenizers, which tokenizer.json models use).
-void check_sampling_keys(const Fields& f, const json& obj) {
-  // clang-format off
-  static const std::vector<std::string> kKnown = {
-      "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-      "frequency_penalty", "presence_penalty", "sampling_seed", "seed", "stop", "stop_token_ids", "ignore_eos",
-      "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "n", "regex",
-      "json_schema", "ebnf", "guided_regex", "guided_json", "guided_choice", "guided_grammar", "stream_interval"};
-  // clang-format on
+// /generate's sampling_params are SGLang's SamplingParams, which takes no other keyword: after parse_sampling has read
+// the object, a key it did not ask for (a misspelt "temprature" would otherwise sample at the default) is a 400 naming
+// it and the closest key it did ask for. SGLang's keys this server does not implement are refused by name unless
+// null; spaces_between_special_tokens is taken and has no effect (as in HF's fast tokenizers, which tokenizer.json
+// models use).
+void check_sampling_keys(const Fields& f) {
+  if (const json* v = f.find("spaces_between_special_tokens"); v != nullptr && !v->is_boolean())
+    throw bad_request(f.name("spaces_between_special_tokens"),
+                      f.name("spaces_between_special_tokens") + " must be true or false, got " + show(*v));
   static const std::vector<std::string> kNotImplemented = {"stop_regex", "structural_tag", "custom_params"};
-  for (const auto& [key, value] : obj.items()) {
-    if (std::find(kKnown.begin(), kKnown.end(), key) != kKnown.end()) continue;
+  // The OpenAI names of SGLang's fields, and fields /generate takes beside sampling_params.
+  static const std::vector<std::pair<std::string, std::string>> kElsewhere = {
+      {"max_tokens", "sampling_params.max_new_tokens"},
+      {"max_completion_tokens", "sampling_params.max_new_tokens"},
+      {"min_tokens", "sampling_params.min_new_tokens"},
+      {"include_stop_str_in_output", "sampling_params.no_stop_trim"},
+      {"logprobs", "return_logprob, beside sampling_params"},
+      {"return_logprob", "return_logprob, beside sampling_params"},
+      {"top_logprobs", "top_logprobs_num, beside sampling_params"},
+      {"top_logprobs_num", "top_logprobs_num, beside sampling_params"},
+      {"stream", "stream, beside sampling_params"}};
+  const std::vector<std::string>& known = f.asked();
+  for (const auto& [key, value] : f.obj().items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
     if (std::find(kNotImplemented.begin(), kNotImplemented.end(), key) != kNotImplemented.end()) {
       if (value.is_null()) continue;
       throw bad_request(f.name(key), f.name(key) + " is not supported by this server, got " + show(value));
     }
-    // The OpenAI names of SGLang's fields, and fields /generate takes beside sampling_params.
-    static const std::vector<std::pair<std::string, std::string>> kElsewhere = {
-        {"max_tokens", "sampling_params.max_new_tokens"},
-        {"max_completion_tokens", "sampling_params.max_new_tokens"},
-        {"min_tokens", "sampling_params.min_new_tokens"},
-        {"include_stop_str_in_output", "sampling_params.no_stop_trim"},
-        {"logprobs", "return_logprob, beside sampling_params"},
-        {"return_logprob", "return_logprob, beside sampling_params"},
-        {"top_logprobs", "top_logprobs_num, beside sampling_params"},
-        {"top_logprobs_num", "top_logprobs_num, beside sampling_params"},
-        {"stream", "stream, beside sampling_params"}};
     for (const auto& [other, ours] : kElsewhere) {
       if (key == other)
         throw bad_request(f.name(key), f.name(key) + " is not a sampling parameter (/generate takes " + ours + ")");
     }
     std::string m = f.name(key) + " is not a sampling parameter";
-    if (const auto best = closest_name(key, kKnown)) m += " (did you mean " + f.name(*best) + "?)";
+    if (const auto best = closest_name(key, known)) m += " (did you mean " + f.name(*best) + "?)";
     throw bad_request(f.name(key), m);
   }
-  if (const json* v = f.find("spaces_between_special_tokens"); v != nullptr && !v->is_boolean())
-    throw bad_request(f.name("spaces_between_special_tokens"),
-                      f.name("spaces_between_special_tokens") + " must be true or false, got " + show(*v));
 }
 
 // Structured outputs (engine/constraint.h): SGLang's regex / json_schema / ebnf (in sampling_params on
@@ -531,8 +532,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
       if (const json* sp = top.find("sampling_params")) {
         if (sp->is_object()) {
           const Fields f(*sp, "sampling_params.");
-          check_sampling_keys(f, *sp);
           parse_sampling(f, &r, false);
+          check_sampling_keys(f);
         } else if (sp->is_array()) {
           // One object per prompt, each parsed on its own (SGLang: the same n in all).
           const size_t n_prompts = r.batch.empty() ? 1 : r.batch.size();
@@ -546,8 +547,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const engine::S
             ParsedRequest one;
             one.endpoint = endpoint;
             const Fields f((*sp)[i], at + ".", "/sampling_params/" + std::to_string(i));
-            check_sampling_keys(f, (*sp)[i]);
             parse_sampling(f, &one, false);
+            check_sampling_keys(f);
             if (i > 0 && one.n != r.n)
               throw bad_request(at + ".n", at + ".n = " + std::to_string(one.n) +
                                                " differs from sampling_params[0].n = " + std::to_string(r.n) +
