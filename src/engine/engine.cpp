@@ -144,8 +144,8 @@ struct Engine::Impl {
   bool warmed = false;        // the warm-up forward has run (warm_cv)
   std::string warm_up_error;  // and failed with this
   std::condition_variable warm_cv;
-  bool flush_cache = false;  // flush_prefix_cache() asked, decided at the next step
-  std::vector<std::shared_ptr<std::promise<Engine::FlushResult>>> flush_waiters;  // under mu
+  // flush_prefix_cache()'s callers since the last step (under mu): any of them asks the next step to decide.
+  std::vector<std::shared_ptr<std::promise<Engine::FlushResult>>> flush_waiters;
   int64_t n_waiting_owned = 0;  // waiting.size(), published for submit's queue bound
   int64_t n_running_owned = 0;
   EngineStats stats;
@@ -646,9 +646,9 @@ struct Engine::Impl {
     std::vector<std::shared_ptr<std::promise<Engine::FlushResult>>> waiters;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!std::exchange(flush_cache, false)) return;
       waiters.swap(flush_waiters);
     }
+    if (waiters.empty()) return;
     Engine::FlushResult r;
     r.n_running = static_cast<int64_t>(running.size());
     r.n_waiting = static_cast<int64_t>(waiting.size());
@@ -734,7 +734,8 @@ struct Engine::Impl {
       const bool busy = !waiting.empty() || !running.empty();
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (!busy) work_cv.wait(lock, [&] { return stop || !pending.empty() || !abort_ids.empty() || flush_cache; });
+        if (!busy)
+          work_cv.wait(lock, [&] { return stop || !pending.empty() || !abort_ids.empty() || !flush_waiters.empty(); });
         if (stop && !drain) break;
         if (stop && drain && !busy && pending.empty()) break;
       }
@@ -936,7 +937,6 @@ Engine::FlushResult Engine::flush_prefix_cache(std::chrono::milliseconds timeout
   std::future<FlushResult> outcome = waiter->get_future();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->flush_cache = true;
     impl_->flush_waiters.push_back(waiter);
   }
   if (!impl_->started) {  // manual mode: the caller's thread owns the queues; decide now
@@ -952,7 +952,6 @@ Engine::FlushResult Engine::flush_prefix_cache(std::chrono::milliseconds timeout
     auto& w = impl_->flush_waiters;
     if (const auto it = std::find(w.begin(), w.end(), waiter); it != w.end()) {
       w.erase(it);
-      if (w.empty()) impl_->flush_cache = false;
       r.timed_out = true;
       return r;
     }
