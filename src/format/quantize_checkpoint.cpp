@@ -149,10 +149,8 @@ std::vector<const LinearModule*> quantizable_modules(const Checkpoint& in, const
     options << (i ? " " : "") << "--exclude '" << excludes[i] << "'";
   if (excludes.size() > kShown) options << " ... (" << excludes.size() << " options in all)";
   throw Error("quantize: " + std::to_string(bad.size()) +
-              " Linear(s) have in_features K not a multiple of the NVFP4 "
-              "block (" +
-              std::to_string(kNvfp4BlockSize) + "): " + names.str() + "; keep them in BF16 with " + options.str());
-  return out;
+              " Linear(s) have in_features K not a multiple of the NVFP4 block (" + std::to_string(kNvfp4BlockSize) +
+              "): " + names.str() + "; keep them in BF16 with " + options.str());
 }
 
 // The output files of quantize_checkpoint (its groups and scales computed), each appended to `written` once written.
@@ -165,12 +163,7 @@ void write_output(const Checkpoint& in, const fs::path& out_dir, const QuantizeO
   const fs::path& in_dir = in.dir();
   std::vector<const SafetensorsFile*> files;
   for (const auto& f : in.store().files()) {
-    const std::string name = f->path().filename().string();
-    if (options.skip_files.count(name) != 0) {
-      report.skipped_files.push_back(name);
-    } else {
-      files.push_back(f.get());
-    }
+    if (options.skip_files.count(f->path().filename().string()) == 0) files.push_back(f.get());
   }
   const bool sharded = files.size() > 1;
   ojson weight_map = ojson::object();

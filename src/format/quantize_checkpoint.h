@@ -55,7 +55,6 @@ struct QuantizeReport {
   bool has_input_scales = false;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
-  std::vector<std::string> skipped_files;  // QuantizeOptions::skip_files that were among the input's files
 };
 
 // The default patterns: lm_head and the MoE routers.

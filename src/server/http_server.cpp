@@ -479,19 +479,19 @@ class RequestHandler {
       const std::string param = req.batch.empty() ? field : batch_param;
       if (prompt.empty()) throw bad_request(param, field + " gives an empty prompt (0 tokens)");
       for (size_t i = 0; i < prompt.size(); ++i) {
-        if (prompt[i] >= vocab && sent_as_ids[p]) {
+        if (prompt[i] < vocab) continue;
+        if (sent_as_ids[p]) {
           throw bad_request(param, field + "[" + std::to_string(i) + "] = " + std::to_string(prompt[i]) +
                                        " is outside the model's vocabulary of " + std::to_string(vocab));
         }
-        if (prompt[i] >= vocab) {  // a tokenizer with more tokens than the model has embeddings
-          throw bad_request(
-              param, field + (endpoint_ == Endpoint::kChat ? " (as the chat template renders it)" : "") +
-                         " encodes to token " + std::to_string(prompt[i]) + " (" +
-                         json(tok.decode(std::vector<engine::TokenId>{prompt[i]}, {.skip_special_tokens = false}))
-                             .dump(-1, ' ', false, json::error_handler_t::replace) +
-                         ") at position " + std::to_string(i) + ", outside the model's vocabulary of " +
-                         std::to_string(vocab) + " (the tokenizer has " + std::to_string(tok.vocab_size()) + ")");
-        }
+        // A text's encoding: a tokenizer with more tokens than the model has embeddings.
+        throw bad_request(param,
+                          field + (endpoint_ == Endpoint::kChat ? " (as the chat template renders it)" : "") +
+                              " encodes to token " + std::to_string(prompt[i]) + " (" +
+                              json(tok.decode(std::vector<engine::TokenId>{prompt[i]}, {.skip_special_tokens = false}))
+                                  .dump(-1, ' ', false, json::error_handler_t::replace) +
+                              ") at position " + std::to_string(i) + ", outside the model's vocabulary of " +
+                              std::to_string(vocab) + " (the tokenizer has " + std::to_string(tok.vocab_size()) + ")");
       }
       const int64_t n_prompt = static_cast<int64_t>(prompt.size());
       if (n_prompt >= context || n_prompt >= kv) {
@@ -531,6 +531,11 @@ class RequestHandler {
     };
     std::vector<engine::Engine::Submission> group;
     std::vector<bool> generates_nothing;  // choice i asked for max_new_tokens 0
+    // No priority named: vLLM's 0, or (SGLang's) after every request that names one.
+    const engine::EngineOptions& eo = engine->options();
+    const int64_t absent_priority = !eo.absent_priority_last ? 0
+                                    : eo.priority_low_first  ? std::numeric_limits<int64_t>::max()
+                                                             : std::numeric_limits<int64_t>::min();
     for (size_t p = 0; p < prompts.size(); ++p) {
       // The prompt's sampling: the request's, or its own (a /generate list of sampling_params).
       const ParsedRequest::PromptSampling* own = req.per_prompt.empty() ? nullptr : &req.per_prompt.at(p);
@@ -549,12 +554,7 @@ class RequestHandler {
         // No tokens asked (the prompt's logprobs alone): one is made, not output (nor a first-token latency).
         sp.max_new_tokens = std::max<int64_t>(max_new, 1);
         if (sp.seed) sp.seed = *sp.seed + static_cast<uint64_t>(j);
-        // No priority named: vLLM's 0, or (SGLang's) after every request that names one.
-        const engine::EngineOptions& eo = engine->options();
-        const int64_t absent = !eo.absent_priority_last ? 0
-                               : eo.priority_low_first  ? std::numeric_limits<int64_t>::max()
-                                                        : std::numeric_limits<int64_t>::min();
-        engine::Request request{prompts[p], sp, req.priority.value_or(absent)};
+        engine::Request request{prompts[p], sp, req.priority.value_or(absent_priority)};
         request.count_output = max_new > 0;
         generates_nothing.push_back(max_new == 0);
         group.push_back(
@@ -1122,11 +1122,15 @@ void HttpServer::install_routes() {
   // a prefix cache.
   auto flush_cache = wrap([this](const httplib::Request&, httplib::Response& res) {
     auto engine = engine_or_503();
-    const engine::Engine::FlushResult r = engine->flush_prefix_cache();
+    constexpr std::chrono::seconds kWait(30);  // for the engine's next step
+    const engine::Engine::FlushResult r = engine->flush_prefix_cache(kWait);
     if (!r.enabled) {
       throw bad_request("", "the prefix cache is off (--disable-radix-cache, or a model whose KV cannot be copied)");
     }
-    if (r.timed_out) throw bad_request("", "Cache not flushed: the engine took no step within 30 s");
+    if (r.timed_out) {
+      throw bad_request("",
+                        "Cache not flushed: the engine took no step within " + std::to_string(kWait.count()) + " s");
+    }
     if (!r.flushed) {
       throw bad_request("", "Cache not flushed because there are pending requests. #running-req: " +
                                 std::to_string(r.n_running) + ", #queue-req: " + std::to_string(r.n_waiting));

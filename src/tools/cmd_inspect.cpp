@@ -418,12 +418,13 @@ void run_inspect(const InspectArgs& a) {
   FP4MOE_CHECK(a.dir.empty()) << "inspect: --demo takes no checkpoint directory (got " << a.dir << ")";
   const bool keep = !a.demo_dir.empty();
   std::error_code ec;
-  if (keep && fs::exists(a.demo_dir, ec) && !fs::is_directory(a.demo_dir, ec))
-    throw Error("inspect --demo: --demo-dir " + a.demo_dir +
-                " is a file, not a folder (the demo writes bf16/ and "
-                "nvfp4/ checkpoints into it)");
-  if (keep && fs::exists(a.demo_dir, ec) && !fs::is_empty(a.demo_dir, ec))
-    throw Error("inspect --demo: --demo-dir " + a.demo_dir + " exists and is not empty");
+  if (keep && fs::exists(a.demo_dir, ec)) {
+    if (!fs::is_directory(a.demo_dir, ec))
+      throw Error("inspect --demo: --demo-dir " + a.demo_dir +
+                  " is a file, not a folder (the demo writes bf16/ and nvfp4/ checkpoints into it)");
+    if (!fs::is_empty(a.demo_dir, ec))
+      throw Error("inspect --demo: --demo-dir " + a.demo_dir + " exists and is not empty");
+  }
   const fs::path root = keep ? fs::path(a.demo_dir)
                              : fs::temp_directory_path() / ("fp4moe_demo_" + std::to_string(::getpid()));
   struct Cleanup {

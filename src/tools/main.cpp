@@ -1,5 +1,6 @@
 // fp4moe: the command-line tool. `fp4moe --help` lists the subcommands; docs/cli.md describes them.
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
