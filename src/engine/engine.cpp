@@ -87,6 +87,15 @@ void EngineOptions::validate() const {
   at_least(max_queued_requests, 1, "max_queued_requests");
   at_least(context_length, 0, "context_length", " (0 = the model's)");
   at_least(max_prompt_logits_bytes, 1, "max_prompt_logits_bytes");
+  if (priority_scheduling_preemption_threshold) {
+    // Negative would let equal priorities preempt each other back and forth.
+    at_least(*priority_scheduling_preemption_threshold, 0, "priority_scheduling_preemption_threshold");
+    if (schedule_policy != SchedulePolicy::kPriority)
+      throw FieldError(
+          "priority_scheduling_preemption_threshold",
+          "priority_scheduling_preemption_threshold needs the priority schedule policy (this engine runs " +
+              std::string(to_string(schedule_policy)) + ")");
+  }
 }
 
 Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
@@ -265,10 +274,10 @@ struct Engine::Impl {
     return !pending.empty() || !abort_ids.empty();
   }
 
-  // Preempts the newest running request by recompute: frees its blocks and KV, requeues it first.
-  void preempt_newest() {
-    std::unique_ptr<RequestState> r = std::move(running.back());
-    running.pop_back();
+  // Preempts running[i] by recompute: frees its blocks and KV, requeues it first (among its priority).
+  void preempt(size_t i) {
+    std::unique_ptr<RequestState> r = std::move(running[i]);
+    running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
     blocks.release(r->blocks);
     r->kv.reset();
     r->preempt();
@@ -282,6 +291,58 @@ struct Engine::Impl {
     RequestState* req;
     int64_t n_tokens;
   };
+
+  // SGLang's preempt_to_schedule (EngineOptions::priority_scheduling_preemption_threshold): `r`, the first waiting
+  // request, needs a slot and `need` KV tokens (its prefill and its own future tokens) beside `growth` (the running
+  // requests' future tokens) in `room`. Takes the running requests that rank below r by more than the threshold, the
+  // worst first (the newest among equals), until they free a slot and enough room; if they do, preempts them (dropping
+  // their planned work of this step and giving back its prefill budget) and returns true. False (nothing
+  // preempted): no such set.
+  bool preempt_for(const RequestState& r, int64_t need, int64_t room, int64_t& growth, std::vector<Planned>& plan,
+                   int64_t& prefill_budget, int64_t& n_victims) {
+    if (!opt().priority_scheduling_preemption_threshold) return false;
+    const uint64_t threshold = static_cast<uint64_t>(*opt().priority_scheduling_preemption_threshold);
+    const bool low_first = opt().priority_low_first;
+    // How far `a` ranks above `b` exceeds the threshold (unsigned: the absent priority is an int64 extreme).
+    auto outranks = [&](int64_t a, int64_t b) {
+      const int64_t better = low_first ? b : a, worse = low_first ? a : b;
+      return better > worse && static_cast<uint64_t>(better) - static_cast<uint64_t>(worse) > threshold;
+    };
+    // Running requests worst first: by priority, then the newest (the later index: admission order within a
+    // priority, and this step's admissions come last).
+    std::vector<size_t> order(running.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const int64_t pa = running[a]->priority, pb = running[b]->priority;
+      if (pa != pb) return low_first ? pa > pb : pa < pb;
+      return a > b;
+    });
+    int64_t freed_room = 0, freed_growth = 0;
+    size_t n = 0;
+    for (; n < order.size(); ++n) {
+      const RequestState& v = *running[order[n]];
+      if (!outranks(r.priority, v.priority)) return false;  // the rest rank higher still
+      freed_room += static_cast<int64_t>(v.blocks.size()) * blocks.page_size();
+      freed_growth += future_tokens(v);
+      const int64_t left = static_cast<int64_t>(running.size() - n - 1);
+      if (left < opt().max_running_requests && (left == 0 || growth - freed_growth + need <= room + freed_room)) break;
+    }
+    if (n == order.size()) return false;
+    // Preempt from the highest index down, so the indices left stay valid.
+    std::vector<size_t> victims(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n + 1));
+    std::sort(victims.rbegin(), victims.rend());
+    for (size_t i : victims) {
+      RequestState* v = running[i].get();
+      for (const Planned& p : plan) {
+        if (p.req == v && v->in_prefill()) prefill_budget += p.n_tokens;
+      }
+      plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == v; }), plan.end());
+      growth -= future_tokens(*v);
+      preempt(i);
+      ++n_victims;
+    }
+    return true;
+  }
 
   // The KV tokens admission keeps for a request's future output: its remaining max_new_tokens (clipped) times
   // new_token_ratio, rounded up.
@@ -313,7 +374,7 @@ struct Engine::Impl {
     } step_end{step_started_ns};
     take_pending_and_aborts();
     if (cache) answer_flush_requests();
-    int64_t n_preempted = 0;
+    int64_t n_preempted = 0, n_priority_preempted = 0;
     int64_t n_cached = 0;  // prefix-cache tokens of the requests admitted now
     int64_t step_queries = 0, step_hits = 0;  // their prompt tokens looked up / found (first admissions)
     std::vector<Planned> plan;
@@ -343,7 +404,7 @@ struct Engine::Impl {
         RequestState* victim = running.back().get();
         plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == victim; }),
                    plan.end());
-        preempt_newest();
+        preempt(running.size() - 1);
         ++n_preempted;
         if (self_victim) break;
       }
@@ -368,8 +429,7 @@ struct Engine::Impl {
     int64_t growth = 0;  // future tokens of the running requests
     for (const auto& q : running) growth += future_tokens(*q);
     if (!continuous) {
-      while (!waiting.empty() && static_cast<int64_t>(running.size()) < opt().max_running_requests &&
-             prefill_budget > 0) {
+      while (!waiting.empty() && prefill_budget > 0) {
         RequestState* r = waiting.front().get();
         // The longest cached prefix, leaving at least one token to forward (its logits are sampled);
         // prompt logprobs need every prompt position forwarded.
@@ -385,8 +445,13 @@ struct Engine::Impl {
         if (may_hit) hit = cache->lookup(r->tokens_from(0, r->n_all_tokens()), r->n_all_tokens() - 1);
         // A lone request is always admitted (submit refused one that cannot fit the pool at all).
         const int64_t own = future_tokens(*r);
+        const int64_t need = r->n_all_tokens() + 1 - hit.tokens + own;
         const int64_t room = (blocks.n_free() + (cache ? cache->n_blocks() : 0)) * blocks.page_size();
-        if (!running.empty() && growth + (r->n_all_tokens() + 1 - hit.tokens) + own > room) break;
+        if (static_cast<int64_t>(running.size()) >= opt().max_running_requests ||
+            (!running.empty() && growth + need > room)) {
+          if (!preempt_for(*r, need, room, growth, plan, prefill_budget, n_priority_preempted)) break;
+          continue;  // looked at again with the room freed
+        }
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {
           // The hit's own blocks may be what the request needs (a large entry): without the hit (its
           // entry may then be evicted too) rather than never (the request would wait forever).
@@ -441,6 +506,7 @@ struct Engine::Impl {
     info.step = step_index++;
     info.continuous = continuous;
     info.n_preempted = n_preempted;
+    info.n_priority_preempted = n_priority_preempted;
     info.n_cached_tokens = n_cached;
     int64_t n_tokens = 0;
     for (size_t i = 0; i < plan.size(); ++i) {

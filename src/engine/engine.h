@@ -64,8 +64,10 @@ namespace fp4moe::engine {
 // request is preempted when KV blocks run out. kPriority (vLLM's --scheduling-policy priority, SGLang's
 // --enable-priority-scheduling): ordered by Request::priority first (EngineOptions::priority_low_first: lower =
 // sooner, as vLLM; else higher = sooner, as SGLang), then as kFcfs within a priority, and the victim of a
-// preemption is the running request of the latest priority, the newest among them.
-// A running request is never preempted to admit a waiting one.
+// preemption is the running request of the latest priority, the newest among them. With
+// EngineOptions::priority_scheduling_preemption_threshold (SGLang's priority preemption) a waiting request that finds
+// no slot or no KV room preempts running requests that rank below it by more than the threshold; otherwise a running
+// request is never preempted to admit a waiting one.
 enum class SchedulePolicy : uint8_t { kFcfs, kPriority };
 SchedulePolicy parse_schedule_policy(const std::string& s);  // "fcfs" | "priority"; fails naming the value
 const char* to_string(SchedulePolicy p);
@@ -82,7 +84,8 @@ struct StepInfo {
   int64_t n_waiting = 0;            // waiting requests after scheduling this step
   int64_t n_running = 0;            // running requests in this step
   int64_t kv_used_tokens = 0;       // blocks held by requests * page_size, after the step (not the prefix cache's)
-  int64_t n_preempted = 0;          // requests preempted while scheduling this step
+  int64_t n_preempted = 0;          // requests preempted for KV blocks while scheduling this step
+  int64_t n_priority_preempted = 0;  // running requests preempted to admit higher-priority waiting ones
   double forward_s = 0.0;           // wall time of the model forward
 };
 
@@ -105,6 +108,15 @@ struct EngineOptions {
   // SGLang's --enable-priority-scheduling: a request that names no priority comes after every one that does (its
   // scheduler gives it the lowest priority); vLLM's policy reads it as 0.
   bool absent_priority_last = false;
+  // SGLang's priority preemption (--enable-priority-scheduling; --priority-scheduling-preemption-threshold, 10 by
+  // default; off with --disable-priority-preemption), kPriority only: when the first waiting request finds no slot
+  // (max_running_requests) or no KV room, running requests whose priority is worse than its own by more than this
+  // are preempted by recompute, the worst first (the newest among equals), if those free a slot and the room it
+  // needs; otherwise it waits. nullopt (vLLM's policy, kFcfs): a waiting request never preempts a running one.
+  std::optional<int64_t> priority_scheduling_preemption_threshold;
+  // SGLang's --default-priority-value: the priority the server gives a request that names none (with
+  // absent_priority_last; nullopt: after every request that names one).
+  std::optional<int64_t> default_priority;
   // Temperature / top-k / top-p / min-p draws by a model that supports them (the GPU models: a token
   // instead of a vocab-wide f32 row per request crosses PCIe); false: every sampled request's logits
   // come to the host (engine::Sampler). Penalties and logprobs always sample on the host.

@@ -534,6 +534,7 @@ class RequestHandler {
     // No priority named: vLLM's 0, or (SGLang's) after every request that names one.
     const engine::EngineOptions& eo = engine->options();
     const int64_t absent_priority = !eo.absent_priority_last ? 0
+                                    : eo.default_priority    ? *eo.default_priority
                                     : eo.priority_low_first  ? std::numeric_limits<int64_t>::max()
                                                              : std::numeric_limits<int64_t>::min();
     for (size_t p = 0; p < prompts.size(); ++p) {
@@ -1290,6 +1291,11 @@ void HttpServer::install_routes() {
           info["schedule_policy"] = engine::to_string(o.schedule_policy);
           info["enable_priority_scheduling"] = o.schedule_policy == engine::SchedulePolicy::kPriority;
           info["schedule_low_priority_values_first"] = o.absent_priority_last && o.priority_low_first;  // the flag
+          info["priority_scheduling_preemption_threshold"] =
+              o.priority_scheduling_preemption_threshold ? json(*o.priority_scheduling_preemption_threshold) : json();
+          info["disable_priority_preemption"] =
+              o.schedule_policy == engine::SchedulePolicy::kPriority && !o.priority_scheduling_preemption_threshold;
+          info["default_priority_value"] = o.default_priority ? json(*o.default_priority) : json();
           info["schedule_conservativeness"] = o.schedule_conservativeness;
           info["disable_radix_cache"] = !engine->prefix_cache_enabled();
           info["reasoning_parser"] = options_.reasoning ? json(std::string(options_.reasoning->name)) : json(nullptr);

@@ -79,7 +79,8 @@ std::string render_metrics(const engine::EngineStats& s, const HttpCounters& htt
          "sampling field it refuses); what the HTTP layer refuses first (malformed fields, a prompt alone past the "
          "context) is in http_errors_total.",
          static_cast<double>(s.requests_rejected_total));
-  scalar(o, "num_preemptions_total", "counter", "Running requests preempted by recompute (KV exhausted).",
+  scalar(o, "num_preemptions_total", "counter",
+         "Running requests preempted by recompute (KV exhausted, or for a higher-priority waiting request).",
          static_cast<double>(s.preemptions_total));
   scalar(o, "forward_steps_total", "counter", "Engine steps (one model forward each).", static_cast<double>(s.steps_total));
   scalar(o, "continuous_decode_steps_total", "counter", "Extra decode steps run without re-scheduling.",

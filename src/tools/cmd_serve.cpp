@@ -77,6 +77,9 @@ struct ServeArgs {
   std::string schedule_policy = "fcfs";
   bool enable_priority_scheduling = false;
   bool schedule_low_priority_values_first = false;
+  std::optional<int64_t> preemption_threshold;  // --priority-scheduling-preemption-threshold (SGLang's default: 10)
+  bool disable_priority_preemption = false;
+  std::optional<int64_t> default_priority;  // --default-priority-value
   std::string load_format = "auto";
   std::string dummy_weights = "bf16";
   uint64_t seed = 0;
@@ -242,6 +245,25 @@ void run_serve(ServeArgs a) {
         "--enable-priority-scheduling (or --schedule-policy priority)");
   a.engine.priority_low_first = !a.enable_priority_scheduling || a.schedule_low_priority_values_first;
   a.engine.absent_priority_last = a.enable_priority_scheduling;
+  // SGLang's priority preemption: on with --enable-priority-scheduling (threshold 10) unless
+  // --disable-priority-preemption; with vLLM's --schedule-policy priority only when a threshold is given.
+  const bool priority = a.engine.schedule_policy == engine::SchedulePolicy::kPriority;
+  if ((a.preemption_threshold || a.disable_priority_preemption) && !priority)
+    throw Error(std::string(a.preemption_threshold ? "--priority-scheduling-preemption-threshold"
+                                                   : "--disable-priority-preemption") +
+                " sets how waiting requests preempt running ones by priority: it needs "
+                "--enable-priority-scheduling (or --schedule-policy priority)");
+  if (a.preemption_threshold && a.disable_priority_preemption)
+    throw Error(
+        "--priority-scheduling-preemption-threshold and --disable-priority-preemption contradict each other: give "
+        "one");
+  if (!a.disable_priority_preemption && (a.preemption_threshold || a.enable_priority_scheduling))
+    a.engine.priority_scheduling_preemption_threshold = a.preemption_threshold.value_or(10);
+  if (a.default_priority && !a.enable_priority_scheduling)
+    throw Error(
+        "--default-priority-value is the priority of requests that name none under SGLang's "
+        "--enable-priority-scheduling: it needs that flag (vLLM's --schedule-policy priority reads none as 0)");
+  a.engine.default_priority = a.default_priority;
   with_flag_names([&] { a.engine.validate(); });  // named by their flags, before the model loads
   if (a.mem_fraction_given && !(a.mem_fraction_static > 0.0 && a.mem_fraction_static <= 1.0))
     FP4MOE_FAIL() << "--mem-fraction-static " << a.mem_fraction_static << " must be in (0, 1]";
@@ -448,6 +470,16 @@ void register_serve_command(CLI::App& app) {
                 "priority policy; --schedule-policy priority orders lower first, as vLLM)");
   cmd->add_flag("--schedule-low-priority-values-first", a->schedule_low_priority_values_first,
                 "SGLang's: with --enable-priority-scheduling, lower priority values first");
+  cmd->add_option("--priority-scheduling-preemption-threshold", a->preemption_threshold,
+                  "SGLang's: a waiting request that finds no slot or KV room preempts running requests whose "
+                  "priority is worse than its own by more than this (default 10 with --enable-priority-scheduling; "
+                  "with --schedule-policy priority only when given)");
+  cmd->add_flag("--disable-priority-preemption", a->disable_priority_preemption,
+                "SGLang's: with --enable-priority-scheduling, priorities order the queue only; no running request is "
+                "preempted to admit a waiting one");
+  cmd->add_option("--default-priority-value", a->default_priority,
+                  "SGLang's: with --enable-priority-scheduling, the priority of a request that names none (default: "
+                  "after every request that names one)");
   cmd->add_option("--schedule-conservativeness", a->engine.schedule_conservativeness,
                   "Room admission keeps for running requests' future tokens, as SGLang's: their remaining max tokens "
                   "x a ratio starting at 0.7 x this (decaying over decode steps, raised after a retraction); higher "

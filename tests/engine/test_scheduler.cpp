@@ -8,12 +8,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "engine/default_model.h"
@@ -673,6 +676,121 @@ TEST(Scheduler, PriorityPolicyOrdersAdmissionAndPreemption) {
       << r.rejection->message;
   EXPECT_EQ(parse_schedule_policy("priority"), SchedulePolicy::kPriority);
   EXPECT_THROW(parse_schedule_policy("lpm"), Error);
+}
+
+// SGLang's priority preemption (EngineOptions::priority_scheduling_preemption_threshold): a waiting request that finds
+// no slot, or no KV room, preempts the running requests that rank below it by more than the threshold, the worst first;
+// a difference of exactly the threshold, a lower priority, or no threshold waits; absent priorities (an int64 extreme)
+// compare without overflow; outputs are those of each request alone; bad options are named.
+TEST(Scheduler, PriorityPreemptionAdmitsAWaitingRequestOverLowerRunningOnes) {
+  struct Case {
+    const char* name;
+    bool low_first;
+    std::optional<int64_t> threshold;
+    int64_t running_priority, waiting_priority;
+    bool preempts;
+  };
+  const std::vector<Case> cases = {
+      {"SGLang order, difference 11 > 10", false, 10, 0, 11, true},
+      {"SGLang order, difference 10 is not > 10", false, 10, 0, 10, false},
+      {"SGLang order, lower waiting", false, 10, 20, 0, false},
+      {"vLLM order, threshold 0", true, 0, 3, 2, true},
+      {"vLLM order, equal priorities", true, 0, 3, 3, false},
+      {"no threshold", false, std::nullopt, 0, 100, false},
+      {"SGLang's absent priority running (int64 min)", false, 10, std::numeric_limits<int64_t>::min(), 0, true},
+      {"absent priority waiting (int64 max, low first)", true, 10, 0, std::numeric_limits<int64_t>::max(), false},
+  };
+  const std::vector<TokenId> p_run = {1, 2, 3, 4, 5}, p_wait = {9, 8, 7};
+  for (bool by_kv : {false, true}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + (by_kv ? ", KV room" : ", slots"));
+      EngineOptions o;
+      o.schedule_policy = SchedulePolicy::kPriority;
+      o.priority_low_first = c.low_first;
+      o.priority_scheduling_preemption_threshold = c.threshold;
+      if (by_kv) {
+        o.max_running_requests = 4;
+        o.page_size = 4;
+        o.max_total_tokens = 28;  // 7 blocks of 4: the running request's tokens and future ones leave no room
+      } else {
+        o.max_running_requests = 1;
+      }
+      int64_t kv_preempted = 0, priority_preempted = 0;
+      o.step_observer = [&](const StepInfo& info) {
+        kv_preempted += info.n_preempted;
+        priority_preempted += info.n_priority_preempted;
+      };
+      Harness h(o);
+      const RequestId run = h.submit(p_run, greedy(20), c.running_priority);
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.engine.step());
+      ASSERT_EQ(h.results.at(run).ids.size(), 3u);
+      const RequestId wait = h.submit(p_wait, greedy(8), c.waiting_priority);
+      ASSERT_TRUE(h.engine.step());
+      EXPECT_EQ(h.results.count(wait) > 0 && !h.results.at(wait).ids.empty(), c.preempts)
+          << "the waiting request's first token in the step it arrived";
+      h.engine.run_until_idle();
+      ASSERT_TRUE(h.results.at(run).finish && h.results.at(wait).finish);
+      EXPECT_EQ(h.results.at(run).finish->n_preemptions, c.preempts ? 1 : 0);
+      EXPECT_EQ(h.results.at(wait).finish->n_preemptions, 0);
+      EXPECT_EQ(priority_preempted, c.preempts ? 1 : 0);
+      EXPECT_EQ(kv_preempted, 0) << "no KV retraction";
+      EXPECT_EQ(h.results.at(run).ids, alone(p_run, greedy(20)));
+      EXPECT_EQ(h.results.at(wait).ids, alone(p_wait, greedy(8)));
+    }
+  }
+
+  // Two running requests, one slot needed: the worst goes (the lower priority even if older; among equal
+  // priorities the newer); the other keeps running.
+  for (const auto& [older_priority, newer_priority] : {std::pair<int64_t, int64_t>{0, 5}, {0, 0}, {5, 0}}) {
+    SCOPED_TRACE("older " + std::to_string(older_priority) + ", newer " + std::to_string(newer_priority));
+    EngineOptions o;
+    o.schedule_policy = SchedulePolicy::kPriority;
+    o.priority_low_first = false;
+    o.priority_scheduling_preemption_threshold = 10;
+    o.max_running_requests = 2;
+    Harness h(o);
+    const RequestId older = h.submit({1, 2, 3}, greedy(12), older_priority);
+    const RequestId newer = h.submit({4, 5, 6}, greedy(12), newer_priority);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(h.engine.step());
+    const RequestId top = h.submit({7, 8}, greedy(4), 20);
+    h.engine.run_until_idle();
+    const bool older_goes = older_priority < newer_priority;
+    EXPECT_EQ(h.results.at(older).finish->n_preemptions, older_goes ? 1 : 0);
+    EXPECT_EQ(h.results.at(newer).finish->n_preemptions, older_goes ? 0 : 1);
+    EXPECT_EQ(h.results.at(top).ids, alone({7, 8}, greedy(4)));
+    EXPECT_EQ(h.results.at(older).ids, alone({1, 2, 3}, greedy(12)));
+    EXPECT_EQ(h.results.at(newer).ids, alone({4, 5, 6}, greedy(12)));
+  }
+
+  EngineOptions bad;
+  bad.schedule_policy = SchedulePolicy::kPriority;
+  bad.priority_scheduling_preemption_threshold = -1;
+  EXPECT_THROW(
+      {
+        try {
+          bad.validate();
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("priority_scheduling_preemption_threshold -1 must be >= 0"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  bad.priority_scheduling_preemption_threshold = 10;
+  bad.schedule_policy = SchedulePolicy::kFcfs;
+  EXPECT_THROW(
+      {
+        try {
+          bad.validate();
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("needs the priority schedule policy (this engine runs fcfs)"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 TEST(Scheduler, RejectsTooLongWithBothNumbers) {

@@ -1913,6 +1913,10 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
     EXPECT_EQ(info["schedule_policy"], "priority");
     EXPECT_EQ(info["enable_priority_scheduling"], true);
     EXPECT_EQ(info["schedule_low_priority_values_first"], low_first) << flags.front();
+    // SGLang's priority preemption: on (threshold 10) with its flag, not with vLLM's policy.
+    const bool sglang = flags.front() == "--enable-priority-scheduling";
+    EXPECT_EQ(info["priority_scheduling_preemption_threshold"], sglang ? json(10) : json()) << flags.front();
+    EXPECT_EQ(info["disable_priority_preemption"], !sglang) << flags.front();
     EXPECT_EQ(
         c.post("/generate", json{{"text", "a"}, {"priority", 5}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump())
             .status,
@@ -1950,6 +1954,44 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
                               : (std::vector<std::string>{"long", "p10", "p1", "m5", "none"}));
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
   }
+  // SGLang's priority preemption: behind the long request (priority 0, the one slot), a request ranking above it by
+  // more than the threshold (10) preempts it and finishes first: priority 11, or one naming none under
+  // --default-priority-value 11; with --disable-priority-preemption, or a threshold of 11, it waits. The long
+  // request's reply is whole either way (recomputed after its preemption).
+  for (const auto& [flags, preempts] : std::vector<std::pair<std::vector<std::string>, bool>>{
+           {{}, true},
+           {{"--default-priority-value", "11"}, true},
+           {{"--disable-priority-preemption"}, false},
+           {{"--priority-scheduling-preemption-threshold", "11"}, false}}) {
+    std::vector<std::string> all = {"--enable-priority-scheduling", "--max-running-requests", "1"};
+    all.insert(all.end(), flags.begin(), flags.end());
+    SCOPED_TRACE(flags.empty() ? "defaults" : flags.front());
+    ServerProcess srv(FP4MOE_CLI, all);
+    ASSERT_TRUE(srv.wait_ready(60));
+    const bool by_default = !flags.empty() && flags.front() == "--default-priority-value";
+    if (by_default)
+      EXPECT_EQ(parse(HttpClient(srv.url(), kTimeout).get("/get_server_info").body)["default_priority_value"], 11);
+    std::mutex mu;
+    std::vector<std::string> done;
+    std::vector<int> lengths;
+    auto send = [&](const std::string& name, std::optional<int> priority, int tokens) {
+      json body = {{"text", name}, {"sampling_params", {{"max_new_tokens", tokens}, {"ignore_eos", true}}}};
+      if (priority) body["priority"] = *priority;
+      const auto r = HttpClient(srv.url(), kTimeout).post("/generate", body.dump());
+      EXPECT_EQ(r.status, 200) << r.body;
+      std::lock_guard<std::mutex> lock(mu);
+      done.push_back(name);
+      lengths.push_back(r.status == 200 ? parse(r.body)["meta_info"]["completion_tokens"].get<int>() : -1);
+    };
+    std::thread long_client(send, "long", std::optional<int>(0), 400);
+    while (metric(srv.url(), "fp4moe:num_running_reqs") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    send("high", by_default ? std::nullopt : std::optional<int>(11), 4);
+    long_client.join();
+    EXPECT_EQ(done, preempts ? (std::vector<std::string>{"high", "long"}) : (std::vector<std::string>{"long", "high"}));
+    EXPECT_EQ(lengths, preempts ? (std::vector<int>{4, 400}) : (std::vector<int>{400, 4}));
+    EXPECT_EQ(metric(srv.url(), "fp4moe:num_preemptions_total"), preempts ? 1 : 0);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+  }
 }
 
 // The engine's flags are checked before the model loads and named as flags (the messages named EngineOptions' fields:
@@ -1975,6 +2017,17 @@ TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
            {"--schedule-low-priority-values-first",
             "--schedule-low-priority-values-first orders priority scheduling: it needs "
             "--enable-priority-scheduling"},
+           {"--priority-scheduling-preemption-threshold 5",
+            "--priority-scheduling-preemption-threshold sets how waiting requests preempt running ones by priority: "
+            "it needs --enable-priority-scheduling (or --schedule-policy priority)"},
+           {"--disable-priority-preemption", "--disable-priority-preemption sets how waiting requests preempt"},
+           {"--enable-priority-scheduling --priority-scheduling-preemption-threshold -1",
+            "--priority-scheduling-preemption-threshold -1 must be >= 0"},
+           {"--enable-priority-scheduling --disable-priority-preemption --priority-scheduling-preemption-threshold 3",
+            "--priority-scheduling-preemption-threshold and --disable-priority-preemption contradict each other"},
+           {"--schedule-policy priority --default-priority-value 3",
+            "--default-priority-value is the priority of requests that name none under SGLang's "
+            "--enable-priority-scheduling: it needs that flag"},
            // A wrong --tokenizer-path is named (a file, a missing folder), before the model loads.
            {"--model " + fp4moe::testing::shared_path("golden/models/glm5_tiny").string() + " --tokenizer-path " +
                 fp4moe::testing::shared_path("golden/tokenizer/tokenizer.json").string(),
