@@ -293,13 +293,13 @@ struct Engine::Impl {
   };
 
   // SGLang's preempt_to_schedule (EngineOptions::priority_scheduling_preemption_threshold): `r`, the first waiting
-  // request, needs a slot and `need` KV tokens (its prefill and its own future tokens) beside `growth` (the running
-  // requests' future tokens) in `room`. Takes the running requests that rank below r by more than the threshold, the
-  // worst first (the newest among equals), until they free a slot and enough room; if they do, preempts them (dropping
-  // their planned work of this step and giving back its prefill budget) and returns true. False (nothing
+  // request, needs a slot and `need` KV tokens (its whole prefill and its own future tokens) beside `growth` (the
+  // running requests' future tokens) in `room`. Takes the running requests that rank below r by more than the
+  // threshold, the worst first (the newest among equals), until they free a slot and enough room; if they do, preempts
+  // them (dropping their planned work of this step and giving back its prefill budget) and returns true. False (nothing
   // preempted): no such set.
   bool preempt_for(const RequestState& r, int64_t need, int64_t room, int64_t& growth, std::vector<Planned>& plan,
-                   int64_t& prefill_budget, int64_t& n_victims) {
+                   int64_t& prefill_budget, std::vector<const RequestState*>& victims_out) {
     if (!opt().priority_scheduling_preemption_threshold) return false;
     const uint64_t threshold = static_cast<uint64_t>(*opt().priority_scheduling_preemption_threshold);
     const bool low_first = opt().priority_low_first;
@@ -338,8 +338,8 @@ struct Engine::Impl {
       }
       plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == v; }), plan.end());
       growth -= future_tokens(*v);
+      victims_out.push_back(v);
       preempt(i);
-      ++n_victims;
     }
     return true;
   }
@@ -428,9 +428,15 @@ struct Engine::Impl {
     }
     int64_t growth = 0;  // future tokens of the running requests
     for (const auto& q : running) growth += future_tokens(*q);
+    // Requests preempted in this step for a higher-priority one wait for the next step (SGLang's preempt_list): the
+    // accounting that preempted them must not re-admit them beside it at once.
+    std::vector<const RequestState*> preempted_now;
     if (!continuous) {
       while (!waiting.empty() && prefill_budget > 0) {
         RequestState* r = waiting.front().get();
+        const bool slots_full = static_cast<int64_t>(running.size()) >= opt().max_running_requests;
+        if (slots_full && !opt().priority_scheduling_preemption_threshold) break;
+        if (std::find(preempted_now.begin(), preempted_now.end(), r) != preempted_now.end()) break;
         // The longest cached prefix, leaving at least one token to forward (its logits are sampled);
         // prompt logprobs need every prompt position forwarded.
         PrefixCache::Hit hit;
@@ -447,9 +453,11 @@ struct Engine::Impl {
         const int64_t own = future_tokens(*r);
         const int64_t need = r->n_all_tokens() + 1 - hit.tokens + own;
         const int64_t room = (blocks.n_free() + (cache ? cache->n_blocks() : 0)) * blocks.page_size();
-        if (static_cast<int64_t>(running.size()) >= opt().max_running_requests ||
-            (!running.empty() && growth + need > room)) {
-          if (!preempt_for(*r, need, room, growth, plan, prefill_budget, n_priority_preempted)) break;
+        if (slots_full || (!running.empty() && growth + need > room)) {
+          // The victims must free room for the whole prefill: a hit's tokens take blocks too (KvState::copy_prefix),
+          // and its entry may have to be evicted for them.
+          if (!preempt_for(*r, need + hit.tokens, room, growth, plan, prefill_budget, preempted_now)) break;
+          n_priority_preempted = static_cast<int64_t>(preempted_now.size());
           continue;  // looked at again with the room freed
         }
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {

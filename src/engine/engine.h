@@ -112,7 +112,8 @@ struct EngineOptions {
   // default; off with --disable-priority-preemption), kPriority only: when the first waiting request finds no slot
   // (max_running_requests) or no KV room, running requests whose priority is worse than its own by more than this
   // are preempted by recompute, the worst first (the newest among equals), if those free a slot and the room it
-  // needs; otherwise it waits. nullopt (vLLM's policy, kFcfs): a waiting request never preempts a running one.
+  // needs (its whole prefill, prefix-cache hit included); otherwise it waits. Victims wait for the next step. nullopt
+  // (kFcfs; vLLM's policy unless a threshold is given): a waiting request never preempts a running one.
   std::optional<int64_t> priority_scheduling_preemption_threshold;
   // SGLang's --default-priority-value: the priority the server gives a request that names none (with
   // absent_priority_last; nullopt: after every request that names one).

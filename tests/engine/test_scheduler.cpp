@@ -762,6 +762,126 @@ TEST(Scheduler, PriorityPreemptionAdmitsAWaitingRequestOverLowerRunningOnes) {
     EXPECT_EQ(h.results.at(newer).ids, alone({4, 5, 6}, greedy(12)));
   }
 
+  // The accounting's edges, each with a step observer: `arrive` submits the waiting request before the step
+  // looked at.
+  struct Seen {
+    std::vector<StepInfo> steps;
+  };
+  auto options = [](Seen& seen) {
+    EngineOptions o;
+    o.schedule_policy = SchedulePolicy::kPriority;
+    o.priority_low_first = false;
+    o.priority_scheduling_preemption_threshold = 10;
+    o.page_size = 4;
+    o.step_observer = [&seen](const StepInfo& i) { seen.steps.push_back(i); };
+    return o;
+  };
+  {
+    SCOPED_TRACE("a victim mid-prefill gives its chunk's budget back");
+    Seen seen;
+    EngineOptions o = options(seen);
+    o.max_running_requests = 1;
+    o.chunked_prefill_size = 8;
+    o.max_prefill_tokens = 8;
+    Harness h(o);
+    std::vector<TokenId> long_prompt(10);
+    for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<TokenId>(30 + i);
+    const RequestId v = h.submit(long_prompt, greedy(4), 0);
+    ASSERT_TRUE(h.engine.step());  // 8 of its 10 prompt tokens; 2 left for the next step's chunk
+    const std::vector<TokenId> p7 = {1, 2, 3, 4, 5, 6, 7};
+    const RequestId top = h.submit(p7, greedy(3), 20);
+    ASSERT_TRUE(h.engine.step());
+    EXPECT_EQ(seen.steps.back().n_priority_preempted, 1);
+    EXPECT_EQ(seen.steps.back().n_prefill_tokens, 7) << "the whole 8-token budget, not the 6 the victim left";
+    EXPECT_EQ(h.results.at(top).ids.size(), 1u);
+    h.engine.run_until_idle();
+    EXPECT_EQ(h.results.at(v).ids, alone(long_prompt, greedy(4)));
+    EXPECT_EQ(h.results.at(top).ids, alone(p7, greedy(3)));
+  }
+  {
+    SCOPED_TRACE("one victim is enough when its future tokens leave the room with it");
+    Seen seen;
+    EngineOptions o = options(seen);
+    o.max_running_requests = 4;
+    o.max_total_tokens = 48;  // 12 blocks of 4
+    Harness h(o);
+    const RequestId v1 = h.submit({1, 2, 3}, greedy(20), 0), v2 = h.submit({4, 5, 6}, greedy(20), 0);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(h.engine.step());
+    const std::vector<TokenId> p8 = {9, 9, 8, 8, 7, 7, 6, 6};
+    const RequestId top = h.submit(p8, greedy(8), 20);
+    ASSERT_TRUE(h.engine.step());
+    EXPECT_EQ(seen.steps.back().n_priority_preempted, 1);
+    EXPECT_EQ(h.results.at(top).ids.size(), 1u);
+    h.engine.run_until_idle();
+    EXPECT_EQ(h.results.at(v1).finish->n_preemptions, 0);
+    EXPECT_EQ(h.results.at(v2).finish->n_preemptions, 1) << "the newer of two equals";
+  }
+  {
+    SCOPED_TRACE("victims that cannot free enough are left running");
+    Seen seen;
+    EngineOptions o = options(seen);
+    o.max_running_requests = 4;
+    o.max_total_tokens = 40;  // 10 blocks of 4
+    o.schedule_conservativeness = 0;
+    Harness h(o);
+    std::vector<TokenId> big(20, 5), wants(18, 6);
+    const RequestId k = h.submit(big, greedy(3), 20), v = h.submit({1, 2, 3}, greedy(12), 0);
+    ASSERT_TRUE(h.engine.step());
+    const RequestId top = h.submit(wants, greedy(2), 20);  // 5 blocks; 3 free and the victim's 1
+    h.engine.run_until_idle();
+    int64_t preempted = 0;
+    for (const StepInfo& i : seen.steps) preempted += i.n_priority_preempted;
+    EXPECT_EQ(preempted, 0);
+    EXPECT_EQ(h.results.at(v).finish->n_preemptions, 0);
+    EXPECT_EQ(h.results.at(top).ids, alone(wants, greedy(2)));
+    EXPECT_EQ(h.results.at(k).ids, alone(big, greedy(3)));
+  }
+  {
+    SCOPED_TRACE("a victim is not re-admitted in the step that preempted it");
+    Seen seen;
+    EngineOptions o = options(seen);
+    o.max_running_requests = 4;
+    o.max_total_tokens = 32;
+    o.schedule_conservativeness = 1.5;  // new-token ratio 1
+    o.enable_prefix_cache = false;
+    Harness h(o);
+    const std::vector<TokenId> pv = {1, 11, 12, 13, 14}, ph = {2, 21, 22};
+    const RequestId v = h.submit(pv, greedy(4), 0);
+    ASSERT_TRUE(h.engine.step());
+    const RequestId top = h.submit(ph, greedy(18), 20);
+    ASSERT_TRUE(h.engine.step());
+    EXPECT_EQ(seen.steps.back().n_priority_preempted, 1);
+    EXPECT_EQ(seen.steps.back().n_prefill_requests, 1) << "the victim's prefill waits for the next step";
+    h.engine.run_until_idle();
+    EXPECT_EQ(h.results.at(v).ids, alone(pv, greedy(4)));
+    EXPECT_EQ(h.results.at(top).ids, alone(ph, greedy(18)));
+  }
+  {
+    SCOPED_TRACE("a prefix-cache hit's tokens count in what the victims must free");
+    Seen seen;
+    EngineOptions o = options(seen);
+    o.max_running_requests = 2;
+    o.max_total_tokens = 4 * 13;
+    o.schedule_conservativeness = 0;
+    Harness h(o);
+    std::vector<TokenId> prefix(32);
+    for (size_t i = 0; i < prefix.size(); ++i) prefix[i] = static_cast<TokenId>(10 + i);
+    h.submit(prefix, greedy(1), 20);
+    h.engine.run_until_idle();  // the prefix is in the cache
+    const RequestId k = h.submit({1, 2, 3}, greedy(20), 20), v = h.submit({4, 5, 6}, greedy(20), 0);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.engine.step());
+    std::vector<TokenId> extended = prefix;
+    for (int i = 0; i < 14; ++i) extended.push_back(static_cast<TokenId>(100 + i));
+    const RequestId top = h.submit(extended, greedy(2), 20);
+    ASSERT_TRUE(h.engine.step());
+    EXPECT_FALSE(seen.steps.back().n_priority_preempted > 0 && seen.steps.back().n_prefill_requests == 0)
+        << "a victim preempted and nobody admitted";
+    h.engine.run_until_idle();
+    EXPECT_EQ(h.results.at(top).ids, alone(extended, greedy(2)));
+    EXPECT_EQ(h.results.at(v).ids, alone({4, 5, 6}, greedy(20)));
+    EXPECT_EQ(h.results.at(k).ids, alone({1, 2, 3}, greedy(20)));
+  }
+
   EngineOptions bad;
   bad.schedule_policy = SchedulePolicy::kPriority;
   bad.priority_scheduling_preemption_threshold = -1;
