@@ -19,6 +19,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -40,6 +41,8 @@
 #include "engine/default_model.h"
 #include "engine/engine.h"
 #include "engine/regex_dfa.h"
+#include "format/checkpoint.h"
+#include "format/json_file.h"
 #include "model/presets.h"
 #include "model/registry.h"
 #include "server/batch_log.h"
@@ -87,6 +90,9 @@ struct ServeArgs {
   int max_http_threads = 0;  // 0: max(2048, http_threads)
   double drain_timeout_s = 600;
   double debug_load_delay_s = 0;  // tests: hold the load so /health's 503 phase is observable
+  // SGLang / vLLM spellings that fp4moe takes as they are meant (add_compat_options): checked, not stored elsewhere.
+  std::string dtype = "auto", kv_cache_dtype = "auto", quantization, log_level = "info";
+  bool no_effect_flag = false;  // --trust-remote-code, --enable-metrics, ... (what they ask for is always so here)
 };
 
 struct Loaded {
@@ -94,6 +100,36 @@ struct Loaded {
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   std::shared_ptr<const engine::ChatTemplate> chat_template;
 };
+
+// --dtype / --kv-cache-dtype: fp4moe's one format (bf16) under its names, or an error saying why another is not.
+void check_bf16_flag(const std::string& v, const char* why) {
+  if (v != "auto" && v != "bfloat16" && v != "bf16")
+    throw Error(v + " is not served: " + why + "; give auto, bfloat16 or bf16");
+}
+
+// --quantization modelopt_fp4 (SGLang's and vLLM's name for a ModelOpt NVFP4 checkpoint): the model must be NVFP4,
+// checked before the load; a BF16 checkpoint would otherwise be served in BF16 without a word.
+void check_quantization_flag(const ServeArgs& a) {
+  if (a.quantization.empty() || a.model_dir.empty()) return;  // the default model's experts are NVFP4
+  const std::string ask = "--quantization " + a.quantization + " asks for an NVFP4 model";
+  if (model::parse_load_format(a.load_format) == model::LoadFormat::kDummy) {
+    if (model::parse_dummy_weights(a.dummy_weights) != model::DummyWeights::kNVFP4)
+      throw Error(ask + ", but --dummy-weights is " + a.dummy_weights + ": give --dummy-weights nvfp4");
+    return;
+  }
+  const fs::path config = fs::path(a.model_dir) / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return;  // the loader names what is missing
+  const format::QuantConfig q =
+      format::read_quant_config(a.model_dir, format::read_json_file(config), /*problems=*/nullptr);
+  if (q.present && !q.foreign_method() && (q.nvfp4_by_default() || q.quant_algo == "MIXED_PRECISION")) return;
+  throw Error(ask + ", but " + a.model_dir + " has " +
+              (q.present ? (q.foreign_method() ? "quant_method " + q.quant_method : "quant_algo " + q.quant_algo) +
+                               " (" + q.source + ")"
+                         : std::string("no quantization section (hf_quant_config.json, config.json "
+                                       "quantization_config): BF16 weights")) +
+              "; serve a BF16 checkpoint without --quantization, or make an NVFP4 one with `fp4moe quantize`");
+}
 
 bool has_chat_template(const fs::path& dir, const engine::Tokenizer& tok) {
   return fs::exists(dir / "chat_template.jinja") ||
@@ -235,6 +271,10 @@ void run_serve(ServeArgs a) {
     FP4MOE_FAIL() << "--watchdog-timeout " << a.watchdog_timeout_s << " must be a time in [0, 1e+09] seconds (0: none)";
   if (a.decode_log_interval < 0)
     FP4MOE_FAIL() << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
+  std::string level = a.log_level;
+  std::transform(level.begin(), level.end(), level.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (level != "debug" && level != "info") a.decode_log_interval = 0;  // the batch lines are info lines
+  check_quantization_flag(a);
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   // SGLang's flags: --enable-priority-scheduling orders by priority, higher values first unless
   // --schedule-low-priority-values-first (vLLM's --scheduling-policy priority: lower first).
@@ -420,13 +460,63 @@ void run_serve(ServeArgs a) {
              s.requests_finished_total, s.prompt_tokens_total, s.generation_tokens_total);
 }
 
+// What other servers' command lines say that fp4moe takes (docs/server.md, "Other servers' flags"): flags whose
+// meaning always holds here (no effect), and values checked against what fp4moe does. Aliases of fp4moe's own
+// flags sit on those flags.
+void add_compat_options(CLI::App& cmd, ServeArgs& a, CLI::Option* no_cache) {
+  const std::string group = "SGLang / vLLM flags taken as they are meant";
+  struct Always {
+    const char* flag;
+    const char* why;
+  };
+  for (const Always& f :
+       {Always{"--trust-remote-code", "fp4moe runs no code from a checkpoint"},
+        Always{"--enable-metrics", "/metrics is always served"},
+        Always{"--enable-cache-report", "usage always has prompt_tokens_details.cached_tokens"},
+        Always{"--disable-overlap-schedule", "the engine schedules between forwards, not beside them"},
+        Always{"--enable-chunked-prefill", "chunked prefill is on unless --chunked-prefill-size <= 0"},
+        Always{"--disable-log-requests", "fp4moe does not log requests"}}) {
+    cmd.add_flag(f.flag, a.no_effect_flag, std::string("No effect: ") + f.why)->group(group);
+  }
+  cmd.add_flag("--enable-prefix-caching", a.no_effect_flag,
+               "No effect: the prefix cache is on unless --disable-radix-cache")
+      ->group(group)
+      ->excludes(no_cache);
+  cmd.add_option("--dtype", a.dtype, "auto, bfloat16 or bf16: activations are bf16 (the weights' own format is read)")
+      ->group(group)
+      ->check(parsed_by([](const std::string& v) { check_bf16_flag(v, "activations are bf16 (W4A16)"); }));
+  cmd.add_option("--kv-cache-dtype", a.kv_cache_dtype, "auto, bfloat16 or bf16: the KV cache is bf16")
+      ->group(group)
+      ->check(parsed_by([](const std::string& v) { check_bf16_flag(v, "the KV cache is bf16 (no fp8 KV cache)"); }));
+  cmd.add_option("--quantization", a.quantization,
+                 "modelopt_fp4: the model must be NVFP4 (a ModelOpt NVFP4 checkpoint, --dummy-weights nvfp4, or the "
+                 "default model); an error otherwise, instead of serving its BF16 weights")
+      ->group(group)
+      ->check(parsed_by([](const std::string& v) {
+        if (v != "modelopt_fp4")
+          throw Error(v +
+                      " is not served: fp4moe serves ModelOpt NVFP4 checkpoints (modelopt_fp4) and BF16 ones (no "
+                      "--quantization)");
+      }));
+  cmd.add_flag_callback(
+         "--disable-log-stats", [&a] { a.decode_log_interval = 0; },
+         "vLLM's: no periodic throughput lines (here the scheduler's batch lines: --decode-log-interval 0)")
+      ->group(group);
+  cmd.add_option("--log-level", a.log_level,
+                 "debug, info (the default), warning, error or critical: warning and above leave out the scheduler's "
+                 "batch lines (info lines in SGLang; --decode-log-interval 0)")
+      ->group(group)
+      ->check(CLI::IsMember({"debug", "info", "warning", "error", "critical"}, CLI::ignore_case));
+}
+
 }  // namespace
 
 void register_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "HTTP server: SGLang /generate and the OpenAI API over the engine");
   cmd->add_option("--model,--model-path", a->model_dir, "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; then --tokenizer-path); default: the embedded synthetic GLM-5 model");
-  cmd->add_option("--tokenizer-path", a->tokenizer_path, "Tokenizer directory (default: the model directory)");
+  cmd->add_option("--tokenizer-path,--tokenizer", a->tokenizer_path,
+                  "Tokenizer directory (default: the model directory)");
   cmd->add_option(
       "--chat-template", a->chat_template,
       "Chat template for /v1/chat/completions instead of the model's: a Jinja file, or the template itself");
@@ -438,7 +528,8 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--host", a->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "Port (default 30000; 0 = any free port)");
   add_device_options(*cmd, a->device);
-  cmd->add_option("--max-running-requests", a->engine.max_running_requests, "Requests in the running batch (default 16)");
+  cmd->add_option("--max-running-requests,--max-num-seqs", a->engine.max_running_requests,
+                  "Requests in the running batch (default 16)");
   CLI::Option* max_total_tokens =
       cmd->add_option("--max-total-tokens", a->engine.max_total_tokens,
                       "KV cache capacity in tokens (default 32768; with --mem-fraction-static the most it may have)");
@@ -447,7 +538,7 @@ void register_serve_command(CLI::App& app) {
       "cuda: size the KV cache from GPU memory: this share (0, 1] of the memory free at start holds the "
       "weights, step buffers and KV cache, the cache getting what the load leaves (SGLang's option; vLLM's "
       "name; e.g. 0.88); default: --max-total-tokens");
-  cmd->add_option("--page-size", a->engine.page_size, "Tokens per KV block (default 16)");
+  cmd->add_option("--page-size,--block-size", a->engine.page_size, "Tokens per KV block (default 16)");
   CLI::Option* chunked = cmd->add_option(
       "--chunked-prefill-size", a->engine.chunked_prefill_size,
       "Max prompt tokens per step over all requests, a longer prompt continuing in the next steps (SGLang's; "
@@ -461,7 +552,8 @@ void register_serve_command(CLI::App& app) {
                   "Decode steps back to back without re-scheduling while nothing waits (default 1)");
   cmd->add_option("--max-queued-requests", a->engine.max_queued_requests,
                   "Waiting-queue bound; beyond it requests get 503 + Retry-After (default 1024)");
-  cmd->add_option("--context-length", a->engine.context_length, "Max prompt + output tokens (default: the model's)");
+  cmd->add_option("--context-length,--max-model-len", a->engine.context_length,
+                  "Max prompt + output tokens (default: the model's)");
   cmd->add_option("--schedule-policy,--scheduling-policy", a->schedule_policy,
                   "fcfs (default) or priority (requests' priority field, lower first; preemption takes the largest)")
       ->check(parsed_by([](const std::string& v) { engine::parse_schedule_policy(v); }));
@@ -499,7 +591,7 @@ void register_serve_command(CLI::App& app) {
                   "Split chat replies into reasoning_content (between <think> and </think>) and content: glm45 "
                   "(GLM-4.5 and GLM-5), qwen3, deepseek-r1 (requests may send separate_reasoning: false)")
       ->check(parsed_by([](const std::string& v) { reasoning_parser_named(v); }));
-  cmd->add_flag_callback(
+  CLI::Option* no_cache = cmd->add_flag_callback(
       "--disable-radix-cache,--no-enable-prefix-caching", [a] { a->engine.enable_prefix_cache = false; },
       "Do not keep finished requests' KV for later requests with the same prefix (default: kept, in whole "
       "pages, evicted least recently used first when requests need the blocks)");
@@ -533,9 +625,12 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--debug-step-delay", a->engine.debug_step_delay_s,
                   "Seconds every engine step sleeps before its forward (tests of --watchdog-timeout)")
       ->group("Debug");
+  add_compat_options(*cmd, *a, no_cache);
   auto tp_ep = std::make_shared<std::pair<int, int>>(1, 1);  // --tp-size, --ep-size: docs/parallel.md
-  cmd->add_option("--tp-size", tp_ep->first, "GPUs (one process each) for tensor parallelism (default 1)");
-  cmd->add_option("--ep-size", tp_ep->second, "Ranks the routed experts are spread over; divides --tp-size (default 1)");
+  cmd->add_option("--tp-size,--tp,--tensor-parallel-size", tp_ep->first,
+                  "GPUs (one process each) for tensor parallelism (default 1)");
+  cmd->add_option("--ep-size,--ep,--expert-parallel-size", tp_ep->second,
+                  "Ranks the routed experts are spread over; divides --tp-size (default 1)");
   cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked, dummy_weights] {
     require_dummy_load({dummy_weights}, a->load_format);
     // cuda: the step's whole prefill budget by default (SGLang's GPU defaults are 2-16k tokens a step; the cpu's

@@ -18,7 +18,8 @@ void add_device_options(CLI::App& cmd, DeviceArgs& args) {
   cmd.add_option("--cuda-graph-max-bs", args.cuda_graph_max_bs,
                  "cuda: decode steps of up to this many sequences run as CUDA graphs, captured per padded batch "
                  "size on first use (default " + std::to_string(DeviceArgs{}.cuda_graph_max_bs) + "; 0 = off)");
-  cmd.add_flag("--disable-cuda-graph", args.disable_cuda_graph, "cuda: run every step eagerly (--cuda-graph-max-bs 0)");
+  cmd.add_flag("--disable-cuda-graph,--enforce-eager", args.disable_cuda_graph,
+               "cuda: run every step eagerly (--cuda-graph-max-bs 0)");
   cmd.add_option("--decode-split-min-keys", args.decode_split_min_keys,
                  "cuda: decode attention splits each sequence's keys into parts of at least this many keys "
                  "(split-K, so a small batch fills the GPU; default " +

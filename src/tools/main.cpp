@@ -6,12 +6,15 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
 #include "core/names.h"
 #include "tools/commands.h"
+#include "tools/foreign_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"fp4moe: NVFP4 Mixture-of-Experts inference (CPU reference + Hopper kernels)"};
@@ -71,6 +74,27 @@ int main(int argc, char** argv) {
       }
       level = level->get_subcommand(argv[i]);
       path += std::string(" ") + argv[i];
+    }
+    // An option the command does not have ("--max-num-batched-tokens", "--max-running-request") is named with the
+    // command's closest option, or what fp4moe has for another server's flag (CLI11 would say only "The following
+    // arguments were not expected"). Tokens after "--" are positional.
+    for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
+      const std::string name(arg.substr(0, arg.find('=')));
+      if (level->get_option_no_throw(name) != nullptr) continue;
+      std::vector<std::string> names;
+      for (const CLI::Option* o : level->get_options()) {
+        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+      }
+      const std::optional<std::string> hint = fp4moe::tools::foreign_flag_hint(path, name);
+      const std::optional<std::string> best = hint ? std::nullopt : fp4moe::closest_name(name, names);
+      std::fprintf(stderr, "%s: unknown option %s%s (%s --help lists the options)\n", path.c_str(), name.c_str(),
+                   hint   ? ("; " + *hint).c_str()
+                   : best ? (" (did you mean " + *best + "?)").c_str()
+                          : "",
+                   path.c_str());
+      return 2;
     }
   }
   try {

@@ -1994,6 +1994,103 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
   }
 }
 
+// A user's SGLang / vLLM command line: their spellings of fp4moe's flags are aliases, flags whose meaning always holds
+// here are taken, --dtype / --kv-cache-dtype / --quantization are checked against what fp4moe serves (a BF16
+// checkpoint under --quantization modelopt_fp4 is refused, not served in BF16), --log-level warning drops the batch
+// lines; an unknown option is named with the closest option or what fp4moe has instead (exit 2, as a usage error).
+TEST(ServerE2E, OtherServersFlags) {
+  const std::string nvfp4 = fp4moe::testing::shared_path("golden/models/glm5_tiny_nvfp4").string();
+  const std::string bf16 = fp4moe::testing::shared_path("golden/models/glm5_tiny").string();
+  const std::string tok = fp4moe::testing::shared_path("golden/tokenizer").string();
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--model-path",
+                                   nvfp4,
+                                   "--tokenizer",
+                                   tok,
+                                   "--trust-remote-code",
+                                   "--quantization",
+                                   "modelopt_fp4",
+                                   "--tp",
+                                   "1",
+                                   "--ep",
+                                   "1",
+                                   "--dtype",
+                                   "bfloat16",
+                                   "--kv-cache-dtype",
+                                   "auto",
+                                   "--enable-metrics",
+                                   "--enable-cache-report",
+                                   "--disable-overlap-schedule",
+                                   "--enable-chunked-prefill",
+                                   "--enable-prefix-caching",
+                                   "--disable-log-requests",
+                                   "--log-level",
+                                   "WARNING",
+                                   "--max-num-seqs",
+                                   "4",
+                                   "--block-size",
+                                   "32",
+                                   "--max-model-len",
+                                   "2048",
+                                   "--enforce-eager",
+                                   "--decode-log-interval",
+                                   "1"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    HttpClient c(srv.url(), kTimeout);
+    const json info = parse(c.get("/get_server_info").body);
+    EXPECT_EQ(info["max_running_requests"], 4);
+    EXPECT_EQ(info["page_size"], 32);
+    EXPECT_EQ(info["context_length"], 2048);
+    const auto r = c.post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+    EXPECT_EQ(srv.log().find("Decode batch."), std::string::npos) << "--log-level warning: " << srv.log();
+    EXPECT_EQ(srv.log().find("Prefill batch."), std::string::npos) << srv.log();
+  }
+  {
+    ServerProcess srv(FP4MOE_CLI, {"--disable-log-stats", "--decode-log-interval", "1"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    EXPECT_EQ(HttpClient(srv.url(), kTimeout)
+                  .post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump())
+                  .status,
+              200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+    EXPECT_EQ(srv.log().find("Decode batch."), std::string::npos) << "--disable-log-stats: " << srv.log();
+  }
+  for (const auto& [command, code, message] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"serve --dtype float16", 2,
+            "--dtype: float16 is not served: activations are bf16 (W4A16); give auto, "
+            "bfloat16 or bf16"},
+           {"serve --kv-cache-dtype fp8_e4m3", 2, "fp8_e4m3 is not served: the KV cache is bf16"},
+           {"serve --quantization fp8", 2,
+            "fp8 is not served: fp4moe serves ModelOpt NVFP4 checkpoints (modelopt_fp4) and BF16 ones"},
+           {"serve --log-level verbose", 2, "--log-level: verbose not in {debug,info,warning,error,critical}"},
+           {"serve --enable-prefix-caching --disable-radix-cache", 2, "excludes"},
+           {"serve --quantization modelopt_fp4 --model " + bf16 + " --tokenizer-path " + tok, 1,
+            "--quantization modelopt_fp4 asks for an NVFP4 model, but " + bf16 +
+                " has no quantization section (hf_quant_config.json, config.json quantization_config): BF16 weights"},
+           {"serve --quantization modelopt_fp4 --model glm5-small --load-format dummy", 1,
+            "--quantization modelopt_fp4 asks for an NVFP4 model, but --dummy-weights is bf16: give --dummy-weights "
+            "nvfp4"},
+           {"serve --max-num-batched-tokens 8192", 2,
+            "fp4moe serve: unknown option --max-num-batched-tokens; vLLM's per-step token budget; here "
+            "--chunked-prefill-size"},
+           {"serve --cuda-graph-bs 1 2 4", 2, "unknown option --cuda-graph-bs; SGLang's list of captured batch sizes"},
+           {"serve --max-running-request=4", 2,
+            "fp4moe serve: unknown option --max-running-request (did you mean --max-running-requests?)"},
+           {"serve --frobnicate", 2, "fp4moe serve: unknown option --frobnicate (fp4moe serve --help lists"},
+           {"bench-serving --host localhost", 2,
+            "fp4moe bench-serving: unknown option --host; bench-serving takes the server as --base-url"},
+           {"generate --tempreature 1", 2,
+            "fp4moe generate: unknown option --tempreature (did you mean --temperature?)"},
+       }) {
+    std::string text;
+    EXPECT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " " + command + " 2>&1", &text), code)
+        << command << ": " << text;
+    EXPECT_NE(text.find(message), std::string::npos) << command << ": " << text;
+  }
+}
+
 // The engine's flags are checked before the model loads and named as flags (the messages named EngineOptions' fields:
 // "max_running_requests 0 must be >= 1"); --drain-timeout must be a time (-1 and nan were taken).
 TEST(ServerE2E, BadEngineFlagsAreNamedAsFlags) {
