@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -890,7 +891,16 @@ void register_bench_serving_command(CLI::App& app) {
                   "sglang-native (/generate, the default), sglang-oai, vllm or openai (/v1/completions), "
                   "sglang-oai-chat, vllm-chat or openai-chat (/v1/chat/completions; text prompts)")
       ->check(CLI::IsMember(kBackends));
-  cmd->add_option("--url,--base-url", a->url, "Server URL (default http://127.0.0.1:30000)");
+  CLI::Option* url = cmd->add_option("--url,--base-url", a->url, "Server URL (default http://127.0.0.1:30000)");
+  // sglang.bench_serving's and vllm bench serve's other way to name the server (their --base-url wins over them; here
+  // giving both is refused).
+  auto host_port = std::make_shared<std::pair<std::string, int>>("127.0.0.1", 30000);
+  CLI::Option* host =
+      cmd->add_option("--host", host_port->first, "Server host, with --port instead of --base-url (default 127.0.0.1)");
+  CLI::Option* port =
+      cmd->add_option("--port", host_port->second, "Server port (default 30000)")->check(CLI::Range(1, 65535));
+  host->excludes(url);
+  port->excludes(url);
   cmd->add_option("--num-prompts", a->num_prompts, "Requests per run (default 64)");
   cmd->add_option("--max-concurrency", a->max_concurrency,
                   "Requests in flight at once; a comma list runs one after another (default: all)");
@@ -948,7 +958,14 @@ void register_bench_serving_command(CLI::App& app) {
                   "Shape of the gamma-distributed gaps between requests (default 1: Poisson; < 1 burstier, > 1 more "
                   "even)")
       ->needs(rate);
-  cmd->callback([a] { run_bench(*a); });
+  cmd->callback([a, host, port, host_port] {
+    if (host->count() > 0 || port->count() > 0) {
+      const std::string& h = host_port->first;  // an IPv6 literal goes in brackets
+      a->url = "http://" + (h.find(':') != std::string::npos && h.front() != '[' ? "[" + h + "]" : h) + ":" +
+               std::to_string(host_port->second);
+    }
+    run_bench(*a);
+  });
 }
 
 }  // namespace fp4moe::tools

@@ -39,8 +39,6 @@ constexpr std::array kHints = {
     Hint{"fp4moe serve", "--speculative-config", "speculative decoding is not implemented"},
     Hint{"fp4moe serve", "--enable-lora", "LoRA adapters are not supported"},
     Hint{"fp4moe serve", "--lora-paths", "LoRA adapters are not supported"},
-    Hint{"fp4moe bench-serving", "--host", "bench-serving takes the server as --base-url http://HOST:PORT"},
-    Hint{"fp4moe bench-serving", "--port", "bench-serving takes the server as --base-url http://HOST:PORT"},
 };
 
 }  // namespace

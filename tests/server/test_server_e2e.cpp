@@ -1998,6 +1998,7 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
 // here are taken, --dtype / --kv-cache-dtype / --quantization are checked against what fp4moe serves (a BF16
 // checkpoint under --quantization modelopt_fp4 is refused, not served in BF16), --log-level warning drops the batch
 // lines; an unknown option is named with the closest option or what fp4moe has instead (exit 2, as a usage error).
+// (bench-serving's --host / --port: BenchServingRequestOptions.)
 TEST(ServerE2E, OtherServersFlags) {
   const std::string nvfp4 = fp4moe::testing::shared_path("golden/models/glm5_tiny_nvfp4").string();
   const std::string bf16 = fp4moe::testing::shared_path("golden/models/glm5_tiny").string();
@@ -2079,8 +2080,8 @@ TEST(ServerE2E, OtherServersFlags) {
            {"serve --max-running-request=4", 2,
             "fp4moe serve: unknown option --max-running-request (did you mean --max-running-requests?)"},
            {"serve --frobnicate", 2, "fp4moe serve: unknown option --frobnicate (fp4moe serve --help lists"},
-           {"bench-serving --host localhost", 2,
-            "fp4moe bench-serving: unknown option --host; bench-serving takes the server as --base-url"},
+           {"bench-serving --host localhost --base-url http://localhost:1", 2, "--url excludes --host"},
+           {"bench-serving --max-num-seqs 4", 2, "fp4moe bench-serving: unknown option --max-num-seqs ("},
            {"generate --tempreature 1", 2,
             "fp4moe generate: unknown option --tempreature (did you mean --temperature?)"},
        }) {
@@ -2162,19 +2163,23 @@ TEST_F(DefaultServer, BenchServingRequestOptions) {
   for (const std::string backend : {"sglang", "openai"}) {
     fs::remove(out);
     const double before = metric(srv_->url(), "fp4moe:num_requests_total");
-    ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
-                                               " --backend " + backend +
-                                               " --num-prompts 4 --input-len 12 --output-len 6 --disable-stream"
-                                               " --warmup-requests 2 --output-file " +
-                                               out.string() + " 2>&1",
-                                           &text),
-              0)
+    // The server as --url, or (sglang.bench_serving's and vllm bench serve's other way) as --host and --port.
+    const std::string port = srv_->url().substr(srv_->url().rfind(':') + 1);
+    const std::string server = backend == "openai" ? " --host 127.0.0.1 --port " + port : " --url " + srv_->url();
+    ASSERT_EQ(
+        fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving" + server + " --backend " + backend +
+                                         " --num-prompts 4 --input-len 12 --output-len 6 --disable-stream"
+                                         " --warmup-requests 2 --output-file " +
+                                         out.string() + " 2>&1",
+                                     &text),
+        0)
         << backend << ": " << text;
     EXPECT_EQ(metric(srv_->url(), "fp4moe:num_requests_total") - before, 4 + 2) << backend;
     std::ifstream f(out);
     ASSERT_TRUE(std::getline(f, line));
     const json run = parse(line);
     EXPECT_EQ(run["completed"], 4) << line;
+    EXPECT_EQ(run["url"], srv_->url()) << line;
     EXPECT_EQ(run["total_output_tokens"], 4 * 6) << line;
     EXPECT_EQ(run["total_input_tokens"], 4 * 12) << line;
     EXPECT_EQ(run["disable_stream"], true) << line;
