@@ -514,7 +514,15 @@ void add_compat_options(CLI::App& cmd, ServeArgs& a, CLI::Option* no_cache) {
 void register_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "HTTP server: SGLang /generate and the OpenAI API over the engine");
-  cmd->add_option("--model,--model-path", a->model_dir, "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; then --tokenizer-path); default: the embedded synthetic GLM-5 model");
+  // vLLM's `vllm serve MODEL`: the model as the first positional argument.
+  auto positional_model = std::make_shared<std::string>();
+  CLI::Option* model_word =
+      cmd->add_option("model", *positional_model, "The model, as --model (vLLM's `vllm serve MODEL`)")
+          ->group("SGLang / vLLM flags taken as they are meant");
+  CLI::Option* model_flag =
+      cmd->add_option("--model,--model-path", a->model_dir,
+                      "Model directory, or a preset with --load-format dummy (glm5-shard, glm5-small, glm45-air-shard; "
+                      "then --tokenizer-path); default: the embedded synthetic GLM-5 model");
   cmd->add_option("--tokenizer-path,--tokenizer", a->tokenizer_path,
                   "Tokenizer directory (default: the model directory)");
   cmd->add_option(
@@ -631,7 +639,13 @@ void register_serve_command(CLI::App& app) {
                   "GPUs (one process each) for tensor parallelism (default 1)");
   cmd->add_option("--ep-size,--ep,--expert-parallel-size", tp_ep->second,
                   "Ranks the routed experts are spread over; divides --tp-size (default 1)");
-  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked, dummy_weights] {
+  cmd->callback([a, tp_ep, max_total_tokens, mem_fraction, chunked, dummy_weights, positional_model, model_word,
+                 model_flag] {
+    if (model_word->count() > 0) {
+      if (model_flag->count() > 0 && a->model_dir != *positional_model)
+        throw Error("the model is given twice, " + *positional_model + " and --model " + a->model_dir + ": give one");
+      a->model_dir = *positional_model;
+    }
     require_dummy_load({dummy_weights}, a->load_format);
     // cuda: the step's whole prefill budget by default (SGLang's GPU defaults are 2-16k tokens a step; the cpu's
     // 512 keeps its steps short).

@@ -77,12 +77,16 @@ int main(int argc, char** argv) {
     }
     // An option the command does not have ("--max-num-batched-tokens", "--max-running-request") is named with the
     // command's closest option, or what fp4moe has for another server's flag (CLI11 would say only "The following
-    // arguments were not expected"). Tokens after "--" are positional.
+    // arguments were not expected"). Tokens after "--" are positional; the value words a known option takes are its
+    // own, whatever they look like ("--text ---", "--api-key --secret"), as CLI11 takes them.
     for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
       const std::string_view arg = argv[i];
       if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
       const std::string name(arg.substr(0, arg.find('=')));
-      if (level->get_option_no_throw(name) != nullptr) continue;
+      if (const CLI::Option* known = level->get_option_no_throw(name)) {
+        if (arg.find('=') == std::string_view::npos) i += std::max(0, known->get_items_expected_min());
+        continue;
+      }
       std::vector<std::string> names;
       for (const CLI::Option* o : level->get_options()) {
         for (const std::string& l : o->get_lnames()) names.push_back("--" + l);

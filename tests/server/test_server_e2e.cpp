@@ -2004,8 +2004,7 @@ TEST(ServerE2E, OtherServersFlags) {
   const std::string bf16 = fp4moe::testing::shared_path("golden/models/glm5_tiny").string();
   const std::string tok = fp4moe::testing::shared_path("golden/tokenizer").string();
   {
-    ServerProcess srv(FP4MOE_CLI, {"--model-path",
-                                   nvfp4,
+    ServerProcess srv(FP4MOE_CLI, {nvfp4,  // vLLM's positional model
                                    "--tokenizer",
                                    tok,
                                    "--trust-remote-code",
@@ -2042,6 +2041,8 @@ TEST(ServerE2E, OtherServersFlags) {
     EXPECT_EQ(info["max_running_requests"], 4);
     EXPECT_EQ(info["page_size"], 32);
     EXPECT_EQ(info["context_length"], 2048);
+    EXPECT_EQ(info["cuda_graph_max_bs"], 0) << "--enforce-eager";
+    EXPECT_EQ(parse(c.get("/get_model_info").body)["model_path"], nvfp4) << "vLLM's positional model";
     const auto r = c.post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 3}}}}.dump());
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
@@ -2082,6 +2083,12 @@ TEST(ServerE2E, OtherServersFlags) {
            {"serve --frobnicate", 2, "fp4moe serve: unknown option --frobnicate (fp4moe serve --help lists"},
            {"bench-serving --host localhost --base-url http://localhost:1", 2, "--url excludes --host"},
            {"bench-serving --max-num-seqs 4", 2, "fp4moe bench-serving: unknown option --max-num-seqs ("},
+           {"serve --tp 2", 1, "--tp-size 2 --ep-size 1: multi-GPU serving"},
+           {"serve --expert-parallel-size 2 --tensor-parallel-size 2", 1, "--tp-size 2 --ep-size 2: multi-GPU"},
+           {"serve /a --model-path /b", 1, "the model is given twice, /a and --model /b: give one"},
+           // An option's value words are its own, whatever they look like.
+           {"tokenize --tokenizer " + tok + " --text ---", 0, "-> '---'"},
+           {"serve --enable-log-requests", 2, "unknown option --enable-log-requests; fp4moe does not log requests"},
            {"generate --tempreature 1", 2,
             "fp4moe generate: unknown option --tempreature (did you mean --temperature?)"},
        }) {
