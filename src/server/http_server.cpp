@@ -23,8 +23,10 @@
 #include <utility>
 
 #include "core/error.h"
+#include "server/batch_log.h"
 #include "server/elastic_pool.h"
 #include "server/protocol.h"
+#include "server/request_log.h"
 
 namespace fp4moe::server {
 namespace {
@@ -621,6 +623,10 @@ class RequestHandler {
     }
     ctx.created = unix_now();
     ctx.prompt_tokens = prompt_tokens;
+    if (const int level = server_->options_.log_requests_level; level >= 0) {
+      ctx.log_route = http_req.path;
+      ctx.log_body = request_log_body(http_req.body, level);
+    }
     ctx.tokenizer = &tok;
     for (size_t i = 0; i < ids.size(); ++i)
       ctx.choice_prompt_tokens.push_back(static_cast<int64_t>(prompts[i / static_cast<size_t>(req.n)].size()));
@@ -728,6 +734,7 @@ class RequestHandler {
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
           server->unregister_rids(st->rid_names);
+          server->log_request(st->finished, st->ctx, st->choices.accs);
           st->active.reset();
         });
   }
@@ -828,6 +835,7 @@ class RequestHandler {
         [server = server_, engine, st](bool) {
           if (!st->finished) st->choices.abort_unfinished(*engine);  // client gone or write failed: free slots and KV
           server->unregister_rids(st->rid_names);
+          server->log_request(st->finished, st->ctx, st->choices.accs);
           st->active.reset();
         });
   }
@@ -1004,6 +1012,15 @@ void HttpServer::unregister_rids(const RidNames& names) {
   for (const auto& [rid, ids] : names) {
     if (const auto it = rids_.find(rid); it != rids_.end() && it->second == ids) rids_.erase(it);
   }
+}
+
+void HttpServer::log_request(bool finished, const ResponseContext& ctx, const std::vector<Accumulated>& accs) const {
+  if (ctx.log_route.empty()) return;
+  const std::string line = BatchLog::timestamp() +
+                           request_log_line(options_.log_requests_level, finished, ctx.id, ctx.log_route, ctx.log_body,
+                                            ctx.prompt_tokens, accs) +
+                           "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);  // one write a line: lines of concurrent requests do not mix
 }
 
 void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {

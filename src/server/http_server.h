@@ -71,6 +71,9 @@ struct ServerOptions {
   // What an OpenAI request's omitted sampling fields take (parse_request): the model's generation_config.json under
   // --sampling-defaults model (engine::sampling_defaults_from), else the API's own.
   engine::SamplingParams sampling_defaults;
+  // SGLang's --log-requests / --log-requests-level: a stderr line per generation request when it ends, of this
+  // level (0-3, server/request_log.h); -1: none.
+  int log_requests_level = -1;
 };
 
 class HttpServer {
@@ -113,6 +116,8 @@ class HttpServer {
   using RidNames = std::vector<std::pair<std::string, std::vector<engine::RequestId>>>;
   bool register_rids(const RidNames& names);  // all or none; false: one is open already
   void unregister_rids(const RidNames& names);
+  // --log-requests: the line of a generation request whose reply ended (server/request_log.h); none without it.
+  void log_request(bool finished, const ResponseContext& ctx, const std::vector<Accumulated>& accs) const;
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

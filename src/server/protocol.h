@@ -181,6 +181,8 @@ struct ResponseContext {
   const engine::Tokenizer* tokenizer = nullptr;  // for logprob token strings
   std::vector<int64_t> choice_prompt_tokens;     // each choice's prompt length (a batch's prompts differ)
   std::vector<std::string> choice_ids;           // a /generate batch (ParsedRequest::batch_reply): each choice's id
+  // --log-requests (server/request_log.h): the route and what its line shows of the body; no route: no line.
+  std::string log_route, log_body;
 };
 
 // OpenAI finish_reason: "stop" | "length" | "abort" (SGLang reports aborts the same way).

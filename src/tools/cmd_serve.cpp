@@ -47,6 +47,7 @@
 #include "model/registry.h"
 #include "server/batch_log.h"
 #include "server/http_server.h"
+#include "server/request_log.h"
 #include "tools/analyze.h"
 #include "tools/cli_options.h"
 #include "tools/commands.h"
@@ -93,6 +94,8 @@ struct ServeArgs {
   // SGLang / vLLM spellings that fp4moe takes as they are meant (add_compat_options): checked, not stored elsewhere.
   std::string dtype = "auto", kv_cache_dtype = "auto", quantization, log_level = "info";
   bool no_effect_flag = false;  // --trust-remote-code, --enable-metrics, ... (what they ask for is always so here)
+  bool log_requests = false;    // --log-requests: a line per request (--log-requests-level, SGLang's default 2)
+  int log_requests_level = 2;
 };
 
 struct Loaded {
@@ -358,6 +361,7 @@ void run_serve(ServeArgs a) {
   if (const std::optional<WeightFormat> w = served_expert_weights(a, early))
     so.launch_args["expert_weights"] = to_string(*w);
   so.api_key = a.api_key;
+  so.log_requests_level = a.log_requests ? a.log_requests_level : -1;
   so.reasoning = reasoning;
   so.tool_calls = tool_calls;
   so.constraints = a.constraints;
@@ -621,6 +625,15 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", a->drain_timeout_s,
                   "Seconds SIGTERM lets running and queued requests finish before aborting the rest (default 600); "
                   "SIGINT while draining exits at once");
+  CLI::Option* log_requests = cmd->add_flag(
+      "--log-requests", a->log_requests,
+      "SGLang's: a stderr line per generation request when it ends (rid, route, token counts, finish reason, "
+      "latencies; \"Abort:\" when the client left), detailed by --log-requests-level");
+  cmd->add_option("--log-requests-level", a->log_requests_level,
+                  "0: that metadata; 1: + the request body without its prompt (the sampling fields as sent); 2 (the "
+                  "default): + the body and the output text, each cut to 2,048 bytes; 3: + both whole")
+      ->check(CLI::Range(0, server::kRequestLogMaxLevel))
+      ->needs(log_requests);
   cmd->add_option("--decode-log-interval", a->decode_log_interval,
                   "Log a \"Decode batch.\" line (running requests, KV tokens and usage, gen throughput, queue) every N "
                   "decode steps and a \"Prefill batch.\" line every prefill step on stderr, as SGLang's scheduler "

@@ -37,7 +37,7 @@ constexpr std::array kHints = {
     Hint{"", "--sampling-backend", kKernels},
     Hint{"fp4moe serve", "--speculative-algorithm", "speculative decoding is not implemented"},
     Hint{"fp4moe serve", "--speculative-config", "speculative decoding is not implemented"},
-    Hint{"fp4moe serve", "--enable-log-requests", "fp4moe does not log requests"},
+    Hint{"fp4moe serve", "--enable-log-requests", "here --log-requests (SGLang's)"},
     Hint{"fp4moe serve", "--no-enable-chunked-prefill", "--chunked-prefill-size 0 turns chunked prefill off"},
     Hint{"fp4moe serve", "--enable-expert-parallel", "here --ep-size N spreads the routed experts over N ranks"},
     Hint{"fp4moe serve", "--enable-lora", "LoRA adapters are not supported"},

@@ -2050,6 +2050,25 @@ TEST(ServerE2E, OtherServersFlags) {
     EXPECT_EQ(srv.log().find("Prefill batch."), std::string::npos) << srv.log();
   }
   {
+    // SGLang's --log-requests: a line per request when it ends; level 1 shows the body without its prompt.
+    ServerProcess srv(FP4MOE_CLI, {"--log-requests", "--log-requests-level", "1"});
+    ASSERT_TRUE(srv.wait_ready(60));
+    EXPECT_EQ(
+        HttpClient(srv.url(), kTimeout)
+            .post("/generate", json{{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 3}}}, {"rid", "r1"}}.dump())
+            .status,
+        200);
+    EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
+    EXPECT_NE(srv.log().find("] Finish: rid=r1, route=/generate, choices=1, prompt_tokens=2, completion_tokens=3, "
+                             "cached_tokens=0, finish_reason=length, e2e_latency="),
+              std::string::npos)
+        << srv.log();
+    EXPECT_NE(srv.log().find(R"(, request={"rid":"r1","sampling_params":{"max_new_tokens":3},"text":"<2 bytes>"})"),
+              std::string::npos)
+        << srv.log();
+    EXPECT_EQ(srv.log().find("output="), std::string::npos) << "level 1: " << srv.log();
+  }
+  {
     ServerProcess srv(FP4MOE_CLI, {"--disable-log-stats", "--decode-log-interval", "1"});
     ASSERT_TRUE(srv.wait_ready(60));
     EXPECT_EQ(HttpClient(srv.url(), kTimeout)
@@ -2083,12 +2102,14 @@ TEST(ServerE2E, OtherServersFlags) {
            {"serve --frobnicate", 2, "fp4moe serve: unknown option --frobnicate (fp4moe serve --help lists"},
            {"bench-serving --host localhost --base-url http://localhost:1", 2, "--url excludes --host"},
            {"bench-serving --max-num-seqs 4", 2, "fp4moe bench-serving: unknown option --max-num-seqs ("},
+           {"serve --log-requests-level 1", 2, "--log-requests-level requires --log-requests"},
+           {"serve --log-requests --log-requests-level 4", 2, "--log-requests-level: Value 4 not in range 0 to 3"},
            {"serve --tp 2", 1, "--tp-size 2 --ep-size 1: multi-GPU serving"},
            {"serve --expert-parallel-size 2 --tensor-parallel-size 2", 1, "--tp-size 2 --ep-size 2: multi-GPU"},
            {"serve /a --model-path /b", 1, "the model is given twice, /a and --model /b: give one"},
            // An option's value words are its own, whatever they look like.
            {"tokenize --tokenizer " + tok + " --text ---", 0, "-> '---'"},
-           {"serve --enable-log-requests", 2, "unknown option --enable-log-requests; fp4moe does not log requests"},
+           {"serve --enable-log-requests", 2, "unknown option --enable-log-requests; here --log-requests"},
            {"generate --tempreature 1", 2,
             "fp4moe generate: unknown option --tempreature (did you mean --temperature?)"},
        }) {
