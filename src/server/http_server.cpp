@@ -592,6 +592,14 @@ class RequestHandler {
                             std::to_string(engine->options().max_queued_requests) +
                             " (--max-queued-requests): the request could never be admitted");
     }
+    // --log-requests: what the line will show, made before the choices are admitted (nothing may throw between
+    // their admission and the registration that hands them to the reply).
+    std::string log_route, log_body;
+    const auto log_started = std::chrono::steady_clock::now();
+    if (const int level = server_->options_.log_requests_level; level >= 0) {
+      log_route = http_req.path;
+      log_body = request_log_body(http_req.body, level);
+    }
     // All the choices are admitted together or none is.
     engine::GroupSubmitResult sr = engine->submit_group(std::move(group));
     if (!sr.ok()) {
@@ -623,10 +631,9 @@ class RequestHandler {
     }
     ctx.created = unix_now();
     ctx.prompt_tokens = prompt_tokens;
-    if (const int level = server_->options_.log_requests_level; level >= 0) {
-      ctx.log_route = http_req.path;
-      ctx.log_body = request_log_body(http_req.body, level);
-    }
+    ctx.log_route = std::move(log_route);
+    ctx.log_body = std::move(log_body);
+    ctx.log_started = log_started;
     ctx.tokenizer = &tok;
     for (size_t i = 0; i < ids.size(); ++i)
       ctx.choice_prompt_tokens.push_back(static_cast<int64_t>(prompts[i / static_cast<size_t>(req.n)].size()));
@@ -1014,13 +1021,18 @@ void HttpServer::unregister_rids(const RidNames& names) {
   }
 }
 
-void HttpServer::log_request(bool finished, const ResponseContext& ctx, const std::vector<Accumulated>& accs) const {
+void HttpServer::log_request(bool finished, const ResponseContext& ctx,
+                             const std::vector<Accumulated>& accs) const noexcept {
   if (ctx.log_route.empty()) return;
-  const std::string line = BatchLog::timestamp() +
-                           request_log_line(options_.log_requests_level, finished, ctx.id, ctx.log_route, ctx.log_body,
-                                            ctx.prompt_tokens, accs) +
-                           "\n";
-  std::fwrite(line.data(), 1, line.size(), stderr);  // one write a line: lines of concurrent requests do not mix
+  try {  // called from a reply's releaser (a destructor): a failure here loses the line, not the process
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx.log_started).count();
+    const std::string line = BatchLog::timestamp() +
+                             request_log_line(options_.log_requests_level, finished, ctx.id, ctx.log_route,
+                                              ctx.log_body, ctx.prompt_tokens, accs, elapsed) +
+                             "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write a line: lines of concurrent requests do not mix
+  } catch (...) {
+  }
 }
 
 void HttpServer::reply_error(const ApiError& e, httplib::Response& res) {

@@ -117,7 +117,7 @@ class HttpServer {
   bool register_rids(const RidNames& names);  // all or none; false: one is open already
   void unregister_rids(const RidNames& names);
   // --log-requests: the line of a generation request whose reply ended (server/request_log.h); none without it.
-  void log_request(bool finished, const ResponseContext& ctx, const std::vector<Accumulated>& accs) const;
+  void log_request(bool finished, const ResponseContext& ctx, const std::vector<Accumulated>& accs) const noexcept;
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

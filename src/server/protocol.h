@@ -9,6 +9,7 @@
 // Tested by tests/server/test_server_protocol.cpp (unit) and tests/server/test_server_e2e.cpp (end to end).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -181,8 +182,10 @@ struct ResponseContext {
   const engine::Tokenizer* tokenizer = nullptr;  // for logprob token strings
   std::vector<int64_t> choice_prompt_tokens;     // each choice's prompt length (a batch's prompts differ)
   std::vector<std::string> choice_ids;           // a /generate batch (ParsedRequest::batch_reply): each choice's id
-  // --log-requests (server/request_log.h): the route and what its line shows of the body; no route: no line.
+  // --log-requests (server/request_log.h): the route and what its line shows of the body (no route: no line), and
+  // when the request was admitted (an aborted request's latency).
   std::string log_route, log_body;
+  std::chrono::steady_clock::time_point log_started;
 };
 
 // OpenAI finish_reason: "stop" | "length" | "abort" (SGLang reports aborts the same way).

@@ -30,27 +30,64 @@ Ordered size_of(const Ordered& v) {
   return "<" + std::string(v.type_name()) + ">";
 }
 
+// A client's rid with its control characters escaped (\n would start a forged line).
+std::string escaped(const std::string& id) {
+  std::string out;
+  for (const char c : id) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Level 2: each string of the body cut as `shown` cuts it, and each list past kRequestLogPartialChars items cut to
+// that many and a marker, so that a long prompt leaves the fields after it (the sampling fields) in the line.
+void cut_values(Ordered& v) {
+  if (v.is_string()) {
+    v = shown(v.get_ref<const std::string&>(), 2);
+  } else if (v.is_array()) {
+    if (v.size() > kRequestLogPartialChars) {
+      const size_t more = v.size() - kRequestLogPartialChars;
+      v.erase(v.begin() + static_cast<std::ptrdiff_t>(kRequestLogPartialChars), v.end());
+      v.push_back("... (" + std::to_string(more) + " more items)");
+    }
+    for (Ordered& e : v) cut_values(e);
+  } else if (v.is_object()) {
+    for (auto& [key, e] : v.items()) cut_values(e);
+  }
+}
+
 }  // namespace
 
 std::string request_log_body(const std::string& body, int level) {
   if (level <= 0) return {};
   format::JsonParseFailure failure;
   std::optional<Ordered> parsed = format::try_parse_json<Ordered>(body, format::kMaxJsonFileDepth, &failure);
-  if (!parsed || !parsed->is_object()) return shown(body, level >= 2 ? level : 2);
+  if (!parsed || !parsed->is_object()) {  // (the server parsed it as an object already: not reached from it)
+    return level == 1 ? "<" + std::to_string(body.size()) + " bytes>" : shown(body, level);
+  }
   if (level == 1) {
-    for (const char* key : {"text", "input_ids", "prompt", "messages"}) {
+    // The prompt, and what a chat template renders into it or names its sender: shown as sizes.
+    for (const char* key : {"text", "input_ids", "prompt", "messages", "tools", "chat_template_kwargs", "user"}) {
       if (parsed->contains(key)) (*parsed)[key] = size_of((*parsed)[key]);
     }
-    return parsed->dump(-1, ' ', false, Ordered::error_handler_t::replace);
+  } else if (level < kRequestLogMaxLevel) {
+    cut_values(*parsed);
   }
-  return shown(parsed->dump(-1, ' ', false, Ordered::error_handler_t::replace), level);
+  return parsed->dump(-1, ' ', false, Ordered::error_handler_t::replace);
 }
 
 std::string request_log_line(int level, bool finished, const std::string& id, const std::string& route,
-                             const std::string& body_shown, int64_t prompt_tokens,
-                             const std::vector<Accumulated>& accs) {
+                             const std::string& body_shown, int64_t prompt_tokens, const std::vector<Accumulated>& accs,
+                             double elapsed_s) {
   int64_t completion = 0, cached = 0;
-  double e2e = 0, ttft = -1;
+  double e2e = finished ? 0.0 : elapsed_s, ttft = -1;
   std::string reasons;
   for (const Accumulated& a : accs) {
     if (!a.finish) {  // aborted: the tokens it had
@@ -67,7 +104,7 @@ std::string request_log_line(int level, bool finished, const std::string& id, co
   }
   char times[96];
   std::snprintf(times, sizeof times, "e2e_latency=%.3f s, ttft=%.3f s", e2e, std::max(ttft, 0.0));
-  std::string line = std::string(finished ? "Finish: " : "Abort: ") + "rid=" + id + ", route=" + route +
+  std::string line = std::string(finished ? "Finish: " : "Abort: ") + "rid=" + escaped(id) + ", route=" + route +
                      ", choices=" + std::to_string(accs.size()) + ", prompt_tokens=" + std::to_string(prompt_tokens) +
                      ", completion_tokens=" + std::to_string(completion) + ", cached_tokens=" + std::to_string(cached) +
                      ", finish_reason=" + reasons + ", " + times;

@@ -2,10 +2,11 @@
 //   [2026-12-07 23:10:00] Finish: rid=cmpl-7, route=/v1/completions, choices=1, prompt_tokens=12,
 //   completion_tokens=32, cached_tokens=0, finish_reason=length, e2e_latency=0.412 s, ttft=0.031 s[, request=...]
 //   [, output=...]
-// ("Abort:" when the client left or the write failed before the end). Level 0: that metadata; 1: + the request body
-// without its prompt (text, input_ids, prompt and messages shown as their sizes): the sampling fields as sent; 2: +
-// the body and each choice's output text, each cut to kRequestLogPartialChars; 3: + both whole. Tested by
-// tests/server/test_request_log.cpp and test_server_e2e.cpp.
+// ("Abort:" when the client left before the end). Only admitted requests get a line (a rejected one has its error
+// reply and the error counters). Level 0: that metadata; 1: + the request body without its prompt (text, input_ids,
+// prompt, messages, and tools, chat_template_kwargs and user, shown as their sizes): the sampling fields as sent; 2: +
+// the body with each string cut to kRequestLogPartialChars bytes (each list to as many items) and each choice's
+// output text cut the same; 3: + both whole. Tested by tests/server/test_request_log.cpp and test_server_e2e.cpp.
 #pragma once
 
 #include <cstddef>
@@ -20,14 +21,13 @@ namespace fp4moe::server {
 inline constexpr size_t kRequestLogPartialChars = 2048;
 inline constexpr int kRequestLogMaxLevel = 3;
 
-// What a line of this level shows of the request body (JSON text as received; a body that is not a JSON object is
-// shown as text): "" at level 0.
+// What a line of this level shows of the request body (JSON, its keys in the order sent): "" at level 0.
 std::string request_log_body(const std::string& body, int level);
 
-// The line (without the timestamp and newline). `finished`: every choice ended (else "Abort:"); `body_shown` from
-// request_log_body.
+// The line (without the timestamp and newline). `finished`: every choice ended (else "Abort:", its latency
+// `elapsed_s` since admission); `body_shown` from request_log_body; the rid's control characters escaped (\xNN).
 std::string request_log_line(int level, bool finished, const std::string& id, const std::string& route,
-                             const std::string& body_shown, int64_t prompt_tokens,
-                             const std::vector<Accumulated>& accs);
+                             const std::string& body_shown, int64_t prompt_tokens, const std::vector<Accumulated>& accs,
+                             double elapsed_s = 0.0);
 
 }  // namespace fp4moe::server

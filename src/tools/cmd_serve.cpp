@@ -479,7 +479,7 @@ void add_compat_options(CLI::App& cmd, ServeArgs& a, CLI::Option* no_cache) {
         Always{"--enable-cache-report", "usage always has prompt_tokens_details.cached_tokens"},
         Always{"--disable-overlap-schedule", "the engine schedules between forwards, not beside them"},
         Always{"--enable-chunked-prefill", "chunked prefill is on unless --chunked-prefill-size <= 0"},
-        Always{"--disable-log-requests", "fp4moe does not log requests"}}) {
+        Always{"--disable-log-requests", "requests are logged only with --log-requests"}}) {
     cmd.add_flag(f.flag, a.no_effect_flag, std::string("No effect: ") + f.why)->group(group);
   }
   cmd.add_flag("--enable-prefix-caching", a.no_effect_flag,

@@ -31,25 +31,39 @@ TEST(RequestLog, BodyByLevel) {
             R"({"text":"<11 bytes>","sampling_params":{"temperature":0.5},"input_ids":"<2 items>"})");
   EXPECT_EQ(request_log_body(body, 2),
             R"({"text":"hello world","sampling_params":{"temperature":0.5},"input_ids":[1,2]})");
-  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})";
-  EXPECT_EQ(request_log_body(chat, 1), R"({"messages":"<1 items>","max_tokens":3})");
-  // Not a JSON object: the text itself (cut as at level 2).
-  EXPECT_EQ(request_log_body("not json", 1), "not json");
-  // Level 2 cuts at kRequestLogPartialChars, never inside a UTF-8 character ("é" is 2 bytes); level 3 keeps it whole.
+  // Level 1 hides what a chat template renders into the prompt, and the sender.
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "hi"}], "tools": [], "chat_template_kwargs": {"k": "secret"},)"
+      R"( "user": "alice@example.com", "max_tokens": 3})";
+  EXPECT_EQ(request_log_body(chat, 1),
+            R"({"messages":"<1 items>","tools":"<0 items>","chat_template_kwargs":"<object>","user":"<17 bytes>",)"
+            R"("max_tokens":3})");
+  // Not a JSON object (not reached from the server, which parsed the body): its size at 1, the text at 2.
+  EXPECT_EQ(request_log_body("not json", 1), "<8 bytes>");
+  EXPECT_EQ(request_log_body("not json", 2), "not json");
+}
+
+// Level 2 cuts each string at kRequestLogPartialChars bytes, never inside a UTF-8 character, and each list at as many
+// items, so that the fields after a long prompt stay; level 3 keeps everything.
+TEST(RequestLog, LevelTwoCutsEachValue) {
   std::string long_text(kRequestLogPartialChars - 1, 'a');
-  long_text += "\xc3\xa9tail";
-  const std::string long_body = "{\"text\":\"" + long_text + "\"}";
-  const std::string cut = request_log_body(long_body, 2);
-  EXPECT_EQ(cut.substr(0, kRequestLogPartialChars), long_body.substr(0, kRequestLogPartialChars)) << cut.size();
-  EXPECT_NE(cut.find("... (" + std::to_string(long_body.size() - kRequestLogPartialChars) + " more bytes)"),
+  long_text += "\xc3\xa9tail";  // "é" (2 bytes) straddles byte kRequestLogPartialChars
+  std::string ids = "[";
+  for (size_t i = 0; i < kRequestLogPartialChars + 5; ++i) ids += (i ? "," : "") + std::to_string(i % 10);
+  ids += "]";
+  const std::string body =
+      "{\"text\":\"" + long_text + "\",\"input_ids\":" + ids + ",\"sampling_params\":{\"temperature\":0.5}}";
+  const std::string cut = request_log_body(body, 2);
+  EXPECT_NE(cut.find("\"text\":\"" + long_text.substr(0, kRequestLogPartialChars - 1) + "... (6 more bytes)\""),
             std::string::npos)
-      << cut.substr(kRequestLogPartialChars - 10);
-  EXPECT_EQ(request_log_body(long_body, 3), long_body);
-  std::string at_char(kRequestLogPartialChars - 10, 'b');  // the body's byte 2048 is the second byte of "é"
-  const std::string body_at_char = "{\"text\":\"" + at_char + "\xc3\xa9\"}";
-  const std::string cut2 = request_log_body(body_at_char, 2);
-  EXPECT_EQ(cut2.substr(0, kRequestLogPartialChars - 1), body_at_char.substr(0, kRequestLogPartialChars - 1));
-  EXPECT_EQ(cut2.substr(kRequestLogPartialChars - 1, 5), "... (") << "cut before the character, not inside it";
+      << cut.substr(kRequestLogPartialChars - 20, 40) << " - cut before the character, not inside it";
+  EXPECT_NE(cut.find(",\"... (5 more items)\"],"), std::string::npos);
+  EXPECT_NE(cut.find("\"sampling_params\":{\"temperature\":0.5}}"), std::string::npos) << "after the prompt";
+  std::string exact(kRequestLogPartialChars, 'b');  // exactly the limit: whole
+  EXPECT_EQ(request_log_body("{\"text\":\"" + exact + "\"}", 2), "{\"text\":\"" + exact + "\"}");
+  const std::string whole = request_log_body(body, 3);
+  EXPECT_NE(whole.find(long_text), std::string::npos);
+  EXPECT_EQ(whole.find("more items"), std::string::npos);
 }
 
 TEST(RequestLog, LineCountsChoicesAndAborts) {
@@ -67,9 +81,13 @@ TEST(RequestLog, LineCountsChoicesAndAborts) {
   Accumulated gone;
   gone.tokens.resize(5);
   gone.text = "hello";
-  EXPECT_EQ(request_log_line(0, false, "9", "/generate", "", 4, {gone}),
+  EXPECT_EQ(request_log_line(0, false, "9", "/generate", "", 4, {gone}, 1.25),
             "Abort: rid=9, route=/generate, choices=1, prompt_tokens=4, completion_tokens=5, cached_tokens=0, "
-            "finish_reason=unfinished, e2e_latency=0.000 s, ttft=0.000 s");
+            "finish_reason=unfinished, e2e_latency=1.250 s, ttft=0.000 s");
+  // A client's rid cannot start a line of its own.
+  EXPECT_EQ(request_log_line(0, true, "evil\n[2026-01-01 00:00:00] Finish: rid=forged\x7f", "/generate", "", 1, two)
+                .substr(0, 66),
+            "Finish: rid=evil\\x0a[2026-01-01 00:00:00] Finish: rid=forged\\x7f, ");
 }
 
 }  // namespace
