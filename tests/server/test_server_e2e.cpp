@@ -1899,6 +1899,16 @@ TEST(ServerE2E, PrefixCacheHitsMetricsFlushAndDisable) {
   EXPECT_EQ(srv.stop(SIGTERM, 30), 0);
 }
 
+// A /generate of `text` for `tokens` tokens (ignore_eos) under `priority` (nullopt: the field left out); the reply's
+// completion tokens, -1 when it is not a 200.
+int generate_with_priority(const std::string& url, const std::string& text, std::optional<int> priority, int tokens) {
+  json body = {{"text", text}, {"sampling_params", {{"max_new_tokens", tokens}, {"ignore_eos", true}}}};
+  if (priority) body["priority"] = *priority;
+  const auto r = HttpClient(url, kTimeout).post("/generate", body.dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  return r.status == 200 ? parse(r.body)["meta_info"]["completion_tokens"].get<int>() : -1;
+}
+
 // SGLang's --enable-priority-scheduling: the priority policy with higher values first (vLLM's --schedule-policy
 // priority orders lower first); /get_server_info says which; a request's priority is then taken.
 TEST(ServerE2E, SglangPrioritySchedulingFlags) {
@@ -1933,10 +1943,7 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
     std::mutex mu;
     std::vector<std::string> done;
     auto send = [&](const std::string& name, std::optional<int> priority, int tokens) {
-      json body = {{"text", name}, {"sampling_params", {{"max_new_tokens", tokens}, {"ignore_eos", true}}}};
-      if (priority) body["priority"] = *priority;
-      const auto r = HttpClient(srv.url(), kTimeout).post("/generate", body.dump());
-      EXPECT_EQ(r.status, 200) << r.body;
+      generate_with_priority(srv.url(), name, priority, tokens);
       std::lock_guard<std::mutex> lock(mu);
       done.push_back(name);
     };
@@ -1975,13 +1982,10 @@ TEST(ServerE2E, SglangPrioritySchedulingFlags) {
     std::vector<std::string> done;
     std::vector<int> lengths;
     auto send = [&](const std::string& name, std::optional<int> priority, int tokens) {
-      json body = {{"text", name}, {"sampling_params", {{"max_new_tokens", tokens}, {"ignore_eos", true}}}};
-      if (priority) body["priority"] = *priority;
-      const auto r = HttpClient(srv.url(), kTimeout).post("/generate", body.dump());
-      EXPECT_EQ(r.status, 200) << r.body;
+      const int n = generate_with_priority(srv.url(), name, priority, tokens);
       std::lock_guard<std::mutex> lock(mu);
       done.push_back(name);
-      lengths.push_back(r.status == 200 ? parse(r.body)["meta_info"]["completion_tokens"].get<int>() : -1);
+      lengths.push_back(n);
     };
     std::thread long_client(send, "long", std::optional<int>(0), 400);
     while (metric(srv.url(), "fp4moe:num_running_reqs") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
