@@ -75,6 +75,7 @@ struct BenchArgs {
   bool flush_cache = true;  // POST /flush_cache before each run (when the server has a prefix cache)
   uint64_t seed = 1;
   std::string output_file;
+  bool output_details = false;  // --output-details: per-request lists in each --output-file line
   std::string plot;
   double timeout_s = 600;
   double temperature = 0.0;  // 0: greedy; > 0 with top_p / top_k: sampled (seeded per request)
@@ -149,6 +150,7 @@ struct Summary {
   double duration_s = 0;
   int64_t total_input = 0, total_output = 0, total_cached = 0;
   std::vector<double> e2e_ms, ttft_ms, tpot_ms, itl_ms;
+  std::vector<RequestResult> requests;  // --output-details: every request in prompt order
   std::string first_error;
 };
 
@@ -578,6 +580,7 @@ Summary run_level(const BenchArgs& a, const std::vector<Prompt>& prompts, int64_
   Summary s;
   s.concurrency = concurrency;
   s.duration_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (a.output_details) s.requests = results;
   for (const auto& r : results) {
     if (!r.ok) {
       ++s.failed;
@@ -632,6 +635,22 @@ json summary_json(const BenchArgs& a, const Summary& s) {
   stats("tpot", s.tpot_ms);
   stats("itl", s.itl_ms);
   if (!s.first_error.empty()) j["first_error"] = s.first_error;
+  if (a.output_details) {  // sglang.bench_serving's per-request lists, in prompt order (seconds)
+    json input_lens = json::array(), output_lens = json::array(), ttfts = json::array(), itls = json::array(),
+         errors = json::array();
+    for (const RequestResult& r : s.requests) {
+      input_lens.push_back(r.prompt_len);
+      output_lens.push_back(r.ok ? r.output_len : 0);
+      ttfts.push_back(r.ok ? r.ttft_s : 0.0);
+      itls.push_back(r.ok ? json(r.itl_s) : json::array());
+      errors.push_back(r.ok ? std::string() : r.error);
+    }
+    j["input_lens"] = std::move(input_lens);
+    j["output_lens"] = std::move(output_lens);
+    j["ttfts"] = std::move(ttfts);
+    j["itls"] = std::move(itls);
+    j["errors"] = std::move(errors);
+  }
   // What the run asked for (sglang.bench_serving's names), so that a line of --output-file says how it was made.
   if (a.dataset_name == "sharegpt") {
     j["dataset_path"] = a.dataset_path;
@@ -933,7 +952,11 @@ void register_bench_serving_command(CLI::App& app) {
   cmd->add_flag("--flush-cache", a->flush_cache, "Flush the server's prefix cache before each run (the default)")
       ->excludes(keep);
   cmd->add_option("--seed", a->seed, "Seed of the random prompts (default 1)")->check(unsigned_64());
-  cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
+  CLI::Option* output_file = cmd->add_option("--output-file", a->output_file, "Append one JSON line per run");
+  cmd->add_flag("--output-details", a->output_details,
+                "sglang.bench_serving's: each --output-file line also lists every request's input_lens, "
+                "output_lens, ttfts, itls (seconds) and errors, in prompt order")
+      ->needs(output_file);
   cmd->add_option("--plot", a->plot, "Write an SVG latency-vs-throughput chart of the runs");
   cmd->add_option("--timeout", a->timeout_s, "Per-request timeout in seconds (default 600)");
   cmd->add_option("--extra-request-body", a->extra_request_body,

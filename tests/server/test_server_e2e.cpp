@@ -2220,6 +2220,35 @@ TEST_F(DefaultServer, BenchServingRequestOptions) {
     EXPECT_DOUBLE_EQ(run["mean_ttft_ms"].get<double>(), run["mean_e2e_latency_ms"].get<double>()) << line;
     EXPECT_EQ(run["mean_itl_ms"], 0.0) << line;
   }
+  // --output-details: sglang.bench_serving's per-request lists, in prompt order.
+  fs::remove(out);
+  ASSERT_EQ(fp4moe::testing::run_command(std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() +
+                                             " --num-prompts 3 --input-len 5 --output-len 4 --warmup-requests 0"
+                                             " --output-details --output-file " +
+                                             out.string() + " 2>&1",
+                                         &text),
+            0)
+      << text;
+  {
+    std::ifstream f(out);
+    ASSERT_TRUE(std::getline(f, line));
+    const json run = parse(line);
+    EXPECT_EQ(run["input_lens"], json({5, 5, 5})) << line;
+    EXPECT_EQ(run["output_lens"], json({4, 4, 4})) << line;
+    EXPECT_EQ(run["errors"], json({"", "", ""})) << line;
+    ASSERT_EQ(run["ttfts"].size(), 3u) << line;
+    ASSERT_EQ(run["itls"].size(), 3u) << line;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_GT(run["ttfts"][i].get<double>(), 0.0) << line;
+      // At most one a token after the first (a chunk whose text so far is empty is not timed, as sglang.bench_serving).
+      EXPECT_LE(run["itls"][i].size(), 3u) << line;
+      for (const json& itl : run["itls"][i]) EXPECT_GT(itl.get<double>(), 0.0) << line;
+    }
+  }
+  EXPECT_EQ(fp4moe::testing::run_command(
+                std::string(FP4MOE_CLI) + " bench-serving --url " + srv_->url() + " --output-details 2>&1", &text),
+            2);
+  EXPECT_NE(text.find("--output-details requires --output-file"), std::string::npos) << text;
   // --extra-request-body: max_tokens 9 past --output-len 6 on /v1/completions (the replies are checked against the
   // body's own bound), max_new_tokens 3 at the top level on /generate (moved into sampling_params, where SGLang reads
   // it).
