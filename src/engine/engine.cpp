@@ -256,13 +256,15 @@ struct Engine::Impl {
   // (Running requests only between steps: run_step walks them by index.)
   void order_by_priority(bool running_too = true) {
     if (opt().schedule_policy != SchedulePolicy::kPriority) return;
-    const bool low_first = opt().priority_low_first;
-    auto by_priority = [low_first](const std::unique_ptr<RequestState>& a, const std::unique_ptr<RequestState>& b) {
-      return low_first ? a->priority < b->priority : a->priority > b->priority;
+    auto by_priority = [this](const std::unique_ptr<RequestState>& a, const std::unique_ptr<RequestState>& b) {
+      return ranks_before(a->priority, b->priority);
     };
     std::stable_sort(waiting.begin(), waiting.end(), by_priority);
     if (running_too) std::stable_sort(running.begin(), running.end(), by_priority);
   }
+
+  // Priority `a` is served before priority `b` (EngineOptions::priority_low_first: lower values first, else higher).
+  bool ranks_before(int64_t a, int64_t b) const { return opt().priority_low_first ? a < b : a > b; }
 
   void compact() {
     waiting.erase(std::remove(waiting.begin(), waiting.end(), nullptr), waiting.end());
@@ -274,8 +276,20 @@ struct Engine::Impl {
     return !pending.empty() || !abort_ids.empty();
   }
 
-  // Preempts running[i] by recompute: frees its blocks and KV, requeues it first (among its priority).
-  void preempt(size_t i) {
+  struct Planned {
+    RequestState* req;
+    int64_t n_tokens;
+  };
+
+  // Preempts running[i] by recompute: drops its work planned for this step, frees its blocks and KV, requeues it
+  // first (among its priority). Returns the prompt tokens of the prefill chunk it had planned (0: none).
+  int64_t preempt(size_t i, std::vector<Planned>& plan) {
+    int64_t prefill_tokens = 0;
+    for (const Planned& p : plan) {
+      if (p.req == running[i].get() && running[i]->in_prefill()) prefill_tokens += p.n_tokens;
+    }
+    plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == running[i].get(); }),
+               plan.end());
     std::unique_ptr<RequestState> r = std::move(running[i]);
     running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
     blocks.release(r->blocks);
@@ -285,12 +299,8 @@ struct Engine::Impl {
     order_by_priority(/*running_too=*/false);
     std::lock_guard<std::mutex> lock(mu);
     ++stats.preemptions_total;
+    return prefill_tokens;
   }
-
-  struct Planned {
-    RequestState* req;
-    int64_t n_tokens;
-  };
 
   // SGLang's preempt_to_schedule (EngineOptions::priority_scheduling_preemption_threshold): `r`, the first waiting
   // request, needs a slot and `need` KV tokens (its whole prefill and its own future tokens) beside `growth` (the
@@ -302,11 +312,10 @@ struct Engine::Impl {
                    int64_t& prefill_budget, std::vector<const RequestState*>& victims_out) {
     if (!opt().priority_scheduling_preemption_threshold) return false;
     const uint64_t threshold = static_cast<uint64_t>(*opt().priority_scheduling_preemption_threshold);
-    const bool low_first = opt().priority_low_first;
-    // How far `a` ranks above `b` exceeds the threshold (unsigned: the absent priority is an int64 extreme).
+    // `a` ranks before `b` by more than the threshold (the distance unsigned: the absent priority is an int64 extreme).
     auto outranks = [&](int64_t a, int64_t b) {
-      const int64_t better = low_first ? b : a, worse = low_first ? a : b;
-      return better > worse && static_cast<uint64_t>(better) - static_cast<uint64_t>(worse) > threshold;
+      return ranks_before(a, b) && (a > b ? static_cast<uint64_t>(a) - static_cast<uint64_t>(b)
+                                          : static_cast<uint64_t>(b) - static_cast<uint64_t>(a)) > threshold;
     };
     // Running requests worst first: by priority, then the newest (the later index: admission order within a
     // priority, and this step's admissions come last).
@@ -314,8 +323,7 @@ struct Engine::Impl {
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       const int64_t pa = running[a]->priority, pb = running[b]->priority;
-      if (pa != pb) return low_first ? pa > pb : pa < pb;
-      return a > b;
+      return pa != pb ? ranks_before(pb, pa) : a > b;
     });
     int64_t freed_room = 0, freed_growth = 0;
     size_t n = 0;
@@ -332,14 +340,9 @@ struct Engine::Impl {
     std::vector<size_t> victims(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n + 1));
     std::sort(victims.rbegin(), victims.rend());
     for (size_t i : victims) {
-      RequestState* v = running[i].get();
-      for (const Planned& p : plan) {
-        if (p.req == v && v->in_prefill()) prefill_budget += p.n_tokens;
-      }
-      plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == v; }), plan.end());
-      growth -= future_tokens(*v);
-      victims_out.push_back(v);
-      preempt(i);
+      growth -= future_tokens(*running[i]);
+      victims_out.push_back(running[i].get());
+      prefill_budget += preempt(i, plan);
     }
     return true;
   }
@@ -374,7 +377,7 @@ struct Engine::Impl {
     } step_end{step_started_ns};
     take_pending_and_aborts();
     if (cache) answer_flush_requests();
-    int64_t n_preempted = 0, n_priority_preempted = 0;
+    int64_t n_preempted = 0;
     int64_t n_cached = 0;  // prefix-cache tokens of the requests admitted now
     int64_t step_queries = 0, step_hits = 0;  // their prompt tokens looked up / found (first admissions)
     std::vector<Planned> plan;
@@ -400,11 +403,7 @@ struct Engine::Impl {
       while (!reserve_evicting(r->blocks, r->kv_length() + 1)) {
         FP4MOE_CHECK(running.size() > 0) << "no running request to preempt";
         const bool self_victim = running.back().get() == r;
-        // Drop the victim's planned work before freeing it.
-        RequestState* victim = running.back().get();
-        plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.req == victim; }),
-                   plan.end());
-        preempt(running.size() - 1);
+        preempt(running.size() - 1, plan);  // (its prefill budget, if any, stays spent: as before)
         ++n_preempted;
         if (self_victim) break;
       }
@@ -457,7 +456,6 @@ struct Engine::Impl {
           // The victims must free room for the whole prefill: a hit's tokens take blocks too (KvState::copy_prefix),
           // and its entry may have to be evicted for them.
           if (!preempt_for(*r, need + hit.tokens, room, growth, plan, prefill_budget, preempted_now)) break;
-          n_priority_preempted = static_cast<int64_t>(preempted_now.size());
           continue;  // looked at again with the room freed
         }
         if (!reserve_evicting(r->blocks, r->n_all_tokens() + 1, hit.kv)) {
@@ -514,7 +512,7 @@ struct Engine::Impl {
     info.step = step_index++;
     info.continuous = continuous;
     info.n_preempted = n_preempted;
-    info.n_priority_preempted = n_priority_preempted;
+    info.n_priority_preempted = static_cast<int64_t>(preempted_now.size());
     info.n_cached_tokens = n_cached;
     int64_t n_tokens = 0;
     for (size_t i = 0; i < plan.size(); ++i) {

@@ -19,7 +19,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -274,9 +273,8 @@ void run_serve(ServeArgs a) {
     FP4MOE_FAIL() << "--watchdog-timeout " << a.watchdog_timeout_s << " must be a time in [0, 1e+09] seconds (0: none)";
   if (a.decode_log_interval < 0)
     FP4MOE_FAIL() << "--decode-log-interval " << a.decode_log_interval << " must be >= 0 (0: no batch log)";
-  std::string level = a.log_level;
-  std::transform(level.begin(), level.end(), level.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (level != "debug" && level != "info") a.decode_log_interval = 0;  // the batch lines are info lines
+  // (CLI11's IsMember gives the level as listed, lower case, whatever case was typed.)
+  if (a.log_level != "debug" && a.log_level != "info") a.decode_log_interval = 0;  // the batch lines are info lines
   check_quantization_flag(a);
   a.engine.schedule_policy = engine::parse_schedule_policy(a.schedule_policy);
   // SGLang's flags: --enable-priority-scheduling orders by priority, higher values first unless
