@@ -66,9 +66,15 @@ TEST(ServerLoad, ConcurrentRequestsMatchSentAloneGreedy) {
     for (auto& t : c.prompt) t = std::uniform_int_distribution<int>(0, 255)(rng);
     c.max_new_tokens = std::uniform_int_distribution<int>(1, 32)(rng);
   }
+  // Each case alone, twice: the second run takes its prompt from the prefix cache, as the concurrent copies below do
+  // (they forward the prompt's last token alone, where the first run forwarded it inside the whole prompt's chunk: the
+  // CPU model's MLA picks its expanded or absorbed form by the chunk, equal in exact arithmetic, not bit for bit, so a
+  // near-tie's greedy token could flip between the two; seed 68300376325758 did at case 25's 13th token).
   std::vector<std::vector<int64_t>> alone(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     int status = 0;
+    alone[i] = run_case(srv.url(), cases[i], false, &status);
+    ASSERT_EQ(status, 200) << "case " << i;
     alone[i] = run_case(srv.url(), cases[i], false, &status);
     ASSERT_EQ(status, 200) << "case " << i;
     ASSERT_EQ(alone[i].size(), static_cast<size_t>(cases[i].max_new_tokens)) << "case " << i;
@@ -120,7 +126,7 @@ TEST(ServerLoad, ConcurrentRequestsMatchSentAloneGreedy) {
   EXPECT_EQ(m["fp4moe:num_running_reqs"], 0);
   EXPECT_EQ(m["fp4moe:num_queue_reqs"], 0);
   EXPECT_EQ(m["fp4moe:num_used_tokens"], 0);
-  EXPECT_EQ(m["fp4moe:num_finished_requests_total"], kRequests + static_cast<double>(cases.size()));
+  EXPECT_EQ(m["fp4moe:num_finished_requests_total"], kRequests + 2 * static_cast<double>(cases.size()));
   EXPECT_LE(m["fp4moe:decode_batch_size_sum"] / std::max(1.0, m["fp4moe:decode_batch_size_count"]), 16.0);
   std::printf("load: mean decode batch %.2f over %.0f decode steps, %.0f preemptions\n",
               m["fp4moe:decode_batch_size_sum"] / std::max(1.0, m["fp4moe:decode_batch_size_count"]),
